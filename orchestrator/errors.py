@@ -1,0 +1,254 @@
+"""The one error hierarchy of the orchestrator.
+
+Every exception the library raises on purpose derives from :class:`OrchestratorError`.
+Lower layers raise the most specific class they can; upper layers translate at their
+boundary with ``raise X from e`` so the original cause stays attached.
+
+JSON-RPC error objects map to subclasses of :class:`JsonRpcError` by their ``code``
+(see :func:`error_from_code`); unknown codes become a plain :class:`JsonRpcError`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+__all__ = [
+    "AgentError",
+    "AgentExited",
+    "AgentHung",
+    "AgentStartError",
+    "AuthRequired",
+    "AuthenticationError",
+    "CapabilityNotSupported",
+    "ConnectionClosed",
+    "InternalError",
+    "InvalidParams",
+    "InvalidRequest",
+    "JsonRpcError",
+    "MessageTooLarge",
+    "MethodNotFound",
+    "OrchestratorError",
+    "ParseError",
+    "ProtocolError",
+    "ProtocolVersionMismatch",
+    "RequestCancelled",
+    "ResourceNotFound",
+    "TurnTimeout",
+    "UsageError",
+    "error_from_code",
+]
+
+
+class OrchestratorError(Exception):
+    """Base class of every error raised by the orchestrator on purpose."""
+
+
+class UsageError(OrchestratorError):
+    """Bad input from the user: a wrong option, a missing file, an unknown agent name."""
+
+
+# --------------------------------------------------------------------------- JSON-RPC
+
+
+class JsonRpcError(OrchestratorError):
+    """A JSON-RPC error object, received from the peer or to be sent to it."""
+
+    code: int = -32603
+    default_message: ClassVar[str] = "Error"
+
+    def __init__(self, message: str | None = None, data: Any = None, *, code: int | None = None):
+        self.message = message if message is not None else self.default_message
+        self.data = data
+        if code is not None:
+            self.code = code
+        super().__init__(self.message)
+
+    def __str__(self) -> str:
+        text = f"{self.message} (code {self.code})"
+        if self.data is not None:
+            text += f": {self.data!r}"
+        return text
+
+    def to_error_object(self) -> dict[str, Any]:
+        """The wire form: ``{"code", "message"[, "data"]}``."""
+        obj: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.data is not None:
+            obj["data"] = self.data
+        return obj
+
+    @classmethod
+    def from_error_object(cls, obj: Any) -> JsonRpcError:
+        """Build the matching subclass from a received error object (tolerant of junk)."""
+        if not isinstance(obj, dict):
+            return InternalError("malformed error object", data=obj)
+        code = obj.get("code")
+        message = obj.get("message")
+        if not isinstance(code, int) or isinstance(code, bool):
+            code = InternalError.code
+        if not isinstance(message, str):
+            message = str(message) if message is not None else None
+        return error_from_code(code, message, obj.get("data"))
+
+
+class ParseError(JsonRpcError):
+    """-32700: the peer sent text that is not JSON."""
+
+    code = -32700
+    default_message = "Parse error"
+
+
+class InvalidRequest(JsonRpcError):
+    """-32600: the JSON is not a valid request object."""
+
+    code = -32600
+    default_message = "Invalid request"
+
+
+class MethodNotFound(JsonRpcError):
+    """-32601: the method does not exist or is not served here."""
+
+    code = -32601
+    default_message = "Method not found"
+
+
+class InvalidParams(JsonRpcError):
+    """-32602: the parameters do not have the shape the method needs."""
+
+    code = -32602
+    default_message = "Invalid params"
+
+
+class InternalError(JsonRpcError):
+    """-32603: the handler failed."""
+
+    code = -32603
+    default_message = "Internal error"
+
+
+class RequestCancelled(JsonRpcError):
+    """-32800: the request was cancelled (``$/cancel_request``) before it finished."""
+
+    code = -32800
+    default_message = "Request cancelled"
+
+
+class AuthRequired(JsonRpcError):
+    """-32000: the agent needs ``authenticate`` first."""
+
+    code = -32000
+    default_message = "Authentication required"
+
+
+class ResourceNotFound(JsonRpcError):
+    """-32002: a resource such as a file was not found."""
+
+    code = -32002
+    default_message = "Resource not found"
+
+
+_BY_CODE: dict[int, type[JsonRpcError]] = {
+    cls.code: cls
+    for cls in (
+        ParseError,
+        InvalidRequest,
+        MethodNotFound,
+        InvalidParams,
+        InternalError,
+        RequestCancelled,
+        AuthRequired,
+        ResourceNotFound,
+    )
+}
+
+
+def error_from_code(code: int, message: str | None = None, data: Any = None) -> JsonRpcError:
+    """The :class:`JsonRpcError` subclass for ``code`` (a plain one for unknown codes)."""
+    cls = _BY_CODE.get(code)
+    if cls is None:
+        return JsonRpcError(message or "Error", data, code=code)
+    return cls(message, data)
+
+
+# --------------------------------------------------------------------------- transport
+
+
+class ProtocolError(OrchestratorError):
+    """The peer broke the protocol in a way that is worth reporting (not always fatal)."""
+
+
+class MessageTooLarge(ProtocolError):
+    """A single message exceeded the configured maximum size; it was dropped."""
+
+    def __init__(self, size: int, limit: int):
+        self.size = size
+        self.limit = limit
+        super().__init__(f"message of at least {size} bytes exceeds the limit of {limit} bytes")
+
+
+class ConnectionClosed(OrchestratorError):
+    """The stream to the peer ended (EOF or broken) while something still waited on it.
+
+    ``exit_status`` and ``stderr_tail`` are filled in when the peer is a process.
+    """
+
+    def __init__(
+        self,
+        reason: str = "connection closed",
+        *,
+        peer: str | None = None,
+        exit_status: int | None = None,
+        stderr_tail: str = "",
+    ):
+        self.reason = reason
+        self.peer = peer
+        self.exit_status = exit_status
+        self.stderr_tail = stderr_tail
+        super().__init__(self._describe())
+
+    def _describe(self) -> str:
+        text = f"{self.peer}: {self.reason}" if self.peer else self.reason
+        if self.exit_status is not None:
+            text += f" (exit status {self.exit_status})"
+        if self.stderr_tail:
+            tail = self.stderr_tail.rstrip()[-2000:]
+            text += f"\n--- last stderr lines ---\n{tail}"
+        return text
+
+
+# --------------------------------------------------------------------------- agents
+
+
+class AgentError(OrchestratorError):
+    """Something went wrong with one agent; ``agent`` names it."""
+
+    def __init__(self, message: str, *, agent: str | None = None):
+        self.agent = agent
+        super().__init__(f"agent {agent!r}: {message}" if agent else message)
+
+
+class AgentExited(ConnectionClosed):
+    """The agent process ended (crash, exit, or closed its stdout) with work pending."""
+
+
+class AgentStartError(AgentError):
+    """The agent could not be started or did not complete ``initialize``."""
+
+
+class AgentHung(AgentError):
+    """The agent stopped answering: a turn outlived its timeout or its cancel grace."""
+
+
+class TurnTimeout(AgentHung):
+    """A turn ran past its total or idle timeout."""
+
+
+class ProtocolVersionMismatch(AgentError):
+    """The agent answered ``initialize`` with a protocol version we do not speak."""
+
+
+class CapabilityNotSupported(AgentError):
+    """The agent did not advertise the capability an operation needs."""
+
+
+class AuthenticationError(AgentError):
+    """Authentication was required and could not be performed."""

@@ -1,0 +1,76 @@
+"""JSON-RPC 2.0 over newline-delimited JSON streams; knows nothing about ACP.
+
+- :mod:`.framing`: sans-I/O line splitting and JSON encoding of single frames.
+- :mod:`.messages`: classifying received values and building the ones to send.
+- :mod:`.connection`: :class:`JsonRpcConnection` over any :class:`trio.abc.Stream`.
+"""
+
+from __future__ import annotations
+
+from orchestrator.jsonrpc.connection import (
+    CANCEL_REQUEST_METHOD,
+    CloseErrorFactory,
+    ConnectionStatistics,
+    FallbackNotificationHandler,
+    FallbackRequestHandler,
+    FrameObserver,
+    JsonRpcConnection,
+    NotificationHandler,
+    RequestHandler,
+    open_connection,
+)
+from orchestrator.jsonrpc.framing import (
+    DEFAULT_MAX_MESSAGE_SIZE,
+    LineSplitter,
+    OversizedLine,
+    decode_message,
+    encode_message,
+)
+from orchestrator.jsonrpc.messages import (
+    JSONRPC_VERSION,
+    ErrorResponse,
+    InvalidMessage,
+    Message,
+    Notification,
+    Request,
+    RequestId,
+    Response,
+    classify_message,
+    error_obj,
+    is_request_id,
+    notification_obj,
+    request_obj,
+    result_obj,
+)
+
+__all__ = [
+    "CANCEL_REQUEST_METHOD",
+    "DEFAULT_MAX_MESSAGE_SIZE",
+    "JSONRPC_VERSION",
+    "CloseErrorFactory",
+    "ConnectionStatistics",
+    "ErrorResponse",
+    "FallbackNotificationHandler",
+    "FallbackRequestHandler",
+    "FrameObserver",
+    "InvalidMessage",
+    "JsonRpcConnection",
+    "LineSplitter",
+    "Message",
+    "Notification",
+    "NotificationHandler",
+    "OversizedLine",
+    "Request",
+    "RequestHandler",
+    "RequestId",
+    "Response",
+    "classify_message",
+    "decode_message",
+    "encode_message",
+    "error_obj",
+    "is_request_id",
+    "notification_obj",
+    "open_connection",
+    "request_obj",
+    "result_obj",
+]

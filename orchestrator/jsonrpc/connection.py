@@ -1,0 +1,610 @@
+"""A JSON-RPC 2.0 connection over any :class:`trio.abc.Stream`.
+
+Our requests are numbered 0, 1, 2, ... and responses are matched only against what we sent; the
+peer's requests each run in their own task (it may call us while our request is pending);
+notifications run inline in arrival order, so a response is delivered only after every
+notification that preceded it. The read loop is the hot path (agents stream thousands of
+``session/update`` per turn): big reads, orjson, and a few dict lookups per notification.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager, suppress
+from typing import Any, Literal, NoReturn, TypeAlias
+
+import orjson
+import structlog
+import trio
+from attrs import define, field, frozen
+
+from orchestrator.errors import (
+    ConnectionClosed,
+    InternalError,
+    InvalidRequest,
+    JsonRpcError,
+    MethodNotFound,
+    ParseError,
+    RequestCancelled,
+    error_from_code,
+)
+from orchestrator.jsonrpc.framing import (
+    DEFAULT_MAX_MESSAGE_SIZE,
+    LineSplitter,
+    OversizedLine,
+    decode_message,
+    encode_message,
+)
+from orchestrator.jsonrpc.messages import (
+    ErrorResponse,
+    InvalidMessage,
+    Message,
+    Notification,
+    Request,
+    RequestId,
+    Response,
+    classify_message,
+    error_obj,
+    is_request_id,
+    notification_obj,
+    request_obj,
+    result_obj,
+)
+
+__all__ = [
+    "CANCEL_REQUEST_METHOD",
+    "CloseErrorFactory",
+    "ConnectionStatistics",
+    "FallbackNotificationHandler",
+    "FallbackRequestHandler",
+    "FrameObserver",
+    "JsonRpcConnection",
+    "NotificationHandler",
+    "RequestHandler",
+    "open_connection",
+]
+
+log = structlog.get_logger(__name__)
+
+CANCEL_REQUEST_METHOD = "$/cancel_request"
+"""The notification either side sends to cancel one of its requests: ``{"requestId": id}``."""
+
+RequestHandler: TypeAlias = Callable[[Any], Awaitable[Any]]
+"""Serves one request method: params -> JSON-able result (raise a JsonRpcError to refuse)."""
+NotificationHandler: TypeAlias = Callable[[Any], Awaitable[None] | None]
+"""Handles one notification method; plain functions are the fast path."""
+FallbackRequestHandler: TypeAlias = Callable[[str, Any], Awaitable[Any]]
+"""Serves requests for methods without a handler: (method, params) -> result."""
+FallbackNotificationHandler: TypeAlias = Callable[[str, Any], Awaitable[None] | None]
+"""Handles notifications for methods without a handler: (method, params)."""
+FrameObserver: TypeAlias = Callable[[Literal["send", "recv"], bytes], None]
+"""Sees every frame (without its newline) in both directions, e.g. for a wire transcript."""
+CloseErrorFactory: TypeAlias = Callable[[str], Awaitable[ConnectionClosed]]
+"""Builds the error given to waiters when the stream ends, from a short reason."""
+
+_RECEIVE_SIZE = 256 * 1024
+# How long a cancelled request may wait for the send lock to tell the peer about it.
+_CANCEL_NOTICE_TIMEOUT = 5.0
+# Ids of our cancelled requests whose late answers are expected; bounded in case the peer
+# never answers them.
+_MAX_REMEMBERED_CANCELLED = 10_000
+
+
+@frozen
+class ConnectionStatistics:
+    """Counters of a :class:`JsonRpcConnection`, from :meth:`JsonRpcConnection.statistics`."""
+
+    requests_sent: int
+    """Requests we sent."""
+    notifications_sent: int
+    """Notifications we sent (including ``$/cancel_request``)."""
+    responses_received: int
+    """Responses (results and errors) that arrived, matched or not."""
+    requests_received: int
+    """Requests the peer sent us."""
+    notifications_received: int
+    """Notifications the peer sent us (including ``$/cancel_request``)."""
+    pending_outbound: int
+    """Our requests still waiting for their response."""
+    running_inbound: int
+    """The peer's requests whose handlers are running now."""
+    oversized_dropped: int
+    """Lines dropped because they passed ``max_message_size``."""
+    parse_errors: int
+    """Lines that were not JSON (each answered with -32700)."""
+    invalid_messages: int
+    """JSON values that were not valid JSON-RPC messages (each answered with -32600)."""
+
+
+@define
+class _Waiter:
+    """One of our requests waiting for its response."""
+
+    event: trio.Event = field(factory=trio.Event)
+    result: Any = None
+    error: BaseException | None = None
+
+
+@define(eq=False)
+class JsonRpcConnection:
+    """JSON-RPC 2.0 over a byte stream carrying one JSON message per line.
+
+    Register handlers with :meth:`on_request` / :meth:`on_notification`, run :meth:`serve`
+    (or use :func:`open_connection`), then call :meth:`request` and :meth:`notify`.
+
+    ``frame_observer`` sees every frame line both ways, malformed ones included (an oversized
+    line appears as ``{"oversized": <size>}``). ``close_error`` builds the exception delivered to
+    waiters when the stream ends; by default a :class:`ConnectionClosed` naming ``name``.
+
+    Notification handlers run inline in the read loop: keep them quick, and never wait in one
+    for a response from the same peer (nothing is read until the handler returns).
+    """
+
+    _stream: trio.abc.Stream
+    name: str = field(default="peer", kw_only=True)
+    """The peer's name, used in logs and in the default close error."""
+    max_message_size: int = field(default=DEFAULT_MAX_MESSAGE_SIZE, kw_only=True)
+    """The longest line accepted, in bytes; longer lines are dropped and counted."""
+    _frame_observer: FrameObserver | None = field(default=None, kw_only=True)
+    _close_error: CloseErrorFactory | None = field(default=None, kw_only=True)
+
+    _request_handlers: dict[str, RequestHandler] = field(init=False, factory=dict)
+    _notification_handlers: dict[str, NotificationHandler] = field(init=False, factory=dict)
+    _fallback_request: FallbackRequestHandler | None = field(init=False, default=None)
+    _fallback_notification: FallbackNotificationHandler | None = field(init=False, default=None)
+    _send_lock: trio.Lock = field(init=False, factory=trio.Lock)
+    _next_id: int = field(init=False, default=0)
+    _pending: dict[RequestId, _Waiter] = field(init=False, factory=dict)
+    _cancelled_outbound: set[RequestId] = field(init=False, factory=set)
+    _inbound: dict[RequestId, trio.CancelScope] = field(init=False, factory=dict)
+    _nursery: trio.Nursery | None = field(init=False, default=None)
+    _serving: bool = field(init=False, default=False)
+    _closed: bool = field(init=False, default=False)
+    _close_exc: ConnectionClosed | None = field(init=False, default=None)
+    _close_exc_computing: bool = field(init=False, default=False)
+    _close_exc_ready: trio.Event = field(init=False, factory=trio.Event)
+    _ignored_methods: set[str] = field(init=False, factory=set)
+    _log: Any = field(init=False, default=None)
+
+    _requests_sent: int = field(init=False, default=0)
+    _notifications_sent: int = field(init=False, default=0)
+    _responses_received: int = field(init=False, default=0)
+    _requests_received: int = field(init=False, default=0)
+    _notifications_received: int = field(init=False, default=0)
+    _running_inbound: int = field(init=False, default=0)
+    _oversized_dropped: int = field(init=False, default=0)
+    _parse_errors: int = field(init=False, default=0)
+    _invalid_messages: int = field(init=False, default=0)
+
+    def __attrs_post_init__(self) -> None:
+        self._log = log.bind(peer=self.name)
+        self._notification_handlers[CANCEL_REQUEST_METHOD] = self._on_cancel_request
+
+    def on_request(self, method: str, handler: RequestHandler) -> None:
+        """Serve requests for ``method`` with ``handler`` (replacing any earlier one).
+
+        The handler gets the params and returns a JSON-able result. Raising a
+        :class:`~orchestrator.errors.JsonRpcError` answers that error; any other exception
+        answers -32603 and is logged with its traceback.
+        """
+        self._request_handlers[method] = handler
+
+    def on_notification(self, method: str, handler: NotificationHandler) -> None:
+        """Handle notifications for ``method``; a plain function or one returning an awaitable.
+
+        Handlers run inline, in arrival order; an exception from one is logged and ignored.
+        """
+        if method == CANCEL_REQUEST_METHOD:
+            raise ValueError(f"{CANCEL_REQUEST_METHOD} is handled by the connection itself")
+        self._notification_handlers[method] = handler
+
+    def set_fallback_request_handler(self, handler: FallbackRequestHandler) -> None:
+        """Serve requests for methods without a handler (default: answer -32601)."""
+        self._fallback_request = handler
+
+    def set_fallback_notification_handler(self, handler: FallbackNotificationHandler) -> None:
+        """Handle notifications for methods without a handler (default: ignore them)."""
+        self._fallback_notification = handler
+
+    @property
+    def closed(self) -> bool:
+        """Whether the connection ended (EOF, a broken stream, :meth:`aclose`, serve stopped)."""
+        return self._closed
+
+    def statistics(self) -> ConnectionStatistics:
+        """A snapshot of the connection's counters."""
+        return ConnectionStatistics(
+            requests_sent=self._requests_sent,
+            notifications_sent=self._notifications_sent,
+            responses_received=self._responses_received,
+            requests_received=self._requests_received,
+            notifications_received=self._notifications_received,
+            pending_outbound=len(self._pending),
+            running_inbound=self._running_inbound,
+            oversized_dropped=self._oversized_dropped,
+            parse_errors=self._parse_errors,
+            invalid_messages=self._invalid_messages,
+        )
+
+    async def request(self, method: str, params: Any = None) -> Any:
+        """Send a request and wait for its result.
+
+        An error response raises the matching :class:`~orchestrator.errors.JsonRpcError`
+        subclass; a closed connection raises its close error (a ``ConnectionClosed``). If the
+        caller is cancelled while waiting, the peer is told with ``$/cancel_request``.
+        """
+        if self._closed:
+            raise await self._get_close_error("connection closed")
+        request_id = self._next_id
+        self._next_id += 1
+        data = encode_message(request_obj(request_id, method, params))
+        waiter = _Waiter()
+        self._pending[request_id] = waiter
+        sent = False
+        try:
+            # Cancellation can only strike before the bytes go out: the write is shielded
+            # and nothing after it checkpoints.
+            await self._send(data)
+            sent = True
+            self._requests_sent += 1
+            await waiter.event.wait()
+        except trio.Cancelled:
+            if sent and not waiter.event.is_set():
+                await self._cancel_outbound(request_id)
+            raise
+        finally:
+            self._pending.pop(request_id, None)
+        if waiter.error is not None:
+            raise waiter.error
+        return waiter.result
+
+    async def notify(self, method: str, params: Any = None) -> None:
+        """Send a notification; raises the close error if the connection is closed."""
+        await self._send(encode_message(notification_obj(method, params)))
+        self._notifications_sent += 1
+
+    async def _cancel_outbound(self, request_id: RequestId) -> None:
+        """Our caller gave up on ``request_id``: forget it and tell the peer (best effort)."""
+        self._pending.pop(request_id, None)
+        if len(self._cancelled_outbound) >= _MAX_REMEMBERED_CANCELLED:
+            self._cancelled_outbound.clear()
+        self._cancelled_outbound.add(request_id)
+        if self._closed:
+            return
+        with trio.move_on_after(_CANCEL_NOTICE_TIMEOUT, shield=True):
+            with suppress(ConnectionClosed):
+                await self.notify(CANCEL_REQUEST_METHOD, {"requestId": request_id})
+
+    async def _send(self, data: bytes) -> None:
+        """Write one encoded frame; a broken stream raises the close error."""
+        if self._closed:
+            raise await self._get_close_error("connection closed")
+        async with self._send_lock:
+            # Shielded so a cancelled sender never leaves half a frame on the wire.
+            with trio.CancelScope(shield=True):
+                if self._frame_observer is not None:
+                    self._observe("send", data[:-1])
+                try:
+                    await self._stream.send_all(data)
+                    return
+                except trio.BrokenResourceError as exc:
+                    reason = f"stream broken: {exc}" if str(exc) else "stream broken"
+                except trio.ClosedResourceError:
+                    reason = "stream closed"
+        raise await self._get_close_error(reason)
+
+    async def _send_quietly(self, data: bytes) -> None:
+        """Send an answer nobody waits for; a closed connection just drops it."""
+        try:
+            await self._send(data)
+        except ConnectionClosed:
+            self._log.debug("answer dropped: connection closed")
+
+    def _observe(self, direction: Literal["send", "recv"], line: bytes) -> None:
+        assert self._frame_observer is not None
+        try:
+            self._frame_observer(direction, line)
+        except Exception:
+            self._log.exception("frame observer failed")
+
+    async def _get_close_error(self, reason: str) -> ConnectionClosed:
+        """The one close error of this connection, built on first use."""
+        if self._close_exc is not None:
+            return self._close_exc
+        if self._close_exc_computing:
+            await self._close_exc_ready.wait()
+            assert self._close_exc is not None
+            return self._close_exc
+        self._close_exc_computing = True
+        exc: ConnectionClosed | None = None
+        try:
+            if self._close_error is not None:
+                exc = await self._close_error(reason)
+        except Exception:
+            self._log.exception("close_error factory failed")
+        finally:
+            # Also on cancellation, so that others waiting here are released.
+            self._set_close_error(exc or ConnectionClosed(reason, peer=self.name))
+        assert self._close_exc is not None
+        return self._close_exc
+
+    def _set_close_error(self, exc: ConnectionClosed) -> None:
+        if self._close_exc is None:
+            self._close_exc = exc
+        self._close_exc_ready.set()
+
+    def _fail_pending(self, exc: ConnectionClosed) -> None:
+        pending = list(self._pending.values())
+        self._pending.clear()
+        for waiter in pending:
+            waiter.error = exc
+            waiter.event.set()
+
+    async def aclose(self) -> None:
+        """Close the connection and its stream; pending requests fail with ConnectionClosed."""
+        if not self._closed:
+            self._closed = True
+            self._set_close_error(ConnectionClosed("connection closed locally", peer=self.name))
+        if self._close_exc is not None:
+            self._fail_pending(self._close_exc)
+        await self._stream.aclose()
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Read and dispatch messages until the stream ends; run it once, in a nursery.
+
+        On EOF or a broken stream the connection is closed, every pending request of ours fails
+        with the close error, handlers of the peer's requests are cancelled, and ``serve``
+        returns normally.
+        """
+        if self._serving:
+            raise RuntimeError("serve() can only run once per connection")
+        self._serving = True
+        reason = "connection no longer served"
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                reason = await self._read_loop()
+                self._closed = True
+                nursery.cancel_scope.cancel()
+            self._nursery = None
+            self._log.debug("connection ended", reason=reason)
+            self._fail_pending(await self._get_close_error(reason))
+        finally:
+            # Cancelled or crashed: nobody may keep waiting for a response.
+            self._nursery = None
+            self._closed = True
+            self._set_close_error(ConnectionClosed(reason, peer=self.name))
+            assert self._close_exc is not None
+            self._fail_pending(self._close_exc)
+
+    async def _read_loop(self) -> str:
+        """Read until the stream ends; return why it ended."""
+        splitter = LineSplitter(self.max_message_size)
+        receive_some = self._stream.receive_some
+        while True:
+            try:
+                data = await receive_some(_RECEIVE_SIZE)
+            except trio.BrokenResourceError as exc:
+                return f"stream broken: {exc}" if str(exc) else "stream broken"
+            except trio.ClosedResourceError:
+                return "stream closed"
+            if not data:
+                tail = splitter.eof()
+                if tail is not None:
+                    await self._handle_lines([tail])
+                return "end of stream"
+            lines = splitter.feed(data)
+            if lines:
+                await self._handle_lines(lines)
+
+    async def _handle_lines(self, lines: list[bytes | OversizedLine]) -> None:
+        observer = self._frame_observer
+        handlers = self._notification_handlers
+        loads = orjson.loads
+        for line in lines:
+            if isinstance(line, OversizedLine):
+                self._dropped_oversized(line.size)
+                continue
+            if observer is not None:
+                self._observe("recv", line)
+            try:
+                obj = loads(line)
+            except orjson.JSONDecodeError:
+                try:
+                    obj = decode_message(line)
+                except ParseError as exc:
+                    await self._answer_parse_error(exc)
+                    continue
+            # Fast path for the flood: a well-formed notification is dispatched with a few
+            # lookups, without building a message object.
+            if obj.__class__ is dict:
+                method = obj.get("method")
+                if method.__class__ is str and "id" not in obj and obj.get("jsonrpc") == "2.0":
+                    self._notifications_received += 1
+                    handler = handlers.get(method)
+                    if handler is None:
+                        await self._deliver_notification(method, obj.get("params"))
+                        continue
+                    try:
+                        result = handler(obj.get("params"))
+                        if result is not None:
+                            await result
+                    except Exception:
+                        self._log.exception("notification handler failed", method=method)
+                    continue
+            await self._dispatch(classify_message(obj))
+
+    async def _dispatch(self, msg: Message) -> None:
+        """The general path for anything but a plain notification."""
+        if isinstance(msg, Request):
+            self._requests_received += 1
+            assert self._nursery is not None
+            self._nursery.start_soon(self._run_inbound, msg.id, msg.method, msg.params)
+        elif isinstance(msg, Response | ErrorResponse):
+            self._responses_received += 1
+            self._deliver_response(msg)
+        elif isinstance(msg, Notification):
+            self._notifications_received += 1
+            await self._deliver_notification(msg.method, msg.params)
+        else:
+            assert isinstance(msg, InvalidMessage)
+            self._invalid_messages += 1
+            self._log.warning("invalid message", reason=msg.reason, id=msg.id)
+            error = InvalidRequest(f"Invalid request: {msg.reason}")
+            await self._send_quietly(encode_message(error_obj(msg.id, error)))
+
+    def _deliver_response(self, msg: Response | ErrorResponse) -> None:
+        waiter = self._pending.pop(msg.id, None) if msg.id is not None else None
+        if waiter is None:
+            if msg.id in self._cancelled_outbound:
+                self._cancelled_outbound.discard(msg.id)
+            elif isinstance(msg, ErrorResponse) and msg.id is None:
+                self._log.warning("peer reported an error", error=str(msg.error))
+            else:
+                self._log.warning("response for an unknown request id dropped", id=msg.id)
+            return
+        if isinstance(msg, ErrorResponse):
+            waiter.error = msg.error
+        else:
+            waiter.result = msg.result
+        waiter.event.set()
+
+    async def _deliver_notification(self, method: str, params: Any) -> None:
+        """Run the handler for ``method`` (the same as the fast path in ``_handle_lines``)."""
+        handler = self._notification_handlers.get(method)
+        try:
+            if handler is None:
+                result = self._unhandled_notification(method, params)
+            else:
+                result = handler(params)
+            if result is not None:
+                await result
+        except Exception:
+            self._log.exception("notification handler failed", method=method)
+
+    def _unhandled_notification(self, method: str, params: Any) -> Awaitable[None] | None:
+        if self._fallback_notification is not None:
+            return self._fallback_notification(method, params)
+        # Logged once per method: an unknown notification may come by the thousand.
+        if method not in self._ignored_methods:
+            self._ignored_methods.add(method)
+            self._log.debug("ignoring notifications without a handler", method=method)
+        return None
+
+    def _on_cancel_request(self, params: Any) -> None:
+        request_id = params.get("requestId") if isinstance(params, dict) else None
+        if not is_request_id(request_id):
+            return
+        scope = self._inbound.get(request_id)
+        if scope is not None:
+            scope.cancel()
+
+    async def _run_inbound(self, request_id: RequestId, method: str, params: Any) -> None:
+        """Serve one request of the peer and send its answer."""
+        scope = trio.CancelScope()
+        if request_id in self._inbound:
+            # A duplicate id from the peer: served, but $/cancel_request reaches the first.
+            self._log.warning("duplicate request id from peer", id=request_id, method=method)
+        else:
+            self._inbound[request_id] = scope
+        self._running_inbound += 1
+        try:
+            with scope:
+                handler = self._request_handlers.get(method)
+                if handler is not None:
+                    result = await handler(params)
+                else:
+                    fallback = self._fallback_request or _method_not_found
+                    result = await fallback(method, params)
+            if scope.cancelled_caught:
+                answer = _encode_error(request_id, RequestCancelled())
+            else:
+                answer = encode_message(result_obj(request_id, result))
+        except JsonRpcError as exc:
+            answer = _encode_error(request_id, exc)
+        except Exception as exc:
+            self._log.exception("request handler failed", method=method, id=request_id)
+            answer = _encode_error(
+                request_id, InternalError(data={"details": f"{type(exc).__name__}: {exc}"})
+            )
+        finally:
+            self._running_inbound -= 1
+            if self._inbound.get(request_id) is scope:
+                del self._inbound[request_id]
+        await self._send_quietly(answer)
+
+    async def _answer_parse_error(self, exc: ParseError) -> None:
+        self._parse_errors += 1
+        self._log.warning("malformed JSON from peer", error=exc.message)
+        await self._send_quietly(_encode_error(None, ParseError(exc.message)))
+
+    def _dropped_oversized(self, size: int) -> None:
+        self._oversized_dropped += 1
+        if self._frame_observer is not None:
+            self._observe("recv", b'{"oversized": %d}' % size)
+        self._log.error("oversized message dropped", size=size, limit=self.max_message_size)
+
+
+async def _method_not_found(method: str, params: Any) -> NoReturn:
+    raise MethodNotFound(f"Method not found: {method}")
+
+
+def _encode_error(request_id: RequestId | None, error: JsonRpcError) -> bytes:
+    try:
+        return encode_message(error_obj(request_id, error))
+    except TypeError:
+        # Its data was not JSON-able: send the code and message alone.
+        return encode_message(error_obj(request_id, error_from_code(error.code, error.message)))
+
+
+# ---------------------------------------------------------------------- open_connection
+
+
+@asynccontextmanager
+async def open_connection(
+    stream: trio.abc.Stream,
+    *,
+    name: str = "peer",
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+    frame_observer: FrameObserver | None = None,
+    close_error: CloseErrorFactory | None = None,
+) -> AsyncIterator[JsonRpcConnection]:
+    """A served :class:`JsonRpcConnection` for the duration of the block.
+
+    On exit the read loop is cancelled and the stream closed. An exception from the block
+    propagates unchanged (not wrapped in an exception group).
+    """
+    conn = JsonRpcConnection(
+        stream,
+        name=name,
+        max_message_size=max_message_size,
+        frame_observer=frame_observer,
+        close_error=close_error,
+    )
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(conn.serve)
+            try:
+                yield conn
+            finally:
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) == 1:
+            _raise_keeping_context(group.exceptions[0])
+        raise
+    finally:
+        # Close without waiting (a graceful close could block on a stuck peer).
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await conn.aclose()
+
+
+def _raise_keeping_context(exc: BaseException) -> NoReturn:
+    """Raise ``exc`` out of an ``except`` block without making the group its context."""
+    context = exc.__context__
+    try:
+        raise exc
+    finally:
+        exc.__context__ = context
+        del exc, context

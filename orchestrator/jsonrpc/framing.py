@@ -1,0 +1,204 @@
+"""Newline-delimited JSON framing, without I/O.
+
+:class:`LineSplitter` turns the bytes read from a stream into complete lines; it knows nothing
+about where the bytes come from (see python-trio/trio#796 for why a splitter should be its own
+sans-I/O object). :func:`encode_message` and :func:`decode_message` convert between JSON values
+and the bytes of one frame.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, NoReturn
+
+import orjson
+from attrs import define, field, frozen
+
+from orchestrator.errors import ParseError
+
+__all__ = [
+    "DEFAULT_MAX_MESSAGE_SIZE",
+    "LineSplitter",
+    "OversizedLine",
+    "decode_message",
+    "encode_message",
+]
+
+DEFAULT_MAX_MESSAGE_SIZE = 64 * 2**20
+"""The default limit for one line (64 MiB); real agents send single lines of 500+ KB."""
+
+
+@frozen
+class OversizedLine:
+    """A line longer than the limit; its bytes were dropped as they arrived."""
+
+    size: int
+    """How many bytes the line had (without its newline), counted while discarding it."""
+
+
+@define
+class LineSplitter:
+    """Split a byte stream into lines, one JSON message per line.
+
+    ``feed`` returns the complete lines found so far, each without its ``"\\n"`` or a ``"\\r"``
+    before it; blank lines are skipped. A line longer than ``max_message_size`` bytes is not
+    buffered: from the moment it passes the limit its bytes are discarded up to the next newline,
+    and a single :class:`OversizedLine` takes its place in the output. The stream goes on.
+    """
+
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    # A line that spans chunks is kept as a list of pieces and joined once, so a huge line
+    # arriving in many small chunks costs linear time.
+    _pieces: list[bytes] = field(init=False, factory=list)
+    _buffered: int = field(init=False, default=0)
+    _discarding: bool = field(init=False, default=False)
+    _discarded: int = field(init=False, default=0)
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[bytes | OversizedLine]:
+        """Add received bytes; return the lines they complete, in order."""
+        # Trio's memory streams hand out bytearrays; lines must be immutable bytes.
+        data = data if isinstance(data, bytes) else bytes(data)
+        out: list[bytes | OversizedLine] = []
+        limit = self.max_message_size
+        start = 0
+        if self._discarding:
+            nl = data.find(b"\n")
+            if nl < 0:
+                self._discarded += len(data)
+                return out
+            out.append(OversizedLine(self._discarded + nl))
+            self._discarding = False
+            self._discarded = 0
+            start = nl + 1
+
+        first_nl = data.find(b"\n", start)
+        if first_nl < 0:
+            self._keep(data, start)
+            return out
+
+        # The first line completes whatever was buffered from earlier chunks.
+        first = data[start:first_nl]
+        if self._pieces:
+            size = self._buffered + len(first)
+            if size > limit:
+                out.append(OversizedLine(size))
+                first = b""
+            else:
+                self._pieces.append(first)
+                first = b"".join(self._pieces)
+            self._pieces = []
+            self._buffered = 0
+        elif len(first) > limit:
+            out.append(OversizedLine(len(first)))
+            first = b""
+        if first.endswith(b"\r"):
+            first = first[:-1]
+        if first and not first.isspace():
+            out.append(first)
+
+        last_nl = data.rfind(b"\n")
+        if last_nl > first_nl:
+            body = data[first_nl + 1 : last_nl]
+            lines = body.split(b"\n")
+            if len(body) > limit:
+                # Rare (a chunk bigger than the limit): check each line's raw size.
+                for line in lines:
+                    if len(line) > limit:
+                        out.append(OversizedLine(len(line)))
+                        continue
+                    if line.endswith(b"\r"):
+                        line = line[:-1]
+                    if line and not line.isspace():
+                        out.append(line)
+            else:
+                if b"\r" in body:
+                    lines = [line[:-1] if line.endswith(b"\r") else line for line in lines]
+                out.extend([line for line in lines if line and not line.isspace()])
+        self._keep(data, last_nl + 1)
+        return out
+
+    def eof(self) -> bytes | OversizedLine | None:
+        """The stream ended: return a last line that had no newline, if there is one."""
+        if self._discarding:
+            size = self._discarded
+            self._discarding = False
+            self._discarded = 0
+            return OversizedLine(size)
+        if not self._pieces:
+            return None
+        line = b"".join(self._pieces)
+        self._pieces = []
+        self._buffered = 0
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        if not line or line.isspace():
+            return None
+        return line
+
+    def _keep(self, data: bytes, start: int) -> None:
+        """Buffer ``data[start:]``, the beginning of a line, or start discarding it."""
+        size = len(data) - start
+        if size <= 0:
+            return
+        total = self._buffered + size
+        if total > self.max_message_size:
+            self._pieces = []
+            self._buffered = 0
+            self._discarding = True
+            self._discarded = total
+        else:
+            self._pieces.append(data[start:] if start else data)
+            self._buffered = total
+
+
+def encode_message(obj: Any) -> bytes:
+    """One frame: ``obj`` as compact UTF-8 JSON followed by ``"\\n"``.
+
+    Raises :exc:`TypeError` (``orjson.JSONEncodeError``) if ``obj`` is not JSON-serializable.
+    """
+    return orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE)
+
+
+def decode_message(line: bytes | bytearray | memoryview) -> Any:
+    """The JSON value in one frame; :class:`~orchestrator.errors.ParseError` if it is not JSON."""
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        return _decode_tolerantly(line, exc)
+
+
+def _reject_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _decode_tolerantly(line: bytes | bytearray | memoryview, error: Exception) -> Any:
+    """The slow path after orjson refused a line.
+
+    orjson rejects lone UTF-16 surrogate escapes such as ``"\\ud83d"``, which JavaScript peers
+    emit when they cut a string in the middle of a pair; the standard library accepts them. Lone
+    surrogates are then replaced by U+FFFD so the value can be encoded again later.
+    """
+    try:
+        text = bytes(line).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ParseError(f"invalid UTF-8: {exc}") from exc
+    try:
+        return _scrub_surrogates(
+            json.loads(text.removeprefix("\ufeff"), parse_constant=_reject_constant)
+        )
+    except (ValueError, RecursionError):
+        raise ParseError(f"invalid JSON: {error}") from error
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _scrub_surrogates(value: Any) -> Any:
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_scrub_surrogates(item) for item in value]
+    if isinstance(value, dict):
+        return {_scrub_surrogates(k): _scrub_surrogates(v) for k, v in value.items()}
+    return value

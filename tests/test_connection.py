@@ -1,0 +1,849 @@
+"""Tests of orchestrator.jsonrpc.connection over in-memory streams."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+import pytest
+import trio
+import trio.lowlevel
+import trio.testing
+from structlog.testing import capture_logs
+
+from orchestrator.errors import (
+    AgentExited,
+    AuthRequired,
+    ConnectionClosed,
+    InternalError,
+    InvalidParams,
+    InvalidRequest,
+    JsonRpcError,
+    MethodNotFound,
+    ParseError,
+    RequestCancelled,
+    ResourceNotFound,
+)
+from orchestrator.jsonrpc import (
+    ConnectionStatistics,
+    JsonRpcConnection,
+    LineSplitter,
+    decode_message,
+    encode_message,
+    open_connection,
+)
+
+
+class RawPeer:
+    """The other end of the stream, speaking raw JSON lines."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+        self.splitter = LineSplitter()
+        self.lines: list[bytes] = []
+
+    async def send(self, obj: Any) -> None:
+        await self.stream.send_all(encode_message(obj))
+
+    async def send_raw(self, data: bytes) -> None:
+        await self.stream.send_all(data)
+
+    async def receive(self) -> Any:
+        while not self.lines:
+            data = await self.stream.receive_some()
+            if not data:
+                raise EOFError
+            for line in self.splitter.feed(data):
+                assert isinstance(line, bytes)
+                self.lines.append(line)
+        return decode_message(self.lines.pop(0))
+
+    async def receive_nothing(self) -> None:
+        """Assert that nothing arrives for a while (virtual time)."""
+        with trio.move_on_after(10):
+            msg = await self.receive()
+            raise AssertionError(f"unexpected message {msg!r}")
+
+
+@asynccontextmanager
+async def connected(**kwargs: Any) -> AsyncIterator[tuple[JsonRpcConnection, RawPeer]]:
+    ours, theirs = trio.testing.memory_stream_pair()
+    with trio.fail_after(60):
+        async with open_connection(ours, name="agent", **kwargs) as conn:
+            yield conn, RawPeer(theirs)
+
+
+def req(id: Any, method: Any, params: Any = None) -> dict[str, Any]:
+    obj = {"jsonrpc": "2.0", "id": id, "method": method}
+    if params is not None:
+        obj["params"] = params
+    return obj
+
+
+def note(method: str, params: Any = None) -> dict[str, Any]:
+    obj = {"jsonrpc": "2.0", "method": method}
+    if params is not None:
+        obj["params"] = params
+    return obj
+
+
+def ok(id: Any, result: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": id, "result": result}
+
+
+def err(id: Any, code: int, message: str = "x", data: Any = None) -> dict[str, Any]:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    return {"jsonrpc": "2.0", "id": id, "error": error}
+
+
+# ---------------------------------------------------------------------- outbound requests
+
+
+async def test_request_returns_the_result(autojump_clock: trio.testing.MockClock) -> None:
+    """request() sends id 0 with params and returns the matching result."""
+    async with connected() as (conn, peer), trio.open_nursery() as nursery:
+        results: list[Any] = []
+
+        async def call() -> None:
+            results.append(await conn.request("session/new", {"cwd": "/"}))
+
+        nursery.start_soon(call)
+        assert await peer.receive() == req(0, "session/new", {"cwd": "/"})
+        await peer.send(ok(0, {"sessionId": "s"}))
+    assert results == [{"sessionId": "s"}]
+
+
+async def test_ids_count_from_zero_and_params_are_omitted(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Our ids are 0, 1, 2...; a request without params has no params member."""
+    async with connected() as (conn, peer), trio.open_nursery() as nursery:
+        for _ in range(3):
+            nursery.start_soon(conn.request, "ping")
+        seen = [await peer.receive() for _ in range(3)]
+        assert sorted(m["id"] for m in seen) == [0, 1, 2]
+        assert all("params" not in m for m in seen)
+        for m in seen:
+            await peer.send(ok(m["id"], None))
+
+
+async def test_responses_match_only_our_ids(autojump_clock: trio.testing.MockClock) -> None:
+    """A response with id "0" or an unknown id does not answer our request 0."""
+    async with connected() as (conn, peer), trio.open_nursery() as nursery:
+        results: list[Any] = []
+
+        async def call() -> None:
+            results.append(await conn.request("m"))
+
+        nursery.start_soon(call)
+        await peer.receive()
+        with capture_logs() as logs:
+            await peer.send(ok("0", "wrong type"))
+            await peer.send(ok(99, "unknown"))
+            await trio.sleep(1)
+        assert results == []
+        assert [e["event"] for e in logs].count("response for an unknown request id dropped") == 2
+        await peer.send(ok(0, "right"))
+    assert results == ["right"]
+    assert conn.statistics().responses_received == 3
+
+
+@pytest.mark.parametrize(
+    ("code", "cls"),
+    [
+        (-32700, ParseError),
+        (-32600, InvalidRequest),
+        (-32601, MethodNotFound),
+        (-32602, InvalidParams),
+        (-32603, InternalError),
+        (-32800, RequestCancelled),
+        (-32000, AuthRequired),
+        (-32002, ResourceNotFound),
+        (-31999, JsonRpcError),
+    ],
+)
+async def test_error_response_raises_matching_class(
+    code: int, cls: type[JsonRpcError], autojump_clock: trio.testing.MockClock
+) -> None:
+    """An error response raises the JsonRpcError subclass for its code, message and data kept."""
+    async with connected() as (conn, peer), trio.open_nursery() as nursery:
+        caught: list[JsonRpcError] = []
+
+        async def call() -> None:
+            with pytest.raises(JsonRpcError) as info:
+                await conn.request("m")
+            caught.append(info.value)
+
+        nursery.start_soon(call)
+        await peer.receive()
+        await peer.send(err(0, code, "boom", {"why": 1}))
+    assert type(caught[0]) is cls
+    assert caught[0].code == code
+    assert caught[0].message == "boom"
+    assert caught[0].data == {"why": 1}
+
+
+async def test_cancelled_request_sends_cancel_request(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Cancelling a caller sends $/cancel_request; the late answer is dropped quietly."""
+    async with connected() as (conn, peer):
+        with trio.move_on_after(5) as scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(conn.request, "session/prompt", {"p": 1})
+                assert (await peer.receive())["id"] == 0
+        assert scope.cancelled_caught
+        assert await peer.receive() == note("$/cancel_request", {"requestId": 0})
+        assert conn.statistics().pending_outbound == 0
+        with capture_logs() as logs:
+            await peer.send(err(0, -32800, "cancelled"))
+            await trio.sleep(1)
+        assert not [e for e in logs if e["log_level"] != "debug"]
+        assert conn.statistics().notifications_sent == 1
+
+
+async def test_request_cancelled_before_sending_sends_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A caller cancelled before its request went out does not send $/cancel_request."""
+    async with connected() as (conn, peer):
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await conn.request("m")
+        await peer.receive_nothing()
+        assert conn.statistics().requests_sent == 0
+
+
+# ---------------------------------------------------------------------- inbound requests
+
+
+async def test_inbound_requests_run_concurrently_while_ours_is_pending(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The peer's requests are served while our request waits, and concurrently."""
+    b_done = trio.Event()
+
+    async def handler_a(params: Any) -> Any:
+        await b_done.wait()  # would deadlock if requests were served one at a time
+        return {"a": params}
+
+    async def handler_b(params: Any) -> Any:
+        b_done.set()
+        return {"b": params}
+
+    async with connected() as (conn, peer), trio.open_nursery() as nursery:
+        conn.on_request("fs/a", handler_a)
+        conn.on_request("fs/b", handler_b)
+        results: list[Any] = []
+
+        async def call() -> None:
+            results.append(await conn.request("session/prompt"))
+
+        nursery.start_soon(call)
+        assert (await peer.receive())["method"] == "session/prompt"
+        await peer.send(req(0, "fs/a", 1))
+        await peer.send(req(1, "fs/b", 2))
+        answers = [await peer.receive(), await peer.receive()]
+        assert answers == [ok(1, {"b": 2}), ok(0, {"a": 1})]
+        await peer.send(ok(0, {"stopReason": "end_turn"}))
+    assert results == [{"stopReason": "end_turn"}]
+
+
+async def test_inbound_ids_are_echoed_exactly(autojump_clock: trio.testing.MockClock) -> None:
+    """String and integer ids come back exactly as received ("0" is not 0)."""
+
+    async def echo(params: Any) -> Any:
+        return params
+
+    async with connected() as (conn, peer):
+        conn.on_request("echo", echo)
+        for request_id in ["0", 0, "uuid-1f3a", -5, 2**40]:
+            await peer.send(req(request_id, "echo", [request_id]))
+            answer = await peer.receive()
+            assert answer == ok(request_id, [request_id])
+            assert type(answer["id"]) is type(request_id)
+
+
+async def test_unknown_request_gets_method_not_found(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A request for a method without a handler is answered -32601."""
+    async with connected() as (conn, peer):
+        await peer.send(req("r1", "craft/drainMidTurnQueue"))
+        answer = await peer.receive()
+        assert answer["id"] == "r1"
+        assert answer["error"]["code"] == -32601
+        assert conn.statistics().requests_received == 1
+
+
+async def test_extension_methods_go_to_fallbacks(autojump_clock: trio.testing.MockClock) -> None:
+    """Unregistered "_x" requests and notifications reach the fallback handlers."""
+    seen: list[tuple[str, Any]] = []
+
+    async def fallback_request(method: str, params: Any) -> Any:
+        seen.append((method, params))
+        if method.startswith("_"):
+            return {"handled": method}
+        raise MethodNotFound()
+
+    def fallback_notification(method: str, params: Any) -> None:
+        seen.append((method, params))
+
+    async with connected() as (conn, peer):
+        conn.set_fallback_request_handler(fallback_request)
+        conn.set_fallback_notification_handler(fallback_notification)
+        await peer.send(note("_auth/status_update", {"s": 1}))
+        await peer.send(req(4, "_x/do", {"k": 2}))
+        assert await peer.receive() == ok(4, {"handled": "_x/do"})
+        await peer.send(req(5, "other"))
+        assert (await peer.receive())["error"]["code"] == -32601
+    assert seen == [("_auth/status_update", {"s": 1}), ("_x/do", {"k": 2}), ("other", None)]
+
+
+async def test_handler_errors_become_error_responses(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A JsonRpcError answers its own code; any other exception answers -32603 and is logged."""
+
+    async def refuse(params: Any) -> Any:
+        raise InvalidParams("bad path", {"path": params})
+
+    async def crash(params: Any) -> Any:
+        raise RuntimeError("kaput")
+
+    async def unserializable(params: Any) -> Any:
+        return object()
+
+    async with connected() as (conn, peer):
+        conn.on_request("refuse", refuse)
+        conn.on_request("crash", crash)
+        conn.on_request("odd", unserializable)
+        await peer.send(req(1, "refuse", "x"))
+        assert await peer.receive() == err(1, -32602, "bad path", {"path": "x"})
+        with capture_logs() as logs:
+            await peer.send(req(2, "crash"))
+            answer = await peer.receive()
+        assert answer["id"] == 2
+        assert answer["error"]["code"] == -32603
+        assert "kaput" in answer["error"]["data"]["details"]
+        assert any(e["event"] == "request handler failed" and e.get("exc_info") for e in logs)
+        await peer.send(req(3, "odd"))
+        assert (await peer.receive())["error"]["code"] == -32603
+
+
+async def test_inbound_cancel_request_cancels_the_handler(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """$/cancel_request cancels the running handler, which is answered -32800."""
+    started = trio.Event()
+    cancelled = trio.Event()
+
+    async def slow(params: Any) -> Any:
+        started.set()
+        try:
+            await trio.sleep_forever()
+        finally:
+            cancelled.set()
+
+    async with connected() as (conn, peer):
+        conn.on_request("slow", slow)
+        await peer.send(req("a", "slow"))
+        await started.wait()
+        assert conn.statistics().running_inbound == 1
+        await peer.send(note("$/cancel_request", {"requestId": "other"}))
+        await peer.send(note("$/cancel_request", {"requestId": "a"}))
+        answer = await peer.receive()
+        assert cancelled.is_set()
+        assert answer["id"] == "a"
+        assert answer["error"]["code"] == -32800
+        assert conn.statistics().running_inbound == 0
+
+
+async def test_cancel_request_for_unknown_id_is_ignored(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """$/cancel_request naming no running request changes nothing."""
+    async with connected() as (conn, peer):
+        await peer.send(note("$/cancel_request", {"requestId": 12}))
+        await peer.send(note("$/cancel_request", {"requestId": True}))
+        await peer.send(note("$/cancel_request", "junk"))
+        await peer.receive_nothing()
+        assert not conn.closed
+
+
+def test_cancel_request_handler_cannot_be_replaced() -> None:
+    """Registering a handler for $/cancel_request is refused."""
+    conn = JsonRpcConnection(trio.testing.memory_stream_pair()[0])
+    with pytest.raises(ValueError, match="cancel_request"):
+        conn.on_notification("$/cancel_request", lambda params: None)
+
+
+# ---------------------------------------------------------------------- notifications
+
+
+async def test_notifications_reach_sync_and_async_handlers(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Plain and async notification handlers both get the params, in order."""
+    seen: list[Any] = []
+
+    async def async_handler(params: Any) -> None:
+        await trio.lowlevel.checkpoint()
+        seen.append(("async", params))
+
+    async with connected() as (conn, peer):
+        conn.on_notification("a", async_handler)
+        conn.on_notification("s", lambda params: seen.append(("sync", params)))
+        await peer.send(note("s", 1))
+        await peer.send(note("a", 2))
+        await peer.send({"method": "s", "params": 3})  # no jsonrpc member: tolerated
+        await trio.sleep(1)
+    assert seen == [("sync", 1), ("async", 2), ("sync", 3)]
+
+
+async def test_unknown_notifications_are_ignored(autojump_clock: trio.testing.MockClock) -> None:
+    """A notification without a handler is dropped and the connection goes on."""
+
+    async def echo(params: Any) -> Any:
+        return params
+
+    async with connected() as (conn, peer):
+        conn.on_request("echo", echo)
+        for _ in range(3):
+            await peer.send(note("qwen/notify/session/prompt-suggestion", {"x": 1}))
+        await peer.send(req(1, "echo", "still here"))
+        assert await peer.receive() == ok(1, "still here")
+        assert conn.statistics().notifications_received == 3
+
+
+async def test_failing_notification_handler_is_logged_and_survived(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """An exception from a notification handler is logged; later messages still arrive."""
+    seen: list[Any] = []
+
+    def handler(params: Any) -> None:
+        if params == "bad":
+            raise KeyError(params)
+        seen.append(params)
+
+    async with connected() as (conn, peer):
+        conn.on_notification("n", handler)
+        with capture_logs() as logs:
+            await peer.send(note("n", "bad"))
+            await peer.send(note("n", "good"))
+            await trio.sleep(1)
+    assert seen == ["good"]
+    assert any(e["event"] == "notification handler failed" for e in logs)
+
+
+async def test_notifications_are_delivered_before_a_following_response(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Every notification sent before the response has been handled when request() returns."""
+    seen: list[int] = []
+
+    async with connected() as (conn, peer), trio.open_nursery() as nursery:
+        conn.on_notification("session/update", lambda params: seen.append(params["n"]))
+        counts: list[int] = []
+
+        async def call() -> None:
+            await conn.request("session/prompt")
+            counts.append(len(seen))
+
+        nursery.start_soon(call)
+        await peer.receive()
+        data = b"".join(encode_message(note("session/update", {"n": i})) for i in range(500))
+        await peer.send_raw(data + encode_message(ok(0, {"stopReason": "end_turn"})))
+    assert counts == [500]
+    assert seen == list(range(500))
+
+
+# ---------------------------------------------------------------------- bad input
+
+
+async def test_malformed_json_is_answered_and_survived(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A line that is not JSON is answered -32700 with id null; the connection goes on."""
+    async with connected() as (conn, peer):
+        conn.on_notification("n", lambda params: None)
+        await peer.send_raw(b'{"jsonrpc": "2.0", "method": \n')
+        answer = await peer.receive()
+        assert answer["id"] is None
+        assert answer["error"]["code"] == -32700
+        await peer.send_raw(b"\xff\xfe\n")
+        assert (await peer.receive())["error"]["code"] == -32700
+        await peer.send(req(1, "nothing"))
+        assert (await peer.receive())["id"] == 1
+        assert conn.statistics().parse_errors == 2
+
+
+async def test_invalid_messages_are_answered_with_invalid_request(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A JSON value that is not a message gets -32600, naming its id when it had one."""
+    async with connected() as (conn, peer):
+        await peer.send(req(7, 123))
+        answer = await peer.receive()
+        assert answer["id"] == 7
+        assert answer["error"]["code"] == -32600
+        for junk in ([note("n")], "hello", {"jsonrpc": "2.0", "id": 1.5, "method": "m"}):
+            await peer.send(junk)
+            answer = await peer.receive()
+            assert answer["id"] is None
+            assert answer["error"]["code"] == -32600
+        assert conn.statistics().invalid_messages == 4
+
+
+async def test_oversized_message_is_dropped_and_survived(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A line over max_message_size is dropped with an error log; later lines still work."""
+    frames: list[tuple[str, bytes]] = []
+
+    async def echo(params: Any) -> Any:
+        return params
+
+    def observe(direction: Literal["send", "recv"], line: bytes) -> None:
+        frames.append((direction, line))
+
+    async with connected(max_message_size=200, frame_observer=observe) as (conn, peer):
+        conn.on_request("echo", echo)
+        with capture_logs() as logs:
+            big = encode_message(req(1, "echo", "x" * 1000))
+            for i in range(0, len(big), 64):
+                await peer.send_raw(big[i : i + 64])
+            await peer.send(req(2, "echo", "small"))
+            assert await peer.receive() == ok(2, "small")
+        assert conn.statistics().oversized_dropped == 1
+        error = next(e for e in logs if e["event"] == "oversized message dropped")
+        assert error["log_level"] == "error"
+        assert error["size"] == len(big) - 1
+        assert ("recv", b'{"oversized": %d}' % (len(big) - 1)) in frames
+
+
+async def test_unterminated_last_line_is_handled_at_eof(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A final line without a newline is still processed when the stream ends."""
+    seen: list[Any] = []
+    ours, theirs = trio.testing.memory_stream_pair()
+    conn = JsonRpcConnection(ours)
+    conn.on_notification("n", seen.append)
+    await theirs.send_all(b'{"jsonrpc":"2.0","method":"n","params":1}')
+    await theirs.aclose()
+    with trio.fail_after(5):
+        await conn.serve()
+    assert seen == [1]
+
+
+async def test_lone_surrogate_is_tolerated(autojump_clock: trio.testing.MockClock) -> None:
+    """A message with a lone UTF-16 surrogate escape is delivered, not refused."""
+    seen: list[Any] = []
+    async with connected() as (conn, peer):
+        conn.on_notification("n", seen.append)
+        await peer.send_raw(b'{"jsonrpc":"2.0","method":"n","params":"cut \\ud83d"}\n')
+        await trio.sleep(1)
+    assert seen == ["cut \ufffd"]
+
+
+# ---------------------------------------------------------------------- end of stream
+
+
+async def test_eof_fails_pending_requests_with_close_error(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """At EOF every waiter gets the close_error exception and serve returns normally."""
+    the_error = AgentExited("agent exited", peer="agent", exit_status=3, stderr_tail="oops")
+    reasons: list[str] = []
+
+    async def close_error(reason: str) -> ConnectionClosed:
+        reasons.append(reason)
+        await trio.sleep(1)  # e.g. waiting for the exit status
+        return the_error
+
+    ours, theirs = trio.testing.memory_stream_pair()
+    conn = JsonRpcConnection(ours, close_error=close_error)
+    peer = RawPeer(theirs)
+    caught: list[BaseException] = []
+
+    async def call(n: int) -> None:
+        try:
+            await conn.request("m", n)
+        except ConnectionClosed as exc:
+            caught.append(exc)
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(conn.serve)
+            for n in range(3):
+                nursery.start_soon(call, n)
+            for _ in range(3):
+                await peer.receive()
+            await theirs.aclose()
+    assert caught == [the_error] * 3
+    assert all(exc is the_error for exc in caught)
+    assert reasons == ["end of stream"]
+    assert conn.closed
+    with pytest.raises(AgentExited) as info:
+        await conn.request("later")
+    assert info.value is the_error
+    with pytest.raises(AgentExited):
+        await conn.notify("later")
+    assert conn.statistics().pending_outbound == 0
+
+
+async def test_default_close_error_names_the_peer(autojump_clock: trio.testing.MockClock) -> None:
+    """Without close_error, waiters get a ConnectionClosed naming the peer."""
+    ours, theirs = trio.testing.memory_stream_pair()
+    conn = JsonRpcConnection(ours, name="qwen")
+    caught: list[ConnectionClosed] = []
+
+    async def call() -> None:
+        with pytest.raises(ConnectionClosed) as info:
+            await conn.request("m")
+        caught.append(info.value)
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(conn.serve)
+            nursery.start_soon(call)
+            await RawPeer(theirs).receive()
+            await theirs.aclose()
+    assert caught[0].peer == "qwen"
+    assert "end of stream" in str(caught[0])
+
+
+async def test_eof_cancels_running_inbound_handlers(autojump_clock: trio.testing.MockClock) -> None:
+    """Handlers of the peer's requests still running at EOF are cancelled."""
+    started = trio.Event()
+    cancelled: list[bool] = []
+
+    async def slow(params: Any) -> Any:
+        started.set()
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            cancelled.append(True)
+            raise
+
+    ours, theirs = trio.testing.memory_stream_pair()
+    conn = JsonRpcConnection(ours)
+    conn.on_request("slow", slow)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(conn.serve)
+            await theirs.send_all(encode_message(req(1, "slow")))
+            await started.wait()
+            await theirs.aclose()
+    assert cancelled == [True]
+    assert conn.statistics().running_inbound == 0
+
+
+async def test_send_on_broken_stream_raises_connection_closed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Writing to a stream whose reader is gone raises ConnectionClosed."""
+    ours, theirs = trio.testing.memory_stream_pair()
+    conn = JsonRpcConnection(ours, name="gone")
+    await theirs.aclose()
+    with pytest.raises(ConnectionClosed) as info:
+        await conn.notify("n")
+    assert info.value.peer == "gone"
+    assert "broken" in info.value.reason
+
+
+async def test_broken_stream_while_reading_fails_pending_requests(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A stream that breaks under the read loop ends serve; waiters get ConnectionClosed."""
+    breaking = trio.Event()
+
+    async def hook() -> None:
+        await breaking.wait()
+        raise trio.BrokenResourceError("pipe gone")
+
+    sent = trio.testing.MemorySendStream()
+    stream = trio.StapledStream(sent, trio.testing.MemoryReceiveStream(hook))
+    conn = JsonRpcConnection(stream, name="flaky")
+    caught: list[ConnectionClosed] = []
+
+    async def call() -> None:
+        with pytest.raises(ConnectionClosed) as info:
+            await conn.request("m")
+        caught.append(info.value)
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(conn.serve)
+            nursery.start_soon(call)
+            await trio.sleep(1)
+            assert conn.statistics().pending_outbound == 1
+            breaking.set()
+    assert caught[0].reason == "stream broken: pipe gone"
+    assert conn.closed
+
+
+async def test_cancelled_serve_fails_pending_requests(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """When serve is cancelled, nobody is left waiting for a response."""
+    ours, theirs = trio.testing.memory_stream_pair()
+    conn = JsonRpcConnection(ours)
+    caught: list[ConnectionClosed] = []
+
+    async def call() -> None:
+        with pytest.raises(ConnectionClosed) as info:
+            await conn.request("m")
+        caught.append(info.value)
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            serve_scope = trio.CancelScope()
+
+            async def run_serve() -> None:
+                with serve_scope:
+                    await conn.serve()
+
+            nursery.start_soon(run_serve)
+            nursery.start_soon(call)
+            await RawPeer(theirs).receive()
+            serve_scope.cancel()
+    assert "no longer served" in str(caught[0])
+    assert conn.closed
+
+
+async def test_aclose_fails_pending_requests(autojump_clock: trio.testing.MockClock) -> None:
+    """aclose() closes the stream and fails our pending requests."""
+    async with connected() as (conn, peer), trio.open_nursery() as nursery:
+        caught: list[ConnectionClosed] = []
+
+        async def call() -> None:
+            with pytest.raises(ConnectionClosed) as info:
+                await conn.request("m")
+            caught.append(info.value)
+
+        nursery.start_soon(call)
+        await peer.receive()
+        await conn.aclose()
+    assert conn.closed
+    assert "closed locally" in str(caught[0])
+
+
+async def test_serve_runs_only_once(autojump_clock: trio.testing.MockClock) -> None:
+    """A second serve() is refused."""
+    async with connected() as (conn, _peer):
+        with pytest.raises(RuntimeError):
+            await conn.serve()
+
+
+async def test_open_connection_propagates_exceptions_unwrapped(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """An exception raised in the block comes out as itself, not in an exception group."""
+    ours, _theirs = trio.testing.memory_stream_pair()
+    with pytest.raises(KeyError, match="inside") as info:
+        async with open_connection(ours):
+            raise KeyError("inside")
+    assert info.value.__context__ is None
+
+
+async def test_open_connection_closes_the_stream(autojump_clock: trio.testing.MockClock) -> None:
+    """Leaving open_connection closes the stream: the peer sees EOF."""
+    ours, theirs = trio.testing.memory_stream_pair()
+    async with open_connection(ours) as conn:
+        pass
+    assert conn.closed
+    assert await theirs.receive_some() == b""
+
+
+# ---------------------------------------------------------------------- observation
+
+
+async def test_frame_observer_sees_both_directions(autojump_clock: trio.testing.MockClock) -> None:
+    """The frame observer gets every line sent and received, malformed ones included."""
+    frames: list[tuple[str, bytes]] = []
+
+    def observe(direction: Literal["send", "recv"], line: bytes) -> None:
+        frames.append((direction, line))
+
+    async def echo(params: Any) -> Any:
+        return params
+
+    async with connected(frame_observer=observe) as (conn, peer):
+        conn.on_request("echo", echo)
+        await conn.notify("hello", {"a": 1})
+        await peer.receive()
+        await peer.send_raw(b'{"jsonrpc":"2.0","id":"e","method":"echo","params":5}\r\n')
+        await peer.receive()
+        await peer.send_raw(b"garbage\n")
+        await peer.receive()
+    assert frames == [
+        ("send", b'{"jsonrpc":"2.0","method":"hello","params":{"a":1}}'),
+        ("recv", b'{"jsonrpc":"2.0","id":"e","method":"echo","params":5}'),
+        ("send", b'{"jsonrpc":"2.0","id":"e","result":5}'),
+        ("recv", b"garbage"),
+        ("send", frames[-1][1]),
+    ]
+    assert b'"code":-32700' in frames[-1][1]
+
+
+async def test_failing_frame_observer_does_not_break_the_connection(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """An exception from the frame observer is logged; traffic goes on."""
+
+    def observe(direction: Literal["send", "recv"], line: bytes) -> None:
+        raise RuntimeError("disk full")
+
+    async def echo(params: Any) -> Any:
+        return params
+
+    async with connected(frame_observer=observe) as (conn, peer):
+        conn.on_request("echo", echo)
+        with capture_logs() as logs:
+            await peer.send(req(1, "echo", 1))
+            assert await peer.receive() == ok(1, 1)
+        assert [e["event"] for e in logs].count("frame observer failed") == 2
+
+
+async def test_statistics_count_traffic(autojump_clock: trio.testing.MockClock) -> None:
+    """statistics() counts messages in both directions."""
+
+    async def echo(params: Any) -> Any:
+        return params
+
+    async with connected() as (conn, peer), trio.open_nursery() as nursery:
+        conn.on_request("echo", echo)
+        conn.on_notification("n", lambda params: None)
+        nursery.start_soon(conn.request, "ours")
+        await peer.receive()
+        await conn.notify("tell")
+        await peer.receive()
+        await peer.send(note("n"))
+        await peer.send(note("n"))
+        await peer.send(req(1, "echo"))
+        await peer.receive()
+        await peer.send_raw(b"}\n")
+        await peer.receive()
+        await peer.send(42)
+        await peer.receive()
+        assert conn.statistics() == ConnectionStatistics(
+            requests_sent=1,
+            notifications_sent=1,
+            responses_received=0,
+            requests_received=1,
+            notifications_received=2,
+            pending_outbound=1,
+            running_inbound=0,
+            oversized_dropped=0,
+            parse_errors=1,
+            invalid_messages=1,
+        )
+        await peer.send(ok(0, None))
+    assert conn.statistics().responses_received == 1
+    assert conn.statistics().pending_outbound == 0
