@@ -123,6 +123,8 @@ class _Waiter:
     event: trio.Event = field(factory=trio.Event)
     result: Any = None
     error: BaseException | None = None
+    #: called in the read loop the moment the response arrives, before any later message
+    on_response: Callable[[], None] | None = None
 
 
 @define(eq=False)
@@ -226,19 +228,23 @@ class JsonRpcConnection:
             invalid_messages=self._invalid_messages,
         )
 
-    async def request(self, method: str, params: Any = None) -> Any:
+    async def request(
+        self, method: str, params: Any = None, *, on_response: Callable[[], None] | None = None
+    ) -> Any:
         """Send a request and wait for its result.
 
         An error response raises the matching :class:`~orchestrator.errors.JsonRpcError`
         subclass; a closed connection raises its close error (a ``ConnectionClosed``). If the
         caller is cancelled while waiting, the peer is told with ``$/cancel_request``.
+        ``on_response`` runs in the read loop as the response arrives, before any message
+        behind it is handled (the caller itself resumes later).
         """
         if self._closed:
             raise await self._get_close_error("connection closed")
         request_id = self._next_id
         self._next_id += 1
         data = encode_message(request_obj(request_id, method, params))
-        waiter = _Waiter()
+        waiter = _Waiter(on_response=on_response)
         self._pending[request_id] = waiter
         sent = False
         try:
@@ -468,6 +474,11 @@ class JsonRpcConnection:
             waiter.error = msg.error
         else:
             waiter.result = msg.result
+        if waiter.on_response is not None:
+            try:
+                waiter.on_response()
+            except Exception:
+                self._log.exception("on_response callback failed")
         waiter.event.set()
 
     async def _deliver_notification(self, method: str, params: Any) -> None:

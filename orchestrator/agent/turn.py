@@ -1,0 +1,193 @@
+"""What a prompt turn produced: text, thoughts, tool calls, plan, usage and the rest.
+
+:class:`TurnAccumulator` folds ``session/update`` values into a :class:`TurnResult` as they
+arrive (pure code, no I/O). Tool calls are merged from the full ``tool_call`` and the
+``tool_call_update`` patches, where only the fields present change.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attrs import define, field, frozen
+
+from ..protocol import types as t
+from ..protocol.codec import unstructure
+from .services import PermissionRecord
+
+__all__ = ["ToolCallState", "TurnAccumulator", "TurnResult", "content_text"]
+
+
+@define
+class ToolCallState:
+    """A tool call as known so far: the ``tool_call`` with every later patch applied."""
+
+    tool_call_id: str
+    title: str | None = None
+    kind: str | None = None
+    status: str | None = None
+    content: list[t.ToolCallContent] = field(factory=list)
+    locations: list[t.ToolCallLocation] = field(factory=list)
+    raw_input: Any = None
+    raw_output: Any = None
+    #: how many patches were applied after the first sighting
+    updates: int = 0
+
+    def apply(self, update: t.ToolCall | t.ToolCallUpdate) -> None:
+        """Merge a full call or a patch: fields the update leaves out keep their value."""
+        if update.title is not None:
+            self.title = update.title
+        if update.kind is not None:
+            self.kind = update.kind
+        if update.status is not None:
+            self.status = update.status
+        if update.content is not None:
+            self.content = list(update.content)
+        if update.locations is not None:
+            self.locations = list(update.locations)
+        if update.raw_input is not None:
+            self.raw_input = update.raw_input
+        if update.raw_output is not None:
+            self.raw_output = update.raw_output
+
+    def diffs(self) -> list[t.Diff]:
+        """The diffs in this call's content."""
+        return [c for c in self.content if isinstance(c, t.Diff)]
+
+    def terminal_ids(self) -> list[str]:
+        """The terminals embedded in this call's content."""
+        return [c.terminal_id for c in self.content if isinstance(c, t.Terminal)]
+
+    def to_json(self) -> dict[str, Any]:
+        """The summary used in ``--json`` output."""
+        return {
+            "toolCallId": self.tool_call_id,
+            "title": self.title,
+            "kind": self.kind,
+            "status": self.status,
+        }
+
+
+@frozen
+class TurnResult:
+    """Everything one prompt turn produced, in arrival order where order matters."""
+
+    #: why the turn ended (end_turn, cancelled, ...); a value newer than the schema passes
+    stop_reason: str
+    #: the agent's message text, chunks joined
+    text: str
+    #: the agent's thought text, chunks joined
+    thoughts: str
+    #: tool calls by id, in first-seen order
+    tool_calls: dict[str, ToolCallState]
+    #: the latest plan entries
+    plan: list[t.PlanEntry] | None
+    #: the latest usage report
+    usage: t.UsageUpdate | None
+    #: the usage the prompt response reported (tokens), when the agent sends it
+    response_usage: t.Usage | None
+    #: mode changes, in order
+    mode_changes: list[str]
+    #: the latest config options the agent reported during the turn
+    config_options: list[t.SessionConfigOption] | None
+    #: session info updates (title and the like), in order
+    session_info: list[t.SessionInfoUpdate]
+    #: the latest available commands
+    available_commands: list[t.AvailableCommand] | None
+    #: updates of kinds this schema release does not know, kept whole
+    unknown_updates: list[t.UnknownSessionUpdate]
+    #: every update in arrival order
+    updates: list[t.SessionUpdate]
+    #: permission decisions taken during the turn
+    permissions: list[PermissionRecord]
+    #: True when the client sent session/cancel during the turn
+    cancel_requested: bool
+
+    def usage_json(self) -> dict[str, Any] | None:
+        """Usage for ``--json`` output: the latest usage update and the response's token counts."""
+        if self.usage is None and self.response_usage is None:
+            return None
+        out: dict[str, Any] = {}
+        if self.usage is not None:
+            out.update(unstructure(self.usage))
+            out.pop("sessionUpdate", None)
+        if self.response_usage is not None:
+            out["tokens"] = unstructure(self.response_usage)
+        return out
+
+
+def content_text(block: t.ContentBlock) -> str:
+    """The text of a content block, or a short placeholder for non-text blocks."""
+    if isinstance(block, t.TextContent):
+        return block.text
+    if isinstance(block, t.ResourceLink):
+        return f"[{block.name}]({block.uri})"
+    return ""
+
+
+@define
+class TurnAccumulator:
+    """Folds updates into a turn's result; feed it with :meth:`add`."""
+
+    text: list[str] = field(factory=list)
+    thoughts: list[str] = field(factory=list)
+    tool_calls: dict[str, ToolCallState] = field(factory=dict)
+    plan: list[t.PlanEntry] | None = None
+    usage: t.UsageUpdate | None = None
+    mode_changes: list[str] = field(factory=list)
+    config_options: list[t.SessionConfigOption] | None = None
+    session_info: list[t.SessionInfoUpdate] = field(factory=list)
+    available_commands: list[t.AvailableCommand] | None = None
+    unknown_updates: list[t.UnknownSessionUpdate] = field(factory=list)
+    updates: list[t.SessionUpdate] = field(factory=list)
+    permissions: list[PermissionRecord] = field(factory=list)
+    cancel_requested: bool = False
+
+    def add(self, update: t.SessionUpdate) -> None:
+        """Fold one update in."""
+        self.updates.append(update)
+        if isinstance(update, t.AgentMessageChunk):
+            self.text.append(content_text(update.content))
+        elif isinstance(update, t.AgentThoughtChunk):
+            self.thoughts.append(content_text(update.content))
+        elif isinstance(update, t.ToolCall | t.ToolCallUpdateSessionUpdate):
+            state = self.tool_calls.get(update.tool_call_id)
+            if state is None:
+                state = self.tool_calls[update.tool_call_id] = ToolCallState(update.tool_call_id)
+            else:
+                state.updates += 1
+            state.apply(update)
+        elif isinstance(update, t.Plan):
+            self.plan = list(update.entries)
+        elif isinstance(update, t.UsageUpdate):
+            self.usage = update
+        elif isinstance(update, t.CurrentModeUpdate):
+            self.mode_changes.append(update.current_mode_id)
+        elif isinstance(update, t.ConfigOptionUpdate):
+            self.config_options = list(update.config_options)
+        elif isinstance(update, t.SessionInfoUpdate):
+            self.session_info.append(update)
+        elif isinstance(update, t.AvailableCommandsUpdate):
+            self.available_commands = list(update.available_commands)
+        elif isinstance(update, t.UnknownSessionUpdate):
+            self.unknown_updates.append(update)
+
+    def result(self, stop_reason: str, response_usage: t.Usage | None = None) -> TurnResult:
+        """The turn's result, once its response has arrived."""
+        return TurnResult(
+            stop_reason=stop_reason,
+            text="".join(self.text),
+            thoughts="".join(self.thoughts),
+            tool_calls=dict(self.tool_calls),
+            plan=self.plan,
+            usage=self.usage,
+            response_usage=response_usage,
+            mode_changes=list(self.mode_changes),
+            config_options=self.config_options,
+            session_info=list(self.session_info),
+            available_commands=self.available_commands,
+            unknown_updates=list(self.unknown_updates),
+            updates=list(self.updates),
+            permissions=list(self.permissions),
+            cancel_requested=self.cancel_requested,
+        )
