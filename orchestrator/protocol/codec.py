@@ -385,6 +385,10 @@ class _HookFactory:
         def structure(v: Any, _: Any) -> Any:
             if v.__class__ not in allowed:
                 raise StructureError(f"unexpected {json_type(v)}")
+            if v.__class__ is list:  # the only list member is list[str]
+                for i, item in enumerate(v):
+                    if item.__class__ is not str:
+                        raise _expected("a string", item).at(i)
             return v
 
         return structure
@@ -536,7 +540,23 @@ def unstructure(obj: Any) -> Any:
 
 
 def _type_name(tp: Any) -> str:
+    if _is_union(tp):
+        name = _union_names().get(tp)
+        if name is not None:
+            return name
     return getattr(tp, "__name__", None) or str(tp).replace("orchestrator.protocol.types.", "")
+
+
+_UNION_NAMES: dict[Any, str] = {}
+
+
+def _union_names() -> dict[Any, str]:
+    """Union aliases of the generated module by their value (``Union[...]`` has no name)."""
+    if not _UNION_NAMES:
+        for name, value in vars(acp).items():
+            if _is_union(value):
+                _UNION_NAMES.setdefault(value, name)
+    return _UNION_NAMES
 
 
 def _path(e: StructureError) -> str:
