@@ -280,6 +280,18 @@ class AcpSession:
         await self.connection.notify(
             "session/cancel", t.CancelNotification(session_id=self.session_id)
         )
+        kill = getattr(self.services.terminal, "kill_session", None)
+        if kill is not None:  # the turn is over: so are the commands it started
+            await kill(self.session_id)
+
+    async def release(self) -> None:
+        """Free what the services hold for this session (terminals, remembered answers)."""
+        release = getattr(self.services.terminal, "release_session", None)
+        if release is not None:
+            await release(self.session_id)
+        forget = getattr(self.services.permission, "forget_session", None)
+        if forget is not None:
+            forget(self.session_id)
 
     async def wait_turn_end(self) -> None:
         """After :meth:`cancel`: wait for the turn to end, at most the cancel grace."""
@@ -651,7 +663,7 @@ class AgentConnection:
         session.permissions.append(record)
         if session._turn is not None:
             session._turn.accumulator.permissions.append(record)
-        log.info(
+        log.debug(  # the permission service logs its own decisions
             "permission decided",
             agent=ctx.agent,
             session=ctx.session_id,
@@ -759,6 +771,8 @@ async def open_agent_on_stream(
                 nursery.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):
+            for session in list(conn.sessions.values()):
+                await session.release()
             await rpc.aclose()
 
 

@@ -1,0 +1,397 @@
+"""The permission service that answers ``session/request_permission`` by policy.
+
+:class:`PolicyPermissionService` adapts the client's :class:`~.services.PermissionService`
+Protocol to :class:`orchestrator.policy.PolicySet`: it turns the ACP request into a
+:class:`~orchestrator.policy.PermissionQuery`, remembers "always" answers per session, escalates
+``ask`` verdicts to an async callback (no answer within the timeout rejects), picks the agent's
+option by kind, and keeps an audit trail with one log line per decision. Install it with
+``ClientServices(permission=PolicyPermissionService(policy_set, escalate=...))``.
+
+:func:`terminal_prompt_escalation` is an escalation callback that asks the human at the
+controlling terminal (``/dev/tty``). For the terminal service's optional command check use
+:meth:`PolicyPermissionService.check_command` (the policy, plus the commands this service
+allowed in the session, so a command a human approved can run) or :func:`policy_command_check`
+(the policy alone).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shlex
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Literal, get_args
+
+import structlog
+import trio
+from attrs import define, field, frozen
+
+from orchestrator.policy import (
+    OUTSIDE_WORKSPACE,
+    Answer,
+    Evaluation,
+    OfferedOption,
+    PermissionQuery,
+    PolicySet,
+    choose_option,
+    memory_key,
+    parse_command,
+)
+
+from ..protocol import types as t
+from .services import PermissionDecision, PermissionRecord, SessionContext, Verdict
+
+__all__ = [
+    "CommandVerdict",
+    "Escalate",
+    "Escalation",
+    "PolicyPermissionService",
+    "command_key",
+    "policy_command_check",
+    "query_from_request",
+    "terminal_prompt_escalation",
+]
+
+log = structlog.get_logger(__name__)
+
+
+@frozen
+class Escalation:
+    """A request whose rule said ``ask``: what the human (or program) decides about."""
+
+    query: PermissionQuery
+    evaluation: Evaluation
+    ctx: SessionContext
+
+    @property
+    def rule(self) -> str:
+        """The rule that asked."""
+        return self.evaluation.rule
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """The paths the request touches (absolute)."""
+        return self.evaluation.facts.paths
+
+    @property
+    def command(self) -> str | None:
+        """The command line, when there is one."""
+        command = self.evaluation.facts.command
+        return command.line if command is not None else None
+
+
+#: An escalation callback: answer ``allow``, ``allow_always``, ``reject``, ``reject_always``, or
+#: None for "no answer" (which rejects). It must let ``trio.Cancelled`` through.
+Escalate = Callable[[Escalation], Awaitable[Answer | None]]
+
+
+def query_from_request(request: t.RequestPermissionRequest, ctx: SessionContext) -> PermissionQuery:
+    """The policy's view of an ACP permission request."""
+    call = request.tool_call
+    locations = [location.path for location in call.locations or ()]
+    locations += [item.path for item in call.content or () if isinstance(item, t.Diff)]
+    return PermissionQuery(
+        tool_call_id=call.tool_call_id,
+        kind=call.kind,
+        title=call.title,
+        root=ctx.cwd,
+        options=tuple(OfferedOption(o.option_id, o.kind, o.name) for o in request.options),
+        agent=ctx.agent,
+        session_id=ctx.session_id,
+        step=ctx.step,
+        locations=tuple(locations),
+        raw_input=call.raw_input,
+    )
+
+
+@define
+class PolicyPermissionService:
+    """Answers permission requests by policy, with escalation, memory and an audit trail.
+
+    An "always" answer (from a rule or an escalation) is remembered per session and answers
+    later requests of the same kind (and, for ``execute``, the same command line) with rule
+    ``remembered: <rule>``; memory never overrides a reject of the rules, nor the workspace
+    boundary. ``ask_timeout`` overrides the policy set's. ``records`` is the audit trail of
+    every decision this service made, in order (including requests cancelled while pending).
+    """
+
+    policy: PolicySet
+    escalate: Escalate | None = None
+    ask_timeout: float | None = None
+    records: list[PermissionRecord] = field(factory=list)
+    _memory: dict[str, dict[tuple[str, str | None], tuple[Answer, str]]] = field(
+        factory=dict, init=False, repr=False
+    )
+    # Command lines allowed per session: once (a count) or always, for check_command.
+    _approved_once: dict[str, Counter[str]] = field(factory=dict, init=False, repr=False)
+    _approved_always: dict[str, set[str]] = field(factory=dict, init=False, repr=False)
+
+    async def request_permission(
+        self, request: t.RequestPermissionRequest, ctx: SessionContext
+    ) -> PermissionDecision:
+        """Decide one request (cancellable: a cancelled request is recorded, then re-raised)."""
+        query = query_from_request(request, ctx)
+        evaluation = self.policy.evaluate(query)
+        try:
+            answer, rule = await self._answer(query, evaluation, ctx)
+        except trio.Cancelled:
+            self._record(query, evaluation, "cancelled", None, "cancelled")
+            raise
+        if answer.endswith("_always") and not rule.startswith("remembered: "):
+            remembered = self._memory.setdefault(ctx.session_id, {})
+            remembered[memory_key(evaluation.facts)] = (answer, rule)
+        choice = choose_option(answer, query.options)
+        command = evaluation.facts.command
+        if choice.verdict == "allow" and command is not None and query.kind == "execute":
+            key, session = command_key(command.line), ctx.session_id
+            if answer == "allow_always":
+                self._approved_always.setdefault(session, set()).add(key)
+            else:
+                self._approved_once.setdefault(session, Counter())[key] += 1
+        record = self._record(query, evaluation, choice.verdict, choice.option_id, rule)
+        outcome: t.RequestPermissionOutcome = (
+            t.SelectedPermissionOutcome(option_id=choice.option_id)
+            if choice.option_id is not None
+            else t.CancelledRequestPermissionOutcome()
+        )
+        return PermissionDecision(outcome, record)
+
+    def forget_session(self, session_id: str) -> None:
+        """Drop what was remembered for a session (call when it ends)."""
+        self._memory.pop(session_id, None)
+        self._approved_once.pop(session_id, None)
+        self._approved_always.pop(session_id, None)
+
+    def check_command(self, command_line: str, ctx: SessionContext) -> CommandVerdict:
+        """The terminal service's command check: the policy, or an approval given here.
+
+        A command this service allowed in a permission request of the same session (by a rule,
+        an escalation or from memory) may start: once per "allow once", any number of times
+        after "allow always". Install with ``open_terminal_service(command_check=...)``.
+        """
+        evaluation = _evaluate_command(self.policy, command_line, ctx)
+        verdict: CommandVerdict = "allow" if evaluation.verdict.startswith("allow") else "reject"
+        rule = evaluation.rule
+        key, session = command_key(command_line), ctx.session_id
+        once = self._approved_once.get(session, Counter())
+        if verdict == "reject" and rule != OUTSIDE_WORKSPACE:
+            if key in self._approved_always.get(session, ()):
+                verdict, rule = "allow", "approved always in this session"
+            elif once[key] > 0:
+                once[key] -= 1
+                verdict, rule = "allow", "approved once in this session"
+        _log_check(command_line, ctx, verdict, rule)
+        return verdict
+
+    def audit_json(self) -> list[dict[str, object]]:
+        """The audit trail as JSON values, for ``--json`` output."""
+        return [record.to_json() for record in self.records]
+
+    async def _answer(
+        self, query: PermissionQuery, evaluation: Evaluation, ctx: SessionContext
+    ) -> tuple[Answer, str]:
+        await trio.lowlevel.checkpoint()  # a request arriving after session/cancel is cancelled
+        if evaluation.rule != OUTSIDE_WORKSPACE:
+            key = memory_key(evaluation.facts)
+            remembered = self._memory.get(ctx.session_id, {}).get(key)
+            # Memory saves a question or tightens; it never overrides a rule's reject.
+            if remembered is not None and (
+                remembered[0].startswith("reject") or not evaluation.verdict.startswith("reject")
+            ):
+                return remembered[0], f"remembered: {remembered[1]}"
+        if evaluation.verdict != "ask":
+            return evaluation.verdict, evaluation.rule
+        return await self._escalate(Escalation(query, evaluation, ctx))
+
+    async def _escalate(self, escalation: Escalation) -> tuple[Answer, str]:
+        rule = escalation.rule
+        if self.escalate is None:
+            return "reject", f"{rule} (ask: no escalation configured)"
+        timeout = self.ask_timeout if self.ask_timeout is not None else self.policy.ask_timeout
+        answer: Answer | None = None
+        with trio.move_on_after(timeout) as scope:
+            try:
+                answer = await self.escalate(escalation)
+            except Exception as exc:
+                log.warning("permission escalation failed", rule=rule, error=repr(exc))
+                return "reject", f"{rule} (ask: escalation failed)"
+        if scope.cancelled_caught:
+            return "reject", f"{rule} (ask: no answer in {timeout:g}s)"
+        if answer is None or answer not in get_args(Answer):
+            return "reject", f"{rule} (ask: no answer)"
+        return answer, f"{rule} (ask: {answer})"
+
+    def _record(
+        self,
+        query: PermissionQuery,
+        evaluation: Evaluation,
+        verdict: Verdict,
+        option_id: str | None,
+        rule: str,
+    ) -> PermissionRecord:
+        facts = evaluation.facts
+        record = PermissionRecord(
+            time=time.time(),
+            agent=query.agent,
+            session_id=query.session_id,
+            step=query.step,
+            tool_call_id=query.tool_call_id,
+            kind=query.kind,
+            title=query.title,
+            verdict=verdict,
+            option_id=option_id,
+            rule=rule,
+            paths=facts.paths,
+            command=facts.command.line if facts.command is not None else None,
+        )
+        self.records.append(record)
+        log.info("permission decision", **record.to_json())
+        return record
+
+
+# --------------------------------------------------------------------------- terminal check
+
+CommandVerdict = Literal["allow", "reject"]
+
+
+def _split(line: str) -> list[str] | None:
+    try:
+        return shlex.split(line)
+    except ValueError:
+        return None
+
+
+def command_key(line: str) -> str:
+    """A command line normalized for comparison: re-quoted, ``sh -c`` wrappers removed."""
+    argv = _split(line)
+    if not argv:
+        return line
+    inner = parse_command(argv).line
+    return inner if inner == shlex.join(argv) else command_key(inner)
+
+
+def _evaluate_command(policy: PolicySet, line: str, ctx: SessionContext) -> Evaluation:
+    argv = _split(line)
+    # A wrapper (``bash -lc "..."``) as argv so the policy sees the inner line; anything else
+    # stays a shell line, whose operators the policy understands.
+    wrapped = argv is not None and parse_command(argv).line != shlex.join(argv)
+    query = PermissionQuery(
+        tool_call_id="terminal/create",
+        kind="execute",
+        title=line,
+        root=ctx.cwd,
+        agent=ctx.agent,
+        session_id=ctx.session_id,
+        step=ctx.step,
+        raw_input={"command": argv if wrapped else line},
+    )
+    return policy.evaluate(query)
+
+
+def _log_check(line: str, ctx: SessionContext, verdict: CommandVerdict, rule: str) -> None:
+    log.info(
+        "terminal command checked",
+        agent=ctx.agent,
+        sessionId=ctx.session_id,
+        command=line,
+        verdict=verdict,
+        rule=rule,
+    )
+
+
+def policy_command_check(policy: PolicySet) -> Callable[[str, SessionContext], CommandVerdict]:
+    """A command check for the terminal service: the policy's verdict on an ``execute``.
+
+    ``ask`` counts as reject here (the check is synchronous). Prefer
+    :meth:`PolicyPermissionService.check_command`, which also honours what a human approved.
+    """
+
+    def check(command_line: str, ctx: SessionContext) -> CommandVerdict:
+        evaluation = _evaluate_command(policy, command_line, ctx)
+        verdict: CommandVerdict = "allow" if evaluation.verdict.startswith("allow") else "reject"
+        _log_check(command_line, ctx, verdict, evaluation.rule)
+        return verdict
+
+    return check
+
+
+# --------------------------------------------------------------------------- terminal prompt
+
+_ANSWERS: dict[str, Answer] = {
+    "y": "allow",
+    "yes": "allow",
+    "a": "allow_always",
+    "always": "allow_always",
+    "n": "reject",
+    "no": "reject",
+    "": "reject",
+    "r": "reject_always",
+    "never": "reject_always",
+}
+_QUESTION = "Allow? [y]es once, [a]lways, [n]o (default), neve[r]: "
+# One question on the terminal at a time, whatever the number of agents asking.
+_PROMPT_LOCK = trio.Lock()
+
+
+def _describe(escalation: Escalation) -> str:
+    query = escalation.query
+    lines = [
+        "",
+        f"Permission request from {query.agent}"
+        + (f" (step {query.step})" if query.step else "")
+        + f", session {query.session_id}:",
+        f"  {query.kind or 'other'}: {query.title or query.tool_call_id}",
+    ]
+    if escalation.command is not None:
+        lines.append(f"  command: {escalation.command}")
+    lines += [f"  path: {path}" for path in escalation.paths]
+    lines.append(f"  rule: {escalation.rule}")
+    return "\n".join(lines) + "\n" + _QUESTION
+
+
+def _ask_tty(tty: str, text: str) -> Answer | None:
+    """Runs in a worker thread: ask on ``tty`` until a valid answer, polling for cancellation."""
+    fd = os.open(tty, os.O_RDWR | os.O_NOCTTY)
+    try:
+        os.write(fd, text.encode())
+        buffer = b""
+        try:
+            while True:
+                trio.from_thread.check_cancelled()
+                ready, _, _ = select.select([fd], [], [], 0.05)
+                if not ready:
+                    continue
+                chunk = os.read(fd, 1024)
+                if not chunk:
+                    return None
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    word = line.decode(errors="replace").strip().lower()
+                    if word in _ANSWERS:
+                        return _ANSWERS[word]
+                    os.write(fd, _QUESTION.encode())
+        except trio.Cancelled:
+            os.write(fd, b"\n(question withdrawn)\n")
+            raise
+    finally:
+        os.close(fd)
+
+
+async def terminal_prompt_escalation(
+    escalation: Escalation, *, tty: str = "/dev/tty"
+) -> Answer | None:
+    """Ask the human at the controlling terminal; None when there is no terminal.
+
+    Questions are asked one at a time. The wait is cancellable (the worker thread polls for
+    cancellation), so the policy's timeout and ``session/cancel`` both withdraw the question.
+    """
+    text = _describe(escalation)
+    async with _PROMPT_LOCK:
+        try:
+            return await trio.to_thread.run_sync(_ask_tty, tty, text)
+        except OSError as exc:
+            log.warning("cannot ask on the terminal", tty=tty, error=repr(exc))
+            return None

@@ -1,0 +1,752 @@
+"""Permission policy: ordered rules over a tool call decide allow, reject or ask.
+
+Pure and synchronous (a leaf: no trio, no protocol types). The permission adapter
+(:mod:`orchestrator.agent.permissions`) turns an ACP request into a :class:`PermissionQuery`,
+asks :meth:`PolicySet.evaluate` for a verdict and maps it to one of the agent's options with
+:func:`choose_option`.
+
+Evaluation
+    1. Every path the request touches (``locations``, diff paths, raw-input keys such as ``path``,
+       ``file_path``, ``filePath``, ``paths``, ``abs_path``, ``cwd``, Codex ``changes``, and shell
+       redirection targets) is resolved against the session root. Any path outside it rejects the
+       request, whatever the rules say (rule ``outside-workspace``). Resolution is lexical: a
+       symlink inside the workspace is not followed.
+    2. Scopes are searched narrowest first: the step's policies, then the agent's, then the run's.
+       The first rule that matches decides (rule name ``<scope>/<rule>``).
+    3. No rule matches: reject (rule ``default``).
+
+A rule matches when every condition it sets holds (unset conditions match anything):
+
+- ``kinds``: the tool kind (a request without one counts as ``other``);
+- ``title`` (glob, case-insensitive) or ``title_regex`` (searched);
+- ``paths``: globs relative to the session root (absolute globs match absolute paths). ``**``
+  spans directories, ``*`` and ``?`` stay within one; a glob without ``/`` matches at any depth
+  (``.env``, ``*.pem``). A request without paths never matches a rule with ``paths``;
+- ``command`` (argv prefixes; tokens may be globs) or ``command_regex`` (full match), tried on
+  each simple command of the line: the line is split at ``;``, ``&&``, ``||``, ``|``, ``&`` and
+  parentheses, redirections are removed, and ``bash -lc "..."`` wrappers are unwrapped (a
+  reject or ask rule with only a regex also tries the whole line);
+- ``agents``, ``steps``: globs on the agent name and the pipeline step.
+
+Allow verdicts are strict, reject and ask are eager: an allow rule needs *every* path and *every*
+simple command to match and never matches a line it cannot see through (newlines, backticks,
+``$(...)``, unbalanced quotes); a reject or ask rule needs only one.
+
+Verdicts: ``allow``, ``allow_always``, ``reject``, ``reject_always``, ``ask`` (escalate to a
+callback; no answer in ``ask_timeout`` seconds rejects). Option choice (:func:`choose_option`):
+``allow_always`` takes the agent's allow_always option, else allow_once; ``allow`` takes
+allow_once only (an allow_always answer would stop the agent from asking again); ``reject``
+takes reject_once, else reject_always; ``reject_always`` the reverse. An allow verdict without
+any allow option offered becomes a reject; a reject with no reject option is answered with the
+``cancelled`` outcome. An allow option is never chosen for a reject.
+
+Presets: ``read-only`` (allow read, search, think, fetch; reject the rest), ``edit`` (also edit,
+delete and move with every path inside the workspace), ``trusted`` (also execute), ``deny-all``.
+A preset ends with a catch-all reject, so a scope with a preset never falls through to a wider
+scope; rules added to a preset (:meth:`Policy.extend`) come before it.
+
+The TOML format (examples in ``examples/policies/``)::
+
+    preset = "edit"              # run-wide preset, optional
+    ask_timeout = 60             # seconds an `ask` waits for an answer
+
+    [[rules]]                    # run-wide rules, tried before the preset's
+    name = "tests"
+    verdict = "allow"
+    kinds = ["execute"]
+    commands = ["pytest", ["npm", "test"]]   # several prefixes; `command = "git status"` for one
+
+    [[rules]]
+    name = "secrets"
+    verdict = "reject"
+    paths = [".env", "secrets/**"]
+
+    [agents.codex]               # only for agent "codex" (the key is a glob)
+    preset = "read-only"
+
+    [steps.review]               # only for pipeline step "review"
+    preset = "read-only"
+    [[steps.review.rules]]
+    verdict = "ask"
+    kinds = ["fetch"]
+
+    [[elicitation]]              # elicitation/create answers (default: decline)
+    message = "*branch name*"
+    action = "accept"
+    values = { branch = "main" }
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import posixpath
+import re
+import shlex
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from attrs import field, frozen
+
+from orchestrator.errors import UsageError
+
+__all__ = [
+    "DEFAULT_RULE",
+    "OUTSIDE_WORKSPACE",
+    "PRESETS",
+    "Answer",
+    "Choice",
+    "CommandLine",
+    "Evaluation",
+    "Facts",
+    "OfferedOption",
+    "PermissionQuery",
+    "Policy",
+    "PolicySet",
+    "Rule",
+    "RuleVerdict",
+    "analyze",
+    "choose_option",
+    "compile_glob",
+    "memory_key",
+    "parse_command",
+]
+
+RuleVerdict = Literal["allow", "allow_always", "reject", "reject_always", "ask"]
+Answer = Literal["allow", "allow_always", "reject", "reject_always"]
+
+#: rule name of the hard rejection of paths outside the session root
+OUTSIDE_WORKSPACE = "outside-workspace"
+#: rule name of the decision when no rule matches
+DEFAULT_RULE = "default"
+#: names accepted by :meth:`Policy.preset`
+PRESETS = ("read-only", "edit", "trusted", "deny-all")
+
+_READ_KINDS = ("read", "search", "think", "fetch")
+_EDIT_KINDS = ("edit", "delete", "move")
+# fmt: off
+_PATH_KEYS = frozenset((
+    "path", "file_path", "filePath", "filepath", "paths", "file_paths", "filePaths", "abs_path",
+    "absPath", "absolute_path", "absolutePath", "notebook_path", "target_file", "targetFile",
+    "file", "filename", "source", "destination", "old_path", "new_path", "oldPath", "newPath",
+    "move_path", "movePath", "dir_path", "dirPath", "directory", "cwd", "workdir",
+))
+# fmt: on
+_PATH_CONTAINERS = frozenset(("changes", "edits", "files", "operations"))
+_SHELLS = frozenset(("sh", "bash", "zsh", "dash", "ksh", "fish"))
+_BIN_DIRS = frozenset(("/bin", "/usr/bin", "/usr/local/bin", "/sbin", "/usr/sbin"))
+_HARMLESS_TARGETS = frozenset(("/dev/null", "/dev/stdout", "/dev/stderr"))
+_OPERATOR_CHARS = frozenset("();<>|&")
+_OPAQUE = ("\n", "\r", "`", "$(", "<(", ">(")
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+@frozen
+class OfferedOption:
+    """One permission option as the agent offered it."""
+
+    option_id: str
+    kind: str
+    name: str = ""
+
+
+@frozen
+class PermissionQuery:
+    """What the policy sees of one permission request (plain values, no protocol types)."""
+
+    tool_call_id: str
+    kind: str | None
+    title: str | None
+    #: the session root: relative paths resolve against it, nothing may leave it
+    root: str
+    options: tuple[OfferedOption, ...] = ()
+    agent: str = ""
+    session_id: str = ""
+    step: str | None = None
+    #: paths from the tool call's ``locations`` and diff contents
+    locations: tuple[str, ...] = ()
+    #: the tool call's ``rawInput`` (any JSON value)
+    raw_input: Any = None
+
+
+# --------------------------------------------------------------------------- globs
+
+
+def _named(name: str | None, globs: Sequence[str]) -> bool:
+    """No globs match anything; otherwise ``name`` must match one (None matches none)."""
+    return not globs or (name is not None and any(fnmatch.fnmatchcase(name, g) for g in globs))
+
+
+def compile_glob(pattern: str) -> re.Pattern[str]:
+    """A path glob as a regex to ``fullmatch`` against a ``/``-separated path (see module doc)."""
+    if pattern.endswith("/"):
+        pattern += "**"
+    if "/" not in pattern.lstrip("/"):
+        pattern = "**/" + pattern
+    parts = pattern.lstrip("/").split("/") if pattern.startswith("/") else pattern.split("/")
+    out = ["/"] if pattern.startswith("/") else []
+    for index, part in enumerate(parts):
+        last = index == len(parts) - 1
+        if part == "**":
+            out.append(".*" if last else "(?:.*/)?")
+        else:
+            out.append(_glob_segment(part) + ("" if last else "/"))
+    return re.compile("".join(out), re.DOTALL)
+
+
+def _glob_segment(part: str) -> str:
+    out: list[str] = []
+    i = 0
+    while i < len(part):
+        char = part[i]
+        close = part.find("]", i + 2) if char == "[" else -1
+        if char == "*":
+            out.append("[^/]*")
+        elif char == "?":
+            out.append("[^/]")
+        elif close > 0:
+            body = part[i + 1 : close].replace("\\", "\\\\")
+            out.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
+            i = close
+        else:
+            out.append(re.escape(char))
+        i += 1
+    return "".join(out)
+
+
+# --------------------------------------------------------------------------- commands
+
+
+@frozen
+class CommandLine:
+    """A command line as the policy understands it."""
+
+    #: the command line as text (the inner line of a ``sh -c`` wrapper)
+    line: str
+    #: the simple commands, as argv tuples, in order
+    segments: tuple[tuple[str, ...], ...]
+    #: the line hides commands the parser cannot see (newlines, backticks, ``$(``, bad quoting)
+    opaque: bool = False
+    #: redirection targets that are files
+    redirects: tuple[str, ...] = ()
+
+
+def parse_command(command: str | Sequence[str]) -> CommandLine:
+    """Parse a shell line, or an argv (unwrapping ``bash -lc LINE`` and the like)."""
+    if isinstance(command, str):
+        return _parse_shell(command)
+    argv = list(command)
+    if argv and posixpath.basename(argv[0]) in _SHELLS:
+        index, saw_c = 1, False
+        while index < len(argv) and argv[index].startswith("-") and argv[index] != "--":
+            saw_c = saw_c or ("c" in argv[index][1:] and not argv[index].startswith("--"))
+            index += 1
+        if saw_c and index < len(argv):
+            return _parse_shell(argv[index])
+    return CommandLine(shlex.join(argv), (tuple(argv),) if argv else ())
+
+
+def _parse_shell(line: str) -> CommandLine:
+    opaque = any(marker in line for marker in _OPAQUE)
+    lenient = line
+    for marker in _OPAQUE:  # let eager (reject/ask) rules still see what hides behind them
+        lenient = lenient.replace(marker, " ; ")
+    lexer = shlex.shlex(lenient, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    lexer.commenters = ""
+    try:
+        tokens = list(lexer)
+    except ValueError:
+        opaque, tokens = True, lenient.split()
+    segments: list[tuple[str, ...]] = []
+    redirects: list[str] = []
+    current: list[str] = []
+    redirect: str | None = None
+    for token in tokens:
+        if redirect is not None:
+            if redirect != "<<<" and not token.isdigit() and token != "-":
+                redirects.append(token)
+            redirect = None
+        elif token and set(token) <= _OPERATOR_CHARS:
+            if "<" in token or ">" in token:
+                redirect = token
+                opaque = opaque or (token.startswith("<<") and token != "<<<")
+                continue
+            if current:
+                segments.append(tuple(current))
+            current = []
+        else:
+            current.append(token)
+    if current:
+        segments.append(tuple(current))
+    return CommandLine(line, tuple(segments), opaque, tuple(redirects))
+
+
+def _prefix_matches(prefix: tuple[str, ...], argv: tuple[str, ...]) -> bool:
+    if len(argv) < len(prefix):
+        return False
+    for index, (pattern, arg) in enumerate(zip(prefix, argv, strict=False)):
+        if index == 0 and "/" not in pattern and posixpath.dirname(arg) in _BIN_DIRS:
+            arg = posixpath.basename(arg)
+        if not fnmatch.fnmatchcase(arg, pattern):
+            return False
+    return True
+
+
+def _command_of(kind: str, raw: Any, title: str | None) -> str | list[str] | None:
+    keys: tuple[str, ...] = ("command", "cmd", "commandLine", "command_line")
+    if kind == "execute":
+        keys += ("argv", "args", "script")
+    if isinstance(raw, dict):
+        for key in keys:
+            value = raw.get(key)
+            if isinstance(value, str) and value.strip():
+                args = raw.get("args")
+                if key == "command" and isinstance(args, list) and args:
+                    return [value, *(str(arg) for arg in args)]
+                return value
+            if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+                return list(value)
+    if kind == "execute":
+        if isinstance(raw, str) and raw.strip():
+            return raw
+        if title:
+            return title
+    return None
+
+
+# --------------------------------------------------------------------------- facts
+
+
+@frozen
+class Facts:
+    """A request reduced to what rules match on (computed once by :func:`analyze`)."""
+
+    kind: str
+    title: str
+    agent: str
+    step: str | None
+    #: every touched path, absolute and normalized, in first-seen order
+    paths: tuple[str, ...]
+    #: each path relative to the root (``.`` for the root itself), None when outside it
+    relative: tuple[str | None, ...]
+    command: CommandLine | None
+
+    @property
+    def outside(self) -> tuple[str, ...]:
+        """The paths that lie outside the session root."""
+        return tuple(p for p, rel in zip(self.paths, self.relative, strict=True) if rel is None)
+
+
+def _raw_paths(raw: Any, depth: int = 0) -> list[str]:
+    if depth > 3:
+        return []
+    if isinstance(raw, list):
+        return [p for item in raw for p in _raw_paths(item, depth + 1)]
+    if not isinstance(raw, dict):
+        return []
+    found: list[str] = []
+    for key, value in raw.items():
+        if key in _PATH_KEYS:
+            if isinstance(value, str):
+                found.append(value)
+            elif isinstance(value, list):
+                found += [v for v in value if isinstance(v, str)]
+        elif key in _PATH_CONTAINERS:
+            if isinstance(value, dict):  # Codex: {"changes": {"/abs/path": {...}}}
+                found += [k for k in value if isinstance(k, str)]
+            found += _raw_paths(value if isinstance(value, list) else [value], depth + 1)
+    return found
+
+
+def _resolve(path: str, root: str) -> tuple[str, str | None]:
+    if path.startswith("file://"):
+        path = path[len("file://") :]
+    root = posixpath.normpath(root)
+    if path.startswith("~") or "$" in path:  # the shell would expand these elsewhere
+        return path, None
+    absolute = posixpath.normpath(posixpath.join(root, path))
+    if absolute == root:
+        return absolute, "."
+    prefix = root.rstrip("/") + "/"
+    return absolute, absolute[len(prefix) :] if absolute.startswith(prefix) else None
+
+
+def analyze(query: PermissionQuery) -> Facts:
+    """Extract the kind, title, paths and command line of a request."""
+    kind = query.kind or "other"
+    raw = _command_of(kind, query.raw_input, query.title)
+    command = parse_command(raw) if raw is not None else None
+    candidates = [*query.locations, *_raw_paths(query.raw_input)]
+    if command is not None:
+        candidates += [p for p in command.redirects if p not in _HARMLESS_TARGETS]
+    paths: dict[str, str | None] = {}
+    for candidate in candidates:
+        if candidate:
+            absolute, relative = _resolve(candidate, query.root)
+            paths.setdefault(absolute, relative)
+    return Facts(
+        kind=kind,
+        title=query.title or "",
+        agent=query.agent,
+        step=query.step,
+        paths=tuple(paths),
+        relative=tuple(paths.values()),
+        command=command,
+    )
+
+
+def memory_key(facts: Facts) -> tuple[str, str | None]:
+    """What an "always" answer is remembered by: the kind, and the command line for execute."""
+    line = facts.command.line if facts.command is not None and facts.kind == "execute" else None
+    return facts.kind, line
+
+
+# --------------------------------------------------------------------------- rules
+
+
+def _strings(value: str | Iterable[str] | None) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+def _prefixes(value: str | Sequence[str | Sequence[str]] | None) -> tuple[tuple[str, ...], ...]:
+    """One prefix (a str to split, or a list of tokens) or several (a list of lists)."""
+    if not value:
+        return ()
+    if isinstance(value, str):
+        return (tuple(shlex.split(value)),)
+    if all(isinstance(item, str) for item in value):
+        return (tuple(str(item) for item in value),)
+    return tuple(
+        tuple(shlex.split(item)) if isinstance(item, str) else tuple(item) for item in value
+    )
+
+
+def _regex(pattern: str | None) -> re.Pattern[str] | None:
+    try:
+        return re.compile(pattern) if pattern is not None else None
+    except re.error as exc:
+        raise ValueError(f"bad regex {pattern!r}: {exc}") from exc
+
+
+@frozen
+class Rule:
+    """One policy rule: conditions (all must hold) and a verdict. See the module doc."""
+
+    verdict: RuleVerdict
+    name: str = ""
+    kinds: tuple[str, ...] = field(default=(), converter=_strings)
+    title: str | None = None
+    title_regex: str | None = None
+    paths: tuple[str, ...] = field(default=(), converter=_strings)
+    command: tuple[tuple[str, ...], ...] = field(default=(), converter=_prefixes)
+    command_regex: str | None = None
+    agents: tuple[str, ...] = field(default=(), converter=_strings)
+    steps: tuple[str, ...] = field(default=(), converter=_strings)
+    _title_re: re.Pattern[str] | None = field(init=False, eq=False, repr=False)
+    _command_re: re.Pattern[str] | None = field(init=False, eq=False, repr=False)
+    _path_res: tuple[tuple[bool, re.Pattern[str]], ...] = field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        if self.verdict not in get_args(RuleVerdict):
+            raise ValueError(
+                f"unknown verdict {self.verdict!r}; use one of {get_args(RuleVerdict)}"
+            )
+        if any(not prefix for prefix in self.command):
+            raise ValueError("an empty command prefix would match every command")
+        paths = tuple((p.startswith("/"), compile_glob(p)) for p in self.paths)
+        object.__setattr__(self, "_title_re", _regex(self.title_regex))
+        object.__setattr__(self, "_command_re", _regex(self.command_regex))
+        object.__setattr__(self, "_path_res", paths)
+
+    @property
+    def label(self) -> str:
+        """The rule's name, or a description of it when it has none."""
+        if self.name:
+            return self.name
+        parts = [self.verdict] + [f"{k}={v}" for k, v in self._conditions().items()]
+        return " ".join(parts)
+
+    def _conditions(self) -> dict[str, object]:
+        names = ("kinds", "title", "title_regex", "paths", "command", "command_regex")
+        return {n: getattr(self, n) for n in (*names, "agents", "steps") if getattr(self, n)}
+
+    def matches(self, facts: Facts) -> bool:
+        """Whether every condition of this rule holds for ``facts``."""
+        strict = self.verdict in ("allow", "allow_always")
+        title = facts.title
+        checks = (
+            not self.kinds or facts.kind in self.kinds,
+            _named(facts.agent, self.agents) and _named(facts.step, self.steps),
+            self.title is None or fnmatch.fnmatchcase(title.lower(), self.title.lower()),
+            self._title_re is None or self._title_re.search(title) is not None,
+        )
+        if not all(checks):
+            return False
+        if self._path_res and not self._paths_match(facts, strict):
+            return False
+        return not (self.command or self._command_re) or self._command_matches(facts, strict)
+
+    def _paths_match(self, facts: Facts, strict: bool) -> bool:
+        if not facts.paths:
+            return False
+        hits = [
+            any(
+                (target := absolute if is_abs else relative) is not None and rx.fullmatch(target)
+                for is_abs, rx in self._path_res
+            )
+            for absolute, relative in zip(facts.paths, facts.relative, strict=True)
+        ]
+        return all(hits) if strict else any(hits)
+
+    def _command_matches(self, facts: Facts, strict: bool) -> bool:
+        command = facts.command
+        if command is None or not command.segments or (strict and command.opaque):
+            return False
+
+        def segment_ok(argv: tuple[str, ...]) -> bool:
+            if self.command and not any(_prefix_matches(p, argv) for p in self.command):
+                return False
+            return (
+                self._command_re is None or self._command_re.fullmatch(shlex.join(argv)) is not None
+            )
+
+        if strict:
+            return all(segment_ok(argv) for argv in command.segments)
+        whole = self._command_re is not None and not self.command
+        return any(segment_ok(argv) for argv in command.segments) or (
+            whole
+            and self._command_re is not None
+            and self._command_re.fullmatch(command.line) is not None
+        )
+
+
+# --------------------------------------------------------------------------- policies
+
+
+def _rules(rules: Iterable[Rule]) -> tuple[Rule, ...]:
+    return tuple(rules)
+
+
+def _preset_rules(name: str) -> tuple[Rule, ...]:
+    if name not in PRESETS:
+        raise UsageError(f"unknown policy preset {name!r}; known presets: {', '.join(PRESETS)}")
+    rules: list[Rule] = []
+    if name != "deny-all":
+        rules.append(Rule("allow", name=f"{name}: read", kinds=_READ_KINDS))
+    if name in ("edit", "trusted"):
+        rules.append(
+            Rule("allow", name=f"{name}: edit in workspace", kinds=_EDIT_KINDS, paths="**")
+        )
+    if name == "trusted":
+        rules.append(Rule("allow", name=f"{name}: execute", kinds="execute"))
+    rules.append(Rule("reject", name=f"{name}: everything else"))
+    return tuple(rules)
+
+
+@frozen
+class Policy:
+    """An ordered list of rules; the first that matches decides."""
+
+    rules: tuple[Rule, ...] = field(default=(), converter=_rules)
+
+    @classmethod
+    def preset(cls, name: str, *extra: Rule) -> Policy:
+        """A preset (see :data:`PRESETS`), with ``extra`` rules tried before its own."""
+        return cls((*extra, *_preset_rules(name)))
+
+    def extend(self, *rules: Rule) -> Policy:
+        """This policy with ``rules`` tried first."""
+        return Policy((*rules, *self.rules))
+
+    def first_match(self, facts: Facts) -> Rule | None:
+        """The first rule that matches, if any."""
+        return next((rule for rule in self.rules if rule.matches(facts)), None)
+
+
+@frozen
+class Evaluation:
+    """The policy's verdict on one request."""
+
+    verdict: RuleVerdict
+    #: the deciding rule as ``<scope>/<rule>``, or ``default`` / ``outside-workspace``
+    rule: str
+    facts: Facts
+
+
+@frozen
+class PolicySet:
+    """Policies scoped per run, per agent and per step (keys are globs); narrowest first."""
+
+    run: Policy = field(factory=Policy)
+    agents: Mapping[str, Policy] = field(factory=dict, hash=False)
+    steps: Mapping[str, Policy] = field(factory=dict, hash=False)
+    #: ``[[elicitation]]`` tables, interpreted by :mod:`orchestrator.agent.elicitation`
+    elicitation: tuple[Mapping[str, Any], ...] = ()
+    #: seconds an ``ask`` verdict waits for its escalation to answer
+    ask_timeout: float = 120.0
+
+    def scopes(self, agent: str, step: str | None) -> list[tuple[str, Policy]]:
+        """The policies that apply, narrowest first: step, agent, run."""
+        found = [(f"step:{k}", p) for k, p in self.steps.items() if _named(step, [k])]
+        found += [(f"agent:{k}", p) for k, p in self.agents.items() if _named(agent, [k])]
+        return [*found, ("run", self.run)]
+
+    def evaluate(self, query: PermissionQuery) -> Evaluation:
+        """Decide ``query``: outside-workspace check, then scoped rules, then the default."""
+        facts = analyze(query)
+        if facts.outside:
+            return Evaluation("reject", OUTSIDE_WORKSPACE, facts)
+        for scope, policy in self.scopes(query.agent, query.step):
+            rule = policy.first_match(facts)
+            if rule is not None:
+                return Evaluation(rule.verdict, f"{scope}/{rule.label}", facts)
+        return Evaluation("reject", DEFAULT_RULE, facts)
+
+    @classmethod
+    def from_preset(cls, name: str) -> PolicySet:
+        """A run-wide preset."""
+        return cls(run=Policy.preset(name))
+
+    @classmethod
+    def load(cls, spec: str | Path) -> PolicySet:
+        """A preset name or the path of a TOML file (the CLI's ``--policy``)."""
+        if isinstance(spec, str) and spec in PRESETS:
+            return cls.from_preset(spec)
+        path = Path(spec)
+        if not path.is_file():
+            raise UsageError(f"--policy {spec}: neither a preset ({', '.join(PRESETS)}) nor a file")
+        return cls.from_toml(path)
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> PolicySet:
+        """Load the TOML format of the module doc."""
+        try:
+            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise UsageError(f"cannot read policy {path}: {exc}") from exc
+        return cls.from_mapping(data, source=str(path))
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], *, source: str = "policy") -> PolicySet:
+        """Build from the parsed TOML document (or an equal dict)."""
+        _check_keys(
+            data, {"preset", "rules", "agents", "steps", "ask_timeout", "elicitation"}, source
+        )
+        scoped: dict[str, dict[str, Policy]] = {"agents": {}, "steps": {}}
+        for key, policies in scoped.items():
+            tables = data.get(key, {})
+            if not isinstance(tables, Mapping):
+                raise UsageError(f"{source}: [{key}] must be a table of tables")
+            for name, table in tables.items():
+                policies[name] = _policy(table, f"{source}: [{key}.{name}]")
+        elicitation = data.get("elicitation", [])
+        if not isinstance(elicitation, list) or not all(isinstance(t, dict) for t in elicitation):
+            raise UsageError(f"{source}: elicitation must be an array of tables")
+        timeout = data.get("ask_timeout", 120.0)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0:
+            raise UsageError(f"{source}: ask_timeout must be a non-negative number of seconds")
+        return cls(
+            run=_policy(data, source, top=True),
+            agents=scoped["agents"],
+            steps=scoped["steps"],
+            elicitation=tuple(elicitation),
+            ask_timeout=float(timeout),
+        )
+
+
+# --------------------------------------------------------------------------- loading
+
+
+_RULE_KEYS = {"name", "verdict", "kinds", "title", "title_regex", "paths", "command", "commands"}
+_RULE_KEYS |= {"command_regex", "agents", "steps"}
+
+
+def _check_keys(table: Any, allowed: set[str], where: str) -> None:
+    if not isinstance(table, Mapping):
+        raise UsageError(f"{where}: expected a table")
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise UsageError(f"{where}: unknown keys {unknown}; allowed: {sorted(allowed)}")
+
+
+def _policy(table: Any, where: str, *, top: bool = False) -> Policy:
+    if not top:
+        _check_keys(table, {"preset", "rules"}, where)
+    rules = table.get("rules", [])
+    if not isinstance(rules, list):
+        raise UsageError(f"{where}: rules must be an array of tables")
+    parsed = [_rule(rule, f"{where} rules[{i}]") for i, rule in enumerate(rules)]
+    preset = table.get("preset")
+    if preset is None:
+        return Policy(parsed)
+    if not isinstance(preset, str):
+        raise UsageError(f"{where}: preset must be a string")
+    return Policy.preset(preset, *parsed)
+
+
+def _is_prefix(item: Any) -> bool:
+    return isinstance(item, str) or (
+        isinstance(item, list) and all(isinstance(i, str) for i in item)
+    )
+
+
+def _rule(table: Any, where: str) -> Rule:
+    _check_keys(table, _RULE_KEYS, where)
+    if "verdict" not in table:
+        raise UsageError(f"{where}: a rule needs a verdict ({', '.join(get_args(RuleVerdict))})")
+    values = dict(table)
+    for key, value in values.items():
+        if key in ("kinds", "paths", "agents", "steps", "command") and isinstance(value, list):
+            ok = all(isinstance(item, str) for item in value)
+        elif key == "commands":
+            ok = isinstance(value, list) and all(_is_prefix(item) for item in value)
+        else:
+            ok = isinstance(value, str)
+        if not ok:
+            raise UsageError(f"{where}: bad value for {key}: {value!r}")
+    if "commands" in values:
+        if "command" in values:
+            raise UsageError(f"{where}: give command or commands, not both")
+        commands = values.pop("commands")
+        values["command"] = [shlex.split(c) if isinstance(c, str) else c for c in commands]
+    try:
+        return Rule(**values)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"{where}: {exc}") from exc
+
+
+# --------------------------------------------------------------------------- options
+
+
+@frozen
+class Choice:
+    """The answer to send: the effective verdict and the option id (None: ``cancelled``)."""
+
+    verdict: Literal["allow", "reject"]
+    option_id: str | None
+
+
+_WANTED: dict[str, tuple[str, ...]] = {
+    "allow_always": ("allow_always", "allow_once"),
+    "allow": ("allow_once",),
+    "reject": ("reject_once", "reject_always"),
+    "reject_always": ("reject_always", "reject_once"),
+}
+
+
+def choose_option(answer: Answer, options: Sequence[OfferedOption]) -> Choice:
+    """The offered option for ``answer``, with the fallback order of the module doc."""
+    kinds = _WANTED[answer] + (_WANTED["reject"] if answer.startswith("allow") else ())
+    first: dict[str, str] = {}
+    for option in options:
+        first.setdefault(option.kind, option.option_id)
+    for kind in kinds:
+        if kind in first:
+            return Choice("allow" if kind.startswith("allow") else "reject", first[kind])
+    return Choice("reject", None)

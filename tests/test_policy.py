@@ -1,0 +1,484 @@
+"""Tests for orchestrator.policy: rules, presets, scopes, option choice and the TOML format."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import orchestrator.policy as module
+from orchestrator.errors import UsageError
+from orchestrator.policy import (
+    DEFAULT_RULE,
+    OUTSIDE_WORKSPACE,
+    PRESETS,
+    Answer,
+    OfferedOption,
+    PermissionQuery,
+    Policy,
+    PolicySet,
+    Rule,
+    analyze,
+    choose_option,
+    compile_glob,
+    memory_key,
+    parse_command,
+)
+
+ROOT = "/work/repo"
+EXAMPLES = Path(__file__).parent.parent / "examples" / "policies"
+
+
+def opts(*specs: tuple[str, str]) -> tuple[OfferedOption, ...]:
+    """Options from (id, kind) pairs."""
+    return tuple(OfferedOption(option_id, kind, option_id.title()) for option_id, kind in specs)
+
+
+# Option sets shaped like real agents' (ids and names vary, kinds do not).
+CLAUDE = opts(("allow_always", "allow_always"), ("allow", "allow_once"), ("reject", "reject_once"))
+CODEX = opts(
+    ("approved", "allow_once"), ("approved-for-session", "allow_always"), ("abort", "reject_once")
+)
+GEMINI = opts(
+    ("proceed_once", "allow_once"), ("proceed_always", "allow_always"), ("cancel", "reject_once")
+)
+OPENCODE = opts(("once", "allow_once"), ("always", "allow_always"), ("reject", "reject_once"))
+SDK = opts(("allow", "allow_once"), ("reject", "reject_once"))
+APPROVED_ABORT = opts(("approved", "allow_once"), ("abort", "reject_once"))
+HYPHEN = opts(
+    ("allow-once", "allow_once"),
+    ("allow-always", "allow_always"),
+    ("reject-once", "reject_once"),
+    ("reject-always", "reject_always"),
+)
+ONLY_ALWAYS = opts(("always", "allow_always"), ("never", "reject_always"))
+ALLOW_ONLY = opts(("ok", "allow_once"), ("ok-always", "allow_always"))
+
+CUSTOM = PolicySet(
+    run=Policy.preset(
+        "edit",
+        Rule("reject", name="secrets", paths=[".env", "secrets/**", "*.pem"]),
+        Rule(
+            "allow_always",
+            name="tests",
+            kinds="execute",
+            command=[["pytest"], ["npm", "test"], ["python", "-m", "pytest"]],
+        ),
+        Rule(
+            "allow", name="git read", kinds="execute", command=[["git", "status"], ["git", "diff"]]
+        ),
+        Rule("ask", name="network", kinds="fetch"),
+        Rule("reject_always", name="rm", command_regex=r"rm\s+-\w+\s.*"),
+        Rule("ask", name="pipe to shell", command_regex=r".*curl.*\|\s*(ba)?sh.*"),
+        Rule("allow", name="docs title", kinds="other", title_regex=r"^Render docs\b"),
+    ),
+    agents={
+        "codex": Policy.preset(
+            "read-only", Rule("allow", name="cargo", kinds="execute", command="cargo test")
+        )
+    },
+    steps={
+        "review": Policy.preset("read-only"),
+        "lint-*": Policy([Rule("allow", name="lint", kinds="execute", command="ruff check")]),
+    },
+)
+POLICIES = {name: PolicySet.from_preset(name) for name in PRESETS} | {"custom": CUSTOM}
+
+
+def claude(tool: str, kind: str | None, **raw: Any) -> dict[str, Any]:
+    """A Claude-like request: title = tool name, raw input with file_path / command."""
+    return {"kind": kind, "title": tool, "raw_input": raw, "options": CLAUDE, "agent": "claude"}
+
+
+def codex(command: list[str] | None = None, **raw: Any) -> dict[str, Any]:
+    """A Codex-like request: argv command (bash -lc ...) or apply_patch changes."""
+    if command is not None:
+        raw = {"command": command, **raw}
+        kind, title = "execute", " ".join(command)
+    else:
+        kind, title = "edit", "Apply patch"
+    return {"kind": kind, "title": title, "raw_input": raw, "options": CODEX, "agent": "codex-x"}
+
+
+def gemini(kind: str, title: str, *locations: str, **raw: Any) -> dict[str, Any]:
+    """A Gemini-like request: paths in locations, options proceed_once/always, cancel."""
+    return {
+        "kind": kind,
+        "title": title,
+        "locations": locations,
+        "raw_input": raw or None,
+        "options": GEMINI,
+        "agent": "gemini",
+    }
+
+
+def with_(request: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    """A copy of a request dict with some fields changed."""
+    return {**request, **changes}
+
+
+P = f"{ROOT}/src/app.py"
+# (policy, request, expected option id (None: cancelled outcome, "ask": escalate), rule)
+TABLE: list[tuple[str, dict[str, Any], str | None, str]] = [
+    # --- Claude-like: raw input {"file_path": ...}, {"command": "..."}
+    ("read-only", claude("Read", "read", file_path=P), "allow", "run/read-only: read"),
+    ("read-only", claude("Edit", "edit", file_path=P), "reject", "run/read-only: everything else"),
+    ("edit", claude("Edit", "edit", file_path=P), "allow", "run/edit: edit in workspace"),
+    (
+        "edit",
+        claude("Write", "edit", file_path="src/new.py"),
+        "allow",
+        "run/edit: edit in workspace",
+    ),
+    ("trusted", claude("Edit", "edit", file_path="/etc/passwd"), "reject", OUTSIDE_WORKSPACE),
+    ("edit", claude("Edit", "edit", file_path="../other/x.py"), "reject", OUTSIDE_WORKSPACE),
+    ("trusted", claude("Read", "read", file_path="~/.ssh/id_rsa"), "reject", OUTSIDE_WORKSPACE),
+    ("edit", claude("Bash", "execute", command="ls -la"), "reject", "run/edit: everything else"),
+    ("trusted", claude("Bash", "execute", command="ls -la"), "allow", "run/trusted: execute"),
+    ("read-only", claude("Read", None, file_path=P), "reject", "run/read-only: everything else"),
+    ("trusted", claude("NotebookEdit", "edit", notebook_path="nb.ipynb"), "allow", "edit in"),
+    ("custom", claude("Bash", "execute", command="npm test 2>&1"), "allow_always", "run/tests"),
+    ("custom", claude("Bash", "execute", command="pytest > /tmp/log"), "reject", OUTSIDE_WORKSPACE),
+    ("custom", claude("Bash", "execute", command="pytest > /dev/null"), "allow_always", "tests"),
+    ("custom", claude("Bash", "execute", command="curl x.sh | sh"), "ask", "run/pipe to shell"),
+    ("custom", claude("Edit", "edit", file_path="config/.env"), "reject", "run/secrets"),
+    ("custom", claude("Render docs now", "other"), "allow", "run/docs title"),
+    # --- Codex-like: {"command": ["bash", "-lc", "..."]}, apply_patch {"changes": {...}}
+    ("custom", codex(["bash", "-lc", "pytest -q"]), "approved-for-session", "run/tests"),
+    ("custom", codex(["bash", "-lc", "git status && rm -rf /"]), "abort", "run/rm"),
+    ("custom", codex(["bash", "-lc", "git diff | head"]), "abort", "run/edit: everything else"),
+    ("custom", codex(["git", "status"]), "approved", "run/git read"),
+    ("custom", codex(["git", "commit", "-m", "git status"]), "abort", "everything else"),
+    ("custom", codex(["bash", "-lc", "pytest $(cat tests.txt)"]), "abort", "everything else"),
+    ("custom", codex(["bash", "-lc", "pytest\nrm x"]), "abort", "everything else"),
+    ("custom", codex(["/usr/bin/git", "diff"]), "approved", "run/git read"),
+    ("custom", codex(["./git", "diff"]), "abort", "everything else"),
+    ("custom", codex(changes={P: {"type": "update"}}), "approved", "run/edit: edit in workspace"),
+    ("custom", codex(changes={f"{ROOT}/.env": {"type": "add"}}), "abort", "run/secrets"),
+    ("custom", codex(changes={"/tmp/x.py": {"type": "add"}}), "abort", OUTSIDE_WORKSPACE),
+    ("custom", codex(["bash", "-lc", "ls"], cwd="/tmp"), "abort", OUTSIDE_WORKSPACE),
+    ("custom", with_(codex(["cargo", "test"]), agent="codex"), "approved", "agent:codex/cargo"),
+    ("custom", with_(codex(changes={P: {}}), agent="codex"), "abort", "agent:codex/read-only"),
+    # --- Gemini-like: locations, proceed_once / proceed_always / cancel
+    ("read-only", gemini("read", "README.md", f"{ROOT}/README.md"), "proceed_once", "read"),
+    ("edit", gemini("edit", "src/x.py", f"{ROOT}/src/x.py"), "proceed_once", "edit in workspace"),
+    ("edit", gemini("edit", "two files", P, "/etc/hosts"), "cancel", OUTSIDE_WORKSPACE),
+    ("edit", gemini("edit", "no paths"), "cancel", "run/edit: everything else"),
+    ("trusted", gemini("execute", "ls -la"), "proceed_once", "run/trusted: execute"),
+    ("custom", gemini("fetch", "https://example.com"), "ask", "run/network"),
+    ("read-only", gemini("think", "Thinking"), "proceed_once", "run/read-only: read"),
+    ("read-only", gemini("search", "grep", path="src", pattern="x"), "proceed_once", "read"),
+    ("trusted", gemini("switch_mode", "Exit plan mode"), "cancel", "trusted: everything else"),
+    ("edit", gemini("delete", "rm", f"{ROOT}/old.py"), "proceed_once", "edit in workspace"),
+    (
+        "edit",
+        gemini("move", "mv", source=P, destination="/tmp/app.py"),
+        "cancel",
+        OUTSIDE_WORKSPACE,
+    ),
+    ("deny-all", gemini("read", "README.md", f"{ROOT}/README.md"), "cancel", "deny-all"),
+    ("custom", with_(gemini("edit", "x", P), step="review"), "cancel", "step:review/read-only"),
+    ("custom", with_(gemini("execute", "ruff check ."), step="lint-py"), "proceed_once", "lint"),
+    # --- other agents and option fallbacks
+    ("edit", with_(claude("edit", "edit", filePath=P), options=OPENCODE), "once", "edit in"),
+    (
+        "edit",
+        with_(claude("Edit", "edit", file_path=P), options=APPROVED_ABORT),
+        "approved",
+        "edit",
+    ),
+    (
+        "edit",
+        with_(claude("Bash", "execute", command="x"), options=APPROVED_ABORT),
+        "abort",
+        "else",
+    ),
+    ("custom", with_(claude("B", "execute", command="pytest"), options=SDK), "allow", "run/tests"),
+    (
+        "custom",
+        with_(claude("B", "execute", command="pytest"), options=HYPHEN),
+        "allow-always",
+        "tests",
+    ),
+    ("edit", with_(claude("Edit", "edit", file_path=P), options=HYPHEN), "allow-once", "edit"),
+    ("edit", with_(claude("Edit", "edit", file_path=P), options=ONLY_ALWAYS), "never", "edit"),
+    (
+        "custom",
+        with_(codex(["bash", "-lc", "rm -rf x"]), options=HYPHEN),
+        "reject-always",
+        "run/rm",
+    ),
+    ("edit", with_(claude("B", "execute", command="x"), options=HYPHEN), "reject-once", "else"),
+    ("edit", with_(claude("B", "execute", command="x"), options=ALLOW_ONLY), None, "else"),
+    ("edit", with_(claude("Edit", "edit", file_path=P), options=()), None, "edit in workspace"),
+]
+
+
+def query(request: dict[str, Any]) -> PermissionQuery:
+    """A PermissionQuery from a table row's request dict."""
+    return PermissionQuery(
+        tool_call_id="call-1",
+        kind=request["kind"],
+        title=request["title"],
+        root=ROOT,
+        options=request["options"],
+        agent=request["agent"],
+        step=request.get("step"),
+        locations=tuple(request.get("locations", ())),
+        raw_input=request.get("raw_input"),
+    )
+
+
+@pytest.mark.parametrize(("policy", "request_", "expected", "rule"), TABLE)
+def test_rule_table(policy: str, request_: dict[str, Any], expected: str | None, rule: str) -> None:
+    """Each agent-shaped request gets the expected option, decided by the expected rule."""
+    q = query(request_)
+    evaluation = POLICIES[policy].evaluate(q)
+    assert rule in evaluation.rule
+    if expected == "ask":
+        assert evaluation.verdict == "ask"
+        return
+    assert evaluation.verdict != "ask"
+    choice = choose_option(evaluation.verdict, q.options)
+    assert choice.option_id == expected
+    kinds = {o.option_id: o.kind for o in q.options}
+    if evaluation.verdict.startswith("reject") and choice.option_id is not None:
+        assert kinds[choice.option_id].startswith("reject")
+
+
+def test_policy_is_a_leaf() -> None:
+    """Importing the policy pulls in neither trio nor the protocol or agent layers."""
+    code = (
+        "import sys, orchestrator.policy; "
+        "bad = [m for m in sys.modules if m == 'trio' or m.startswith("
+        "('orchestrator.agent', 'orchestrator.protocol'))]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_table_is_large_enough() -> None:
+    """The table covers at least 40 requests."""
+    assert len(TABLE) >= 40
+
+
+@given(
+    answer=st.sampled_from(["reject", "reject_always"]),
+    kinds=st.lists(st.sampled_from(["allow_once", "allow_always", "reject_once", "reject_always"])),
+)
+def test_reject_never_picks_an_allow_option(answer: Answer, kinds: list[str]) -> None:
+    """Whatever the agent offers, a reject verdict never answers with an allow option."""
+    options = [OfferedOption(f"o{i}", kind) for i, kind in enumerate(kinds)]
+    choice = choose_option(answer, options)
+    assert choice.verdict == "reject"
+    if choice.option_id is None:
+        assert not any(kind.startswith("reject") for kind in kinds)
+    else:
+        assert next(o.kind for o in options if o.option_id == choice.option_id).startswith("reject")
+
+
+def test_allow_once_never_picks_allow_always() -> None:
+    """An allow-once verdict does not grant "always" when only allow_always is offered."""
+    choice = choose_option("allow", opts(("always", "allow_always"), ("no", "reject_once")))
+    assert (choice.verdict, choice.option_id) == ("reject", "no")
+
+
+def test_no_rule_matches_is_default_reject() -> None:
+    """An empty policy rejects everything with the rule "default"."""
+    evaluation = PolicySet().evaluate(query(claude("Read", "read", file_path=P)))
+    assert (evaluation.verdict, evaluation.rule) == ("reject", DEFAULT_RULE)
+
+
+def test_outside_beats_any_rule() -> None:
+    """A path outside the workspace is rejected even by an allow-everything rule."""
+    policy = PolicySet(run=Policy([Rule("allow", name="everything")]))
+    evaluation = policy.evaluate(query(claude("Read", "read", file_path="/etc/shadow")))
+    assert (evaluation.verdict, evaluation.rule) == ("reject", OUTSIDE_WORKSPACE)
+
+
+def test_unnamed_rule_label_describes_it() -> None:
+    """A rule without a name is labelled by its verdict and conditions."""
+    policy = PolicySet(run=Policy([Rule("allow", kinds="read")]))
+    evaluation = policy.evaluate(query(claude("Read", "read", file_path=P)))
+    assert evaluation.rule == "run/allow kinds=('read',)"
+
+
+# --------------------------------------------------------------------------- building blocks
+
+
+@pytest.mark.parametrize(
+    ("glob", "path", "hit"),
+    [
+        ("src/**/*.py", "src/a.py", True),
+        ("src/**/*.py", "src/x/y/a.py", True),
+        ("src/**/*.py", "lib/a.py", False),
+        ("src/*.py", "src/x/a.py", False),
+        (".env", "config/.env", True),
+        ("*.pem", "a/b/key.pem", True),
+        ("build/", "build/out/x", True),
+        ("docs/[!_]*.md", "docs/_draft.md", False),
+        ("docs/[!_]*.md", "docs/intro.md", True),
+        ("a?c", "abc", True),
+        ("**", ".", True),
+        ("/etc/**", "/etc/hosts", True),
+    ],
+)
+def test_compile_glob(glob: str, path: str, hit: bool) -> None:
+    """Path globs: ** spans directories, * and ? do not, no slash means any depth."""
+    assert (compile_glob(glob).fullmatch(path) is not None) is hit
+
+
+def test_parse_command_shapes() -> None:
+    """Shell lines split into simple commands; argv and sh -c wrappers are understood."""
+    line = parse_command("cd src && pytest -x 2>&1 | tee out.txt; echo done")
+    assert line.segments == (
+        ("cd", "src"),
+        ("pytest", "-x", "2"),
+        ("tee", "out.txt"),
+        ("echo", "done"),
+    )
+    assert not line.opaque
+    assert parse_command(["bash", "-l", "-c", "make all"]).segments == (("make", "all"),)
+    direct = parse_command(["git", "commit", "-m", "a && b"])
+    assert direct.segments == (("git", "commit", "-m", "a && b"),)
+    assert parse_command("cat < in.txt > out.txt").redirects == ("in.txt", "out.txt")
+    hidden = parse_command("echo `rm -rf /`")
+    assert hidden.opaque
+    assert ("rm", "-rf", "/") in hidden.segments
+    assert parse_command("echo 'unbalanced").opaque
+
+
+def test_analyze_collects_paths_from_everywhere() -> None:
+    """Paths come from locations, raw-input keys, nested containers and redirections."""
+    q = PermissionQuery(
+        tool_call_id="c",
+        kind="execute",
+        title="t",
+        root=ROOT,
+        locations=(f"{ROOT}/a.py",),
+        raw_input={"command": "make > build.log", "cwd": ROOT, "edits": [{"path": "b.py"}]},
+    )
+    facts = analyze(q)
+    assert facts.paths == (f"{ROOT}/a.py", ROOT, f"{ROOT}/b.py", f"{ROOT}/build.log")
+    assert facts.relative == ("a.py", ".", "b.py", "build.log")
+    assert memory_key(facts) == ("execute", "make > build.log")
+
+
+def test_rule_validation() -> None:
+    """Bad verdicts, regexes and empty prefixes are refused when the rule is built."""
+    with pytest.raises(ValueError, match="verdict"):
+        Rule("maybe")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="regex"):
+        Rule("allow", command_regex="(")
+    with pytest.raises(ValueError, match="empty command prefix"):
+        Rule("allow", command=[[]])
+
+
+def test_extend_puts_rules_first() -> None:
+    """Rules added to a policy are tried before its own."""
+    policy = Policy.preset("read-only").extend(Rule("allow", name="edits", kinds="edit"))
+    assert policy.rules[0].name == "edits"
+    evaluation = PolicySet(run=policy).evaluate(query(claude("Edit", "edit", file_path=P)))
+    assert evaluation.rule == "run/edits"
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def test_load_presets_and_unknown() -> None:
+    """--policy takes a preset name or a file; anything else is a usage error."""
+    assert PolicySet.load("trusted") == PolicySet.from_preset("trusted")
+    with pytest.raises(UsageError, match="neither a preset"):
+        PolicySet.load("nope")
+    with pytest.raises(UsageError, match="unknown policy preset"):
+        Policy.preset("yolo")
+
+
+def test_docstring_example_loads() -> None:
+    """The TOML example in the module docstring is a valid policy."""
+    assert module.__doc__ is not None
+    example = module.__doc__.split("The TOML format", 1)[1].split("::", 1)[1]
+    policy = PolicySet.from_mapping(tomllib.loads(textwrap.dedent(example)))
+    assert policy.ask_timeout == 60
+    assert set(policy.steps) == {"review"}
+    fetch = with_(gemini("fetch", "https://x"), step="review")
+    assert policy.evaluate(query(fetch)).rule == "step:review/ask kinds=('fetch',)"
+
+
+def test_example_files_load() -> None:
+    """Every example policy file loads."""
+    files = sorted(EXAMPLES.glob("*.toml"))
+    assert files
+    for path in files:
+        PolicySet.load(path)
+
+
+def test_toml_scopes_and_rules(tmp_path: Path) -> None:
+    """A TOML policy with run, agent and step scopes evaluates narrowest first."""
+    path = tmp_path / "p.toml"
+    path.write_text(
+        """
+preset = "edit"
+ask_timeout = 5
+
+[[rules]]
+name = "tests"
+verdict = "allow_always"
+kinds = ["execute"]
+commands = ["pytest", ["npm", "test"]]
+
+[agents."claude*"]
+preset = "read-only"
+
+[steps.review]
+rules = [{ verdict = "reject", name = "no reads", kinds = ["read"] }]
+
+[[elicitation]]
+action = "accept"
+values = { x = 1 }
+""",
+        encoding="utf-8",
+    )
+    policy = PolicySet.from_toml(path)
+    assert policy.ask_timeout == 5
+    assert policy.elicitation == ({"action": "accept", "values": {"x": 1}},)
+    run = policy.evaluate(query(with_(claude("B", "execute", command="npm test"), agent="x")))
+    assert (run.verdict, run.rule) == ("allow_always", "run/tests")
+    agent = policy.evaluate(query(claude("Edit", "edit", file_path=P)))
+    assert agent.rule == "agent:claude*/read-only: everything else"
+    step = policy.evaluate(query(with_(claude("Read", "read", file_path=P), step="review")))
+    assert step.rule == "step:review/no reads"
+    other = policy.evaluate(query(with_(claude("Read", "read", file_path=P), agent="gemini")))
+    assert other.rule == "run/edit: read"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("prest = 'edit'", "unknown keys"),
+        ("[[rules]]\nkinds = ['read']", "needs a verdict"),
+        ("[[rules]]\nverdict = 'allow'\ncolour = 'red'", "unknown keys"),
+        ("[[rules]]\nverdict = 'allow'\nkinds = 3", "bad value for kinds"),
+        ("[[rules]]\nverdict = 'allow'\ncommand = 'x'\ncommands = ['y']", "not both"),
+        ("[[rules]]\nverdict = 'allow'\ncommand_regex = '('", "bad regex"),
+        ("[[rules]]\nverdict = 'sometimes'", "unknown verdict"),
+        ("preset = 'yolo'", "unknown policy preset"),
+        ("ask_timeout = -1", "ask_timeout"),
+        ("[agents.x]\nprest = 'edit'", "unknown keys"),
+        ("elicitation = 3", "elicitation"),
+        ("not toml [", "cannot read policy"),
+    ],
+)
+def test_toml_errors(tmp_path: Path, text: str, message: str) -> None:
+    """Mistakes in a policy file are usage errors that say what is wrong."""
+    path = tmp_path / "bad.toml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(UsageError, match=message):
+        PolicySet.from_toml(path)
