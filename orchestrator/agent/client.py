@@ -250,17 +250,21 @@ class AcpSession:
                 what = "total" if trio.current_time() >= deadline else "idle"
                 log.warning("turn timed out", agent=self.connection.name, kind=what)
                 await self.cancel()
-                await self._wait_after_cancel(turn, f"turn exceeded its {what} timeout")
+                await self._wait_after_cancel(
+                    turn, f"turn exceeded its {what} timeout", TurnTimeout
+                )
                 raise TurnTimeout(
                     f"turn exceeded its {what} timeout and was cancelled",
                     agent=self.connection.name,
                 )
 
-    async def _wait_after_cancel(self, turn: Turn, why: str) -> None:
+    async def _wait_after_cancel(
+        self, turn: Turn, why: str, error: type[AgentHung] = AgentHung
+    ) -> None:
         with trio.move_on_after(self.connection.options.cancel_grace) as scope:
             await turn._done.wait()
         if scope.cancelled_caught:
-            raise AgentHung(
+            raise error(
                 f"{why}; no response {self.connection.options.cancel_grace:g}s after "
                 "session/cancel",
                 agent=self.connection.name,

@@ -1,0 +1,287 @@
+"""The ``orchestrator`` command line: a thin layer over :mod:`orchestrator.api`.
+
+Exit codes: 0 done, 1 a step or turn failed, 2 bad usage or input, 3 conflicts left unapplied,
+130 interrupted. Logs go to stderr (readable on a terminal, JSON lines otherwise); ``--json``
+prints exactly one JSON object on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:  # the heavy imports stay out of `--help`
+    from .protocol import types as t
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CONFLICTS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+EXAMPLES = """\
+examples:
+  orchestrator prompt --agent demo --policy edit 'replace "colour" with "color" in **/*.md'
+  orchestrator prompt --agent claude --json "Explain this repository"
+  orchestrator prompt --agent "mine=python my_agent.py" --transcript wire.ndjson "hello"
+  orchestrator agents --check
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (importing nothing heavy, so ``--help`` is fast)."""
+    parser = _Parser(
+        prog="orchestrator",
+        description="Run ACP coding agents as their client.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
+    parser.add_argument("--log-json", action="store_true", help="logs as JSON lines on stderr")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser(
+        "prompt",
+        help="one turn with one agent",
+        description="Send TEXT to one agent and print its reply as it streams.",
+        epilog="examples:\n  orchestrator prompt --agent demo 'rename foo to bar in *.py'\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--agent", required=True, help="a known name, a command line, or NAME=COMMAND")
+    p.add_argument("--cwd", default=".", help="the session's directory (default: .)")
+    p.add_argument(
+        "--policy",
+        help="permission policy: read-only, edit, trusted, deny-all, or a TOML file "
+        "(default: reject every request)",
+    )
+    p.add_argument("--transcript", help="write every wire frame to this ND-JSON file")
+    p.add_argument("--json", action="store_true", help="print one JSON result object")
+    p.add_argument("--timeout", type=float, help="seconds allowed for the whole turn")
+    p.add_argument("--idle-timeout", type=float, help="seconds allowed without any update")
+    p.add_argument("text", help="the prompt")
+
+    a = sub.add_parser(
+        "agents",
+        help="list known agents",
+        description="List the known agents; with --check, handshake with each installed one.",
+    )
+    a.add_argument("--check", action="store_true", help="start each installed agent and handshake")
+    a.add_argument("--json", action="store_true", help="print one JSON object")
+    a.add_argument("names", nargs="*", help="only these agents (known names or commands)")
+    return parser
+
+
+def configure_logging(verbosity: int, as_json: bool) -> None:
+    """structlog output on stderr: readable on a terminal, JSON lines otherwise."""
+    import structlog
+
+    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbosity, 2)]
+    renderer: Any = (
+        structlog.processors.JSONRenderer()
+        if as_json or not sys.stderr.isatty()
+        else structlog.dev.ConsoleRenderer(colors=True)
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso"),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    configure_logging(args.verbose, args.log_json)
+    handler: Callable[[argparse.Namespace], Any] = {
+        "prompt": _cmd_prompt,
+        "agents": _cmd_agents,
+    }[args.command]
+    import trio
+
+    return int(trio.run(_interruptible, handler, args))
+
+
+async def _interruptible(handler: Callable[[argparse.Namespace], Any], args: Any) -> int:
+    """Run a command; Ctrl-C cancels it cleanly (agents shut down) and exits 130."""
+    import trio
+
+    from .errors import (
+        AgentStartError,
+        CapabilityNotSupported,
+        OrchestratorError,
+        UsageError,
+    )
+
+    interrupted = False
+    code = EXIT_FAILED
+    as_json = bool(getattr(args, "json", False))
+
+    def fail(e: BaseException, exit_code: int) -> int:
+        _error(str(e))
+        if as_json:  # scripts still get one JSON object on stdout
+            _emit_json(
+                {"error": {"type": type(e).__name__, "message": str(e)}, "exitCode": exit_code}
+            )
+        return exit_code
+
+    async with trio.open_nursery() as nursery:
+
+        async def watch_signals() -> None:
+            nonlocal interrupted
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for _ in signals:
+                    interrupted = True
+                    nursery.cancel_scope.cancel()
+
+        nursery.start_soon(watch_signals)
+        try:
+            code = await handler(args)
+        except UsageError as e:
+            code = fail(e, EXIT_USAGE)
+        except AgentStartError as e:
+            not_found = isinstance(e.__cause__, FileNotFoundError | PermissionError)
+            code = fail(e, EXIT_USAGE if not_found else EXIT_FAILED)
+        except CapabilityNotSupported as e:
+            code = fail(e, EXIT_USAGE)
+        except OrchestratorError as e:
+            code = fail(e, EXIT_FAILED)
+        nursery.cancel_scope.cancel()
+    if interrupted and as_json:
+        _emit_json({"error": {"type": "Interrupted", "message": "interrupted"}, "exitCode": 130})
+    return EXIT_INTERRUPTED if interrupted else code
+
+
+def _error(message: str) -> None:
+    print(f"orchestrator: error: {message}", file=sys.stderr)
+
+
+def _emit_json(obj: Any) -> None:
+    import orjson
+
+    sys.stdout.buffer.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2) + b"\n")
+    sys.stdout.flush()
+
+
+async def _cmd_prompt(args: argparse.Namespace) -> int:
+    from .api import prompt
+
+    show = not args.json
+
+    def on_update(update: t.SessionUpdate) -> None:
+        if show:
+            _print_update(update)
+
+    from .agent.permissions import terminal_prompt_escalation
+
+    interactive = sys.stdin.isatty() and sys.stderr.isatty()
+    run = await prompt(
+        args.agent,
+        args.text,
+        cwd=args.cwd,
+        policy=args.policy,
+        escalate=terminal_prompt_escalation if interactive else None,
+        transcript=args.transcript,
+        timeout=args.timeout,
+        idle_timeout=args.idle_timeout,
+        on_update=on_update,
+    )
+    if args.json:
+        _emit_json(run.to_json())
+    else:
+        if run.turn.text and not run.turn.text.endswith("\n"):
+            sys.stdout.write("\n")
+        print(f"[{run.agent.name}: {run.turn.stop_reason}]", file=sys.stderr)
+    return EXIT_OK if run.turn.stop_reason == "end_turn" else EXIT_FAILED
+
+
+def _print_update(update: t.SessionUpdate) -> None:
+    from .agent.turn import content_text
+    from .protocol import types as t
+
+    if isinstance(update, t.AgentMessageChunk):
+        sys.stdout.write(content_text(update.content))
+        sys.stdout.flush()
+    elif isinstance(update, t.ToolCall):
+        print(f"  > {update.kind or 'tool'}: {update.title}", file=sys.stderr)
+    elif isinstance(update, t.ToolCallUpdateSessionUpdate) and update.status in (
+        "completed",
+        "failed",
+    ):
+        print(f"  < {update.tool_call_id}: {update.status}", file=sys.stderr)
+
+
+async def _cmd_agents(args: argparse.Namespace) -> int:
+    from .agents import KNOWN_AGENTS, resolve_agent
+
+    specs = [resolve_agent(name) for name in (args.names or [*KNOWN_AGENTS, "demo"])]
+    rows: list[dict[str, Any]] = []
+    for spec in specs:
+        row: dict[str, Any] = {
+            "name": spec.name,
+            "command": " ".join(spec.command),
+            "installed": spec.executable_found(),
+            "description": spec.description,
+        }
+        if args.check and row["installed"]:
+            row.update(await _check_agent(spec))
+        rows.append(row)
+    if args.json:
+        _emit_json({"agents": rows})
+    else:
+        for row in rows:
+            state = "installed" if row["installed"] else "not installed"
+            print(f"{row['name']:<10} {state:<14} {row['command']}")
+            if "check" in row:
+                print(f"{'':<10} {row['check']}")
+    return EXIT_OK
+
+
+async def _check_agent(spec: Any) -> dict[str, Any]:
+    import tempfile
+
+    import trio
+
+    from .agent.client import ClientOptions, open_agent
+    from .errors import AuthRequired, OrchestratorError
+    from .protocol.codec import unstructure
+
+    try:
+        with trio.fail_after(180):
+            async with open_agent(
+                list(spec.command), name=spec.name, options=ClientOptions(init_timeout=120)
+            ) as conn:
+                info = conn.agent_info
+                result: dict[str, Any] = {
+                    "agentName": info.name if info else None,
+                    "version": info.version if info else None,
+                    "capabilities": unstructure(conn.agent_capabilities),
+                    "authMethods": [unstructure(m) for m in conn.auth_methods],
+                }
+                with tempfile.TemporaryDirectory() as tmp:
+                    try:
+                        await conn.call("session/new", {"cwd": tmp, "mcpServers": []})
+                        result["sessionNew"] = "ok"
+                    except AuthRequired:
+                        result["sessionNew"] = "needs login"
+                result["check"] = f"ok: {result['agentName']} {result['version']}"
+                return result
+    except (OrchestratorError, trio.TooSlowError) as e:
+        return {"check": f"failed: {e}"}
+
+
+def entry() -> None:
+    """Console-script entry point."""
+    sys.exit(main())

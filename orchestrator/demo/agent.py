@@ -1,0 +1,350 @@
+"""The demo agent: a small, deterministic ACP agent that does real work without a model.
+
+It follows the instructions of :mod:`orchestrator.demo.instructions` written in the prompt.
+For every file it edits it reports a tool call, asks permission, reads the file through
+``fs/read_text_file`` when the client offers it, and writes the result back through
+``fs/write_text_file``; files it creates it writes to disk itself, as many real agents do. It
+runs commands through the client's terminal. It is a demonstration and a test partner, not an
+AI: it understands nothing beyond those instructions.
+
+Run it as ``python -m orchestrator.demo`` (ACP over stdin/stdout).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import structlog
+import trio
+from attrs import define, field
+
+from ..errors import InvalidParams, JsonRpcError
+from ..jsonrpc.connection import JsonRpcConnection
+from .instructions import Instruction, apply_edit, parse_instructions
+
+__all__ = ["DemoAgent", "serve_demo_agent"]
+
+log = structlog.get_logger(__name__)
+
+AGENT_INFO = {"name": "demo-agent", "title": "Demo agent (rule-based)", "version": "1.0.0"}
+HELP = (
+    "I am the demo agent: I follow instructions, one per line, such as\n"
+    '  replace "OLD" with "NEW" in src/**/*.py\n'
+    "  rename old_name to new_name in **/*.py\n"
+    '  append "TEXT" to NOTES.md\n'
+    '  create docs/new.md with "TEXT"\n'
+    "  delete PATH\n"
+    "  run COMMAND\n"
+)
+OPTIONS = [
+    {"optionId": "allow", "name": "Allow", "kind": "allow_once"},
+    {"optionId": "allow-always", "name": "Always allow", "kind": "allow_always"},
+    {"optionId": "reject", "name": "Reject", "kind": "reject_once"},
+]
+
+
+@define(eq=False)
+class _Session:
+    session_id: str
+    cwd: Path
+    cancelled: bool = False
+
+
+@define(eq=False)
+class DemoAgent:
+    """The agent's state over one connection."""
+
+    rpc: JsonRpcConnection
+    client_caps: dict[str, Any] = field(factory=dict)
+    sessions: dict[str, _Session] = field(factory=dict)
+    _counter: int = 0
+
+    def install(self) -> None:
+        """Register the ACP methods the agent serves."""
+        self.rpc.on_request("initialize", self._initialize)
+        self.rpc.on_request("session/new", self._new_session)
+        self.rpc.on_request("session/prompt", self._prompt)
+        self.rpc.on_notification("session/cancel", self._cancel)
+
+    async def _initialize(self, params: Any) -> Any:
+        self.client_caps = dict(params.get("clientCapabilities") or {})
+        return {
+            "protocolVersion": 1,
+            "agentCapabilities": {"promptCapabilities": {"embeddedContext": True}},
+            "authMethods": [],
+            "agentInfo": AGENT_INFO,
+        }
+
+    async def _new_session(self, params: Any) -> Any:
+        cwd = params.get("cwd")
+        if not isinstance(cwd, str) or not os.path.isabs(cwd):
+            raise InvalidParams("cwd must be an absolute path")
+        self._counter += 1
+        session_id = f"demo-{self._counter}"
+        self.sessions[session_id] = _Session(session_id, Path(cwd))
+        return {"sessionId": session_id}
+
+    def _cancel(self, params: Any) -> None:
+        session = self.sessions.get(params.get("sessionId"))
+        if session is not None:
+            session.cancelled = True
+
+    # ------------------------------------------------------------------ the turn
+
+    async def _prompt(self, params: Any) -> Any:
+        session = self.sessions.get(params.get("sessionId"))
+        if session is None:
+            raise InvalidParams("unknown session")
+        session.cancelled = False
+        text = "\n".join(
+            b.get("text", "") for b in params.get("prompt", []) if b.get("type") == "text"
+        )
+        instructions = parse_instructions(text)
+        if not instructions:
+            await self._say(session, HELP)
+            return {"stopReason": "end_turn"}
+        await self._update(
+            session,
+            {
+                "sessionUpdate": "agent_thought_chunk",
+                "content": {"type": "text", "text": f"{len(instructions)} instruction(s)."},
+            },
+        )
+        await self._plan(session, instructions, done=0)
+        summary: list[str] = []
+        for i, instruction in enumerate(instructions):
+            if session.cancelled:
+                return {"stopReason": "cancelled"}
+            summary.append(await self._run(session, i, instruction))
+            await self._plan(session, instructions, done=i + 1)
+        if session.cancelled:
+            return {"stopReason": "cancelled"}
+        await self._say(session, "Done.\n" + "\n".join(f"- {s}" for s in summary) + "\n")
+        used = sum(len(s) for s in summary) + len(text)
+        await self._update(session, {"sessionUpdate": "usage_update", "used": used, "size": 200000})
+        return {"stopReason": "end_turn"}
+
+    async def _run(self, session: _Session, index: int, instruction: Instruction) -> str:
+        if instruction.op == "run":
+            return await self._run_command(session, index, instruction)
+        if instruction.op in ("create", "delete"):
+            paths = [session.cwd / instruction.target]
+        else:
+            paths = sorted(p for p in session.cwd.glob(instruction.target) if p.is_file())
+            if not paths:
+                return f"{instruction.describe()}: no file matches"
+        changed = []
+        for path in paths:
+            if session.cancelled:
+                break
+            result = await self._edit_file(session, index, instruction, path)
+            if result:
+                changed.append(result)
+        return f"{instruction.describe()}: " + (
+            ", ".join(changed) if changed else "nothing changed"
+        )
+
+    async def _edit_file(
+        self, session: _Session, index: int, instruction: Instruction, path: Path
+    ) -> str | None:
+        rel = os.path.relpath(path, session.cwd)
+        call_id = f"call-{index}-{rel}"
+        kind = "delete" if instruction.op == "delete" else "edit"
+        await self._update(
+            session,
+            {
+                "sessionUpdate": "tool_call",
+                "toolCallId": call_id,
+                "title": f"{instruction.describe()} ({rel})",
+                "kind": kind,
+                "status": "pending",
+                "locations": [{"path": str(path)}],
+                "rawInput": {"path": str(path)},
+            },
+        )
+        old = None if instruction.op == "create" else await self._read(session, path)
+        if instruction.op == "delete":
+            new = None
+        elif instruction.op == "create":
+            new = instruction.new
+        else:
+            new = apply_edit(instruction, old or "")
+        if old == new:
+            await self._tool_status(session, call_id, "completed")
+            return None
+        allowed = await self._ask(session, call_id, instruction, rel, path)
+        if not allowed:
+            await self._tool_status(session, call_id, "failed")
+            return f"{rel} (permission refused)"
+        await self._tool_status(session, call_id, "in_progress")
+        if new is None:
+            path.unlink(missing_ok=True)
+        elif instruction.op == "create" or not self._fs("writeTextFile"):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(new, encoding="utf-8")  # behind the client's back, on purpose
+        else:
+            await self.rpc.request(
+                "fs/write_text_file",
+                {"sessionId": session.session_id, "path": str(path), "content": new},
+            )
+        diff = {"type": "diff", "path": str(path), "oldText": old, "newText": new or ""}
+        await self._update(
+            session,
+            {
+                "sessionUpdate": "tool_call_update",
+                "toolCallId": call_id,
+                "status": "completed",
+                "content": [diff],
+            },
+        )
+        return rel
+
+    async def _ask(
+        self, session: _Session, call_id: str, instruction: Instruction, rel: str, path: Path
+    ) -> bool:
+        answer = await self.rpc.request(
+            "session/request_permission",
+            {
+                "sessionId": session.session_id,
+                "toolCall": {
+                    "toolCallId": call_id,
+                    "title": f"{instruction.describe()} ({rel})",
+                    "kind": "delete" if instruction.op == "delete" else "edit",
+                    "locations": [{"path": str(path)}],
+                    "rawInput": {"path": str(path)},
+                },
+                "options": OPTIONS,
+            },
+        )
+        outcome = (answer or {}).get("outcome") or {}
+        if outcome.get("outcome") == "cancelled":
+            session.cancelled = True
+            return False
+        return outcome.get("optionId") in ("allow", "allow-always")
+
+    async def _run_command(self, session: _Session, index: int, instruction: Instruction) -> str:
+        call_id = f"call-{index}-run"
+        await self._update(
+            session,
+            {
+                "sessionUpdate": "tool_call",
+                "toolCallId": call_id,
+                "title": instruction.describe(),
+                "kind": "execute",
+                "status": "pending",
+                "rawInput": {"command": instruction.new},
+            },
+        )
+        if not self.client_caps.get("terminal"):
+            await self._tool_status(session, call_id, "failed")
+            return f"{instruction.describe()}: the client offers no terminal"
+        try:
+            created = await self.rpc.request(
+                "terminal/create",
+                {
+                    "sessionId": session.session_id,
+                    "command": instruction.new,
+                    "outputByteLimit": 32000,
+                },
+            )
+            terminal_id = created["terminalId"]
+            await self._update(
+                session,
+                {
+                    "sessionUpdate": "tool_call_update",
+                    "toolCallId": call_id,
+                    "status": "in_progress",
+                    "content": [{"type": "terminal", "terminalId": terminal_id}],
+                },
+            )
+            ended = await self.rpc.request(
+                "terminal/wait_for_exit",
+                {"sessionId": session.session_id, "terminalId": terminal_id},
+            )
+            output = await self.rpc.request(
+                "terminal/output", {"sessionId": session.session_id, "terminalId": terminal_id}
+            )
+            await self.rpc.request(
+                "terminal/release", {"sessionId": session.session_id, "terminalId": terminal_id}
+            )
+        except JsonRpcError as e:
+            await self._tool_status(session, call_id, "failed")
+            return f"{instruction.describe()}: refused ({e.message})"
+        code = ended.get("exitCode")
+        status = "completed" if code == 0 else "failed"
+        await self._update(
+            session,
+            {
+                "sessionUpdate": "tool_call_update",
+                "toolCallId": call_id,
+                "status": status,
+                "rawOutput": output,
+            },
+        )
+        tail = (output.get("output") or "").strip().splitlines()[-1:] or [""]
+        return f"{instruction.describe()}: exit {code} {tail[0]}".rstrip()
+
+    # ------------------------------------------------------------------ helpers
+
+    def _fs(self, what: str) -> bool:
+        return bool((self.client_caps.get("fs") or {}).get(what))
+
+    async def _read(self, session: _Session, path: Path) -> str:
+        if self._fs("readTextFile"):
+            result = await self.rpc.request(
+                "fs/read_text_file", {"sessionId": session.session_id, "path": str(path)}
+            )
+            return str(result.get("content", ""))
+        return path.read_text(encoding="utf-8")
+
+    async def _update(self, session: _Session, update: dict[str, Any]) -> None:
+        await self.rpc.notify("session/update", {"sessionId": session.session_id, "update": update})
+
+    async def _say(self, session: _Session, text: str) -> None:
+        await self._update(
+            session,
+            {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}},
+        )
+
+    async def _tool_status(self, session: _Session, call_id: str, status: str) -> None:
+        await self._update(
+            session, {"sessionUpdate": "tool_call_update", "toolCallId": call_id, "status": status}
+        )
+
+    async def _plan(self, session: _Session, instructions: list[Instruction], done: int) -> None:
+        entries = [
+            {
+                "content": ins.describe(),
+                "priority": "medium",
+                "status": "completed" if i < done else "in_progress" if i == done else "pending",
+            }
+            for i, ins in enumerate(instructions)
+        ]
+        await self._update(session, {"sessionUpdate": "plan", "entries": entries})
+
+
+async def serve_demo_agent(stream: trio.abc.Stream) -> None:
+    """Serve the demo agent over ``stream`` until it closes."""
+    rpc = JsonRpcConnection(stream, name="client")
+    DemoAgent(rpc).install()
+    await rpc.serve()
+
+
+def main() -> None:
+    """Entry point: ACP over stdin/stdout."""
+    import logging
+    import sys
+
+    # stdout carries the protocol: log lines go to stderr, and only warnings
+    structlog.configure(
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+    )
+
+    async def run() -> None:
+        stream = trio.StapledStream(trio.lowlevel.FdStream(1), trio.lowlevel.FdStream(0))
+        await serve_demo_agent(stream)
+
+    trio.run(run)

@@ -1,0 +1,122 @@
+"""Test helpers for ACP clients: a scripted ACP agent, in memory or as a subprocess.
+
+Build an :class:`AgentScript` (the format is documented in
+:mod:`orchestrator.testing.script`), then either serve it over a stream with
+:func:`serve_scripted_agent` or launch it with the command from
+:func:`scripted_agent_command`. The agent's :class:`AgentRecord` tells what your client
+sent (see :mod:`orchestrator.testing.scripted_agent`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.testing.script import (
+    ALLOW_REJECT,
+    AgentScript,
+    AskPermission,
+    AuthMethod,
+    Capabilities,
+    ConfigOption,
+    ConfigValue,
+    Crash,
+    DeleteDisk,
+    ErrorReply,
+    ExitAtStart,
+    Flood,
+    HugeLine,
+    Location,
+    Mode,
+    Notify,
+    PermissionOption,
+    PermissionToolCall,
+    Plan,
+    PlanEntry,
+    Raw,
+    ReadFile,
+    Replace,
+    Request,
+    Say,
+    Sleep,
+    Stall,
+    Step,
+    Terminal,
+    Think,
+    ToolCall,
+    ToolUpdate,
+    Turn,
+    Update,
+    Usage,
+    UserMessage,
+    WriteDisk,
+    WriteFile,
+    diff_content,
+    terminal_content,
+    text_content,
+)
+
+if TYPE_CHECKING:
+    from orchestrator.testing.scripted_agent import (
+        AgentRecord,
+        scripted_agent_command,
+        serve_scripted_agent,
+    )
+
+__all__ = [
+    "ALLOW_REJECT",
+    "AgentRecord",
+    "AgentScript",
+    "AskPermission",
+    "AuthMethod",
+    "Capabilities",
+    "ConfigOption",
+    "ConfigValue",
+    "Crash",
+    "DeleteDisk",
+    "ErrorReply",
+    "ExitAtStart",
+    "Flood",
+    "HugeLine",
+    "Location",
+    "Mode",
+    "Notify",
+    "PermissionOption",
+    "PermissionToolCall",
+    "Plan",
+    "PlanEntry",
+    "Raw",
+    "ReadFile",
+    "Replace",
+    "Request",
+    "Say",
+    "Sleep",
+    "Stall",
+    "Step",
+    "Terminal",
+    "Think",
+    "ToolCall",
+    "ToolUpdate",
+    "Turn",
+    "Update",
+    "Usage",
+    "UserMessage",
+    "WriteDisk",
+    "WriteFile",
+    "diff_content",
+    "scripted_agent_command",
+    "serve_scripted_agent",
+    "terminal_content",
+    "text_content",
+]
+
+_AGENT_NAMES = frozenset({"AgentRecord", "scripted_agent_command", "serve_scripted_agent"})
+
+
+def __getattr__(name: str) -> Any:
+    # Imported lazily: `python -m orchestrator.testing.scripted_agent` imports this package
+    # first, and an eager import would make runpy warn about running a loaded module.
+    if name in _AGENT_NAMES:
+        from orchestrator.testing import scripted_agent
+
+        return getattr(scripted_agent, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,714 @@
+"""The script of a scripted ACP agent: what it advertises and what it does on each prompt.
+
+A script is plain data. Build it in Python with the frozen classes below, or write it as
+JSON (``AgentScript.to_json()`` / ``AgentScript.from_json()``; the subprocess agent reads
+a JSON file). Field names are the Python names (snake_case); objects that ACP itself
+defines are written in their ACP wire form (``optionId``, ``currentValue``, ...). Fields
+left at their default may be omitted.
+
+Agent (``AgentScript``)
+-----------------------
+``name`` ("scripted-agent"), ``title`` ("Scripted Agent"), ``version`` ("0.1.0")
+    sent as ``agentInfo``.
+``protocol_version`` (1)
+    answered to ``initialize`` whatever the client asked for.
+``capabilities`` (all false)
+    ``{"load_session", "image", "audio", "embedded_context", "mcp_http", "mcp_sse",
+    "session_list", "session_resume", "session_close", "session_delete", "logout"}``.
+    Methods behind a false gate answer -32601; prompts with image, audio or embedded
+    resource blocks the agent did not advertise answer -32602.
+``auth_methods`` ([]), ``require_auth`` (false)
+    ``[{"id", "name", "description"?}]``; with ``require_auth`` every ``session/new``,
+    ``session/load`` and ``session/resume`` answers -32000 until ``authenticate`` names a
+    listed method id (an unlisted one answers -32602).
+``modes`` ([]), ``current_mode`` (the first mode)
+    ``[{"id", "name", "description"?}]``, returned by ``session/new`` as ``modes``;
+    ``session/set_mode`` emits ``current_mode_update``.
+``config_options`` ([])
+    ``[{"type": "select"|"boolean", "id", "name", "currentValue", "options"?,
+    "category"?, "description"?}]`` with select options ``{"value", "name"}``; returned by
+    ``session/new``; ``session/set_config_option`` answers the updated list.
+``id_style`` ("int")
+    ids of the agent's own requests: "int" counts from 0, "string" gives UUID-like text.
+``session_id_prefix`` ("sess-")
+    session ids are the prefix and a counter from 1.
+``exit_at_start`` (null)
+    ``{"exit_code": 1, "stderr": "", "wait_for_initialize": true}``: write ``stderr`` and
+    exit (in memory: close the stream) before answering ``initialize``; with
+    ``wait_for_initialize`` false, without reading anything.
+``initialize_delay`` (0)
+    seconds to wait before answering ``initialize`` (a slow or hung start).
+``turns`` ([])
+    see below; with no turn at all every prompt ends at once with ``end_turn``.
+``load_history`` ([])
+    steps replayed by ``session/load`` before its response (usually ``user``, ``say``,
+    ``tool_call`` ...).
+``record_path`` (null)
+    file that receives the agent's record as JSON lines (see ``AgentRecord``).
+
+Turns (``Turn``)
+----------------
+``{"steps": [...], "stop_reason": "end_turn", "when_prompt_contains": null,
+"cancel_stop_reason": "cancelled", "ignore_cancel": false, "updates_after_response": [],
+"error": null}``.
+
+Each ``session/prompt`` takes a turn: the first turn whose ``when_prompt_contains`` is a
+substring of the prompt's text wins; otherwise the turns without that field are taken in
+order, counted per session, and the last one repeats once they are used up.
+``session/cancel`` stops the running turn at once (between steps, or while it sleeps,
+stalls or waits for any answer of the client) and the prompt answers
+``cancel_stop_reason``; with ``ignore_cancel`` the turn goes on as if nothing happened (a
+stalled one never answers). ``error`` (``{"code", "message", "data"?}``) answers the
+prompt with that JSON-RPC error instead of a stop reason. ``updates_after_response`` are
+steps run after the response went out.
+
+Steps (``{"op": ..., fields}``)
+-------------------------------
+``say``  ``text``, ``chunks`` (1): ``agent_message_chunk`` updates, the text cut in pieces.
+``think``  ``text``, ``chunks`` (1): ``agent_thought_chunk`` updates.
+``user``  ``text``: a ``user_message_chunk`` (for history replay).
+``plan``  ``entries``: ``[{"content", "priority": "medium", "status": "pending"}]``.
+``tool_call``  ``id``, ``title``, ``kind`` ("other"), ``status`` ("pending"),
+    ``locations`` ([{"path", "line"?}]), ``raw_input`` (null), ``content`` ([]: raw
+    ToolCallContent, see ``text_content``, ``diff_content``, ``terminal_content``).
+``tool_update``  ``id``, ``status``, ``title``, ``kind``, ``locations``, ``content``,
+    ``raw_output`` (each null = not sent): a ``tool_call_update``.
+``usage``  ``used``, ``size``, ``cost`` (null), ``currency`` ("USD"): ``usage_update``.
+``update``  ``update``: any raw ``sessionUpdate`` object, unknown kinds included.
+``ask_permission``  ``tool_call`` ``{"id", "title"?, "kind"?, "status"?, "locations"?,
+    "raw_input"?, "content"?}``, ``options`` (allow_once "allow" / reject_once "reject";
+    ``[{"optionId", "name", "kind"}]``), ``on_reject`` ("end_turn" | "continue" |
+    "cancelled"): sends ``session/request_permission``; a reject_* option (or an error
+    answer) then ends the turn with ``end_turn``, goes on, or ends it with ``cancelled``;
+    an answer ``cancelled`` ends the turn with ``cancelled``.
+``read_file``  ``path``, ``line``, ``limit``, ``then_write`` (null or ``{"old", "new",
+    "count": -1}``): ``fs/read_text_file``, then optionally ``fs/write_text_file`` of the
+    content with ``old`` replaced by ``new``. Relative paths are joined to the session cwd.
+``write_file``  ``path``, ``content``: ``fs/write_text_file``.
+``write_disk``  ``path``, ``content``: writes the file itself under the session cwd.
+``delete_disk``  ``path``: deletes the file itself.
+``terminal``  ``command``, ``args`` (null: not sent), ``cwd`` (null), ``env`` ({}),
+    ``output_byte_limit`` (null), ``tool_call_id`` (null: when set, a ``tool_call``
+    embedding the terminal is sent, then completed), ``timeout`` (null: seconds before
+    ``terminal/kill``): ``terminal/create``, ``wait_for_exit``, ``output``, ``release``.
+``request``  ``method``, ``params`` (null): any request (e.g. "craft/drainMidTurnQueue");
+    its result or error is recorded and the turn goes on.
+``notify``  ``method``, ``params`` (null): any notification.
+``huge_line``  ``size_bytes``: one ``agent_message_chunk`` line of exactly that many
+    bytes, newline included.
+``raw``  ``text``: written verbatim (a newline is added when missing).
+``sleep``  ``seconds``.
+``stall``  never finishes (a cancel still ends it unless ``ignore_cancel``).
+``crash``  ``exit_code`` (1), ``stderr`` (""): exit at once (in memory: close the stream).
+``flood``  ``count``, ``text`` ("x"): that many ``agent_message_chunk`` lines, pre-encoded.
+
+The agent does not check the client's capabilities before its own requests, so a script
+can also test how a client refuses what it did not advertise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Literal, Self, TypeAlias, get_args
+
+import attrs
+import cattrs
+from attrs import field, frozen
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
+from cattrs.v import format_exception
+
+from orchestrator.errors import UsageError
+
+__all__ = [
+    "ALLOW_REJECT",
+    "AgentScript",
+    "AskPermission",
+    "AuthMethod",
+    "Capabilities",
+    "ConfigOption",
+    "ConfigValue",
+    "Crash",
+    "DeleteDisk",
+    "ErrorReply",
+    "ExitAtStart",
+    "Flood",
+    "HugeLine",
+    "JsonObject",
+    "Location",
+    "Mode",
+    "Notify",
+    "PermissionOption",
+    "PermissionToolCall",
+    "Plan",
+    "PlanEntry",
+    "Raw",
+    "ReadFile",
+    "Replace",
+    "Request",
+    "Say",
+    "Sleep",
+    "Stall",
+    "Step",
+    "Terminal",
+    "Think",
+    "ToolCall",
+    "ToolUpdate",
+    "Turn",
+    "Update",
+    "Usage",
+    "UserMessage",
+    "WriteDisk",
+    "WriteFile",
+    "diff_content",
+    "terminal_content",
+    "text_content",
+]
+
+JsonObject: TypeAlias = dict[str, Any]
+StopReason = Literal["end_turn", "max_tokens", "max_turn_requests", "refusal", "cancelled"]
+ToolKind = Literal[
+    "read", "edit", "delete", "move", "search", "execute", "think", "fetch", "switch_mode", "other"
+]
+ToolStatus = Literal["pending", "in_progress", "completed", "failed"]
+OptionKind = Literal["allow_once", "allow_always", "reject_once", "reject_always"]
+
+_WIRE = "wire"  # attrs metadata key: the field's JSON name when it differs
+
+
+class _Json:
+    """Mixin: ``to_json()`` / ``from_json()`` through the module's converter."""
+
+    __slots__ = ()
+
+    def to_json(self) -> JsonObject:
+        """The JSON form (fields at their default are left out)."""
+        data: JsonObject = _converter.unstructure(self, _unstructure_as(type(self)))
+        return data
+
+    @classmethod
+    def from_json(cls, data: Any) -> Self:
+        """Parse the JSON form; raises :class:`UsageError` naming every bad field."""
+        if not isinstance(data, dict):
+            raise UsageError(f"invalid agent script: {cls.__name__} must be a JSON object")
+        try:
+            result: Self = _converter.structure(data, _unstructure_as(cls))
+            return result
+        except (cattrs.BaseValidationError, ValueError, TypeError, KeyError) as exc:
+            problems = (
+                cattrs.transform_error(exc, path=cls.__name__, format_exception=_format_error)
+                if isinstance(exc, cattrs.BaseValidationError)
+                else [f"{exc} @ {cls.__name__}"]
+            )
+            raise UsageError("invalid agent script: " + "; ".join(problems)) from exc
+
+
+# --------------------------------------------------------------------------- ACP-shaped pieces
+
+
+@frozen
+class Location(_Json):
+    """A path (and 1-based line) a tool call touches."""
+
+    path: str
+    line: int | None = None
+
+
+@frozen
+class PlanEntry(_Json):
+    """One entry of a ``plan`` update."""
+
+    content: str
+    priority: Literal["high", "medium", "low"] = "medium"
+    status: Literal["pending", "in_progress", "completed"] = "pending"
+
+
+@frozen
+class PermissionOption(_Json):
+    """One option offered by ``session/request_permission`` (JSON: ``optionId``)."""
+
+    option_id: str = field(metadata={_WIRE: "optionId"})
+    name: str
+    kind: OptionKind
+
+
+ALLOW_REJECT: tuple[PermissionOption, ...] = (
+    PermissionOption("allow", "allow", "allow_once"),
+    PermissionOption("reject", "reject", "reject_once"),
+)
+"""The default permission options: ``allow`` (allow_once) and ``reject`` (reject_once)."""
+
+
+@frozen
+class AuthMethod(_Json):
+    """An entry of ``authMethods``."""
+
+    id: str
+    name: str
+    description: str | None = None
+
+
+@frozen
+class Mode(_Json):
+    """A session mode returned by ``session/new``."""
+
+    id: str
+    name: str
+    description: str | None = None
+
+
+@frozen
+class ConfigValue(_Json):
+    """A value of a ``select`` config option."""
+
+    value: str
+    name: str
+    description: str | None = None
+
+
+@frozen
+class ConfigOption(_Json):
+    """A session config option (JSON: its ACP wire form, ``currentValue`` ...)."""
+
+    id: str
+    name: str
+    current_value: str | bool = field(metadata={_WIRE: "currentValue"})
+    type: Literal["select", "boolean"] = "select"
+    options: tuple[ConfigValue, ...] = ()
+    category: str | None = None
+    description: str | None = None
+
+
+@frozen
+class Capabilities(_Json):
+    """What the agent advertises in ``agentCapabilities`` (all off by default)."""
+
+    load_session: bool = False
+    image: bool = False
+    audio: bool = False
+    embedded_context: bool = False
+    mcp_http: bool = False
+    mcp_sse: bool = False
+    session_list: bool = False
+    session_resume: bool = False
+    session_close: bool = False
+    session_delete: bool = False
+    logout: bool = False
+
+
+@frozen
+class ErrorReply(_Json):
+    """A JSON-RPC error object the agent answers with."""
+
+    code: int
+    message: str
+    data: Any = None
+
+
+@frozen
+class ExitAtStart(_Json):
+    """Exit before answering ``initialize``."""
+
+    exit_code: int = 1
+    stderr: str = ""
+    wait_for_initialize: bool = True
+
+
+@frozen
+class PermissionToolCall(_Json):
+    """The tool call a permission request is about."""
+
+    id: str
+    title: str | None = None
+    kind: ToolKind | None = None
+    status: ToolStatus | None = None
+    locations: tuple[Location, ...] = ()
+    raw_input: Any = None
+    content: tuple[JsonObject, ...] = ()
+
+
+@frozen
+class Replace(_Json):
+    """Transform read content: replace ``old`` by ``new`` (``count`` -1: every one)."""
+
+    old: str
+    new: str
+    count: int = -1
+
+    def apply(self, text: str) -> str:
+        """The transformed text."""
+        return text.replace(self.old, self.new, self.count)
+
+
+def text_content(text: str) -> JsonObject:
+    """A ToolCallContent holding a text block."""
+    return {"type": "content", "content": {"type": "text", "text": text}}
+
+
+def diff_content(path: str, new_text: str, old_text: str | None = None) -> JsonObject:
+    """A ToolCallContent diff (``old_text`` None: a new file)."""
+    return {"type": "diff", "path": path, "oldText": old_text, "newText": new_text}
+
+
+def terminal_content(terminal_id: str) -> JsonObject:
+    """A ToolCallContent embedding a terminal."""
+    return {"type": "terminal", "terminalId": terminal_id}
+
+
+# --------------------------------------------------------------------------- steps
+
+_ge0 = attrs.validators.ge(0)
+_ge0_float = attrs.validators.ge(0.0)
+
+
+@frozen
+class Say(_Json):
+    """``agent_message_chunk`` updates carrying ``text`` in ``chunks`` pieces."""
+
+    op: ClassVar[str] = "say"
+    text: str
+    chunks: int = field(default=1, validator=attrs.validators.ge(1))
+
+
+@frozen
+class Think(_Json):
+    """``agent_thought_chunk`` updates carrying ``text`` in ``chunks`` pieces."""
+
+    op: ClassVar[str] = "think"
+    text: str
+    chunks: int = field(default=1, validator=attrs.validators.ge(1))
+
+
+@frozen
+class UserMessage(_Json):
+    """A ``user_message_chunk`` update (history replay)."""
+
+    op: ClassVar[str] = "user"
+    text: str
+
+
+@frozen
+class Plan(_Json):
+    """A ``plan`` update."""
+
+    op: ClassVar[str] = "plan"
+    entries: tuple[PlanEntry, ...] = ()
+
+
+@frozen
+class ToolCall(_Json):
+    """A ``tool_call`` update."""
+
+    op: ClassVar[str] = "tool_call"
+    id: str
+    title: str
+    kind: ToolKind = "other"
+    status: ToolStatus = "pending"
+    locations: tuple[Location, ...] = ()
+    raw_input: Any = None
+    content: tuple[JsonObject, ...] = ()
+
+
+@frozen
+class ToolUpdate(_Json):
+    """A ``tool_call_update`` patch; fields left None are not sent."""
+
+    op: ClassVar[str] = "tool_update"
+    id: str
+    status: ToolStatus | None = None
+    title: str | None = None
+    kind: ToolKind | None = None
+    locations: tuple[Location, ...] | None = None
+    content: tuple[JsonObject, ...] | None = None
+    raw_output: Any = None
+
+
+@frozen
+class Usage(_Json):
+    """A ``usage_update``."""
+
+    op: ClassVar[str] = "usage"
+    used: int = field(validator=_ge0)
+    size: int = field(validator=_ge0)
+    cost: float | None = None
+    currency: str = "USD"
+
+
+@frozen
+class Update(_Json):
+    """Any raw ``sessionUpdate`` object, sent as is."""
+
+    op: ClassVar[str] = "update"
+    update: JsonObject
+
+
+@frozen
+class AskPermission(_Json):
+    """``session/request_permission``; see the module docs for ``on_reject``."""
+
+    op: ClassVar[str] = "ask_permission"
+    tool_call: PermissionToolCall
+    options: tuple[PermissionOption, ...] = ALLOW_REJECT
+    on_reject: Literal["end_turn", "continue", "cancelled"] = "end_turn"
+
+
+@frozen
+class ReadFile(_Json):
+    """``fs/read_text_file``, optionally followed by a transformed ``fs/write_text_file``."""
+
+    op: ClassVar[str] = "read_file"
+    path: str
+    line: int | None = None
+    limit: int | None = None
+    then_write: Replace | None = None
+
+
+@frozen
+class WriteFile(_Json):
+    """``fs/write_text_file``."""
+
+    op: ClassVar[str] = "write_file"
+    path: str
+    content: str
+
+
+@frozen
+class WriteDisk(_Json):
+    """Write a file directly under the session cwd, behind the client's back."""
+
+    op: ClassVar[str] = "write_disk"
+    path: str
+    content: str
+
+
+@frozen
+class DeleteDisk(_Json):
+    """Delete a file directly under the session cwd."""
+
+    op: ClassVar[str] = "delete_disk"
+    path: str
+
+
+@frozen
+class Terminal(_Json):
+    """Run a command through the client's ``terminal/*`` methods."""
+
+    op: ClassVar[str] = "terminal"
+    command: str
+    args: tuple[str, ...] | None = None
+    cwd: str | None = None
+    env: dict[str, str] = field(factory=dict)
+    output_byte_limit: int | None = None
+    tool_call_id: str | None = None
+    timeout: float | None = None
+
+
+@frozen
+class Request(_Json):
+    """Any agent->client request; the answer is recorded and the turn goes on."""
+
+    op: ClassVar[str] = "request"
+    method: str
+    params: Any = None
+
+
+@frozen
+class Notify(_Json):
+    """Any agent->client notification."""
+
+    op: ClassVar[str] = "notify"
+    method: str
+    params: Any = None
+
+
+@frozen
+class HugeLine(_Json):
+    """One ``agent_message_chunk`` line of exactly ``size_bytes`` bytes (newline included)."""
+
+    op: ClassVar[str] = "huge_line"
+    size_bytes: int = field(validator=_ge0)
+
+
+@frozen
+class Raw(_Json):
+    """Text written verbatim to the client (a malformed line, say)."""
+
+    op: ClassVar[str] = "raw"
+    text: str
+
+
+@frozen
+class Sleep(_Json):
+    """Wait (a cancel ends the wait)."""
+
+    op: ClassVar[str] = "sleep"
+    seconds: float = field(validator=_ge0_float)
+
+
+@frozen
+class Stall(_Json):
+    """Never finish this turn."""
+
+    op: ClassVar[str] = "stall"
+
+
+@frozen
+class Crash(_Json):
+    """Exit at once mid-turn (in memory: close the stream)."""
+
+    op: ClassVar[str] = "crash"
+    exit_code: int = 1
+    stderr: str = ""
+
+
+@frozen
+class Flood(_Json):
+    """``count`` identical ``agent_message_chunk`` lines, as fast as possible."""
+
+    op: ClassVar[str] = "flood"
+    count: int = field(validator=_ge0)
+    text: str = "x"
+
+
+Step: TypeAlias = (
+    Say
+    | Think
+    | UserMessage
+    | Plan
+    | ToolCall
+    | ToolUpdate
+    | Usage
+    | Update
+    | AskPermission
+    | ReadFile
+    | WriteFile
+    | WriteDisk
+    | DeleteDisk
+    | Terminal
+    | Request
+    | Notify
+    | HugeLine
+    | Raw
+    | Sleep
+    | Stall
+    | Crash
+    | Flood
+)
+_STEP_CLASSES: dict[str, type[Any]] = {cls.op: cls for cls in get_args(Step)}
+
+
+# --------------------------------------------------------------------------- turns and agent
+
+
+@frozen
+class Turn(_Json):
+    """What the agent does for one ``session/prompt``."""
+
+    steps: tuple[Step, ...] = ()
+    stop_reason: StopReason = "end_turn"
+    when_prompt_contains: str | None = None
+    cancel_stop_reason: StopReason = "cancelled"
+    ignore_cancel: bool = False
+    updates_after_response: tuple[Step, ...] = ()
+    error: ErrorReply | None = None
+
+
+@frozen
+class AgentScript(_Json):
+    """Everything a scripted agent advertises and does; see the module docs."""
+
+    name: str = "scripted-agent"
+    title: str | None = "Scripted Agent"
+    version: str = "0.1.0"
+    protocol_version: int = 1
+    capabilities: Capabilities = Capabilities()
+    auth_methods: tuple[AuthMethod, ...] = ()
+    require_auth: bool = False
+    modes: tuple[Mode, ...] = ()
+    current_mode: str | None = None
+    config_options: tuple[ConfigOption, ...] = ()
+    id_style: Literal["int", "string"] = "int"
+    session_id_prefix: str = "sess-"
+    exit_at_start: ExitAtStart | None = None
+    initialize_delay: float = field(default=0.0, validator=_ge0_float)
+    turns: tuple[Turn, ...] = ()
+    load_history: tuple[Step, ...] = ()
+    record_path: str | None = None
+
+
+# --------------------------------------------------------------------------- converter
+
+
+def _unstructure_as(cls: type[Any]) -> Any:
+    return Step if cls in _STEP_CLASSES.values() else cls
+
+
+def _format_error(exc: BaseException, type_: Any) -> str:
+    # Our hooks, attrs validators and Literal checks say exactly what is wrong: keep their words.
+    plain = isinstance(exc, TypeError | ValueError) or type(exc) is cattrs.errors.CattrsError
+    if plain and exc.args and isinstance(exc.args[0], str):
+        return exc.args[0]
+    return format_exception(exc, type_)
+
+
+def _strict(kind: type[Any]) -> Callable[[Any, Any], Any]:
+    # cattrs would coerce ("5" -> 5, "false" -> True); a script with a wrong type is a bug.
+    def check(value: Any, _: Any) -> Any:
+        if isinstance(value, bool) and kind is not bool:
+            raise TypeError(f"expected {kind.__name__}, got a boolean")
+        if kind is float and isinstance(value, int):
+            return float(value)
+        if not isinstance(value, kind):
+            raise TypeError(f"expected {kind.__name__}, got {type(value).__name__}")
+        return value
+
+    return check
+
+
+def _structure_step(value: Any, _: Any) -> Any:
+    if not isinstance(value, dict):
+        raise TypeError(f"a step must be an object, got {type(value).__name__}")
+    op = value.get("op")
+    cls = _STEP_CLASSES.get(op) if isinstance(op, str) else None
+    if cls is None:
+        raise ValueError(f"unknown step op {op!r}; known: {', '.join(sorted(_STEP_CLASSES))}")
+    rest = {k: v for k, v in value.items() if k != "op"}
+    return _converter.structure(rest, cls)
+
+
+def _unstructure_step(step: Any) -> JsonObject:
+    return {"op": step.op, **_converter.unstructure(step, type(step))}
+
+
+def _make_converter() -> cattrs.Converter:
+    conv = cattrs.Converter(
+        forbid_extra_keys=True,
+        omit_if_default=True,
+        unstruct_collection_overrides={Sequence: list},
+    )
+    for kind in (str, int, float, bool):
+        conv.register_structure_hook(kind, _strict(kind))
+    conv.register_structure_hook(str | bool, _strict_str_or_bool)
+    for cls in (PermissionOption, ConfigOption):
+        renames: dict[str, Any] = {
+            a.name: override(rename=a.metadata[_WIRE])
+            for a in attrs.fields(cls)
+            if _WIRE in a.metadata
+        }
+        conv.register_unstructure_hook(
+            cls, make_dict_unstructure_fn(cls, conv, _cattrs_omit_if_default=True, **renames)
+        )
+        conv.register_structure_hook(
+            cls, make_dict_structure_fn(cls, conv, _cattrs_forbid_extra_keys=True, **renames)
+        )
+    conv.register_structure_hook(Step, _structure_step)
+    conv.register_unstructure_hook(Step, _unstructure_step)
+    return conv
+
+
+def _strict_str_or_bool(value: Any, _: Any) -> str | bool:
+    if not isinstance(value, str | bool):
+        raise TypeError(f"expected a string or a boolean, got {type(value).__name__}")
+    return value
+
+
+_converter = _make_converter()

@@ -1,0 +1,84 @@
+"""Shared fixtures: every frame our ACP client sends is validated against the official schema."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from schema_check import FrameValidator
+
+import orchestrator.agent.client as client_module
+from orchestrator.jsonrpc.connection import JsonRpcConnection
+
+#: every validator created during the session, for the summary line
+VALIDATORS: list[FrameValidator] = []
+
+
+@pytest.fixture(autouse=True)
+def validate_client_frames(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Wrap every client-side JSON-RPC connection so each frame it sends is schema-checked.
+
+    The connection swallows exceptions from frame observers (a broken observer must not end a
+    connection), so violations are collected here and fail the test at teardown.
+    """
+    original = JsonRpcConnection
+    violations: list[str] = []
+
+    def factory(stream: Any, **kwargs: Any) -> JsonRpcConnection:
+        validator = FrameValidator()
+        VALIDATORS.append(validator)
+        chained: Callable[[str, bytes], None] | None = kwargs.pop("frame_observer", None)
+
+        def observe(direction: Any, frame: bytes) -> None:
+            try:
+                validator.feed(direction, frame)
+            except AssertionError as e:
+                violations.append(str(e))
+            if chained is not None:
+                chained(direction, frame)
+
+        return original(stream, frame_observer=observe, **kwargs)
+
+    monkeypatch.setattr(client_module, "JsonRpcConnection", factory)
+    yield
+    if violations:
+        pytest.fail("frames violating the ACP schema were sent:\n" + "\n".join(violations))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Say how many frames were validated against the schema."""
+    total = sum(v.validated for v in VALIDATORS)
+    terminalreporter.write_line(
+        f"schema: {total} client frames validated against the ACP v1 schema "
+        f"({len(VALIDATORS)} connections)"
+    )
+
+
+@pytest.fixture
+def scratch(tmp_path: Path) -> Path:
+    """A project directory for a session."""
+    root = tmp_path / "project"
+    root.mkdir()
+    return root
+
+
+def pid_gone(pid: int) -> bool:
+    """Whether a process is gone (a zombie nobody reaps counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    except ProcessLookupError:
+        return True
+    return state in ("Z", "X")
+
+
+os.environ.setdefault("PYTHONUNBUFFERED", "1")

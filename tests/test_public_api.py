@@ -1,0 +1,52 @@
+"""The public API is explicit and pinned: a change to it must change this test too."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import orchestrator
+
+EXPECTED = [
+    "AcpSession",
+    "AgentConnection",
+    "AgentSpec",
+    "ClientOptions",
+    "ClientServices",
+    "PermissionDecision",
+    "PermissionRecord",
+    "PromptRun",
+    "SessionContext",
+    "ToolCallState",
+    "TranscriptWriter",
+    "Turn",
+    "TurnResult",
+    "__version__",
+    "errors",
+    "open_agent",
+    "open_agent_on_stream",
+    "prompt",
+    "prompt_sync",
+    "resolve_agent",
+]
+
+
+def test_all_is_pinned() -> None:
+    """__all__ lists exactly the pinned names."""
+    assert sorted(orchestrator.__all__) == EXPECTED
+
+
+def test_every_name_resolves() -> None:
+    """Every exported name can be imported from the package."""
+    for name in orchestrator.__all__:
+        assert getattr(orchestrator, name) is not None
+
+
+def test_import_is_light() -> None:
+    """Importing the package does not import trio or the generated types (fast CLI start)."""
+    code = (
+        "import orchestrator, sys; "
+        "print('trio' in sys.modules, 'orchestrator.protocol.types' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]

@@ -1,0 +1,157 @@
+"""Tests of turn accumulation: text, thoughts, merged tool calls, plan, usage, unknown kinds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.agent.turn import TurnAccumulator
+from orchestrator.protocol import codec
+from orchestrator.protocol import types as t
+
+
+def update(raw: dict[str, Any]) -> t.SessionUpdate:
+    """An update structured from its wire form."""
+    result: t.SessionUpdate = codec.structure(raw, t.SessionUpdate)
+    return result
+
+
+def chunk(kind: str, text: str) -> t.SessionUpdate:
+    """A message or thought chunk."""
+    return update({"sessionUpdate": kind, "content": {"type": "text", "text": text}})
+
+
+def test_text_and_thoughts_are_joined_in_order() -> None:
+    """Message and thought chunks accumulate separately, in arrival order."""
+    acc = TurnAccumulator()
+    for u in [
+        chunk("agent_message_chunk", "Hel"),
+        chunk("agent_thought_chunk", "hmm"),
+        chunk("agent_message_chunk", "lo"),
+    ]:
+        acc.add(u)
+    result = acc.result("end_turn")
+    assert (result.text, result.thoughts, result.stop_reason) == ("Hello", "hmm", "end_turn")
+    assert len(result.updates) == 3
+
+
+def test_tool_call_patches_merge_into_the_call() -> None:
+    """A tool_call_update changes only the fields it carries."""
+    acc = TurnAccumulator()
+    acc.add(
+        update(
+            {
+                "sessionUpdate": "tool_call",
+                "toolCallId": "c1",
+                "title": "Edit a",
+                "kind": "edit",
+                "status": "pending",
+                "rawInput": {"path": "/a"},
+                "locations": [{"path": "/a"}],
+            }
+        )
+    )
+    acc.add(
+        update({"sessionUpdate": "tool_call_update", "toolCallId": "c1", "status": "in_progress"})
+    )
+    acc.add(
+        update(
+            {
+                "sessionUpdate": "tool_call_update",
+                "toolCallId": "c1",
+                "status": "completed",
+                "content": [
+                    {"type": "diff", "path": "/a", "oldText": "x", "newText": "y"},
+                    {"type": "terminal", "terminalId": "t1"},
+                ],
+                "rawOutput": {"ok": True},
+            }
+        )
+    )
+    call = acc.result("end_turn").tool_calls["c1"]
+    assert (call.title, call.kind, call.status, call.updates) == ("Edit a", "edit", "completed", 2)
+    assert call.raw_input == {"path": "/a"} and call.raw_output == {"ok": True}
+    assert [d.new_text for d in call.diffs()] == ["y"]
+    assert call.terminal_ids() == ["t1"]
+    assert call.to_json() == {
+        "toolCallId": "c1",
+        "title": "Edit a",
+        "kind": "edit",
+        "status": "completed",
+    }
+
+
+def test_update_before_the_call_creates_it() -> None:
+    """A patch for an unseen id still makes a tool call (agents do send these)."""
+    acc = TurnAccumulator()
+    acc.add(update({"sessionUpdate": "tool_call_update", "toolCallId": "late", "title": "T"}))
+    assert acc.result("end_turn").tool_calls["late"].title == "T"
+
+
+def test_latest_plan_usage_and_session_state_are_kept() -> None:
+    """Plan and usage keep the latest value; mode changes and session info keep every one."""
+    acc = TurnAccumulator()
+    acc.add(
+        update(
+            {
+                "sessionUpdate": "plan",
+                "entries": [{"content": "a", "priority": "high", "status": "pending"}],
+            }
+        )
+    )
+    acc.add(
+        update(
+            {
+                "sessionUpdate": "plan",
+                "entries": [
+                    {"content": "a", "priority": "high", "status": "completed"},
+                    {"content": "b", "priority": "low", "status": "pending"},
+                ],
+            }
+        )
+    )
+    acc.add(update({"sessionUpdate": "usage_update", "used": 10, "size": 100}))
+    acc.add(
+        update(
+            {
+                "sessionUpdate": "usage_update",
+                "used": 20,
+                "size": 100,
+                "cost": {"amount": 0.5, "currency": "USD"},
+            }
+        )
+    )
+    acc.add(update({"sessionUpdate": "current_mode_update", "currentModeId": "code"}))
+    acc.add(update({"sessionUpdate": "session_info_update", "title": "Renaming"}))
+    acc.add(
+        update(
+            {
+                "sessionUpdate": "available_commands_update",
+                "availableCommands": [{"name": "plan", "description": "make a plan"}],
+            }
+        )
+    )
+    result = acc.result("end_turn", t.Usage(total_tokens=30, input_tokens=20, output_tokens=10))
+    assert result.plan is not None and [e.status for e in result.plan] == ["completed", "pending"]
+    assert result.usage is not None and result.usage.used == 20
+    assert result.mode_changes == ["code"]
+    assert [i.title for i in result.session_info] == ["Renaming"]
+    assert result.available_commands is not None
+    assert result.usage_json() == {
+        "used": 20,
+        "size": 100,
+        "cost": {"amount": 0.5, "currency": "USD"},
+        "tokens": {"totalTokens": 30, "inputTokens": 20, "outputTokens": 10},
+    }
+
+
+def test_unknown_update_kinds_are_kept_whole() -> None:
+    """An update kind newer than the schema is kept, not fatal."""
+    acc = TurnAccumulator()
+    acc.add(update({"sessionUpdate": "hologram_update", "beam": 3}))
+    [unknown] = acc.result("end_turn").unknown_updates
+    assert unknown.raw == {"sessionUpdate": "hologram_update", "beam": 3}
+
+
+def test_usage_json_is_none_without_usage() -> None:
+    """No usage reported means no usage object."""
+    assert TurnAccumulator().result("end_turn").usage_json() is None
