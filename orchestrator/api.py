@@ -21,7 +21,7 @@ from attrs import frozen
 
 from .agent.client import ClientOptions, open_agent
 from .agent.elicitation import PolicyElicitationService
-from .agent.permissions import Escalate, PolicyPermissionService, policy_command_check
+from .agent.permissions import Escalate, PolicyPermissionService
 from .agent.services import ClientServices, PermissionRecord
 from .agent.terminals import open_terminal_service
 from .agent.transcript import TranscriptWriter
@@ -126,11 +126,13 @@ async def prompt(
     policy_set = load_policy(policy)
     writer = TranscriptWriter(transcript, agent=spec.name) if transcript else None
     started = time.monotonic()
-    async with open_terminal_service(command_check=policy_command_check(policy_set)) as terminals:
+    permission = PolicyPermissionService(policy_set, escalate=escalate)
+    # the terminal vets commands with the same service, so a command a human approved runs
+    async with open_terminal_service(command_check=permission.check_command) as terminals:
         if services is None:
             services = ClientServices(
                 terminal=terminals,
-                permission=PolicyPermissionService(policy_set, escalate=escalate),
+                permission=permission,
                 elicitation=PolicyElicitationService.from_policy(policy_set),
             )
         return await _prompt_with(

@@ -79,7 +79,6 @@ The TOML format (examples in ``examples/policies/``)::
 from __future__ import annotations
 
 import fnmatch
-import posixpath
 import re
 import shlex
 import tomllib
@@ -89,6 +88,8 @@ from typing import Any, Literal, get_args
 
 from attrs import field, frozen
 
+from orchestrator._paths import compile_glob, raw_paths, resolve
+from orchestrator._shell import CommandLine, command_of, parse_command, prefix_matches
 from orchestrator.errors import UsageError
 
 __all__ = [
@@ -125,20 +126,7 @@ PRESETS = ("read-only", "edit", "trusted", "deny-all")
 
 _READ_KINDS = ("read", "search", "think", "fetch")
 _EDIT_KINDS = ("edit", "delete", "move")
-# fmt: off
-_PATH_KEYS = frozenset((
-    "path", "file_path", "filePath", "filepath", "paths", "file_paths", "filePaths", "abs_path",
-    "absPath", "absolute_path", "absolutePath", "notebook_path", "target_file", "targetFile",
-    "file", "filename", "source", "destination", "old_path", "new_path", "oldPath", "newPath",
-    "move_path", "movePath", "dir_path", "dirPath", "directory", "cwd", "workdir",
-))
-# fmt: on
-_PATH_CONTAINERS = frozenset(("changes", "edits", "files", "operations"))
-_SHELLS = frozenset(("sh", "bash", "zsh", "dash", "ksh", "fish"))
-_BIN_DIRS = frozenset(("/bin", "/usr/bin", "/usr/local/bin", "/sbin", "/usr/sbin"))
 _HARMLESS_TARGETS = frozenset(("/dev/null", "/dev/stdout", "/dev/stderr"))
-_OPERATOR_CHARS = frozenset("();<>|&")
-_OPAQUE = ("\n", "\r", "`", "$(", "<(", ">(")
 
 
 # --------------------------------------------------------------------------- inputs
@@ -172,150 +160,12 @@ class PermissionQuery:
     raw_input: Any = None
 
 
-# --------------------------------------------------------------------------- globs
+# --------------------------------------------------------------------------- names
 
 
 def _named(name: str | None, globs: Sequence[str]) -> bool:
     """No globs match anything; otherwise ``name`` must match one (None matches none)."""
     return not globs or (name is not None and any(fnmatch.fnmatchcase(name, g) for g in globs))
-
-
-def compile_glob(pattern: str) -> re.Pattern[str]:
-    """A path glob as a regex to ``fullmatch`` against a ``/``-separated path (see module doc)."""
-    if pattern.endswith("/"):
-        pattern += "**"
-    if "/" not in pattern.lstrip("/"):
-        pattern = "**/" + pattern
-    parts = pattern.lstrip("/").split("/") if pattern.startswith("/") else pattern.split("/")
-    out = ["/"] if pattern.startswith("/") else []
-    for index, part in enumerate(parts):
-        last = index == len(parts) - 1
-        if part == "**":
-            out.append(".*" if last else "(?:.*/)?")
-        else:
-            out.append(_glob_segment(part) + ("" if last else "/"))
-    return re.compile("".join(out), re.DOTALL)
-
-
-def _glob_segment(part: str) -> str:
-    out: list[str] = []
-    i = 0
-    while i < len(part):
-        char = part[i]
-        close = part.find("]", i + 2) if char == "[" else -1
-        if char == "*":
-            out.append("[^/]*")
-        elif char == "?":
-            out.append("[^/]")
-        elif close > 0:
-            body = part[i + 1 : close].replace("\\", "\\\\")
-            out.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
-            i = close
-        else:
-            out.append(re.escape(char))
-        i += 1
-    return "".join(out)
-
-
-# --------------------------------------------------------------------------- commands
-
-
-@frozen
-class CommandLine:
-    """A command line as the policy understands it."""
-
-    #: the command line as text (the inner line of a ``sh -c`` wrapper)
-    line: str
-    #: the simple commands, as argv tuples, in order
-    segments: tuple[tuple[str, ...], ...]
-    #: the line hides commands the parser cannot see (newlines, backticks, ``$(``, bad quoting)
-    opaque: bool = False
-    #: redirection targets that are files
-    redirects: tuple[str, ...] = ()
-
-
-def parse_command(command: str | Sequence[str]) -> CommandLine:
-    """Parse a shell line, or an argv (unwrapping ``bash -lc LINE`` and the like)."""
-    if isinstance(command, str):
-        return _parse_shell(command)
-    argv = list(command)
-    if argv and posixpath.basename(argv[0]) in _SHELLS:
-        index, saw_c = 1, False
-        while index < len(argv) and argv[index].startswith("-") and argv[index] != "--":
-            saw_c = saw_c or ("c" in argv[index][1:] and not argv[index].startswith("--"))
-            index += 1
-        if saw_c and index < len(argv):
-            return _parse_shell(argv[index])
-    return CommandLine(shlex.join(argv), (tuple(argv),) if argv else ())
-
-
-def _parse_shell(line: str) -> CommandLine:
-    opaque = any(marker in line for marker in _OPAQUE)
-    lenient = line
-    for marker in _OPAQUE:  # let eager (reject/ask) rules still see what hides behind them
-        lenient = lenient.replace(marker, " ; ")
-    lexer = shlex.shlex(lenient, posix=True, punctuation_chars=True)
-    lexer.whitespace_split = True
-    lexer.commenters = ""
-    try:
-        tokens = list(lexer)
-    except ValueError:
-        opaque, tokens = True, lenient.split()
-    segments: list[tuple[str, ...]] = []
-    redirects: list[str] = []
-    current: list[str] = []
-    redirect: str | None = None
-    for token in tokens:
-        if redirect is not None:
-            if redirect != "<<<" and not token.isdigit() and token != "-":
-                redirects.append(token)
-            redirect = None
-        elif token and set(token) <= _OPERATOR_CHARS:
-            if "<" in token or ">" in token:
-                redirect = token
-                opaque = opaque or (token.startswith("<<") and token != "<<<")
-                continue
-            if current:
-                segments.append(tuple(current))
-            current = []
-        else:
-            current.append(token)
-    if current:
-        segments.append(tuple(current))
-    return CommandLine(line, tuple(segments), opaque, tuple(redirects))
-
-
-def _prefix_matches(prefix: tuple[str, ...], argv: tuple[str, ...]) -> bool:
-    if len(argv) < len(prefix):
-        return False
-    for index, (pattern, arg) in enumerate(zip(prefix, argv, strict=False)):
-        if index == 0 and "/" not in pattern and posixpath.dirname(arg) in _BIN_DIRS:
-            arg = posixpath.basename(arg)
-        if not fnmatch.fnmatchcase(arg, pattern):
-            return False
-    return True
-
-
-def _command_of(kind: str, raw: Any, title: str | None) -> str | list[str] | None:
-    keys: tuple[str, ...] = ("command", "cmd", "commandLine", "command_line")
-    if kind == "execute":
-        keys += ("argv", "args", "script")
-    if isinstance(raw, dict):
-        for key in keys:
-            value = raw.get(key)
-            if isinstance(value, str) and value.strip():
-                args = raw.get("args")
-                if key == "command" and isinstance(args, list) and args:
-                    return [value, *(str(arg) for arg in args)]
-                return value
-            if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
-                return list(value)
-    if kind == "execute":
-        if isinstance(raw, str) and raw.strip():
-            return raw
-        if title:
-            return title
-    return None
 
 
 # --------------------------------------------------------------------------- facts
@@ -341,52 +191,18 @@ class Facts:
         return tuple(p for p, rel in zip(self.paths, self.relative, strict=True) if rel is None)
 
 
-def _raw_paths(raw: Any, depth: int = 0) -> list[str]:
-    if depth > 3:
-        return []
-    if isinstance(raw, list):
-        return [p for item in raw for p in _raw_paths(item, depth + 1)]
-    if not isinstance(raw, dict):
-        return []
-    found: list[str] = []
-    for key, value in raw.items():
-        if key in _PATH_KEYS:
-            if isinstance(value, str):
-                found.append(value)
-            elif isinstance(value, list):
-                found += [v for v in value if isinstance(v, str)]
-        elif key in _PATH_CONTAINERS:
-            if isinstance(value, dict):  # Codex: {"changes": {"/abs/path": {...}}}
-                found += [k for k in value if isinstance(k, str)]
-            found += _raw_paths(value if isinstance(value, list) else [value], depth + 1)
-    return found
-
-
-def _resolve(path: str, root: str) -> tuple[str, str | None]:
-    if path.startswith("file://"):
-        path = path[len("file://") :]
-    root = posixpath.normpath(root)
-    if path.startswith("~") or "$" in path:  # the shell would expand these elsewhere
-        return path, None
-    absolute = posixpath.normpath(posixpath.join(root, path))
-    if absolute == root:
-        return absolute, "."
-    prefix = root.rstrip("/") + "/"
-    return absolute, absolute[len(prefix) :] if absolute.startswith(prefix) else None
-
-
 def analyze(query: PermissionQuery) -> Facts:
     """Extract the kind, title, paths and command line of a request."""
     kind = query.kind or "other"
-    raw = _command_of(kind, query.raw_input, query.title)
+    raw = command_of(kind, query.raw_input, query.title)
     command = parse_command(raw) if raw is not None else None
-    candidates = [*query.locations, *_raw_paths(query.raw_input)]
+    candidates = [*query.locations, *raw_paths(query.raw_input)]
     if command is not None:
         candidates += [p for p in command.redirects if p not in _HARMLESS_TARGETS]
     paths: dict[str, str | None] = {}
     for candidate in candidates:
         if candidate:
-            absolute, relative = _resolve(candidate, query.root)
+            absolute, relative = resolve(candidate, query.root)
             paths.setdefault(absolute, relative)
     return Facts(
         kind=kind,
@@ -510,7 +326,7 @@ class Rule:
             return False
 
         def segment_ok(argv: tuple[str, ...]) -> bool:
-            if self.command and not any(_prefix_matches(p, argv) for p in self.command):
+            if self.command and not any(prefix_matches(p, argv) for p in self.command):
                 return False
             return (
                 self._command_re is None or self._command_re.fullmatch(shlex.join(argv)) is not None

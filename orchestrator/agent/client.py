@@ -645,7 +645,17 @@ class AgentConnection:
                 decision = await session.services.permission.request_permission(request, ctx)
             finally:
                 session._pending_permissions.discard(scope)
+        service_record = None
         if scope.cancelled_caught:
+            # the service's own record of the cancellation (with the paths and command it
+            # saw) is the audit record; a service that keeps none gets a minimal one
+            cancelled_record = getattr(session.services.permission, "cancelled_record", None)
+            if cancelled_record is not None:
+                service_record = cancelled_record(request, ctx)
+        if scope.cancelled_caught and service_record is not None:
+            record = service_record
+            outcome: t.RequestPermissionOutcome = t.CancelledRequestPermissionOutcome()
+        elif scope.cancelled_caught:
             call = request.tool_call
             record = PermissionRecord(
                 time=time.time(),
@@ -659,7 +669,7 @@ class AgentConnection:
                 option_id=None,
                 rule="cancelled",
             )
-            outcome: t.RequestPermissionOutcome = t.CancelledRequestPermissionOutcome()
+            outcome = t.CancelledRequestPermissionOutcome()
         else:
             record, outcome = decision.record, decision.outcome
             if record.verdict == "reject" and isinstance(outcome, t.SelectedPermissionOutcome):

@@ -158,6 +158,20 @@ class PolicyPermissionService:
         )
         return PermissionDecision(outcome, record)
 
+    def cancelled_record(
+        self, request: t.RequestPermissionRequest, ctx: SessionContext
+    ) -> PermissionRecord | None:
+        """The record this service made when ``request`` was cancelled while pending."""
+        tool_call_id = request.tool_call.tool_call_id
+        for record in reversed(self.records):
+            if (
+                record.verdict == "cancelled"
+                and record.session_id == ctx.session_id
+                and record.tool_call_id == tool_call_id
+            ):
+                return record
+        return None
+
     def forget_session(self, session_id: str) -> None:
         """Drop what was remembered for a session (call when it ends)."""
         self._memory.pop(session_id, None)

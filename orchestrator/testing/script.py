@@ -1,6 +1,6 @@
 """The script of a scripted ACP agent: what it advertises and what it does on each prompt.
 
-A script is plain data. Build it in Python with the frozen classes below, or write it as
+A script is plain data. Build it in Python with this module's frozen classes, or write it as
 JSON (``AgentScript.to_json()`` / ``AgentScript.from_json()``; the subprocess agent reads
 a JSON file). Field names are the Python names (snake_case); objects that ACP itself
 defines are written in their ACP wire form (``optionId``, ``currentValue``, ...). Fields
@@ -108,16 +108,32 @@ can also test how a client refuses what it did not advertise.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Literal, Self, TypeAlias, get_args
+from typing import Any, ClassVar, Literal, TypeAlias, get_args
 
 import attrs
-import cattrs
 from attrs import field, frozen
-from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
-from cattrs.v import format_exception
 
-from orchestrator.errors import UsageError
+from orchestrator.testing._script_json import JsonMixin, JsonObject, converter
+from orchestrator.testing._script_pieces import (
+    ALLOW_REJECT,
+    AuthMethod,
+    Capabilities,
+    ConfigOption,
+    ConfigValue,
+    ErrorReply,
+    ExitAtStart,
+    Location,
+    Mode,
+    PermissionOption,
+    PermissionToolCall,
+    PlanEntry,
+    Replace,
+    ToolKind,
+    ToolStatus,
+    diff_content,
+    terminal_content,
+    text_content,
+)
 
 __all__ = [
     "ALLOW_REJECT",
@@ -164,194 +180,17 @@ __all__ = [
     "text_content",
 ]
 
-JsonObject: TypeAlias = dict[str, Any]
 StopReason = Literal["end_turn", "max_tokens", "max_turn_requests", "refusal", "cancelled"]
-ToolKind = Literal[
-    "read", "edit", "delete", "move", "search", "execute", "think", "fetch", "switch_mode", "other"
-]
-ToolStatus = Literal["pending", "in_progress", "completed", "failed"]
-OptionKind = Literal["allow_once", "allow_always", "reject_once", "reject_always"]
-
-_WIRE = "wire"  # attrs metadata key: the field's JSON name when it differs
 
 
-class _Json:
-    """Mixin: ``to_json()`` / ``from_json()`` through the module's converter."""
+class _StepJson(JsonMixin):
+    """A step's JSON form carries its ``op``: steps go through the ``Step`` union's hooks."""
 
     __slots__ = ()
 
-    def to_json(self) -> JsonObject:
-        """The JSON form (fields at their default are left out)."""
-        data: JsonObject = _converter.unstructure(self, _unstructure_as(type(self)))
-        return data
-
     @classmethod
-    def from_json(cls, data: Any) -> Self:
-        """Parse the JSON form; raises :class:`UsageError` naming every bad field."""
-        if not isinstance(data, dict):
-            raise UsageError(f"invalid agent script: {cls.__name__} must be a JSON object")
-        try:
-            result: Self = _converter.structure(data, _unstructure_as(cls))
-            return result
-        except (cattrs.BaseValidationError, ValueError, TypeError, KeyError) as exc:
-            problems = (
-                cattrs.transform_error(exc, path=cls.__name__, format_exception=_format_error)
-                if isinstance(exc, cattrs.BaseValidationError)
-                else [f"{exc} @ {cls.__name__}"]
-            )
-            raise UsageError("invalid agent script: " + "; ".join(problems)) from exc
-
-
-# --------------------------------------------------------------------------- ACP-shaped pieces
-
-
-@frozen
-class Location(_Json):
-    """A path (and 1-based line) a tool call touches."""
-
-    path: str
-    line: int | None = None
-
-
-@frozen
-class PlanEntry(_Json):
-    """One entry of a ``plan`` update."""
-
-    content: str
-    priority: Literal["high", "medium", "low"] = "medium"
-    status: Literal["pending", "in_progress", "completed"] = "pending"
-
-
-@frozen
-class PermissionOption(_Json):
-    """One option offered by ``session/request_permission`` (JSON: ``optionId``)."""
-
-    option_id: str = field(metadata={_WIRE: "optionId"})
-    name: str
-    kind: OptionKind
-
-
-ALLOW_REJECT: tuple[PermissionOption, ...] = (
-    PermissionOption("allow", "allow", "allow_once"),
-    PermissionOption("reject", "reject", "reject_once"),
-)
-"""The default permission options: ``allow`` (allow_once) and ``reject`` (reject_once)."""
-
-
-@frozen
-class AuthMethod(_Json):
-    """An entry of ``authMethods``."""
-
-    id: str
-    name: str
-    description: str | None = None
-
-
-@frozen
-class Mode(_Json):
-    """A session mode returned by ``session/new``."""
-
-    id: str
-    name: str
-    description: str | None = None
-
-
-@frozen
-class ConfigValue(_Json):
-    """A value of a ``select`` config option."""
-
-    value: str
-    name: str
-    description: str | None = None
-
-
-@frozen
-class ConfigOption(_Json):
-    """A session config option (JSON: its ACP wire form, ``currentValue`` ...)."""
-
-    id: str
-    name: str
-    current_value: str | bool = field(metadata={_WIRE: "currentValue"})
-    type: Literal["select", "boolean"] = "select"
-    options: tuple[ConfigValue, ...] = ()
-    category: str | None = None
-    description: str | None = None
-
-
-@frozen
-class Capabilities(_Json):
-    """What the agent advertises in ``agentCapabilities`` (all off by default)."""
-
-    load_session: bool = False
-    image: bool = False
-    audio: bool = False
-    embedded_context: bool = False
-    mcp_http: bool = False
-    mcp_sse: bool = False
-    session_list: bool = False
-    session_resume: bool = False
-    session_close: bool = False
-    session_delete: bool = False
-    logout: bool = False
-
-
-@frozen
-class ErrorReply(_Json):
-    """A JSON-RPC error object the agent answers with."""
-
-    code: int
-    message: str
-    data: Any = None
-
-
-@frozen
-class ExitAtStart(_Json):
-    """Exit before answering ``initialize``."""
-
-    exit_code: int = 1
-    stderr: str = ""
-    wait_for_initialize: bool = True
-
-
-@frozen
-class PermissionToolCall(_Json):
-    """The tool call a permission request is about."""
-
-    id: str
-    title: str | None = None
-    kind: ToolKind | None = None
-    status: ToolStatus | None = None
-    locations: tuple[Location, ...] = ()
-    raw_input: Any = None
-    content: tuple[JsonObject, ...] = ()
-
-
-@frozen
-class Replace(_Json):
-    """Transform read content: replace ``old`` by ``new`` (``count`` -1: every one)."""
-
-    old: str
-    new: str
-    count: int = -1
-
-    def apply(self, text: str) -> str:
-        """The transformed text."""
-        return text.replace(self.old, self.new, self.count)
-
-
-def text_content(text: str) -> JsonObject:
-    """A ToolCallContent holding a text block."""
-    return {"type": "content", "content": {"type": "text", "text": text}}
-
-
-def diff_content(path: str, new_text: str, old_text: str | None = None) -> JsonObject:
-    """A ToolCallContent diff (``old_text`` None: a new file)."""
-    return {"type": "diff", "path": path, "oldText": old_text, "newText": new_text}
-
-
-def terminal_content(terminal_id: str) -> JsonObject:
-    """A ToolCallContent embedding a terminal."""
-    return {"type": "terminal", "terminalId": terminal_id}
+    def _json_type(cls) -> Any:
+        return Step
 
 
 # --------------------------------------------------------------------------- steps
@@ -361,7 +200,7 @@ _ge0_float = attrs.validators.ge(0.0)
 
 
 @frozen
-class Say(_Json):
+class Say(_StepJson):
     """``agent_message_chunk`` updates carrying ``text`` in ``chunks`` pieces."""
 
     op: ClassVar[str] = "say"
@@ -370,7 +209,7 @@ class Say(_Json):
 
 
 @frozen
-class Think(_Json):
+class Think(_StepJson):
     """``agent_thought_chunk`` updates carrying ``text`` in ``chunks`` pieces."""
 
     op: ClassVar[str] = "think"
@@ -379,7 +218,7 @@ class Think(_Json):
 
 
 @frozen
-class UserMessage(_Json):
+class UserMessage(_StepJson):
     """A ``user_message_chunk`` update (history replay)."""
 
     op: ClassVar[str] = "user"
@@ -387,7 +226,7 @@ class UserMessage(_Json):
 
 
 @frozen
-class Plan(_Json):
+class Plan(_StepJson):
     """A ``plan`` update."""
 
     op: ClassVar[str] = "plan"
@@ -395,7 +234,7 @@ class Plan(_Json):
 
 
 @frozen
-class ToolCall(_Json):
+class ToolCall(_StepJson):
     """A ``tool_call`` update."""
 
     op: ClassVar[str] = "tool_call"
@@ -409,7 +248,7 @@ class ToolCall(_Json):
 
 
 @frozen
-class ToolUpdate(_Json):
+class ToolUpdate(_StepJson):
     """A ``tool_call_update`` patch; fields left None are not sent."""
 
     op: ClassVar[str] = "tool_update"
@@ -423,7 +262,7 @@ class ToolUpdate(_Json):
 
 
 @frozen
-class Usage(_Json):
+class Usage(_StepJson):
     """A ``usage_update``."""
 
     op: ClassVar[str] = "usage"
@@ -434,7 +273,7 @@ class Usage(_Json):
 
 
 @frozen
-class Update(_Json):
+class Update(_StepJson):
     """Any raw ``sessionUpdate`` object, sent as is."""
 
     op: ClassVar[str] = "update"
@@ -442,7 +281,7 @@ class Update(_Json):
 
 
 @frozen
-class AskPermission(_Json):
+class AskPermission(_StepJson):
     """``session/request_permission``; see the module docs for ``on_reject``."""
 
     op: ClassVar[str] = "ask_permission"
@@ -452,7 +291,7 @@ class AskPermission(_Json):
 
 
 @frozen
-class ReadFile(_Json):
+class ReadFile(_StepJson):
     """``fs/read_text_file``, optionally followed by a transformed ``fs/write_text_file``."""
 
     op: ClassVar[str] = "read_file"
@@ -463,7 +302,7 @@ class ReadFile(_Json):
 
 
 @frozen
-class WriteFile(_Json):
+class WriteFile(_StepJson):
     """``fs/write_text_file``."""
 
     op: ClassVar[str] = "write_file"
@@ -472,7 +311,7 @@ class WriteFile(_Json):
 
 
 @frozen
-class WriteDisk(_Json):
+class WriteDisk(_StepJson):
     """Write a file directly under the session cwd, behind the client's back."""
 
     op: ClassVar[str] = "write_disk"
@@ -481,7 +320,7 @@ class WriteDisk(_Json):
 
 
 @frozen
-class DeleteDisk(_Json):
+class DeleteDisk(_StepJson):
     """Delete a file directly under the session cwd."""
 
     op: ClassVar[str] = "delete_disk"
@@ -489,7 +328,7 @@ class DeleteDisk(_Json):
 
 
 @frozen
-class Terminal(_Json):
+class Terminal(_StepJson):
     """Run a command through the client's ``terminal/*`` methods."""
 
     op: ClassVar[str] = "terminal"
@@ -503,7 +342,7 @@ class Terminal(_Json):
 
 
 @frozen
-class Request(_Json):
+class Request(_StepJson):
     """Any agent->client request; the answer is recorded and the turn goes on."""
 
     op: ClassVar[str] = "request"
@@ -512,7 +351,7 @@ class Request(_Json):
 
 
 @frozen
-class Notify(_Json):
+class Notify(_StepJson):
     """Any agent->client notification."""
 
     op: ClassVar[str] = "notify"
@@ -521,7 +360,7 @@ class Notify(_Json):
 
 
 @frozen
-class HugeLine(_Json):
+class HugeLine(_StepJson):
     """One ``agent_message_chunk`` line of exactly ``size_bytes`` bytes (newline included)."""
 
     op: ClassVar[str] = "huge_line"
@@ -529,7 +368,7 @@ class HugeLine(_Json):
 
 
 @frozen
-class Raw(_Json):
+class Raw(_StepJson):
     """Text written verbatim to the client (a malformed line, say)."""
 
     op: ClassVar[str] = "raw"
@@ -537,7 +376,7 @@ class Raw(_Json):
 
 
 @frozen
-class Sleep(_Json):
+class Sleep(_StepJson):
     """Wait (a cancel ends the wait)."""
 
     op: ClassVar[str] = "sleep"
@@ -545,14 +384,14 @@ class Sleep(_Json):
 
 
 @frozen
-class Stall(_Json):
+class Stall(_StepJson):
     """Never finish this turn."""
 
     op: ClassVar[str] = "stall"
 
 
 @frozen
-class Crash(_Json):
+class Crash(_StepJson):
     """Exit at once mid-turn (in memory: close the stream)."""
 
     op: ClassVar[str] = "crash"
@@ -561,7 +400,7 @@ class Crash(_Json):
 
 
 @frozen
-class Flood(_Json):
+class Flood(_StepJson):
     """``count`` identical ``agent_message_chunk`` lines, as fast as possible."""
 
     op: ClassVar[str] = "flood"
@@ -600,7 +439,7 @@ _STEP_CLASSES: dict[str, type[Any]] = {cls.op: cls for cls in get_args(Step)}
 
 
 @frozen
-class Turn(_Json):
+class Turn(JsonMixin):
     """What the agent does for one ``session/prompt``."""
 
     steps: tuple[Step, ...] = ()
@@ -613,14 +452,15 @@ class Turn(_Json):
 
 
 @frozen
-class AgentScript(_Json):
+class AgentScript(JsonMixin):
     """Everything a scripted agent advertises and does; see the module docs."""
 
     name: str = "scripted-agent"
     title: str | None = "Scripted Agent"
     version: str = "0.1.0"
     protocol_version: int = 1
-    capabilities: Capabilities = Capabilities()
+    # A frozen value, safe to share (ruff cannot see that through the import).
+    capabilities: Capabilities = Capabilities()  # noqa: RUF009
     auth_methods: tuple[AuthMethod, ...] = ()
     require_auth: bool = False
     modes: tuple[Mode, ...] = ()
@@ -638,32 +478,6 @@ class AgentScript(_Json):
 # --------------------------------------------------------------------------- converter
 
 
-def _unstructure_as(cls: type[Any]) -> Any:
-    return Step if cls in _STEP_CLASSES.values() else cls
-
-
-def _format_error(exc: BaseException, type_: Any) -> str:
-    # Our hooks, attrs validators and Literal checks say exactly what is wrong: keep their words.
-    plain = isinstance(exc, TypeError | ValueError) or type(exc) is cattrs.errors.CattrsError
-    if plain and exc.args and isinstance(exc.args[0], str):
-        return exc.args[0]
-    return format_exception(exc, type_)
-
-
-def _strict(kind: type[Any]) -> Callable[[Any, Any], Any]:
-    # cattrs would coerce ("5" -> 5, "false" -> True); a script with a wrong type is a bug.
-    def check(value: Any, _: Any) -> Any:
-        if isinstance(value, bool) and kind is not bool:
-            raise TypeError(f"expected {kind.__name__}, got a boolean")
-        if kind is float and isinstance(value, int):
-            return float(value)
-        if not isinstance(value, kind):
-            raise TypeError(f"expected {kind.__name__}, got {type(value).__name__}")
-        return value
-
-    return check
-
-
 def _structure_step(value: Any, _: Any) -> Any:
     if not isinstance(value, dict):
         raise TypeError(f"a step must be an object, got {type(value).__name__}")
@@ -672,43 +486,12 @@ def _structure_step(value: Any, _: Any) -> Any:
     if cls is None:
         raise ValueError(f"unknown step op {op!r}; known: {', '.join(sorted(_STEP_CLASSES))}")
     rest = {k: v for k, v in value.items() if k != "op"}
-    return _converter.structure(rest, cls)
+    return converter.structure(rest, cls)
 
 
 def _unstructure_step(step: Any) -> JsonObject:
-    return {"op": step.op, **_converter.unstructure(step, type(step))}
+    return {"op": step.op, **converter.unstructure(step, type(step))}
 
 
-def _make_converter() -> cattrs.Converter:
-    conv = cattrs.Converter(
-        forbid_extra_keys=True,
-        omit_if_default=True,
-        unstruct_collection_overrides={Sequence: list},
-    )
-    for kind in (str, int, float, bool):
-        conv.register_structure_hook(kind, _strict(kind))
-    conv.register_structure_hook(str | bool, _strict_str_or_bool)
-    for cls in (PermissionOption, ConfigOption):
-        renames: dict[str, Any] = {
-            a.name: override(rename=a.metadata[_WIRE])
-            for a in attrs.fields(cls)
-            if _WIRE in a.metadata
-        }
-        conv.register_unstructure_hook(
-            cls, make_dict_unstructure_fn(cls, conv, _cattrs_omit_if_default=True, **renames)
-        )
-        conv.register_structure_hook(
-            cls, make_dict_structure_fn(cls, conv, _cattrs_forbid_extra_keys=True, **renames)
-        )
-    conv.register_structure_hook(Step, _structure_step)
-    conv.register_unstructure_hook(Step, _unstructure_step)
-    return conv
-
-
-def _strict_str_or_bool(value: Any, _: Any) -> str | bool:
-    if not isinstance(value, str | bool):
-        raise TypeError(f"expected a string or a boolean, got {type(value).__name__}")
-    return value
-
-
-_converter = _make_converter()
+converter.register_structure_hook(Step, _structure_step)
+converter.register_unstructure_hook(Step, _unstructure_step)
