@@ -1,67 +1,78 @@
 """The offline demo behind ``./dev demo``: the built-in demo agent at work on a sample project.
 
-It copies ``examples/sample-project`` to a temporary directory (the original is never touched),
-runs ``orchestrator prompt`` there with the demo agent and the ``trusted`` policy, and prints
-what changed as a unified diff. No API key, no network.
+The demo agent (rule-based, no model, no network) gets a task on ``examples/sample-project``. It
+works in its own branch of the project (a copy under the state directory): it edits files
+through the client's ``fs/*``, writes a new one to disk itself and runs the project's check in a
+terminal; every permission request is decided by the ``trusted`` policy and audited. The
+project itself is not touched: the changes come back as a diff (pass ``--apply`` to write them).
 
-Run it yourself: ``python examples/demo.py [--keep]``.
+Run it yourself: ``python examples/demo.py [--apply] [--project DIR]``.
 """
 
 from __future__ import annotations
 
 import argparse
-import difflib
-import shutil
+import hashlib
 import sys
-import tempfile
 from pathlib import Path
 
-from orchestrator.cli import main as orchestrator
+from orchestrator import prompt_sync
+from orchestrator.agent.turn import content_text
+from orchestrator.protocol import types as t
 
 SAMPLE = Path(__file__).resolve().parent / "sample-project"
 TASK = """\
 rename calc_total to compute_total in shop/*.py
 replace "colour" with "color" in *.md
-append "- renamed calc_total to compute_total" to CHANGES.md
+create docs/pricing.md with "# Pricing\\n\\nTotals include 20% VAT (compute_total).\\n"
 run python check.py
 """
 
 
-def changed_files(before: Path, after: Path) -> str:
-    """A unified diff of every text file that differs between two trees."""
-    out: list[str] = []
-    names = {p.relative_to(before) for p in before.rglob("*") if p.is_file()}
-    names |= {p.relative_to(after) for p in after.rglob("*") if p.is_file()}
-    for name in sorted(names):
-        if "__pycache__" in name.parts:
-            continue
-        a, b = before / name, after / name
-        old = a.read_text().splitlines(keepends=True) if a.exists() else []
-        new = b.read_text().splitlines(keepends=True) if b.exists() else []
-        out += difflib.unified_diff(old, new, f"a/{name}", f"b/{name}")
-    return "".join(out)
+def tree_digest(root: Path) -> str:
+    """A digest of every file under ``root`` (to show the project was not touched)."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
+def show(update: t.SessionUpdate) -> None:
+    """Stream the agent's reply and its tool calls as they arrive."""
+    if isinstance(update, t.AgentMessageChunk):
+        print(content_text(update.content), end="", flush=True)
+    elif isinstance(update, t.ToolCall):
+        print(f"  [tool] {update.kind}: {update.title}", flush=True)
 
 
 def main() -> int:
-    """Run the demo; returns the CLI's exit code."""
+    """Run the demo; 0 when the agent finished its turn."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--keep", action="store_true", help="keep the temporary project")
+    parser.add_argument("--project", type=Path, default=SAMPLE, help="the project to work on")
+    parser.add_argument("--apply", action="store_true", help="write the changes to the project")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="orchestrator-demo-"))
-    project = work / "sample-project"
-    shutil.copytree(SAMPLE, project)
-    print(f"== task for the demo agent, in a copy at {project}\n{TASK}", flush=True)
-    print("== the agent's reply (tool calls on stderr)", flush=True)
-    code = orchestrator(
-        ["prompt", "--agent", "demo", "--policy", "trusted", "--cwd", str(project), TASK]
+    before = tree_digest(args.project)
+    print(f"== task for the demo agent on {args.project}\n{TASK}")
+    run = prompt_sync(
+        "demo", TASK, cwd=args.project, policy="trusted", apply=args.apply, on_update=show
     )
-    print("\n== what changed", flush=True)
-    print(changed_files(SAMPLE, project) or "(nothing)")
-    if args.keep:
-        print(f"(kept in {project})")
+    print(f"\n== stop reason: {run.turn.stop_reason}")
+    print("== permission decisions (audit trail)")
+    for record in run.permissions:
+        print(f"  {record.verdict:<9} {record.option_id or '-':<8} {record.rule}: {record.title}")
+    print("== files changed in the agent's branch")
+    for path, change in run.changes:
+        print(f"  {change:<9} {path}")
+    print("== diff\n" + run.diff)
+    if run.applied:
+        print(f"applied to {args.project}")
     else:
-        shutil.rmtree(work)
-    return code
+        untouched = tree_digest(args.project) == before
+        print(
+            f"the project is {'untouched' if untouched else 'CHANGED (unexpected!)'}; "
+            f"the patch is in {run.run_dir}/changes.patch (--apply writes it)"
+        )
+    return 0 if run.turn.stop_reason == "end_turn" else 1
 
 
 if __name__ == "__main__":

@@ -14,8 +14,9 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import attrs
 import trio
 from attrs import frozen
 
@@ -30,6 +31,20 @@ from .agents import AgentSpec, resolve_agent
 from .errors import UsageError
 from .policy import PolicySet
 from .protocol import types as t
+from .state import state_directory
+from .vfs import (
+    Branch,
+    BranchFileSystem,
+    Change,
+    Delete,
+    Workspace,
+    apply_changes_async,
+    git_patch,
+    materialize_async,
+    unified_diff,
+)
+
+ChangeKind = Literal["added", "modified", "deleted"]
 
 __all__ = ["PromptRun", "load_policy", "prompt", "prompt_sync"]
 
@@ -50,6 +65,16 @@ class PromptRun:
     turn: TurnResult
     #: wall-clock seconds from start to the end of the turn
     wall_seconds: float
+    #: the files the agent changed in its branch: (path relative to the workspace, change)
+    changes: tuple[tuple[str, ChangeKind], ...] = ()
+    #: the unified diff of those changes
+    diff: str = ""
+    #: whether the changes were written to the workspace (``apply=True`` and no conflict)
+    applied: bool = False
+    #: files the apply refused because they changed in the workspace during the run
+    apply_conflicts: tuple[str, ...] = ()
+    #: the run's directory in the state directory (it keeps ``changes.patch``)
+    run_dir: str = ""
 
     @property
     def permissions(self) -> list[PermissionRecord]:
@@ -82,6 +107,11 @@ class PromptRun:
                 for p in self.turn.permissions
             ],
             "usage": self.turn.usage_json(),
+            "changes": [{"path": path, "change": change} for path, change in self.changes],
+            "diff": self.diff,
+            "applied": self.applied,
+            "applyConflicts": list(self.apply_conflicts),
+            "patch": os.path.join(self.run_dir, "changes.patch") if self.changes else None,
             "wallSeconds": round(self.wall_seconds, 3),
         }
 
@@ -111,68 +141,115 @@ async def prompt(
     timeout: float | None = None,
     idle_timeout: float | None = None,
     on_update: Callable[[t.SessionUpdate], None] | None = None,
+    apply: bool = False,
+    state_dir: str | os.PathLike[str] | None = None,
 ) -> PromptRun:
-    """Start ``agent``, open a session in ``cwd``, run one turn with ``text``, shut it down.
+    """Start ``agent`` on a branch of ``cwd``, run one turn with ``text``, shut it down.
+
+    The agent works in its own copy of the workspace (a VFS branch materialized under the state
+    directory): what it writes through ``fs/*``, on disk itself or with terminal commands is
+    harvested into the branch; the workspace is written only when ``apply`` is true, all or
+    nothing, and only if the touched files did not change meanwhile. The changes are also kept
+    as a git-applicable ``changes.patch`` in the run directory.
 
     Permission requests are answered by ``policy`` (a preset name, a TOML file or a
     :class:`PolicySet`; default: reject everything), with ``escalate`` called for ``ask``
-    verdicts. The agent gets real terminals whose commands the same policy vets. Passing
-    ``services`` replaces all of that.
+    verdicts. The agent gets real terminals (in its branch directory) whose commands the same
+    policy vets. Passing ``services`` replaces the permission, terminal and elicitation services
+    (the fs service of the branch is always installed).
     """
     spec = resolve_agent(agent) if isinstance(agent, str) else agent
     root = Path(cwd).absolute()
     if not root.is_dir():
         raise UsageError(f"--cwd {root} is not a directory")
     policy_set = load_policy(policy)
+    state = state_directory(state_dir)
+    run_id = uuid.uuid4().hex[:12]
+    run_dir = state / "runs" / run_id
     writer = TranscriptWriter(transcript, agent=spec.name) if transcript else None
     started = time.monotonic()
+    snapshot = await trio.to_thread.run_sync(Workspace.open(root).snapshot)
+    branch = Branch.from_tree(snapshot, spec.name)
+    workdir = await materialize_async(branch, run_dir / "branches" / _safe_name(spec.name))
+    fs = BranchFileSystem(workdir)
     permission = PolicyPermissionService(policy_set, escalate=escalate)
-    # the terminal vets commands with the same service, so a command a human approved runs
-    async with open_terminal_service(command_check=permission.check_command) as terminals:
-        if services is None:
-            services = ClientServices(
+    try:
+        # the terminal vets commands with the same service, so a command a human approved
+        # runs; after each command, what it changed on disk is harvested into the branch
+        async with open_terminal_service(
+            command_check=permission.check_command, on_exit=fs.on_terminal_exit
+        ) as terminals:
+            base = services or ClientServices(
                 terminal=terminals,
                 permission=permission,
                 elicitation=PolicyElicitationService.from_policy(policy_set),
             )
-        return await _prompt_with(
-            spec, text, root, services, options, writer, timeout, idle_timeout, on_update, started
+            installed = ClientServices(
+                fs=fs,
+                terminal=base.terminal,
+                permission=base.permission,
+                elicitation=base.elicitation,
+            )
+            async with open_agent(
+                list(spec.command),
+                name=spec.name,
+                cwd=workdir.root,
+                env=dict(spec.env) or None,
+                services=installed,
+                options=options,
+                transcript=writer,
+            ) as conn:
+                session = await conn.new_session(workdir.root)
+                result = await session.prompt(
+                    text, timeout=timeout, idle_timeout=idle_timeout, on_update=on_update
+                )
+                info = conn.agent_info
+        await fs.harvest(full=True)
+        return await _finish(
+            PromptRun(
+                run_id=run_id,
+                agent=spec,
+                agent_info=info,
+                session_id=session.session_id,
+                turn=result,
+                wall_seconds=time.monotonic() - started,
+                run_dir=str(run_dir),
+            ),
+            branch,
+            state,
+            apply,
         )
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(workdir.remove)
 
 
-async def _prompt_with(
-    spec: AgentSpec,
-    text: str,
-    root: Path,
-    services: ClientServices,
-    options: ClientOptions | None,
-    writer: TranscriptWriter | None,
-    timeout: float | None,
-    idle_timeout: float | None,
-    on_update: Callable[[t.SessionUpdate], None] | None,
-    started: float,
-) -> PromptRun:
-    async with open_agent(
-        list(spec.command),
-        name=spec.name,
-        cwd=root,
-        env=dict(spec.env) or None,
-        services=services,
-        options=options,
-        transcript=writer,
-    ) as conn:
-        session = await conn.new_session(root)
-        result = await session.prompt(
-            text, timeout=timeout, idle_timeout=idle_timeout, on_update=on_update
-        )
-        return PromptRun(
-            run_id=uuid.uuid4().hex[:12],
-            agent=spec,
-            agent_info=conn.agent_info,
-            session_id=session.session_id,
-            turn=result,
-            wall_seconds=time.monotonic() - started,
-        )
+async def _finish(run: PromptRun, branch: Branch, state: Path, apply: bool) -> PromptRun:
+    """Record the branch's changes on the run; apply them when asked."""
+    changes = branch.changes
+    if not changes:
+        return run
+    kinds = tuple((path, _change_kind(branch, path, changes[path])) for path in changes)
+    diff = unified_diff(branch)
+    patch = git_patch(branch)
+    await trio.to_thread.run_sync(Path(run.run_dir, "changes.patch").write_bytes, patch)
+    applied: bool = False
+    refused: tuple[str, ...] = ()
+    if apply:
+        outcome = await apply_changes_async(branch, state_dir=state)
+        applied = outcome.applied
+        refused = tuple(c.path for c in outcome.conflicts)
+    return attrs.evolve(run, changes=kinds, diff=diff, applied=applied, apply_conflicts=refused)
+
+
+def _change_kind(branch: Branch, path: str, change: Change) -> ChangeKind:
+    if isinstance(change, Delete):
+        return "deleted"
+    return "modified" if branch.root.exists(path) else "added"
+
+
+def _safe_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "agent"
 
 
 def prompt_sync(agent: str | AgentSpec, text: str, **kwargs: Any) -> PromptRun:

@@ -60,6 +60,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="permission policy: read-only, edit, trusted, deny-all, or a TOML file "
         "(default: reject every request)",
     )
+    p.add_argument(
+        "--apply",
+        action="store_true",
+        help="write the agent's changes to --cwd (all or nothing); without it nothing is touched",
+    )
+    p.add_argument(
+        "--state-dir",
+        help="where runs and branches live (default: $ORCHESTRATOR_STATE_DIR or "
+        "~/.local/state/acp-orchestrator)",
+    )
     p.add_argument("--transcript", help="write every wire frame to this ND-JSON file")
     p.add_argument("--json", action="store_true", help="print one JSON result object")
     p.add_argument("--timeout", type=float, help="seconds allowed for the whole turn")
@@ -197,6 +207,8 @@ async def _cmd_prompt(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         idle_timeout=args.idle_timeout,
         on_update=on_update,
+        apply=args.apply,
+        state_dir=args.state_dir,
     )
     if args.json:
         _emit_json(run.to_json())
@@ -204,7 +216,34 @@ async def _cmd_prompt(args: argparse.Namespace) -> int:
         if run.turn.text and not run.turn.text.endswith("\n"):
             sys.stdout.write("\n")
         print(f"[{run.agent.name}: {run.turn.stop_reason}]", file=sys.stderr)
+        _report_changes(run)
+    if run.apply_conflicts:
+        return EXIT_CONFLICTS
     return EXIT_OK if run.turn.stop_reason == "end_turn" else EXIT_FAILED
+
+
+def _report_changes(run: Any) -> None:
+    """What the agent changed, and whether it reached the workspace (human output, stderr)."""
+    if not run.changes:
+        print("no file changed", file=sys.stderr)
+        return
+    for path, change in run.changes:
+        print(f"  {change:<8} {path}", file=sys.stderr)
+    patch = f"{run.run_dir}/changes.patch"
+    if run.applied:
+        print(f"applied to the workspace ({len(run.changes)} files)", file=sys.stderr)
+    elif run.apply_conflicts:
+        print(
+            "NOT applied: changed in the workspace during the run: "
+            + ", ".join(run.apply_conflicts),
+            file=sys.stderr,
+        )
+        print(f"the changes are kept in {patch}", file=sys.stderr)
+    else:
+        print(
+            f"not applied; run again with --apply, or apply the patch: git apply {patch}",
+            file=sys.stderr,
+        )
 
 
 def _print_update(update: t.SessionUpdate) -> None:

@@ -61,6 +61,14 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     )
 
 
+@pytest.fixture(autouse=True)
+def state_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Runs and branches go to a temporary state directory, never the user's."""
+    path = tmp_path_factory.mktemp("state")
+    monkeypatch.setenv("ORCHESTRATOR_STATE_DIR", str(path))
+    return path
+
+
 @pytest.fixture
 def scratch(tmp_path: Path) -> Path:
     """A project directory for a session."""

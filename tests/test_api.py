@@ -155,16 +155,26 @@ def test_to_json_without_agent_info_or_usage() -> None:
 
 
 async def test_prompt_with_edit_policy_changes_files(project: Path) -> None:
-    """The async prompt with policy "edit": the edit is allowed and lands on disk."""
+    """With policy "edit" the edit is allowed into the branch; only apply=True writes it."""
     readme = (project / "README.md").read_text("utf-8")
     seen: list[t.SessionUpdate] = []
     with trio.fail_after(LIMIT):
         run = await prompt("demo", DEMO_EDIT, cwd=project, policy="edit", on_update=seen.append)
-    assert (project / "README.md").read_text("utf-8") == readme.replace("colour", "color")
+    assert (project / "README.md").read_text("utf-8") == readme  # the workspace is untouched
+    assert run.changes == (("README.md", "modified"),)
+    assert "-A tiny project" in run.diff or "colour" in run.diff
+    assert "+" in run.diff and "color" in run.diff
+    assert not run.applied
+    assert (Path(run.run_dir) / "changes.patch").is_file()
     assert run.turn.text == f"Done.\n- {TITLE}: README.md\n"
     assert [(p.verdict, p.option_id) for p in run.permissions] == [("allow", "allow")]
-    assert seen == run.turn.updates
+    chunks = (t.AgentMessageChunk, t.AgentThoughtChunk)
+    assert [u for u in seen if not isinstance(u, chunks)] == run.turn.updates
     assert run.turn.tool_calls["call-0-README.md"].status == "completed"
+    with trio.fail_after(LIMIT):
+        applied = await prompt("demo", DEMO_EDIT, cwd=project, policy="edit", apply=True)
+    assert applied.applied
+    assert (project / "README.md").read_text("utf-8") == readme.replace("colour", "color")
 
 
 async def test_prompt_policy_vets_terminal_commands(project: Path) -> None:
@@ -184,7 +194,9 @@ async def test_prompt_takes_a_spec_services_and_transcript(project: Path, tmp_pa
     wire = tmp_path / "wire.ndjson"
     services = ClientServices(permission=AllowOnce())
     with trio.fail_after(LIMIT):
-        run = await prompt(spec, DEMO_EDIT, cwd=project, services=services, transcript=wire)
+        run = await prompt(
+            spec, DEMO_EDIT, cwd=project, services=services, transcript=wire, apply=True
+        )
     assert run.agent is spec
     assert run.to_json()["agent"]["name"] == "my-demo"
     assert [(p.agent, p.verdict, p.rule) for p in run.permissions] == [("my-demo", "allow", "test")]

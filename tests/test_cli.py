@@ -73,7 +73,8 @@ def stalling_agent(directory: Path, *, ignore_cancel: bool = False) -> str:
         name="stalling-agent",
         turns=(
             Turn(
-                steps=(WriteDisk(path="started.txt", content="turn started"), Stall()),
+                # an absolute path: the session runs in a branch directory, not in `directory`
+                steps=(WriteDisk(path=str(directory / "started.txt"), content="started"), Stall()),
                 ignore_cancel=ignore_cancel,
             ),
         ),
@@ -182,8 +183,16 @@ async def test_prompt_json_reports_every_field(project: Path) -> None:
         "toolCalls",
         "permissions",
         "usage",
+        "changes",
+        "diff",
+        "applied",
+        "applyConflicts",
+        "patch",
         "wallSeconds",
     }
+    # the demo's edit was refused by the default policy: nothing changed anywhere
+    assert (result["changes"], result["diff"], result["applied"]) == ([], "", False)
+    assert (result["applyConflicts"], result["patch"]) == ([], None)
     assert re.fullmatch(r"[0-9a-f]{12}", result["runId"])
     assert result["sessionId"] == "demo-1"
     assert result["agent"] == {"name": "demo", "version": "1.0.0", "reportedName": "demo-agent"}
@@ -230,8 +239,9 @@ async def test_default_policy_rule_is_default(project: Path) -> None:
     assert [p["rule"] for p in orjson.loads(done.stdout)["permissions"]] == ["default"]
 
 
-async def test_policy_edit_lets_the_demo_edit(project: Path) -> None:
-    """--policy edit allows edits in the workspace: the file changes, the verdict is allow."""
+@pytest.mark.parametrize("apply", [False, True])
+async def test_policy_edit_lets_the_demo_edit(project: Path, apply: bool) -> None:
+    """--policy edit allows the edit into the branch; the workspace changes only with --apply."""
     readme = (project / "README.md").read_text("utf-8")
     done = await run_cli(
         "prompt",
@@ -242,13 +252,19 @@ async def test_policy_edit_lets_the_demo_edit(project: Path) -> None:
         "--policy",
         "edit",
         "--json",
+        *(["--apply"] if apply else []),
         DEMO_EDIT,
         cwd=project,
     )
     assert done.returncode == EXIT_OK, done.stderr.decode()
     result = orjson.loads(done.stdout)
     assert [(p["verdict"], p["optionId"]) for p in result["permissions"]] == [("allow", "allow")]
-    assert (project / "README.md").read_text("utf-8") == readme.replace("colour", "color")
+    assert result["changes"] == [{"path": "README.md", "change": "modified"}]
+    assert "+A tiny project" in result["diff"]
+    assert result["applied"] is apply
+    assert Path(result["patch"]).is_file()
+    expected = readme.replace("colour", "color") if apply else readme
+    assert (project / "README.md").read_text("utf-8") == expected
     assert result["toolCalls"][1]["status"] == "completed"
 
 

@@ -667,6 +667,19 @@ EVERY_KIND: tuple[Step, ...] = (
 )
 #: how many session/update notifications EVERY_KIND sends
 EVERY_KIND_UPDATES = 19
+#: of those, message and thought chunks (folded into text and thoughts, not kept by default)
+EVERY_KIND_CHUNKS = 5
+
+
+async def test_chunks_are_kept_when_asked(tmp_path: Path) -> None:
+    """ClientOptions(keep_chunks=True) keeps message and thought chunks in result.updates."""
+    script = AgentScript(
+        modes=MODES, turns=(ScriptTurn(steps=EVERY_KIND, stop_reason="max_tokens"),)
+    )
+    async with connect(script, options=ClientOptions(keep_chunks=True)) as (conn, _):
+        session = await conn.new_session(tmp_path)
+        result = await session.prompt("fix main.py")
+    assert len(result.updates) == EVERY_KIND_UPDATES
 
 
 async def test_turn_accumulates_every_update_kind(tmp_path: Path) -> None:
@@ -679,7 +692,8 @@ async def test_turn_accumulates_every_update_kind(tmp_path: Path) -> None:
         result = await session.prompt("fix main.py")
     assert result.stop_reason == "max_tokens"
     assert (result.text, result.thoughts) == ("Hello, world", "Let me look")
-    assert len(result.updates) == EVERY_KIND_UPDATES
+    assert len(result.updates) == EVERY_KIND_UPDATES - EVERY_KIND_CHUNKS
+    assert not any(isinstance(u, t.AgentMessageChunk | t.AgentThoughtChunk) for u in result.updates)
     assert list(result.tool_calls) == ["t1", "t2"]
     edit = result.tool_calls["t1"]
     assert (edit.title, edit.kind, edit.status, edit.updates) == (
@@ -729,8 +743,10 @@ async def test_live_updates_are_the_results_updates_in_order(tmp_path: Path) -> 
             async for update in turn.updates():
                 seen.append(update)
     result = result_of(turn)
-    assert len(seen) == EVERY_KIND_UPDATES
-    assert seen == result.updates
+    assert len(seen) == EVERY_KIND_UPDATES  # chunks included: open_turn streams everything
+    assert [u for u in seen if not isinstance(u, t.AgentMessageChunk | t.AgentThoughtChunk)] == (
+        result.updates
+    )
 
 
 async def test_late_subscriber_gets_earlier_updates_first(
@@ -752,7 +768,8 @@ async def test_late_subscriber_gets_earlier_updates_first(
             await two_seen.wait()
             texts = [chunk_text(u) async for u in turn.updates()]
     assert texts == ["a", "b", "c", "d"]
-    assert calls == result_of(turn).updates
+    assert [chunk_text(u) for u in calls] == texts
+    assert result_of(turn).text == "abcd"
 
 
 async def test_result_comes_after_every_update_that_preceded_it(tmp_path: Path) -> None:
@@ -765,7 +782,7 @@ async def test_result_comes_after_every_update_that_preceded_it(tmp_path: Path) 
         session = await conn.new_session(tmp_path)
         result = await session.prompt("go")
     assert result.text == "x" * 3000 + "!"
-    assert len(result.updates) == 3001
+    assert result.updates == []  # chunks are folded into the text, not kept
 
 
 async def test_updates_after_the_response_land_in_background_updates(

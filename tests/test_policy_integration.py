@@ -510,7 +510,9 @@ async def test_api_prompt_applies_policy_and_escalation(scratch: Path) -> None:
     escalator = Escalator("allow")
     policy = PolicySet(run=Policy.preset("edit", ASK_FETCH))
     steps = (
-        ask("edit-1", "edit", "Edit", path=f"{scratch}/a.py", options=CLAUDE),
+        # relative: api.prompt runs the session in a branch directory, not in `scratch`,
+        # and a path is resolved against the session's root
+        ask("edit-1", "edit", "Edit", path="a.py", options=CLAUDE),
         fetch("fetch-1"),
         ask("exec-1", "execute", "make", raw_input={"command": "make"}, options=CODEX),
     )

@@ -31,7 +31,11 @@ def test_text_and_thoughts_are_joined_in_order() -> None:
         acc.add(u)
     result = acc.result("end_turn")
     assert (result.text, result.thoughts, result.stop_reason) == ("Hello", "hmm", "end_turn")
-    assert len(result.updates) == 3
+    assert result.updates == []  # chunks are folded into the text, not kept by default
+    keeping = TurnAccumulator(keep_chunks=True)
+    for u in [chunk("agent_message_chunk", "a"), chunk("agent_thought_chunk", "b")]:
+        keeping.add(u)
+    assert len(keeping.result("end_turn").updates) == 2
 
 
 def test_tool_call_patches_merge_into_the_call() -> None:

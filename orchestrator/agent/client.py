@@ -16,7 +16,7 @@ import math
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import structlog
@@ -82,6 +82,8 @@ class ClientOptions:
     cancel_grace: float = 10.0
     #: the client info sent in ``initialize``
     client_info: t.Implementation = CLIENT_INFO
+    #: keep message and thought chunks in ``TurnResult.updates`` (their text is always kept)
+    keep_chunks: bool = False
 
 
 @define(eq=False)
@@ -116,7 +118,11 @@ class Turn:
         self._done.set()
 
     async def updates(self) -> AsyncIterator[t.SessionUpdate]:
-        """The turn's updates as they arrive; ends when the turn ends."""
+        """The turn's updates as they arrive; ends when the turn ends.
+
+        A turn from :meth:`AcpSession.open_turn` streams every update from its start. On other
+        turns a late subscriber first gets ``result.updates`` so far (no chunks, unless kept).
+        """
         if self._receive is None:
             self._send, self._receive = trio.open_memory_channel[t.SessionUpdate](math.inf)
             for update in self.accumulator.updates:  # what arrived before we subscribed
@@ -186,22 +192,36 @@ class AcpSession:
         past either the turn is cancelled, and if it still does not end within the cancel
         grace the agent counts as hung (:class:`TurnTimeout`).
         """
-        async with self.open_turn(prompt, on_update=on_update) as turn:
+        async with self._open_turn(prompt, on_update=on_update, live=False) as turn:
             await self._watch(turn, timeout, idle_timeout)
         assert turn.result is not None
         return turn.result
 
-    @asynccontextmanager
-    async def open_turn(
+    def open_turn(
         self, prompt: PromptInput, *, on_update: UpdateCallback | None = None
+    ) -> AbstractAsyncContextManager[Turn]:
+        """Start a turn; inside the block, iterate ``turn.updates()``; on exit it has ended.
+
+        Every update of the turn is streamed to ``turn.updates()``, chunks included.
+        """
+        return self._open_turn(prompt, on_update=on_update, live=True)
+
+    @asynccontextmanager
+    async def _open_turn(
+        self, prompt: PromptInput, *, on_update: UpdateCallback | None, live: bool
     ) -> AsyncIterator[Turn]:
-        """Start a turn; inside the block, iterate ``turn.updates()``; on exit it has ended."""
         if self._turn is not None:
             raise UsageError(f"session {self.session_id} already has a turn running")
         blocks = to_blocks(prompt)
         caps = self.connection.agent_capabilities.prompt_capabilities
         check_prompt_capabilities(blocks, caps, agent=self.connection.name)
-        turn = Turn(self, on_update=on_update)
+        turn = Turn(
+            self,
+            TurnAccumulator(keep_chunks=self.connection.options.keep_chunks),
+            on_update=on_update,
+        )
+        if live:  # subscribed from the start, so nothing needs replaying
+            turn._send, turn._receive = trio.open_memory_channel[t.SessionUpdate](math.inf)
         turn._last_activity = trio.current_time()
         self._turn = turn
         self._cancelling = False

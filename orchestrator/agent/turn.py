@@ -96,7 +96,8 @@ class TurnResult:
     available_commands: list[t.AvailableCommand] | None
     #: updates of kinds this schema release does not know, kept whole
     unknown_updates: list[t.UnknownSessionUpdate]
-    #: every update in arrival order
+    #: the updates in arrival order; message and thought chunks only when the accumulator
+    #: was asked to keep them (their text is always in ``text`` and ``thoughts``)
     updates: list[t.SessionUpdate]
     #: permission decisions taken during the turn
     permissions: list[PermissionRecord]
@@ -142,15 +143,24 @@ class TurnAccumulator:
     updates: list[t.SessionUpdate] = field(factory=list)
     permissions: list[PermissionRecord] = field(factory=list)
     cancel_requested: bool = False
+    #: keep message and thought chunks in ``updates`` too. Off by default: a flood of chunks
+    #: kept alive costs the garbage collector more than everything else a turn does
+    keep_chunks: bool = False
 
     def add(self, update: t.SessionUpdate) -> None:
         """Fold one update in."""
-        self.updates.append(update)
         if isinstance(update, t.AgentMessageChunk):
             self.text.append(content_text(update.content))
-        elif isinstance(update, t.AgentThoughtChunk):
+            if self.keep_chunks:
+                self.updates.append(update)
+            return
+        if isinstance(update, t.AgentThoughtChunk):
             self.thoughts.append(content_text(update.content))
-        elif isinstance(update, t.ToolCall | t.ToolCallUpdateSessionUpdate):
+            if self.keep_chunks:
+                self.updates.append(update)
+            return
+        self.updates.append(update)
+        if isinstance(update, t.ToolCall | t.ToolCallUpdateSessionUpdate):
             state = self.tool_calls.get(update.tool_call_id)
             if state is None:
                 state = self.tool_calls[update.tool_call_id] = ToolCallState(update.tool_call_id)

@@ -285,7 +285,14 @@ class JsonRpcConnection:
         """Write one encoded frame; a broken stream raises the close error."""
         if self._closed:
             raise await self._get_close_error("connection closed")
-        async with self._send_lock:
+        # A free lock is taken without a scheduler pass (Lock.acquire always yields once);
+        # a caller already cancelled must still send nothing, hence the explicit check.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            self._send_lock.acquire_nowait()
+        except trio.WouldBlock:
+            await self._send_lock.acquire()
+        try:
             # Shielded so a cancelled sender never leaves half a frame on the wire.
             with trio.CancelScope(shield=True):
                 if self._frame_observer is not None:
@@ -297,6 +304,8 @@ class JsonRpcConnection:
                     reason = f"stream broken: {exc}" if str(exc) else "stream broken"
                 except trio.ClosedResourceError:
                     reason = "stream closed"
+        finally:
+            self._send_lock.release()
         raise await self._get_close_error(reason)
 
     async def _send_quietly(self, data: bytes) -> None:

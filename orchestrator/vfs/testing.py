@@ -1,4 +1,5 @@
-"""Test helpers for the VFS: build directory trees and capture them byte for byte."""
+"""Helpers for testing code that uses the VFS: build directory trees, capture them byte for byte,
+and make throwaway git repositories."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import stat
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
+
+__all__ = ["Captured", "capture", "git", "git_repo", "make_tree"]
 
 #: what :func:`capture` records per path: content (a symlink's: its target) and st_mode
 Captured = dict[str, tuple[bytes, int]]
@@ -25,7 +28,7 @@ def make_tree(root: Path, files: Mapping[str, bytes | str], *, mode: int | None 
 
 
 def capture(root: Path) -> Captured:
-    """Every file, symlink and directory below ``root`` (``.git`` included) with content and mode."""
+    """Every file, symlink and directory below ``root`` (``.git`` too), with content and mode."""
     out: Captured = {}
     for dirpath, dirnames, filenames in os.walk(root):
         for name in dirnames + filenames:

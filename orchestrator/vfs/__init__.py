@@ -1,0 +1,131 @@
+"""The shared virtual filesystem: isolated branches of the user's workspace, merged safely.
+
+Agents change files in two ways: through the client (``fs/write_text_file``) and behind its back
+(their own tools, shell commands). The VFS captures both:
+
+- a :class:`Workspace` is the user's directory, never written during a run; a :class:`Snapshot`
+  records it cheaply (stat only, hashes on demand);
+- a :class:`Branch` (one per agent session or pipeline step) is a base tree plus its own
+  :class:`ChangeSet`; fork it from a snapshot, another branch, or a merge;
+- :func:`materialize` gives a branch a real working directory (:class:`Workdir`, the agent's
+  ``cwd``), and :meth:`Workdir.harvest` records what changed on disk into the branch;
+- :class:`BranchFileSystem` serves ``fs/*`` requests for one branch;
+- :func:`merge_branches` merges branches three-way per file, reporting :class:`Conflict` values
+  and resolving them only as the :class:`ConflictStrategy` says; a :class:`ConflictWatch` emits an
+  :class:`EarlyWarning` as soon as two live branches touch the same path;
+- :func:`apply_changes` is the only write to the user's disk, all-or-nothing with a journal
+  (:func:`recover_applies` finishes or undoes an interrupted one); :func:`unified_diff`,
+  :func:`git_patch` and :func:`git_commit` export instead.
+
+Typical use::
+
+    ws = Workspace.open("~/project", extra_ignores=("node_modules/",))
+    snap = ws.snapshot()                       # stat only; hashes on demand
+    watch = ConflictWatch()                    # early warnings while branches run
+    a = Branch.from_tree(snap, "claude", watch=watch)
+    b = Branch.from_tree(snap, "codex", watch=watch)
+    wd = materialize(a, state_dir / "branches" / "claude")   # the agent's cwd
+    services = ClientServices(fs=BranchFileSystem(wd))         # per session, per branch
+    ...                                        # after every turn / terminal command:
+    wd.harvest()                               # (or await wd.harvest_async())
+    a.close(); b.close()
+    result = merge_branches([a, b], strategy="fail")
+    if result.ok:
+        apply_changes(result, state_dir=state_dir)   # all-or-nothing, journaled
+    else:
+        for conflict in result.conflicts: ...  # base/ours/theirs, hunks, with_markers()
+
+On start, call :func:`recover_applies` (``state_dir``) to finish or undo an apply a crash
+interrupted. A pipeline step forks from its parents' merge: ``merge_branches(parents).fork(name)``.
+"""
+
+from __future__ import annotations
+
+from .apply import (
+    ApplyResult,
+    OutsideChange,
+    RecoveryReport,
+    apply_changes,
+    apply_changes_async,
+    recover_applies,
+)
+from .branch import Branch
+from .changes import Change, ChangeSet, Delete, FileState, ModeChange, Write
+from .checkout import materialize, materialize_async
+from .errors import (
+    ApplyError,
+    MergeConflictError,
+    PathNotFound,
+    PathRefused,
+    VfsError,
+    WorkspaceChanged,
+)
+from .export import git_commit, git_commit_async, git_patch, unified_diff
+from .ignore import IgnoreRules
+from .merge import (
+    DELETE,
+    Conflict,
+    ConflictStrategy,
+    Hunk,
+    MergeResult,
+    Resolver,
+    merge_branches,
+    merge_branches_async,
+    merge_file,
+)
+from .service import BranchFileSystem, BranchRouter
+from .snapshot import Snapshot, StatInfo, Workspace
+from .tree import Layer, MemoryTree, Tree
+from .watch import ConflictWatch, EarlyWarning
+from .workdir import HarvestReport, Workdir, harvest
+
+__all__ = [
+    "DELETE",
+    "ApplyError",
+    "ApplyResult",
+    "Branch",
+    "BranchFileSystem",
+    "BranchRouter",
+    "Change",
+    "ChangeSet",
+    "Conflict",
+    "ConflictStrategy",
+    "ConflictWatch",
+    "Delete",
+    "EarlyWarning",
+    "FileState",
+    "HarvestReport",
+    "Hunk",
+    "IgnoreRules",
+    "Layer",
+    "MemoryTree",
+    "MergeConflictError",
+    "MergeResult",
+    "ModeChange",
+    "OutsideChange",
+    "PathNotFound",
+    "PathRefused",
+    "RecoveryReport",
+    "Resolver",
+    "Snapshot",
+    "StatInfo",
+    "Tree",
+    "VfsError",
+    "Workdir",
+    "Workspace",
+    "WorkspaceChanged",
+    "Write",
+    "apply_changes",
+    "apply_changes_async",
+    "git_commit",
+    "git_commit_async",
+    "git_patch",
+    "harvest",
+    "materialize",
+    "materialize_async",
+    "merge_branches",
+    "merge_branches_async",
+    "merge_file",
+    "recover_applies",
+    "unified_diff",
+]

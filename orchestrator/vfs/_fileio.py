@@ -1,0 +1,226 @@
+"""Low-level file helpers: paths, modes, hashing, cheap copies, atomic writes, fsync.
+
+Everything here is synchronous and thread-safe; callers run it in worker threads when they are
+async.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import os
+import secrets
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+
+from .errors import PathRefused
+
+__all__ = [
+    "DEFAULT_MODE",
+    "SYMLINK_MODE",
+    "copy_fd",
+    "digest",
+    "fsync_dir",
+    "git_mode",
+    "is_binary",
+    "is_symlink",
+    "normalize_mode",
+    "normalize_path",
+    "read_entry",
+    "temp_name",
+    "write_entry_atomic",
+]
+
+#: mode of a new regular file (``0o100644``)
+DEFAULT_MODE = stat.S_IFREG | 0o644
+#: mode of a symbolic link (its content is the link target)
+SYMLINK_MODE = stat.S_IFLNK | 0o777
+
+# The Linux ioctl that shares extents between two files (btrfs, XFS, bcachefs, ...).
+_FICLONE = 0x40049409
+# Errors meaning "this copy method is not available here", not "the copy failed".
+_UNSUPPORTED = frozenset(
+    {errno.EXDEV, errno.EOPNOTSUPP, errno.ENOTTY, errno.EINVAL, errno.ENOSYS, errno.EPERM}
+)
+# Device pairs for which a method failed as unsupported; set.add is atomic under the GIL.
+_no_reflink: set[tuple[int, int]] = set()
+_no_copy_range: set[tuple[int, int]] = set()
+
+
+def normalize_path(path: str) -> str:
+    """A branch path in canonical form: relative, ``/``-separated, no ``.``/``..``/empty parts.
+
+    Raises :class:`PathRefused` for absolute paths, ``..`` components, NUL bytes or an empty path.
+    """
+    if "\0" in path:
+        raise PathRefused(path, "NUL byte in path")
+    if path.startswith("/"):
+        raise PathRefused(path, "absolute path where a branch-relative one is needed")
+    parts = []
+    for part in path.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            raise PathRefused(path, "'..' is not allowed in a branch path")
+        parts.append(part)
+    if not parts:
+        raise PathRefused(path, "empty path")
+    return "/".join(parts)
+
+
+def normalize_mode(mode: int) -> int:
+    """File type and permission bits of ``mode``; a bare permission (``0o755``) means a file."""
+    kind = stat.S_IFMT(mode) or stat.S_IFREG
+    if kind == stat.S_IFLNK:
+        return SYMLINK_MODE
+    return kind | stat.S_IMODE(mode)
+
+
+def is_symlink(mode: int) -> bool:
+    """True when ``mode`` is a symbolic link's."""
+    return stat.S_ISLNK(mode)
+
+
+def git_mode(mode: int) -> str:
+    """The git tree mode for ``mode``: ``120000``, ``100755`` or ``100644``."""
+    if stat.S_ISLNK(mode):
+        return "120000"
+    return "100755" if mode & 0o111 else "100644"
+
+
+def digest(data: bytes) -> str:
+    """The content hash used throughout the VFS (SHA-256, hex)."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def is_binary(data: bytes) -> bool:
+    """git's heuristic: a NUL byte in the first 8000 bytes means binary."""
+    return b"\0" in data[:8000]
+
+
+def temp_name(name: str) -> str:
+    """A hidden temporary name next to ``name`` (same directory, so ``os.replace`` is atomic)."""
+    return f".{name}.{secrets.token_hex(6)}.orch-tmp"
+
+
+def read_entry(path: str) -> tuple[bytes, int, os.stat_result]:
+    """Content, normalized mode and ``lstat`` of a file or symlink (a link's: its target)."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        return os.fsencode(os.readlink(path)), SYMLINK_MODE, st
+    if not stat.S_ISREG(st.st_mode):
+        raise IsADirectoryError(errno.EISDIR, "not a regular file", path)
+    with open(path, "rb") as f:
+        data = f.read()
+    return data, normalize_mode(st.st_mode), st
+
+
+def _copy_range(src: int, dst: int, size: int, done: int) -> int:
+    while done < size:
+        n = os.copy_file_range(src, dst, size - done, done, done)
+        if n == 0:
+            break
+        done += n
+    return done
+
+
+def _copy_plain(src: int, dst: int, done: int) -> None:
+    while True:
+        chunk = os.pread(src, 1 << 20, done)
+        if not chunk:
+            return
+        view = memoryview(chunk)
+        while view:
+            n = os.pwrite(dst, view, done)
+            view = view[n:]
+            done += n
+
+
+def copy_fd(src: int, dst: int, size: int, devices: tuple[int, int]) -> None:
+    """Copy ``size`` bytes from ``src`` to the empty file ``dst`` as cheaply as the system allows.
+
+    Reflink (``FICLONE``) first, then ``copy_file_range`` (in-kernel copy, itself a reflink on
+    some filesystems), then ``pread``/``pwrite``. A method that fails as unsupported is not tried
+    again for the same pair of devices. Never a hard link.
+    """
+    if devices not in _no_reflink:
+        try:
+            fcntl.ioctl(dst, _FICLONE, src)
+        except OSError as e:
+            if e.errno not in _UNSUPPORTED:
+                raise
+            _no_reflink.add(devices)
+        else:
+            return
+    done = 0
+    if devices not in _no_copy_range:
+        try:
+            done = _copy_range(src, dst, size, 0)
+        except OSError as e:
+            if e.errno not in _UNSUPPORTED:
+                raise
+            _no_copy_range.add(devices)
+        else:
+            if done >= size:
+                # Exactly the measured size is copied; callers re-check the source's stat to
+                # catch a file that changed meanwhile.
+                return
+    _copy_plain(src, dst, done)
+
+
+@contextmanager
+def _cleanup_on_error(path: str, dir_fd: int | None) -> Iterator[None]:
+    try:
+        yield
+    except BaseException:
+        with suppress(FileNotFoundError):
+            os.unlink(path, dir_fd=dir_fd)
+        raise
+
+
+def write_entry_atomic(
+    path: str,
+    data: bytes,
+    mode: int,
+    *,
+    fsync: bool = False,
+    dir_fd: int | None = None,
+    times_ns: tuple[int, int] | None = None,
+) -> None:
+    """Write a file (or symlink, by ``mode``) through a temporary name and ``os.replace``.
+
+    ``path`` is relative to ``dir_fd`` when given (its last component only is used then). Readers
+    see either the old or the new content, never a partial one.
+    """
+    head, name = os.path.split(path)
+    tmp = os.path.join(head, temp_name(name))
+    if stat.S_ISLNK(mode):
+        os.symlink(os.fsdecode(data), tmp, dir_fd=dir_fd)
+        with _cleanup_on_error(tmp, dir_fd):
+            os.replace(tmp, path, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        return
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+    with _cleanup_on_error(tmp, dir_fd):
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fchmod(fd, stat.S_IMODE(mode))
+            if times_ns is not None:
+                os.utime(fd, ns=times_ns)
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+
+
+def fsync_dir(path: str) -> None:
+    """fsync a directory so the names created, replaced or removed in it are durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

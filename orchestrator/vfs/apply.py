@@ -1,0 +1,462 @@
+"""Apply: the only write to the user's disk, all-or-nothing, with a journal.
+
+:func:`apply_changes` first checks every file it is about to touch: each must still be what the
+snapshot saw (by hash when known, else by stat), and each new file must still be absent. If any
+differs it is reported as an :class:`OutsideChange` (a conflict with the outside world) and
+NOTHING is written.
+
+Then it journals, in ``STATE_DIR/applies/<id>/``: every new content (``new/N``) and a backup of
+every original it will replace or delete (``old/N``), each fsynced, and last ``journal.json``
+(written through a temporary name, fsynced, renamed, directory fsynced). Only then does it touch
+the workspace: deletions, mode changes, then writes through a temporary file in the same
+directory and ``os.replace`` (modes preserved or set). The journal is removed when done; an error
+midway rolls the workspace back from the backups before raising :class:`ApplyError`.
+
+Recovery (:func:`recover_applies`, to run on the next start) decides per journal:
+
+- no ``journal.json``: the crash came before anything was written -> the partial journal is
+  discarded;
+- ``journal.json`` present and every new content verifies (all new contents are journaled) ->
+  the apply is **completed** (roll forward, idempotently);
+- otherwise (a new content is missing or corrupt) -> it is **rolled back** from the backups.
+
+A file that is neither its old nor its new version (edited by someone after the crash) is never
+overwritten: it is reported and the journal kept for inspection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import secrets
+import shutil
+import stat
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Literal
+
+import structlog
+import trio
+from attrs import frozen
+
+from ._fileio import digest, fsync_dir, normalize_mode, write_entry_atomic
+from .changes import Change, ChangeSet, Delete, ModeChange, Write
+from .errors import ApplyError, MergeConflictError, WorkspaceChanged
+from .snapshot import Snapshot
+from .tree import ChangeSource
+
+__all__ = [
+    "ApplyResult",
+    "OutsideChange",
+    "RecoveryReport",
+    "apply_changes",
+    "apply_changes_async",
+    "recover_applies",
+]
+
+log = structlog.get_logger(__name__)
+
+_JOURNAL = "journal.json"
+_TMP_SUFFIX = ".orch-tmp"
+
+
+@frozen
+class OutsideChange:
+    """A file the apply would touch that changed in the workspace after the snapshot."""
+
+    path: str
+    reason: str
+
+
+@frozen
+class ApplyResult:
+    """What an apply did (``applied``) or why it did nothing (``conflicts``)."""
+
+    #: True when every change was written
+    applied: bool
+    written: tuple[str, ...] = ()
+    deleted: tuple[str, ...] = ()
+    mode_changed: tuple[str, ...] = ()
+    #: files changed outside since the snapshot; non-empty means nothing was written
+    conflicts: tuple[OutsideChange, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """Whether the apply happened (or there was nothing to do)."""
+        return self.applied
+
+
+@frozen
+class RecoveryReport:
+    """What :func:`recover_applies` did with one interrupted apply."""
+
+    #: the journal directory
+    journal: str
+    action: Literal["completed", "rolled back", "discarded"]
+    #: workspace paths restored or completed
+    paths: tuple[str, ...] = ()
+    #: files left alone because they were neither version (the journal is then kept)
+    problems: tuple[str, ...] = ()
+
+
+def _applies_dir(state_dir: str | os.PathLike[str]) -> str:
+    return os.path.join(os.fspath(state_dir), "applies")
+
+
+@contextlib.contextmanager
+def _locked(state_dir: str | os.PathLike[str]) -> Iterator[str]:
+    """Serialize applies and recoveries sharing a state directory (an flock)."""
+    applies = _applies_dir(state_dir)
+    os.makedirs(applies, exist_ok=True)
+    fd = os.open(os.path.join(applies, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield applies
+    finally:
+        os.close(fd)
+
+
+def _write_blob(path: str, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_blob(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _disk(root: str, path: str) -> tuple[str | None, int | None]:
+    """Digest and mode of a workspace path as it is now (None, None if absent)."""
+    full = os.path.join(root, path)
+    try:
+        st = os.lstat(full)
+        if stat.S_ISLNK(st.st_mode):
+            return digest(os.fsencode(os.readlink(full))), normalize_mode(st.st_mode)
+        with open(full, "rb") as f:
+            return digest(f.read()), normalize_mode(st.st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return None, None
+    except IsADirectoryError:
+        return "a directory", None  # neither version: never overwritten
+
+
+def _check_parents(root: str, path: str, deleted: set[str]) -> str | None:
+    """Why ``path``'s directories cannot be used, or None: each must be absent, a real directory,
+    or a path this apply deletes first."""
+    parts = path.split("/")[:-1]
+    for depth in range(1, len(parts) + 1):
+        rel = "/".join(parts[:depth])
+        full = os.path.join(root, rel)
+        if rel in deleted or not os.path.lexists(full):
+            continue
+        if os.path.islink(full) or not os.path.isdir(full):
+            return f"{rel} is not a directory in the workspace"
+    return None
+
+
+def _dir_goes_away(snapshot: Snapshot, path: str, deleted: set[str]) -> str | None:
+    """None when ``path`` is a workspace directory holding only files this apply deletes (so a
+    file can take its place); else a reason to look further."""
+    full = os.path.join(snapshot.root, path)
+    if snapshot.exists(path) or os.path.islink(full) or not os.path.isdir(full):
+        return "not a directory being emptied"
+    for dirpath, _dirs, files in os.walk(full):
+        for name in files:
+            rel = os.path.relpath(os.path.join(dirpath, name), snapshot.root).replace(os.sep, "/")
+            if rel not in deleted:
+                return f"{rel} is in the way"
+    return None
+
+
+def _remove_empty_parents(root: str, path: str) -> None:
+    parent = path.rpartition("/")[0]
+    while parent:
+        try:
+            os.rmdir(os.path.join(root, parent))
+        except OSError:
+            return
+        parent = parent.rpartition("/")[0]
+
+
+def _put(root: str, path: str, data: bytes, mode: int) -> None:
+    """Write a workspace file atomically (parents created, never through a symlink)."""
+    head = path.rpartition("/")[0]
+    if head:
+        full_head = os.path.join(root, head)
+        os.makedirs(full_head, exist_ok=True)
+        if os.path.realpath(full_head) != os.path.join(os.path.realpath(root), head):
+            raise ApplyError(f"{head} resolves outside its place in the workspace")
+    write_entry_atomic(os.path.join(root, path), data, mode, fsync=True)
+
+
+def _remove(root: str, path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(root, path))
+    _remove_empty_parents(root, path)
+
+
+def _sources(
+    source: ChangeSource | Snapshot, changes: Mapping[str, Change] | None, allow_conflicts: bool
+) -> tuple[Snapshot, ChangeSet]:
+    if isinstance(source, Snapshot):
+        if changes is None:
+            raise TypeError("apply_changes(snapshot, changes): the changes are missing")
+        return source, ChangeSet.of(changes)
+    conflicts = getattr(source, "conflicts", ())
+    if conflicts and not allow_conflicts:
+        raise MergeConflictError(conflicts)
+    root = source.root
+    if not isinstance(root, Snapshot):
+        raise TypeError("only changes over a workspace snapshot can be applied")
+    return root, ChangeSet.of(changes) if changes is not None else source.net_changes()
+
+
+def apply_changes(
+    source: ChangeSource | Snapshot,
+    changes: Mapping[str, Change] | None = None,
+    *,
+    state_dir: str | os.PathLike[str],
+    on_file: Callable[[str], None] | None = None,
+    allow_conflicts: bool = False,
+) -> ApplyResult:
+    """Write changes to the workspace, all or nothing (see the module docs).
+
+    ``source`` is a branch or a merge result (its net changes are applied), or a snapshot with
+    explicit ``changes`` relative to it. A merge result with conflicts raises
+    :class:`MergeConflictError` unless ``allow_conflicts`` (then only the clean part is applied).
+    ``on_file(path)`` is called after each file is changed on disk (a test hook: raising from it
+    rolls everything back). Blocking: from trio, use :func:`apply_changes_async`.
+    """
+    snapshot, change_set = _sources(source, changes, allow_conflicts)
+    root = snapshot.root
+    deleted_paths = {p for p, c in change_set.items() if isinstance(c, Delete)}
+    conflicts: list[OutsideChange] = []
+    for path, _change in change_set.items():
+        reason = _dir_goes_away(snapshot, path, deleted_paths)
+        if reason is not None:
+            reason = snapshot.disk_differs(path)
+        reason = reason or _check_parents(root, path, deleted_paths)
+        if reason is not None:
+            conflicts.append(OutsideChange(path, reason))
+    if conflicts:
+        log.warning("apply refused: workspace changed outside", files=[c.path for c in conflicts])
+        return ApplyResult(False, conflicts=tuple(conflicts))
+    if not change_set:
+        return ApplyResult(True)
+    with _locked(state_dir) as applies:
+        journal_dir = os.path.join(
+            applies, f"{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(4)}"
+        )
+        try:
+            entries = _prepare(journal_dir, snapshot, change_set)
+        except WorkspaceChanged as e:
+            shutil.rmtree(journal_dir, ignore_errors=True)
+            found = tuple(
+                OutsideChange(p, "changed in the workspace during the apply") for p in e.paths
+            )
+            return ApplyResult(False, conflicts=found)
+        except BaseException:
+            shutil.rmtree(journal_dir, ignore_errors=True)
+            raise
+        try:
+            raced = _roll(root, journal_dir, entries, "forward", on_file)
+        except BaseException as e:
+            log.exception("apply failed, rolling back", journal=journal_dir)
+            _roll(root, journal_dir, entries, "back", None)
+            shutil.rmtree(journal_dir, ignore_errors=True)
+            if isinstance(e, Exception):
+                raise ApplyError(f"apply failed and was rolled back: {e}") from e
+            raise
+        if raced:
+            # Someone edited these files between the check and the write: undo everything.
+            _roll(root, journal_dir, entries, "back", None)
+            shutil.rmtree(journal_dir, ignore_errors=True)
+            log.warning("apply undone: workspace changed during the apply", files=raced)
+            found = tuple(
+                OutsideChange(p, "changed in the workspace during the apply") for p in raced
+            )
+            return ApplyResult(False, conflicts=found)
+        shutil.rmtree(journal_dir)
+        fsync_dir(applies)
+    result = ApplyResult(True, change_set.written, change_set.deleted, change_set.mode_changed)
+    log.info("applied", root=root, summary=change_set.summary())
+    return result
+
+
+async def apply_changes_async(
+    source: ChangeSource | Snapshot,
+    changes: Mapping[str, Change] | None = None,
+    *,
+    state_dir: str | os.PathLike[str],
+    allow_conflicts: bool = False,
+) -> ApplyResult:
+    """:func:`apply_changes` in a worker thread (not cancellable once writing has started)."""
+    return await trio.to_thread.run_sync(
+        lambda: apply_changes(source, changes, state_dir=state_dir, allow_conflicts=allow_conflicts)
+    )
+
+
+def _prepare(journal_dir: str, snapshot: Snapshot, change_set: ChangeSet) -> list[dict[str, Any]]:
+    """Write new contents and backups, then ``journal.json`` (the commit point)."""
+    os.makedirs(os.path.join(journal_dir, "new"))
+    os.makedirs(os.path.join(journal_dir, "old"))
+    entries: list[dict[str, Any]] = []
+    for i, (path, change) in enumerate(change_set.items()):
+        entry: dict[str, Any] = {"path": path}
+        if isinstance(change, Write):
+            entry.update(
+                action="write", new=f"new/{i}", new_digest=change.digest, new_mode=change.mode
+            )
+            _write_blob(os.path.join(journal_dir, "new", str(i)), change.data)
+        elif isinstance(change, ModeChange):
+            entry.update(action="chmod", new_mode=change.mode)
+        else:
+            entry.update(action="delete")
+        if snapshot.exists(path):
+            old = snapshot.read(path)  # re-verified against the snapshot: raises if changed
+            entry.update(old=f"old/{i}", old_digest=digest(old), old_mode=snapshot.mode(path))
+            _write_blob(os.path.join(journal_dir, "old", str(i)), old)
+        entries.append(entry)
+    fsync_dir(os.path.join(journal_dir, "new"))
+    fsync_dir(os.path.join(journal_dir, "old"))
+    body = {"version": 1, "workspace": snapshot.root, "created": time.time(), "entries": entries}
+    tmp = os.path.join(journal_dir, _JOURNAL + ".tmp")
+    _write_blob(tmp, json.dumps(body, indent=1).encode())
+    os.replace(tmp, os.path.join(journal_dir, _JOURNAL))
+    fsync_dir(journal_dir)
+    return entries
+
+
+def _roll(
+    root: str,
+    journal_dir: str,
+    entries: list[dict[str, Any]],
+    direction: Literal["forward", "back"],
+    on_file: Callable[[str], None] | None,
+) -> list[str]:
+    """Bring every entry to its new (forward) or old (back) version; the paths left alone."""
+    problems: list[str] = []
+    # Deletions first (a file may become a directory), writes last (a directory may become a file).
+    order = {"delete": 0, "chmod": 1, "write": 2}
+    ordered = sorted(entries, key=lambda e: order[e["action"]])
+    if direction == "back":
+        ordered.reverse()
+    touched_dirs: set[str] = set()
+    for entry in ordered:
+        path = entry["path"]
+        now_digest, now_mode = _disk(root, path)
+        old = (entry.get("old_digest"), entry.get("old_mode"))
+        new = (
+            (None, None)
+            if entry["action"] == "delete"
+            else (entry.get("new_digest") or entry.get("old_digest"), entry.get("new_mode"))
+        )
+        want, other = (new, old) if direction == "forward" else (old, new)
+        if (now_digest, now_mode) == want:
+            continue
+        if (now_digest, now_mode) != other:
+            problems.append(path)
+            continue
+        _set(root, journal_dir, entry, direction, now_digest)
+        touched_dirs.add(os.path.dirname(os.path.join(root, path)))
+        if on_file is not None:
+            on_file(path)
+    for directory in touched_dirs:
+        with contextlib.suppress(OSError):
+            fsync_dir(directory)
+    return problems
+
+
+def _set(
+    root: str,
+    journal_dir: str,
+    entry: dict[str, Any],
+    direction: Literal["forward", "back"],
+    now_digest: str | None,
+) -> None:
+    path = entry["path"]
+    if direction == "forward":
+        if entry["action"] == "delete":
+            _remove(root, path)
+        elif entry["action"] == "chmod":
+            os.chmod(os.path.join(root, path), stat.S_IMODE(entry["new_mode"]))
+        else:
+            data = _read_blob(os.path.join(journal_dir, entry["new"]))
+            if data is None or digest(data) != entry["new_digest"]:
+                raise ApplyError(f"journaled content of {path} is missing or corrupt")
+            _put(root, path, data, entry["new_mode"])
+        return
+    if "old" not in entry:
+        _remove(root, path)
+        return
+    if entry["action"] == "chmod" and now_digest == entry["old_digest"]:
+        os.chmod(os.path.join(root, path), stat.S_IMODE(entry["old_mode"]))
+        return
+    data = _read_blob(os.path.join(journal_dir, entry["old"]))
+    if data is None or digest(data) != entry["old_digest"]:
+        raise ApplyError(f"backup of {path} is missing or corrupt")
+    _put(root, path, data, entry["old_mode"])
+
+
+def _remove_temp_files(root: str, entries: list[dict[str, Any]]) -> None:
+    """Delete temporary files an interrupted write left next to its target."""
+    for entry in entries:
+        head, _, name = entry["path"].rpartition("/")
+        directory = os.path.join(root, head) if head else root
+        with contextlib.suppress(OSError), os.scandir(directory) as it:
+            for found in it:
+                if found.name.startswith(f".{name}.") and found.name.endswith(_TMP_SUFFIX):
+                    os.unlink(found.path)
+
+
+def recover_applies(state_dir: str | os.PathLike[str]) -> list[RecoveryReport]:
+    """Finish or undo every interrupted apply journaled in ``state_dir`` (see module docs)."""
+    reports: list[RecoveryReport] = []
+    with _locked(state_dir) as applies:
+        for name in sorted(os.listdir(applies)):
+            journal_dir = os.path.join(applies, name)
+            if name.startswith(".") or not os.path.isdir(journal_dir):
+                continue
+            reports.append(_recover_one(journal_dir))
+    return reports
+
+
+def _recover_one(journal_dir: str) -> RecoveryReport:
+    try:
+        with open(os.path.join(journal_dir, _JOURNAL), "rb") as f:
+            body = json.load(f)
+    except FileNotFoundError:
+        shutil.rmtree(journal_dir)
+        log.info("discarded an unfinished apply journal (nothing was written)", journal=journal_dir)
+        return RecoveryReport(journal_dir, "discarded")
+    root: str = body["workspace"]
+    entries: list[dict[str, Any]] = body["entries"]
+    complete = all(
+        (data := _read_blob(os.path.join(journal_dir, e["new"]))) is not None
+        and digest(data) == e["new_digest"]
+        for e in entries
+        if e["action"] == "write"
+    )
+    _remove_temp_files(root, entries)
+    direction: Literal["forward", "back"] = "forward" if complete else "back"
+    problems = _roll(root, journal_dir, entries, direction, None)
+    action: Literal["completed", "rolled back"] = "completed" if complete else "rolled back"
+    paths = tuple(sorted(e["path"] for e in entries if e["path"] not in problems))
+    if problems:
+        log.error("apply recovery left files alone", journal=journal_dir, files=problems)
+    else:
+        shutil.rmtree(journal_dir)
+    log.warning("recovered an interrupted apply", journal=journal_dir, action=action, root=root)
+    return RecoveryReport(journal_dir, action, paths, tuple(problems))

@@ -1,0 +1,383 @@
+"""Check out: materialize a branch into a real working directory, cheaply.
+
+:func:`materialize` writes a branch's files into a fresh directory (under the run's state or
+scratch directory, never inside the workspace) that becomes the agent's ``cwd``, so the agent's
+own tools and terminals see real files. Files from the workspace are copied as cheaply as the
+filesystem allows — a reflink (``FICLONE``) where supported, else an in-kernel
+``copy_file_range`` — and never hard linked: nothing writable is shared with the workspace.
+Every copied file is checked against the snapshot's stat, so the directory holds exactly the
+snapshot's content. Ignored files (``.gitignore``, VCS internals such as ``.git/``, extra globs)
+are skipped unless asked for. Modes and mtimes are preserved (like ``cp -a``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import stat
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import structlog
+import trio
+from attrs import field, frozen
+
+from ._fileio import copy_fd
+from .branch import Branch
+from .changes import ModeChange, Write
+from .errors import PathRefused, WorkspaceChanged
+from .ignore import IgnoreMatcher
+from .snapshot import Snapshot, StatInfo
+from .tree import Tree, compose
+from .workdir import Workdir, _Key, _key
+
+__all__ = ["materialize", "materialize_async"]
+
+log = structlog.get_logger(__name__)
+
+
+def _umask() -> int | None:
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+_UMASK = _umask()
+
+
+@frozen
+class _Job:
+    rel: str
+    mode: int
+    #: content to write, or None to copy the snapshot's file
+    data: bytes | None = None
+    expected: StatInfo | None = None
+    #: permission bits to set
+    perm: int = field(init=False)
+    #: whether creating the file with ``perm`` already gives ``perm`` (no fchmod needed)
+    direct: bool = field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        perm = stat.S_IMODE(self.mode)
+        object.__setattr__(self, "perm", perm)
+        direct = _UMASK is not None and perm & _UMASK == 0 and perm & 0o7000 == 0
+        object.__setattr__(self, "direct", direct)
+
+
+def _plan(branch: Branch) -> list[_Job]:
+    """What to write for every file of the branch: a copy from the workspace, or bytes."""
+    base = branch.base
+    chain: list[Tree] = [base]
+    while (parent := chain[-1].parent) is not None:
+        chain.append(parent)
+    root = chain[-1]
+    overrides = compose(base, root)
+    for path, own in branch.changes.items():
+        previous = overrides.get(path)
+        if isinstance(own, ModeChange) and isinstance(previous, Write):
+            own = Write(previous.data, own.mode, previous.digest)
+        overrides[path] = own
+    jobs: list[_Job] = []
+    snapshot = root if isinstance(root, Snapshot) else None
+    for path in root.paths():
+        change = overrides.get(path)
+        if change is not None and not isinstance(change, ModeChange):
+            continue
+        if snapshot is not None and not snapshot.is_racy(path):
+            info = snapshot.stat(path)
+            mode = change.mode if isinstance(change, ModeChange) else info.mode
+            jobs.append(_Job(path, mode, None, info))
+        else:
+            state = root.state(path)
+            assert state is not None
+            mode = change.mode if isinstance(change, ModeChange) else state.mode
+            jobs.append(_Job(path, mode, state.data))
+    for path, change in overrides.items():
+        if isinstance(change, Write):
+            jobs.append(_Job(path, change.mode, change.data))
+    # Name order, as cp does: files of one directory are created together.
+    jobs.sort(key=lambda job: job.rel)
+    return jobs
+
+
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def _create(job: _Job, name: str, src_dir: int, dst_dir: int, dst_dev: int) -> _Key:
+    """Write one job's file as ``name`` in ``dst_dir`` (copying from ``src_dir``); its key.
+
+    Both are directory fds, so every call below looks up a single path component.
+    """
+    if stat.S_ISLNK(job.mode):
+        if job.data is not None:
+            target = os.fsdecode(job.data)
+        else:
+            target = os.readlink(name, dir_fd=src_dir)
+            if StatInfo.from_stat(os.stat(name, dir_fd=src_dir, follow_symlinks=False)) != (
+                job.expected
+            ):
+                raise WorkspaceChanged([job.rel])
+        os.symlink(target, name, dir_fd=dst_dir)
+        return _key(os.stat(name, dir_fd=dst_dir, follow_symlinks=False))
+    perm, direct = job.perm, job.direct
+    if job.data is not None:
+        fd = os.open(name, _CREATE, perm, dir_fd=dst_dir)
+        try:
+            view = memoryview(job.data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if not direct:
+                os.fchmod(fd, perm)
+            return _key(os.fstat(fd))
+        finally:
+            os.close(fd)
+    src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=src_dir)
+    try:
+        before = os.fstat(src)
+        want = job.expected
+        if (
+            want is None
+            or before.st_mtime_ns != want.mtime_ns
+            or before.st_size != want.size
+            or before.st_ino != want.ino
+            or before.st_mode != want.mode
+        ):
+            raise WorkspaceChanged([job.rel])
+        fd = os.open(name, _CREATE, perm, dir_fd=dst_dir)
+        try:
+            copy_fd(src, fd, before.st_size, (before.st_dev, dst_dev))
+            if not direct:
+                os.fchmod(fd, perm)
+            os.utime(fd, ns=(before.st_atime_ns, before.st_mtime_ns))
+            st = os.fstat(fd)
+            key = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_mode, st.st_ctime_ns)
+        finally:
+            os.close(fd)
+        after = os.fstat(src)
+        if after.st_mtime_ns != before.st_mtime_ns or after.st_ctime_ns != before.st_ctime_ns:
+            raise WorkspaceChanged([job.rel])
+        return key
+    finally:
+        os.close(src)
+
+
+def _run_batch(jobs: list[_Job], src_root: str, dst_root: str) -> list[tuple[str, _Key]]:
+    """Create a batch of jobs (sorted by path: one directory's files come together)."""
+    dst_dev = os.stat(dst_root).st_dev
+    out: list[tuple[str, _Key]] = []
+    current: str | None = None
+    src_dir = dst_dir = -1
+    try:
+        for job in jobs:
+            head, _, name = job.rel.rpartition("/")
+            if head != current:
+                for fd in (src_dir, dst_dir):
+                    if fd >= 0:
+                        os.close(fd)
+                src_dir = -1
+                dst_dir = os.open(f"{dst_root}/{head}" if head else dst_root, _DIR)
+                current = head
+            if src_dir < 0 and job.data is None:
+                # Only copies need the source directory (a new directory has none).
+                src_dir = os.open(f"{src_root}/{head}" if head else src_root, _DIR)
+            out.append((job.rel, _create(job, name, src_dir, dst_dir, dst_dev)))
+    finally:
+        for fd in (src_dir, dst_dir):
+            if fd >= 0:
+                os.close(fd)
+    return out
+
+
+# Copy this many files on one thread, then judge whether threads would help.
+_PROBE = 256
+# Slower than this per file, copying waits on the disk (or on data) rather than on the
+# interpreter, and threads overlap those waits; faster, threads only contend for the GIL.
+_SLOW_FILE_S = 250e-6
+
+
+def _run_jobs(
+    jobs: list[_Job], src_root: str, dst_root: str, workers: int | None
+) -> tuple[dict[str, _Key], int]:
+    """Create every job's file; the records and the number of threads used at the end."""
+
+    def run(batch: list[_Job]) -> list[tuple[str, _Key]]:
+        return _run_batch(batch, src_root, dst_root)
+
+    def parallel(rest: list[_Job], n: int) -> dict[str, _Key]:
+        size = max(16, len(rest) // (n * 8))
+        batches = [rest[i : i + size] for i in range(0, len(rest), size)]
+        out: dict[str, _Key] = {}
+        with ThreadPoolExecutor(n, thread_name_prefix="vfs-materialize") as pool:
+            for result in pool.map(run, batches):
+                out.update(result)
+        return out
+
+    if workers is not None:
+        if workers <= 1 or len(jobs) < 64:
+            return dict(run(jobs)), 1
+        return parallel(jobs, workers), workers
+    records: dict[str, _Key] = {}
+    done = 0
+    while done < len(jobs):
+        chunk = jobs[done : done + _PROBE]
+        started = time.perf_counter()
+        records.update(run(chunk))
+        done += len(chunk)
+        slow = (time.perf_counter() - started) / len(chunk) > _SLOW_FILE_S
+        if slow and len(jobs) - done >= 64:
+            n = min(8, 2 * (os.cpu_count() or 1))
+            records.update(parallel(jobs[done:], n))
+            return records, n
+    return records, 1
+
+
+def _copy_extras(
+    src_root: str, dst_root: str, matcher: IgnoreMatcher, *, ignored: bool, vcs: bool
+) -> list[str]:
+    """Copy the ignored entries asked for; the non-ignored directories created on the way."""
+    created: list[str] = []
+    stack = [""]
+    while stack:
+        parent = stack.pop()
+        with os.scandir(os.path.join(src_root, parent) if parent else src_root) as it:
+            entries = list(it)
+        for entry in entries:
+            rel = f"{parent}/{entry.name}" if parent else entry.name
+            is_dir = entry.is_dir(follow_symlinks=False)
+            if not matcher.ignored(rel, parent, entry.name, is_dir):
+                if is_dir:
+                    stack.append(rel)
+                continue
+            is_vcs = entry.name in matcher.rules.vcs_dirs
+            if not (vcs if is_vcs else ignored):
+                continue
+            dst = os.path.join(dst_root, rel)
+            missing = parent
+            while missing and not os.path.isdir(os.path.join(dst_root, missing)):
+                created.append(missing)
+                missing = missing.rpartition("/")[0]
+            if parent:
+                os.makedirs(os.path.join(dst_root, parent), exist_ok=True)
+            if is_dir:
+                shutil.copytree(entry.path, dst, symlinks=True, copy_function=_copy_plain_file)
+            elif entry.is_symlink():
+                os.symlink(os.readlink(entry.path), dst)
+            elif entry.is_file(follow_symlinks=False):
+                _copy_plain_file(entry.path, dst)
+    return created
+
+
+def _copy_plain_file(src: str, dst: str) -> str:
+    st = os.lstat(src)
+    with open(src, "rb") as fsrc, open(dst, "xb") as fdst:
+        copy_fd(
+            fsrc.fileno(), fdst.fileno(), st.st_size, (st.st_dev, os.fstat(fdst.fileno()).st_dev)
+        )
+        os.fchmod(fdst.fileno(), stat.S_IMODE(st.st_mode))
+    os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+    return dst
+
+
+def _make_dirs(root: str, dirs: list[str]) -> None:
+    """Create ``dirs`` (sorted, so parents come first) under ``root``."""
+    made: set[str] = {""}
+    for rel_dir in dirs:
+        parent = rel_dir.rpartition("/")[0]
+        if parent not in made:
+            _make_dirs(root, [parent])
+            made.add(parent)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(f"{root}/{rel_dir}")
+        made.add(rel_dir)
+
+
+def _check_location(directory: str, root: Tree) -> None:
+    if isinstance(root, Snapshot):
+        ws = root.root.rstrip("/") + "/"
+        target = directory.rstrip("/") + "/"
+        if target.startswith(ws) or ws.startswith(target):
+            raise PathRefused(directory, "a working directory may not be inside the workspace")
+    if os.path.lexists(directory) and (not os.path.isdir(directory) or os.listdir(directory)):
+        raise PathRefused(directory, "working directory exists and is not empty")
+
+
+def materialize(
+    branch: Branch,
+    directory: str | os.PathLike[str],
+    *,
+    include_ignored: bool = False,
+    include_vcs: bool = False,
+    workers: int | None = None,
+    watch: bool = True,
+) -> Workdir:
+    """Write ``branch`` into the new or empty ``directory`` and return its :class:`Workdir`.
+
+    ``include_ignored`` also copies what the ignore rules skip (``node_modules/``, build output)
+    and ``include_vcs`` the VCS internals (``.git/``); neither is ever harvested. ``workers``
+    threads copy in parallel; by default the first files are copied on one thread and the rest
+    moves to a pool only if copying turns out to wait on the disk or on large files (measured:
+    for small files on a fast filesystem, threads just contend for the GIL and are slower).
+    ``watch`` enables the inotify accelerator for harvests. Blocking: from trio, use
+    :func:`materialize_async`.
+    """
+    started = time.perf_counter()
+    root = branch.root
+    target = os.path.realpath(directory)
+    _check_location(target, root)
+    os.makedirs(target, exist_ok=True)
+    snapshot = root if isinstance(root, Snapshot) else None
+    try:
+        jobs = _plan(branch)
+        dirs = sorted({j.rel.rpartition("/")[0] for j in jobs} - {""})
+        _make_dirs(target, dirs)
+        records, n = _run_jobs(jobs, snapshot.root if snapshot else "", target, workers)
+        if snapshot is not None and (include_ignored or include_vcs):
+            dirs += _copy_extras(
+                snapshot.root, target, root.ignore, ignored=include_ignored, vcs=include_vcs
+            )
+    except BaseException:
+        shutil.rmtree(target, ignore_errors=True)
+        raise
+    workdir = Workdir(target, branch, root.ignore, records)
+    if watch:
+        workdir._start_watching(["", *dirs])
+    seconds = time.perf_counter() - started
+    log.info(
+        "branch materialized",
+        branch=branch.name,
+        directory=target,
+        files=len(jobs),
+        workers=n,
+        inotify=workdir.watching,
+        seconds=round(seconds, 3),
+    )
+    return workdir
+
+
+async def materialize_async(
+    branch: Branch,
+    directory: str | os.PathLike[str],
+    *,
+    include_ignored: bool = False,
+    include_vcs: bool = False,
+    workers: int | None = None,
+    watch: bool = True,
+) -> Workdir:
+    """:func:`materialize` in a worker thread."""
+    return await trio.to_thread.run_sync(
+        lambda: materialize(
+            branch,
+            directory,
+            include_ignored=include_ignored,
+            include_vcs=include_vcs,
+            workers=workers,
+            watch=watch,
+        )
+    )

@@ -1,0 +1,72 @@
+"""Errors of the virtual filesystem.
+
+All derive from :class:`VfsError` (an :class:`~orchestrator.errors.OrchestratorError`). The fs
+service (:mod:`orchestrator.vfs.service`) translates them into JSON-RPC errors at its boundary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from ..errors import OrchestratorError
+
+if TYPE_CHECKING:
+    from .merge import Conflict
+
+__all__ = [
+    "ApplyError",
+    "MergeConflictError",
+    "PathNotFound",
+    "PathRefused",
+    "VfsError",
+    "WorkspaceChanged",
+]
+
+
+class VfsError(OrchestratorError):
+    """Base class of the virtual filesystem's errors."""
+
+
+class PathNotFound(VfsError, LookupError):
+    """The path does not exist in the branch (or tree) it was looked up in."""
+
+    def __init__(self, path: str):
+        self.path = path
+        super().__init__(f"no such file: {path}")
+
+
+class PathRefused(VfsError):
+    """A path that is not a usable branch path: absolute, ``..``, outside the root, a directory."""
+
+    def __init__(self, path: str, reason: str):
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
+
+
+class WorkspaceChanged(VfsError):
+    """Files of the workspace changed after the snapshot, so their snapshot content is gone.
+
+    Raised when a snapshot's content is needed (a base for a merge, a diff, a materialized copy)
+    and the file on disk no longer has the size, mtime, mode or hash recorded at snapshot time.
+    Take a new snapshot to continue from the current state.
+    """
+
+    def __init__(self, paths: Iterable[str]):
+        self.paths = tuple(sorted(paths))
+        shown = ", ".join(self.paths[:10]) + (" ..." if len(self.paths) > 10 else "")
+        super().__init__(f"changed in the workspace after the snapshot: {shown}")
+
+
+class MergeConflictError(VfsError):
+    """An operation needed a clean merge but the merge left conflicts."""
+
+    def __init__(self, conflicts: Iterable[Conflict]):
+        self.conflicts = tuple(conflicts)
+        paths = sorted({c.path for c in self.conflicts})
+        super().__init__(f"{len(self.conflicts)} unresolved conflict(s): {', '.join(paths[:10])}")
+
+
+class ApplyError(VfsError):
+    """Applying changes to the workspace failed; the workspace was rolled back (or left intact)."""

@@ -1,0 +1,338 @@
+"""Exports of a change set: a unified diff, a git patch, or a git commit on a new branch.
+
+- :func:`unified_diff` is for people: a plain unified diff (``--- a/path`` / ``+++ b/path``), with
+  ``Binary files ... differ`` for binary files.
+- :func:`git_patch` is for ``git apply``: git's extended headers (new/deleted file modes, mode
+  changes, full ``index`` lines), ``\\ No newline at end of file`` markers, and binary files as
+  ``GIT binary patch`` literals. Paths with unusual characters are quoted as git quotes them.
+- :func:`git_commit` records the changes as a commit on a new branch of the workspace's git
+  repository with plumbing only (``hash-object -w``, ``read-tree``/``update-index`` into a
+  temporary index named by ``GIT_INDEX_FILE``, ``write-tree``, ``commit-tree``, ``update-ref``):
+  the checked-out tree, the index and ``HEAD`` are untouched. The commit's parent is ``HEAD``;
+  its tree is ``HEAD``'s with every changed path set to the branch's version (so a touched file
+  that had uncommitted edits in the workspace carries them).
+
+All take a branch or a merge result (their net changes over the workspace snapshot), or a tree
+plus explicit changes relative to it. A merge's unresolved conflicts are not part of its changes.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import subprocess
+import tempfile
+import zlib
+from collections.abc import Iterator, Mapping
+
+import structlog
+import trio
+
+from ._fileio import git_mode, is_binary
+from ._lines import LineMatcher
+from .changes import Change, ChangeSet, Delete, ModeChange, Write
+from .errors import VfsError
+from .snapshot import Snapshot
+from .tree import ChangeSource, Tree
+
+__all__ = ["git_commit", "git_commit_async", "git_patch", "unified_diff"]
+
+log = structlog.get_logger(__name__)
+
+_ZERO = "0" * 40
+# Variables that would point git at another repository, work tree or index than ours.
+_REPO_ENV = frozenset(
+    {"GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_PREFIX", "GIT_COMMON_DIR", "GIT_NAMESPACE"}
+)
+
+
+def _resolve(
+    source: ChangeSource | Tree, changes: Mapping[str, Change] | None
+) -> tuple[Tree, ChangeSet]:
+    if isinstance(source, Tree):
+        if changes is None:
+            raise TypeError("give the changes explicitly when exporting from a tree")
+        return source, ChangeSet.of(changes)
+    if changes is not None:
+        return source.root, ChangeSet.of(changes)
+    if getattr(source, "conflicts", ()):
+        log.warning("exporting a merge with unresolved conflicts: they are left out")
+    return source.root, source.net_changes()
+
+
+def _lines(data: bytes) -> list[bytes]:
+    """Split on ``\\n`` only (as diff and git do), keeping the line ends."""
+    parts = data.split(b"\n")
+    lines = [p + b"\n" for p in parts[:-1]]
+    if parts[-1]:
+        lines.append(parts[-1])
+    return lines
+
+
+def _range(start: int, stop: int) -> str:
+    length = stop - start
+    first = start + 1 if length else start
+    return str(first) if length == 1 else f"{first},{length}"
+
+
+def _hunks(old: bytes, new: bytes, context: int) -> Iterator[bytes]:
+    a, b = _lines(old), _lines(new)
+    matcher = LineMatcher(None, a, b)
+    for group in matcher.get_grouped_opcodes(context):
+        i1, i2, j1, j2 = group[0][1], group[-1][2], group[0][3], group[-1][4]
+        yield f"@@ -{_range(i1, i2)} +{_range(j1, j2)} @@\n".encode()
+        for tag, a1, a2, b1, b2 in group:
+            if tag == "equal":
+                marked = [(b" ", line) for line in a[a1:a2]]
+            else:
+                marked = [(b"-", line) for line in a[a1:a2]] + [(b"+", line) for line in b[b1:b2]]
+            for sign, line in marked:
+                yield sign + line
+                if not line.endswith(b"\n"):
+                    yield b"\n\\ No newline at end of file\n"
+
+
+def _quote(name: str) -> str:
+    """A path as git writes it in headers: C-quoted when it has special characters."""
+    raw = name.encode("utf-8", "surrogateescape")
+    if not any(c < 0x20 or c >= 0x7F or c in b'"\\' for c in raw):
+        return name
+    escapes = {7: "\\a", 8: "\\b", 9: "\\t", 10: "\\n", 11: "\\v", 12: "\\f", 13: "\\r"}
+    out = []
+    for c in raw:
+        if c in escapes:
+            out.append(escapes[c])
+        elif c in b'"\\':
+            out.append("\\" + chr(c))
+        elif c < 0x20 or c >= 0x7F:
+            out.append(f"\\{c:03o}")
+        else:
+            out.append(chr(c))
+    return '"' + "".join(out) + '"'
+
+
+def _git_blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
+
+
+def _binary_literal(data: bytes) -> bytes:
+    """One ``literal`` hunk of a git binary patch: zlib data in base85 lines of 52 bytes."""
+    z = zlib.compress(data, 9)
+    out = [b"literal %d\n" % len(data)]
+    for i in range(0, len(z), 52):
+        chunk = z[i : i + 52]
+        n = len(chunk)
+        out.append(bytes([ord("A") + n - 1 if n <= 26 else ord("a") + n - 27]))
+        out.append(base64.b85encode(chunk, pad=True) + b"\n")
+    out.append(b"\n")
+    return b"".join(out)
+
+
+def _versions(
+    base: Tree, path: str, change: Change
+) -> tuple[bytes | None, int | None, bytes | None, int | None]:
+    old = base.state(path)
+    old_data, old_mode = (None, None) if old is None else (old.data, old.mode)
+    if isinstance(change, Write):
+        return old_data, old_mode, change.data, change.mode
+    if isinstance(change, ModeChange):
+        return old_data, old_mode, old_data, change.mode
+    return old_data, old_mode, None, None
+
+
+def unified_diff(
+    source: ChangeSource | Tree, changes: Mapping[str, Change] | None = None, *, context: int = 3
+) -> str:
+    """A unified diff of the changes (text; undecodable bytes shown as U+FFFD)."""
+    base, change_set = _resolve(source, changes)
+    out: list[bytes] = []
+    for path in change_set:
+        old, old_mode, new, new_mode = _versions(base, path, change_set[path])
+        name = path.encode("utf-8", "surrogateescape")
+        if old == new:
+            out.append(b"mode change %o -> %o %s\n" % (old_mode or 0, new_mode or 0, name))
+            continue
+        a = b"a/" + name if old is not None else b"/dev/null"
+        b = b"b/" + name if new is not None else b"/dev/null"
+        if is_binary(old or b"") or is_binary(new or b""):
+            out.append(b"Binary files %s and %s differ\n" % (a, b))
+            continue
+        out.append(b"--- %s\n+++ %s\n" % (a, b))
+        out.extend(_hunks(old or b"", new or b"", context))
+    return b"".join(out).decode("utf-8", "replace")
+
+
+def git_patch(
+    source: ChangeSource | Tree, changes: Mapping[str, Change] | None = None, *, context: int = 3
+) -> bytes:
+    """A patch ``git apply`` accepts (run at the workspace root), binary files included."""
+    base, change_set = _resolve(source, changes)
+    out: list[bytes] = []
+    for path in change_set:
+        old, old_mode, new, new_mode = _versions(base, path, change_set[path])
+        a, b = _quote("a/" + path).encode(), _quote("b/" + path).encode()
+        out.append(b"diff --git %s %s\n" % (a, b))
+        if old is None:
+            out.append(b"new file mode %s\n" % git_mode(new_mode or 0).encode())
+        elif new is None:
+            out.append(b"deleted file mode %s\n" % git_mode(old_mode or 0).encode())
+        elif git_mode(old_mode or 0) != git_mode(new_mode or 0):
+            out.append(
+                b"old mode %s\nnew mode %s\n"
+                % (git_mode(old_mode or 0).encode(), git_mode(new_mode or 0).encode())
+            )
+        if old == new:
+            continue
+        old_id = _git_blob_id(old) if old is not None else _ZERO
+        new_id = _git_blob_id(new) if new is not None else _ZERO
+        same_mode = old is not None and new is not None and old_mode == new_mode
+        suffix = b" %s" % git_mode(old_mode or 0).encode() if same_mode else b""
+        out.append(b"index %s..%s%s\n" % (old_id.encode(), new_id.encode(), suffix))
+        if is_binary(old or b"") or is_binary(new or b""):
+            out.append(b"GIT binary patch\n")
+            out.append(_binary_literal(new or b""))
+            out.append(_binary_literal(old or b""))
+            continue
+        if not old and not new:
+            continue
+        out.append(b"--- %s\n" % (a if old is not None else b"/dev/null"))
+        out.append(b"+++ %s\n" % (b if new is not None else b"/dev/null"))
+        out.extend(_hunks(old or b"", new or b"", context))
+    return b"".join(out)
+
+
+def _git(args: list[str], cwd: str, env: Mapping[str, str], stdin: bytes | None = None) -> str:
+    proc = subprocess.run(
+        ["git", *args], cwd=cwd, env=dict(env), input=stdin, capture_output=True, check=False
+    )
+    if proc.returncode != 0:
+        raise VfsError(f"git {args[0]} failed: {proc.stderr.decode(errors='replace').strip()}")
+    return proc.stdout.decode("utf-8", "surrogateescape").strip()
+
+
+def git_commit(
+    source: ChangeSource | Snapshot,
+    changes: Mapping[str, Change] | None = None,
+    *,
+    branch: str,
+    message: str,
+    author: tuple[str, str] | None = None,
+) -> str:
+    """Commit the changes on the new branch ``branch`` of the workspace's repository.
+
+    ``author`` is ``(name, email)`` (also used as committer); without it git's configured
+    identity is used, or ``acp-orchestrator <orchestrator@localhost>`` when there is none.
+    Returns the commit id. Refuses an existing branch name. Blocking: see
+    :func:`git_commit_async`.
+    """
+    base, change_set = _resolve(source, changes)
+    if not isinstance(base, Snapshot):
+        raise TypeError("a git commit needs changes over a workspace snapshot")
+    env = {k: v for k, v in os.environ.items() if k not in _REPO_ENV}
+    cwd = base.root
+    top = _git(["rev-parse", "--show-toplevel"], cwd, env)
+    prefix = os.path.relpath(base.root, os.path.realpath(top))
+    prefix = "" if prefix == "." else prefix.replace(os.sep, "/") + "/"
+    ref = "refs/heads/" + _git(["check-ref-format", "--branch", branch], cwd, env)
+    if author is not None:
+        env.update(
+            GIT_AUTHOR_NAME=author[0],
+            GIT_AUTHOR_EMAIL=author[1],
+            GIT_COMMITTER_NAME=author[0],
+            GIT_COMMITTER_EMAIL=author[1],
+        )
+    elif subprocess.run(
+        ["git", "var", "GIT_COMMITTER_IDENT"], cwd=cwd, env=env, capture_output=True, check=False
+    ).returncode:
+        env.update(
+            GIT_AUTHOR_NAME="acp-orchestrator",
+            GIT_AUTHOR_EMAIL="orchestrator@localhost",
+            GIT_COMMITTER_NAME="acp-orchestrator",
+            GIT_COMMITTER_EMAIL="orchestrator@localhost",
+        )
+    head = (
+        subprocess.run(
+            ["git", "rev-parse", "--verify", "-q", "HEAD^{commit}"],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            check=False,
+        )
+        .stdout.decode()
+        .strip()
+    )
+    with tempfile.TemporaryDirectory(prefix="orch-commit-") as tmp:
+        env["GIT_INDEX_FILE"] = os.path.join(tmp, "index")
+        _git(["read-tree", head] if head else ["read-tree", "--empty"], cwd, env)
+        records: list[bytes] = []
+        blobs: list[tuple[str, int, bytes]] = []
+        for path in change_set:
+            change = change_set[path]
+            if isinstance(change, Delete):
+                records.append(
+                    b"0 %s\t%s\0"
+                    % (_ZERO.encode(), (prefix + path).encode("utf-8", "surrogateescape"))
+                )
+                continue
+            data = change.data if isinstance(change, Write) else base.read(path)
+            blobs.append((path, change.mode, data))
+        files = []
+        for i, (_path, _mode, data) in enumerate(blobs):
+            name = os.path.join(tmp, f"blob{i}")
+            with open(name, "wb") as f:
+                f.write(data)
+            files.append(name)
+        if files:
+            ids = _git(
+                ["hash-object", "-w", "--no-filters", "--stdin-paths"],
+                cwd,
+                env,
+                ("\n".join(files) + "\n").encode(),
+            ).split()
+            for (path, mode, _data), blob_id in zip(blobs, ids, strict=True):
+                records.append(
+                    b"%s %s\t%s\0"
+                    % (
+                        git_mode(mode).encode(),
+                        blob_id.encode(),
+                        (prefix + path).encode("utf-8", "surrogateescape"),
+                    )
+                )
+        _git(["update-index", "-z", "--index-info"], cwd, env, b"".join(records))
+        tree = _git(["write-tree"], cwd, env)
+    del env["GIT_INDEX_FILE"]
+    commit = _git(
+        ["commit-tree", tree, *(["-p", head] if head else []), "-F", "-"],
+        cwd,
+        env,
+        message.encode(),
+    )
+    _git(
+        [
+            "update-ref",
+            "-m",
+            f"orchestrator: {message.splitlines()[0] if message else 'commit'}",
+            ref,
+            commit,
+            _ZERO,
+        ],
+        cwd,
+        env,
+    )
+    log.info("committed changes", branch=branch, commit=commit, files=len(change_set))
+    return commit
+
+
+async def git_commit_async(
+    source: ChangeSource | Snapshot,
+    changes: Mapping[str, Change] | None = None,
+    *,
+    branch: str,
+    message: str,
+    author: tuple[str, str] | None = None,
+) -> str:
+    """:func:`git_commit` in a worker thread."""
+    return await trio.to_thread.run_sync(
+        lambda: git_commit(source, changes, branch=branch, message=message, author=author)
+    )

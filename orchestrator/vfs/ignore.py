@@ -1,0 +1,259 @@
+"""What is not part of a workspace: VCS internals, ``.gitignore`` patterns and extra globs.
+
+:class:`IgnoreRules` is the configuration; :class:`IgnoreMatcher` the compiled form that a
+snapshot builds while it walks the workspace (reading every ``.gitignore`` on the way, and
+``.git/info/exclude``). The same matcher then decides, for the branch's working directory, which
+files the harvest looks at, so what a snapshot skipped is never harvested either.
+
+Pattern syntax and precedence follow gitignore(5): ``#`` comments, ``!`` negation, a trailing
+``/`` for directories only, a leading or inner ``/`` anchors the pattern to its file's directory,
+``*``, ``?``, ``[...]`` and ``**``; a deeper ``.gitignore`` overrides a shallower one, the last
+matching line of a file wins, and nothing inside an ignored directory can be re-included. The extra
+globs take precedence over every ``.gitignore``; ``.git/info/exclude`` has the lowest. The user's
+global excludes file (``core.excludesFile``) is not read.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from attrs import define, field, frozen
+
+__all__ = ["VCS_DIRS", "IgnoreMatcher", "IgnoreRules"]
+
+#: version-control internals, never part of a branch (at any depth)
+VCS_DIRS: frozenset[str] = frozenset({".git", ".hg", ".svn", ".bzr", ".jj", "_darcs"})
+
+
+@frozen
+class IgnoreRules:
+    """How a workspace decides which files are not part of it."""
+
+    #: read ``.gitignore`` files (at every level) and ``.git/info/exclude``
+    use_gitignore: bool = True
+    #: extra patterns in gitignore syntax, relative to the workspace root (e.g. ``node_modules/``)
+    extra: tuple[str, ...] = ()
+    #: directory (or file) names skipped at any depth: version-control internals
+    vcs_dirs: frozenset[str] = VCS_DIRS
+
+
+@frozen
+class _Group:
+    regex: re.Pattern[str]
+    negate: bool
+
+
+@frozen
+class _RuleFile:
+    #: the directory the patterns are relative to ("" for the workspace root)
+    base: str
+    #: pattern groups for files and for directories, last line first
+    file_groups: tuple[_Group, ...]
+    dir_groups: tuple[_Group, ...]
+
+
+def _translate_class(pat: str, i: int) -> tuple[str, int] | None:
+    """Translate ``[...]`` starting at ``pat[i] == "["``; None if it is not closed."""
+    j = i + 1
+    if j < len(pat) and pat[j] in "!^":
+        j += 1
+    if j < len(pat) and pat[j] == "]":
+        j += 1
+    while j < len(pat) and pat[j] != "]":
+        j += 1
+    if j >= len(pat):
+        return None
+    body = pat[i + 1 : j]
+    negate = body[:1] in ("!", "^")
+    if negate:
+        body = body[1:]
+    escaped = "".join("\\" + c if c in "\\[]^" else c for c in body)
+    return ("[^/" + escaped + "]" if negate else "[" + escaped + "]"), j + 1
+
+
+def _translate(pat: str) -> str:
+    """The regex (without anchors) for one gitignore pattern body, matched against a rel path."""
+    out: list[str] = []
+    i, n = 0, len(pat)
+    while i < n:
+        c = pat[i]
+        if c == "*":
+            j = i
+            while j < n and pat[j] == "*":
+                j += 1
+            whole_segment = (i == 0 or pat[i - 1] == "/") and (j == n or pat[j] == "/")
+            if j - i >= 2 and whole_segment:
+                if j == n:
+                    out.append(".*")
+                    i = j
+                else:
+                    out.append("(?:.*/)?")
+                    i = j + 1
+            else:
+                out.append("[^/]*")
+                i = j
+        elif c == "?":
+            out.append("[^/]")
+            i += 1
+        elif c == "[":
+            translated = _translate_class(pat, i)
+            if translated is None:
+                out.append(re.escape(c))
+                i += 1
+            else:
+                out.append(translated[0])
+                i = translated[1]
+        elif c == "\\" and i + 1 < n:
+            out.append(re.escape(pat[i + 1]))
+            i += 2
+        else:
+            out.append(re.escape(c))
+            i += 1
+    return "".join(out)
+
+
+def _parse_line(line: str) -> tuple[str, bool, bool] | None:
+    """(regex, negate, dir_only) for one gitignore line, None for blanks and comments."""
+    line = line.rstrip("\r\n")
+    if not line or line.startswith("#"):
+        return None
+    # Trailing spaces are dropped unless escaped with a backslash.
+    stripped = line.rstrip(" ")
+    if stripped.endswith("\\") and len(stripped) < len(line):
+        stripped += " "
+    line = stripped
+    negate = line.startswith("!")
+    if negate:
+        line = line[1:]
+    dir_only = line.endswith("/")
+    line = line.rstrip("/")
+    if not line:
+        return None
+    anchored = "/" in line
+    body = _translate(line.lstrip("/"))
+    return (body if anchored else "(?:.*/)?" + body), negate, dir_only
+
+
+def _groups(parsed: list[tuple[str, bool, bool]], for_dirs: bool) -> tuple[_Group, ...]:
+    """Consecutive patterns of one polarity as one alternation; last group first."""
+    runs: list[tuple[bool, list[str]]] = []
+    for regex, negate, dir_only in parsed:
+        if dir_only and not for_dirs:
+            continue
+        if runs and runs[-1][0] == negate:
+            runs[-1][1].append(regex)
+        else:
+            runs.append((negate, [regex]))
+    groups = [
+        _Group(re.compile("(?:" + "|".join(f"(?:{r})" for r in regexes) + r")\Z"), negate)
+        for negate, regexes in runs
+    ]
+    return tuple(reversed(groups))
+
+
+def _rule_file(base: str, text: str) -> _RuleFile | None:
+    parsed = [p for p in map(_parse_line, text.splitlines()) if p is not None]
+    if not parsed:
+        return None
+    return _RuleFile(base, _groups(parsed, for_dirs=False), _groups(parsed, for_dirs=True))
+
+
+@define
+class IgnoreMatcher:
+    """Compiled ignore rules for one workspace root. Paths are ``/``-separated and relative."""
+
+    rules: IgnoreRules
+    _files: dict[str, _RuleFile] = field(factory=dict, alias="_files")
+    _extra: _RuleFile | None = field(default=None, alias="_extra")
+    _exclude: _RuleFile | None = field(default=None, alias="_exclude")
+    _chains: dict[str, tuple[_RuleFile, ...]] = field(factory=dict, alias="_chains")
+
+    @classmethod
+    def from_rules(cls, rules: IgnoreRules) -> IgnoreMatcher:
+        """A matcher with the extra globs compiled and no ``.gitignore`` loaded yet."""
+        return cls(rules, _extra=_rule_file("", "\n".join(rules.extra)))
+
+    def add_patterns(self, base: str, text: str) -> None:
+        """Add the lines of a ``.gitignore`` that lives in directory ``base`` ("" for the root)."""
+        compiled = _rule_file(base, text)
+        if compiled is not None:
+            self._files[base] = compiled
+            self._chains.clear()
+
+    def set_exclude(self, text: str) -> None:
+        """Set the patterns of ``.git/info/exclude`` (root-relative, lowest precedence)."""
+        self._exclude = _rule_file("", text)
+        self._chains.clear()
+
+    def load_dir(self, root: str, base: str) -> None:
+        """Read ``base/.gitignore`` under ``root`` if the rules use gitignore and it exists."""
+        if not self.rules.use_gitignore:
+            return
+        path = os.path.join(root, base, ".gitignore") if base else os.path.join(root, ".gitignore")
+        try:
+            with open(path, encoding="utf-8", errors="surrogateescape") as f:
+                text = f.read()
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError):
+            return
+        self.add_patterns(base, text)
+
+    def load_exclude(self, root: str) -> None:
+        """Read ``.git/info/exclude`` under ``root`` if the rules use gitignore and it exists."""
+        if not self.rules.use_gitignore:
+            return
+        try:
+            with open(os.path.join(root, ".git", "info", "exclude"), encoding="utf-8") as f:
+                self.set_exclude(f.read())
+        except (OSError, UnicodeDecodeError):
+            return
+
+    def _chain(self, parent: str) -> tuple[_RuleFile, ...]:
+        chain = self._chains.get(parent)
+        if chain is None:
+            found: list[_RuleFile] = []
+            if self._extra is not None:
+                found.append(self._extra)
+            base = parent
+            while True:
+                rule_file = self._files.get(base)
+                if rule_file is not None:
+                    found.append(rule_file)
+                if not base:
+                    break
+                base = base.rpartition("/")[0]
+            if self._exclude is not None:
+                found.append(self._exclude)
+            chain = tuple(found)
+            self._chains[parent] = chain
+        return chain
+
+    def has_rules(self, parent: str) -> bool:
+        """Whether any pattern applies to entries of directory ``parent`` (VCS names aside)."""
+        return bool(self._chain(parent))
+
+    def ignored(self, rel: str, parent: str, name: str, is_dir: bool) -> bool:
+        """Whether the entry ``rel`` (in directory ``parent``, named ``name``) is ignored itself.
+
+        Ancestors are not checked: walks prune ignored directories. See :meth:`is_ignored`.
+        """
+        if name in self.rules.vcs_dirs:
+            return True
+        for rule_file in self._chain(parent):
+            sub = rel[len(rule_file.base) + 1 :] if rule_file.base else rel
+            for group in rule_file.dir_groups if is_dir else rule_file.file_groups:
+                if group.regex.match(sub):
+                    return not group.negate
+        return False
+
+    def is_ignored(self, rel: str, is_dir: bool = False) -> bool:
+        """Whether ``rel`` is ignored, itself or because a directory above it is."""
+        parts = rel.split("/")
+        parent = ""
+        for depth, name in enumerate(parts):
+            path = f"{parent}/{name}" if parent else name
+            last = depth == len(parts) - 1
+            if self.ignored(path, parent, name, is_dir or not last):
+                return True
+            parent = path
+        return False

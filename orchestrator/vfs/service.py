@@ -1,0 +1,207 @@
+"""The ACP fs service over a branch: ``fs/read_text_file`` and ``fs/write_text_file``.
+
+One :class:`BranchFileSystem` serves one branch through its :class:`~orchestrator.vfs.Workdir`:
+construct it per branch and install it for the session(s) working on that branch, e.g.
+``ClientServices(fs=BranchFileSystem(workdir))`` as the session's services, so a session id maps
+to its branch by construction. Where one service must serve a whole connection, a
+:class:`BranchRouter` maps session ids to branch services.
+
+Paths must be absolute and resolve (after ``..`` and symlinks) inside the branch directory;
+anything else is refused with ``InvalidParams`` (-32602) and logged, and nothing is written. A
+missing file is ``ResourceNotFound`` (-32002); content that is not UTF-8 is refused, never
+mangled. Reads harvest the file first, so they see what the agent wrote on disk; writes create
+parent directories, replace the file atomically and record the change in the branch.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import structlog
+import trio
+from attrs import define, field
+
+from ..errors import InvalidParams, JsonRpcError, ResourceNotFound
+from .errors import PathNotFound, PathRefused
+from .workdir import HarvestReport, Workdir
+
+if TYPE_CHECKING:
+    from ..agent.services import SessionContext
+    from ..protocol import types as t
+
+__all__ = ["BranchFileSystem", "BranchRouter"]
+
+log = structlog.get_logger(__name__)
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _split_lines(text: str) -> list[str]:
+    """Lines split on ``\\n`` only, each keeping its end."""
+    parts = text.split("\n")
+    lines = [p + "\n" for p in parts[:-1]]
+    if parts[-1]:
+        lines.append(parts[-1])
+    return lines
+
+
+def select_lines(text: str, line: int | None, limit: int | None) -> str:
+    """The ``limit`` lines of ``text`` starting at 1-based ``line`` (all when both are None)."""
+    if line is None and limit is None:
+        return text
+    if line is not None and line < 1:
+        raise InvalidParams(f"line must be 1 or more, got {line}")
+    if limit is not None and limit < 0:
+        raise InvalidParams(f"limit must not be negative, got {limit}")
+    start = (line or 1) - 1
+    lines = _split_lines(text)
+    end = len(lines) if limit is None else start + limit
+    return "".join(lines[start:end])
+
+
+@define(eq=False)
+class BranchFileSystem:
+    """The fs service of one branch (satisfies ``FileSystemService``)."""
+
+    workdir: Workdir
+
+    @property
+    def branch_name(self) -> str:
+        """The branch this service reads and writes."""
+        return self.workdir.branch.name
+
+    def resolve(self, path: str) -> str:
+        """The branch path for the absolute ``path``, or :class:`PathRefused`."""
+        if not os.path.isabs(path):
+            raise PathRefused(path, "not an absolute path")
+        root = os.path.realpath(self.workdir.root)
+        if not (
+            _within(os.path.normpath(path), self.workdir.root)
+            or _within(os.path.normpath(path), root)
+        ):
+            raise PathRefused(path, f"outside the branch directory {self.workdir.root}")
+        real = os.path.realpath(path)
+        if not _within(real, root):
+            raise PathRefused(path, "resolves outside the branch directory (through a symlink)")
+        rel = os.path.relpath(real, root)
+        if rel == ".":
+            raise PathRefused(path, "is the branch directory itself")
+        return rel.replace(os.sep, "/")
+
+    def _refused(self, method: str, e: PathRefused, ctx: SessionContext) -> JsonRpcError:
+        log.warning(
+            "fs request refused",
+            method=method,
+            path=e.path,
+            reason=e.reason,
+            branch=self.branch_name,
+            agent=ctx.agent,
+            session=ctx.session_id,
+        )
+        return InvalidParams(f"{e.path}: {e.reason}", {"path": e.path})
+
+    def _read(self, request: t.ReadTextFileRequest, ctx: SessionContext) -> str:
+        try:
+            rel = self.resolve(request.path)
+            data = self.workdir.read(rel)
+        except PathRefused as e:
+            raise self._refused("fs/read_text_file", e, ctx) from e
+        except (PathNotFound, FileNotFoundError, NotADirectoryError) as e:
+            raise ResourceNotFound(f"file not found: {request.path}", {"path": request.path}) from e
+        except IsADirectoryError as e:
+            raise InvalidParams(f"{request.path} is a directory", {"path": request.path}) from e
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InvalidParams(
+                f"{request.path} is not UTF-8 text (invalid byte at offset {e.start}); "
+                "it was not read",
+                {"path": request.path, "offset": e.start},
+            ) from e
+        return select_lines(text, request.line, request.limit)
+
+    def _write(self, request: t.WriteTextFileRequest, ctx: SessionContext) -> None:
+        try:
+            rel = self.resolve(request.path)
+            data = request.content.encode("utf-8")
+            self.workdir.write(rel, data)
+        except PathRefused as e:
+            raise self._refused("fs/write_text_file", e, ctx) from e
+        except UnicodeEncodeError as e:
+            raise InvalidParams(f"content for {request.path} is not valid Unicode") from e
+        except IsADirectoryError as e:
+            raise InvalidParams(f"{request.path} is a directory", {"path": request.path}) from e
+        log.debug("fs write", path=rel, bytes=len(data), branch=self.branch_name)
+
+    async def read_text_file(
+        self, request: t.ReadTextFileRequest, ctx: SessionContext
+    ) -> t.ReadTextFileResponse:
+        """Serve ``fs/read_text_file`` (``line``/``limit`` are 1-based line selection)."""
+        from ..protocol.types import ReadTextFileResponse  # heavy module: loaded on first use
+
+        content = await trio.to_thread.run_sync(self._read, request, ctx)
+        return ReadTextFileResponse(content=content)
+
+    async def write_text_file(
+        self, request: t.WriteTextFileRequest, ctx: SessionContext
+    ) -> t.WriteTextFileResponse:
+        """Serve ``fs/write_text_file`` (parent directories are created)."""
+        from ..protocol.types import WriteTextFileResponse  # heavy module: loaded on first use
+
+        await trio.to_thread.run_sync(self._write, request, ctx)
+        return WriteTextFileResponse()
+
+    async def harvest(self, *, full: bool = False) -> HarvestReport:
+        """Harvest the branch directory (call after every turn and terminal command)."""
+        return await self.workdir.harvest_async(full=full)
+
+    async def on_terminal_exit(
+        self, ctx: SessionContext, terminal_id: str, status: t.TerminalExitStatus
+    ) -> None:
+        """A terminal service ``on_exit`` hook: harvest what the command changed."""
+        await self.harvest()
+
+
+@define(eq=False)
+class BranchRouter:
+    """One fs service for a connection: routes each session's requests to its branch."""
+
+    _routes: dict[str, BranchFileSystem] = field(factory=dict, alias="_routes")
+
+    def bind(self, session_id: str, fs: BranchFileSystem) -> None:
+        """Serve ``session_id`` from ``fs``'s branch."""
+        self._routes[session_id] = fs
+
+    def unbind(self, session_id: str) -> None:
+        """Forget ``session_id``."""
+        self._routes.pop(session_id, None)
+
+    def route(self, session_id: str) -> BranchFileSystem:
+        """The branch service of ``session_id`` (``InvalidParams`` if none is bound)."""
+        fs = self._routes.get(session_id)
+        if fs is None:
+            raise InvalidParams(f"no branch is bound to session {session_id!r}")
+        return fs
+
+    async def read_text_file(
+        self, request: t.ReadTextFileRequest, ctx: SessionContext
+    ) -> t.ReadTextFileResponse:
+        """Serve ``fs/read_text_file`` from the session's branch."""
+        return await self.route(ctx.session_id).read_text_file(request, ctx)
+
+    async def write_text_file(
+        self, request: t.WriteTextFileRequest, ctx: SessionContext
+    ) -> t.WriteTextFileResponse:
+        """Serve ``fs/write_text_file`` into the session's branch."""
+        return await self.route(ctx.session_id).write_text_file(request, ctx)
+
+    async def on_terminal_exit(
+        self, ctx: SessionContext, terminal_id: str, status: t.TerminalExitStatus
+    ) -> None:
+        """A terminal service ``on_exit`` hook: harvest the session's branch."""
+        fs = self._routes.get(ctx.session_id)
+        if fs is not None:
+            await fs.harvest()

@@ -1,0 +1,497 @@
+"""Working directories: harvesting what changed on disk into the branch.
+
+A :class:`Workdir` is a branch materialized as real files (see
+:func:`~orchestrator.vfs.checkout.materialize`). :meth:`Workdir.harvest` brings what changed
+on disk into the branch: new, modified and deleted files and mode changes. It compares ``lstat``
+(size, mtime, ctime, inode, mode) with what was recorded, reads and hashes a file only when that
+differs, and compares by content a file changed too recently for its mtime to be trusted. On
+Linux an inotify watch tells it which paths the kernel saw change, so an unchanged tree is
+harvested without stat-ing every file; a full scan runs when inotify is unavailable or
+overflows, after a directory rename, or when asked (``full=True``). Harvest after every turn
+and every terminal command.
+
+Change a materialized branch through :meth:`Workdir.write` / :meth:`Workdir.delete` (the fs
+service does) or on disk: either way the directory and the branch stay in step.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import threading
+import time
+from collections.abc import Iterable
+
+import structlog
+import trio
+from attrs import define, field, frozen
+
+from . import _inotify
+from ._fileio import DEFAULT_MODE, normalize_mode, normalize_path, write_entry_atomic
+from .branch import Branch
+from .changes import FileState
+from .errors import PathNotFound, PathRefused, WorkspaceChanged
+from .ignore import IgnoreMatcher
+from .snapshot import RACY_WINDOW_NS
+
+__all__ = ["HarvestReport", "Workdir", "harvest"]
+
+log = structlog.get_logger(__name__)
+
+# What harvest compares: size, mtime, inode, st_mode, ctime.
+_Key = tuple[int, int, int, int, int]
+
+
+def _key(st: os.stat_result) -> _Key:
+    return (st.st_size, st.st_mtime_ns, st.st_ino, st.st_mode, st.st_ctime_ns)
+
+
+@frozen
+class HarvestReport:
+    """What one harvest found and recorded into the branch."""
+
+    #: the branch harvested into
+    branch: str
+    #: new files
+    added: tuple[str, ...] = ()
+    #: files with new content
+    modified: tuple[str, ...] = ()
+    #: files gone from the directory
+    deleted: tuple[str, ...] = ()
+    #: files whose mode only changed
+    mode_changed: tuple[str, ...] = ()
+    #: entries stat-ed
+    scanned: int = 0
+    #: files read and hashed
+    hashed: int = 0
+    #: True when every file was stat-ed (no inotify, overflow, or asked for)
+    full_scan: bool = True
+    #: wall-clock duration
+    seconds: float = 0.0
+
+    @property
+    def changed(self) -> bool:
+        """Whether anything was recorded."""
+        return bool(self.added or self.modified or self.deleted or self.mode_changed)
+
+
+def _needs_resync(events: list[_inotify.Event]) -> bool:
+    """Whether the events include a directory rename (watches keep their old paths) or the root
+    itself going away."""
+    for rel_dir, mask, name in events:
+        if not name and mask & (_inotify.IN_MOVE_SELF | _inotify.IN_DELETE_SELF):
+            if mask & _inotify.IN_MOVE_SELF or not rel_dir:
+                return True
+        elif mask & _inotify.IN_ISDIR and mask & (_inotify.IN_MOVED_FROM | _inotify.IN_MOVED_TO):
+            return True
+    return False
+
+
+@define(eq=False)
+class _Scan:
+    added: list[str] = field(factory=list)
+    modified: list[str] = field(factory=list)
+    deleted: list[str] = field(factory=list)
+    mode_changed: list[str] = field(factory=list)
+    scanned: int = 0
+    hashed: int = 0
+
+
+@define(eq=False)
+class Workdir:
+    """A branch materialized in a directory: the agent's ``cwd``. Thread-safe.
+
+    Close it (or use it as a context manager) to release the inotify watch; :meth:`remove` also
+    deletes the directory.
+    """
+
+    #: absolute path of the directory
+    root: str
+    branch: Branch
+    ignore: IgnoreMatcher = field(repr=False)
+    _records: dict[str, _Key] = field(alias="_records", repr=False)
+    _racy: set[str] = field(factory=set, alias="_racy", repr=False)
+    _watcher: _inotify.Inotify | None = field(default=None, alias="_watcher", repr=False)
+    _lock: threading.RLock = field(factory=threading.RLock, alias="_lock", repr=False)
+
+    @property
+    def watching(self) -> bool:
+        """Whether harvests are accelerated by inotify right now."""
+        return self._watcher is not None
+
+    def __enter__(self) -> Workdir:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop watching the directory (harvests still work, by full scans)."""
+        with self._lock:
+            if self._watcher is not None:
+                self._watcher.close()
+                self._watcher = None
+
+    def remove(self) -> None:
+        """Close and delete the directory."""
+        self.close()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def path_of(self, path: str) -> str:
+        """The absolute on-disk path of branch path ``path``."""
+        return os.path.join(self.root, normalize_path(path))
+
+    # ---------------------------------------------------------------- harvest
+
+    def harvest(self, *, full: bool = False) -> HarvestReport:
+        """Record into the branch what changed on disk since the last harvest (blocking)."""
+        started = time.perf_counter()
+        with self._lock:
+            scan = _Scan()
+            watcher = self._watcher
+            events = watcher.read() if watcher is not None else []
+            resync = watcher is not None and (watcher.overflowed or _needs_resync(events))
+            if watcher is not None and resync:
+                # Stale watches (a renamed directory) or lost events: start over with a new
+                # instance; the full scan below re-adds a watch to each directory before listing it.
+                watcher.close()
+                self._watcher = watcher = _inotify.Inotify.open(self.root)
+            if full or resync or watcher is None:
+                self._full_scan(scan, watcher)
+                full = True
+            else:
+                self._incremental(scan, watcher, events)
+        report = HarvestReport(
+            self.branch.name,
+            tuple(sorted(scan.added)),
+            tuple(sorted(scan.modified)),
+            tuple(sorted(scan.deleted)),
+            tuple(sorted(scan.mode_changed)),
+            scan.scanned,
+            scan.hashed,
+            full,
+            time.perf_counter() - started,
+        )
+        if report.changed:
+            log.info(
+                "harvested",
+                branch=self.branch.name,
+                added=len(report.added),
+                modified=len(report.modified),
+                deleted=len(report.deleted),
+                mode_changed=len(report.mode_changed),
+                full_scan=full,
+            )
+        return report
+
+    async def harvest_async(self, *, full: bool = False) -> HarvestReport:
+        """:meth:`harvest` in a worker thread."""
+        return await trio.to_thread.run_sync(lambda: self.harvest(full=full))
+
+    def _full_scan(self, scan: _Scan, watcher: _inotify.Inotify | None) -> None:
+        records, racy, matcher = self._records, self._racy, self.ignore
+        vcs = matcher.rules.vcs_dirs
+        seen: set[str] = set()
+        candidates: list[str] = []
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        root_fd = os.open(self.root, flags)
+        try:
+            stack = [""]
+            while stack:
+                parent = stack.pop()
+                if watcher is not None and not watcher.add(parent):
+                    watcher.close()
+                    self._watcher = watcher = None
+                try:
+                    # Listing through a directory fd makes each entry's stat a one-component
+                    # fstatat instead of a full path lookup.
+                    fd = os.open(parent, flags, dir_fd=root_fd) if parent else os.dup(root_fd)
+                except OSError:
+                    continue  # vanished or replaced meanwhile: its files count as missing
+                filtered = matcher.has_rules(parent)
+                prefix = f"{parent}/" if parent else ""
+                try:
+                    with os.scandir(fd) as it:
+                        for entry in it:
+                            name = entry.name
+                            rel = prefix + name
+                            if entry.is_dir(follow_symlinks=False):
+                                if name not in vcs and not (
+                                    filtered and matcher.ignored(rel, parent, name, True)
+                                ):
+                                    stack.append(rel)
+                                continue
+                            known = records.get(rel)
+                            if known is None:
+                                # Only unknown paths need the ignore rules and a type check.
+                                if name in vcs or (
+                                    filtered and matcher.ignored(rel, parent, name, False)
+                                ):
+                                    continue
+                                if entry.is_file(follow_symlinks=False) or entry.is_symlink():
+                                    candidates.append(rel)
+                                continue
+                            try:
+                                st = entry.stat(follow_symlinks=False)
+                            except FileNotFoundError:
+                                continue
+                            seen.add(rel)
+                            if rel in racy or known != (
+                                st.st_size,
+                                st.st_mtime_ns,
+                                st.st_ino,
+                                st.st_mode,
+                                st.st_ctime_ns,
+                            ):
+                                candidates.append(rel)
+                finally:
+                    os.close(fd)
+        finally:
+            os.close(root_fd)
+        scan.scanned += len(seen) + sum(1 for rel in candidates if rel not in records)
+        for rel in candidates:
+            self._check(rel, scan)
+        if len(seen) != len(records):
+            for rel in [r for r in records if r not in seen]:
+                self._check(rel, scan)
+
+    def _incremental(
+        self, scan: _Scan, watcher: _inotify.Inotify, events: list[_inotify.Event]
+    ) -> None:
+        paths: set[str] = set()
+        new_dirs: list[str] = []
+        gone_dirs: list[str] = []
+        for rel_dir, mask, name in events:
+            if not name:
+                continue
+            rel = f"{rel_dir}/{name}" if rel_dir else name
+            if mask & _inotify.IN_ISDIR:
+                if mask & _inotify.IN_CREATE:
+                    new_dirs.append(rel)
+                elif mask & _inotify.IN_DELETE:
+                    gone_dirs.append(rel)
+            else:
+                paths.add(rel)
+        for gone in gone_dirs:
+            prefix = gone + "/"
+            paths.update(r for r in self._records if r.startswith(prefix))
+        for new in new_dirs:
+            if not self.ignore.is_ignored(new, is_dir=True):
+                paths.update(self._watch_tree(new, watcher))
+        for rel in sorted(paths):
+            if rel in self._records or not self.ignore.is_ignored(rel):
+                scan.scanned += 1
+                self._check(rel, scan)
+
+    def _watch_tree(self, rel_dir: str, watcher: _inotify.Inotify) -> list[str]:
+        """Watch a new directory and everything below it (watch first, then list)."""
+        files: list[str] = []
+        stack = [rel_dir]
+        while stack:
+            parent = stack.pop()
+            if not watcher.add(parent):
+                watcher.overflowed = True  # forces a full scan next time
+            try:
+                entries = list(os.scandir(os.path.join(self.root, parent)))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for entry in entries:
+                rel = f"{parent}/{entry.name}"
+                is_dir = entry.is_dir(follow_symlinks=False)
+                if self.ignore.ignored(rel, parent, entry.name, is_dir):
+                    continue
+                (stack if is_dir else files).append(rel)
+        return files
+
+    def _check(self, rel: str, scan: _Scan) -> None:
+        """Compare one path on disk with its record; record any change into the branch."""
+        full = os.path.join(self.root, rel)
+        known = self._records.get(rel)
+        try:
+            st = os.lstat(full)
+        except (FileNotFoundError, NotADirectoryError):
+            st = None
+        if st is None or not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+            if known is not None:
+                del self._records[rel]
+                self._racy.discard(rel)
+                existed = self.branch.mode(rel) is not None
+                self.branch.set_state(rel, None)
+                if existed:
+                    scan.deleted.append(rel)
+            return
+        if known == _key(st) and rel not in self._racy:
+            return
+        try:
+            state, key = _read_state(full)
+        except (FileNotFoundError, NotADirectoryError):
+            return self._check(rel, scan)
+        scan.hashed += 1
+        try:
+            old_digest, old_mode = self.branch.digest(rel), self.branch.mode(rel)
+        except WorkspaceChanged:
+            old_digest, old_mode = None, self.branch.mode(rel)
+        self._records[rel] = key
+        if key[1] >= time.time_ns() - RACY_WINDOW_NS:
+            self._racy.add(rel)
+        else:
+            self._racy.discard(rel)
+        if old_digest == state.digest and old_mode == state.mode:
+            return
+        self.branch.set_state(rel, state)
+        if old_mode is None:
+            scan.added.append(rel)
+        elif old_digest != state.digest:
+            scan.modified.append(rel)
+        else:
+            scan.mode_changed.append(rel)
+
+    def sync_path(self, path: str) -> None:
+        """Harvest just ``path`` (e.g. before serving a read of it)."""
+        rel = normalize_path(path)
+        with self._lock:
+            self._check(rel, _Scan())
+
+    def _start_watching(self, dirs: Iterable[str]) -> None:
+        watcher = _inotify.Inotify.open(self.root)
+        if watcher is None:
+            return
+        for rel_dir in dirs:
+            if not watcher.add(rel_dir):
+                watcher.close()
+                log.info("inotify watch limit reached, harvests will scan", directory=self.root)
+                return
+        self._watcher = watcher
+
+    # ---------------------------------------------------------------- writing
+
+    def read(self, path: str) -> bytes:
+        """Current content of ``path`` on disk, harvested first so the branch agrees with it.
+
+        An ignored path (not part of the branch) is read as it is. A symlink's content is its
+        target.
+        """
+        rel = normalize_path(path)
+        with self._lock:
+            if not self.ignore.is_ignored(rel):
+                self._check(rel, _Scan())
+            head, _, name = rel.rpartition("/")
+            dir_fd = _open_dir(self.root, head, create=False)
+            try:
+                return _read_at(dir_fd, name, rel)
+            finally:
+                os.close(dir_fd)
+
+    def write(self, path: str, data: bytes, mode: int | None = None) -> None:
+        """Write ``path`` in the branch and on disk (parents created; atomic replace)."""
+        rel = normalize_path(path)
+        with self._lock:
+            if mode is None:
+                try:
+                    mode = normalize_mode(os.lstat(os.path.join(self.root, rel)).st_mode)
+                except FileNotFoundError:
+                    mode = self.branch.mode(rel) or DEFAULT_MODE
+                if stat.S_ISLNK(mode):
+                    mode = DEFAULT_MODE
+            head, _, name = rel.rpartition("/")
+            dir_fd = _open_dir(self.root, head, create=True)
+            try:
+                write_entry_atomic(name, data, normalize_mode(mode), dir_fd=dir_fd)
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            finally:
+                os.close(dir_fd)
+            if self.ignore.is_ignored(rel):
+                return
+            self._records[rel] = _key(st)
+            self._racy.add(rel)
+            self.branch.set_state(rel, FileState(bytes(data), normalize_mode(mode)))
+
+    def delete(self, path: str) -> None:
+        """Delete ``path`` in the branch and on disk."""
+        rel = normalize_path(path)
+        with self._lock:
+            head, _, name = rel.rpartition("/")
+            dir_fd = _open_dir(self.root, head, create=False)
+            try:
+                os.unlink(name, dir_fd=dir_fd)
+            except FileNotFoundError:
+                raise PathNotFound(rel) from None
+            finally:
+                os.close(dir_fd)
+            self._records.pop(rel, None)
+            self._racy.discard(rel)
+            self.branch.set_state(rel, None)
+
+
+def _read_state(full: str) -> tuple[FileState, _Key]:
+    """Content, mode and stat key of a file or symlink, re-read until it holds still."""
+    for _ in range(5):
+        before = os.lstat(full)
+        if stat.S_ISLNK(before.st_mode):
+            data = os.fsencode(os.readlink(full))
+            after = os.lstat(full)
+        elif stat.S_ISREG(before.st_mode):
+            fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                before = os.fstat(fd)
+                chunks = []
+                while chunk := os.read(fd, max(before.st_size + 1, 65536)):
+                    chunks.append(chunk)
+                data = b"".join(chunks)
+                after = os.fstat(fd)
+            finally:
+                os.close(fd)
+        else:
+            raise IsADirectoryError(full)
+        if _key(before) == _key(after):
+            return FileState(data, normalize_mode(before.st_mode)), _key(after)
+    # Still being written: take what we have; the racy mark makes the next harvest look again.
+    return FileState(data, normalize_mode(after.st_mode)), _key(after)
+
+
+def _read_at(dir_fd: int, name: str, rel: str) -> bytes:
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        raise PathNotFound(rel) from None
+    if stat.S_ISLNK(st.st_mode):
+        return os.fsencode(os.readlink(name, dir_fd=dir_fd))
+    if not stat.S_ISREG(st.st_mode):
+        raise IsADirectoryError(rel)
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    with open(fd, "rb") as f:
+        return f.read()
+
+
+def _open_dir(root: str, rel_dir: str, *, create: bool) -> int:
+    """An fd for ``root/rel_dir`` opened one component at a time, never following a symlink."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in rel_dir.split("/") if rel_dir else ():
+            try:
+                nxt = os.open(
+                    part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
+                )
+            except FileNotFoundError:
+                if not create:
+                    raise PathNotFound(rel_dir) from None
+                os.mkdir(part, dir_fd=fd)
+                nxt = os.open(
+                    part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
+                )
+            except OSError as e:
+                raise PathRefused(
+                    rel_dir, f"not a plain directory inside the branch ({e.strerror})"
+                ) from e
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def harvest(workdir: Workdir, *, full: bool = False) -> HarvestReport:
+    """Record what changed in ``workdir`` on disk into its branch (same as ``workdir.harvest``)."""
+    return workdir.harvest(full=full)

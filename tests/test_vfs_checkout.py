@@ -1,0 +1,181 @@
+"""Tests for orchestrator.vfs.checkout: a branch written into its own working directory."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from orchestrator.vfs import checkout
+from orchestrator.vfs.branch import Branch
+from orchestrator.vfs.checkout import materialize, materialize_async
+from orchestrator.vfs.errors import PathRefused, WorkspaceChanged
+from orchestrator.vfs.snapshot import Snapshot, Workspace
+from orchestrator.vfs.testing import capture, make_tree
+from orchestrator.vfs.tree import MemoryTree
+
+
+@pytest.fixture
+def snap(tmp_path: Path) -> Snapshot:
+    root = make_tree(
+        tmp_path / "ws",
+        {
+            "src/main.py": "print('hi')\n",
+            "src/util/helpers.py": "x = 1\n",
+            "README.md": "# readme\n",
+            ".gitignore": "*.log\nnode_modules/\n",
+            "app.log": "noise\n",
+            "node_modules/pkg/index.js": "module.exports = 1\n",
+            ".git/config": "[core]\n",
+            ".git/objects/ab/cdef": "blob",
+        },
+    )
+    (root / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    (root / "run.sh").chmod(0o755)
+    os.symlink("README.md", root / "link.md")
+    old = 1_600_000_000
+    os.utime(root / "README.md", (old, old))
+    return Workspace.open(root).snapshot()
+
+
+def rel_files(root: Path) -> set[str]:
+    return {p for p in capture(root) if not p.endswith("/")}
+
+
+def test_materialize_copies_tracked_files_only(snap: Snapshot, tmp_path: Path) -> None:
+    """The working directory holds the branch's files; .git and ignored files are skipped."""
+    wd = materialize(Branch.from_tree(snap, "a"), tmp_path / "state" / "a")
+    root = Path(wd.root)
+    assert rel_files(root) == {
+        ".gitignore",
+        "README.md",
+        "link.md",
+        "run.sh",
+        "src/main.py",
+        "src/util/helpers.py",
+    }
+    assert (root / "src/main.py").read_text() == "print('hi')\n"
+    assert os.readlink(root / "link.md") == "README.md"
+    assert stat.S_IMODE((root / "run.sh").stat().st_mode) == 0o755
+    assert (root / "README.md").stat().st_mtime_ns == 1_600_000_000 * 10**9
+    wd.close()
+
+
+def test_no_hard_links_with_the_workspace(snap: Snapshot, tmp_path: Path) -> None:
+    """Every file is an independent copy: writing it leaves the workspace unchanged."""
+    before = capture(Path(snap.root))
+    wd = materialize(Branch.from_tree(snap, "a"), tmp_path / "state" / "a")
+    for rel in ("README.md", "src/main.py", "run.sh"):
+        copy, orig = Path(wd.root, rel), Path(snap.root, rel)
+        assert copy.stat().st_ino != orig.stat().st_ino
+        assert orig.stat().st_nlink == 1
+        copy.write_text("agent was here\n")
+    assert capture(Path(snap.root)) == before
+    wd.close()
+
+
+def test_include_ignored_and_vcs_on_request(snap: Snapshot, tmp_path: Path) -> None:
+    """Ignored bulk and .git are copied only when asked, and never harvested."""
+    wd = materialize(
+        Branch.from_tree(snap, "a"), tmp_path / "a", include_ignored=True, include_vcs=True
+    )
+    root = Path(wd.root)
+    assert (root / "node_modules/pkg/index.js").is_file()
+    assert (root / "app.log").is_file()
+    assert (root / ".git/objects/ab/cdef").read_text() == "blob"
+    (root / "node_modules/pkg/index.js").write_text("changed")
+    (root / ".git/config").write_text("changed")
+    assert not wd.harvest(full=True).changed
+    wd.close()
+    only_vcs = materialize(Branch.from_tree(snap, "b"), tmp_path / "b", include_vcs=True)
+    assert (Path(only_vcs.root) / ".git/config").is_file()
+    assert not (Path(only_vcs.root) / "app.log").exists()
+    only_vcs.close()
+
+
+def test_materialize_branch_changes_and_layers(snap: Snapshot, tmp_path: Path) -> None:
+    """A branch's own and inherited changes (writes, deletions, modes) are materialized."""
+    parent = Branch.from_tree(snap, "p")
+    parent.write("src/main.py", b"print('parent')\n")
+    parent.delete("README.md")
+    child = parent.fork("c")
+    child.write("new/file.txt", b"new\n")
+    child.chmod("src/util/helpers.py", 0o700)
+    wd = materialize(child, tmp_path / "c", workers=4)
+    root = Path(wd.root)
+    assert (root / "src/main.py").read_bytes() == b"print('parent')\n"
+    assert not (root / "README.md").exists()
+    assert (root / "new/file.txt").read_bytes() == b"new\n"
+    assert stat.S_IMODE((root / "src/util/helpers.py").stat().st_mode) == 0o700
+    assert not wd.harvest(full=True).changed
+    wd.close()
+
+
+def test_memory_tree_branch_materializes(tmp_path: Path) -> None:
+    """A branch over an in-memory tree materializes from bytes."""
+    br = Branch.from_tree(MemoryTree.from_files({"a/b.txt": b"x"}), "m")
+    wd = materialize(br, tmp_path / "m", watch=False)
+    assert Path(wd.root, "a/b.txt").read_bytes() == b"x"
+    assert not wd.watching
+
+
+def test_refuses_locations_inside_the_workspace_or_not_empty(
+    snap: Snapshot, tmp_path: Path
+) -> None:
+    """A working directory may not be inside the workspace, contain it, or be non-empty."""
+    br = Branch.from_tree(snap, "a")
+    with pytest.raises(PathRefused):
+        materialize(br, Path(snap.root) / "sub")
+    with pytest.raises(PathRefused):
+        materialize(br, tmp_path)
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "x").write_text("x")
+    with pytest.raises(PathRefused):
+        materialize(br, busy)
+
+
+def test_workspace_changed_since_snapshot_is_detected(snap: Snapshot, tmp_path: Path) -> None:
+    """A workspace file that changed after the snapshot aborts materialize, leaving nothing."""
+    Path(snap.root, "README.md").write_text("# edited by the user\n")  # copied by the kernel
+    with pytest.raises(WorkspaceChanged):
+        materialize(Branch.from_tree(snap, "a"), tmp_path / "a")
+    assert not (tmp_path / "a").exists()
+    Path(snap.root, "README.md").write_text("# readme\n")
+    Path(snap.root, "src/main.py").write_text("print('edited by the user')\n")  # racy: by hash
+    with pytest.raises(WorkspaceChanged):
+        materialize(Branch.from_tree(snap, "b"), tmp_path / "b")
+
+
+async def test_materialize_async(snap: Snapshot, tmp_path: Path) -> None:
+    """materialize_async runs the copy in a worker thread."""
+    wd = await materialize_async(Branch.from_tree(snap, "a"), tmp_path / "a")
+    assert Path(wd.root, "src/main.py").is_file()
+    wd.remove()
+    assert not Path(wd.root).exists()
+
+
+@pytest.mark.parametrize("workers", [None, 3])
+def test_parallel_copy_gives_the_same_tree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int | None
+) -> None:
+    """Thread-pool copies (chosen adaptively or explicitly) produce the same files and records."""
+    monkeypatch.setattr(checkout, "_SLOW_FILE_S", 0.0)  # every probe looks slow: go parallel
+    files = {f"d{i % 7}/f{i}.txt": f"content {i}\n" for i in range(500)}
+    root = make_tree(tmp_path / "ws", files)
+    old = 1_500_000_000
+    for rel in files:
+        os.utime(root / rel, (old, old))
+    snap = Workspace.open(root).snapshot()
+    with capture_logs() as logs:
+        wd = materialize(Branch.from_tree(snap, "p"), tmp_path / "p", workers=workers)
+    assert next(e["workers"] for e in logs if e["event"] == "branch materialized") > 1
+    assert {k: v[0] for k, v in capture(Path(wd.root)).items() if not k.endswith("/")} == {
+        k: v.encode() for k, v in files.items()
+    }
+    report = wd.harvest(full=True)
+    assert not report.changed and report.hashed == 0
+    wd.close()

@@ -1,0 +1,101 @@
+"""Tests for orchestrator.vfs.ignore: gitignore patterns, precedence, VCS internals."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.vfs.ignore import IgnoreMatcher, IgnoreRules
+
+
+def matcher(text: str = "", *, extra: tuple[str, ...] = ()) -> IgnoreMatcher:
+    m = IgnoreMatcher.from_rules(IgnoreRules(extra=extra))
+    m.add_patterns("", text)
+    return m
+
+
+@pytest.mark.parametrize(
+    ("pattern", "path", "is_dir", "ignored"),
+    [
+        ("*.log", "a.log", False, True),
+        ("*.log", "deep/dir/a.log", False, True),
+        ("*.log", "a.logx", False, False),
+        ("/top.txt", "top.txt", False, True),
+        ("/top.txt", "sub/top.txt", False, False),
+        ("build/", "build", True, True),
+        ("build/", "build", False, False),
+        ("build/", "src/build", True, True),
+        ("doc/*.txt", "doc/a.txt", False, True),
+        ("doc/*.txt", "doc/sub/a.txt", False, False),
+        ("**/cache", "a/b/cache", True, True),
+        ("**/cache", "cache", False, True),
+        ("a/**/z", "a/z", False, True),
+        ("a/**/z", "a/b/c/z", False, True),
+        ("out/**", "out/x/y", False, True),
+        ("f?le", "file", False, True),
+        ("f?le", "fi/le", False, False),
+        ("[ab].c", "a.c", False, True),
+        ("[!ab].c", "a.c", False, False),
+        ("[!ab].c", "x.c", False, True),
+        ("\\#hash", "#hash", False, True),
+        ("# comment", "# comment", False, False),
+        ("trailing   ", "trailing", False, True),
+    ],
+)
+def test_pattern_semantics(pattern: str, path: str, is_dir: bool, ignored: bool) -> None:
+    """Each gitignore pattern form matches as gitignore(5) says."""
+    assert matcher(pattern).is_ignored(path, is_dir=is_dir) is ignored
+
+
+def test_last_matching_line_wins_and_negation() -> None:
+    """A later ``!`` line re-includes a file an earlier line excluded."""
+    m = matcher("*.log\n!keep.log\n")
+    assert m.is_ignored("x.log")
+    assert not m.is_ignored("keep.log")
+
+
+def test_nothing_inside_an_ignored_directory_is_reincluded() -> None:
+    """A file under an ignored directory stays ignored even if a negation names it."""
+    m = matcher("build/\n!build/keep.txt\n")
+    assert m.is_ignored("build/keep.txt")
+
+
+def test_deeper_gitignore_overrides_shallower() -> None:
+    """Rules in ``sub/.gitignore`` apply relative to ``sub`` and win over the root's."""
+    m = matcher("*.tmp\n")
+    m.add_patterns("sub", "!*.tmp\n/only-here\n")
+    assert m.is_ignored("a.tmp")
+    assert not m.is_ignored("sub/a.tmp")
+    assert m.is_ignored("sub/only-here")
+    assert not m.is_ignored("sub/deeper/only-here")
+
+
+def test_extra_globs_take_precedence() -> None:
+    """Configured extra globs apply everywhere and beat .gitignore negations."""
+    m = matcher("!node_modules/\n", extra=("node_modules/",))
+    assert m.is_ignored("node_modules", is_dir=True)
+    assert m.is_ignored("pkg/node_modules/x.js")
+
+
+def test_vcs_directories_always_ignored() -> None:
+    """VCS internals are skipped at any depth, without any pattern."""
+    m = matcher()
+    assert m.is_ignored(".git", is_dir=True)
+    assert m.is_ignored("vendor/lib/.git/config")
+    assert m.is_ignored(".hg/store", is_dir=True)
+    assert not m.is_ignored("src/git.py")
+
+
+def test_exclude_file_has_lowest_precedence() -> None:
+    """``.git/info/exclude`` applies, but a .gitignore negation overrides it."""
+    m = matcher("!secret.txt\n")
+    m.set_exclude("secret.txt\nlocal.cfg\n")
+    assert not m.is_ignored("secret.txt")
+    assert m.is_ignored("local.cfg")
+
+
+def test_gitignore_disabled() -> None:
+    """With use_gitignore off, .gitignore files are not read (VCS dirs still skipped)."""
+    m = IgnoreMatcher.from_rules(IgnoreRules(use_gitignore=False))
+    m.load_dir("/nonexistent", "")
+    assert not m.has_rules("")
+    assert m.is_ignored(".git", is_dir=True)

@@ -1,0 +1,206 @@
+"""Tests for orchestrator.vfs.workdir: harvesting changes made on disk into the branch."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator.vfs.branch import Branch
+from orchestrator.vfs.changes import Delete, ModeChange, Write
+from orchestrator.vfs.checkout import materialize
+from orchestrator.vfs.errors import PathNotFound, PathRefused
+from orchestrator.vfs.snapshot import Workspace
+from orchestrator.vfs.testing import make_tree
+from orchestrator.vfs.workdir import Workdir, harvest
+
+
+@pytest.fixture(params=["inotify", "scan"])
+def wd(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Workdir]:
+    """A materialized branch, harvested with the inotify accelerator or by full scans."""
+    root = make_tree(
+        tmp_path / "ws",
+        {
+            "src/app.py": "def f():\n    return 1\n",
+            "docs/guide.md": "# Guide\n",
+            "script.sh": "#!/bin/sh\n",
+            ".gitignore": "*.pyc\nbuild/\n",
+        },
+    )
+    old = time.time() - 3600
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            os.utime(os.path.join(dirpath, name), (old, old))
+    branch = Branch.from_tree(Workspace.open(root).snapshot(), "agent")
+    workdir = materialize(branch, tmp_path / "state" / "agent", watch=request.param == "inotify")
+    yield workdir
+    workdir.close()
+
+
+def test_unchanged_tree_harvests_nothing(wd: Workdir) -> None:
+    """Harvesting an untouched directory records nothing and hashes nothing."""
+    report = wd.harvest()
+    assert not report.changed and report.hashed == 0
+    assert not wd.branch.changes
+
+
+def test_file_written_directly_on_disk(wd: Workdir) -> None:
+    """A file the agent rewrote itself is recorded as modified."""
+    Path(wd.root, "src/app.py").write_text("def f():\n    return 2\n")
+    report = wd.harvest()
+    assert report.modified == ("src/app.py",)
+    assert wd.branch.read("src/app.py") == b"def f():\n    return 2\n"
+
+
+def test_sed_in_place_via_subprocess(wd: Workdir) -> None:
+    """`sed -i` (a new file renamed over the old) in the branch directory is harvested."""
+    subprocess.run(["sed", "-i", "s/return 1/return 42/", "src/app.py"], cwd=wd.root, check=True)
+    assert wd.harvest().modified == ("src/app.py",)
+    assert b"return 42" in wd.branch.read("src/app.py")
+
+
+def test_deletion_new_file_and_mode_change(wd: Workdir) -> None:
+    """Deleted files, new files (in new directories) and mode changes are all recorded."""
+    Path(wd.root, "docs/guide.md").unlink()
+    Path(wd.root, "pkg/sub").mkdir(parents=True)
+    Path(wd.root, "pkg/sub/new.py").write_text("NEW = 1\n")
+    Path(wd.root, "top.txt").write_text("top\n")
+    os.chmod(Path(wd.root, "script.sh"), 0o755)
+    report = wd.harvest()
+    assert report.deleted == ("docs/guide.md",)
+    assert report.added == ("pkg/sub/new.py", "top.txt")
+    assert report.mode_changed == ("script.sh",)
+    changes = wd.branch.changes
+    assert changes["docs/guide.md"] == Delete()
+    assert changes["pkg/sub/new.py"] == Write(b"NEW = 1\n")
+    assert changes["script.sh"] == ModeChange(0o755)
+    assert not wd.harvest().changed
+
+
+def test_ignored_files_are_not_harvested(wd: Workdir) -> None:
+    """Build output and .gitignore'd files created by the agent stay out of the branch."""
+    Path(wd.root, "src/app.pyc").write_bytes(b"\0\1")
+    Path(wd.root, "build/lib").mkdir(parents=True)
+    Path(wd.root, "build/lib/out.o").write_bytes(b"obj")
+    Path(wd.root, ".git").mkdir()
+    Path(wd.root, ".git/HEAD").write_text("ref")
+    assert not wd.harvest().changed
+    assert not wd.harvest(full=True).changed
+
+
+def test_same_size_rewrite_with_restored_mtime(wd: Workdir) -> None:
+    """A rewrite that keeps size and mtime (like `cp -p`) is still caught (ctime, inode)."""
+    path = Path(wd.root, "src/app.py")
+    st = path.stat()
+    path.write_text("def f():\n    return 9\n")
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert wd.harvest().modified == ("src/app.py",)
+
+
+def test_revert_on_disk_drops_the_change(wd: Workdir) -> None:
+    """Restoring the original content removes the change from the branch."""
+    path = Path(wd.root, "docs/guide.md")
+    path.write_text("# Changed\n")
+    wd.harvest()
+    path.write_text("# Guide\n")
+    report = wd.harvest()
+    assert report.modified == ("docs/guide.md",)
+    assert not wd.branch.changes
+
+
+def test_directory_rename_and_removal(wd: Workdir) -> None:
+    """Renaming or removing a directory shows up as deletions and additions."""
+    os.rename(Path(wd.root, "src"), Path(wd.root, "lib"))
+    report = wd.harvest()
+    assert report.deleted == ("src/app.py",)
+    assert report.added == ("lib/app.py",)
+    shutil.rmtree(Path(wd.root, "lib"))
+    Path(wd.root, "lib2").mkdir()
+    Path(wd.root, "lib2/x.py").write_text("x\n")
+    report = wd.harvest()
+    assert report.deleted == ("lib/app.py",) and report.added == ("lib2/x.py",)
+    Path(wd.root, "lib2/x.py").write_text("y\n")
+    assert wd.harvest().modified == ("lib2/x.py",)
+
+
+def test_file_replaced_by_directory(wd: Workdir) -> None:
+    """A file turned into a directory is a deletion plus the new files."""
+    Path(wd.root, "top").write_text("file\n")
+    wd.harvest()
+    Path(wd.root, "top").unlink()
+    Path(wd.root, "top").mkdir()
+    Path(wd.root, "top/inner.txt").write_text("inner\n")
+    report = wd.harvest()
+    assert report.added == ("top/inner.txt",)
+    assert "top" not in wd.branch.changes
+
+
+def test_symlinks_are_harvested_as_links(wd: Workdir) -> None:
+    """A symlink the agent creates is recorded with its target, not followed."""
+    os.symlink("src/app.py", Path(wd.root, "alias.py"))
+    assert wd.harvest().added == ("alias.py",)
+    assert wd.branch.read("alias.py") == b"src/app.py"
+    assert wd.branch.mode("alias.py") == 0o120777
+
+
+def test_workdir_write_read_delete_keep_disk_and_branch_in_step(wd: Workdir) -> None:
+    """Writes through the workdir land on disk and in the branch; reads harvest first."""
+    wd.write("new/deep/file.txt", b"hello\n")
+    assert Path(wd.root, "new/deep/file.txt").read_bytes() == b"hello\n"
+    assert wd.branch.read("new/deep/file.txt") == b"hello\n"
+    assert not wd.harvest().changed
+    Path(wd.root, "src/app.py").write_text("disk\n")
+    assert wd.read("src/app.py") == b"disk\n"
+    assert wd.branch.read("src/app.py") == b"disk\n"
+    wd.delete("docs/guide.md")
+    assert not Path(wd.root, "docs/guide.md").exists()
+    assert wd.branch.changes["docs/guide.md"] == Delete()
+    with pytest.raises(PathNotFound):
+        wd.delete("docs/guide.md")
+    with pytest.raises(PathNotFound):
+        wd.read("docs/guide.md")
+    assert wd.path_of("src/app.py") == os.path.join(wd.root, "src/app.py")
+
+
+def test_workdir_write_keeps_mode_and_refuses_symlinked_dirs(wd: Workdir, tmp_path: Path) -> None:
+    """Rewriting keeps the file's mode; a directory symlink in the way is refused."""
+    os.chmod(Path(wd.root, "script.sh"), 0o755)
+    wd.write("script.sh", b"#!/bin/sh\necho\n")
+    assert os.stat(Path(wd.root, "script.sh")).st_mode & 0o777 == 0o755
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.symlink(outside, Path(wd.root, "escape"))
+    with pytest.raises(PathRefused):
+        wd.write("escape/pwned.txt", b"x")
+    assert list(outside.iterdir()) == []
+
+
+def test_ignored_path_read_from_disk(wd: Workdir) -> None:
+    """An ignored file is served as it is on disk and never enters the branch."""
+    Path(wd.root, "cache.pyc").write_bytes(b"bytes")
+    assert wd.read("cache.pyc") == b"bytes"
+    wd.write("other.pyc", b"x")
+    assert "other.pyc" not in wd.branch.changes
+
+
+async def test_harvest_async(wd: Workdir) -> None:
+    """harvest_async runs in a worker thread with the same result."""
+    Path(wd.root, "src/app.py").write_text("async\n")
+    report = await wd.harvest_async()
+    assert report.modified == ("src/app.py",)
+    Path(wd.root, "src/app.py").write_text("function\n")
+    assert harvest(wd, full=True).modified == ("src/app.py",)
+
+
+def test_closing_falls_back_to_full_scans(wd: Workdir) -> None:
+    """After close(), harvests still find changes, by scanning."""
+    wd.close()
+    assert not wd.watching
+    Path(wd.root, "docs/guide.md").write_text("after close\n")
+    report = wd.harvest()
+    assert report.full_scan and report.modified == ("docs/guide.md",)
