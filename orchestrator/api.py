@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import attrs
+import structlog
 import trio
 from attrs import frozen
 
@@ -38,6 +39,7 @@ from .vfs import (
     Change,
     Delete,
     Workspace,
+    WorkspaceChanged,
     apply_changes_async,
     git_patch,
     materialize_async,
@@ -45,6 +47,8 @@ from .vfs import (
 )
 
 ChangeKind = Literal["added", "modified", "deleted"]
+
+log = structlog.get_logger(__name__)
 
 __all__ = ["PromptRun", "load_policy", "prompt", "prompt_sync"]
 
@@ -230,12 +234,19 @@ async def _finish(run: PromptRun, branch: Branch, state: Path, apply: bool) -> P
     if not changes:
         return run
     kinds = tuple((path, _change_kind(branch, path, changes[path])) for path in changes)
-    diff = unified_diff(branch)
-    patch = git_patch(branch)
-    await trio.to_thread.run_sync(Path(run.run_dir, "changes.patch").write_bytes, patch)
     applied: bool = False
     refused: tuple[str, ...] = ()
-    if apply:
+    try:
+        diff, patch = unified_diff(branch), git_patch(branch)
+    except WorkspaceChanged as e:
+        # someone edited files the agent changed too: their base is gone, so those files
+        # cannot be diffed or applied; the rest still can be shown
+        refused = e.paths
+        rest = {path: change for path, change in changes.items() if path not in e.paths}
+        diff, patch = unified_diff(branch, rest), git_patch(branch, rest)
+        log.warning("workspace changed during the run", files=list(refused))
+    await trio.to_thread.run_sync(Path(run.run_dir, "changes.patch").write_bytes, patch)
+    if apply and not refused:
         outcome = await apply_changes_async(branch, state_dir=state)
         applied = outcome.applied
         refused = tuple(c.path for c in outcome.conflicts)
