@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
@@ -153,6 +152,14 @@ class AcpSession:
     _turn: Turn | None = None
     _pending_permissions: set[trio.CancelScope] = field(factory=set)
     _cancelling: bool = False
+
+    def _configured(
+        self, modes: t.SessionModeState | None, options: list[t.SessionConfigOption] | None
+    ) -> AcpSession:
+        """Take the modes and config options an agent reported when the session opened."""
+        self.modes = modes
+        self.config_options = list(options or [])
+        return self
 
     @property
     def context(self) -> SessionContext:
@@ -516,8 +523,7 @@ class AgentConnection:
         raw = await self._call_authenticated("session/new", request)
         response = structure(raw, t.NewSessionResponse)
         session = self._session(response.session_id, path, services, step)
-        session.modes = response.modes
-        session.config_options = list(response.config_options or [])
+        session._configured(response.modes, response.config_options)
         log.info("session opened", agent=self.name, session=response.session_id, cwd=path)
         return session
 
@@ -543,9 +549,7 @@ class AgentConnection:
             self.sessions.pop(session_id, None)
             raise
         response = structure(raw, t.LoadSessionResponse)
-        session.modes = response.modes
-        session.config_options = list(response.config_options or [])
-        return session
+        return session._configured(response.modes, response.config_options)
 
     async def resume_session(
         self,
@@ -566,9 +570,7 @@ class AgentConnection:
         raw = await self._call_authenticated("session/resume", request)
         response = structure(raw, t.ResumeSessionResponse)
         session = self._session(session_id, path, services, step)
-        session.modes = response.modes
-        session.config_options = list(response.config_options or [])
-        return session
+        return session._configured(response.modes, response.config_options)
 
     async def list_sessions(
         self, cwd: str | os.PathLike[str] | None = None, cursor: str | None = None
@@ -676,18 +678,8 @@ class AgentConnection:
             record = service_record
             outcome: t.RequestPermissionOutcome = t.CancelledRequestPermissionOutcome()
         elif scope.cancelled_caught:
-            call = request.tool_call
-            record = PermissionRecord(
-                time=time.time(),
-                agent=ctx.agent,
-                session_id=ctx.session_id,
-                step=ctx.step,
-                tool_call_id=call.tool_call_id,
-                kind=call.kind,
-                title=call.title,
-                verdict="cancelled",
-                option_id=None,
-                rule="cancelled",
+            record = PermissionRecord.from_request(
+                request, ctx, verdict="cancelled", option_id=None, rule="cancelled"
             )
             outcome = t.CancelledRequestPermissionOutcome()
         else:

@@ -80,6 +80,31 @@ class PermissionRecord:
     #: the command line, for execute requests
     command: str | None = None
 
+    @classmethod
+    def from_request(
+        cls,
+        request: t.RequestPermissionRequest,
+        ctx: SessionContext,
+        *,
+        verdict: Verdict,
+        option_id: str | None,
+        rule: str,
+    ) -> PermissionRecord:
+        """The record of a decision on ``request``, now."""
+        call = request.tool_call
+        return cls(
+            time=time.time(),
+            agent=ctx.agent,
+            session_id=ctx.session_id,
+            step=ctx.step,
+            tool_call_id=call.tool_call_id,
+            kind=call.kind,
+            title=call.title,
+            verdict=verdict,
+            option_id=option_id,
+            rule=rule,
+        )
+
     def to_json(self) -> dict[str, Any]:
         """The record as it appears in ``--json`` output and transcripts."""
         return {
@@ -185,18 +210,8 @@ class RejectAllPermissions:
     ) -> PermissionDecision:
         """Reject by choosing the agent's reject option (never an allow option)."""
         outcome, option_id = reject_outcome(request.options)
-        call = request.tool_call
-        record = PermissionRecord(
-            time=time.time(),
-            agent=ctx.agent,
-            session_id=ctx.session_id,
-            step=ctx.step,
-            tool_call_id=call.tool_call_id,
-            kind=call.kind,
-            title=call.title,
-            verdict="reject",
-            option_id=option_id,
-            rule=self.rule,
+        record = PermissionRecord.from_request(
+            request, ctx, verdict="reject", option_id=option_id, rule=self.rule
         )
         return PermissionDecision(outcome, record)
 
