@@ -11,13 +11,11 @@ from pathlib import Path
 import orjson
 import pytest
 import trio
+from fakes import AllowOnce
 from schema_check import validate_transcript
 
 from orchestrator.agent.services import (
     ClientServices,
-    PermissionDecision,
-    PermissionRecord,
-    SessionContext,
 )
 from orchestrator.agent.turn import TurnAccumulator
 from orchestrator.agents import AgentSpec, resolve_agent
@@ -46,29 +44,6 @@ def snapshot(root: Path) -> dict[str, bytes]:
     return {
         str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
     }
-
-
-class AllowOnce:
-    """A permission service that allows every request once."""
-
-    async def request_permission(
-        self, request: t.RequestPermissionRequest, ctx: SessionContext
-    ) -> PermissionDecision:
-        """Choose the allow_once option."""
-        option = next(o for o in request.options if o.kind == "allow_once")
-        call = request.tool_call
-        record = PermissionRecord(
-            time=time.time(),
-            agent=ctx.agent,
-            session_id=ctx.session_id,
-            tool_call_id=call.tool_call_id,
-            kind=call.kind,
-            title=call.title,
-            verdict="allow",
-            option_id=option.option_id,
-            rule="test",
-        )
-        return PermissionDecision(t.SelectedPermissionOutcome(option_id=option.option_id), record)
 
 
 def test_prompt_sync_returns_a_prompt_run(project: Path) -> None:

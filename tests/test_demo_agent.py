@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -11,12 +10,11 @@ import pytest
 import trio
 from attrs import define, field
 from conftest import pid_gone
+from fakes import AllowOnce
 
 from orchestrator.agent.client import AgentConnection, open_agent
 from orchestrator.agent.services import (
     ClientServices,
-    PermissionDecision,
-    PermissionRecord,
     SessionContext,
 )
 from orchestrator.agents import resolve_agent
@@ -35,30 +33,6 @@ create docs/new.md with "hello\\nworld"
 delete junk.txt
 run echo hi
 """
-
-
-@define
-class AllowAll:
-    """A permission service that allows every request once."""
-
-    async def request_permission(
-        self, request: t.RequestPermissionRequest, ctx: SessionContext
-    ) -> PermissionDecision:
-        """Choose the allow_once option."""
-        option = next(o for o in request.options if o.kind == "allow_once")
-        call = request.tool_call
-        record = PermissionRecord(
-            time=time.time(),
-            agent=ctx.agent,
-            session_id=ctx.session_id,
-            tool_call_id=call.tool_call_id,
-            kind=call.kind,
-            title=call.title,
-            verdict="allow",
-            option_id=option.option_id,
-            rule="allow-all",
-        )
-        return PermissionDecision(t.SelectedPermissionOutcome(option_id=option.option_id), record)
 
 
 @define
@@ -132,7 +106,9 @@ async def test_every_instruction_edits_the_files(project: Path) -> None:
     """Each instruction kind changes the files as it says; fs edits go through the fs service."""
     fs = DirFs(project)
     with trio.fail_after(LIMIT):
-        async with demo_agent(project, ClientServices(fs=fs, permission=AllowAll())) as conn:
+        async with demo_agent(
+            project, ClientServices(fs=fs, permission=AllowOnce(rule="allow-all"))
+        ) as conn:
             session = await conn.new_session(project)
             result = await session.prompt(EVERY_INSTRUCTION)
     assert result.stop_reason == "end_turn"
@@ -158,7 +134,7 @@ async def test_tool_calls_carry_diffs_and_permissions_one_per_edit(project: Path
     """Every edit is a tool call with a diff and one allowed permission; `run` fails."""
     with trio.fail_after(LIMIT):
         async with demo_agent(
-            project, ClientServices(fs=DirFs(project), permission=AllowAll())
+            project, ClientServices(fs=DirFs(project), permission=AllowOnce(rule="allow-all"))
         ) as conn:
             session = await conn.new_session(project)
             result = await session.prompt(EVERY_INSTRUCTION)
@@ -228,7 +204,9 @@ async def test_rejected_edits_leave_files_alone(project: Path) -> None:
 async def test_help_when_no_instruction(project: Path) -> None:
     """A prompt without an instruction gets the help text and no tool call."""
     with trio.fail_after(LIMIT):
-        async with demo_agent(project, ClientServices(permission=AllowAll())) as conn:
+        async with demo_agent(
+            project, ClientServices(permission=AllowOnce(rule="allow-all"))
+        ) as conn:
             session = await conn.new_session(project)
             result = await session.prompt("What can you do?")
     assert (result.stop_reason, result.text) == ("end_turn", HELP)
@@ -242,7 +220,9 @@ async def test_cancel_stops_between_instructions(project: Path) -> None:
     (project / "b.txt").write_text("b\n", "utf-8")
     fs = DirFs(project)
     with trio.fail_after(LIMIT):
-        async with demo_agent(project, ClientServices(fs=fs, permission=AllowAll())) as conn:
+        async with demo_agent(
+            project, ClientServices(fs=fs, permission=AllowOnce(rule="allow-all"))
+        ) as conn:
 
             async def cancel_turn(ctx: SessionContext) -> None:
                 # the notification goes out before the write's answer, so the agent sees it

@@ -10,7 +10,6 @@ test ends by checking that the agent process is gone.
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 import trio
 from attrs import define, field
 from conftest import pid_gone
+from fakes import AllowOnce
 from interop import sdk_agent_command, ts_example_agent_command, ts_example_agent_skip_reason
 
 from orchestrator.agent.client import AcpSession, AgentConnection, ClientOptions, open_agent
@@ -32,7 +32,6 @@ from orchestrator.agent.content import (
 from orchestrator.agent.services import (
     ClientServices,
     PermissionDecision,
-    PermissionRecord,
     SessionContext,
 )
 from orchestrator.agent.transcript import TranscriptWriter
@@ -52,39 +51,6 @@ needs_ts_agent = pytest.mark.skipif(TS_SKIP is not None, reason=TS_SKIP or "")
 
 
 # --------------------------------------------------------------------------- services
-
-
-def _record(
-    request: t.RequestPermissionRequest, ctx: SessionContext, option: t.PermissionOption
-) -> PermissionRecord:
-    call = request.tool_call
-    return PermissionRecord(
-        time=time.time(),
-        agent=ctx.agent,
-        session_id=ctx.session_id,
-        tool_call_id=call.tool_call_id,
-        kind=call.kind,
-        title=call.title,
-        verdict="allow",
-        option_id=option.option_id,
-        rule="test-allow-once",
-    )
-
-
-@define
-class AllowOnce:
-    """A permission service that picks the agent's ``allow_once`` option, whatever its id."""
-
-    asked: list[t.RequestPermissionRequest] = field(factory=list)
-
-    async def request_permission(
-        self, request: t.RequestPermissionRequest, ctx: SessionContext
-    ) -> PermissionDecision:
-        """Allow once."""
-        self.asked.append(request)
-        option = next(o for o in request.options if o.kind == "allow_once")
-        outcome = t.SelectedPermissionOutcome(option_id=option.option_id)
-        return PermissionDecision(outcome, _record(request, ctx, option))
 
 
 @define
@@ -398,7 +364,7 @@ async def test_set_config_option_and_model_by_category(tmp_path: Path) -> None:
 
 async def test_permission_allowed_by_a_custom_service(tmp_path: Path) -> None:
     """A permission service that allows: the agent reports the allow option it received."""
-    service = AllowOnce()
+    service = AllowOnce(rule="test-allow-once")
     with trio.fail_after(LIMIT):
         async with sdk_agent(services=ClientServices(permission=service)) as conn:
             session = await conn.new_session(tmp_path)
@@ -500,7 +466,7 @@ async def test_turn_timeout_cancels_the_turn(tmp_path: Path) -> None:
 @needs_ts_agent
 async def test_ts_permission_allowed(tmp_path: Path) -> None:
     """TS example agent: allowing the edit completes call_2 and the agent says so."""
-    service = AllowOnce()
+    service = AllowOnce(rule="test-allow-once")
     with trio.fail_after(LIMIT):
         async with ts_agent(ClientServices(permission=service)) as conn:
             assert conn.agent_capabilities.load_session is False
