@@ -6,6 +6,7 @@ command line (``"npx some-agent --acp"``), or ``NAME=COMMAND`` to label a comman
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import sys
@@ -32,6 +33,30 @@ class AgentSpec:
     description: str = ""
     #: how to install it, for messages when the command is missing
     install: str = ""
+
+    def resolved(self, base: str | os.PathLike[str]) -> AgentSpec:
+        """The spec with relative paths in its command made absolute against ``base``.
+
+        Agents run in their branch directory, not where the user typed the command, so
+        ``--agent "python tools/agent.py"`` must name ``tools/agent.py`` absolutely. Rewritten:
+        a relative program path containing ``/``, and relative arguments containing ``/`` that
+        exist under ``base``; everything else (options, words, URLs) is left alone.
+        """
+        root = os.fspath(base)
+        argv = list(self.command)
+        head = argv[0]
+        if "/" in head and not os.path.isabs(head):
+            argv[0] = os.path.join(root, head)
+        for i, arg in enumerate(argv[1:], start=1):
+            if (
+                "/" in arg
+                and not arg.startswith("-")
+                and "://" not in arg
+                and not os.path.isabs(arg)
+                and os.path.exists(os.path.join(root, arg))
+            ):
+                argv[i] = os.path.join(root, arg)
+        return AgentSpec(self.name, tuple(argv), self.env, self.description, self.install)
 
     def executable_found(self) -> bool:
         """Whether the command's program is on PATH (or is a path that exists)."""

@@ -163,6 +163,7 @@ async def prompt(
     (the fs service of the branch is always installed).
     """
     spec = resolve_agent(agent) if isinstance(agent, str) else agent
+    spec = spec.resolved(os.getcwd())  # the agent runs elsewhere: its branch directory
     root = Path(cwd).absolute()
     if not root.is_dir():
         raise UsageError(f"--cwd {root} is not a directory")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -48,3 +49,21 @@ def test_bad_agent_text_is_a_usage_error(text: str) -> None:
     """Empty or unparsable --agent values are refused clearly."""
     with pytest.raises(UsageError):
         resolve_agent(text)
+
+
+def test_relative_paths_in_the_command_are_made_absolute(tmp_path: Path) -> None:
+    """An agent runs in its branch directory, so relative paths are resolved where typed."""
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "agent.py").write_text("")
+    spec = resolve_agent("./venv/bin/python tools/agent.py --acp acp https://x/y missing/z")
+    resolved = spec.resolved(tmp_path)
+    assert resolved.command == (
+        f"{tmp_path}/./venv/bin/python",
+        f"{tmp_path}/tools/agent.py",
+        "--acp",
+        "acp",
+        "https://x/y",
+        "missing/z",
+    )
+    assert resolved.name == spec.name
+    assert resolve_agent("claude").resolved(tmp_path) == KNOWN_AGENTS["claude"]
