@@ -56,6 +56,8 @@ class AgentSpec:
                 and os.path.exists(os.path.join(root, arg))
             ):
                 argv[i] = os.path.join(root, arg)
+        if tuple(argv) == self.command:
+            return self
         return AgentSpec(self.name, tuple(argv), self.env, self.description, self.install)
 
     def executable_found(self) -> bool:
