@@ -38,11 +38,13 @@ from .vfs import (
     BranchFileSystem,
     Change,
     Delete,
+    RecoveryReport,
     Workspace,
     WorkspaceChanged,
     apply_changes_async,
     git_patch,
     materialize_async,
+    recover_applies,
     unified_diff,
 )
 
@@ -50,7 +52,7 @@ ChangeKind = Literal["added", "modified", "deleted"]
 
 log = structlog.get_logger(__name__)
 
-__all__ = ["PromptRun", "load_policy", "prompt", "prompt_sync"]
+__all__ = ["PromptRun", "load_policy", "prompt", "prompt_sync", "recover"]
 
 
 @frozen
@@ -169,6 +171,7 @@ async def prompt(
         raise UsageError(f"--cwd {root} is not a directory")
     policy_set = load_policy(policy)
     state = state_directory(state_dir)
+    await recover(state)
     run_id = uuid.uuid4().hex[:12]
     run_dir = state / "runs" / run_id
     writer = TranscriptWriter(transcript, agent=spec.name) if transcript else None
@@ -227,6 +230,19 @@ async def prompt(
     finally:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(workdir.remove)
+
+
+async def recover(state_dir: str | os.PathLike[str] | None = None) -> list[RecoveryReport]:
+    """Complete or roll back applies that a crash interrupted (run before any new work)."""
+    reports = await trio.to_thread.run_sync(recover_applies, state_directory(state_dir))
+    for report in reports:
+        log.warning(
+            "interrupted apply recovered",
+            action=report.action,
+            journal=report.journal,
+            paths=list(report.paths),
+        )
+    return reports
 
 
 async def _finish(run: PromptRun, branch: Branch, state: Path, apply: bool) -> PromptRun:

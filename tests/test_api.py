@@ -200,3 +200,16 @@ async def test_prompt_timeout_raises_turn_timeout(tmp_path: Path) -> None:
     spec = AgentSpec("staller", tuple(scripted_agent_command(script, tmp_path)))
     with trio.fail_after(LIMIT), pytest.raises(TurnTimeout, match="timeout"):
         await prompt(spec, "go", cwd=tmp_path, timeout=0.5)
+
+
+async def test_prompt_first_recovers_an_interrupted_apply(tmp_path: Path) -> None:
+    """An apply killed mid-way is completed from its journal before the next run starts."""
+    from test_vfs_apply import expected_new, killed_mid_apply
+
+    ws, state, _before = killed_mid_apply(tmp_path)
+    assert (ws / "f4.txt").read_text() == "old 4\n"  # half applied
+    with trio.fail_after(LIMIT):
+        await prompt("demo", "hello", cwd=ws, state_dir=state)
+    for rel, data in expected_new(ws).items():
+        assert (ws / rel).read_bytes() == data
+    assert not (ws / "gone.txt").exists()
