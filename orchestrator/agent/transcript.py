@@ -40,9 +40,8 @@ class TranscriptWriter:
         head = b'{"dir":"%s","t":%.6f' % (direction.encode(), elapsed)
         if self.agent is not None:
             head += b',"agent":' + orjson.dumps(self.agent)
-        try:
-            orjson.loads(frame)
-        except orjson.JSONDecodeError:
+        # what we send was encoded by us, so only received frames need checking for bad JSON
+        if direction == "recv" and not _is_json(frame):
             line = head + b',"raw":' + orjson.dumps(frame.decode("utf-8", "replace")) + b"}\n"
         else:
             line = head + b',"msg":' + frame + b"}\n"
@@ -54,3 +53,11 @@ class TranscriptWriter:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def _is_json(frame: bytes) -> bool:
+    try:
+        orjson.loads(frame)
+    except orjson.JSONDecodeError:
+        return False
+    return True
