@@ -1,12 +1,13 @@
-"""The offline demo behind ``./dev demo``: the built-in demo agent at work on a sample project.
+"""The offline demo behind ``./dev demo``: a real pipeline of demo agents on a sample project.
 
-The demo agent (rule-based, no model, no network) gets a task on ``examples/sample-project``. It
-works in its own branch of the project (a copy under the state directory): it edits files
-through the client's ``fs/*``, writes a new one to disk itself and runs the project's check in a
-terminal; every permission request is decided by the ``trusted`` policy and audited. The
-project itself is not touched: the changes come back as a diff (pass ``--apply`` to write them).
+It runs ``examples/demo_pipeline.py`` on ``examples/sample-project`` with the built-in demo agent
+(rule-based, no model, no network): a fan-out over files, a fan-out over two agents, a merge
+with one reported conflict, and a check run on the merged files. Every agent works in its own
+branch (a copy under the state directory); permission requests are decided by the ``trusted``
+policy and audited. The project itself is not touched: the changes stay in the run store (pass
+``--apply`` to write them), and an HTML and a Markdown report are written.
 
-Run it yourself: ``python examples/demo.py [--apply] [--project DIR]``.
+Run it yourself: ``python examples/demo.py [--apply] [--project DIR] [--report DIR]``.
 """
 
 from __future__ import annotations
@@ -16,17 +17,13 @@ import hashlib
 import sys
 from pathlib import Path
 
-from orchestrator import prompt_sync
-from orchestrator.agent.turn import content_text
-from orchestrator.protocol import types as t
+from orchestrator import render_report, run_pipeline_sync
+from orchestrator.cli import configure_logging
+from orchestrator.live import open_view
 
-SAMPLE = Path(__file__).resolve().parent / "sample-project"
-TASK = """\
-rename calc_total to compute_total in shop/*.py
-replace "colour" with "color" in *.md
-create docs/pricing.md with "# Pricing\\n\\nTotals include 20% VAT (compute_total).\\n"
-run python check.py
-"""
+HERE = Path(__file__).resolve().parent
+SAMPLE = HERE / "sample-project"
+PIPELINE = HERE / "demo_pipeline.py"
 
 
 def tree_digest(root: Path) -> str:
@@ -37,42 +34,48 @@ def tree_digest(root: Path) -> str:
     return h.hexdigest()
 
 
-def show(update: t.SessionUpdate) -> None:
-    """Stream the agent's reply and its tool calls as they arrive."""
-    if isinstance(update, t.AgentMessageChunk):
-        print(content_text(update.content), end="", flush=True)
-    elif isinstance(update, t.ToolCall):
-        print(f"  [tool] {update.kind}: {update.title}", flush=True)
-
-
 def main() -> int:
-    """Run the demo; 0 when the agent finished its turn."""
+    """Run the demo pipeline; 0 when it succeeded."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--project", type=Path, default=SAMPLE, help="the project to work on")
     parser.add_argument("--apply", action="store_true", help="write the changes to the project")
+    parser.add_argument("--report", type=Path, help="report directory (default: in the run's)")
     args = parser.parse_args()
+    configure_logging(0, as_json=False)
     before = tree_digest(args.project)
-    print(f"== task for the demo agent on {args.project}\n{TASK}")
-    run = prompt_sync(
-        "demo", TASK, cwd=args.project, policy="trusted", apply=args.apply, on_update=show
-    )
-    print(f"\n== stop reason: {run.turn.stop_reason}")
-    print("== permission decisions (audit trail)")
-    for record in run.permissions:
-        print(f"  {record.verdict:<9} {record.option_id or '-':<8} {record.rule}: {record.title}")
-    print("== files changed in the agent's branch")
-    for path, change in run.changes:
-        print(f"  {change:<9} {path}")
-    print("== diff\n" + run.diff)
-    if run.applied:
+    print(f"== demo pipeline {PIPELINE.name} on {args.project}", flush=True)
+    view = open_view("demo pipeline")
+    try:
+        run = run_pipeline_sync(
+            PIPELINE, cwd=args.project, policy="trusted", apply=args.apply, on_event=view
+        )
+    finally:
+        if view is not None:
+            view.close()
+    result = run.result
+    print("== steps")
+    for name, state in result["steps"].items():
+        keys = [k for k in state["instances"] if k != name]
+        fan = f" (fan-out: {', '.join(keys)})" if keys else ""
+        print(f"  {name:<8} {state['status']}{fan}")
+    print("== conflicts found while merging")
+    for c in result["conflicts"]:
+        print(
+            f"  {c['path']} at step {c['step']}: {c['kind']} between {' and '.join(c['branches'])}"
+        )
+        print(f"    settled by merge={c['resolution']!r}")
+    print("== the run's merged diff\n" + run.diff)
+    report = render_report(result, args.report or Path(run.run_dir) / "report")
+    print(f"== report: {report.html}\n           {report.markdown}")
+    if result.get("applied"):
         print(f"applied to {args.project}")
     else:
         untouched = tree_digest(args.project) == before
         print(
             f"the project is {'untouched' if untouched else 'CHANGED (unexpected!)'}; "
-            f"the patch is in {run.run_dir}/changes.patch (--apply writes it)"
+            f"apply the changes with: orchestrator apply {run.run_id}"
         )
-    return 0 if run.turn.stop_reason == "end_turn" else 1
+    return run.exit_code
 
 
 if __name__ == "__main__":

@@ -31,6 +31,35 @@ _EXPORTS: dict[str, str] = {
     "PromptRun": "orchestrator.api",
     "prompt": "orchestrator.api",
     "prompt_sync": "orchestrator.api",
+    "Config": "orchestrator.config",
+    "Budget": "orchestrator.pipeline",
+    "Pipeline": "orchestrator.pipeline",
+    "Step": "orchestrator.pipeline",
+    "load_pipeline": "orchestrator.pipeline",
+    "step": "orchestrator.pipeline",
+    "Results": "orchestrator.pipeline.results",
+    "RunEvent": "orchestrator.pipeline.results",
+    "StepContext": "orchestrator.pipeline.results",
+    "StepResult": "orchestrator.pipeline.results",
+    "render_report": "orchestrator.report",
+    "ApplyOutcome": "orchestrator.runs",
+    "RunOutcome": "orchestrator.runs",
+    "apply_run": "orchestrator.runs",
+    "apply_run_sync": "orchestrator.runs",
+    "compare": "orchestrator.runs",
+    "compare_sync": "orchestrator.runs",
+    "diff_run": "orchestrator.runs",
+    "get_run_json": "orchestrator.runs",
+    "list_runs": "orchestrator.runs",
+    "resume_run": "orchestrator.runs",
+    "resume_run_sync": "orchestrator.runs",
+    "run_pipeline": "orchestrator.runs",
+    "run_pipeline_sync": "orchestrator.runs",
+    "RunStore": "orchestrator.store",
+    "open_run_store": "orchestrator.store",
+    "Limits": "orchestrator.supervisor",
+    "Supervisor": "orchestrator.supervisor",
+    "open_supervisor": "orchestrator.supervisor",
     "errors": "orchestrator.errors",
 }
 
@@ -76,6 +105,35 @@ if TYPE_CHECKING:
     from .api import PromptRun as PromptRun
     from .api import prompt as prompt
     from .api import prompt_sync as prompt_sync
+    from .config import Config as Config
+    from .pipeline import Budget as Budget
+    from .pipeline import Pipeline as Pipeline
+    from .pipeline import Step as Step
+    from .pipeline import load_pipeline as load_pipeline
+    from .pipeline import step as step
+    from .pipeline.results import Results as Results
+    from .pipeline.results import RunEvent as RunEvent
+    from .pipeline.results import StepContext as StepContext
+    from .pipeline.results import StepResult as StepResult
+    from .report import render_report as render_report
+    from .runs import ApplyOutcome as ApplyOutcome
+    from .runs import RunOutcome as RunOutcome
+    from .runs import apply_run as apply_run
+    from .runs import apply_run_sync as apply_run_sync
+    from .runs import compare as compare
+    from .runs import compare_sync as compare_sync
+    from .runs import diff_run as diff_run
+    from .runs import get_run_json as get_run_json
+    from .runs import list_runs as list_runs
+    from .runs import resume_run as resume_run
+    from .runs import resume_run_sync as resume_run_sync
+    from .runs import run_pipeline as run_pipeline
+    from .runs import run_pipeline_sync as run_pipeline_sync
+    from .store import RunStore as RunStore
+    from .store import open_run_store as open_run_store
+    from .supervisor import Limits as Limits
+    from .supervisor import Supervisor as Supervisor
+    from .supervisor import open_supervisor as open_supervisor
 
 
 def __getattr__(name: str) -> Any:

@@ -2,122 +2,384 @@
 
 ``--agent`` accepts a known name (``claude``, ``codex``, ``gemini``, ``qwen``, ``demo``, ...), a
 command line (``"npx some-agent --acp"``), or ``NAME=COMMAND`` to label a command line.
+
+An :class:`AgentSpec` also carries the agent's operating profile: how many sessions one process
+serves, how long ``initialize`` may take, which auth method to use, its policy and limits, and
+how it writes files (through ``fs/*``, on disk, or both). :data:`KNOWN_AGENTS` is the built-in
+table; :mod:`orchestrator.config` layers the user's and the project's config files over it.
 """
 
 from __future__ import annotations
 
+import fnmatch
+import math
 import os
 import shlex
 import shutil
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
 
+import attrs
 from attrs import field, frozen
 
 from .errors import UsageError
 
-__all__ = ["KNOWN_AGENTS", "AgentSpec", "resolve_agent"]
+__all__ = [
+    "KNOWN_AGENTS",
+    "WRITE_MODES",
+    "AgentSpec",
+    "WriteMode",
+    "builtin_agents",
+    "is_policy_path",
+    "resolve_agent",
+    "resolve_argv",
+]
+
+#: How an agent changes files: through the client (``fs/write_text_file``), on disk itself
+#: (its own tools or shell commands), both, or not known.
+WriteMode = Literal["fs", "disk", "both", "unknown"]
+#: The values of :data:`WriteMode`, in the order they are documented.
+WRITE_MODES: tuple[WriteMode, ...] = ("fs", "disk", "both", "unknown")
+
+# Environment variable names whose values `to_json` hides (globs, case-insensitive): the
+# listing is printed and logged, and config files often carry API keys.
+_SECRET_NAMES = (
+    "*KEY*", "*TOKEN*", "*SECRET*", "*PASSWORD*", "*PASSWD*", "*PASSPHRASE*", "*CREDENTIAL*",
+    "*PRIVATE*", "*AUTH*", "*COOKIE*", "*_PAT", "*_DSN",
+)  # fmt: skip
+_REDACTED = "<redacted>"
+
+
+def _argv(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+def _check_command(instance: AgentSpec, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not value or not all(isinstance(arg, str) for arg in value) or not value[0]:
+        raise UsageError(f"agent {instance.name!r}: command must be a non-empty list of strings")
+
+
+def _at_least(minimum: int) -> Any:
+    def check(instance: AgentSpec, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise UsageError(
+                f"agent {instance.name!r}: {attribute.name} must be an integer >= {minimum},"
+                f" got {value!r}"
+            )
+
+    return check
+
+
+def _check_timeout(instance: AgentSpec, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise UsageError(
+            f"agent {instance.name!r}: startup_timeout must be a positive number of seconds,"
+            f" got {value!r}"
+        )
+
+
+def _check_writes(instance: AgentSpec, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value not in WRITE_MODES:
+        raise UsageError(
+            f"agent {instance.name!r}: writes must be one of {', '.join(WRITE_MODES)},"
+            f" got {value!r}"
+        )
 
 
 @frozen
 class AgentSpec:
-    """How to start one agent."""
+    """How to start one agent, and how it behaves once started."""
 
     #: the label used in logs, reports and ``--json`` output
     name: str
     #: the argv to run
-    command: tuple[str, ...]
+    command: tuple[str, ...] = field(converter=_argv, validator=_check_command)
     #: extra environment variables
     env: Mapping[str, str] = field(factory=dict)
     #: one line on what it is
     description: str = ""
     #: how to install it, for messages when the command is missing
     install: str = ""
+    #: sessions one process serves: None = any number; 1 = one session per process, so the pool
+    #: spawns a process per session (also right for agents that ignore the session's ``cwd``)
+    sessions_per_process: int | None = field(default=None, kw_only=True, validator=_at_least(1))
+    #: seconds within which ``initialize`` must answer (npx may download the agent first)
+    startup_timeout: float = field(default=120.0, kw_only=True, validator=_check_timeout)
+    #: the auth method id to ``authenticate`` with when the agent requires auth; None = the only
+    #: method offered, else fail listing them
+    auth_method: str | None = field(default=None, kw_only=True)
+    #: this agent's permission policy: a preset name or the path of a policy TOML file
+    policy: str | None = field(default=None, kw_only=True)
+    #: this agent's concurrency limit: live sessions at once (None = only the global limit)
+    max_sessions: int | None = field(default=None, kw_only=True, validator=_at_least(1))
+    #: how many times its pool restarts it after crashes before giving up
+    max_restarts: int = field(default=3, kw_only=True, validator=_at_least(0))
+    #: the process's working directory; None = the session's branch directory
+    cwd: str | None = field(default=None, kw_only=True)
+    #: how it writes files (profile, shown by ``orchestrator agents``)
+    writes: WriteMode = field(default="unknown", kw_only=True, validator=_check_writes)
+    #: its quirks, in a sentence or two (shown by ``orchestrator agents``)
+    notes: str = field(default="", kw_only=True)
 
     def resolved(self, base: str | os.PathLike[str]) -> AgentSpec:
-        """The spec with relative paths in its command made absolute against ``base``.
+        """The spec with relative paths in its command, ``cwd`` and ``policy`` made absolute.
 
         Agents run in their branch directory, not where the user typed the command, so
         ``--agent "python tools/agent.py"`` must name ``tools/agent.py`` absolutely. Rewritten:
         a relative program path containing ``/``, and relative arguments containing ``/`` that
-        exist under ``base``; everything else (options, words, URLs) is left alone.
+        exist under ``base``; everything else (options, words, URLs) is left alone. A relative
+        ``cwd`` and a policy given as a file path are joined to ``base``. Returns ``self`` when
+        nothing changed; every other field is kept.
         """
         root = os.fspath(base)
-        argv = list(self.command)
-        head = argv[0]
-        if "/" in head and not os.path.isabs(head):
-            argv[0] = os.path.join(root, head)
-        for i, arg in enumerate(argv[1:], start=1):
-            if (
-                "/" in arg
-                and not arg.startswith("-")
-                and "://" not in arg
-                and not os.path.isabs(arg)
-                and os.path.exists(os.path.join(root, arg))
-            ):
-                argv[i] = os.path.join(root, arg)
-        if tuple(argv) == self.command:
+        argv = resolve_argv(self.command, root)
+        cwd = None if self.cwd is None else _join(root, self.cwd)
+        policy = self.policy
+        if policy is not None and is_policy_path(policy):
+            policy = _join(root, policy)
+        if (argv, cwd, policy) == (self.command, self.cwd, self.policy):
             return self
-        return AgentSpec(self.name, tuple(argv), self.env, self.description, self.install)
+        return attrs.evolve(self, command=argv, cwd=cwd, policy=policy)
+
+    def with_name(self, name: str) -> AgentSpec:
+        """The same agent under another label (``--agent fast=claude``)."""
+        return attrs.evolve(self, name=name)
 
     def executable_found(self) -> bool:
         """Whether the command's program is on PATH (or is a path that exists)."""
         return shutil.which(self.command[0]) is not None
+
+    def to_json(self, *, redact: bool = True) -> dict[str, Any]:
+        """The spec as JSON values (``orchestrator agents --json``).
+
+        Keys are camelCase like the rest of the CLI's JSON. With ``redact`` (the default), the
+        values of environment variables whose names look secret (``*KEY*``, ``*TOKEN*``, ...)
+        are replaced by ``"<redacted>"``.
+        """
+        return {
+            "name": self.name,
+            "command": list(self.command),
+            "env": {
+                key: _REDACTED if redact and _is_secret(key) else value
+                for key, value in self.env.items()
+            },
+            "description": self.description,
+            "install": self.install,
+            "sessionsPerProcess": self.sessions_per_process,
+            "startupTimeout": self.startup_timeout,
+            "authMethod": self.auth_method,
+            "policy": self.policy,
+            "maxSessions": self.max_sessions,
+            "maxRestarts": self.max_restarts,
+            "cwd": self.cwd,
+            "writes": self.writes,
+            "notes": self.notes,
+        }
+
+
+def resolve_argv(argv: tuple[str, ...], root: str) -> tuple[str, ...]:
+    """``argv`` with its relative paths made absolute against ``root`` (see :meth:`resolved`)."""
+    out = list(argv)
+    head = out[0]
+    if "/" in head and not os.path.isabs(head):
+        out[0] = os.path.join(root, head)
+    for i, arg in enumerate(out[1:], start=1):
+        if (
+            "/" in arg
+            and not arg.startswith("-")
+            and "://" not in arg
+            and not os.path.isabs(arg)
+            and os.path.exists(os.path.join(root, arg))
+        ):
+            out[i] = os.path.join(root, arg)
+    return tuple(out)
+
+
+def is_policy_path(policy: str) -> bool:
+    """Whether a ``policy`` value names a file rather than a preset (it has a ``/`` or ends
+    in ``.toml``; preset names have neither)."""
+    return "/" in policy or os.sep in policy or policy.endswith(".toml")
+
+
+def _join(root: str, path: str) -> str:
+    expanded = os.path.expanduser(path)
+    return expanded if os.path.isabs(expanded) else os.path.join(root, expanded)
+
+
+def _is_secret(name: str) -> bool:
+    upper = name.upper()
+    return any(fnmatch.fnmatchcase(upper, pattern) for pattern in _SECRET_NAMES)
 
 
 def _demo_command() -> tuple[str, ...]:
     return (sys.executable, "-m", "orchestrator.demo")
 
 
+# Commands and packages as their projects document them (checked in mid 2026). Agents whose
+# support for several sessions in different directories is not documented get one session per
+# process: it always works, at the price of a process each.
 #: Known agents and their usual ACP launch commands.
 KNOWN_AGENTS: dict[str, AgentSpec] = {
     spec.name: spec
     for spec in (
         AgentSpec(
             "claude",
-            ("npx", "-y", "@zed-industries/claude-code-acp"),
-            description="Claude Code through its ACP adapter",
-            install="npm install -g @zed-industries/claude-code-acp",
+            ("npx", "-y", "@agentclientprotocol/claude-agent-acp"),
+            description="Claude Code through its ACP adapter (Claude Agent SDK)",
+            install="needs Node.js: npx fetches it, or npm install -g "
+            "@agentclientprotocol/claude-agent-acp (command claude-agent-acp)",
+            sessions_per_process=None,
+            startup_timeout=300.0,
+            writes="both",
+            notes="formerly @zed-industries/claude-code-acp; log in with `claude /login` or set "
+            "ANTHROPIC_API_KEY; edits may go through fs/* while Bash runs on disk; "
+            "bypassPermissions mode is refused when running as root",
         ),
         AgentSpec(
             "codex",
-            ("npx", "-y", "@zed-industries/codex-acp"),
-            description="OpenAI Codex through its ACP adapter",
-            install="npm install -g @zed-industries/codex-acp",
+            ("npx", "-y", "@agentclientprotocol/codex-acp"),
+            description="OpenAI Codex through its ACP adapter (Codex app server)",
+            install="needs Node.js: npx fetches it, or npm install -g "
+            "@agentclientprotocol/codex-acp (command codex-acp)",
+            sessions_per_process=None,
+            startup_timeout=300.0,
+            writes="disk",
+            notes="formerly @zed-industries/codex-acp; offers several auth methods (ChatGPT "
+            "login, CODEX_API_KEY, OPENAI_API_KEY): set auth_method to pick one; applies "
+            "patches and runs commands itself",
         ),
         AgentSpec(
             "gemini",
-            ("gemini", "--experimental-acp"),
+            ("gemini", "--acp"),
             description="Gemini CLI in ACP mode",
             install="npm install -g @google/gemini-cli",
+            sessions_per_process=None,
+            writes="both",
+            notes="older releases only know --experimental-acp; reads and writes through fs/* "
+            "when offered, runs shell commands itself; a new prompt aborts the one in flight",
         ),
         AgentSpec(
             "qwen",
             ("qwen", "--acp"),
             description="Qwen Code in ACP mode",
             install="npm install -g @qwen-code/qwen-code",
+            sessions_per_process=None,
+            writes="both",
+            notes="a Gemini CLI fork: fs/* when offered, shell commands itself; sends "
+            "undeclared notifications (qwen/notify/...); older releases need --experimental-acp",
         ),
         AgentSpec(
             "opencode",
             ("opencode", "acp"),
             description="OpenCode in ACP mode",
             install="npm install -g opencode-ai",
+            sessions_per_process=None,
+            writes="both",
+            notes="log in with `opencode auth login`; runs its own HTTP server in-process; "
+            "writes the proposed file through fs/write_text_file before the edit permission "
+            "is answered, and edits on disk itself",
+        ),
+        AgentSpec(
+            "copilot",
+            ("copilot", "--acp", "--stdio"),
+            description="GitHub Copilot CLI in ACP mode (public preview)",
+            install="npm install -g @github/copilot",
+            sessions_per_process=None,
+            writes="unknown",
+            notes="needs a Copilot subscription and `copilot` then /login once; ACP support is "
+            "in preview and may change",
+        ),
+        AgentSpec(
+            "auggie",
+            ("auggie", "--acp"),
+            description="Augment Code's Auggie CLI in ACP mode",
+            install="npm install -g @augmentcode/auggie",
+            sessions_per_process=1,
+            writes="unknown",
+            notes="log in with `auggie login`; not every interactive feature exists in ACP mode",
+        ),
+        AgentSpec(
+            "qoder",
+            ("qodercli", "--acp"),
+            description="Qoder CLI in ACP mode",
+            install="npm install -g @qoder-ai/qodercli (or curl -fsSL https://qoder.com/install "
+            "| bash)",
+            sessions_per_process=1,
+            writes="fs",
+            notes="log in with `qodercli` then /login, or QODER_PERSONAL_ACCESS_TOKEN; documents "
+            "file operations and terminals through the client; newer builds may name the "
+            "command `qoder`",
+        ),
+        AgentSpec(
+            "kiro",
+            ("kiro-cli", "acp"),
+            description="Kiro CLI in ACP mode",
+            install="curl -fsSL https://cli.kiro.dev/install | bash",
+            sessions_per_process=1,
+            writes="unknown",
+            notes="log in with `kiro-cli login` first; adds Kiro extensions (_kiro/...) to "
+            "standard ACP",
+        ),
+        AgentSpec(
+            "hermes",
+            ("hermes", "acp"),
+            description="Nous Research's Hermes Agent in ACP mode",
+            install="uv tool install 'hermes-agent[acp]' (or the installer from "
+            "hermes-agent.nousresearch.com, then the [acp] extra)",
+            sessions_per_process=1,
+            writes="disk",
+            notes="configure a model provider first (`hermes acp --setup`); uses its own file "
+            "and terminal tools",
+        ),
+        AgentSpec(
+            "openclaw",
+            ("openclaw", "acp"),
+            description="OpenClaw's ACP bridge to a running OpenClaw Gateway",
+            install="npm install -g openclaw@latest, then openclaw onboard --install-daemon",
+            sessions_per_process=1,
+            writes="disk",
+            notes="a bridge: the work runs in the Gateway, which must be running; no client "
+            "fs/* and no per-session MCP servers; its edits land in the Gateway's workspace, "
+            "not in the session's branch",
         ),
     )
 }
 
 
-def resolve_agent(text: str, known: Mapping[str, AgentSpec] | None = None) -> AgentSpec:
-    """An agent from ``--agent``: a known name, ``NAME=COMMAND``, or a command line."""
-    table = dict(KNOWN_AGENTS if known is None else known)
+def builtin_agents() -> dict[str, AgentSpec]:
+    """The built-in table: :data:`KNOWN_AGENTS` plus ``demo`` (the rule-based demo agent)."""
+    table = dict(KNOWN_AGENTS)
     table.setdefault(
         "demo",
         AgentSpec(
             "demo",
             _demo_command(),
             description="built-in rule-based demo agent (no model, no network)",
+            writes="both",
+            notes="edits through fs/* when offered, creates new files on disk itself, and runs "
+            "commands in terminals it asks the client for",
         ),
     )
+    return table
+
+
+def resolve_agent(text: str, known: Mapping[str, AgentSpec] | None = None) -> AgentSpec:
+    """An agent from ``--agent``: a known name, ``NAME=COMMAND``, or a command line.
+
+    ``known`` is the table of names (default: :func:`builtin_agents`; a config's table comes
+    from :meth:`orchestrator.config.Config.resolve_agent`); ``demo`` is always known.
+    """
+    table = builtin_agents() if known is None else dict(known)
+    if "demo" not in table:
+        table["demo"] = builtin_agents()["demo"]
     text = text.strip()
     if not text:
         raise UsageError("--agent needs a name or a command")
@@ -128,8 +390,7 @@ def resolve_agent(text: str, known: Mapping[str, AgentSpec] | None = None) -> Ag
     if sep and head and " " not in head and "/" not in head:
         label, text = head, rest.strip()
         if text in table:
-            spec = table[text]
-            return AgentSpec(label, spec.command, spec.env, spec.description, spec.install)
+            return table[text].with_name(label)
     try:
         argv = tuple(shlex.split(text))
     except ValueError as e:

@@ -24,6 +24,9 @@ examples:
   orchestrator prompt --agent demo --policy edit 'replace "colour" with "color" in **/*.md'
   orchestrator prompt --agent claude --json "Explain this repository"
   orchestrator prompt --agent "mine=python my_agent.py" --transcript wire.ndjson "hello"
+  orchestrator run pipelines/batch_replace.py --set old=colour --set new=color
+  orchestrator compare --agent claude --agent codex --verify "pytest -q" "Fix the bug"
+  orchestrator runs; orchestrator show RUN; orchestrator apply RUN
   orchestrator agents --check
 """
 
@@ -76,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--idle-timeout", type=float, help="seconds allowed without any update")
     p.add_argument("text", help="the prompt")
 
+    from ._cli_runs import add_parsers
+
+    add_parsers(sub)
+
     a = sub.add_parser(
         "agents",
         help="list known agents",
@@ -115,9 +122,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     args = build_parser().parse_args(argv)
     configure_logging(args.verbose, args.log_json)
+    from ._cli_runs import HANDLERS
+
     handler: Callable[[argparse.Namespace], Any] = {
         "prompt": _cmd_prompt,
         "agents": _cmd_agents,
+        **HANDLERS,
     }[args.command]
     import trio
 
@@ -263,9 +273,10 @@ def _print_update(update: t.SessionUpdate) -> None:
 
 
 async def _cmd_agents(args: argparse.Namespace) -> int:
-    from .agents import KNOWN_AGENTS, resolve_agent
+    from .config import Config
 
-    specs = [resolve_agent(name) for name in (args.names or [*KNOWN_AGENTS, "demo"])]
+    config = Config.load(".")
+    specs = [config.resolve_agent(name) for name in (args.names or list(config.agents))]
     rows: list[dict[str, Any]] = []
     for spec in specs:
         row: dict[str, Any] = {
@@ -273,6 +284,9 @@ async def _cmd_agents(args: argparse.Namespace) -> int:
             "command": " ".join(spec.command),
             "installed": spec.executable_found(),
             "description": spec.description,
+            "writes": spec.writes,
+            "sessionsPerProcess": spec.sessions_per_process,
+            "notes": spec.notes,
         }
         if args.check and row["installed"]:
             row.update(await _check_agent(spec))
@@ -300,7 +314,12 @@ async def _check_agent(spec: Any) -> dict[str, Any]:
     try:
         with trio.fail_after(180):
             async with open_agent(
-                list(spec.command), name=spec.name, options=ClientOptions(init_timeout=120)
+                list(spec.command),
+                name=spec.name,
+                env=dict(spec.env) or None,
+                options=ClientOptions(
+                    init_timeout=spec.startup_timeout, auth_method=spec.auth_method
+                ),
             ) as conn:
                 info = conn.agent_info
                 result: dict[str, Any] = {

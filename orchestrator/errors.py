@@ -10,6 +10,7 @@ JSON-RPC error objects map to subclasses of :class:`JsonRpcError` by their ``cod
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 __all__ = [
@@ -29,10 +30,14 @@ __all__ = [
     "MethodNotFound",
     "OrchestratorError",
     "ParseError",
+    "PipelineError",
     "ProtocolError",
     "ProtocolVersionMismatch",
     "RequestCancelled",
     "ResourceNotFound",
+    "RunNotFound",
+    "StoreError",
+    "StoreVersionError",
     "TurnTimeout",
     "UsageError",
     "error_from_code",
@@ -45,6 +50,31 @@ class OrchestratorError(Exception):
 
 class UsageError(OrchestratorError):
     """Bad input from the user: a wrong option, a missing file, an unknown agent name."""
+
+
+class PipelineError(UsageError):
+    """A pipeline that cannot run: ``problems`` holds every problem found, not just the first.
+
+    ``source`` names what was checked (a pipeline file or name) and prefixes the message.
+    """
+
+    def __init__(self, problems: str | Iterable[str], source: str | None = None):
+        self.problems: tuple[str, ...] = (
+            (problems,) if isinstance(problems, str) else tuple(problems)
+        )
+        self.source = source
+        super().__init__(self._describe())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The default pickling would pass the message back as ``problems``.
+        return (type(self), (self.problems, self.source))
+
+    def _describe(self) -> str:
+        head = f"{self.source}: " if self.source else ""
+        if len(self.problems) == 1:
+            return head + self.problems[0]
+        lines = "".join(f"\n  - {problem}" for problem in self.problems)
+        return f"{head}{len(self.problems)} problems:{lines}"
 
 
 # --------------------------------------------------------------------------- JSON-RPC
@@ -237,6 +267,9 @@ class AgentStartError(AgentError):
 class AgentHung(AgentError):
     """The agent stopped answering: a turn outlived its timeout or its cancel grace."""
 
+    #: whether the agent ignored ``session/cancel`` too (its process is no longer usable)
+    unresponsive: bool = True
+
 
 class TurnTimeout(AgentHung):
     """A turn ran past its total or idle timeout."""
@@ -252,3 +285,18 @@ class CapabilityNotSupported(AgentError):
 
 class AuthenticationError(AgentError):
     """Authentication was required and could not be performed."""
+
+
+# --------------------------------------------------------------------------- run store
+
+
+class StoreError(OrchestratorError):
+    """The run store (the SQLite database of recorded runs) failed or holds bad data."""
+
+
+class RunNotFound(StoreError, UsageError):
+    """No recorded run matches the id (or id prefix) given, or the prefix names several runs."""
+
+
+class StoreVersionError(StoreError):
+    """The run store was written by a newer orchestrator: its schema version is unknown here."""

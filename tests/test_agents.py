@@ -1,13 +1,21 @@
-"""Tests of agent specs: known names, command lines and NAME=COMMAND labels."""
+"""Tests of agent specs: known names, command lines, NAME=COMMAND labels, the table, profiles."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
+import attrs
 import pytest
 
-from orchestrator.agents import KNOWN_AGENTS, AgentSpec, resolve_agent
+from orchestrator.agents import (
+    KNOWN_AGENTS,
+    WRITE_MODES,
+    AgentSpec,
+    builtin_agents,
+    resolve_agent,
+)
 from orchestrator.errors import UsageError
 
 
@@ -67,3 +75,211 @@ def test_relative_paths_in_the_command_are_made_absolute(tmp_path: Path) -> None
     )
     assert resolved.name == spec.name
     assert resolve_agent("claude").resolved(tmp_path) == KNOWN_AGENTS["claude"]
+
+
+# --------------------------------------------------------------------------- the table
+
+TABLE_AGENTS = [
+    "claude",
+    "codex",
+    "gemini",
+    "qwen",
+    "opencode",
+    "copilot",
+    "auggie",
+    "qoder",
+    "kiro",
+    "hermes",
+    "openclaw",
+]
+
+
+def test_table_has_the_agents_the_readme_promises() -> None:
+    """Every agent of the brief is known by its short name, and demo is not in the table."""
+    assert list(KNOWN_AGENTS) == TABLE_AGENTS
+    assert "demo" not in KNOWN_AGENTS
+    assert list(builtin_agents()) == [*TABLE_AGENTS, "demo"]
+
+
+@pytest.mark.parametrize("name", TABLE_AGENTS)
+def test_table_entries_are_well_formed(name: str) -> None:
+    """Each entry is keyed by its name, runs a program by name (no shell), and says how to
+    install it and what it is."""
+    spec = KNOWN_AGENTS[name]
+    assert spec.name == name
+    assert spec.command and all(arg and arg == arg.strip() for arg in spec.command)
+    assert "/" not in spec.command[0]  # found on PATH, so `agents` can say "installed"
+    assert spec.description and spec.install and spec.notes
+    assert spec.writes in WRITE_MODES
+    assert spec.sessions_per_process in (None, 1)
+    assert spec.startup_timeout > 0 and spec.max_restarts >= 0
+    assert spec.env == {} and spec.policy is None and spec.cwd is None
+
+
+def test_claude_and_codex_adapters_serve_many_sessions_per_process() -> None:
+    """The Claude and Codex adapters multiplex sessions; their npx packages are the new ones."""
+    for name, package in (
+        ("claude", "@agentclientprotocol/claude-agent-acp"),
+        ("codex", "@agentclientprotocol/codex-acp"),
+    ):
+        spec = KNOWN_AGENTS[name]
+        assert spec.sessions_per_process is None
+        assert spec.command == ("npx", "-y", package)
+        assert package in spec.install
+
+
+def test_demo_stays_built_in_and_rule_based() -> None:
+    """The demo agent keeps its command and is known even with a custom table."""
+    spec = resolve_agent("demo", {})
+    assert spec.command == (sys.executable, "-m", "orchestrator.demo")
+    assert spec == builtin_agents()["demo"]
+
+
+# --------------------------------------------------------------------------- the spec
+
+
+def test_new_fields_have_documented_defaults() -> None:
+    """A bare spec serves any number of sessions, waits 120 s for initialize, restarts 3 times."""
+    spec = AgentSpec("x", ("x",))
+    assert spec.sessions_per_process is None
+    assert spec.startup_timeout == 120.0
+    assert (spec.auth_method, spec.policy, spec.max_sessions, spec.cwd) == (None,) * 4
+    assert spec.max_restarts == 3
+    assert (spec.writes, spec.notes) == ("unknown", "")
+
+
+def test_positional_fields_keep_their_order() -> None:
+    """name, command, env, description, install stay the first positional fields."""
+    spec = AgentSpec("x", ["x", "y"], {"A": "1"}, "desc", "pip install x")
+    assert spec.command == ("x", "y")
+    assert (spec.env, spec.description, spec.install) == ({"A": "1"}, "desc", "pip install x")
+
+
+def test_profile_fields_are_keyword_only() -> None:
+    """The new fields cannot be passed by position (the positional surface stays stable)."""
+    with pytest.raises(TypeError):
+        AgentSpec("x", ("x",), {}, "", "", 1)  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("sessions_per_process", 0),
+        ("max_sessions", -1),
+        ("max_restarts", -1),
+        ("startup_timeout", 0),
+        ("startup_timeout", float("inf")),
+        ("sessions_per_process", True),
+        ("writes", "sometimes"),
+    ],
+)
+def test_bad_field_values_are_usage_errors(field: str, value: object) -> None:
+    """Out-of-range numbers and unknown write modes are refused with the field's name."""
+    with pytest.raises(UsageError, match=field):
+        AgentSpec("x", ("x",), **{field: value})  # type: ignore[arg-type]
+
+
+def test_empty_command_is_a_usage_error() -> None:
+    """A spec needs a program to run."""
+    with pytest.raises(UsageError, match="command"):
+        AgentSpec("x", ())
+    with pytest.raises(UsageError, match="command"):
+        AgentSpec("x", ("",))
+
+
+def test_with_name_keeps_every_other_field() -> None:
+    """Relabelling a spec changes only its name."""
+    spec = AgentSpec("a", ("a",), sessions_per_process=1, policy="edit", writes="disk", notes="n")
+    renamed = spec.with_name("b")
+    assert renamed.name == "b"
+    assert attrs.evolve(renamed, name="a") == spec
+
+
+def test_relabel_keeps_the_whole_profile() -> None:
+    """NAME=known relabels the known agent with all its fields."""
+    assert resolve_agent("fast=qoder") == KNOWN_AGENTS["qoder"].with_name("fast")
+
+
+def test_resolved_keeps_every_field(tmp_path: Path) -> None:
+    """Resolving paths rewrites only the command, cwd and a policy file; the rest is kept."""
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "agent.py").write_text("")
+    spec = AgentSpec(
+        "mine",
+        ("python", "tools/agent.py"),
+        {"A": "1"},
+        "d",
+        "i",
+        sessions_per_process=1,
+        startup_timeout=5.0,
+        auth_method="key",
+        policy="policies/ro.toml",
+        max_sessions=2,
+        max_restarts=0,
+        cwd="work",
+        writes="fs",
+        notes="n",
+    )
+    resolved = spec.resolved(tmp_path)
+    assert resolved.command == ("python", f"{tmp_path}/tools/agent.py")
+    assert resolved.cwd == f"{tmp_path}/work"
+    assert resolved.policy == f"{tmp_path}/policies/ro.toml"
+    same = attrs.evolve(resolved, command=spec.command, cwd=spec.cwd, policy=spec.policy)
+    assert same == spec
+
+
+def test_resolved_leaves_preset_policies_and_absolute_paths(tmp_path: Path) -> None:
+    """A preset name is not a path, and absolute paths stay; nothing to do returns self."""
+    spec = AgentSpec("x", ("/bin/x",), policy="read-only", cwd="/srv/x")
+    assert spec.resolved(tmp_path) is spec
+
+
+def test_to_json_has_every_field_in_camel_case() -> None:
+    """`agents --json` gets the whole profile, with JSON-friendly values."""
+    spec = AgentSpec(
+        "mine",
+        ("python", "a.py"),
+        {"BASE_URL": "http://127.0.0.1:1"},
+        "d",
+        "i",
+        sessions_per_process=1,
+        max_sessions=4,
+        writes="disk",
+        notes="quirky",
+    )
+    data = spec.to_json()
+    assert data == {
+        "name": "mine",
+        "command": ["python", "a.py"],
+        "env": {"BASE_URL": "http://127.0.0.1:1"},
+        "description": "d",
+        "install": "i",
+        "sessionsPerProcess": 1,
+        "startupTimeout": 120.0,
+        "authMethod": None,
+        "policy": None,
+        "maxSessions": 4,
+        "maxRestarts": 3,
+        "cwd": None,
+        "writes": "disk",
+        "notes": "quirky",
+    }
+    assert json.loads(json.dumps(data)) == data
+
+
+def test_to_json_redacts_secret_looking_env_values() -> None:
+    """API keys in a spec's env do not end up in listings, unless asked for."""
+    spec = AgentSpec("x", ("x",), {"OPENAI_API_KEY": "sk-1", "GH_TOKEN": "t", "MODEL": "m"})
+    assert spec.to_json()["env"] == {
+        "OPENAI_API_KEY": "<redacted>",
+        "GH_TOKEN": "<redacted>",
+        "MODEL": "m",
+    }
+    assert spec.to_json(redact=False)["env"]["OPENAI_API_KEY"] == "sk-1"
+
+
+def test_every_known_agent_serializes() -> None:
+    """The whole built-in table goes through to_json and JSON."""
+    rows = [spec.to_json() for spec in builtin_agents().values()]
+    assert [row["name"] for row in rows] == [*TABLE_AGENTS, "demo"]
+    json.dumps(rows)

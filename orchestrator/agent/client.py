@@ -42,7 +42,7 @@ from ..jsonrpc.connection import JsonRpcConnection
 from ..protocol import types as t
 from ..protocol.codec import converter, structure, unstructure
 from .content import PromptInput, check_prompt_capabilities, to_blocks
-from .process import open_agent_process
+from .process import AgentProcess, open_agent_process
 from .services import (
     ClientServices,
     DeclineElicitation,
@@ -280,10 +280,12 @@ class AcpSession:
                 await self._wait_after_cancel(
                     turn, f"turn exceeded its {what} timeout", TurnTimeout
                 )
-                raise TurnTimeout(
+                timed_out = TurnTimeout(
                     f"turn exceeded its {what} timeout and was cancelled",
                     agent=self.connection.name,
                 )
+                timed_out.unresponsive = False  # it answered the cancel
+                raise timed_out
 
     async def _wait_after_cancel(
         self, turn: Turn, why: str, error: type[AgentHung] = AgentHung
@@ -402,6 +404,8 @@ class AgentConnection:
     init: t.InitializeResponse | None = None
     sessions: dict[str, AcpSession] = field(factory=dict)
     pid: int | None = None
+    #: the agent's process when it was started by :func:`open_agent`
+    process: AgentProcess | None = None
     _authenticated: bool = False
 
     # ------------------------------------------------------------------ what the agent said
@@ -839,6 +843,7 @@ async def open_agent(
             ) as conn:
                 initialized = True
                 conn.pid = proc.pid
+                conn.process = proc
                 yield conn
         except AgentExited as e:
             if initialized:

@@ -213,6 +213,12 @@ class JsonRpcConnection:
         """Whether the connection ended (EOF, a broken stream, :meth:`aclose`, serve stopped)."""
         return self._closed
 
+    async def wait_closed(self) -> ConnectionClosed:
+        """Wait until the connection has ended (EOF, a broken stream or ``aclose``); return why."""
+        await self._close_exc_ready.wait()
+        assert self._close_exc is not None
+        return self._close_exc
+
     def statistics(self) -> ConnectionStatistics:
         """A snapshot of the connection's counters."""
         return ConnectionStatistics(

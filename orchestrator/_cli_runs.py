@@ -1,0 +1,367 @@
+"""The run commands of the command line: run, compare, runs, show, resume, apply, diff."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CONFLICTS = 0, 1, 2, 3
+
+RUN_EXAMPLES = """\
+examples:
+  orchestrator run pipelines/batch_replace.py --set old=colour --set new=color --cwd ~/proj
+  orchestrator run pipelines/plan_implement_review.py --set task="add a --verbose flag" --apply
+  orchestrator run examples/demo_pipeline.py --cwd examples/sample-project --report report/
+"""
+COMPARE_EXAMPLES = """\
+examples:
+  orchestrator compare --agent claude --agent codex --verify "pytest -q" "Fix the failing test"
+  orchestrator compare --agent a=demo --agent b=demo --report out/ 'rename x to y in *.py'
+"""
+
+
+def _shared(p: argparse.ArgumentParser, *, state_only: bool = False) -> None:
+    p.add_argument(
+        "--state-dir",
+        help="where runs and branches live (default: $ORCHESTRATOR_STATE_DIR or "
+        "~/.local/state/acp-orchestrator)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON result object")
+    if state_only:
+        return
+    p.add_argument("--cwd", default=".", help="the workspace (default: .)")
+    p.add_argument(
+        "--policy", help="permission policy: a preset name or a TOML file (default: reject all)"
+    )
+    p.add_argument("--transcript", help="append every wire frame to this ND-JSON file")
+    p.add_argument("--report", metavar="DIR", help="write report.html and report.md into DIR")
+    p.add_argument("--max-sessions", type=int, help="live agent sessions at once (default: 8)")
+    p.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
+
+
+def add_parsers(sub: Any) -> None:
+    """Add the run commands to the ``orchestrator`` parser's subcommands."""
+    raw = argparse.RawDescriptionHelpFormatter
+    p = sub.add_parser(
+        "run",
+        help="run a pipeline file",
+        description="Run a pipeline (a Python file of @step functions) on branches of --cwd.",
+        epilog=RUN_EXAMPLES,
+        formatter_class=raw,
+    )
+    p.add_argument("pipeline", help="the pipeline file")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a run input (VALUE is JSON if it parses, else a string); repeatable",
+    )
+    p.add_argument("--apply", action="store_true", help="write the run's changes to --cwd")
+    _shared(p)
+
+    c = sub.add_parser(
+        "compare",
+        help="the same task to several agents, side by side",
+        description="Give TEXT to every --agent at once, each in its own branch, and compare.",
+        epilog=COMPARE_EXAMPLES,
+        formatter_class=raw,
+    )
+    c.add_argument("--agent", action="append", required=True, help="repeat for each agent")
+    c.add_argument("--verify", metavar="CMD", help="a command run in each agent's branch after it")
+    c.add_argument("--apply", metavar="NAME", help="write this agent's changes to --cwd")
+    c.add_argument("--timeout", type=float, help="seconds allowed for each agent's turn")
+    c.add_argument("--idle-timeout", type=float, help="seconds allowed without any update")
+    c.add_argument("text", help="the task")
+    _shared(c)
+
+    r = sub.add_parser("runs", help="list recorded runs", description="List runs, newest first.")
+    r.add_argument("--limit", type=int, default=20, help="how many (default: 20)")
+    _shared(r, state_only=True)
+
+    s = sub.add_parser("show", help="show a run", description="Show a recorded run's steps.")
+    s.add_argument("run", help="a run id (a unique prefix is enough)")
+    s.add_argument("--report", metavar="DIR", help="write report.html and report.md into DIR")
+    _shared(s, state_only=True)
+
+    u = sub.add_parser(
+        "resume",
+        help="resume a run",
+        description="Run a recorded run again: finished steps are reused, the rest run.",
+    )
+    u.add_argument("run", help="a run id")
+    u.add_argument("--apply", action="store_true", help="write the run's changes to its workspace")
+    u.add_argument("--policy", help="permission policy (default: reject all)")
+    u.add_argument("--report", metavar="DIR", help="write report.html and report.md into DIR")
+    u.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
+    _shared(u, state_only=True)
+
+    a = sub.add_parser(
+        "apply",
+        help="write a run's changes to its workspace",
+        description="Write a run's changes (or one step's) to its workspace, all or nothing.",
+    )
+    a.add_argument("run", help="a run id")
+    a.add_argument("--step", help="only this step (STEP or STEP[KEY]; compare runs: compare[NAME])")
+    _shared(a, state_only=True)
+
+    d = sub.add_parser("diff", help="print a run's diff", description="Print a run's unified diff.")
+    d.add_argument("run", help="a run id")
+    d.add_argument("--step", help="only this step (STEP or STEP[KEY])")
+    _shared(d, state_only=True)
+
+
+def _inputs(pairs: list[str]) -> dict[str, Any]:
+    from .errors import UsageError
+
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.isidentifier():
+            raise UsageError(f"--set {pair!r}: expected KEY=VALUE")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
+def _emit(obj: Any) -> None:
+    import orjson
+
+    sys.stdout.buffer.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2) + b"\n")
+    sys.stdout.flush()
+
+
+def _view(args: argparse.Namespace, title: str) -> Any:
+    from .live import open_view
+
+    return open_view(title, enabled=not getattr(args, "no_progress", False) and not args.json)
+
+
+def _finish(args: argparse.Namespace, outcome: Any) -> int:
+    result = dict(outcome.result)
+    if getattr(args, "report", None):
+        from .report import render_report
+
+        paths = render_report(result, args.report)
+        result["report"] = {"html": str(paths.html), "markdown": str(paths.markdown)}
+        if not args.json:
+            print(f"report: {paths.html}", file=sys.stderr)
+    if args.json:
+        _emit(result)
+    else:
+        _summary(result, outcome.run_id)
+    return int(outcome.exit_code)
+
+
+def _summary(result: dict[str, Any], run_id: str) -> None:
+    """The human ending of run, compare and resume (stderr; the diff on stdout)."""
+    err = sys.stderr
+    if result.get("kind") == "compare":
+        for agent in result.get("agents", []):
+            verify = agent.get("verify") or {}
+            vtext = f" verify={verify.get('exitCode')}" if verify else ""
+            files = len(agent.get("changes") or [])
+            print(
+                f"  {agent.get('name'):<12} {agent.get('status'):<10} "
+                f"{agent.get('stopReason') or '-':<10} {files} files{vtext}",
+                file=err,
+            )
+    else:
+        for name, step in (result.get("steps") or {}).items():
+            extra = step.get("error") or step.get("cause") or ""
+            print(f"  {name:<20} {step.get('status'):<10} {extra}", file=err)
+        for c in result.get("conflicts") or []:
+            print(
+                f"  conflict in {c['path']} at {c['step']} ({c['kind']}): {c['resolution']}",
+                file=err,
+            )
+        if result.get("diff"):
+            sys.stdout.write(result["diff"])
+    status = result.get("status")
+    print(f"run {run_id}: {status}", file=err)
+    if not result.get("applied"):
+        how = (
+            f"orchestrator apply {run_id} --step compare[NAME]"
+            if result.get("kind") == "compare"
+            else f"orchestrator apply {run_id}"
+        )
+        print(f"nothing was written to the workspace; to apply: {how}", file=err)
+
+
+async def cmd_run(args: argparse.Namespace) -> int:
+    """``orchestrator run``."""
+    from .runs import run_pipeline
+
+    view = _view(args, f"pipeline {args.pipeline}")
+    try:
+        outcome = await run_pipeline(
+            args.pipeline,
+            _inputs(args.set),
+            cwd=args.cwd,
+            policy=args.policy,
+            apply=args.apply,
+            on_event=view,
+            state_dir=args.state_dir,
+            transcript=args.transcript,
+            max_sessions=args.max_sessions,
+        )
+    finally:
+        if view is not None:
+            view.close()
+    return _finish(args, outcome)
+
+
+async def cmd_compare(args: argparse.Namespace) -> int:
+    """``orchestrator compare``."""
+    from .runs import compare
+
+    view = _view(args, "compare")
+    try:
+        outcome = await compare(
+            args.agent,
+            args.text,
+            verify=args.verify,
+            apply=args.apply,
+            cwd=args.cwd,
+            policy=args.policy,
+            on_event=view,
+            state_dir=args.state_dir,
+            transcript=args.transcript,
+            max_sessions=args.max_sessions,
+            timeout=args.timeout,
+            idle_timeout=args.idle_timeout,
+        )
+    finally:
+        if view is not None:
+            view.close()
+    return _finish(args, outcome)
+
+
+async def cmd_resume(args: argparse.Namespace) -> int:
+    """``orchestrator resume``."""
+    from .pipeline._branches import ResumeConflict
+    from .runs import resume_run
+
+    view = _view(args, f"resume {args.run}")
+    try:
+        outcome = await resume_run(
+            args.run, state_dir=args.state_dir, policy=args.policy, apply=args.apply, on_event=view
+        )
+    except ResumeConflict as e:
+        print(f"orchestrator: {e}", file=sys.stderr)
+        if args.json:
+            _emit({"error": {"type": "ResumeConflict", "message": str(e)}, "paths": list(e.paths)})
+        return EXIT_CONFLICTS
+    finally:
+        if view is not None:
+            view.close()
+    return _finish(args, outcome)
+
+
+async def cmd_runs(args: argparse.Namespace) -> int:
+    """``orchestrator runs``."""
+    import datetime
+
+    from .runs import list_runs
+
+    runs = await list_runs(state_dir=args.state_dir, limit=args.limit)
+    if args.json:
+        _emit({"runs": [r.to_json() for r in runs]})
+        return EXIT_OK
+    for r in runs:
+        when = datetime.datetime.fromtimestamp(r.created).strftime("%Y-%m-%d %H:%M:%S")
+        what = r.pipeline or dict(r.inputs).get("task", "") or ""
+        applied = " applied" if r.applied else ""
+        print(f"{r.run_id}  {when}  {r.kind:<8} {r.status:<11}{applied}  {str(what)[:60]}")
+    if not runs:
+        print("no runs recorded", file=sys.stderr)
+    return EXIT_OK
+
+
+async def cmd_show(args: argparse.Namespace) -> int:
+    """``orchestrator show``."""
+    from .runs import get_run_json
+
+    result = await get_run_json(args.run, state_dir=args.state_dir)
+    if args.report:
+        from .report import render_report
+
+        paths = render_report(result, args.report)
+        result["report"] = {"html": str(paths.html), "markdown": str(paths.markdown)}
+        if not args.json:
+            print(f"report: {paths.html}", file=sys.stderr)
+    if args.json:
+        _emit(result)
+        return EXIT_OK
+    print(f"run {result['runId']} ({result['kind']}) in {result['cwd']}: {result['status']}")
+    if result.get("kind") == "compare":
+        print(f"task: {result.get('task')}")
+        for agent in result.get("agents", []):
+            print(
+                f"  {agent.get('name'):<12} {agent.get('status'):<10} "
+                f"{len(agent.get('changes') or [])} files  {agent.get('stopReason') or '-'}"
+            )
+    else:
+        for name, step in (result.get("steps") or {}).items():
+            extra = step.get("error") or step.get("cause") or ""
+            print(f"  {name:<20} {step.get('status'):<10} {extra}")
+            for key, inst in (step.get("instances") or {}).items():
+                if key != name:
+                    print(f"    [{key}] {inst.get('status')} {inst.get('error') or ''}")
+    for c in result.get("conflicts") or []:
+        print(f"  conflict in {c['path']} at {c['step']} ({c['kind']}): {c['resolution']}")
+    return EXIT_OK
+
+
+async def cmd_apply(args: argparse.Namespace) -> int:
+    """``orchestrator apply``."""
+    from .runs import apply_run
+
+    outcome = await apply_run(args.run, step=args.step, state_dir=args.state_dir)
+    if args.json:
+        _emit(
+            {
+                "runId": args.run,
+                "step": args.step,
+                "applied": outcome.applied,
+                "written": list(outcome.written),
+                "deleted": list(outcome.deleted),
+                "conflicts": list(outcome.paths),
+            }
+        )
+    elif outcome.applied:
+        n = len(outcome.written) + len(outcome.deleted)
+        print(f"applied: {n} files written or deleted", file=sys.stderr)
+    else:
+        print(
+            "NOT applied: changed in the workspace since the run: " + ", ".join(outcome.paths),
+            file=sys.stderr,
+        )
+    return EXIT_OK if outcome.applied else EXIT_CONFLICTS
+
+
+async def cmd_diff(args: argparse.Namespace) -> int:
+    """``orchestrator diff``."""
+    from .runs import diff_run
+
+    text = await diff_run(args.run, step=args.step, state_dir=args.state_dir)
+    if args.json:
+        _emit({"runId": args.run, "step": args.step, "diff": text})
+    else:
+        sys.stdout.write(text)
+    return EXIT_OK
+
+
+HANDLERS = {
+    "run": cmd_run,
+    "compare": cmd_compare,
+    "runs": cmd_runs,
+    "show": cmd_show,
+    "resume": cmd_resume,
+    "apply": cmd_apply,
+    "diff": cmd_diff,
+}

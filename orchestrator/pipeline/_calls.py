@@ -1,0 +1,102 @@
+"""Small pieces of the pipeline runner: calling step functions, keys, values, verify commands."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import orjson
+import trio
+
+from ..agent.content import PromptInput
+from ..errors import OrchestratorError, UsageError
+from ..protocol import types as t
+from .results import RunEvent, StepResult, VerifyResult
+
+MISSING = object()
+
+
+async def call(fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> Any:
+    """Call a step function: coroutine functions on the loop, plain ones in a worker thread."""
+    if inspect.iscoroutinefunction(fn):
+        return await fn(**kwargs)
+    result = await trio.to_thread.run_sync(lambda: fn(**kwargs))
+    if inspect.isawaitable(result):
+        return await result
+    return result
+
+
+def prompt_input(prompt: Any) -> PromptInput:
+    if prompt is None:
+        raise UsageError("an agent step returned no prompt")
+    if isinstance(prompt, StepResult):
+        return prompt.text
+    return prompt  # type: ignore[no-any-return]
+
+
+def item_key(key: Any, value: Any, mapping: bool) -> str:
+    if mapping:
+        return str(key)
+    if isinstance(value, (str, int, float)) and len(str(value)) <= 80:
+        return str(value)
+    return str(key)
+
+
+def safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:100] or "step"
+
+
+def describe(e: BaseException) -> str:
+    if isinstance(e, OrchestratorError):
+        return str(e)
+    return f"{type(e).__name__}: {e}"
+
+
+def jsonable(value: Any) -> Any:
+    if value is MISSING:
+        return None
+    try:
+        orjson.dumps(value)
+    except TypeError:
+        return repr(value)
+    return value
+
+
+def stored_value(value: Any) -> tuple[Any, bool]:
+    """A Python step's value as JSON for the store, and whether it could be stored."""
+    try:
+        return orjson.loads(orjson.dumps(value)), True
+    except TypeError:
+        return None, False
+
+
+def update_event(
+    run_id: str, step: str, key: str | None, agent: str, update: t.SessionUpdate
+) -> RunEvent:
+    data: dict[str, Any] = {"kind": getattr(update, "session_update", type(update).__name__)}
+    if isinstance(update, (t.ToolCall, t.ToolCallUpdate)):
+        data.update(title=update.title, toolKind=update.kind, status=update.status)
+    elif isinstance(update, t.UsageUpdate):
+        data.update(tokens=update.used)
+    return RunEvent("update", run_id, step, key, agent, data)
+
+
+async def run_verify(command: str, directory: Path, *, timeout: float = 600.0) -> VerifyResult:
+    """Run shell ``command`` in ``directory``; keep its exit code and the tail of its output."""
+    with trio.move_on_after(timeout) as scope:
+        done = await trio.run_process(
+            command,
+            shell=True,
+            cwd=directory,
+            capture_stdout=True,
+            stderr=subprocess.STDOUT,
+            check=False,
+        )
+    if scope.cancelled_caught:
+        return VerifyResult(command, 124, f"timed out after {timeout:g}s")
+    output = done.stdout.decode("utf-8", "replace")
+    tail = "\n".join(output.splitlines()[-40:])
+    return VerifyResult(command, done.returncode, tail)

@@ -1,0 +1,235 @@
+"""What pipeline steps produce and what the runner reports while it runs.
+
+An agent step's instance yields a :class:`StepResult`; a plain Python step yields its return
+value. A step that depends on a fanned-out step receives a :class:`Results` mapping keyed by
+agent name or item. :class:`StepContext` is what a step may ask for with a ``ctx`` parameter.
+The runner reports progress as :class:`RunEvent` values.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from attrs import field, frozen
+
+__all__ = [
+    "ChangeKind",
+    "Results",
+    "RunEvent",
+    "StepContext",
+    "StepResult",
+    "StepStatus",
+    "VerifyResult",
+]
+
+ChangeKind = Literal["added", "modified", "deleted"]
+StepStatus = Literal["pending", "running", "succeeded", "failed", "skipped", "interrupted"]
+
+
+@frozen
+class VerifyResult:
+    """A verify command run in a branch's directory after its turn."""
+
+    command: str
+    exit_code: int
+    #: the last lines of its combined output
+    output: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"command": self.command, "exitCode": self.exit_code, "output": self.output}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> VerifyResult:
+        return cls(str(data["command"]), int(data["exitCode"]), str(data.get("output") or ""))
+
+
+@frozen
+class StepResult:
+    """The result of one agent step instance (one agent, one item)."""
+
+    #: the step's name
+    step: str
+    #: the instance key (agent name or item) of a fanned-out step, else None
+    key: str | None
+    #: the agent that ran it
+    agent: str
+    #: succeeded or failed
+    status: StepStatus = "succeeded"
+    #: the agent's final message
+    text: str = ""
+    #: why the turn ended
+    stop_reason: str | None = None
+    #: the item this instance worked on (fan-out over items)
+    item: Any = None
+    #: the agent's name and version as it reported them
+    agent_info: Mapping[str, Any] | None = None
+    session_id: str | None = None
+    #: tool calls: ``{toolCallId, title, kind, status}``
+    tool_calls: tuple[Mapping[str, Any], ...] = ()
+    #: permission audit records (``PermissionRecord.to_json``)
+    permissions: tuple[Mapping[str, Any], ...] = ()
+    #: usage as the agent reported it
+    usage: Mapping[str, Any] | None = None
+    #: files changed by this instance, relative to where its branch forked
+    changes: tuple[tuple[str, ChangeKind], ...] = ()
+    #: the unified diff of those changes
+    diff: str = ""
+    verify: VerifyResult | None = None
+    error: str | None = None
+    wall_seconds: float = 0.0
+    attempt: int = 1
+
+    @property
+    def ok(self) -> bool:
+        """Whether the instance succeeded."""
+        return self.status == "succeeded"
+
+    def __str__(self) -> str:
+        return self.text
+
+    def to_json(self) -> dict[str, Any]:
+        """The instance as it appears in ``--json`` output, reports and the run store."""
+        return {
+            "step": self.step,
+            "key": self.key,
+            "status": self.status,
+            "agent": self.agent,
+            "agentInfo": dict(self.agent_info) if self.agent_info else None,
+            "sessionId": self.session_id,
+            "item": self.item,
+            "stopReason": self.stop_reason,
+            "text": self.text,
+            "toolCalls": [dict(c) for c in self.tool_calls],
+            "permissions": [dict(p) for p in self.permissions],
+            "usage": dict(self.usage) if self.usage is not None else None,
+            "changes": [{"path": p, "change": c} for p, c in self.changes],
+            "diff": self.diff,
+            "verify": self.verify.to_json() if self.verify else None,
+            "error": self.error,
+            "wallSeconds": round(self.wall_seconds, 3),
+            "attempt": self.attempt,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StepResult:
+        """A result read back from the run store."""
+        verify = data.get("verify")
+        return cls(
+            step=str(data["step"]),
+            key=data.get("key"),
+            agent=str(data.get("agent") or ""),
+            status=data.get("status", "succeeded"),
+            text=str(data.get("text") or ""),
+            stop_reason=data.get("stopReason"),
+            item=data.get("item"),
+            agent_info=data.get("agentInfo"),
+            session_id=data.get("sessionId"),
+            tool_calls=tuple(data.get("toolCalls") or ()),
+            permissions=tuple(data.get("permissions") or ()),
+            usage=data.get("usage"),
+            changes=tuple((c["path"], c["change"]) for c in data.get("changes") or ()),
+            diff=str(data.get("diff") or ""),
+            verify=VerifyResult.from_json(verify) if verify else None,
+            error=data.get("error"),
+            wall_seconds=float(data.get("wallSeconds") or 0.0),
+            attempt=int(data.get("attempt") or 1),
+        )
+
+
+class Results(Mapping[str, Any]):
+    """The results of a fanned-out step, keyed by agent name or item, in fan-out order.
+
+    Values are :class:`StepResult` for agent steps and plain values for Python steps. Only
+    instances that succeeded are present (a failed instance fails the whole step).
+    """
+
+    def __init__(self, step: str, items: Mapping[str, Any]):
+        self.step = step
+        self._items = dict(items)
+
+    def __getitem__(self, key: str) -> Any:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __repr__(self) -> str:
+        return f"Results({self.step!r}, keys={list(self._items)!r})"
+
+    @property
+    def texts(self) -> dict[str, str]:
+        """Each agent instance's final message."""
+        return {k: str(v) for k, v in self._items.items()}
+
+
+@frozen
+class StepContext:
+    """What a step function gets for a parameter named ``ctx``."""
+
+    run_id: str
+    step: str
+    #: the instance key of a fanned-out step, else None
+    key: str | None
+    #: the agent of an agent step, else None
+    agent: str | None
+    #: the workspace the run started from (never write there: use ``workdir``)
+    workspace: Path
+    #: the run inputs
+    inputs: Mapping[str, Any]
+    attempt: int = 1
+
+
+EventType = Literal[
+    "run_started",
+    "step_started",
+    "update",
+    "permission",
+    "conflict",
+    "step_finished",
+    "step_failed",
+    "step_skipped",
+    "step_retry",
+    "step_reused",
+    "run_finished",
+]
+
+
+@frozen
+class RunEvent:
+    """One thing that happened during a run (shown live, and kept in the run store)."""
+
+    type: EventType
+    run_id: str
+    #: the step, for step events
+    step: str | None = None
+    #: the instance key of a fanned-out step
+    key: str | None = None
+    agent: str | None = None
+    #: the event's details (JSON values), by type: ``status``, ``error``, ``cause``,
+    #: ``title``, ``kind``, ``tokens``, ``path``, ``verdict`` ...
+    data: Mapping[str, Any] = field(factory=dict)
+    time: float = field(factory=time.time)
+
+    @property
+    def instance(self) -> str | None:
+        """``step[key]`` for a fanned-out instance, ``step`` otherwise."""
+        if self.step is None:
+            return None
+        return f"{self.step}[{self.key}]" if self.key is not None else self.step
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "runId": self.run_id,
+            "step": self.step,
+            "key": self.key,
+            "agent": self.agent,
+            "time": self.time,
+            **dict(self.data),
+        }

@@ -1,0 +1,653 @@
+"""Running a pipeline: the DAG scheduled on trio, each step on its own branch, all recorded.
+
+Each step starts as soon as the steps it depends on are done. Before a step runs, the branches
+of its parents are merged (its ``merge`` strategy settles conflicts, or the step fails with them)
+and every instance of the step forks its own branch from the merge: one per agent and per item
+when it fans out. Agent steps get a session leased from an :class:`AgentPool` (the
+:class:`~orchestrator.supervisor.Supervisor`) in their branch's directory; Python steps run in a
+worker thread (or on the loop, if ``async``). A failed step skips its descendants with the cause;
+independent steps go on. Everything is written to the run store as it happens, so a run can be
+shown, resumed (finished instances are reused with their branches) and applied later.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+from typing import Any, Protocol
+
+import structlog
+import trio
+from attrs import define, field
+
+from ..agent.client import AcpSession
+from ..agent.content import PromptInput
+from ..agent.elicitation import PolicyElicitationService
+from ..agent.permissions import Escalate, PolicyPermissionService
+from ..agent.services import ClientServices
+from ..agent.terminals import open_terminal_service
+from ..agent.turn import TurnResult
+from ..agents import AgentSpec
+from ..errors import UsageError
+from ..policy import PolicySet
+from ..protocol import types as t
+from ..store import RunStore, StepRecord
+from ..vfs import Branch, BranchFileSystem, MergeResult, Snapshot, materialize_async, merge_branches
+from ._branches import change_kinds, conflict_json, diff_of, stored_changes
+from ._calls import (
+    MISSING,
+    call,
+    describe,
+    item_key,
+    jsonable,
+    prompt_input,
+    run_verify,
+    safe,
+    stored_value,
+    update_event,
+)
+from .results import EventType, Results, RunEvent, StepContext, StepResult, StepStatus
+from .spec import Pipeline, Step
+
+__all__ = ["AgentPool", "LeaseLike", "PipelineRunner"]
+
+log = structlog.get_logger(__name__)
+
+EventSink = Callable[[RunEvent], None]
+
+
+class LeaseLike(Protocol):
+    """What the runner needs of a leased session."""
+
+    @property
+    def session(self) -> AcpSession: ...
+
+    async def prompt(
+        self,
+        prompt: PromptInput,
+        *,
+        timeout: float | None = None,
+        idle_timeout: float | None = None,
+        on_update: Callable[[t.SessionUpdate], None] | None = None,
+    ) -> TurnResult: ...
+
+
+class AgentPool(Protocol):
+    """Where agent steps get their sessions (the supervisor satisfies it)."""
+
+    def lease(
+        self,
+        spec: AgentSpec,
+        *,
+        cwd: str | os.PathLike[str],
+        services: ClientServices | None = None,
+        step: str | None = None,
+    ) -> AbstractAsyncContextManager[LeaseLike]: ...
+
+
+@define(eq=False)
+class StepState:
+    """A step's progress in one run."""
+
+    step: Step
+    status: StepStatus = "pending"
+    done: trio.Event = field(factory=trio.Event)
+    #: instance key (None for a single instance) -> its result or value
+    outputs: dict[str | None, Any] = field(factory=dict)
+    #: the branches of the succeeded instances, for the step's dependents
+    branches: list[Branch] = field(factory=list)
+    error: str | None = None
+    cause: str | None = None
+    started: float | None = None
+    finished: float | None = None
+    #: instances failed (for the summary)
+    failures: dict[str | None, str] = field(factory=dict)
+    #: conflicts found merging the parents: (conflict JSON)
+    conflicts: list[dict[str, Any]] = field(factory=list)
+
+    def value(self) -> Any:
+        """What a dependent receives."""
+        if self.step.fans_out:
+            return Results(self.step.name, {str(k): v for k, v in self.outputs.items()})
+        return self.outputs.get(None)
+
+
+@define(eq=False)
+class PipelineRunner:
+    """One run of one pipeline; :meth:`run` executes it (see :mod:`orchestrator.api`)."""
+
+    pipeline: Pipeline
+    inputs: Mapping[str, Any]
+    run_id: str
+    workspace: Path
+    snapshot: Snapshot
+    store: RunStore
+    pool: AgentPool
+    resolve_agent: Callable[[str], AgentSpec]
+    run_dir: Path
+    policy: PolicySet = field(factory=PolicySet)
+    load_policy: Callable[[str], PolicySet] = PolicySet.load
+    escalate: Escalate | None = None
+    on_event: EventSink | None = None
+    verify: Mapping[str, str] = field(factory=dict)
+    #: instances already finished in an earlier attempt of this run: key -> (record, branch)
+    reused: Mapping[str, tuple[StepRecord, Branch]] = field(factory=dict)
+    parallel: int = 8
+    states: dict[str, StepState] = field(factory=dict)
+    _slots: trio.Semaphore = field(init=False)
+    #: the specs of the agents in use, by label ("alice=demo" runs the demo agent as alice)
+    _specs: dict[str, AgentSpec] = field(init=False, factory=dict)
+    _branch_keys: dict[str, str | None] = field(init=False, factory=dict)
+
+    def __attrs_post_init__(self) -> None:
+        self._slots = trio.Semaphore(max(self.parallel, 1))
+        self.states = {name: StepState(s) for name, s in self.pipeline.steps.items()}
+
+    # ------------------------------------------------------------------ events
+
+    async def emit(self, event: RunEvent) -> None:
+        """Report ``event`` to the listener and keep it in the store."""
+        if self.on_event is not None:
+            try:
+                self.on_event(event)
+            except Exception:
+                log.exception("event listener failed", event=event.type)
+        await self.store.add_event(self.run_id, event.to_json())
+
+    def _emit_nowait(self, event: RunEvent) -> None:
+        if self.on_event is not None:
+            try:
+                self.on_event(event)
+            except Exception:
+                log.exception("event listener failed", event=event.type)
+
+    # ------------------------------------------------------------------ scheduling
+
+    async def run(self) -> None:
+        """Run every step, each as soon as its dependencies are done."""
+        async with trio.open_nursery() as nursery:
+            for name in self.pipeline.order():
+                nursery.start_soon(self._run_step, self.states[name], name=f"step {name}")
+
+    async def _run_step(self, state: StepState) -> None:
+        step = state.step
+        try:
+            for dep in self.pipeline.parents(step.name):
+                await self.states[dep].done.wait()
+            blocked = [
+                d for d in self.pipeline.parents(step.name) if self.states[d].status != "succeeded"
+            ]
+            if blocked:
+                first = self.states[blocked[0]]
+                verb = "was skipped" if first.status == "skipped" else "failed"
+                await self._skip(state, f"skipped because {blocked[0]} {verb}")
+                return
+            await self._execute(state)
+        finally:
+            state.done.set()
+
+    async def _skip(self, state: StepState, cause: str) -> None:
+        state.status = "skipped"
+        state.cause = cause
+        state.finished = time.time()
+        await self.store.put_step(
+            StepRecord(
+                run_id=self.run_id,
+                key=state.step.name,
+                step=state.step.name,
+                instance=None,
+                agent=None,
+                status="skipped",
+                cause=cause,
+                finished=state.finished,
+            )
+        )
+        await self.emit(
+            RunEvent("step_skipped", self.run_id, state.step.name, data={"cause": cause})
+        )
+
+    def _arguments(self, step: Step, names: Sequence[str]) -> dict[str, Any]:
+        args: dict[str, Any] = {}
+        for name in names:
+            if name in ("item", "workdir", "ctx"):
+                continue
+            if name in self.states:
+                args[name] = self.states[name].value()
+            elif name in self.inputs:
+                args[name] = self.inputs[name]
+        return args
+
+    async def _execute(self, state: StepState) -> None:
+        step = state.step
+        state.started = time.time()
+        args = self._arguments(step, step.dependencies)
+        if step.when is not None:
+            wanted = {k: v for k, v in args.items() if k in step.when_params}
+            if not await call(step.when, wanted):
+                await self._skip(state, "its condition was false")
+                return
+        base = await self._merge_parents(state)
+        if base is None:
+            return
+        instances = self._instances(step, args)
+        state.status = "running"
+        async with trio.open_nursery() as nursery:
+            for key, agent, item in instances:
+                nursery.start_soon(self._instance, state, base, args, key, agent, item)
+        # fan-out order, not completion order: merges and Results must be deterministic
+        order = {key: i for i, (key, _, _) in enumerate(instances)}
+        state.outputs = dict(sorted(state.outputs.items(), key=lambda kv: order[kv[0]]))
+        state.branches.sort(key=lambda b: order[self._branch_keys[b.name]])
+        state.finished = time.time()
+        if state.failures:
+            state.status = "failed"
+            first = next(iter(state.failures.items()))
+            where = f"{step.name}[{first[0]}]" if first[0] is not None else step.name
+            state.error = f"{where}: {first[1]}"
+        else:
+            state.status = "succeeded"
+
+    def _instances(
+        self, step: Step, args: Mapping[str, Any]
+    ) -> list[tuple[str | None, str | None, Any]]:
+        agents: list[str | None] = [None]
+        if step.agents:
+            specs = [self.resolve_agent(a) for a in step.agents]
+            self._specs.update((spec.name, spec) for spec in specs)
+            agents = [spec.name for spec in specs]
+        if step.over is None:
+            items: list[tuple[str | None, Any]] = [(None, MISSING)]
+        else:
+            source = args.get(step.over, MISSING)
+            if source is MISSING:
+                raise UsageError(f"step {step.name}: nothing to fan out over ({step.over})")
+            values = (
+                list(source.items()) if isinstance(source, Mapping) else list(enumerate(source))
+            )
+            items = [(item_key(k, v, isinstance(source, Mapping)), v) for k, v in values]
+            if len({k for k, _ in items}) != len(items):
+                items = [(str(i), v) for i, (_, v) in enumerate(items)]
+        out: list[tuple[str | None, str | None, Any]] = []
+        for agent in agents:
+            for ikey, item in items:
+                if len(agents) > 1 and ikey is not None:
+                    key: str | None = f"{agent}/{ikey}"
+                elif len(agents) > 1:
+                    key = agent
+                else:
+                    key = ikey
+                out.append((key, agent, item))
+        return out
+
+    async def _merge_parents(self, state: StepState) -> Branch | MergeResult | Snapshot | None:
+        """The tree the step's instances fork from; None when the merge failed the step."""
+        step = state.step
+        branches = [
+            b for dep in self.pipeline.parents(step.name) for b in self.states[dep].branches
+        ]
+        if not branches:
+            return self.snapshot
+        if len(branches) == 1:
+            return branches[0]
+        merged = await trio.to_thread.run_sync(
+            lambda: merge_branches(branches, strategy=step.merge)
+        )
+        for conflict in merged.resolved:
+            state.conflicts.append(conflict_json(step.name, conflict, step.merge))
+        for conflict in merged.conflicts:
+            state.conflicts.append(conflict_json(step.name, conflict, "fail"))
+        if state.conflicts:
+            await self.store.add_conflicts(self.run_id, step.name, state.conflicts)
+            for c in state.conflicts:
+                await self.emit(
+                    RunEvent(
+                        "conflict",
+                        self.run_id,
+                        step.name,
+                        data={k: c[k] for k in ("path", "kind", "branches", "resolution")},
+                    )
+                )
+        if merged.conflicts:
+            paths = ", ".join(sorted({c.path for c in merged.conflicts}))
+            state.status = "failed"
+            state.error = f"merge conflict in {paths} (merge={step.merge!r})"
+            state.finished = time.time()
+            await self.store.put_step(
+                StepRecord(
+                    run_id=self.run_id,
+                    key=step.name,
+                    step=step.name,
+                    instance=None,
+                    agent=None,
+                    status="failed",
+                    error=state.error,
+                    started=state.started,
+                    finished=state.finished,
+                )
+            )
+            await self.emit(
+                RunEvent("step_failed", self.run_id, step.name, data={"error": state.error})
+            )
+            return None
+        return merged
+
+    # ------------------------------------------------------------------ one instance
+
+    async def _instance(
+        self,
+        state: StepState,
+        base: Branch | MergeResult | Snapshot,
+        args: Mapping[str, Any],
+        key: str | None,
+        agent: str | None,
+        item: Any,
+    ) -> None:
+        step = state.step
+        name = f"{step.name}[{key}]" if key is not None else step.name
+        reused = self.reused.get(name)
+        if reused is not None:
+            record, branch = reused
+            state.outputs[key] = (
+                StepResult.from_json(record.result) if record.result is not None else record.value
+            )
+            state.branches.append(branch)
+            self._branch_keys[branch.name] = key
+            await self.emit(RunEvent("step_reused", self.run_id, step.name, key, agent))
+            return
+        attempt = 1
+        while True:
+            started = time.time()
+            branch = _fork(base, name)
+            await self._record(name, step, key, agent, "running", attempt, started=started)
+            await self.emit(
+                RunEvent("step_started", self.run_id, step.name, key, agent, {"attempt": attempt})
+            )
+            try:
+                async with self._slots:
+                    output = await self._attempt(
+                        state, branch, args, name, key, agent, item, attempt
+                    )
+            except trio.Cancelled:
+                raise
+            except Exception as e:
+                error = describe(e)
+                if attempt <= step.retries:
+                    await self.emit(
+                        RunEvent(
+                            "step_retry",
+                            self.run_id,
+                            step.name,
+                            key,
+                            agent,
+                            {"error": error, "attempt": attempt},
+                        )
+                    )
+                    attempt += 1
+                    continue
+                state.failures[key] = error
+                await self._record(
+                    name, step, key, agent, "failed", attempt, started=started, error=error
+                )
+                await self.emit(
+                    RunEvent("step_failed", self.run_id, step.name, key, agent, {"error": error})
+                )
+                return
+            if isinstance(output, StepResult) and not output.ok:
+                state.failures[key] = output.error or "failed"
+                await self._finish(name, step, key, agent, output, branch, attempt, started)
+                return
+            state.outputs[key] = output
+            state.branches.append(branch)
+            self._branch_keys[branch.name] = key
+            await self._finish(name, step, key, agent, output, branch, attempt, started)
+            return
+
+    async def _attempt(
+        self,
+        state: StepState,
+        branch: Branch,
+        args: Mapping[str, Any],
+        name: str,
+        key: str | None,
+        agent: str | None,
+        item: Any,
+        attempt: int,
+    ) -> Any:
+        step = state.step
+        ctx = StepContext(
+            run_id=self.run_id,
+            step=step.name,
+            key=key,
+            agent=agent,
+            workspace=self.workspace,
+            inputs=self.inputs,
+            attempt=attempt,
+        )
+        call_args = {k: v for k, v in args.items() if k in step.params}
+        if "ctx" in step.params:
+            call_args["ctx"] = ctx
+        if "item" in step.params:
+            call_args["item"] = item
+        needs_dir = agent is not None or step.wants_workdir
+        if not needs_dir:
+            return await call(step.fn, call_args)
+        directory = self.run_dir / "branches" / safe(name) / str(attempt)
+        workdir = await materialize_async(branch, directory)
+        try:
+            if "workdir" in step.params:
+                call_args["workdir"] = Path(workdir.root)
+            if agent is None:
+                value = await call(step.fn, call_args)
+                await workdir.harvest_async(full=True)
+                return value
+            prompt = await call(step.fn, call_args)
+            return await self._agent_turn(step, name, key, agent, item, prompt, workdir, attempt)
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(workdir.remove)
+
+    async def _agent_turn(
+        self,
+        step: Step,
+        name: str,
+        key: str | None,
+        agent: str,
+        item: Any,
+        prompt: Any,
+        workdir: Any,
+        attempt: int,
+    ) -> StepResult:
+        spec = self._specs[agent]
+        policy = self._policy_for(step, spec)
+        permission = PolicyPermissionService(policy, escalate=self.escalate)
+        fs = BranchFileSystem(workdir)
+        started = time.monotonic()
+        budget = step.budget
+        timeout = step.timeout
+        if budget is not None and budget.max_seconds is not None:
+            timeout = min(timeout or budget.max_seconds, budget.max_seconds)
+        over_budget: list[int] = []
+        async with open_terminal_service(
+            command_check=permission.check_command, on_exit=fs.on_terminal_exit
+        ) as terminals:
+            services = ClientServices(
+                fs=fs,
+                terminal=terminals,
+                permission=permission,
+                elicitation=PolicyElicitationService.from_policy(policy),
+            )
+            async with self.pool.lease(
+                spec, cwd=workdir.root, services=services, step=name
+            ) as lease:
+                session = lease.session
+                if step.mode:
+                    await session.set_mode(step.mode)
+                if step.model:
+                    await session.set_model(step.model)
+                exceeded = trio.Event()
+
+                def on_update(update: t.SessionUpdate) -> None:
+                    self._emit_nowait(update_event(self.run_id, step.name, key, agent, update))
+                    limit = budget.max_tokens if budget is not None else None
+                    if (
+                        limit is not None
+                        and isinstance(update, t.UsageUpdate)
+                        and update.used > limit
+                        and not exceeded.is_set()
+                    ):
+                        over_budget.append(update.used)
+                        exceeded.set()
+
+                async with trio.open_nursery() as nursery:
+
+                    async def cancel_on_budget() -> None:
+                        await exceeded.wait()
+                        await session.cancel()
+
+                    nursery.start_soon(cancel_on_budget)
+                    turn = await lease.prompt(
+                        prompt_input(prompt),
+                        timeout=timeout,
+                        idle_timeout=step.idle_timeout,
+                        on_update=on_update,
+                    )
+                    nursery.cancel_scope.cancel()
+                info = lease.session.connection.agent_info
+        await fs.harvest(full=True)
+        for record in turn.permissions:
+            await self.emit(
+                RunEvent(
+                    "permission",
+                    self.run_id,
+                    step.name,
+                    key,
+                    agent,
+                    {"verdict": record.verdict, "title": record.title, "rule": record.rule},
+                )
+            )
+        verify = None
+        command = self.verify.get(step.name)
+        if command is not None:
+            verify = await run_verify(command, Path(workdir.root))
+        error = None
+        if over_budget:
+            error = f"budget exceeded: {over_budget[0]} tokens > {step.budget.max_tokens}"  # type: ignore[union-attr]
+        branch = fs.workdir.branch
+        return StepResult(
+            step=step.name,
+            key=key,
+            agent=agent,
+            status="failed" if error else "succeeded",
+            text=turn.text,
+            stop_reason=turn.stop_reason,
+            item=jsonable(item),
+            agent_info={"name": info.name, "version": info.version} if info else None,
+            session_id=lease.session.session_id,
+            tool_calls=tuple(c.to_json() for c in turn.tool_calls.values()),
+            permissions=tuple(p.to_json() for p in permission.records),
+            usage=turn.usage_json(),
+            changes=change_kinds(branch.base, branch.changes),
+            diff=diff_of(branch),
+            verify=verify,
+            error=error,
+            wall_seconds=time.monotonic() - started,
+            attempt=attempt,
+        )
+
+    def _policy_for(self, step: Step, spec: AgentSpec) -> PolicySet:
+        chosen = step.policy or spec.policy
+        return self.load_policy(chosen) if chosen else self.policy
+
+    # ------------------------------------------------------------------ recording
+
+    async def _record(
+        self,
+        name: str,
+        step: Step,
+        key: str | None,
+        agent: str | None,
+        status: StepStatus,
+        attempt: int,
+        *,
+        started: float | None = None,
+        error: str | None = None,
+    ) -> None:
+        await self.store.put_step(
+            StepRecord(
+                run_id=self.run_id,
+                key=name,
+                step=step.name,
+                instance=key,
+                agent=agent,
+                status=status,
+                attempt=attempt,
+                started=started,
+                finished=time.time() if status not in ("running", "pending") else None,
+                error=error,
+            )
+        )
+
+    async def _finish(
+        self,
+        name: str,
+        step: Step,
+        key: str | None,
+        agent: str | None,
+        output: Any,
+        branch: Branch,
+        attempt: int,
+        started: float,
+    ) -> None:
+        branch.close()
+        result = output if isinstance(output, StepResult) else None
+        value, stored = (None, False) if result is not None else stored_value(output)
+        status: StepStatus = result.status if result is not None else "succeeded"
+        net = branch.net_changes()
+        await self.store.put_changes(
+            self.run_id,
+            name,
+            stored_changes(self.snapshot, net),
+            diff=diff_of(branch, net),
+            own_diff=result.diff if result is not None else diff_of(branch),
+        )
+        if result is not None and result.permissions:
+            await self.store.add_permissions(
+                self.run_id, name, [dict(p) for p in result.permissions]
+            )
+        await self.store.put_step(
+            StepRecord(
+                run_id=self.run_id,
+                key=name,
+                step=step.name,
+                instance=key,
+                agent=agent,
+                status=status,
+                attempt=attempt,
+                started=started,
+                finished=time.time(),
+                session_id=result.session_id if result else None,
+                result=result.to_json() if result else None,
+                value=value,
+                value_stored=stored,
+                error=result.error if result else None,
+                usage=result.usage if result else None,
+            )
+        )
+        data: dict[str, Any] = {"status": status, "changes": len(branch.changes)}
+        if result is not None:
+            data.update(stopReason=result.stop_reason, wallSeconds=round(result.wall_seconds, 3))
+            if result.error:
+                data["error"] = result.error
+        kind: EventType = "step_finished" if status == "succeeded" else "step_failed"
+        await self.emit(RunEvent(kind, self.run_id, step.name, key, agent, data))
+
+
+def _fork(base: Branch | MergeResult | Snapshot, name: str) -> Branch:
+    if isinstance(base, Branch):
+        return base.fork(name)
+    if isinstance(base, MergeResult):
+        return base.fork(name)
+    return Branch.from_tree(base, name)

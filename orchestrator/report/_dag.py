@@ -1,0 +1,204 @@
+"""The pipeline graph as an inline SVG: layers left to right, edges with arrowheads.
+
+Nodes sit in columns by generation (see :func:`~._model.layers`), each column centred on the
+tallest; edges are cubic curves from the right side of a node to the left side of its child.
+A node's colour says its status; a fan-out step shows one dot per instance, coloured the same
+way. Every node links to its step's details in the page and carries a tooltip (``<title>``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from attrs import frozen
+
+from ._format import seconds_text
+from ._markup import Markup, el, join
+from ._model import StepView, layers
+
+__all__ = ["STATUSES", "dag_svg", "status_class", "step_anchor"]
+
+#: the statuses that have their own colour; anything else is drawn as "unknown"
+STATUSES = (
+    "succeeded",
+    "failed",
+    "skipped",
+    "running",
+    "pending",
+    "interrupted",
+    "conflicts",
+    "cancelled",
+)
+
+NODE_W = 184
+NODE_H = 54
+GAP_X = 64
+GAP_Y = 22
+MARGIN = 16
+MAX_DOTS = 8
+#: an average glyph width of the node font, to cut long names before they overflow the box
+CHAR_W = 7.6
+
+
+def status_class(status: str | None) -> str:
+    """A CSS class for a status; statuses from the result never become class names unchecked."""
+    return f"s-{status}" if status in STATUSES else "s-unknown"
+
+
+def step_anchor(index: int) -> str:
+    """The element id of a step's details (by position: step names may contain anything)."""
+    return f"step-{index + 1}"
+
+
+def _fit(text: str, width: float) -> str:
+    limit = max(4, int(width / CHAR_W))
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+@frozen
+class _Box:
+    x: float
+    y: float
+
+
+def dag_svg(steps: Sequence[StepView], edges: Sequence[tuple[str, str]]) -> Markup:
+    """The graph of ``steps`` (in report order) and ``edges`` as one ``<svg>`` element."""
+    names = [s.name for s in steps]
+    by_name = {s.name: (i, s) for i, s in enumerate(steps)}
+    grouped = layers(names, edges)
+    tallest = max((len(g) for g in grouped), default=0)
+    width = 2 * MARGIN + len(grouped) * NODE_W + max(0, len(grouped) - 1) * GAP_X
+    height = 2 * MARGIN + tallest * NODE_H + max(0, tallest - 1) * GAP_Y
+    boxes: dict[str, _Box] = {}
+    for col, group in enumerate(grouped):
+        offset = (tallest - len(group)) * (NODE_H + GAP_Y) / 2
+        for row, name in enumerate(group):
+            boxes[name] = _Box(
+                MARGIN + col * (NODE_W + GAP_X), MARGIN + offset + row * (NODE_H + GAP_Y)
+            )
+
+    edge_parts: list[Markup] = []
+    seen: set[tuple[str, str]] = set()
+    for a, b in edges:
+        if a == b or (a, b) in seen or a not in boxes or b not in boxes:
+            continue
+        seen.add((a, b))
+        src, dst = boxes[a], boxes[b]
+        x1, y1 = src.x + NODE_W, src.y + NODE_H / 2
+        x2, y2 = dst.x - 2, dst.y + NODE_H / 2  # stop short so the arrowhead stays visible
+        if x2 <= x1:  # an edge inside a cycle's column: loop around below
+            bend = max(src.y, dst.y) + NODE_H + GAP_Y / 2
+            d = f"M{x1:g},{y1:g} C{x1 + 40:g},{bend:g} {x2 - 40:g},{bend:g} {x2:g},{y2:g}"
+        else:
+            mid = (x1 + x2) / 2
+            d = f"M{x1:g},{y1:g} C{mid:g},{y1:g} {mid:g},{y2:g} {x2:g},{y2:g}"
+        target = by_name[b][1]
+        edge_parts.append(
+            el(
+                "path",
+                el("title", f"{a} \u2192 {b}"),
+                d=d,
+                class_=f"edge {status_class(target.status)}",
+                marker_end="url(#dag-arrow)",
+            )
+        )
+
+    node_parts = [
+        _node(index, step, boxes[step.name]) for step in steps for index in (by_name[step.name][0],)
+    ]
+    arrow = el(
+        "marker",
+        el("path", d="M0,0 L10,5 L0,10 z"),
+        id="dag-arrow",
+        viewBox="0 0 10 10",
+        refX="10",
+        refY="5",
+        markerWidth="7",
+        markerHeight="7",
+        orient="auto",
+        markerUnits="strokeWidth",
+    )
+    return el(
+        "svg",
+        el("title", "Pipeline graph"),
+        el("defs", arrow),
+        el("g", edge_parts, class_="edges"),
+        el("g", node_parts, class_="nodes"),
+        xmlns="http://www.w3.org/2000/svg",
+        width=str(width),
+        height=str(height),
+        viewBox=f"0 0 {width} {height}",
+        role="img",
+        aria_label="Pipeline graph",
+        class_="dag",
+    )
+
+
+def _node(index: int, step: StepView, box: _Box) -> Markup:
+    status = step.status or "unknown"
+    tooltip = [f"{step.name}: {status}"]
+    if step.kind:
+        tooltip.append(f"kind: {step.kind}")
+    if step.agents:
+        tooltip.append("agents: " + ", ".join(step.agents))
+    if step.over:
+        tooltip.append(f"over: {step.over}")
+    if step.wall_seconds is not None:
+        tooltip.append(f"time: {seconds_text(step.wall_seconds)}")
+    if step.description:
+        tooltip.append(step.description)
+    if step.error:
+        tooltip.append(f"error: {step.error}")
+    if step.cause:
+        tooltip.append(step.cause)
+    subtitle = status + (f" \u00b7 {step.kind}" if step.kind else "")
+    dots = list(step.instances) if len(step.instances) > 1 else []
+    dot_space = min(len(dots), MAX_DOTS) * 11 + (14 if len(dots) > MAX_DOTS else 0)
+    parts: list[Markup] = [
+        el("title", "\n".join(tooltip)),
+        el("rect", x=f"{box.x:g}", y=f"{box.y:g}", width=str(NODE_W), height=str(NODE_H), rx="8"),
+        el(
+            "text",
+            _fit(step.name, NODE_W - 20),
+            x=f"{box.x + 10:g}",
+            y=f"{box.y + 22:g}",
+            class_="name",
+        ),
+        el(
+            "text",
+            _fit(subtitle, NODE_W - 20 - dot_space),
+            x=f"{box.x + 10:g}",
+            y=f"{box.y + 42:g}",
+            class_="sub",
+        ),
+    ]
+    right = box.x + NODE_W - 12
+    if len(dots) > MAX_DOTS:
+        parts.append(
+            el(
+                "text",
+                f"+{len(dots) - MAX_DOTS}",
+                x=f"{right:g}",
+                y=f"{box.y + 42:g}",
+                class_="more",
+                text_anchor="end",
+            )
+        )
+        right -= 18
+    for n, inst in enumerate(dots[:MAX_DOTS]):
+        cx = right - (min(len(dots), MAX_DOTS) - 1 - n) * 11
+        parts.append(
+            el(
+                "circle",
+                el("title", f"{inst.name}: {inst.status or 'unknown'}"),
+                cx=f"{cx:g}",
+                cy=f"{box.y + 38:g}",
+                r="4",
+                class_=f"dot {status_class(inst.status)}",
+            )
+        )
+    return el(
+        "a",
+        el("g", join(parts), class_=f"node {status_class(step.status)}"),
+        href=f"#{step_anchor(index)}",
+    )

@@ -1,0 +1,661 @@
+"""The library API for runs: pipelines, comparisons, and what the run store keeps of them.
+
+Each function has an ``async`` form for trio code and a ``*_sync`` twin for scripts; the command
+line calls the same functions::
+
+    from orchestrator import run_pipeline_sync, apply_run_sync
+    run = run_pipeline_sync("pipelines/rename.py", {"old": "colour", "new": "color"}, cwd="proj")
+    print(run.status, run.diff)
+    apply_run_sync(run.run_id)          # later: write the run's changes to the workspace
+
+Every run is recorded in the run store under the state directory: ``list_runs``, ``get_run_json``,
+``resume_run``, ``apply_run`` and ``diff_run`` work from there.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import structlog
+import trio
+from attrs import frozen
+
+from .agent.client import ClientOptions
+from .agent.permissions import Escalate
+from .agents import AgentSpec
+from .api import load_policy, recover
+from .config import Config
+from .errors import UsageError
+from .pipeline import Pipeline, Step, load_pipeline
+from .pipeline import step as step_decorator
+from .pipeline._branches import (
+    ResumeConflict,
+    conflict_json,
+    diff_of,
+    rebuild_branch,
+    stored_changes,
+)
+from .pipeline.results import RunEvent
+from .pipeline.runner import AgentPool, PipelineRunner
+from .policy import PolicySet
+from .state import state_directory
+from .store import RunRecord, RunStore, StepRecord, open_run_store
+from .supervisor import Connector, Limits, open_supervisor
+from .vfs import Branch, Snapshot, Workspace, apply_changes_async, git_patch, merge_branches
+
+__all__ = [
+    "ApplyOutcome",
+    "RunOutcome",
+    "apply_run",
+    "apply_run_sync",
+    "compare",
+    "compare_sync",
+    "diff_run",
+    "get_run_json",
+    "list_runs",
+    "resume_run",
+    "resume_run_sync",
+    "run_pipeline",
+    "run_pipeline_sync",
+]
+
+log = structlog.get_logger(__name__)
+
+RunStatus = Literal["succeeded", "failed", "conflicts", "interrupted"]
+FINAL = "(final)"
+
+
+@frozen
+class RunOutcome:
+    """How a run ended; :attr:`result` is its ``--json`` object (see the README)."""
+
+    run_id: str
+    status: RunStatus
+    #: the ``--json`` object: steps, conflicts, changes, diff, ...
+    result: Mapping[str, Any]
+    #: the run's directory in the state directory
+    run_dir: str
+
+    @property
+    def exit_code(self) -> int:
+        """0 done, 1 a step failed, 3 conflicts left unapplied, 130 interrupted."""
+        return {"succeeded": 0, "failed": 1, "conflicts": 3, "interrupted": 130}[self.status]
+
+    @property
+    def diff(self) -> str:
+        return str(self.result.get("diff") or "")
+
+    @property
+    def steps(self) -> Mapping[str, Any]:
+        return self.result.get("steps") or {}
+
+
+def _agents(config: Config | None, cwd: Path) -> Config:
+    return config if config is not None else Config.load(cwd)
+
+
+async def run_pipeline(
+    pipeline: Pipeline | str | os.PathLike[str],
+    inputs: Mapping[str, Any] | None = None,
+    *,
+    cwd: str | os.PathLike[str] = ".",
+    policy: str | os.PathLike[str] | PolicySet | None = None,
+    escalate: Escalate | None = None,
+    config: Config | None = None,
+    max_sessions: int | None = None,
+    apply: bool = False,
+    on_event: Callable[[RunEvent], None] | None = None,
+    state_dir: str | os.PathLike[str] | None = None,
+    transcript: str | os.PathLike[str] | None = None,
+    connector: Connector | None = None,
+    pool: AgentPool | None = None,
+    verify: Mapping[str, str] | None = None,
+    options: ClientOptions | None = None,
+    _kind: Literal["pipeline", "compare"] = "pipeline",
+    _resume: str | None = None,
+) -> RunOutcome:
+    """Run ``pipeline`` (a file or a :class:`Pipeline`) on branches of ``cwd``.
+
+    The whole graph, its inputs and its agents are checked before any agent starts. Steps
+    run as soon as their dependencies are done, within ``max_sessions`` live sessions (default:
+    the config's, else 8). Nothing is written to ``cwd`` unless ``apply`` is true and the run
+    succeeded; the changes stay in the run store for :func:`apply_run`.
+    """
+    root = Path(cwd).absolute()
+    if not root.is_dir():
+        raise UsageError(f"--cwd {root} is not a directory")
+    pipe = pipeline if isinstance(pipeline, Pipeline) else load_pipeline(pipeline)
+    values = pipe.check_inputs(inputs or {})
+    cfg = _agents(config, root)
+    pipe.check_agents(cfg.resolve_agent)
+    policy_set = load_policy(policy)
+    state = state_directory(state_dir)
+    await recover(state)
+    limit = max_sessions or cfg.max_sessions or 8
+    async with open_run_store(state) as store:
+        reused: dict[str, tuple[StepRecord, Branch]] = {}
+        snapshot = await trio.to_thread.run_sync(Workspace.open(root).snapshot)
+        if _resume is None:
+            run_id = uuid.uuid4().hex[:12]
+            record = RunRecord(
+                run_id=run_id,
+                kind=_kind,
+                status="running",
+                created=time.time(),
+                cwd=str(root),
+                pipeline=pipe.path,
+                pipeline_digest=pipe.digest,
+                inputs=_json_inputs(values),
+                options={
+                    "graph": pipe.to_json(),
+                    "policy": _policy_name(policy),
+                    "verify": dict(verify or {}),
+                    "maxSessions": limit,
+                },
+            )
+            await store.create_run(record)
+        else:
+            run_id = _resume
+            reused = await _reusable(store, run_id, snapshot)
+            await store.update_run(run_id, status="running", finished=None, error=None)
+        run_dir = state / "runs" / run_id
+        run_dir.mkdir(parents=True, exist_ok=True)
+        log.info("run started", run=run_id, pipeline=pipe.name, steps=len(pipe.steps))
+        started = time.monotonic()
+        status: RunStatus = "interrupted"
+        try:
+            async with open_supervisor(
+                Limits(max_sessions=limit),
+                connector=connector,
+                options=options,
+                transcripts=run_dir / "transcripts",
+                workdir=run_dir,
+            ) as supervisor:
+                runner = PipelineRunner(
+                    pipeline=pipe,
+                    inputs=values,
+                    run_id=run_id,
+                    workspace=root,
+                    snapshot=snapshot,
+                    store=store,
+                    pool=pool or supervisor,
+                    resolve_agent=cfg.resolve_agent,
+                    run_dir=run_dir,
+                    policy=policy_set,
+                    escalate=escalate,
+                    on_event=on_event,
+                    verify=dict(verify or {}),
+                    reused=reused,
+                    parallel=limit,
+                )
+                await runner.emit(RunEvent("run_started", run_id, data={"pipeline": pipe.name}))
+                await runner.run()
+            status = await _conclude(store, runner, _kind, apply, state)
+        finally:
+            with trio.CancelScope(shield=True):
+                await _import_transcripts(store, run_id, run_dir, transcript)
+                if status == "interrupted":
+                    await store.mark_interrupted(run_id)
+                    log.warning("run interrupted", run=run_id)
+        result = await get_run_json(run_id, store=store)
+        result = {**result, "wallSeconds": round(time.monotonic() - started, 3)}
+        await store.update_run(run_id, result=result)
+        if on_event is not None:
+            on_event(RunEvent("run_finished", run_id, data={"status": status}))
+        return RunOutcome(run_id, status, result, str(run_dir))
+
+
+async def _conclude(
+    store: RunStore, runner: PipelineRunner, kind: str, apply: bool, state: Path
+) -> RunStatus:
+    """Merge the sinks, record the run's final changes, apply them when asked; the status."""
+    states = runner.states
+    failed = [s for s in states.values() if s.status == "failed"]
+    conflicted = [s for s in failed if s.error and s.error.startswith("merge conflict")]
+    status: RunStatus = "succeeded"
+    if failed:
+        status = "conflicts" if len(conflicted) == len(failed) else "failed"
+    final: Branch | None = None
+    if kind == "pipeline":
+        sinks = [b for name in runner.pipeline.sinks() for b in states[name].branches]
+        if len(sinks) == 1:
+            final = sinks[0]
+        elif sinks:
+            merged = await trio.to_thread.run_sync(lambda: merge_branches(sinks, strategy="fail"))
+            if merged.conflicts:
+                await store.add_conflicts(
+                    runner.run_id,
+                    FINAL,
+                    [conflict_json(FINAL, c, "fail") for c in merged.conflicts],
+                )
+                if status == "succeeded":
+                    status = "conflicts"
+            final = merged.fork(FINAL, allow_conflicts=True)
+    applied = None
+    if final is not None:
+        net = final.net_changes()
+        await store.put_changes(
+            runner.run_id, FINAL, stored_changes(runner.snapshot, net), diff=diff_of(final, net)
+        )
+        patch = await trio.to_thread.run_sync(lambda: git_patch(final.root, net))
+        await trio.to_thread.run_sync((runner.run_dir / "changes.patch").write_bytes, patch)
+        if apply and status == "succeeded" and net:
+            outcome = await apply_changes_async(final, net, state_dir=state)
+            if outcome.applied:
+                applied = time.time()
+            else:
+                status = "conflicts"
+                log.warning(
+                    "workspace changed during the run; nothing applied",
+                    files=[c.path for c in outcome.conflicts],
+                )
+    await store.update_run(runner.run_id, status=status, finished=time.time(), applied=applied)
+    return status
+
+
+async def _reusable(
+    store: RunStore, run_id: str, snapshot: Snapshot
+) -> dict[str, tuple[StepRecord, Branch]]:
+    """The instances of ``run_id`` that succeeded, with their branches rebuilt."""
+    out: dict[str, tuple[StepRecord, Branch]] = {}
+    for record in await store.steps(run_id):
+        if record.status != "succeeded" or record.key == FINAL:
+            continue
+        if record.result is None and not record.value_stored:
+            continue  # a value that could not be stored: the step runs again
+        changes = await store.changes(run_id, record.key)
+        branch = rebuild_branch(snapshot, record.key, changes)
+        branch.close()
+        out[record.key] = (record, branch)
+    return out
+
+
+async def resume_run(
+    run_id: str,
+    *,
+    state_dir: str | os.PathLike[str] | None = None,
+    **kwargs: Any,
+) -> RunOutcome:
+    """Run ``run_id`` again: finished instances are reused with their branches, the rest re-run.
+
+    Refused (:class:`~orchestrator.pipeline._branches.ResumeConflict`, exit 3 on the command line)
+    if the workspace changed since in files the finished steps changed.
+    """
+    state = state_directory(state_dir)
+    async with open_run_store(state) as store:
+        record = await store.get_run(run_id)
+    if record.status == "running":
+        log.warning("resuming a run still marked running", run=record.run_id)
+    if record.kind == "compare":
+        graph = dict(record.options).get("compare") or {}
+        pipe = _compare_pipeline(str(graph.get("task", "")), list(graph.get("agents", [])))
+        kwargs.setdefault("verify", dict(record.options).get("verify") or {})
+    else:
+        if not record.pipeline:
+            raise UsageError(f"run {record.run_id} has no pipeline to resume")
+        pipe = load_pipeline(record.pipeline)
+        if pipe.digest != record.pipeline_digest:
+            log.warning("the pipeline file changed since the run", pipeline=record.pipeline)
+    return await run_pipeline(
+        pipe,
+        dict(record.inputs),
+        cwd=record.cwd,
+        state_dir=state,
+        _kind="compare" if record.kind == "compare" else "pipeline",
+        _resume=record.run_id,
+        **kwargs,
+    )
+
+
+def _compare_pipeline(
+    task: str,
+    agents: Sequence[str],
+    timeout: float | None = None,
+    idle_timeout: float | None = None,
+) -> Pipeline:
+    def compare(task: str) -> str:
+        return task
+
+    made: Step = step_decorator(agent=list(agents), timeout=timeout, idle_timeout=idle_timeout)(
+        compare
+    )
+    return Pipeline.from_steps([made], name="compare")
+
+
+async def compare(
+    agents: Sequence[str | AgentSpec],
+    task: str,
+    *,
+    verify: str | None = None,
+    apply: str | None = None,
+    config: Config | None = None,
+    cwd: str | os.PathLike[str] = ".",
+    timeout: float | None = None,
+    idle_timeout: float | None = None,
+    **kwargs: Any,
+) -> RunOutcome:
+    """The same task to each agent at once, each in its own branch; side by side.
+
+    ``verify`` is a shell command run in each agent's branch directory after its turn.
+    ``apply`` names the agent whose changes to write to the workspace.
+    """
+    if len(agents) < 1:
+        raise UsageError("compare needs at least one --agent")
+    root = Path(cwd).absolute()
+    cfg = _agents(config, root)
+    specs = [cfg.resolve_agent(a) if isinstance(a, str) else a for a in agents]
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise UsageError(
+            f"two agents share a name ({', '.join(names)}): label them with NAME=COMMAND"
+        )
+    table = dict(cfg.agents)
+    table.update({s.name: s.resolved(os.getcwd()) for s in specs})
+    cfg = Config(agents=table, max_sessions=cfg.max_sessions, sources=cfg.sources)
+    if apply is not None and apply not in names:
+        raise UsageError(f"--apply {apply}: not one of the agents ({', '.join(names)})")
+    pipe = _compare_pipeline(task, names, timeout, idle_timeout)
+    outcome = await run_pipeline(
+        pipe,
+        {"task": task},
+        cwd=root,
+        config=cfg,
+        verify={"compare": verify} if verify else None,
+        _kind="compare",
+        **kwargs,
+    )
+    state_dir = kwargs.get("state_dir")
+    async with open_run_store(state_directory(state_dir)) as store:
+        await store.update_run(
+            outcome.run_id,
+            options={
+                **(await store.get_run(outcome.run_id)).options,
+                "compare": {"task": task, "agents": names},
+            },
+        )
+    if apply is not None and outcome.status == "succeeded":
+        applied = await apply_run(outcome.run_id, step=f"compare[{apply}]", state_dir=state_dir)
+        result = {**outcome.result, "applied": apply if applied.applied else None}
+        status: RunStatus = outcome.status if applied.applied or not applied.paths else "conflicts"
+        return RunOutcome(outcome.run_id, status, result, outcome.run_dir)
+    return outcome
+
+
+@frozen
+class ApplyOutcome:
+    """What :func:`apply_run` wrote, or the files that blocked it."""
+
+    applied: bool
+    written: tuple[str, ...] = ()
+    deleted: tuple[str, ...] = ()
+    #: files changed in the workspace since the run (nothing was written)
+    paths: tuple[str, ...] = ()
+
+
+async def _branch_of(
+    store: RunStore, record: RunRecord, step: str | None, snapshot: Snapshot
+) -> Branch:
+    """The branch of a run (its final merge) or of one step (its instances merged)."""
+    steps = await store.steps(record.run_id)
+    if step is None:
+        has_final = FINAL in await store.change_keys(record.run_id)
+        keys = [FINAL] if has_final or record.kind != "compare" else []
+        if not keys:
+            raise UsageError(
+                f"run {record.run_id} is a comparison: name the agent with --step compare[NAME]"
+            )
+    else:
+        keys = [
+            s.key for s in steps if s.key == step or (s.step == step and s.status == "succeeded")
+        ]
+        if not keys:
+            known = sorted({s.key for s in steps if s.status == "succeeded"})
+            listed = ", ".join(known) or "none"
+            raise UsageError(
+                f"run {record.run_id} has no finished step {step!r} (finished: {listed})"
+            )
+    branches = [
+        rebuild_branch(snapshot, key, await store.changes(record.run_id, key)) for key in keys
+    ]
+    if len(branches) == 1:
+        return branches[0]
+    merged = merge_branches(branches, strategy="fail")
+    if merged.conflicts:
+        raise UsageError(
+            f"the instances of {step} conflict in {', '.join(c.path for c in merged.conflicts)}: "
+            "apply one of them with --step STEP[KEY]"
+        )
+    return merged.fork(step or FINAL)
+
+
+async def apply_run(
+    run_id: str, *, step: str | None = None, state_dir: str | os.PathLike[str] | None = None
+) -> ApplyOutcome:
+    """Write a run's changes (or one step's) to its workspace, all or nothing.
+
+    Refused for files the workspace changed since the run (``paths``; nothing is written).
+    """
+    state = state_directory(state_dir)
+    await recover(state)
+    async with open_run_store(state) as store:
+        record = await store.get_run(run_id)
+        snapshot = await trio.to_thread.run_sync(Workspace.open(record.cwd).snapshot)
+        try:
+            branch = await _branch_of(store, record, step, snapshot)
+        except ResumeConflict as e:
+            return ApplyOutcome(False, paths=e.paths)
+        if not branch.changes:
+            return ApplyOutcome(True)
+        outcome = await apply_changes_async(branch, state_dir=state)
+        if outcome.applied:
+            await store.update_run(record.run_id, applied=time.time())
+        return ApplyOutcome(
+            outcome.applied,
+            outcome.written,
+            outcome.deleted,
+            tuple(c.path for c in outcome.conflicts),
+        )
+
+
+async def diff_run(
+    run_id: str, *, step: str | None = None, state_dir: str | os.PathLike[str] | None = None
+) -> str:
+    """The unified diff of a run's changes (or one step's), as stored."""
+    async with open_run_store(state_directory(state_dir)) as store:
+        record = await store.get_run(run_id)
+        steps = await store.steps(record.run_id)
+        if step is None:
+            keys = (
+                [FINAL]
+                if FINAL in await store.change_keys(record.run_id)
+                else [s.key for s in steps if s.status == "succeeded"]
+            )
+        else:
+            keys = [s.key for s in steps if s.key == step or s.step == step]
+            if not keys:
+                raise UsageError(f"run {record.run_id} has no step {step!r}")
+        return "".join([await store.diff(record.run_id, key) for key in keys])
+
+
+async def list_runs(
+    *, state_dir: str | os.PathLike[str] | None = None, limit: int | None = 50
+) -> list[RunRecord]:
+    """The recorded runs, newest first."""
+    async with open_run_store(state_directory(state_dir)) as store:
+        return await store.list_runs(limit=limit)
+
+
+async def get_run_json(
+    run_id: str, *, state_dir: str | os.PathLike[str] | None = None, store: RunStore | None = None
+) -> dict[str, Any]:
+    """A run as its ``--json`` object, rebuilt from the store (works for unfinished runs too)."""
+    if store is None:
+        async with open_run_store(state_directory(state_dir)) as opened:
+            return await get_run_json(run_id, store=opened)
+    record = await store.get_run(run_id)
+    steps = await store.steps(record.run_id)
+    options = dict(record.options)
+    graph = options.get("graph") or {"nodes": [], "edges": []}
+    by_step: dict[str, dict[str, Any]] = {}
+    for node in graph.get("nodes", []):
+        by_step[node["name"]] = {"status": "pending", "instances": {}, "error": None, "cause": None}
+    final_diff = ""
+    final_changes: list[dict[str, Any]] = []
+    for s in steps:
+        entry = by_step.setdefault(
+            s.step, {"status": "pending", "instances": {}, "error": None, "cause": None}
+        )
+        if (
+            s.instance is None
+            and s.agent is None
+            and s.status in ("skipped", "failed")
+            and s.result is None
+        ):
+            entry.update(status=s.status, error=s.error, cause=s.cause)
+            if s.key == s.step and s.status == "skipped":
+                continue
+        body = dict(s.result) if s.result is not None else {}
+        body.update(status=s.status, agent=s.agent, error=s.error or body.get("error"))
+        if s.result is None:
+            body["value"] = s.value
+            body["wallSeconds"] = (
+                round((s.finished or s.started or 0) - (s.started or 0), 3) if s.finished else None
+            )
+        entry["instances"][s.instance if s.instance is not None else s.step] = body
+    for entry in by_step.values():
+        statuses = [i["status"] for i in entry["instances"].values()]
+        if statuses and entry["status"] not in ("failed", "skipped"):
+            if "failed" in statuses:
+                entry["status"] = "failed"
+                entry["error"] = next(
+                    i["error"] for i in entry["instances"].values() if i["status"] == "failed"
+                )
+            elif "running" in statuses:
+                entry["status"] = "running"
+            elif "interrupted" in statuses:
+                entry["status"] = "interrupted"
+            elif all(x == "succeeded" for x in statuses):
+                entry["status"] = "succeeded"
+    if FINAL in await store.change_keys(record.run_id):
+        final_diff = await store.diff(record.run_id, FINAL)
+        final_changes = [
+            {
+                "path": c.path,
+                "change": "deleted"
+                if c.kind == "delete"
+                else ("modified" if c.base_digest else "added"),
+            }
+            for c in await store.changes(record.run_id, FINAL)
+        ]
+    result: dict[str, Any] = {
+        "kind": record.kind,
+        "runId": record.run_id,
+        "status": record.status,
+        "cwd": record.cwd,
+        "created": record.created,
+        "finished": record.finished,
+        "applied": record.applied is not None,
+    }
+    if record.kind == "compare":
+        compare_info = options.get("compare") or {}
+        verify = (options.get("verify") or {}).get("compare")
+        agents = []
+        for key, body in by_step.get("compare", {}).get("instances", {}).items():
+            one = dict(body)
+            one["name"] = key
+            if verify and not one.get("verify"):
+                one["verify"] = None
+            agents.append(one)
+        result.update(task=compare_info.get("task") or record.inputs.get("task"), agents=agents)
+    else:
+        result.update(
+            pipeline=record.pipeline,
+            name=graph.get("name"),
+            inputs=dict(record.inputs),
+            graph=graph,
+            steps=by_step,
+            changes=final_changes,
+            diff=final_diff,
+        )
+    result["conflicts"] = await store.conflicts(record.run_id)
+    return result
+
+
+async def _import_transcripts(
+    store: RunStore, run_id: str, run_dir: Path, copy_to: str | os.PathLike[str] | None
+) -> None:
+    """Move the per-process wire transcripts into the store (and into ``copy_to``, joined)."""
+    directory = run_dir / "transcripts"
+    files = sorted(directory.glob("*.jsonl")) if directory.is_dir() else []
+    joined: list[bytes] = []
+    for path in files:
+        data = await trio.to_thread.run_sync(path.read_bytes)
+        lines = [line for line in data.splitlines() if line.strip()]
+        await store.add_transcript(run_id, path.stem, lines)
+        joined.append(data)
+    if copy_to is not None and joined:
+        target = Path(copy_to)
+
+        def append() -> None:
+            with target.open("ab") as out:
+                out.write(b"".join(joined))
+
+        await trio.to_thread.run_sync(append)
+    await trio.to_thread.run_sync(lambda: shutil.rmtree(directory, ignore_errors=True))
+
+
+def _json_inputs(values: Mapping[str, Any]) -> dict[str, Any]:
+    import orjson
+
+    try:
+        return dict(orjson.loads(orjson.dumps(dict(values))))
+    except TypeError:
+        return {k: repr(v) for k, v in values.items()}
+
+
+def _policy_name(policy: str | os.PathLike[str] | PolicySet | None) -> str | None:
+    if policy is None or isinstance(policy, PolicySet):
+        return None
+    return os.fspath(policy)
+
+
+def _sync(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        async def main() -> Any:
+            return await fn(*args, **kwargs)
+
+        return trio.run(main)
+
+    run.__name__ = f"{fn.__name__}_sync"
+    run.__doc__ = f":func:`{fn.__name__}` for scripts: runs its own trio loop."
+    return run
+
+
+def run_pipeline_sync(
+    pipeline: Pipeline | str | os.PathLike[str],
+    inputs: Mapping[str, Any] | None = None,
+    **kwargs: Any,
+) -> RunOutcome:
+    """:func:`run_pipeline` for scripts: runs its own trio loop."""
+    return trio.run(lambda: run_pipeline(pipeline, inputs, **kwargs))
+
+
+def compare_sync(agents: Sequence[str | AgentSpec], task: str, **kwargs: Any) -> RunOutcome:
+    """:func:`compare` for scripts: runs its own trio loop."""
+    return trio.run(lambda: compare(agents, task, **kwargs))
+
+
+def resume_run_sync(run_id: str, **kwargs: Any) -> RunOutcome:
+    """:func:`resume_run` for scripts: runs its own trio loop."""
+    return trio.run(lambda: resume_run(run_id, **kwargs))
+
+
+def apply_run_sync(run_id: str, **kwargs: Any) -> ApplyOutcome:
+    """:func:`apply_run` for scripts: runs its own trio loop."""
+    return trio.run(lambda: apply_run(run_id, **kwargs))

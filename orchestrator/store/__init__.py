@@ -1,0 +1,53 @@
+"""The run store: every run recorded in SQLite, to list, show, resume and apply it later.
+
+``orchestrator prompt``, ``compare`` and ``run`` record a :class:`RunRecord` per run, a
+:class:`StepRecord` per step, each step's change set (:class:`StoredChange`, contents stored once
+per SHA-256) and diffs, wire transcripts, permission decisions, merge conflicts and a timeline,
+in ``<state_dir>/runs.sqlite3``. Typical use::
+
+    async with open_run_store(state_directory()) as store:
+        await store.create_run(RunRecord(run_id, "pipeline", "running", time.time(), cwd))
+        await store.put_step(StepRecord(run_id, "plan", "plan", agent="claude", status="running"))
+        ...
+        await store.update_run(run_id, status="succeeded", finished=time.time())
+
+    async with open_run_store(state_directory()) as store:   # later, maybe another process
+        run = await store.get_run("3f2a")                     # a unique prefix is enough
+        for step in await store.steps(run.run_id): ...
+
+The database is in WAL mode (readers and one writer at a time, across processes) and carries
+its schema version; older files are migrated when opened, newer ones are refused
+(:class:`~orchestrator.errors.StoreVersionError`).
+"""
+
+from __future__ import annotations
+
+from ._schema import SCHEMA_VERSION
+from .records import (
+    CHANGE_KINDS,
+    RUN_KINDS,
+    RUN_STATUSES,
+    STEP_STATUSES,
+    ChangeKind,
+    RunKind,
+    RunRecord,
+    StepRecord,
+    StoredChange,
+)
+from .runstore import STORE_FILENAME, RunStore, open_run_store
+
+__all__ = [
+    "CHANGE_KINDS",
+    "RUN_KINDS",
+    "RUN_STATUSES",
+    "SCHEMA_VERSION",
+    "STEP_STATUSES",
+    "STORE_FILENAME",
+    "ChangeKind",
+    "RunKind",
+    "RunRecord",
+    "RunStore",
+    "StepRecord",
+    "StoredChange",
+    "open_run_store",
+]

@@ -1,0 +1,549 @@
+"""The supervisor: many agent processes at once, with pools, limits, restarts and watchdogs.
+
+A :class:`Supervisor` (from :func:`open_supervisor`) owns every agent process in its nursery.
+Each :class:`~orchestrator.agents.AgentSpec` gets a pool; :meth:`Supervisor.lease` hands a step
+a fresh ACP session on a pooled process and takes it back afterwards::
+
+    async with open_supervisor(Limits(max_sessions=8)) as supervisor:
+        async with supervisor.lease(spec, cwd=workdir, services=services, step="plan") as lease:
+            result = await lease.prompt("Write a plan", idle_timeout=120)
+
+Limits: a global bound on live sessions and a per-agent one (``AgentSpec.max_sessions``); an agent
+that serves one session per process (``sessions_per_process=1``) gets a process per lease. A
+process that dies is replaced when next needed, after a backoff, within the spec's restart
+budget. A turn that outlives its timeout is cancelled; an agent that ignores the cancel too is
+killed. Nothing is ever re-sent on its own: a turn lost with its process fails the lease, and
+retrying is the caller's explicit choice. On exit, cancel or Ctrl-C every process gets the
+shutdown ladder (stdin closed, SIGTERM, SIGKILL to its process group).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import structlog
+import trio
+from attrs import define, field, frozen
+
+from .agent.client import AcpSession, AgentConnection, ClientOptions, open_agent
+from .agent.content import PromptInput
+from .agent.services import ClientServices, SessionContext
+from .agent.transcript import TranscriptWriter
+from .agent.turn import TurnResult
+from .agents import AgentSpec
+from .errors import AgentError, AgentHung, OrchestratorError, ResourceNotFound
+from .protocol import types as t
+
+__all__ = [
+    "ConnectArgs",
+    "Connector",
+    "Lease",
+    "Limits",
+    "Supervisor",
+    "open_supervisor",
+    "subprocess_connector",
+]
+
+log = structlog.get_logger(__name__)
+
+UpdateCallback = Callable[[t.SessionUpdate], None]
+
+
+@frozen
+class ConnectArgs:
+    """What a connector needs to start one agent process."""
+
+    #: the process's label in logs and transcripts, e.g. ``claude#2``
+    label: str
+    #: the process's working directory
+    cwd: str
+    #: connection-level services (sessions bring their own)
+    services: ClientServices
+    #: client options for the handshake and turns
+    options: ClientOptions
+    #: where to record the wire transcript, if anywhere
+    transcript: TranscriptWriter | None
+
+
+#: Starts one agent and yields its initialized connection (the block's end stops it).
+Connector = Callable[[AgentSpec, ConnectArgs], AbstractAsyncContextManager[AgentConnection]]
+
+
+def subprocess_connector(
+    spec: AgentSpec, args: ConnectArgs
+) -> AbstractAsyncContextManager[AgentConnection]:
+    """The default connector: the spec's command as a subprocess speaking ACP on stdio."""
+    return open_agent(
+        list(spec.command),
+        name=args.label,
+        cwd=args.cwd,
+        env=dict(spec.env) or None,
+        services=args.services,
+        options=args.options,
+        transcript=args.transcript,
+    )
+
+
+@frozen
+class Limits:
+    """Supervisor-wide limits."""
+
+    #: live sessions at once, over all agents (None: no global bound)
+    max_sessions: int | None = None
+    #: first delay before restarting a crashed agent; doubles per consecutive crash
+    backoff: float = 0.5
+    #: the longest restart delay
+    max_backoff: float = 30.0
+    #: how long closing a session may take before the process is retired instead
+    close_timeout: float = 5.0
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_sessions is not None and self.max_sessions < 1:
+            raise ValueError("max_sessions must be at least 1")
+
+
+class _Unrouted:
+    """Connection-level services: every request belongs to a session with its own services."""
+
+    async def read_text_file(self, request: Any, ctx: SessionContext) -> Any:
+        raise ResourceNotFound(f"no file system for session {ctx.session_id}")
+
+    async def write_text_file(self, request: Any, ctx: SessionContext) -> Any:
+        raise ResourceNotFound(f"no file system for session {ctx.session_id}")
+
+    async def create(self, request: Any, ctx: SessionContext) -> Any:
+        raise ResourceNotFound(f"no terminals for session {ctx.session_id}")
+
+    output = wait_for_exit = kill = release = create
+
+
+_UNROUTED = _Unrouted()
+
+
+@define(eq=False)
+class _Process:
+    pool: _Pool
+    index: int
+    conn: AgentConnection | None = None
+    #: sessions leased on it now (counted from the moment a lease picks it)
+    sessions: int = 0
+    served: int = 0
+    starting: bool = True
+    retiring: bool = False
+    dead: bool = False
+    crashed: bool = False
+    ready: trio.Event = field(factory=trio.Event)
+    stop: trio.Event = field(factory=trio.Event)
+    exited: trio.Event = field(factory=trio.Event)
+    start_error: BaseException | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.pool.spec.name}#{self.index}"
+
+    def has_room(self) -> bool:
+        limit = self.pool.spec.sessions_per_process
+        if self.dead or self.retiring:
+            return False
+        if self.conn is not None and self.conn.rpc.closed:
+            return False
+        return limit is None or self.sessions < limit
+
+    def retire(self) -> None:
+        self.retiring = True
+        self.stop.set()
+
+
+@define(eq=False)
+class _Pool:
+    spec: AgentSpec
+    slots: trio.Semaphore | None
+    processes: list[_Process] = field(factory=list)
+    next_index: int = 1
+    spawned: int = 0
+    crashes: int = 0
+    restarts: int = 0
+    unreplaced: int = 0
+    consecutive: int = 0
+    last_crash: float = -math.inf
+    sessions: int = 0
+    turns: int = 0
+    turns_total: int = 0
+
+
+@frozen(eq=False)
+class Lease:
+    """A session leased from the supervisor for one step (or one attempt of it)."""
+
+    #: the agent's spec
+    spec: AgentSpec
+    #: the ACP session, in the lease's ``cwd``
+    session: AcpSession
+    #: the process label, e.g. ``claude#2``
+    process: str
+    _supervisor: Supervisor
+    _proc: _Process
+
+    @property
+    def connection(self) -> AgentConnection:
+        """The connection the session lives on."""
+        return self.session.connection
+
+    async def prompt(
+        self,
+        prompt: PromptInput,
+        *,
+        timeout: float | None = None,
+        idle_timeout: float | None = None,
+        on_update: UpdateCallback | None = None,
+    ) -> TurnResult:
+        """Run one turn, counted in the statistics; an agent that ignores a cancel is killed.
+
+        ``timeout`` bounds the turn and ``idle_timeout`` the silence between updates; past
+        either the turn is cancelled (:class:`~orchestrator.errors.TurnTimeout`).
+        """
+        pool = self._proc.pool
+        pool.turns += 1
+        pool.turns_total += 1
+        self._supervisor._turns += 1
+        try:
+            return await self.session.prompt(
+                prompt, timeout=timeout, idle_timeout=idle_timeout, on_update=on_update
+            )
+        except AgentHung as e:
+            if e.unresponsive:
+                log.warning("killing unresponsive agent", agent=self.process)
+                self._proc.retire()
+            raise
+        finally:
+            pool.turns -= 1
+            self._supervisor._turns -= 1
+
+
+@define(eq=False)
+class Supervisor:
+    """Owns agent processes and leases their sessions; make one with :func:`open_supervisor`."""
+
+    _nursery: trio.Nursery
+    limits: Limits = field(factory=Limits)
+    connector: Connector = subprocess_connector
+    options: ClientOptions = field(factory=ClientOptions)
+    #: a directory for one wire transcript per process (``<label>.jsonl``), or None
+    transcripts: Path | None = None
+    #: the directory agent processes run in when their spec names none and sessions are shared
+    workdir: str = "."
+    _pools: dict[str, _Pool] = field(factory=dict)
+    _slots: trio.Semaphore | None = None
+    _sessions: int = 0
+    _peak_sessions: int = 0
+    _turns: int = 0
+    _closing: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if self.limits.max_sessions is not None:
+            self._slots = trio.Semaphore(self.limits.max_sessions)
+
+    # ------------------------------------------------------------------ leases
+
+    @asynccontextmanager
+    async def lease(
+        self,
+        spec: AgentSpec,
+        *,
+        cwd: str | os.PathLike[str],
+        services: ClientServices | None = None,
+        step: str | None = None,
+        mcp_servers: Sequence[t.McpServer] = (),
+    ) -> AsyncIterator[Lease]:
+        """A new session of ``spec`` in ``cwd``, on a pooled process, for the block's duration.
+
+        Waits for room under the global and the agent's limits. The session is closed (or its
+        process retired) at the end; if the process died or hung meanwhile, it is replaced on a
+        later lease. Errors: :class:`~orchestrator.errors.AgentStartError` when the agent cannot
+        start, :class:`~orchestrator.errors.AgentError` when its restart budget is spent.
+        """
+        if self._closing:
+            raise AgentError("the supervisor is shutting down", agent=spec.name)
+        pool = self._pool(spec)
+        async with _acquired(self._slots), _acquired(pool.slots):
+            proc = await self._acquire(pool, os.fspath(cwd))
+            try:
+                assert proc.conn is not None
+                session = await proc.conn.new_session(
+                    cwd, services=services, step=step, mcp_servers=mcp_servers
+                )
+            except BaseException:
+                proc.sessions -= 1
+                self._after_session(proc)
+                raise
+            proc.served += 1
+            pool.sessions += 1
+            self._sessions += 1
+            self._peak_sessions = max(self._peak_sessions, self._sessions)
+            log.debug("session leased", agent=proc.label, session=session.session_id, step=step)
+            try:
+                yield Lease(spec, session, proc.label, self, proc)
+                # a finished lease is evidence the agent works again
+                pool.consecutive = 0
+            finally:
+                pool.sessions -= 1
+                self._sessions -= 1
+                with trio.CancelScope(shield=True):
+                    await self._end_session(proc, session)
+
+    def _pool(self, spec: AgentSpec) -> _Pool:
+        pool = self._pools.get(spec.name)
+        if pool is None:
+            slots = trio.Semaphore(spec.max_sessions) if spec.max_sessions else None
+            pool = self._pools[spec.name] = _Pool(spec, slots)
+        elif pool.spec != spec:
+            raise AgentError(
+                f"two different agents are both named {spec.name!r}; give them distinct names",
+                agent=spec.name,
+            )
+        return pool
+
+    async def _acquire(self, pool: _Pool, cwd: str) -> _Process:
+        """A process with room for one more session; started if none has room."""
+        while True:
+            for proc in pool.processes:
+                if proc.has_room():
+                    proc.sessions += 1
+                    if proc.starting:
+                        await proc.ready.wait()
+                        if proc.start_error is not None:
+                            proc.sessions -= 1
+                            raise proc.start_error
+                        if not proc.has_room() and proc.dead:
+                            proc.sessions -= 1
+                            continue
+                    return proc
+            proc = _Process(pool, pool.next_index)
+            pool.next_index += 1
+            proc.sessions = 1
+            pool.processes.append(proc)
+            try:
+                await self._start(proc, cwd)
+            except BaseException as e:
+                proc.sessions -= 1
+                proc.start_error = e
+                proc.dead = True
+                if proc in pool.processes:
+                    pool.processes.remove(proc)
+                proc.ready.set()
+                raise
+            return proc
+
+    async def _start(self, proc: _Process, cwd: str) -> None:
+        pool = proc.pool
+        spec = pool.spec
+        if pool.unreplaced:
+            if pool.restarts >= spec.max_restarts:
+                raise AgentError(
+                    f"restart budget spent: the agent crashed {pool.crashes} times and was "
+                    f"restarted {pool.restarts} times (max_restarts={spec.max_restarts})",
+                    agent=spec.name,
+                )
+            pool.restarts += 1
+            pool.unreplaced -= 1
+            delay = min(
+                self.limits.max_backoff,
+                self.limits.backoff * 2 ** max(pool.consecutive - 1, 0),
+            )
+            wait = pool.last_crash + delay - trio.current_time()
+            log.info("restarting agent", agent=proc.label, after=round(max(wait, 0.0), 3))
+            if wait > 0:
+                await trio.sleep(wait)
+        await self._nursery.start(self._run_process, proc, cwd)
+        pool.spawned += 1
+
+    async def _run_process(
+        self,
+        proc: _Process,
+        session_cwd: str,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        spec = proc.pool.spec
+        options = attrs.evolve(
+            self.options,
+            init_timeout=spec.startup_timeout,
+            auth_method=spec.auth_method or self.options.auth_method,
+        )
+        transcript = None
+        if self.transcripts is not None:
+            transcript = TranscriptWriter(
+                self.transcripts / f"{proc.label}.jsonl", agent=proc.label
+            )
+        args = ConnectArgs(
+            label=proc.label,
+            # a one-session agent runs where its session does; a shared one somewhere neutral
+            cwd=spec.cwd or (session_cwd if spec.sessions_per_process == 1 else self.workdir),
+            services=ClientServices(fs=_UNROUTED, terminal=_UNROUTED),
+            options=options,
+            transcript=transcript,
+        )
+        started = False
+        try:
+            async with self.connector(spec, args) as conn:
+                proc.conn = conn
+                proc.starting = False
+                started = True
+                proc.ready.set()
+                task_status.started()
+                log.info("agent process started", agent=proc.label, pid=conn.pid)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._watch_exit, proc, conn, nursery.cancel_scope)
+                    await proc.stop.wait()
+                    nursery.cancel_scope.cancel()
+        except OrchestratorError as e:
+            if not started:
+                raise
+            # an agent that ends badly is an expected end: its leases already saw the error
+            log.warning("agent process ended with an error", agent=proc.label, error=str(e))
+        finally:
+            proc.dead = True
+            proc.starting = False
+            if proc in proc.pool.processes:
+                proc.pool.processes.remove(proc)
+            proc.exited.set()
+            if not started:
+                proc.ready.set()
+
+    async def _watch_exit(
+        self, proc: _Process, conn: AgentConnection, scope: trio.CancelScope
+    ) -> None:
+        reason = await conn.rpc.wait_closed()
+        if not proc.stop.is_set():
+            pool = proc.pool
+            proc.dead = proc.crashed = True
+            pool.crashes += 1
+            pool.unreplaced += 1
+            pool.consecutive += 1
+            pool.last_crash = trio.current_time()
+            log.warning(
+                "agent process exited unexpectedly",
+                agent=proc.label,
+                reason=str(reason),
+                sessions=proc.sessions,
+            )
+        scope.cancel()
+
+    async def _end_session(self, proc: _Process, session: AcpSession) -> None:
+        conn = proc.conn
+        try:
+            if conn is None or conn.rpc.closed or proc.dead:
+                return
+            if proc.pool.spec.sessions_per_process == 1:
+                proc.retire()
+                return
+            caps = conn.agent_capabilities.session_capabilities
+            if caps is not None and caps.close is not None:
+                with trio.move_on_after(self.limits.close_timeout) as scope:
+                    try:
+                        await conn.close_session(session.session_id)
+                    except OrchestratorError as e:
+                        log.debug("session/close failed", agent=proc.label, error=str(e))
+                if scope.cancelled_caught:
+                    proc.retire()
+            await session.release()
+            conn.sessions.pop(session.session_id, None)
+        finally:
+            proc.sessions -= 1
+            self._after_session(proc)
+
+    def _after_session(self, proc: _Process) -> None:
+        """Retire a process nobody will use again."""
+        if proc.sessions == 0 and self._closing:
+            proc.retire()
+
+    # ------------------------------------------------------------------ inspection
+
+    def statistics(self) -> dict[str, Any]:
+        """Live processes, sessions and turns, and restarts, overall and per agent."""
+        agents = {
+            name: {
+                "processes": sum(1 for p in pool.processes if not p.dead),
+                "sessions": pool.sessions,
+                "turns": pool.turns,
+                "turnsTotal": pool.turns_total,
+                "spawned": pool.spawned,
+                "crashes": pool.crashes,
+                "restarts": pool.restarts,
+            }
+            for name, pool in self._pools.items()
+        }
+        return {
+            "processes": sum(a["processes"] for a in agents.values()),
+            "sessions": self._sessions,
+            "peakSessions": self._peak_sessions,
+            "turns": self._turns,
+            "spawned": sum(a["spawned"] for a in agents.values()),
+            "crashes": sum(a["crashes"] for a in agents.values()),
+            "restarts": sum(a["restarts"] for a in agents.values()),
+            "agents": agents,
+        }
+
+    def transcript_files(self) -> list[Path]:
+        """The wire transcripts written so far, one per process."""
+        if self.transcripts is None or not self.transcripts.is_dir():
+            return []
+        return sorted(self.transcripts.glob("*.jsonl"))
+
+    async def aclose(self) -> None:
+        """Stop every process (the shutdown ladder) and wait until all have exited."""
+        self._closing = True
+        procs = [p for pool in self._pools.values() for p in pool.processes]
+        for proc in procs:
+            proc.retire()
+        with trio.CancelScope(shield=True):
+            for proc in procs:
+                if not proc.starting:
+                    await proc.exited.wait()
+
+
+@asynccontextmanager
+async def _acquired(semaphore: trio.Semaphore | None) -> AsyncIterator[None]:
+    if semaphore is None:
+        yield
+        return
+    async with semaphore:
+        yield
+
+
+@asynccontextmanager
+async def open_supervisor(
+    limits: Limits | None = None,
+    *,
+    connector: Connector | None = None,
+    options: ClientOptions | None = None,
+    transcripts: str | os.PathLike[str] | None = None,
+    workdir: str | os.PathLike[str] | None = None,
+) -> AsyncIterator[Supervisor]:
+    """A supervisor whose agent processes all end with the block.
+
+    ``transcripts`` is a directory for one wire transcript per process; ``workdir`` is where
+    processes run when their spec names no ``cwd`` (default: the current directory).
+    """
+    tdir = Path(transcripts) if transcripts is not None else None
+    if tdir is not None:
+        tdir.mkdir(parents=True, exist_ok=True)
+    async with trio.open_nursery() as nursery:
+        supervisor = Supervisor(
+            nursery,
+            limits or Limits(),
+            connector or subprocess_connector,
+            options or ClientOptions(),
+            tdir,
+            os.fspath(workdir) if workdir is not None else os.getcwd(),
+        )
+        try:
+            yield supervisor
+        finally:
+            await supervisor.aclose()

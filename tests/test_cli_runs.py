@@ -1,0 +1,188 @@
+"""The run commands of the installed console script, against the built-in demo agent."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "examples" / "sample-project"
+DEMO_PIPELINE = ROOT / "examples" / "demo_pipeline.py"
+CLI = Path(sys.executable).parent / "orchestrator"
+
+pytestmark = pytest.mark.slow
+
+
+def cli(*args: str, state: Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "ORCHESTRATOR_STATE_DIR": str(state)}
+    return subprocess.run(
+        [str(CLI), *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=180
+    )
+
+
+def as_json(done: subprocess.CompletedProcess[str]) -> Any:
+    return json.loads(done.stdout)
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A copy of the sample project."""
+    target = tmp_path / "sample-project"
+    shutil.copytree(SAMPLE, target, ignore=shutil.ignore_patterns("__pycache__"))
+    return target
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+
+
+def test_run_demo_pipeline_then_show_diff_apply(
+    project: Path, tmp_path: Path, state_dir: Path
+) -> None:
+    """run reports fan-out, merge conflict and report; runs/show/diff/apply work from the store."""
+    before = snapshot(project)
+    report = tmp_path / "report"
+    done = cli(
+        "run", str(DEMO_PIPELINE), "--cwd", str(project), "--policy", "trusted",
+        "--json", "--report", str(report), state=state_dir,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = as_json(done)
+    assert result["kind"] == "pipeline"
+    assert result["status"] == "succeeded"
+    assert list(result["steps"]) == ["files", "rename", "docs", "check"]
+    assert set(result["steps"]["rename"]["instances"]) == {
+        "shop/__init__.py",
+        "shop/cart.py",
+        "shop/pricing.py",
+    }
+    assert list(result["steps"]["docs"]["instances"]) == ["alice", "bob"]
+    [conflict] = result["conflicts"]
+    assert conflict["path"] == "README.md"
+    assert conflict["resolution"] == "ours"
+    assert conflict["branches"] == ["docs[alice]", "docs[bob]"]
+    assert "colour" in conflict["base"] and "color" in conflict["ours"]
+    changed = {c["path"]: c["change"] for c in result["changes"]}
+    assert changed["docs/pricing.md"] == "added"
+    assert changed["shop/pricing.py"] == "modified"
+    assert "+def compute_total" in result["diff"]
+    assert result["applied"] is False
+    assert snapshot(project) == before  # nothing written without --apply
+    html = (report / "report.html").read_text()
+    assert "README.md" in html and "rename" in html
+    assert (report / "report.md").exists()
+    run_id = result["runId"]
+
+    listed = as_json(cli("runs", "--json", state=state_dir))
+    assert run_id in [r["runId"] for r in listed["runs"]]
+    shown = as_json(cli("show", run_id[:8], "--json", state=state_dir))
+    assert shown["status"] == "succeeded"
+    assert shown["steps"]["docs"]["status"] == "succeeded"
+    diff = cli("diff", run_id, state=state_dir)
+    assert diff.returncode == 0 and "+def compute_total" in diff.stdout
+    step_diff = cli("diff", run_id, "--step", "docs[bob]", state=state_dir)
+    assert "CHANGES.md" in step_diff.stdout
+
+    applied = cli("apply", run_id, "--json", state=state_dir)
+    assert applied.returncode == 0, applied.stderr
+    assert as_json(applied)["applied"] is True
+    assert "def compute_total" in (project / "shop" / "pricing.py").read_text()
+    assert (project / "docs" / "pricing.md").exists()
+
+
+def test_apply_refused_when_workspace_changed(project: Path, state_dir: Path) -> None:
+    """apply exits 3 and writes nothing when a file the run changed was edited meanwhile."""
+    done = cli(
+        "run", str(DEMO_PIPELINE), "--cwd", str(project), "--policy", "trusted", "--json",
+        "--no-progress", state=state_dir,
+    )  # fmt: skip
+    run_id = as_json(done)["runId"]
+    (project / "README.md").write_text("edited by hand\n")
+    before = snapshot(project)
+    refused = cli("apply", run_id, "--json", state=state_dir)
+    assert refused.returncode == 3
+    assert "README.md" in as_json(refused)["conflicts"]
+    assert snapshot(project) == before
+
+
+def test_run_refuses_bad_pipeline_with_exit_2(
+    tmp_path: Path, project: Path, state_dir: Path
+) -> None:
+    """A cycle is refused before anything starts, with exit code 2 and a JSON error."""
+    pipeline = tmp_path / "cycle.py"
+    pipeline.write_text(
+        "from orchestrator import step\n"
+        "@step(agent='demo')\ndef a(b): return 'x'\n"
+        "@step(agent='demo')\ndef b(a): return 'y'\n"
+    )
+    done = cli("run", str(pipeline), "--cwd", str(project), "--json", state=state_dir)
+    assert done.returncode == 2
+    assert "cycle" in as_json(done)["error"]["message"]
+
+
+def test_run_missing_input_exit_2(tmp_path: Path, project: Path, state_dir: Path) -> None:
+    """A missing run input is named, exit 2; --set supplies it."""
+    pipeline = tmp_path / "inputs.py"
+    pipeline.write_text(
+        "from orchestrator import step\n@step()\ndef twice(n: int) -> int: return n * 2\n"
+    )
+    missing = cli("run", str(pipeline), "--cwd", str(project), "--json", state=state_dir)
+    assert missing.returncode == 2 and "n" in as_json(missing)["error"]["message"]
+    done = cli(
+        "run", str(pipeline), "--cwd", str(project), "--json", "--set", "n=21", state=state_dir
+    )
+    assert done.returncode == 0, done.stderr
+    assert as_json(done)["steps"]["twice"]["instances"]["twice"]["value"] == 42
+
+
+def test_failed_step_exit_1(tmp_path: Path, project: Path, state_dir: Path) -> None:
+    """A failing step exits 1, and its dependent is skipped with the cause."""
+    pipeline = tmp_path / "fail.py"
+    pipeline.write_text(
+        "from orchestrator import step\n"
+        "@step()\ndef boom() -> int: raise ValueError('no')\n"
+        "@step()\ndef after(boom) -> int: return 1\n"
+        "@step()\ndef other() -> int: return 2\n"
+    )
+    done = cli("run", str(pipeline), "--cwd", str(project), "--json", state=state_dir)
+    assert done.returncode == 1
+    steps = as_json(done)["steps"]
+    assert steps["boom"]["status"] == "failed"
+    assert steps["after"]["status"] == "skipped" and "boom" in steps["after"]["cause"]
+    assert steps["other"]["status"] == "succeeded"
+
+
+def test_compare_two_demo_agents(project: Path, tmp_path: Path, state_dir: Path) -> None:
+    """compare runs both agents, verifies each branch, and applies only the chosen one."""
+    done = cli(
+        "compare", "--agent", "a=demo", "--agent", "b=demo", "--cwd", str(project),
+        "--policy", "edit", "--verify", "grep -q color README.md", "--json",
+        "--report", str(tmp_path / "cmp"), "--apply", "a",
+        'replace "colour" with "color" in README.md',
+        state=state_dir,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = as_json(done)
+    assert result["kind"] == "compare"
+    names = [a["name"] for a in result["agents"]]
+    assert names == ["a", "b"]
+    for agent in result["agents"]:
+        assert agent["status"] == "succeeded"
+        assert agent["stopReason"] == "end_turn"
+        assert agent["verify"]["exitCode"] == 0
+        assert agent["changes"] == [{"path": "README.md", "change": "modified"}]
+        assert agent["permissions"][0]["verdict"] == "allow"
+    assert result["applied"] == "a"
+    assert "color of the cart" in (project / "README.md").read_text()
+    assert (tmp_path / "cmp" / "report.html").exists()

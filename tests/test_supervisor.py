@@ -1,0 +1,240 @@
+"""The supervisor: pools, limits, restarts, watchdogs and shutdown, with real agent processes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from orchestrator.agent.client import ClientOptions
+from orchestrator.agents import AgentSpec
+from orchestrator.errors import AgentError, AgentExited, AgentStartError, TurnTimeout
+from orchestrator.supervisor import Limits, open_supervisor
+from orchestrator.testing import (
+    AgentScript,
+    Capabilities,
+    Crash,
+    ExitAtStart,
+    Say,
+    Sleep,
+    Stall,
+    Turn,
+    scripted_agent_command,
+)
+from orchestrator.testing.connector import memory_connector
+from tests.conftest import pid_gone
+
+
+def spec_for(
+    script: AgentScript, directory: Path, name: str = "scripted", **kw: object
+) -> AgentSpec:
+    return AgentSpec(name, tuple(scripted_agent_command(script, directory)), **kw)  # type: ignore[arg-type]
+
+
+SAY = AgentScript(turns=(Turn(steps=(Say("done"),)),))
+
+
+async def test_lease_runs_a_turn_and_reuses_the_process(tmp_path: Path) -> None:
+    """Two leases in a row share one process; the statistics count them."""
+    spec = spec_for(SAY, tmp_path)
+    with trio.fail_after(30):
+        async with open_supervisor() as sup:
+            for _ in range(2):
+                async with sup.lease(spec, cwd=tmp_path) as lease:
+                    result = await lease.prompt("hi")
+                    assert result.text == "done"
+                    assert sup.statistics()["sessions"] == 1
+            stats = sup.statistics()
+            pid = next(iter(sup._pools.values())).processes[0].conn.pid  # type: ignore[union-attr]
+    assert stats["spawned"] == 1
+    assert stats["agents"]["scripted"]["turnsTotal"] == 2
+    assert stats["sessions"] == 0
+    assert pid is not None and pid_gone(pid)
+
+
+async def test_one_session_per_process_spawns_a_process_per_lease(tmp_path: Path) -> None:
+    """An agent serving one session per process gets a fresh process for every lease."""
+    spec = spec_for(SAY, tmp_path, sessions_per_process=1)
+    pids = []
+    with trio.fail_after(30):
+        async with open_supervisor() as sup:
+            for _ in range(2):
+                async with sup.lease(spec, cwd=tmp_path) as lease:
+                    await lease.prompt("hi")
+                    pids.append(lease.connection.pid)
+            assert sup.statistics()["spawned"] == 2
+    assert len(set(pids)) == 2
+    assert all(p is not None and pid_gone(p) for p in pids)
+
+
+async def test_global_limit_bounds_live_sessions() -> None:
+    """Twenty concurrent leases under a limit of 4 never hold more than 4 sessions."""
+    script = AgentScript(turns=(Turn(steps=(Sleep(0.01), Say("ok"))),))
+    spec = AgentSpec("mem", ("unused",))
+    seen: list[int] = []
+    with trio.fail_after(30):
+        async with open_supervisor(
+            Limits(max_sessions=4), connector=memory_connector(lambda _: script)
+        ) as sup:
+
+            async def one() -> None:
+                async with sup.lease(spec, cwd="/tmp") as lease:
+                    seen.append(sup.statistics()["sessions"])
+                    await lease.prompt("go")
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(20):
+                    nursery.start_soon(one)
+            stats = sup.statistics()
+    assert stats["peakSessions"] == 4
+    assert max(seen) <= 4
+    assert stats["agents"]["mem"]["turnsTotal"] == 20
+
+
+async def test_per_agent_limit() -> None:
+    """An agent's own max_sessions bounds its sessions even with no global limit."""
+    script = AgentScript(turns=(Turn(steps=(Sleep(0.01), Say("ok"))),))
+    spec = AgentSpec("mem", ("unused",), max_sessions=2)
+    with trio.fail_after(30):
+        async with open_supervisor(connector=memory_connector(lambda _: script)) as sup:
+
+            async def one() -> None:
+                async with sup.lease(spec, cwd="/tmp") as lease:
+                    await lease.prompt("go")
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(10):
+                    nursery.start_soon(one)
+            assert sup.statistics()["peakSessions"] == 2
+
+
+async def test_crash_mid_turn_is_reported_and_replaced(tmp_path: Path) -> None:
+    """A crash fails the lease's turn; the next lease gets a new process (one restart)."""
+    script = AgentScript(
+        turns=(
+            Turn(steps=(Crash(exit_code=3, stderr="boom"),), when_prompt_contains="crash"),
+            Turn(steps=(Say("fine"),)),
+        )
+    )
+    spec = spec_for(script, tmp_path)
+    with trio.fail_after(30):
+        async with open_supervisor(Limits(backoff=0.01)) as sup:
+            with pytest.raises(AgentExited) as info:  # noqa: PT012
+                async with sup.lease(spec, cwd=tmp_path) as lease:
+                    first_pid = lease.connection.pid
+                    await lease.prompt("crash now")
+            assert info.value.exit_status == 3
+            await trio.sleep(0.1)
+            assert sup.statistics()["crashes"] == 1
+            async with sup.lease(spec, cwd=tmp_path) as lease:
+                assert (await lease.prompt("hello")).text == "fine"
+                assert lease.connection.pid != first_pid
+            stats = sup.statistics()
+    assert stats["restarts"] == 1
+    assert stats["spawned"] == 2
+
+
+async def test_restart_budget_is_enforced(tmp_path: Path) -> None:
+    """Once an agent crashed more often than its budget allows, leases fail with AgentError."""
+    script = AgentScript(turns=(Turn(steps=(Crash(),)),))
+    spec = spec_for(script, tmp_path, max_restarts=1)
+    with trio.fail_after(30):
+        async with open_supervisor(Limits(backoff=0.01)) as sup:
+            for _ in range(2):
+                with pytest.raises(AgentExited):
+                    async with sup.lease(spec, cwd=tmp_path) as lease:
+                        await lease.prompt("x")
+                await trio.sleep(0.05)
+            with pytest.raises(AgentError, match="restart budget"):
+                async with sup.lease(spec, cwd=tmp_path):
+                    pass
+
+
+async def test_unresponsive_agent_is_killed(tmp_path: Path) -> None:
+    """An agent that ignores the cancel after an idle timeout is killed."""
+    script = AgentScript(turns=(Turn(steps=(Stall(),), ignore_cancel=True),))
+    spec = spec_for(script, tmp_path)
+    with trio.fail_after(30):
+        async with open_supervisor(options=ClientOptions(cancel_grace=0.2)) as sup:
+            with pytest.raises(TurnTimeout) as info:  # noqa: PT012
+                async with sup.lease(spec, cwd=tmp_path) as lease:
+                    pid = lease.connection.pid
+                    await lease.prompt("x", idle_timeout=0.3)
+            assert info.value.unresponsive
+            with trio.fail_after(10):
+                while not (pid is not None and pid_gone(pid)):  # noqa: ASYNC110
+                    await trio.sleep(0.05)
+
+
+async def test_cancel_honoured_keeps_the_process(tmp_path: Path) -> None:
+    """A timed-out turn the agent cancels politely does not cost the process."""
+    script = AgentScript(turns=(Turn(steps=(Stall(),)),))
+    spec = spec_for(script, tmp_path)
+    with trio.fail_after(30):
+        async with open_supervisor() as sup:
+            with pytest.raises(TurnTimeout) as info:
+                async with sup.lease(spec, cwd=tmp_path) as lease:
+                    await lease.prompt("x", timeout=0.3)
+            assert not info.value.unresponsive
+            assert sup.statistics()["processes"] == 1
+
+
+async def test_start_failure_is_reported(tmp_path: Path) -> None:
+    """An agent that exits before initialize fails the lease with AgentStartError."""
+    script = AgentScript(exit_at_start=ExitAtStart(exit_code=2, stderr="no key"))
+    spec = spec_for(script, tmp_path)
+    with trio.fail_after(30):
+        async with open_supervisor() as sup:
+            with pytest.raises(AgentStartError):
+                async with sup.lease(spec, cwd=tmp_path):
+                    pass
+            assert sup.statistics()["processes"] == 0
+
+
+async def test_shared_process_closes_sessions(tmp_path: Path) -> None:
+    """Sessions on an agent supporting session/close are closed when the lease ends."""
+    script = AgentScript(
+        capabilities=Capabilities(session_close=True), turns=(Turn(steps=(Say("x"),)),)
+    )
+    spec = spec_for(script, tmp_path)
+    with trio.fail_after(30):
+        async with open_supervisor() as sup:
+            async with sup.lease(spec, cwd=tmp_path) as lease:
+                conn = lease.connection
+                await lease.prompt("x")
+            assert conn.sessions == {}
+
+
+async def test_exit_kills_every_process(tmp_path: Path) -> None:
+    """Leaving the supervisor (even by cancellation) leaves no agent process behind."""
+    spec = spec_for(AgentScript(turns=(Turn(steps=(Stall(),)),)), tmp_path, sessions_per_process=1)
+    pids: list[int] = []
+    with trio.fail_after(30):
+        with trio.move_on_after(2):
+            async with open_supervisor() as sup:
+
+                async def one() -> None:
+                    async with sup.lease(spec, cwd=tmp_path) as lease:
+                        assert lease.connection.pid is not None
+                        pids.append(lease.connection.pid)
+                        await lease.prompt("x")
+
+                async with trio.open_nursery() as nursery:
+                    for _ in range(3):
+                        nursery.start_soon(one)
+    assert len(pids) == 3
+    assert all(pid_gone(p) for p in pids)
+
+
+async def test_same_name_different_specs_refused(tmp_path: Path) -> None:
+    """Two different agents under one name are refused rather than mixed in one pool."""
+    a = spec_for(SAY, tmp_path, name="x")
+    b = AgentSpec("x", ("other",))
+    with trio.fail_after(30):
+        async with open_supervisor() as sup:
+            async with sup.lease(a, cwd=tmp_path):
+                pass
+            with pytest.raises(AgentError, match="distinct names"):
+                async with sup.lease(b, cwd=tmp_path):
+                    pass
