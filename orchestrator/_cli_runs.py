@@ -11,7 +11,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CONFLICTS = 0, 1, 2, 3
 
 RUN_EXAMPLES = """\
 examples:
-  orchestrator run pipelines/batch_replace.py --set old=colour --set new=color --cwd ~/proj
+  orchestrator run pipelines/batch_replace.py --set change='Use pathlib' --cwd ~/proj
   orchestrator run pipelines/plan_implement_review.py --set task="add a --verbose flag" --apply
   orchestrator run examples/demo_pipeline.py --cwd examples/sample-project --report report/
 """

@@ -24,7 +24,7 @@ examples:
   orchestrator prompt --agent demo --policy edit 'replace "colour" with "color" in **/*.md'
   orchestrator prompt --agent claude --json "Explain this repository"
   orchestrator prompt --agent "mine=python my_agent.py" --transcript wire.ndjson "hello"
-  orchestrator run pipelines/batch_replace.py --set old=colour --set new=color
+  orchestrator run pipelines/batch_replace.py --set change='Use pathlib'
   orchestrator compare --agent claude --agent codex --verify "pytest -q" "Fix the bug"
   orchestrator runs; orchestrator show RUN; orchestrator apply RUN
   orchestrator agents --check

@@ -5,7 +5,9 @@ edits to different files never conflict) and a verify command runs on the merged
 
     orchestrator run pipelines/batch_replace.py --cwd ~/project --policy edit \\
         --set pattern='src/**/*.py' --set change='Replace os.path calls with pathlib' \\
-        --set agent=claude --set verify='python -m pytest -q'
+        --set verify='python -m pytest -q'
+
+The agent is ``claude``; change ``agent=`` below (or relabel it in ``.orchestrator.toml``).
 
 Add ``--apply`` to write the result when the verify command passed.
 """
@@ -37,7 +39,7 @@ def transform(item: str, change: str) -> str:
 
 
 @step(merge="fail")
-def verify(transform: object, workdir: Path, verify: str = "true") -> str:
+def check(transform: object, workdir: Path, verify: str = "true") -> str:
     """Run the verify command on the merged files; a failure fails the run."""
     done = subprocess.run(verify, shell=True, cwd=workdir, capture_output=True, text=True)
     if done.returncode != 0:
