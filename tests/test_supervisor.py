@@ -23,7 +23,7 @@ from orchestrator.testing import (
     scripted_agent_command,
 )
 from orchestrator.testing.connector import memory_connector
-from tests.conftest import pid_gone
+from conftest import pid_gone
 
 
 def spec_for(
