@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from conftest import pid_gone
 
 from orchestrator.agent.client import ClientOptions
 from orchestrator.agents import AgentSpec
@@ -23,7 +24,6 @@ from orchestrator.testing import (
     scripted_agent_command,
 )
 from orchestrator.testing.connector import memory_connector
-from conftest import pid_gone
 
 
 def spec_for(
