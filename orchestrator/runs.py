@@ -96,6 +96,14 @@ class RunOutcome:
         return self.result.get("steps") or {}
 
 
+def _launchable(spec: AgentSpec) -> AgentSpec:
+    """``spec``, if its program can be found; else a UsageError saying how to install it."""
+    if not spec.resolved(os.getcwd()).executable_found():
+        hint = f" (install: {spec.install})" if spec.install else ""
+        raise UsageError(f"agent {spec.name}: {spec.command[0]!r} not found{hint}")
+    return spec
+
+
 def _agents(config: Config | None, cwd: Path) -> Config:
     return config if config is not None else Config.load(cwd)
 
@@ -133,7 +141,10 @@ async def run_pipeline(
     pipe = pipeline if isinstance(pipeline, Pipeline) else load_pipeline(pipeline)
     values = pipe.check_inputs(inputs or {})
     cfg = _agents(config, root)
-    pipe.check_agents(cfg.resolve_agent)
+    if pool is None and connector is None:
+        pipe.check_agents(lambda name: _launchable(cfg.resolve_agent(name)))
+    else:  # agents come from elsewhere: only their names must resolve
+        pipe.check_agents(cfg.resolve_agent)
     policy_set = load_policy(policy)
     state = state_directory(state_dir)
     await recover(state)

@@ -46,6 +46,7 @@ from orchestrator.testing import (
     PermissionToolCall,
     Say,
     Terminal,
+    ToolCall,
     Turn,
 )
 from orchestrator.testing.scripted_agent import AgentRecord, scripted_agent_command
@@ -696,3 +697,26 @@ async def test_ts_cancel_while_permission_pending() -> None:
     assert audit(service.records) == audit(session.permissions) == audit(result.permissions)
     assert TS_ALLOWED not in result.text
     assert TS_SKIPPED not in result.text
+
+
+async def test_request_without_kind_uses_the_announced_tool_call(scratch: Path) -> None:
+    """A request leaving out kind and path is decided with what its tool_call update said."""
+    root = str(scratch)
+    policy = PolicySet(run=Policy([Rule("allow", name="sources", kinds="edit", paths="src/*.py")]))
+    service = PolicyPermissionService(policy)
+    steps = (
+        # Claude Code's adapter announces the call, then asks with the id alone
+        ToolCall("w1", "Write src/a.py", kind="edit", locations=(Location(f"{root}/src/a.py"),)),
+        AskPermission(PermissionToolCall("w1"), options=CLAUDE),
+        ToolCall("w2", "Write notes.md", kind="edit", locations=(Location(f"{root}/notes.md"),)),
+        AskPermission(PermissionToolCall("w2"), options=CLAUDE),
+    )
+    with trio.fail_after(LIMIT):
+        async with scripted(scratch, steps, service) as c:
+            session = await c.new_session(scratch)
+            result = await session.prompt("go")
+    verdicts = [(r.tool_call_id, r.verdict, r.kind, r.rule) for r in result.permissions]
+    assert verdicts == [
+        ("w1", "allow", "edit", "run/sources"),
+        ("w2", "reject", "edit", "default"),
+    ]

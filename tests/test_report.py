@@ -558,12 +558,15 @@ def test_each_file_diff_is_collapsible_and_coloured() -> None:
 
 
 def test_diffs_render_without_pygments(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without a lexer, diff lines are plain escaped text and keep their add/del colours."""
-    monkeypatch.setattr(_highlight, "_lexer", lambda filename: None)
+    """Without pygments, diff lines are plain escaped text and keep their add/del colours."""
+    monkeypatch.setattr(_highlight, "HAVE_PYGMENTS", False)
+    assert _highlight._lexer("a.py") is None
+    assert _highlight.token_css.__wrapped__() == ""
     page = render_html(compare_result())
     s = parse(page)
     assert 't-k"' not in page
     assert len(s.find("tr", class_="l-add")) == 6
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
 
 
 def test_highlighting_keeps_lines_aligned() -> None:
@@ -945,3 +948,28 @@ def test_prompt_json_agent_identity() -> None:
     }
     text = "".join(parse(render_html(prompt)).text)
     assert "mine" in text and "My Agent 2.0" in text
+
+
+def test_a_huge_file_diff_is_cut_in_html_but_whole_in_markdown() -> None:
+    """The page shows the first lines of a huge file and says how many more report.md has."""
+    n = 5003
+    diff = "--- /dev/null\n+++ b/big.txt\n@@ -0,0 +1,5003 @@\n" + "".join(
+        f"+line {i}\n" for i in range(n)
+    )
+    result = compare_result()
+    result["agents"][0]["diff"] = diff
+    s = parse(render_html(result))
+    # 5000 rows: the hunk header and 4999 added lines; plus the other agent's one added line
+    assert len(s.find("tr", class_="l-add")) == 4999 + 1
+    assert "4 more lines of this file are not shown here" in "".join(s.text)
+    assert '<span class="add">+5003</span>' in render_html(result)
+    assert f"+line {n - 1}\n" in render_markdown(result)
+
+
+def test_lexers_are_looked_up_once_per_extension() -> None:
+    """Plain '*.ext' names share one lookup; names with special patterns keep their own."""
+    assert _highlight._lexer_key("a.py") == _highlight._lexer_key("b.py") == "file.py"
+    assert _highlight._lexer_key("Makefile") == "Makefile"
+    assert _highlight._lexer_key("CMakeLists.txt") == "CMakeLists.txt"
+    assert type(_highlight._lexer("CMakeLists.txt")).__name__ == "CMakeLexer"
+    assert _highlight._lexer("notes.unknown-extension") is None

@@ -16,8 +16,9 @@ import math
 import os
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any
+from typing import Any, cast
 
+import attrs
 import structlog
 import trio
 from attrs import define, field, frozen
@@ -663,6 +664,7 @@ class AgentConnection:
         request = structure(params, t.RequestPermissionRequest)
         session = self._session_for(params)
         ctx = session.context
+        request = _completed_request(request, session)
         with trio.CancelScope() as scope:
             if session._cancelling:
                 scope.cancel()
@@ -755,6 +757,32 @@ class AgentConnection:
             "turns": sum(s.turns for s in self.sessions.values()),
             "rpc": self.rpc.statistics(),
         }
+
+
+def _completed_request(
+    request: t.RequestPermissionRequest, session: AcpSession
+) -> t.RequestPermissionRequest:
+    """The request with what the turn already knows of its tool call filled in.
+
+    Some agents (Claude Code's adapter) send the tool call's kind, title and locations in the
+    ``tool_call`` update and leave them out of the permission request; a policy deciding by
+    kind or path needs them.
+    """
+    call = request.tool_call
+    turn = session._turn
+    if turn is None or (call.kind is not None and call.title is not None and call.locations):
+        return request
+    known = turn.accumulator.tool_calls.get(call.tool_call_id)
+    if known is None:
+        return request
+    filled = attrs.evolve(
+        call,
+        kind=call.kind if call.kind is not None else cast(Any, known.kind),
+        title=call.title if call.title is not None else known.title,
+        locations=call.locations if call.locations else (known.locations or call.locations),
+        raw_input=call.raw_input if call.raw_input is not None else known.raw_input,
+    )
+    return attrs.evolve(request, tool_call=filled)
 
 
 def _check_not_allow(request: t.RequestPermissionRequest, option_id: str) -> None:

@@ -19,11 +19,18 @@ from .results import RunEvent, StepResult, VerifyResult
 MISSING = object()
 
 
-async def call(fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> Any:
-    """Call a step function: coroutine functions on the loop, plain ones in a worker thread."""
+async def call(fn: Callable[..., Any], kwargs: Mapping[str, Any], *, inline: bool = False) -> Any:
+    """Call a step function: coroutine functions on the loop, plain ones in a worker thread.
+
+    ``inline`` calls a plain function on the loop itself (agent steps' prompt builders, which
+    only format text: a thread hop would cost more than the call).
+    """
     if inspect.iscoroutinefunction(fn):
         return await fn(**kwargs)
-    result = await trio.to_thread.run_sync(lambda: fn(**kwargs))
+    if inline:
+        result = fn(**kwargs)
+    else:
+        result = await trio.to_thread.run_sync(lambda: fn(**kwargs))
     if inspect.isawaitable(result):
         return await result
     return result

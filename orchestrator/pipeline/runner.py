@@ -105,6 +105,8 @@ class StepState:
     finished: float | None = None
     #: instances failed (for the summary)
     failures: dict[str | None, str] = field(factory=dict)
+    #: the failed step a skip comes from (through skipped steps), if any
+    root_failure: str | None = None
     #: conflicts found merging the parents: (conflict JSON)
     conflicts: list[dict[str, Any]] = field(factory=list)
 
@@ -182,8 +184,15 @@ class PipelineRunner:
             ]
             if blocked:
                 first = self.states[blocked[0]]
-                verb = "was skipped" if first.status == "skipped" else "failed"
-                await self._skip(state, f"skipped because {blocked[0]} {verb}")
+                if first.status == "failed":
+                    state.root_failure = blocked[0]
+                    cause = f"skipped because {blocked[0]} failed"
+                elif first.root_failure is not None:
+                    state.root_failure = first.root_failure
+                    cause = f"skipped because {first.root_failure} failed (via {blocked[0]})"
+                else:
+                    cause = f"skipped because {blocked[0]} was skipped"
+                await self._skip(state, cause)
                 return
             await self._execute(state)
         finally:
@@ -234,6 +243,11 @@ class PipelineRunner:
             return
         instances = self._instances(step, args)
         state.status = "running"
+        # pending records first, so the store lists instances in fan-out order
+        for key, agent, _ in instances:
+            name = f"{step.name}[{key}]" if key is not None else step.name
+            if name not in self.reused:
+                await self._record(name, step, key, agent, "pending", 1)
         async with trio.open_nursery() as nursery:
             for key, agent, item in instances:
                 nursery.start_soon(self._instance, state, base, args, key, agent, item)
@@ -359,51 +373,67 @@ class PipelineRunner:
             return
         attempt = 1
         while True:
-            started = time.time()
-            branch = _fork(base, name)
-            await self._record(name, step, key, agent, "running", attempt, started=started)
-            await self.emit(
-                RunEvent("step_started", self.run_id, step.name, key, agent, {"attempt": attempt})
-            )
-            try:
-                async with self._slots:
-                    output = await self._attempt(
-                        state, branch, args, name, key, agent, item, attempt
-                    )
-            except trio.Cancelled:
-                raise
-            except Exception as e:
-                error = describe(e)
-                if attempt <= step.retries:
-                    await self.emit(
-                        RunEvent(
-                            "step_retry",
-                            self.run_id,
-                            step.name,
-                            key,
-                            agent,
-                            {"error": error, "attempt": attempt},
-                        )
-                    )
-                    attempt += 1
-                    continue
-                state.failures[key] = error
-                await self._record(
-                    name, step, key, agent, "failed", attempt, started=started, error=error
-                )
+            # an instance counts as started once it holds a slot (not while it waits for one)
+            # and keeps it until its outcome is recorded
+            async with self._slots:
+                retry = await self._run_attempt(state, base, args, name, key, agent, item, attempt)
+            if not retry:
+                return
+            attempt += 1
+
+    async def _run_attempt(
+        self,
+        state: StepState,
+        base: Branch | MergeResult | Snapshot,
+        args: Mapping[str, Any],
+        name: str,
+        key: str | None,
+        agent: str | None,
+        item: Any,
+        attempt: int,
+    ) -> bool:
+        """One attempt of one instance, recorded; True when it failed and may be retried."""
+        step = state.step
+        branch = _fork(base, name)
+        started = time.time()
+        await self._record(name, step, key, agent, "running", attempt, started=started)
+        await self.emit(
+            RunEvent("step_started", self.run_id, step.name, key, agent, {"attempt": attempt})
+        )
+        try:
+            output = await self._attempt(state, branch, args, name, key, agent, item, attempt)
+        except trio.Cancelled:
+            raise
+        except Exception as e:
+            error = describe(e)
+            if attempt <= step.retries:
                 await self.emit(
-                    RunEvent("step_failed", self.run_id, step.name, key, agent, {"error": error})
+                    RunEvent(
+                        "step_retry",
+                        self.run_id,
+                        step.name,
+                        key,
+                        agent,
+                        {"error": error, "attempt": attempt},
+                    )
                 )
-                return
-            if isinstance(output, StepResult) and not output.ok:
-                state.failures[key] = output.error or "failed"
-                await self._finish(name, step, key, agent, output, branch, attempt, started)
-                return
+                return True
+            state.failures[key] = error
+            await self._record(
+                name, step, key, agent, "failed", attempt, started=started, error=error
+            )
+            await self.emit(
+                RunEvent("step_failed", self.run_id, step.name, key, agent, {"error": error})
+            )
+            return False
+        if isinstance(output, StepResult) and not output.ok:
+            state.failures[key] = output.error or "failed"
+        else:
             state.outputs[key] = output
             state.branches.append(branch)
             self._branch_keys[branch.name] = key
-            await self._finish(name, step, key, agent, output, branch, attempt, started)
-            return
+        await self._finish(name, step, key, agent, output, branch, attempt, started)
+        return False
 
     async def _attempt(
         self,
@@ -443,7 +473,7 @@ class PipelineRunner:
                 value = await call(step.fn, call_args)
                 await workdir.harvest_async(full=True)
                 return value
-            prompt = await call(step.fn, call_args)
+            prompt = await call(step.fn, call_args, inline=True)
             return await self._agent_turn(step, name, key, agent, item, prompt, workdir, attempt)
         finally:
             with trio.CancelScope(shield=True):

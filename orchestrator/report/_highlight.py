@@ -9,6 +9,7 @@ diff colouring (added/removed backgrounds) does not depend on this module.
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import os
 from collections.abc import Sequence
@@ -19,7 +20,7 @@ __all__ = ["highlight_lines", "token_css"]
 
 try:
     from pygments.lexer import Lexer
-    from pygments.lexers import get_lexer_for_filename
+    from pygments.lexers import get_all_lexers, get_lexer_for_filename
     from pygments.styles import get_style_by_name
     from pygments.token import STANDARD_TYPES, _TokenType
     from pygments.util import ClassNotFound
@@ -32,16 +33,47 @@ else:
 MAX_LEX_CHARS = 200_000
 
 
-@functools.lru_cache(maxsize=256)
-def _lexer(filename: str) -> Lexer | None:
-    if not HAVE_PYGMENTS:
-        return None
+@functools.lru_cache(maxsize=1)
+def _special_patterns() -> tuple[str, ...]:
+    """File name patterns that are more than ``*.ext`` (``Makefile``, ``*.cmake.in``...)."""
+    patterns: set[str] = set()
+    for _, _, filenames, _ in get_all_lexers():
+        for pattern in filenames:
+            if not (pattern.startswith("*.") and not any(c in pattern[2:] for c in "*?[")):
+                patterns.add(pattern)
+    return tuple(sorted(patterns))
+
+
+def _lexer_key(filename: str) -> str:
+    """A cache key: the extension when only ``*.ext`` patterns can match the name.
+
+    Looking a lexer up scans every pattern pygments has (milliseconds), so a diff of thousands
+    of ``.py`` files must look ``.py`` up once; names that special patterns match keep their own.
+    """
+    _, ext = os.path.splitext(filename)
+    if not ext or any(fnmatch.fnmatchcase(filename, p) for p in _special_patterns()):
+        return filename
+    return "file" + ext
+
+
+@functools.lru_cache(maxsize=512)
+def _lexer_for_key(key: str) -> Lexer | None:
     try:
-        return get_lexer_for_filename(filename, stripnl=False, stripall=False, ensurenl=False)
+        return get_lexer_for_filename(key, stripnl=False, stripall=False, ensurenl=False)
     except ClassNotFound:
         return None
     except Exception:  # a broken third-party lexer plugin must not break a report
         return None
+
+
+def _lexer(filename: str) -> Lexer | None:
+    if not HAVE_PYGMENTS:
+        return None
+    try:
+        key = _lexer_key(filename)
+    except Exception:  # plugin lexers with odd metadata: look the name up as it is
+        key = filename
+    return _lexer_for_key(key)
 
 
 def _css_class(ttype: _TokenType) -> str:

@@ -54,6 +54,8 @@ CSP = (
 )
 #: a diff with at most this many lines shows its files expanded
 OPEN_DIFF_LINES = 400
+#: a file's diff shows at most this many lines in the page (the Markdown keeps them all)
+MAX_FILE_LINES = 5000
 #: conflict versions longer than this are shown without change marks (difflib is quadratic)
 MARK_MAX_LINES = 3000
 
@@ -285,36 +287,41 @@ def diff_html(
 
 
 def _file_table(f: FileDiff) -> Markup:
+    lines = f.lines[:MAX_FILE_LINES]
     code: dict[int, Markup] = {}
     # colour each hunk's code as one piece so multi-line constructs keep their colours
     by_hunk: dict[int, list[int]] = {}
-    for i, line in enumerate(f.lines):
+    for i, line in enumerate(lines):
         if line.kind in _SIGN and line.hunk is not None:
             by_hunk.setdefault(line.hunk, []).append(i)
     for indexes in by_hunk.values():
         for i, html in zip(
-            indexes, highlight_lines(f.path, [f.lines[i].text for i in indexes]), strict=True
+            indexes, highlight_lines(f.path, [lines[i].text for i in indexes]), strict=True
         ):
             code[i] = html
-    rows = [_diff_row(line, code.get(i)) for i, line in enumerate(f.lines)]
+    rows = [_diff_row(line, code.get(i)) for i, line in enumerate(lines)]
     if not rows:
         return _empty("No content changes.")
-    return el("table", el("tbody", rows), class_="diff")
+    more = len(f.lines) - len(lines)
+    if more > 0:
+        # a page of hundreds of thousands of rows is unusable; the Markdown has it all
+        note = f"\u2026 {more:,} more lines of this file are not shown here; report.md has them."
+        rows.append(_diff_row(DiffLine("note", note), None))
+    return Markup(f'<table class="diff"><tbody>{"".join(rows)}</tbody></table>')
 
 
-def _diff_row(line: DiffLine, code: Markup | None) -> Markup:
-    old = "" if line.old_no is None else str(line.old_no)
-    new = "" if line.new_no is None else str(line.new_no)
-    if line.kind in _SIGN:
-        content = join(el("span", _SIGN[line.kind], class_="sign"), code or escape(line.text))
+def _diff_row(line: DiffLine, code: Markup | None) -> str:
+    # the hot loop of big diffs: formatted directly, every text still escaped
+    old = "" if line.old_no is None else line.old_no
+    new = "" if line.new_no is None else line.new_no
+    sign = _SIGN.get(line.kind)
+    if sign is not None:
+        content = f'<span class="sign">{sign}</span>{code or escape(line.text)}'
     else:
         content = escape(line.text)
-    return el(
-        "tr",
-        el("td", old, class_="no"),
-        el("td", new, class_="no"),
-        el("td", content, class_="code"),
-        class_=f"l-{line.kind}",
+    return (
+        f'<tr class="l-{line.kind}"><td class="no">{old}</td><td class="no">{new}</td>'
+        f'<td class="code">{content}</td></tr>'
     )
 
 

@@ -1,0 +1,5 @@
+"""``python -m orchestrator``: the command line."""
+
+from orchestrator.cli import entry
+
+entry()

@@ -1,0 +1,395 @@
+"""The runs API end to end: validation before start, resume, branches and apply, compare, the store.
+
+Agents are scripted subprocesses (or in-memory agents where the process is not the point);
+pipeline files live in ``tests/pipelines/runner_*.py``. The autouse ``state_dir`` fixture
+points the run store at a temporary directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import trio
+
+from orchestrator.agents import AgentSpec
+from orchestrator.config import Config
+from orchestrator.errors import PipelineError, UsageError
+from orchestrator.pipeline import Pipeline, step
+from orchestrator.pipeline.results import RunEvent, StepResult
+from orchestrator.runs import (
+    RunOutcome,
+    apply_run,
+    compare,
+    diff_run,
+    get_run_json,
+    list_runs,
+    resume_run,
+    run_pipeline,
+)
+from orchestrator.testing import (
+    AgentScript,
+    ErrorReply,
+    Say,
+    Turn,
+    WriteDisk,
+    WriteFile,
+    scripted_agent_command,
+)
+from orchestrator.testing.connector import memory_connector
+
+LIMIT = 30.0  # seconds any one run here may take (subprocess agents start a Python each)
+PIPELINES = Path(__file__).resolve().parent / "pipelines"
+SAY = AgentScript(turns=(Turn(steps=(Say("done"),)),))
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def spec_for(script: AgentScript, directory: Path, name: str) -> AgentSpec:
+    """An agent named ``name`` that plays ``script`` as a real subprocess."""
+    folder = directory / f"agent-{name}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return AgentSpec(name, tuple(scripted_agent_command(script, folder)))
+
+
+def config(*specs: AgentSpec) -> Config:
+    """A config whose agent table holds exactly ``specs``."""
+    return Config(agents={s.name: s for s in specs})
+
+
+def workspace(tmp_path: Path, files: dict[str, str] | None = None) -> Path:
+    """A workspace directory holding ``files``."""
+    root = tmp_path / "ws"
+    root.mkdir()
+    for name, text in (files or {}).items():
+        (root / name).write_text(text)
+    return root
+
+
+def prompts(record: Path) -> list[str]:
+    """The prompt texts a subprocess agent recorded (across all its processes)."""
+    if not record.exists():
+        return []
+    entries = [orjson.loads(line) for line in record.read_bytes().splitlines() if line.strip()]
+    return [str(e["text"]) for e in entries if e["event"] == "prompt"]
+
+
+def tree(root: Path) -> dict[str, str]:
+    """Every file under ``root`` with its text."""
+    return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+# --------------------------------------------------------------------------- refused before start
+
+
+@pytest.mark.parametrize("name", ["runner_cycle.py", "runner_duplicate.py"])
+async def test_invalid_pipeline_file_is_refused_before_any_agent_starts(
+    tmp_path: Path, name: str
+) -> None:
+    """A cycle or a duplicate step is a PipelineError; no agent ran, no run was recorded."""
+    marker = tmp_path / "agent-started"
+    spec = AgentSpec("a", ("sh", "-c", f"touch {marker}"))
+    with trio.fail_after(LIMIT), pytest.raises(PipelineError) as caught:
+        await run_pipeline(
+            PIPELINES / name, {"task": "t"}, cwd=workspace(tmp_path), config=config(spec)
+        )
+    expected = "cycle: draft -> review -> draft" if "cycle" in name else "duplicate step 'plan'"
+    assert any(expected in p for p in caught.value.problems)
+    assert not marker.exists()
+    assert await list_runs() == []
+
+
+async def test_missing_run_input_is_refused_before_any_agent_starts(tmp_path: Path) -> None:
+    """A run input nobody gives is a UsageError naming it; the agent never starts."""
+    marker = tmp_path / "agent-started"
+    spec = AgentSpec("a", ("sh", "-c", f"touch {marker}"))
+
+    @step(agent="a")
+    def plan(task: str, audience: str) -> str:
+        return f"{task} for {audience}"
+
+    pipe = Pipeline.from_steps([plan], name="needs-inputs")
+    with trio.fail_after(LIMIT), pytest.raises(UsageError) as caught:
+        await run_pipeline(pipe, {"task": "t"}, cwd=workspace(tmp_path), config=config(spec))
+    assert isinstance(caught.value, PipelineError)
+    assert "missing input 'audience'" in str(caught.value)
+    assert not marker.exists()
+    assert await list_runs() == []
+
+
+async def test_agent_whose_program_is_missing_is_refused_before_any_agent_starts(
+    tmp_path: Path,
+) -> None:
+    """A step whose agent command is not on PATH is refused before another step's agent starts."""
+    marker = tmp_path / "agent-started"
+    spec = AgentSpec("a", ("sh", "-c", f"touch {marker}"))
+
+    @step(agent="a")
+    def plan(task: str) -> str:
+        return task
+
+    @step(agent="nobody-has-this-agent")
+    def build(plan: StepResult) -> str:
+        return plan.text
+
+    pipe = Pipeline.from_steps([plan, build], name="unknown-agent")
+    with trio.fail_after(LIMIT), pytest.raises(UsageError) as caught:
+        await run_pipeline(pipe, {"task": "t"}, cwd=workspace(tmp_path), config=config(spec))
+    assert "build" in str(caught.value)
+    assert not marker.exists()
+
+
+# --------------------------------------------------------------------------- resume
+
+
+async def test_resume_reruns_only_the_failed_step_and_its_descendants(tmp_path: Path) -> None:
+    """Resume after build failed runs build and check only; plan and side are reused."""
+    ws = workspace(tmp_path)
+    record_a = tmp_path / "a.jsonl"
+    record_flaky = tmp_path / "flaky.jsonl"
+    tally = tmp_path / "tally.txt"
+    a = spec_for(
+        AgentScript(turns=(Turn(steps=(Say("ok"),)),), record_path=str(record_a)), tmp_path, "a"
+    )
+    broken = spec_for(
+        AgentScript(
+            turns=(Turn(error=ErrorReply(-32603, "flaky failure")),),
+            record_path=str(record_flaky),
+        ),
+        tmp_path / "broken",
+        "flaky",
+    )
+    fixed = spec_for(
+        AgentScript(turns=(Turn(steps=(Say("built"),)),), record_path=str(record_flaky)),
+        tmp_path / "fixed",
+        "flaky",
+    )
+    with trio.fail_after(LIMIT):
+        first = await run_pipeline(
+            PIPELINES / "runner_resume.py",
+            {"task": "t", "tally": str(tally)},
+            cwd=ws,
+            config=config(a, broken),
+        )
+    assert first.status == "failed"
+    assert first.steps["build"]["status"] == "failed"
+    assert "flaky failure" in first.steps["build"]["error"]
+    assert first.steps["check"]["status"] == "skipped"
+    assert first.steps["side"]["status"] == "succeeded"
+    assert not tally.exists()
+
+    events: list[RunEvent] = []
+    with trio.fail_after(LIMIT):
+        second = await resume_run(first.run_id, config=config(a, fixed), on_event=events.append)
+    assert second.run_id == first.run_id
+    assert second.status == "succeeded"
+    assert {name: s["status"] for name, s in second.steps.items()} == {
+        "plan": "succeeded",
+        "build": "succeeded",
+        "check": "succeeded",
+        "side": "succeeded",
+    }
+    assert second.steps["check"]["instances"]["check"]["value"] == "built"
+    # plan and side were prompted once over both runs; build twice (failed, then fixed)
+    assert sorted(p.split(":")[0] for p in prompts(record_a)) == ["plan", "side"]
+    assert [p.split(":")[0] for p in prompts(record_flaky)] == ["build", "build"]
+    assert tally.read_text() == "check\n"
+    reused = {e.step for e in events if e.type == "step_reused"}
+    started = {e.step for e in events if e.type == "step_started"}
+    assert reused == {"plan", "side"}
+    assert started == {"build", "check"}
+    stored = await get_run_json(first.run_id)
+    assert stored["status"] == "succeeded"
+
+
+# --------------------------------------------------------------------------- branches and apply
+
+
+WRITER = AgentScript(
+    turns=(
+        Turn(
+            steps=(
+                WriteFile("readme.txt", "hello, edited through fs\n"),
+                WriteFile("src/via_fs.txt", "written through fs/write_text_file\n"),
+                WriteDisk("on_disk.txt", "written straight to disk\n"),
+                Say("wrote three files"),
+            )
+        ),
+    )
+)
+
+
+async def test_branch_changes_reach_the_diff_and_are_applied_only_on_request(
+    tmp_path: Path,
+) -> None:
+    """fs/* and disk writes reach the run's diff; only apply_run writes the workspace."""
+    ws = workspace(tmp_path, {"readme.txt": "hello\n", "keep.txt": "untouched\n"})
+    before = tree(ws)
+
+    @step(agent="writer")
+    def edit(task: str) -> str:
+        return task
+
+    with trio.fail_after(LIMIT):
+        outcome = await run_pipeline(
+            Pipeline.from_steps([edit], name="edit"),
+            {"task": "write"},
+            cwd=ws,
+            config=config(spec_for(WRITER, tmp_path, "writer")),
+        )
+    assert outcome.status == "succeeded"
+    changes = {c["path"]: c["change"] for c in outcome.result["changes"]}
+    assert changes == {
+        "readme.txt": "modified",
+        "src/via_fs.txt": "added",
+        "on_disk.txt": "added",
+    }
+    for text in ("hello, edited through fs", "written through fs", "written straight to disk"):
+        assert text in outcome.diff
+    assert (Path(outcome.run_dir) / "changes.patch").read_text()
+    assert tree(ws) == before  # nothing written without apply
+
+    # the workspace moves on under a file the run changed: apply refuses and writes nothing
+    (ws / "readme.txt").write_text("hello, changed by a human\n")
+    with trio.fail_after(LIMIT):
+        refused = await apply_run(outcome.run_id)
+    assert not refused.applied
+    assert refused.paths == ("readme.txt",)
+    assert tree(ws) == {**before, "readme.txt": "hello, changed by a human\n"}
+
+    (ws / "readme.txt").write_text("hello\n")
+    with trio.fail_after(LIMIT):
+        applied = await apply_run(outcome.run_id)
+    assert applied.applied
+    assert set(applied.written) == {"readme.txt", "src/via_fs.txt", "on_disk.txt"}
+    assert tree(ws) == {
+        "keep.txt": "untouched\n",
+        "on_disk.txt": "written straight to disk\n",
+        "readme.txt": "hello, edited through fs\n",
+        "src/via_fs.txt": "written through fs/write_text_file\n",
+    }
+    assert (await get_run_json(outcome.run_id))["applied"] is True
+
+
+# --------------------------------------------------------------------------- compare
+
+
+async def test_compare_runs_each_agent_on_its_branch_and_applies_only_the_chosen_one(
+    tmp_path: Path,
+) -> None:
+    """Two agents, verify 'test -f done.txt': a passes, b fails; apply='a' writes only a's files."""
+    ws = workspace(tmp_path, {"base.txt": "base\n"})
+    a = spec_for(
+        AgentScript(
+            turns=(
+                Turn(
+                    steps=(
+                        WriteFile("done.txt", "done by a\n"),
+                        WriteFile("a.txt", "from a\n"),
+                        Say("a finished"),
+                    )
+                ),
+            )
+        ),
+        tmp_path,
+        "a",
+    )
+    b = spec_for(
+        AgentScript(turns=(Turn(steps=(WriteDisk("b.txt", "from b\n"), Say("b finished"))),)),
+        tmp_path,
+        "b",
+    )
+    with trio.fail_after(LIMIT):
+        outcome = await compare(
+            [a, b],
+            "make done.txt",
+            verify="test -f done.txt",
+            apply="a",
+            cwd=ws,
+            config=Config(agents={}),
+        )
+    assert outcome.status == "succeeded"
+    assert outcome.result["applied"] == "a"
+    agents = {one["name"]: one for one in outcome.result["agents"]}
+    assert set(agents) == {"a", "b"}
+    assert agents["a"]["text"] == "a finished"
+    assert agents["b"]["text"] == "b finished"
+    assert agents["a"]["verify"]["exitCode"] == 0
+    assert agents["b"]["verify"]["exitCode"] != 0
+    assert {c["path"] for c in agents["a"]["changes"]} == {"a.txt", "done.txt"}
+    assert {c["path"] for c in agents["b"]["changes"]} == {"b.txt"}
+    assert tree(ws) == {"a.txt": "from a\n", "base.txt": "base\n", "done.txt": "done by a\n"}
+
+
+# --------------------------------------------------------------------------- the store
+
+
+def two_step_pipeline() -> Pipeline:
+    """write (an agent writes notes.txt) -> count (Python, writes count.txt in its workdir)."""
+
+    @step(agent="m")
+    def write(name: str) -> str:
+        return f"write {name}"
+
+    @step
+    def count(write: StepResult, workdir: Path) -> int:
+        (workdir / "count.txt").write_text(f"{len(write.changes)}\n")
+        return len(write.changes)
+
+    return Pipeline.from_steps([write, count], name="store")
+
+
+def memory_writer(_: AgentSpec) -> AgentScript:
+    """An in-memory agent that writes notes.txt."""
+    return AgentScript(turns=(Turn(steps=(WriteFile("notes.txt", "a note\n"), Say("noted"))),))
+
+
+async def run_memory(ws: Path, **kwargs: Any) -> RunOutcome:
+    """Run :func:`two_step_pipeline` with the in-memory writer."""
+    with trio.fail_after(LIMIT):
+        return await run_pipeline(
+            two_step_pipeline(),
+            {"name": "notes"},
+            cwd=ws,
+            config=config(AgentSpec("m", ("unused-in-memory-agent",))),
+            connector=memory_connector(memory_writer),
+            **kwargs,
+        )
+
+
+async def test_get_run_json_list_runs_and_diff_run_read_back_finished_runs(
+    tmp_path: Path,
+) -> None:
+    """Stored JSON matches the outcome; runs list newest first; diffs whole or per step."""
+    ws = workspace(tmp_path, {"readme.txt": "hello\n"})
+    first = await run_memory(ws)
+    second = await run_memory(ws)
+    assert first.status == second.status == "succeeded"
+
+    stored = await get_run_json(first.run_id)
+    assert stored["status"] == first.result["status"] == "succeeded"
+    assert stored["steps"] == first.result["steps"]
+    assert stored["steps"]["count"]["instances"]["count"]["value"] == 1
+    assert stored["runId"] == first.run_id
+
+    runs = await list_runs()
+    assert [r.run_id for r in runs] == [second.run_id, first.run_id]
+    assert [r.status for r in runs] == ["succeeded", "succeeded"]
+    assert [r.run_id for r in await list_runs(limit=1)] == [second.run_id]
+
+    whole = await diff_run(first.run_id)
+    assert whole == first.diff
+    assert "+++ b/notes.txt" in whole
+    assert "+++ b/count.txt" in whole
+    # a step's diff is its tree against the run's base: write's has only its own file
+    of_write = await diff_run(first.run_id, step="write")
+    assert "+++ b/notes.txt" in of_write
+    assert "count.txt" not in of_write
+    of_count = await diff_run(first.run_id, step="count")
+    assert "+++ b/notes.txt" in of_count
+    assert "+++ b/count.txt" in of_count
+    with pytest.raises(UsageError):
+        await diff_run(first.run_id, step="no_such_step")
