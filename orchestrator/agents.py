@@ -238,10 +238,13 @@ KNOWN_AGENTS: dict[str, AgentSpec] = {
             "@agentclientprotocol/claude-agent-acp (command claude-agent-acp)",
             sessions_per_process=None,
             startup_timeout=300.0,
-            writes="both",
-            notes="formerly @zed-industries/claude-code-acp; log in with `claude /login` or set "
-            "ANTHROPIC_API_KEY; edits may go through fs/* while Bash runs on disk; "
-            "bypassPermissions mode is refused when running as root",
+            writes="fs",
+            notes="verified with its former name @zed-industries/claude-code-acp 0.16.2 (bundles "
+            "Claude Code 2.1.44), which works the same way: log in with `claude /login` or set "
+            "ANTHROPIC_API_KEY; reads and edits go through fs/*, Bash through terminal/* (a "
+            "whole shell line, no cwd); one process serves many sessions, each in its own cwd; "
+            "permission requests leave out the tool kind (taken from the tool call) and offer "
+            "allow/allow_always/reject; bypassPermissions is refused as root unless IS_SANDBOX=1",
         ),
         AgentSpec(
             "codex",
@@ -273,8 +276,13 @@ KNOWN_AGENTS: dict[str, AgentSpec] = {
             install="npm install -g @qwen-code/qwen-code",
             sessions_per_process=None,
             writes="both",
-            notes="a Gemini CLI fork: fs/* when offered, shell commands itself; sends "
-            "undeclared notifications (qwen/notify/...); older releases need --experimental-acp",
+            notes="a Gemini CLI fork, verified with 0.24.4 (declares node >= 22, runs on 20): "
+            "reads and edits go through fs/*, shell commands run inside the agent (no "
+            "terminal/*; harmless ones unasked); one process serves many sessions, each in its "
+            "own cwd; options proceed_once/proceed_always/cancel; sends the undeclared request "
+            "craft/drainMidTurnQueue and qwen/notify/... notifications; an API key needs "
+            "--auth-type openai with OPENAI_API_KEY, OPENAI_BASE_URL, OPENAI_MODEL; older "
+            "releases need --experimental-acp",
         ),
         AgentSpec(
             "opencode",

@@ -33,10 +33,12 @@ from .errors import UsageError
 from .policy import PolicySet
 from .protocol import types as t
 from .state import state_directory
+from .store import StoredChange
 from .vfs import (
     Branch,
     BranchFileSystem,
     Change,
+    ChangeSet,
     Delete,
     RecoveryReport,
     Workspace,
@@ -213,7 +215,8 @@ async def prompt(
                 )
                 info = conn.agent_info
         await fs.harvest(full=True)
-        return await _finish(
+        kept = await trio.to_thread.run_sync(_stored, branch)  # before an apply moves the base
+        run = await _finish(
             PromptRun(
                 run_id=run_id,
                 agent=spec,
@@ -227,6 +230,8 @@ async def prompt(
             state,
             apply,
         )
+        await _record(run, kept, state, root, text)
+        return run
     finally:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(workdir.remove)
@@ -268,6 +273,70 @@ async def _finish(run: PromptRun, branch: Branch, state: Path, apply: bool) -> P
         applied = outcome.applied
         refused = tuple(c.path for c in outcome.conflicts)
     return attrs.evolve(run, changes=kinds, diff=diff, applied=applied, apply_conflicts=refused)
+
+
+def _stored(branch: Branch) -> tuple[list[StoredChange], str]:
+    """The branch's changes as the run store keeps them, and their diff.
+
+    Files changed in the workspace during the run are left out: their base is gone.
+    """
+    from .pipeline._branches import diff_of, stored_changes
+
+    net = branch.net_changes()
+    try:
+        return stored_changes(branch.root, net), diff_of(branch, net)
+    except WorkspaceChanged as e:
+        rest = {p: c for p, c in net.items() if p not in e.paths}
+        return stored_changes(branch.root, rest), diff_of(branch, ChangeSet.of(rest))
+
+
+async def _record(
+    run: PromptRun, kept: tuple[list[StoredChange], str], state: Path, root: Path, text: str
+) -> None:
+    """Keep the run in the run store, so ``runs``, ``show``, ``diff`` and ``apply`` know it."""
+    from .pipeline._branches import FINAL
+    from .store import RunRecord, StepRecord, open_run_store
+
+    result = run.to_json()
+    if run.apply_conflicts:
+        status = "conflicts"
+    else:
+        status = "succeeded" if run.turn.stop_reason == "end_turn" else "failed"
+    now = time.time()
+    async with open_run_store(state) as store:
+        await store.create_run(
+            RunRecord(
+                run_id=run.run_id,
+                kind="prompt",
+                status=status,
+                created=now - run.wall_seconds,
+                finished=now,
+                cwd=str(root),
+                inputs={"text": text, "agent": run.agent.name},
+                result=result,
+                applied=now if run.applied else None,
+            )
+        )
+        await store.put_step(
+            StepRecord(
+                run_id=run.run_id,
+                key="prompt",
+                step="prompt",
+                instance=None,
+                agent=run.agent.name,
+                status="succeeded" if status != "failed" else "failed",
+                started=now - run.wall_seconds,
+                finished=now,
+                session_id=run.session_id,
+                result=result,
+                usage=result.get("usage"),
+            )
+        )
+        await store.put_changes(run.run_id, FINAL, kept[0], diff=kept[1])
+        if result["permissions"]:
+            await store.add_permissions(
+                run.run_id, "prompt", [p.to_json() for p in run.turn.permissions]
+            )
 
 
 def _change_kind(branch: Branch, path: str, change: Change) -> ChangeKind:

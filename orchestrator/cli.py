@@ -251,7 +251,8 @@ def _report_changes(run: Any) -> None:
         print(f"the changes are kept in {patch}", file=sys.stderr)
     else:
         print(
-            f"not applied; run again with --apply, or apply the patch: git apply {patch}",
+            f"not applied; to apply: orchestrator apply {run.run_id} "
+            f"(or git apply {patch} in the workspace)",
             file=sys.stderr,
         )
 

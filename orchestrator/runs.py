@@ -35,12 +35,14 @@ from .errors import UsageError
 from .pipeline import Pipeline, Step, load_pipeline
 from .pipeline import step as step_decorator
 from .pipeline._branches import (
+    FINAL,
     ResumeConflict,
     conflict_json,
     diff_of,
     rebuild_branch,
     stored_changes,
 )
+from .pipeline._writer import open_store_writer
 from .pipeline.results import RunEvent
 from .pipeline.runner import AgentPool, PipelineRunner
 from .policy import PolicySet
@@ -68,7 +70,6 @@ __all__ = [
 log = structlog.get_logger(__name__)
 
 RunStatus = Literal["succeeded", "failed", "conflicts", "interrupted"]
-FINAL = "(final)"
 
 
 @frozen
@@ -181,20 +182,23 @@ async def run_pipeline(
         started = time.monotonic()
         status: RunStatus = "interrupted"
         try:
-            async with open_supervisor(
-                Limits(max_sessions=limit),
-                connector=connector,
-                options=options,
-                transcripts=run_dir / "transcripts",
-                workdir=run_dir,
-            ) as supervisor:
+            async with (
+                open_store_writer(store) as writer,
+                open_supervisor(
+                    Limits(max_sessions=limit),
+                    connector=connector,
+                    options=options,
+                    transcripts=run_dir / "transcripts",
+                    workdir=run_dir,
+                ) as supervisor,
+            ):
                 runner = PipelineRunner(
                     pipeline=pipe,
                     inputs=values,
                     run_id=run_id,
                     workspace=root,
                     snapshot=snapshot,
-                    store=store,
+                    writer=writer,
                     pool=pool or supervisor,
                     resolve_agent=cfg.resolve_agent,
                     run_dir=run_dir,
@@ -207,6 +211,7 @@ async def run_pipeline(
                 )
                 await runner.emit(RunEvent("run_started", run_id, data={"pipeline": pipe.name}))
                 await runner.run()
+                await writer.flush()
             status = await _conclude(store, runner, _kind, apply, state)
         finally:
             with trio.CancelScope(shield=True):
@@ -573,6 +578,9 @@ async def get_run_json(
         "finished": record.finished,
         "applied": record.applied is not None,
     }
+    if record.kind == "prompt":
+        # a prompt's result is its --json object, kept whole
+        return {**dict(record.result or {}), **result, "conflicts": []}
     if record.kind == "compare":
         compare_info = options.get("compare") or {}
         verify = (options.get("verify") or {}).get("compare")

@@ -152,6 +152,26 @@ async def test_prompt_with_edit_policy_changes_files(project: Path) -> None:
     assert (project / "README.md").read_text("utf-8") == readme.replace("colour", "color")
 
 
+async def test_prompt_run_is_recorded_and_applied_later(project: Path) -> None:
+    """A prompt run is listed in the run store, shown, diffed and applied later."""
+    from orchestrator.runs import apply_run, diff_run, get_run_json, list_runs
+
+    readme = (project / "README.md").read_text("utf-8")
+    with trio.fail_after(LIMIT):
+        run = await prompt("demo", DEMO_EDIT, cwd=project, policy="edit")
+        [listed] = await list_runs()
+        shown = await get_run_json(run.run_id[:6])
+        diff = await diff_run(run.run_id)
+        assert (project / "README.md").read_text("utf-8") == readme
+        applied = await apply_run(run.run_id)
+    assert (listed.run_id, listed.kind, listed.status) == (run.run_id, "prompt", "succeeded")
+    assert shown["kind"] == "prompt" and shown["text"] == run.turn.text
+    assert shown["permissions"][0]["verdict"] == "allow"
+    assert "+" in diff and "color" in diff
+    assert applied.applied and applied.written == ("README.md",)
+    assert (project / "README.md").read_text("utf-8") == readme.replace("colour", "color")
+
+
 async def test_prompt_policy_vets_terminal_commands(project: Path) -> None:
     """The demo's commands run in a real terminal when the policy trusts them, not otherwise."""
     with trio.fail_after(LIMIT):

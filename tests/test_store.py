@@ -25,13 +25,20 @@ from orchestrator.errors import (
 from orchestrator.store import (
     SCHEMA_VERSION,
     STORE_FILENAME,
+    AddConflicts,
+    AddEvent,
+    AddPermissions,
+    PutChanges,
+    PutStep,
     RunRecord,
     RunStore,
     StepRecord,
     StoredChange,
+    StoreOp,
+    UpdateRun,
     _schema,
+    _sql,
     open_run_store,
-    runstore,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -576,6 +583,188 @@ async def test_events_round_trip(store: RunStore) -> None:
         await store.add_event("nope", {"type": "x"})
 
 
+# --------------------------------------------------------------------------- batched writes
+
+
+def traced(store: RunStore) -> list[str]:
+    """The statements the store's connection runs from now on."""
+    statements: list[str] = []
+    conn = store._conn
+    assert conn is not None
+    conn.set_trace_callback(statements.append)
+    return statements
+
+
+def every_op(run_id: str = "r1") -> list[StoreOp]:
+    """One op of each kind, for run ``run_id``."""
+    return [
+        PutStep(StepRecord(run_id, "a", "a", agent="claude", status="running")),
+        PutChanges(run_id, "a", [StoredChange("f.txt", "write", b"new")], "diff a", "own a"),
+        AddPermissions(run_id, "a", [{"verdict": "allow", "step": "a"}]),
+        AddConflicts(run_id, "a", [{"path": "f.txt"}]),
+        AddEvent(run_id, {"type": "step-started", "step": "a"}),
+        UpdateRun(run_id, {"status": "succeeded", "finished": 5.0}),
+    ]
+
+
+async def assert_nothing_written(store: RunStore) -> None:
+    """Run r1 is as create_run left it: no step, change, record or event, still running."""
+    assert await store.steps("r1") == []
+    assert await store.change_keys("r1") == []
+    assert await store.permissions("r1") == []
+    assert await store.conflicts("r1") == []
+    assert await store.events("r1") == []
+    assert (await store.get_run("r1")).status == "running"
+    assert sql(store, "SELECT count(*) FROM blobs") == [(0,)]
+
+
+async def test_write_many_lands_every_op(store: RunStore) -> None:
+    """Each kind of op writes what its method writes."""
+    await store.create_run(run())
+    await store.write_many(every_op())
+    [step] = await store.steps("r1")
+    assert (step.key, step.agent, step.status) == ("a", "claude", "running")
+    assert await store.changes("r1", "a") == [StoredChange("f.txt", "write", b"new")]
+    assert (await store.diff("r1", "a"), await store.own_diff("r1", "a")) == ("diff a", "own a")
+    assert await store.permissions("r1") == [{"verdict": "allow", "step": "a", "stepKey": "a"}]
+    assert await store.conflicts("r1") == [{"path": "f.txt", "step": "a"}]
+    assert await store.events("r1") == [{"type": "step-started", "step": "a"}]
+    record = await store.get_run("r1")
+    assert (record.status, record.finished) == ("succeeded", 5.0)
+
+
+async def test_write_many_is_one_thread_hop_and_one_transaction(
+    store: RunStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch runs in one worker thread call, inside one BEGIN IMMEDIATE ... COMMIT."""
+    await store.create_run(run())
+    hops = 0
+    real = trio.to_thread.run_sync
+
+    async def counting_run_sync(*args: Any, **kwargs: Any) -> Any:
+        nonlocal hops
+        hops += 1
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", counting_run_sync)
+    statements = traced(store)
+    writes = store.statistics()["writes"]
+    await store.write_many(every_op())
+    assert hops == 1
+    assert store.statistics()["writes"] == writes + 1
+    assert [s for s in statements if s in ("BEGIN IMMEDIATE", "COMMIT", "ROLLBACK")] == [
+        "BEGIN IMMEDIATE",
+        "COMMIT",
+    ]
+    assert statements[0] == "BEGIN IMMEDIATE"
+    assert statements[-1] == "COMMIT"
+
+
+async def test_write_many_failing_op_rolls_back_the_whole_batch(store: RunStore) -> None:
+    """When the last op names an unknown run, the ops before it are not written either."""
+    await store.create_run(run())
+    statements = traced(store)
+    with pytest.raises(RunNotFound, match="nope"):
+        await store.write_many([*every_op(), AddEvent("nope", {"type": "x"})])
+    assert "ROLLBACK" in statements
+    await assert_nothing_written(store)
+    # the connection is not left inside a transaction
+    await store.write_many(every_op())
+    assert len(await store.steps("r1")) == 1
+
+
+async def test_write_many_invalid_value_rolls_back_the_whole_batch(store: RunStore) -> None:
+    """A run field refused while the batch is applied undoes the ops that came before it."""
+    await store.create_run(run())
+    with pytest.raises(ValueError, match="run status"):
+        await store.write_many([*every_op()[:-1], UpdateRun("r1", {"status": "bogus"})])
+    await assert_nothing_written(store)
+
+
+async def test_write_many_error_inside_an_op_rolls_back_the_whole_batch(
+    store: RunStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error halfway through one op's statements undoes that op and every other one."""
+    await store.create_run(run())
+
+    def failing_store_blob(conn: sqlite3.Connection, digest: str, data: bytes) -> None:
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(_sql, "store_blob", failing_store_blob)
+    ops = every_op()
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        await store.write_many([ops[0], ops[4], ops[5], ops[1]])
+    await assert_nothing_written(store)
+
+
+async def test_write_many_checks_every_op_before_writing(store: RunStore) -> None:
+    """An op that cannot be encoded fails the batch before the database is touched."""
+    await store.create_run(run())
+    writes = store.statistics()["writes"]
+    with pytest.raises(TypeError, match="event is not JSON-serializable"):
+        await store.write_many([*every_op(), AddEvent("r1", {"x": object()})])
+    with pytest.raises(TypeError, match="not a run store op: str"):
+        await store.write_many([*every_op(), "put_step"])  # type: ignore[list-item]
+    assert store.statistics()["writes"] == writes
+    await assert_nothing_written(store)
+
+
+async def test_write_many_preserves_order(store: RunStore) -> None:
+    """Ops apply in the order given: later writes replace or follow earlier ones."""
+    await store.create_run(run())
+    await store.write_many(
+        [
+            PutStep(StepRecord("r1", "b", "b", status="pending")),
+            AddEvent("r1", {"n": 1}),
+            PutStep(StepRecord("r1", "a", "a", status="running")),
+            PutChanges("r1", "a", [StoredChange("f", "write", b"first")], "d1"),
+            AddPermissions("r1", "a", [{"n": 1}]),
+            AddEvent("r1", {"n": 2}),
+            PutStep(StepRecord("r1", "b", "b", status="succeeded")),
+            AddPermissions("r1", "b", [{"n": 2}, {"n": 3}]),
+            PutChanges("r1", "a", [StoredChange("g", "write", b"second")], "d2"),
+            UpdateRun("r1", {"status": "failed"}),
+            AddEvent("r1", {"n": 3}),
+            UpdateRun("r1", {"status": "succeeded"}),
+        ]
+    )
+    assert [(s.key, s.status) for s in await store.steps("r1")] == [
+        ("b", "succeeded"),
+        ("a", "running"),
+    ]
+    assert await store.events("r1") == [{"n": 1}, {"n": 2}, {"n": 3}]
+    assert [p["n"] for p in await store.permissions("r1")] == [1, 2, 3]
+    assert await store.changes("r1", "a") == [StoredChange("g", "write", b"second")]
+    assert await store.diff("r1", "a") == "d2"
+    # the first change set's content went with it
+    assert sql(store, "SELECT data FROM blobs") == [(b"second",)]
+    assert (await store.get_run("r1")).status == "succeeded"
+
+
+async def test_write_many_empty_batch(tmp_path: Path) -> None:
+    """An empty batch writes nothing; on a closed store it is a StoreError like any call."""
+    async with open_run_store(tmp_path) as s:
+        await s.write_many([])
+        assert s.statistics()["writes"] == 0
+    with pytest.raises(StoreError, match="closed"):
+        await s.write_many([])
+
+
+def test_ops_check_their_arguments() -> None:
+    """Ops refuse what their methods refuse, and keep a copy of the mappings they are given."""
+    twice = [StoredChange("f", "delete"), StoredChange("f", "write", b"x")]
+    with pytest.raises(ValueError, match="'f' appears twice"):
+        PutChanges("r1", "k", twice, "diff")
+    with pytest.raises(TypeError, match="colour"):
+        UpdateRun("r1", {"colour": "red"})
+    fields: dict[str, Any] = {"status": "failed"}
+    event: dict[str, Any] = {"type": "a"}
+    update, add = UpdateRun("r1", fields), AddEvent("r1", event)
+    fields["status"] = "succeeded"
+    event["type"] = "b"
+    assert (dict(update.fields), dict(add.event)) == ({"status": "failed"}, {"type": "a"})
+
+
 # --------------------------------------------------------------------------- concurrency
 
 
@@ -706,7 +895,7 @@ async def test_cancel_during_a_write_finishes_it(
     """Cancelling a write whose thread is running lets it finish whole; the store stays usable."""
     entered = trio.Event()
     release = threading.Event()
-    real = runstore._store_blob
+    real = _sql.store_blob
     calls = 0
 
     def slow_store_blob(conn: sqlite3.Connection, digest: str, data: bytes) -> None:
@@ -719,7 +908,7 @@ async def test_cancel_during_a_write_finishes_it(
 
     await store.create_run(run())
     changes = [StoredChange(f"f{i}", "write", f"content {i}".encode()) for i in range(5)]
-    monkeypatch.setattr(runstore, "_store_blob", slow_store_blob)
+    monkeypatch.setattr(_sql, "store_blob", slow_store_blob)
     scope = trio.CancelScope()
     ended = False
 
@@ -751,7 +940,7 @@ async def test_cancel_while_waiting_for_the_store_writes_nothing(
     """A write cancelled while it waits its turn behind another call never happens."""
     entered = trio.Event()
     release = threading.Event()
-    real = runstore._store_blob
+    real = _sql.store_blob
 
     def blocking_store_blob(conn: sqlite3.Connection, digest: str, data: bytes) -> None:
         trio.from_thread.run_sync(entered.set)
@@ -759,7 +948,7 @@ async def test_cancel_while_waiting_for_the_store_writes_nothing(
         real(conn, digest, data)
 
     await store.create_run(run())
-    monkeypatch.setattr(runstore, "_store_blob", blocking_store_blob)
+    monkeypatch.setattr(_sql, "store_blob", blocking_store_blob)
     scope = trio.CancelScope()
 
     async def queued() -> None:
@@ -787,7 +976,7 @@ async def test_error_in_the_middle_of_a_write_rolls_it_back(
     await store.create_run(run())
     old = [StoredChange("keep", "write", b"old content")]
     await store.put_changes("r1", "s", old, diff="old diff")
-    real = runstore._store_blob
+    real = _sql.store_blob
     calls = 0
 
     def failing_store_blob(conn: sqlite3.Connection, digest: str, data: bytes) -> None:
@@ -797,7 +986,7 @@ async def test_error_in_the_middle_of_a_write_rolls_it_back(
             raise RuntimeError("disk on fire")
         real(conn, digest, data)
 
-    monkeypatch.setattr(runstore, "_store_blob", failing_store_blob)
+    monkeypatch.setattr(_sql, "store_blob", failing_store_blob)
     new = [StoredChange(f"n{i}", "write", f"new {i}".encode()) for i in range(3)]
     with pytest.raises(RuntimeError, match="disk on fire"):
         await store.put_changes("r1", "s", new, diff="new diff")
@@ -805,7 +994,7 @@ async def test_error_in_the_middle_of_a_write_rolls_it_back(
     assert await store.diff("r1", "s") == "old diff"
     assert sql(store, "SELECT data FROM blobs") == [(b"old content",)]
     # the connection is not left inside a transaction
-    monkeypatch.setattr(runstore, "_store_blob", real)
+    monkeypatch.setattr(_sql, "store_blob", real)
     await store.put_changes("r1", "s", new, diff="new diff")
     assert await store.changes("r1", "s") == new
 

@@ -39,7 +39,9 @@ def test_unavailable_inotify_means_full_scans(
     """Without inotify a workdir still harvests, by scanning."""
     monkeypatch.setattr(_inotify, "_LIBC", None)
     assert _inotify.Inotify.open(str(tmp_path)) is None
-    wd = materialize(Branch.from_tree(MemoryTree.from_files({"a": b"1"}), "x"), tmp_path / "wd")
+    wd = materialize(
+        Branch.from_tree(MemoryTree.from_files({"a": b"1"}), "x"), tmp_path / "wd", watch=True
+    )
     assert not wd.watching
     Path(wd.root, "a").write_text("2")
     report = wd.harvest()
@@ -48,7 +50,9 @@ def test_unavailable_inotify_means_full_scans(
 
 def test_overflow_forces_a_full_scan(tmp_path: Path) -> None:
     """A queue overflow is answered with a full scan and a fresh set of watches."""
-    wd = materialize(Branch.from_tree(MemoryTree.from_files({"d/a": b"1"}), "x"), tmp_path / "wd")
+    wd = materialize(
+        Branch.from_tree(MemoryTree.from_files({"d/a": b"1"}), "x"), tmp_path / "wd", watch=True
+    )
     assert wd.watching
     assert wd._watcher is not None
     wd._watcher.overflowed = True

@@ -1,14 +1,23 @@
-"""Install the official TypeScript ACP SDK (its example agent) for the interop tests.
+"""Install the node packages the tests run: the TypeScript ACP SDK and real ACP agents.
 
 Usage::
 
-    python tools/install_node_agents.py [CACHE_DIR]
+    python tools/install_node_agents.py [--sdk-only] [--check] [CACHE_DIR]
 
-The package ``@agentclientprotocol/sdk`` at a pinned version goes into ``CACHE_DIR``
-(default: the argument, else ``$ORCHESTRATOR_NODE_CACHE``, else ``<repo>/.cache/node``).
-Running it again is a no-op when that version is already there. The last line printed is
-the path of ``dist/examples/agent.js``. Without node or npm there is nothing to do: the
-script says so and exits 0, and the tests that need node skip themselves.
+Into ``CACHE_DIR`` (default: the argument, else ``$ORCHESTRATOR_NODE_CACHE``, else
+``<repo>/.cache/node``), at pinned versions:
+
+- ``@agentclientprotocol/sdk`` (its example agent, for the interop tests);
+- the real agents of ``tests/test_real_agents.py`` (:data:`AGENTS`): Qwen Code
+  (``@qwen-code/qwen-code``) and Claude Code's ACP adapter (``@zed-industries/claude-code-acp``,
+  which brings Claude Code itself as ``@anthropic-ai/claude-agent-sdk``); skipped with
+  ``--sdk-only``.
+
+Running it again is a no-op for what is already there at the pinned version; it is quiet on
+success apart from the last line printed, the path of the SDK's ``dist/examples/agent.js``.
+Without node or npm there is nothing to do: the script says so and exits 0, and the tests that
+need node skip themselves. ``--check`` installs nothing: it prints one line per package
+(``NAME VERSION ok`` / ``missing`` / ``has OTHER``) and exits 1 unless all are in place.
 
 Standard library only, so it runs before any virtualenv exists.
 """
@@ -21,13 +30,19 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 __all__ = [
+    "AGENTS",
     "PACKAGE",
     "VERSION",
+    "NodeAgent",
+    "agent_bin",
+    "check",
     "default_cache_dir",
     "example_agent_path",
     "install",
+    "install_agents",
     "installed_version",
     "main",
 ]
@@ -38,15 +53,37 @@ ENV_VAR = "ORCHESTRATOR_NODE_CACHE"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+class NodeAgent(NamedTuple):
+    """A real ACP agent from npm: its package, pinned version and the program it installs."""
+
+    name: str
+    package: str
+    version: str
+    bin: str
+
+
+#: Real agents, pinned. Qwen Code declares node >= 22 but runs on node 20 (checked with 20.20);
+#: the adapter 0.16.2 bundles Claude Code 2.1.44 (``@anthropic-ai/claude-agent-sdk`` 0.2.44).
+AGENTS: tuple[NodeAgent, ...] = (
+    NodeAgent("qwen", "@qwen-code/qwen-code", "0.24.4", "qwen"),
+    NodeAgent("claude", "@zed-industries/claude-code-acp", "0.16.2", "claude-code-acp"),
+)
+
+
 def default_cache_dir() -> Path:
     """``$ORCHESTRATOR_NODE_CACHE`` if set, else ``<repo>/.cache/node``."""
     env = os.environ.get(ENV_VAR)
     return Path(env).expanduser().resolve() if env else REPO_ROOT / ".cache" / "node"
 
 
-def package_dir(cache_dir: Path) -> Path:
-    """Where npm puts the package inside ``cache_dir``."""
-    return cache_dir / "node_modules" / Path(*PACKAGE.split("/"))
+def package_dir(cache_dir: Path, package: str = PACKAGE) -> Path:
+    """Where npm puts ``package`` (default: the SDK) inside ``cache_dir``."""
+    return cache_dir / "node_modules" / Path(*package.split("/"))
+
+
+def agent_bin(cache_dir: Path, agent: NodeAgent) -> Path:
+    """The program an agent package installs (``node_modules/.bin/NAME``)."""
+    return cache_dir / "node_modules" / ".bin" / agent.bin
 
 
 def example_agent_path(cache_dir: Path) -> Path:
@@ -54,10 +91,10 @@ def example_agent_path(cache_dir: Path) -> Path:
     return package_dir(cache_dir) / "dist" / "examples" / "agent.js"
 
 
-def installed_version(cache_dir: Path) -> str | None:
-    """The version of the SDK installed in ``cache_dir``, or None."""
+def installed_version(cache_dir: Path, package: str = PACKAGE) -> str | None:
+    """The version of ``package`` (default: the SDK) installed in ``cache_dir``, or None."""
     try:
-        manifest = json.loads((package_dir(cache_dir) / "package.json").read_text("utf-8"))
+        manifest = json.loads((package_dir(cache_dir, package) / "package.json").read_text("utf-8"))
     except (OSError, ValueError):
         return None
     version = manifest.get("version") if isinstance(manifest, dict) else None
@@ -73,6 +110,47 @@ def install(cache_dir: Path) -> Path:
     agent = example_agent_path(cache_dir)
     if installed_version(cache_dir) == VERSION and agent.is_file():
         return agent
+    _npm_install(cache_dir, [f"{PACKAGE}@{VERSION}"])
+    if not agent.is_file():
+        raise FileNotFoundError(str(agent))
+    return agent
+
+
+def _agent_ready(cache_dir: Path, agent: NodeAgent) -> bool:
+    return (
+        installed_version(cache_dir, agent.package) == agent.version
+        and agent_bin(cache_dir, agent).exists()
+    )
+
+
+def install_agents(cache_dir: Path, agents: tuple[NodeAgent, ...] = AGENTS) -> list[Path]:
+    """Install the pinned real agents missing from ``cache_dir``; return their programs.
+
+    Raises like :func:`install`.
+    """
+    missing = [a for a in agents if not _agent_ready(cache_dir, a)]
+    if missing:
+        _npm_install(cache_dir, [f"{a.package}@{a.version}" for a in missing])
+    for agent in agents:
+        if not _agent_ready(cache_dir, agent):
+            raise FileNotFoundError(str(agent_bin(cache_dir, agent)))
+    return [agent_bin(cache_dir, a) for a in agents]
+
+
+def check(cache_dir: Path, *, sdk_only: bool = False) -> list[tuple[str, str, str]]:
+    """(package, pinned version, state) per package: ``ok``, ``missing`` or ``has VERSION``."""
+    wanted = [(PACKAGE, VERSION)]
+    if not sdk_only:
+        wanted += [(a.package, a.version) for a in AGENTS]
+    rows = []
+    for package, version in wanted:
+        found = installed_version(cache_dir, package)
+        state = "ok" if found == version else "missing" if found is None else f"has {found}"
+        rows.append((package, version, state))
+    return rows
+
+
+def _npm_install(cache_dir: Path, specs: list[str]) -> None:
     npm = shutil.which("npm")
     if npm is None:
         raise FileNotFoundError("npm")
@@ -93,15 +171,15 @@ def install(cache_dir: Path) -> Path:
             "--save-exact",
             "--no-audit",
             "--no-fund",
-            "--ignore-scripts",  # the SDK needs no install scripts; run none
-            f"{PACKAGE}@{VERSION}",
+            "--loglevel=error",  # quiet on success
+            # none of these packages needs an install script (native parts come prebuilt as
+            # optional dependencies); run none
+            "--ignore-scripts",
+            *specs,
         ],
         check=True,
         stdout=sys.stderr,  # keep stdout for the one path we print
     )
-    if not agent.is_file():
-        raise FileNotFoundError(str(agent))
-    return agent
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,21 +188,31 @@ def main(argv: list[str] | None = None) -> int:
     if args and args[0] in ("-h", "--help"):
         print(__doc__)
         return 0
-    cache_dir = Path(args[0]).expanduser().resolve() if args else default_cache_dir()
-    if installed_version(cache_dir) == VERSION and example_agent_path(cache_dir).is_file():
-        print(f"{PACKAGE}@{VERSION} already installed in {cache_dir}", file=sys.stderr)
+    sdk_only = "--sdk-only" in args
+    only_check = "--check" in args
+    rest = [a for a in args if a not in ("--sdk-only", "--check")]
+    cache_dir = Path(rest[0]).expanduser().resolve() if rest else default_cache_dir()
+    if only_check:
+        rows = check(cache_dir, sdk_only=sdk_only)
+        for package, version, state in rows:
+            print(f"{package} {version} {state}")
+        return 0 if all(state == "ok" for _, _, state in rows) else 1
+    if all(state == "ok" for _, _, state in check(cache_dir, sdk_only=sdk_only)):
+        print(f"pinned packages already installed in {cache_dir}", file=sys.stderr)
         print(example_agent_path(cache_dir))
         return 0
     missing = [tool for tool in ("node", "npm") if shutil.which(tool) is None]
     if missing:
         print(
             f"{' and '.join(missing)} not found on PATH: nothing to install "
-            "(the tests that need the TypeScript example agent will be skipped)",
+            "(the tests that need node agents will be skipped)",
             file=sys.stderr,
         )
         return 0
     try:
         agent = install(cache_dir)
+        if not sdk_only:
+            install_agents(cache_dir)
     except subprocess.CalledProcessError as exc:
         print(f"npm install failed with exit status {exc.returncode}", file=sys.stderr)
         return 1

@@ -23,6 +23,7 @@ from ..vfs import (
 from .results import ChangeKind
 
 __all__ = [
+    "FINAL",
     "ResumeConflict",
     "change_kinds",
     "conflict_json",
@@ -30,6 +31,10 @@ __all__ = [
     "rebuild_branch",
     "stored_changes",
 ]
+
+
+#: the change-set key of a run's final result (its merged sinks; a prompt's one branch)
+FINAL = "(final)"
 
 
 class ResumeConflict(OrchestratorError):

@@ -34,7 +34,7 @@ from ..agents import AgentSpec
 from ..errors import UsageError
 from ..policy import PolicySet
 from ..protocol import types as t
-from ..store import RunStore, StepRecord
+from ..store import AddConflicts, AddEvent, AddPermissions, PutChanges, PutStep, StepRecord
 from ..vfs import Branch, BranchFileSystem, MergeResult, Snapshot, materialize_async, merge_branches
 from ._branches import change_kinds, conflict_json, diff_of, stored_changes
 from ._calls import (
@@ -49,6 +49,7 @@ from ._calls import (
     stored_value,
     update_event,
 )
+from ._writer import StoreWriter
 from .results import EventType, Results, RunEvent, StepContext, StepResult, StepStatus
 from .spec import Pipeline, Step
 
@@ -126,7 +127,8 @@ class PipelineRunner:
     run_id: str
     workspace: Path
     snapshot: Snapshot
-    store: RunStore
+    #: the run store's write-behind queue
+    writer: StoreWriter
     pool: AgentPool
     resolve_agent: Callable[[str], AgentSpec]
     run_dir: Path
@@ -157,7 +159,7 @@ class PipelineRunner:
                 self.on_event(event)
             except Exception:
                 log.exception("event listener failed", event=event.type)
-        await self.store.add_event(self.run_id, event.to_json())
+        self.writer.put(AddEvent(self.run_id, event.to_json()))
 
     def _emit_nowait(self, event: RunEvent) -> None:
         if self.on_event is not None:
@@ -202,7 +204,7 @@ class PipelineRunner:
         state.status = "skipped"
         state.cause = cause
         state.finished = time.time()
-        await self.store.put_step(
+        self._put_step(
             StepRecord(
                 run_id=self.run_id,
                 key=state.step.name,
@@ -314,7 +316,7 @@ class PipelineRunner:
         for conflict in merged.conflicts:
             state.conflicts.append(conflict_json(step.name, conflict, "fail"))
         if state.conflicts:
-            await self.store.add_conflicts(self.run_id, step.name, state.conflicts)
+            self.writer.put(AddConflicts(self.run_id, step.name, list(state.conflicts)))
             for c in state.conflicts:
                 await self.emit(
                     RunEvent(
@@ -329,7 +331,7 @@ class PipelineRunner:
             state.status = "failed"
             state.error = f"merge conflict in {paths} (merge={step.merge!r})"
             state.finished = time.time()
-            await self.store.put_step(
+            self._put_step(
                 StepRecord(
                     run_id=self.run_id,
                     key=step.name,
@@ -593,6 +595,9 @@ class PipelineRunner:
 
     # ------------------------------------------------------------------ recording
 
+    def _put_step(self, record: StepRecord) -> None:
+        self.writer.put(PutStep(record))
+
     async def _record(
         self,
         name: str,
@@ -605,7 +610,7 @@ class PipelineRunner:
         started: float | None = None,
         error: str | None = None,
     ) -> None:
-        await self.store.put_step(
+        self._put_step(
             StepRecord(
                 run_id=self.run_id,
                 key=name,
@@ -636,18 +641,20 @@ class PipelineRunner:
         value, stored = (None, False) if result is not None else stored_value(output)
         status: StepStatus = result.status if result is not None else "succeeded"
         net = branch.net_changes()
-        await self.store.put_changes(
-            self.run_id,
-            name,
-            stored_changes(self.snapshot, net),
-            diff=diff_of(branch, net),
-            own_diff=result.diff if result is not None else diff_of(branch),
+        self.writer.put(
+            PutChanges(
+                self.run_id,
+                name,
+                stored_changes(self.snapshot, net),
+                diff_of(branch, net),
+                result.diff if result is not None else diff_of(branch),
+            )
         )
         if result is not None and result.permissions:
-            await self.store.add_permissions(
-                self.run_id, name, [dict(p) for p in result.permissions]
+            self.writer.put(
+                AddPermissions(self.run_id, name, [dict(p) for p in result.permissions])
             )
-        await self.store.put_step(
+        self._put_step(
             StepRecord(
                 run_id=self.run_id,
                 key=name,

@@ -15,6 +15,10 @@ in ``<state_dir>/runs.sqlite3``. Typical use::
         run = await store.get_run("3f2a")                     # a unique prefix is enough
         for step in await store.steps(run.run_id): ...
 
+Several writes can go in one thread hop and one transaction (all or nothing)::
+
+    await store.write_many([PutStep(step), AddEvent(run_id, event), UpdateRun(run_id, {...})])
+
 The database is in WAL mode (readers and one writer at a time, across processes) and carries
 its schema version; older files are migrated when opened, newer ones are refused
 (:class:`~orchestrator.errors.StoreVersionError`).
@@ -23,6 +27,7 @@ its schema version; older files are migrated when opened, newer ones are refused
 from __future__ import annotations
 
 from ._schema import SCHEMA_VERSION
+from .ops import AddConflicts, AddEvent, AddPermissions, PutChanges, PutStep, StoreOp, UpdateRun
 from .records import (
     CHANGE_KINDS,
     RUN_KINDS,
@@ -43,11 +48,18 @@ __all__ = [
     "SCHEMA_VERSION",
     "STEP_STATUSES",
     "STORE_FILENAME",
+    "AddConflicts",
+    "AddEvent",
+    "AddPermissions",
     "ChangeKind",
+    "PutChanges",
+    "PutStep",
     "RunKind",
     "RunRecord",
     "RunStore",
     "StepRecord",
+    "StoreOp",
     "StoredChange",
+    "UpdateRun",
     "open_run_store",
 ]

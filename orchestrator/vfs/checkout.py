@@ -308,6 +308,10 @@ def _check_location(directory: str, root: Tree) -> None:
         raise PathRefused(directory, "working directory exists and is not empty")
 
 
+#: the tree size from which :func:`materialize` watches a branch with inotify by default
+WATCH_MIN_FILES = 2000
+
+
 def materialize(
     branch: Branch,
     directory: str | os.PathLike[str],
@@ -315,7 +319,7 @@ def materialize(
     include_ignored: bool = False,
     include_vcs: bool = False,
     workers: int | None = None,
-    watch: bool = True,
+    watch: bool | None = None,
 ) -> Workdir:
     """Write ``branch`` into the new or empty ``directory`` and return its :class:`Workdir`.
 
@@ -324,8 +328,10 @@ def materialize(
     threads copy in parallel; by default the first files are copied on one thread and the rest
     moves to a pool only if copying turns out to wait on the disk or on large files (measured:
     for small files on a fast filesystem, threads just contend for the GIL and are slower).
-    ``watch`` enables the inotify accelerator for harvests. Blocking: from trio, use
-    :func:`materialize_async`.
+    ``watch`` enables the inotify accelerator for harvests; by default (None) it is on for trees
+    of :data:`WATCH_MIN_FILES` files or more: below that a full stat scan is cheaper than setting
+    up a watch and tearing it down (closing an inotify instance alone takes milliseconds).
+    Blocking: from trio, use :func:`materialize_async`.
     """
     started = time.perf_counter()
     root = branch.root
@@ -346,7 +352,7 @@ def materialize(
         shutil.rmtree(target, ignore_errors=True)
         raise
     workdir = Workdir(target, branch, root.ignore, records)
-    if watch:
+    if watch or (watch is None and len(jobs) >= WATCH_MIN_FILES):
         workdir._start_watching(["", *dirs])
     seconds = time.perf_counter() - started
     log.info(
@@ -368,7 +374,7 @@ async def materialize_async(
     include_ignored: bool = False,
     include_vcs: bool = False,
     workers: int | None = None,
-    watch: bool = True,
+    watch: bool | None = None,
 ) -> Workdir:
     """:func:`materialize` in a worker thread."""
     return await trio.to_thread.run_sync(

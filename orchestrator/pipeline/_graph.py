@@ -1,0 +1,349 @@
+"""The validated graph that steps form: :class:`Pipeline` and its run inputs.
+
+:meth:`Pipeline.from_steps` checks the steps as a whole (duplicates, reserved names, cycles,
+conflicting input defaults) and reports every problem in one
+:class:`~orchestrator.errors.PipelineError`; the pipeline then answers questions about order and
+neighbours, checks a run's inputs and agents, and describes itself as JSON.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import math
+from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+import networkx as nx
+import structlog
+from attrs import frozen
+
+from ..errors import PipelineError, UsageError
+from ._step import Step
+from ._values import RESERVED_PARAMS, named_params
+
+__all__ = ["InputSpec", "Pipeline"]
+
+log = structlog.get_logger(__name__)
+
+
+@frozen
+class InputSpec:
+    """A run input: a name that steps depend on but no step defines."""
+
+    name: str
+    #: the default (meaningful only when ``has_default``)
+    default: Any = None
+    has_default: bool = False
+    #: the steps that depend on it, in definition order
+    used_by: tuple[str, ...] = ()
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` if JSON can hold it as it is, else its repr (defaults may be any object)."""
+    if value is None or isinstance(value, str | bool | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {k: _jsonable(v) for k, v in value.items()}
+    return repr(value)
+
+
+def _differ(a: Any, b: Any) -> bool:
+    try:
+        return bool(a != b)
+    except Exception:  # objects whose != raises or is ambiguous: treat as different
+        return a is not b
+
+
+@frozen(eq=False)
+class Pipeline:
+    """A validated graph of steps: no cycles, no duplicates, every name accounted for.
+
+    Build one with :meth:`from_steps` or :func:`~orchestrator.pipeline.load_pipeline`.
+    """
+
+    name: str
+    #: the file it was loaded from, if any
+    path: str | None
+    #: the steps by name, in definition order
+    steps: Mapping[str, Step]
+    #: the run inputs by name, in order of first use
+    inputs: Mapping[str, InputSpec]
+    #: an edge ``a -> b`` for every step ``b`` that depends on step ``a``; node attribute
+    #: ``step`` holds the :class:`Step`
+    graph: nx.DiGraph[str]
+    #: sha256 of the pipeline file's text (or of the step names when built from steps)
+    digest: str
+
+    @classmethod
+    def from_steps(
+        cls,
+        steps: Iterable[Step],
+        *,
+        name: str = "pipeline",
+        path: str | None = None,
+        text: str | bytes | None = None,
+    ) -> Pipeline:
+        """Check the steps as a whole and build the pipeline.
+
+        Every problem found (no steps, duplicate names, reserved or misused names, a step that
+        depends on itself, cycles, conflicting input defaults) is collected into one
+        :class:`~orchestrator.errors.PipelineError`.
+        """
+        given = list(steps)
+        for s in given:
+            if not isinstance(s, Step):
+                raise TypeError(f"a pipeline is made of steps, not {type(s).__name__}")
+        problems: list[str] = []
+        if not given:
+            problems.append("no steps: decorate functions with @step")
+
+        by_name: dict[str, Step] = {}
+        counts: dict[str, int] = {}
+        for s in given:
+            counts[s.name] = counts.get(s.name, 0) + 1
+            by_name.setdefault(s.name, s)
+        for step_name, count in counts.items():
+            if count > 1:
+                problems.append(f"duplicate step {step_name!r}: defined {count} times")
+
+        for s in by_name.values():
+            problems.extend(_step_problems(s))
+
+        index = {step_name: i for i, step_name in enumerate(by_name)}
+        graph: nx.DiGraph[str] = nx.DiGraph()
+        for s in by_name.values():
+            graph.add_node(s.name, step=s)
+        for s in by_name.values():
+            for dep in s.dependencies:
+                if dep in by_name and dep != s.name:
+                    graph.add_edge(dep, s.name)
+        problems.extend(_cycle_problems(graph, index))
+
+        inputs, input_problems = _collect_inputs(by_name)
+        problems.extend(input_problems)
+
+        source = path or name
+        if problems:
+            raise PipelineError(problems, source)
+        if text is None:
+            data = "\n".join(by_name).encode()
+        else:
+            data = text.encode() if isinstance(text, str) else text
+        pipeline = cls(
+            name=name,
+            path=path,
+            steps=MappingProxyType(by_name),
+            inputs=MappingProxyType(inputs),
+            graph=graph,
+            digest=hashlib.sha256(data).hexdigest(),
+        )
+        log.debug("pipeline built", pipeline=name, steps=len(by_name), inputs=list(inputs))
+        return pipeline
+
+    # ---------------------------------------------------------------- order and neighbours
+
+    def _index(self, step_name: str) -> int:
+        return list(self.steps).index(step_name)
+
+    def _require(self, step_name: str) -> None:
+        if step_name not in self.steps:
+            known = ", ".join(self.steps)
+            raise UsageError(
+                f"pipeline {self.name!r} has no step {step_name!r} (its steps: {known})"
+            )
+
+    def _in_definition_order(self, names: Iterable[str]) -> list[str]:
+        wanted = set(names)
+        return [n for n in self.steps if n in wanted]
+
+    def order(self) -> list[str]:
+        """The steps in an order that runs every dependency first; ties in definition order."""
+        index = {n: i for i, n in enumerate(self.steps)}
+        return list(nx.lexicographical_topological_sort(self.graph, key=index.__getitem__))
+
+    def generations(self) -> list[list[str]]:
+        """The steps in layers: each needs only steps of earlier layers (definition order)."""
+        return [self._in_definition_order(g) for g in nx.topological_generations(self.graph)]
+
+    def parents(self, step_name: str) -> list[str]:
+        """The steps that ``step_name`` depends on directly, in definition order."""
+        self._require(step_name)
+        return self._in_definition_order(self.graph.predecessors(step_name))
+
+    def children(self, step_name: str) -> list[str]:
+        """The steps that depend directly on ``step_name``, in definition order."""
+        self._require(step_name)
+        return self._in_definition_order(self.graph.successors(step_name))
+
+    def descendants(self, step_name: str) -> set[str]:
+        """Every step that depends on ``step_name``, directly or not."""
+        self._require(step_name)
+        return set(nx.descendants(self.graph, step_name))
+
+    def sinks(self) -> list[str]:
+        """The steps nothing depends on (the pipeline's final results), in definition order."""
+        return [n for n in self.steps if self.graph.out_degree(n) == 0]
+
+    # ---------------------------------------------------------------- checks before a run
+
+    def check_inputs(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """The run inputs: ``values`` plus the defaults of those not given.
+
+        Raises :class:`~orchestrator.errors.PipelineError` naming every missing input and every
+        unknown name given.
+        """
+        problems: list[str] = []
+        for key in values:
+            if key in self.inputs:
+                continue
+            if key in self.steps:
+                problems.append(f"{key!r} is a step, not a run input")
+            else:
+                problems.append(f"unknown input {key!r}{self._inputs_hint()}")
+        result: dict[str, Any] = {}
+        for spec in self.inputs.values():
+            if spec.name in values:
+                result[spec.name] = values[spec.name]
+            elif spec.has_default:
+                result[spec.name] = spec.default
+            else:
+                users = ", ".join(spec.used_by)
+                problems.append(
+                    f"missing input {spec.name!r} (needed by {users}){self._step_hint(spec.name)}"
+                )
+        if problems:
+            raise PipelineError(problems, self.path or self.name)
+        return result
+
+    def _step_hint(self, input_name: str) -> str:
+        # A misspelt step name in a parameter list turns into a run input: say so.
+        close = difflib.get_close_matches(input_name, list(self.steps), n=1)
+        return f"; did you mean the step {close[0]!r}?" if close else ""
+
+    def _inputs_hint(self) -> str:
+        if not self.inputs:
+            return "; this pipeline takes no inputs"
+        return f"; its inputs: {', '.join(self.inputs)}"
+
+    def check_agents(self, known: Callable[[str], object]) -> None:
+        """Call ``known(name)`` for every agent the steps use; report all its refusals at once.
+
+        ``known`` raises :class:`~orchestrator.errors.UsageError` for a name it cannot launch
+        (:func:`orchestrator.agents.resolve_agent` does); other exceptions propagate.
+        """
+        users: dict[str, list[str]] = {}
+        for s in self.steps.values():
+            for agent in s.agents:
+                users.setdefault(agent, []).append(s.name)
+        problems: list[str] = []
+        for agent, step_names in users.items():
+            try:
+                known(agent)
+            except UsageError as e:
+                label = "step" if len(step_names) == 1 else "steps"
+                problems.append(f"{label} {', '.join(step_names)}: {e}")
+        if problems:
+            raise PipelineError(problems, self.path or self.name)
+
+    # ---------------------------------------------------------------- description
+
+    def to_json(self) -> dict[str, Any]:
+        """The graph as JSON-ready data: nodes, edges and inputs (for reports and ``--json``).
+
+        An input default JSON cannot hold as it is appears as its ``repr``.
+        """
+        index = {n: i for i, n in enumerate(self.steps)}
+        edges = sorted(self.graph.edges, key=lambda e: (index[e[1]], index[e[0]]))
+        return {
+            "name": self.name,
+            "nodes": [
+                {
+                    "name": s.name,
+                    "kind": "agent" if s.is_agent_step else "python",
+                    "agents": list(s.agents),
+                    "over": s.over,
+                    "merge": s.merge,
+                    "description": s.description,
+                }
+                for s in self.steps.values()
+            ],
+            "edges": [[a, b] for a, b in edges],
+            "inputs": {
+                spec.name: _jsonable(spec.default) if spec.has_default else None
+                for spec in self.inputs.values()
+            },
+        }
+
+
+def _step_problems(s: Step) -> list[str]:
+    """What is wrong with one step's names, judged without the other steps."""
+    what = f"step {s.name!r}"
+    problems: list[str] = []
+    if s.name in RESERVED_PARAMS:
+        problems.append(f"{what}: {s.name!r} is a reserved name; rename the function")
+    if "item" in s.params and s.over is None:
+        problems.append(f"{what}: parameter 'item' needs over=... naming what to iterate")
+    if s.over == s.name:
+        problems.append(f"{what}: over={s.over!r} names the step itself")
+    elif s.name in s.params or s.name in s.when_params:
+        problems.append(f"{what}: depends on itself (a parameter is named {s.name!r})")
+    reserved = [p for p in s.when_params if p in RESERVED_PARAMS]
+    if reserved:
+        problems.append(
+            f"{what}: when's parameters must be steps or run inputs, "
+            f"not {', '.join(repr(p) for p in reserved)}"
+        )
+    return problems
+
+
+def _cycle_problems(graph: nx.DiGraph[str], index: Mapping[str, int]) -> list[str]:
+    """One ``cycle: a -> b -> a`` problem per strongly connected group of steps."""
+    problems: list[str] = []
+    groups = [g for g in nx.strongly_connected_components(graph) if len(g) > 1]
+    for group in sorted(groups, key=lambda g: min(index[n] for n in g)):
+        start = min(group, key=index.__getitem__)
+        edges = nx.find_cycle(graph.subgraph(group), source=start)
+        path = [str(edge[0]) for edge in edges]
+        # Start the message at the earliest-defined step of the cycle.
+        first = min(range(len(path)), key=lambda i: index[path[i]])
+        path = path[first:] + path[:first]
+        problems.append("cycle: " + " -> ".join([*path, path[0]]))
+    return problems
+
+
+def _collect_inputs(by_name: Mapping[str, Step]) -> tuple[dict[str, InputSpec], list[str]]:
+    """The run inputs (dependencies that are not steps), and conflicting defaults."""
+    users: dict[str, list[str]] = {}
+    defaults: dict[str, list[tuple[str, Any]]] = {}
+    for s in by_name.values():
+        when_defaults: Mapping[str, Any] = {}
+        if s.when is not None:
+            when_defaults = named_params(s.when, f"step {s.name!r}: when")[1]
+        for dep in s.dependencies:
+            if dep in by_name:
+                continue
+            users.setdefault(dep, []).append(s.name)
+            for source in (s.defaults, when_defaults):
+                if dep in source:
+                    defaults.setdefault(dep, []).append((s.name, source[dep]))
+                    break
+    problems: list[str] = []
+    inputs: dict[str, InputSpec] = {}
+    for input_name, used_by in users.items():
+        given = defaults.get(input_name, [])
+        if any(_differ(given[0][1], value) for _, value in given[1:]):
+            listed = ", ".join(f"{value!r} in {where}" for where, value in given)
+            problems.append(f"input {input_name!r} has different defaults: {listed}")
+        inputs[input_name] = InputSpec(
+            name=input_name,
+            default=given[0][1] if given else None,
+            has_default=bool(given),
+            used_by=tuple(used_by),
+        )
+    return inputs, problems

@@ -1,0 +1,157 @@
+"""The values a step declaration takes, and the checks ``@step`` runs on them.
+
+Leaf of the pipeline package: the merge strategies, the reserved parameter names, :class:`Budget`
+and the helpers that read a function's parameters and check option values (each error names the
+step it is about).
+"""
+
+from __future__ import annotations
+
+import inspect
+import keyword
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, get_args
+
+from attrs import field, frozen
+
+from ..errors import UsageError
+
+__all__ = [
+    "MERGE_STRATEGIES",
+    "RESERVED_PARAMS",
+    "Budget",
+    "MergeStrategy",
+    "agents_from",
+    "check_text",
+    "check_timeout",
+    "first_doc_line",
+    "is_identifier",
+    "named_params",
+]
+
+#: How conflicting parent branches are merged before a step's branch forks from them: stop
+#: (``fail``), give conflicting hunks the earlier parent's side (``ours``) or the later one's
+#: (``theirs``), or keep both sides' lines (``union``).
+MergeStrategy = Literal["fail", "ours", "theirs", "union"]
+
+#: The names :data:`MergeStrategy` allows.
+MERGE_STRATEGIES: frozenset[str] = frozenset(get_args(MergeStrategy))
+
+#: Parameter names the runner fills in itself; they never name a step or a run input.
+#: ``item`` is the element of a fan-out over items, ``workdir`` a directory holding the merged
+#: parents' files, ``ctx`` the step's context.
+RESERVED_PARAMS: frozenset[str] = frozenset({"item", "workdir", "ctx"})
+
+
+def _positive_int_or_none(_: object, attribute: Any, value: object) -> None:
+    if value is None:
+        return
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{attribute.name} must be an int, not {type(value).__name__}")
+    if value <= 0:
+        raise UsageError(f"{attribute.name} must be positive, not {value}")
+
+
+def _positive_number_or_none(_: object, attribute: Any, value: object) -> None:
+    if value is None:
+        return
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise TypeError(f"{attribute.name} must be a number, not {type(value).__name__}")
+    if not value > 0:
+        raise UsageError(f"{attribute.name} must be positive, not {value}")
+
+
+@frozen
+class Budget:
+    """Limits on what one agent step may spend (the runner enforces them)."""
+
+    #: tokens the step may use (input and output)
+    max_tokens: int | None = field(default=None, validator=_positive_int_or_none)
+    #: wall-clock seconds the step's agent work may take
+    max_seconds: float | None = field(default=None, validator=_positive_number_or_none)
+
+    @classmethod
+    def from_value(cls, value: Budget | int) -> Budget:
+        """A budget from what ``@step(budget=...)`` accepts: a :class:`Budget` or max tokens."""
+        if isinstance(value, Budget):
+            return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            return cls(max_tokens=value)
+        raise TypeError(f"budget must be a Budget or an int, not {type(value).__name__}")
+
+
+def is_identifier(name: object) -> bool:
+    return isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name)
+
+
+def named_params(fn: Callable[..., Any], what: str) -> tuple[tuple[str, ...], dict[str, Any]]:
+    """The parameter names of ``fn`` and the defaults among them, refusing what can't be named."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{what}: cannot read the parameters of {fn!r}") from e
+    names: list[str] = []
+    defaults: dict[str, Any] = {}
+    for param in signature.parameters.values():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            stars = "*" if param.kind is param.VAR_POSITIONAL else "**"
+            raise UsageError(
+                f"{what}: parameters name dependencies, so {stars}{param.name} is not allowed"
+            )
+        if param.kind is param.POSITIONAL_ONLY:
+            raise UsageError(
+                f"{what}: values are passed by name, so {param.name!r} cannot be positional-only"
+            )
+        names.append(param.name)
+        if param.default is not param.empty:
+            defaults[param.name] = param.default
+    return tuple(names), defaults
+
+
+def agents_from(value: str | Sequence[str] | None, what: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    items: tuple[object, ...] = (value,) if isinstance(value, str) else tuple(value)
+    if not items:
+        raise UsageError(f"{what}: agent=[] names no agent; leave it out for a Python step")
+    for item in items:
+        if not isinstance(item, str):
+            raise TypeError(f"{what}: agent names are strings, not {type(item).__name__}")
+        if not item.strip():
+            raise UsageError(f"{what}: an agent name is empty")
+    agents = tuple(str(item) for item in items)
+    for i, agent in enumerate(agents):
+        if agent in agents[:i]:
+            raise UsageError(
+                f"{what}: agent {agent!r} is listed twice; branches are keyed by agent name "
+                f"(label a second one with NAME=COMMAND)"
+            )
+    return agents
+
+
+def check_timeout(value: object, name: str, what: str) -> float | None:
+    if value is None:
+        return None
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise TypeError(f"{what}: {name} must be a number of seconds, not {type(value).__name__}")
+    if not value > 0:
+        raise UsageError(f"{what}: {name} must be positive, not {value}")
+    return float(value)
+
+
+def check_text(value: object, name: str, what: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"{what}: {name} must be a string, not {type(value).__name__}")
+    if not value.strip():
+        raise UsageError(f"{what}: {name} is empty")
+    return value
+
+
+def first_doc_line(fn: Callable[..., Any]) -> str | None:
+    doc = inspect.getdoc(fn)
+    if not doc:
+        return None
+    first = doc.strip().splitlines()[0].strip()
+    return first or None

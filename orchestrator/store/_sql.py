@@ -1,0 +1,278 @@
+"""The run store's statements that more than one call shares, run in its worker thread.
+
+Lookups (a run by id or prefix, content blobs) and the writes that both the single-write methods
+of :class:`~orchestrator.store.RunStore` and :meth:`~orchestrator.store.RunStore.write_many` make.
+A write is *staged* (see ``_db``): ``stage_*`` checks and encodes its op in the caller, so a bad
+value fails before the database is touched; what it returns runs in the worker thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from ..errors import RunNotFound
+from ._db import Apply, Staged
+from ._rows import RUN_COLUMNS, STEP_COLUMNS, dumps, run_from_row, run_values, step_values
+from ._rows import transcript_lines as encode_transcript_lines
+from .ops import AddConflicts, AddEvent, AddPermissions, PutChanges, PutStep, StoreOp, UpdateRun
+from .records import RunRecord
+
+__all__ = [
+    "change_set_blobs",
+    "drop_unreferenced_blobs",
+    "find_run",
+    "require_run",
+    "stage",
+    "stage_add_transcript",
+    "stage_batch",
+    "stage_update_run",
+    "store_blob",
+]
+
+#: how many candidates an ambiguous-prefix message lists
+_MAX_CANDIDATES = 10
+
+
+# --------------------------------------------------------------------------- lookups
+
+
+def require_run(conn: sqlite3.Connection, run_id: str) -> None:
+    """Raise :class:`~orchestrator.errors.RunNotFound` unless the run is recorded."""
+    if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is None:
+        raise RunNotFound(f"no run {run_id!r} in the run store")
+
+
+def _prefix_bound(prefix: str) -> str | None:
+    """The smallest string above every string starting with ``prefix``, if one is encodable."""
+    nxt = ord(prefix[-1]) + 1
+    if nxt > 0x10FFFF or 0xD800 <= nxt <= 0xDFFF:
+        return None
+    return prefix[:-1] + chr(nxt)
+
+
+def find_run(conn: sqlite3.Connection, path: Path, id_or_prefix: str) -> RunRecord:
+    """The run with this id, or the only one whose id starts with it (else ``RunNotFound``)."""
+    row = conn.execute(
+        f"SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?", (id_or_prefix,)
+    ).fetchone()
+    if row is not None:
+        return run_from_row(row)
+    if not id_or_prefix:
+        raise RunNotFound("an empty run id names no run")
+    bound = _prefix_bound(id_or_prefix)
+    args: tuple[str | int, ...]
+    if bound is not None:
+        # a range over the primary key: exactly the ids starting with the prefix
+        where, args = "run_id >= ? AND run_id < ?", (id_or_prefix, bound)
+    else:
+        where, args = "substr(run_id, 1, ?) = ?", (len(id_or_prefix), id_or_prefix)
+    rows = conn.execute(
+        f"SELECT {RUN_COLUMNS} FROM runs WHERE {where} ORDER BY created DESC, rowid DESC "
+        f"LIMIT {_MAX_CANDIDATES + 1}",
+        args,
+    ).fetchall()
+    if not rows:
+        raise RunNotFound(f"no run {id_or_prefix!r} in {path} (`orchestrator runs` lists them)")
+    if len(rows) > 1:
+        (total,) = conn.execute(f"SELECT count(*) FROM runs WHERE {where}", args).fetchone()
+        names = ", ".join(row[0] for row in rows[:_MAX_CANDIDATES])
+        more = f" and {total - _MAX_CANDIDATES} more" if total > _MAX_CANDIDATES else ""
+        raise RunNotFound(
+            f"run id prefix {id_or_prefix!r} is ambiguous: {total} runs match ({names}{more}); "
+            f"give more characters"
+        )
+    return run_from_row(rows[0])
+
+
+def store_blob(conn: sqlite3.Connection, digest: str, data: bytes) -> None:
+    """Keep ``data`` under ``digest`` unless it is already there."""
+    conn.execute(
+        "INSERT OR IGNORE INTO blobs (digest, size, data) VALUES (?, ?, ?)",
+        (digest, len(data), data),
+    )
+
+
+def drop_unreferenced_blobs(conn: sqlite3.Connection, digests: Iterable[str]) -> None:
+    """Delete those of ``digests`` that no change refers to any more."""
+    conn.executemany(
+        "DELETE FROM blobs WHERE digest = ? "
+        "AND NOT EXISTS (SELECT 1 FROM changes WHERE blob = blobs.digest)",
+        ((d,) for d in set(digests)),
+    )
+
+
+def change_set_blobs(conn: sqlite3.Connection, where: str, args: tuple[Any, ...]) -> list[str]:
+    """The distinct content blobs that the changes matching ``where`` refer to."""
+    rows = conn.execute(
+        f"SELECT DISTINCT blob FROM changes WHERE {where} AND blob IS NOT NULL", args
+    ).fetchall()
+    return [row[0] for row in rows]
+
+
+# --------------------------------------------------------------------------- writes
+
+
+def _ready(apply: Apply[Any]) -> Staged[None]:
+    """A staged write with nothing to prepare in the thread."""
+    return lambda: apply
+
+
+def _stage_put_step(op: PutStep) -> Staged[None]:
+    step = op.step
+    values = step_values(step)
+    columns = [c.strip() for c in STEP_COLUMNS.split(",")]
+    updates = ", ".join(f"{c} = excluded.{c}" for c in columns[2:])
+
+    def upsert(conn: sqlite3.Connection) -> None:
+        require_run(conn, step.run_id)
+        conn.execute(
+            f"INSERT INTO steps ({STEP_COLUMNS}) VALUES ({', '.join('?' * len(values))}) "
+            f"ON CONFLICT (run_id, key) DO UPDATE SET {updates}",
+            values,
+        )
+
+    return _ready(upsert)
+
+
+def _stage_put_changes(op: PutChanges) -> Staged[None]:
+    run_id, key, items = op.run_id, op.key, op.changes
+
+    # hashing happens in the thread, before the write lock is taken
+    def hash_contents() -> Apply[None]:
+        digests = [None if c.data is None else hashlib.sha256(c.data).hexdigest() for c in items]
+
+        def replace(conn: sqlite3.Connection) -> None:
+            require_run(conn, run_id)
+            old = change_set_blobs(conn, "run_id = ? AND key = ?", (run_id, key))
+            conn.execute("DELETE FROM change_sets WHERE run_id = ? AND key = ?", (run_id, key))
+            conn.execute(
+                "INSERT INTO change_sets (run_id, key, diff, own_diff) VALUES (?, ?, ?, ?)",
+                (run_id, key, op.diff, op.own_diff),
+            )
+            for seq, (change, digest) in enumerate(zip(items, digests, strict=True)):
+                if change.data is not None and digest is not None:
+                    store_blob(conn, digest, change.data)
+                conn.execute(
+                    "INSERT INTO changes (run_id, key, seq, path, kind, blob, mode, "
+                    "base_digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        run_id,
+                        key,
+                        seq,
+                        change.path,
+                        change.kind,
+                        digest,
+                        change.mode,
+                        change.base_digest,
+                    ),
+                )
+            drop_unreferenced_blobs(conn, old)
+
+        return replace
+
+    return hash_contents
+
+
+def _stage_add_records(
+    table: str, run_id: str, key: str, records: Sequence[Mapping[str, Any]]
+) -> Staged[None]:
+    encoded = [dumps(dict(r), f"{table} record") for r in records]
+
+    def insert(conn: sqlite3.Connection) -> None:
+        require_run(conn, run_id)
+        conn.executemany(
+            f"INSERT INTO {table} (run_id, key, record) VALUES (?, ?, ?)",
+            ((run_id, key, text) for text in encoded),
+        )
+
+    return _ready(insert)
+
+
+def _stage_add_event(op: AddEvent) -> Staged[None]:
+    run_id = op.run_id
+    text = dumps(dict(op.event), "event")
+
+    def insert(conn: sqlite3.Connection) -> None:
+        require_run(conn, run_id)
+        conn.execute("INSERT INTO events (run_id, record) VALUES (?, ?)", (run_id, text))
+
+    return _ready(insert)
+
+
+def stage_update_run(op: UpdateRun) -> Staged[RunRecord]:
+    """Change fields of a run; the write returns the run as changed."""
+    run_id, fields = op.run_id, dict(op.fields)
+
+    def update(conn: sqlite3.Connection) -> RunRecord:
+        row = conn.execute(f"SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise RunNotFound(f"no run {run_id!r} in the run store")
+        run = attrs.evolve(run_from_row(row), **fields)
+        values = run_values(run)
+        columns = [c.strip() for c in RUN_COLUMNS.split(",")][1:]
+        conn.execute(
+            f"UPDATE runs SET {', '.join(f'{c} = ?' for c in columns)} WHERE run_id = ?",
+            (*values[1:], run_id),
+        )
+        return run
+
+    return lambda: update
+
+
+def stage_add_transcript(
+    run_id: str, source: str, lines: Sequence[bytes | Mapping[str, Any]]
+) -> Staged[None]:
+    """Append wire-transcript lines; they are encoded in the thread."""
+
+    def encode() -> Apply[None]:
+        encoded = encode_transcript_lines(lines)
+
+        def append(conn: sqlite3.Connection) -> None:
+            require_run(conn, run_id)
+            conn.executemany(
+                "INSERT INTO transcripts (run_id, source, line) VALUES (?, ?, ?)",
+                ((run_id, source, line) for line in encoded),
+            )
+
+        return append
+
+    return encode
+
+
+def stage(op: StoreOp) -> Staged[object]:
+    """The write that ``op`` stands for, checked and encoded now."""
+    if isinstance(op, PutStep):
+        return _stage_put_step(op)
+    if isinstance(op, PutChanges):
+        return _stage_put_changes(op)
+    if isinstance(op, AddPermissions):
+        return _stage_add_records("permissions", op.run_id, op.key, op.records)
+    if isinstance(op, AddConflicts):
+        return _stage_add_records("conflicts", op.run_id, op.key, op.conflicts)
+    if isinstance(op, AddEvent):
+        return _stage_add_event(op)
+    if isinstance(op, UpdateRun):
+        return stage_update_run(op)
+    raise TypeError(f"not a run store op: {type(op).__name__}")
+
+
+def stage_batch(ops: Sequence[StoreOp]) -> Staged[None]:
+    """All of ``ops`` as one write, applied in order; every op is checked before any runs."""
+    stages = [stage(op) for op in ops]
+
+    def prepare() -> Apply[None]:
+        applies = [s() for s in stages]
+
+        def apply_all(conn: sqlite3.Connection) -> None:
+            for apply in applies:
+                apply(conn)
+
+        return apply_all
+
+    return prepare
