@@ -11,6 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0.dev0"
 
+from . import _startup
+
+_startup.install()
+
 # Names resolved on first use, so `import orchestrator` (and `orchestrator --help`) stays fast.
 _EXPORTS: dict[str, str] = {
     "AcpSession": "orchestrator.agent.client",

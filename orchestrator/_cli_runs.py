@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CONFLICTS = 0, 1, 2, 3
@@ -135,10 +137,17 @@ def _emit(obj: Any) -> None:
     sys.stdout.flush()
 
 
-def _view(args: argparse.Namespace, title: str) -> Any:
+@contextmanager
+def _view(args: argparse.Namespace, title: str) -> Iterator[Any]:
+    """The progress view of a run command (None when progress is off), closed on the way out."""
     from .live import open_view
 
-    return open_view(title, enabled=not getattr(args, "no_progress", False) and not args.json)
+    view = open_view(title, enabled=not getattr(args, "no_progress", False) and not args.json)
+    try:
+        yield view
+    finally:
+        if view is not None:
+            view.close()
 
 
 def _finish(args: argparse.Namespace, outcome: Any) -> int:
@@ -196,8 +205,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
     """``orchestrator run``."""
     from .runs import run_pipeline
 
-    view = _view(args, f"pipeline {args.pipeline}")
-    try:
+    with _view(args, f"pipeline {args.pipeline}") as view:
         outcome = await run_pipeline(
             args.pipeline,
             _inputs(args.set),
@@ -209,9 +217,6 @@ async def cmd_run(args: argparse.Namespace) -> int:
             transcript=args.transcript,
             max_sessions=args.max_sessions,
         )
-    finally:
-        if view is not None:
-            view.close()
     return _finish(args, outcome)
 
 
@@ -219,8 +224,7 @@ async def cmd_compare(args: argparse.Namespace) -> int:
     """``orchestrator compare``."""
     from .runs import compare
 
-    view = _view(args, "compare")
-    try:
+    with _view(args, "compare") as view:
         outcome = await compare(
             args.agent,
             args.text,
@@ -235,30 +239,30 @@ async def cmd_compare(args: argparse.Namespace) -> int:
             timeout=args.timeout,
             idle_timeout=args.idle_timeout,
         )
-    finally:
-        if view is not None:
-            view.close()
     return _finish(args, outcome)
 
 
 async def cmd_resume(args: argparse.Namespace) -> int:
     """``orchestrator resume``."""
-    from .pipeline._branches import ResumeConflict
+    from ._runbranches import ResumeConflict
     from .runs import resume_run
 
-    view = _view(args, f"resume {args.run}")
-    try:
-        outcome = await resume_run(
-            args.run, state_dir=args.state_dir, policy=args.policy, apply=args.apply, on_event=view
-        )
-    except ResumeConflict as e:
-        print(f"orchestrator: {e}", file=sys.stderr)
-        if args.json:
-            _emit({"error": {"type": "ResumeConflict", "message": str(e)}, "paths": list(e.paths)})
-        return EXIT_CONFLICTS
-    finally:
-        if view is not None:
-            view.close()
+    with _view(args, f"resume {args.run}") as view:
+        try:
+            outcome = await resume_run(
+                args.run,
+                state_dir=args.state_dir,
+                policy=args.policy,
+                apply=args.apply,
+                on_event=view,
+            )
+        except ResumeConflict as e:
+            print(f"orchestrator: {e}", file=sys.stderr)
+            if args.json:
+                _emit(
+                    {"error": {"type": "ResumeConflict", "message": str(e)}, "paths": list(e.paths)}
+                )
+            return EXIT_CONFLICTS
     return _finish(args, outcome)
 
 

@@ -280,7 +280,7 @@ def _stored(branch: Branch) -> tuple[list[StoredChange], str]:
 
     Files changed in the workspace during the run are left out: their base is gone.
     """
-    from .pipeline._branches import diff_of, stored_changes
+    from ._runbranches import diff_of, stored_changes
 
     net = branch.net_changes()
     try:
@@ -294,7 +294,7 @@ async def _record(
     run: PromptRun, kept: tuple[list[StoredChange], str], state: Path, root: Path, text: str
 ) -> None:
     """Keep the run in the run store, so ``runs``, ``show``, ``diff`` and ``apply`` know it."""
-    from .pipeline._branches import FINAL
+    from ._runbranches import FINAL
     from .store import RunRecord, StepRecord, open_run_store
 
     result = run.to_json()

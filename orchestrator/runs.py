@@ -22,10 +22,19 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+import attrs
 import structlog
 import trio
 from attrs import frozen
 
+from ._runbranches import (
+    FINAL,
+    ResumeConflict,
+    conflict_json,
+    diff_of,
+    rebuild_branch,
+    stored_changes,
+)
 from .agent.client import ClientOptions
 from .agent.permissions import Escalate
 from .agents import AgentSpec
@@ -34,14 +43,6 @@ from .config import Config
 from .errors import UsageError
 from .pipeline import Pipeline, Step, load_pipeline
 from .pipeline import step as step_decorator
-from .pipeline._branches import (
-    FINAL,
-    ResumeConflict,
-    conflict_json,
-    diff_of,
-    rebuild_branch,
-    stored_changes,
-)
 from .pipeline._writer import open_store_writer
 from .pipeline.results import RunEvent
 from .pipeline.runner import AgentPool, PipelineRunner
@@ -128,6 +129,7 @@ async def run_pipeline(
     options: ClientOptions | None = None,
     _kind: Literal["pipeline", "compare"] = "pipeline",
     _resume: str | None = None,
+    _extra_options: Mapping[str, Any] | None = None,
 ) -> RunOutcome:
     """Run ``pipeline`` (a file or a :class:`Pipeline`) on branches of ``cwd``.
 
@@ -169,6 +171,7 @@ async def run_pipeline(
                     "policy": _policy_name(policy),
                     "verify": dict(verify or {}),
                     "maxSessions": limit,
+                    **dict(_extra_options or {}),
                 },
             )
             await store.create_run(record)
@@ -220,7 +223,12 @@ async def run_pipeline(
                     await store.mark_interrupted(run_id)
                     log.warning("run interrupted", run=run_id)
         result = await get_run_json(run_id, store=store)
-        result = {**result, "wallSeconds": round(time.monotonic() - started, 3)}
+        result = {
+            **result,
+            "wallSeconds": round(time.monotonic() - started, 3),
+            # instances finished in an earlier attempt and reused by this resume
+            "reused": sorted(reused),
+        }
         await store.update_run(run_id, result=result)
         if on_event is not None:
             on_event(RunEvent("run_finished", run_id, data={"status": status}))
@@ -300,7 +308,7 @@ async def resume_run(
 ) -> RunOutcome:
     """Run ``run_id`` again: finished instances are reused with their branches, the rest re-run.
 
-    Refused (:class:`~orchestrator.pipeline._branches.ResumeConflict`, exit 3 on the command line)
+    Refused (:class:`~orchestrator._runbranches.ResumeConflict`, exit 3 on the command line)
     if the workspace changed since in files the finished steps changed.
     """
     state = state_directory(state_dir)
@@ -309,9 +317,14 @@ async def resume_run(
     if record.status == "running":
         log.warning("resuming a run still marked running", run=record.run_id)
     if record.kind == "compare":
-        graph = dict(record.options).get("compare") or {}
-        pipe = _compare_pipeline(str(graph.get("task", "")), list(graph.get("agents", [])))
+        info = dict(record.options).get("compare") or {}
+        names = list(info.get("agents") or [])
+        pipe = _compare_pipeline(
+            str(info.get("task", "")), names, info.get("timeout"), info.get("idle_timeout")
+        )
         kwargs.setdefault("verify", dict(record.options).get("verify") or {})
+        if "config" not in kwargs:
+            kwargs["config"] = _compare_config(record.cwd, names, info.get("commands") or {})
     else:
         if not record.pipeline:
             raise UsageError(f"run {record.run_id} has no pipeline to resume")
@@ -327,6 +340,21 @@ async def resume_run(
         _resume=record.run_id,
         **kwargs,
     )
+
+
+def _compare_config(cwd: str, names: Sequence[str], commands: Mapping[str, Any]) -> Config:
+    """The agent table of a recorded comparison: each label with the command it ran."""
+    base = Config.load(cwd)
+    table = dict(base.agents)
+    for name in names:
+        argv = tuple(commands.get(name) or ())
+        known = table.get(name)
+        if known is not None and (not argv or known.command == argv):
+            continue
+        if not argv:
+            raise UsageError(f"the comparison does not record how to start agent {name!r}")
+        table[name] = attrs.evolve(known, command=argv) if known else AgentSpec(name, argv)
+    return Config(agents=table, max_sessions=base.max_sessions, sources=base.sources)
 
 
 def _compare_pipeline(
@@ -377,6 +405,14 @@ async def compare(
     if apply is not None and apply not in names:
         raise UsageError(f"--apply {apply}: not one of the agents ({', '.join(names)})")
     pipe = _compare_pipeline(task, names, timeout, idle_timeout)
+    # recorded before the run starts, so an interrupted comparison can be resumed
+    info = {
+        "task": task,
+        "agents": names,
+        "commands": {s.name: list(table[s.name].command) for s in specs},
+        "timeout": timeout,
+        "idle_timeout": idle_timeout,
+    }
     outcome = await run_pipeline(
         pipe,
         {"task": task},
@@ -384,17 +420,10 @@ async def compare(
         config=cfg,
         verify={"compare": verify} if verify else None,
         _kind="compare",
+        _extra_options={"compare": info},
         **kwargs,
     )
     state_dir = kwargs.get("state_dir")
-    async with open_run_store(state_directory(state_dir)) as store:
-        await store.update_run(
-            outcome.run_id,
-            options={
-                **(await store.get_run(outcome.run_id)).options,
-                "compare": {"task": task, "agents": names},
-            },
-        )
     if apply is not None and outcome.status == "succeeded":
         applied = await apply_run(outcome.run_id, step=f"compare[{apply}]", state_dir=state_dir)
         result = {**outcome.result, "applied": apply if applied.applied else None}

@@ -35,15 +35,31 @@ def test_tiny_run_exits_zero_prints_the_table_and_writes_json(tmp_path: Path) ->
     assert "received / lost" in proc.stdout
     assert "30 / 0" in proc.stdout
     assert "20 steps (chain" in proc.stdout
-    for figure in ("mb_per_agent", "overhead_ms_per_step"):
+    for figure in ("mb_per_agent", "scheduler_ms_per_step"):
         line = next(x for x in proc.stdout.splitlines() if figure in x)
         assert "PASS" in line or "FAIL" in line
+    # the target row is the scheduler's own part, the total and the directory I/O beside it
+    target = next(x for x in proc.stdout.splitlines() if "scheduler_ms_per_step" in x)
+    assert "scheduler's own part" in target and "total" in target
+    assert any("branch directory I/O" in x for x in proc.stdout.splitlines())
     document = json.loads(output.read_text())
     assert document["best"]["load"]["received"] == 30
     assert document["best"]["load"]["lost"] == 0
     assert document["best"]["steps"]["status"] == "succeeded"
     assert document["best"]["steps"]["turns"] == 20
     assert document["best"]["steps"]["store_calls"] > 0
+    steps = document["best"]["steps"]
+    assert steps["scheduler_ms_per_step"] == pytest.approx(
+        steps["overhead_ms_per_step"] - steps["branch_io_ms_per_step"]
+    )
+    assert steps["scheduler_cpu_ms_per_step"] == pytest.approx(
+        steps["overhead_cpu_ms_per_step"] - steps["branch_io_cpu_ms_per_step"]
+    )
+    # every step's directory was made, harvested and removed, inside the run
+    assert steps["branch_io"]["materialize_count"] == 20
+    assert steps["branch_io"]["harvest_count"] == 20
+    assert steps["branch_io"]["remove_count"] == 20
+    assert steps["branch_io_ms_per_step"] > 0
 
 
 @pytest.mark.slow

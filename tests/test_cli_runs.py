@@ -68,6 +68,10 @@ def test_run_demo_pipeline_then_show_diff_apply(
         "shop/pricing.py",
     }
     assert list(result["steps"]["docs"]["instances"]) == ["alice", "bob"]
+    # an instance's own diff holds its own edits, not those it inherited from its parents
+    alice = result["steps"]["docs"]["instances"]["alice"]["diff"]
+    assert "README.md" in alice and "docs/pricing.md" in alice
+    assert "shop/cart.py" not in alice
     [conflict] = result["conflicts"]
     assert conflict["path"] == "README.md"
     assert conflict["resolution"] == "ours"

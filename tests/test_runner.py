@@ -8,6 +8,7 @@ bounded by ``trio.fail_after``; ordering is shown by recorded times, never by sl
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,13 +19,15 @@ import orjson
 import pytest
 import trio
 from attrs import define
+from run_helpers import config, spec_for, workspace
 
 from orchestrator.agent.services import ClientServices
 from orchestrator.agents import AgentSpec
 from orchestrator.config import Config
 from orchestrator.pipeline import Pipeline, step
 from orchestrator.pipeline.results import Results, RunEvent, StepContext, StepResult
-from orchestrator.runs import RunOutcome, run_pipeline
+from orchestrator.pipeline.runner import BranchIO, PipelineRunner, _Reaper
+from orchestrator.runs import RunOutcome, diff_run, run_pipeline
 from orchestrator.supervisor import Lease, Supervisor, open_supervisor
 from orchestrator.testing import (
     AgentScript,
@@ -34,10 +37,11 @@ from orchestrator.testing import (
     Sleep,
     Stall,
     Turn,
+    Usage,
     WriteFile,
-    scripted_agent_command,
 )
 from orchestrator.testing.connector import memory_connector
+from orchestrator.vfs import Branch, Workspace, materialize
 
 LIMIT = 30.0  # seconds any one run here may take (subprocess agents start a Python each)
 SAY = AgentScript(turns=(Turn(steps=(Say("done"),)),))
@@ -46,30 +50,9 @@ SAY = AgentScript(turns=(Turn(steps=(Say("done"),)),))
 # --------------------------------------------------------------------------- helpers
 
 
-def spec_for(script: AgentScript, directory: Path, name: str) -> AgentSpec:
-    """An agent named ``name`` that plays ``script`` as a real subprocess."""
-    folder = directory / f"agent-{name}"
-    folder.mkdir(parents=True, exist_ok=True)
-    return AgentSpec(name, tuple(scripted_agent_command(script, folder)))
-
-
 def mem_spec(name: str) -> AgentSpec:
     """An agent for the in-memory connector (its command is never run)."""
     return AgentSpec(name, ("unused-in-memory-agent",))
-
-
-def config(*specs: AgentSpec) -> Config:
-    """A config whose agent table holds exactly ``specs``."""
-    return Config(agents={s.name: s for s in specs})
-
-
-def workspace(tmp_path: Path, files: dict[str, str] | None = None) -> Path:
-    """A workspace directory holding ``files``."""
-    root = tmp_path / "ws"
-    root.mkdir()
-    for name, text in (files or {}).items():
-        (root / name).write_text(text)
-    return root
 
 
 def read_record(path: Path) -> list[dict[str, Any]]:
@@ -387,17 +370,25 @@ CRASH_FIRST = AgentScript(
 )
 
 
-async def test_crash_mid_turn_is_retried_on_a_fresh_process(tmp_path: Path) -> None:
-    """With retries=1 a turn lost to a crash runs again on a new process and the step succeeds."""
+async def run_crash_first(
+    tmp_path: Path, retries: int
+) -> tuple[RunOutcome, list[RunEvent], list[dict[str, Any]]]:
+    """Run :func:`attempt_pipeline` against :data:`CRASH_FIRST`: the outcome, events and record."""
     record = tmp_path / "crashy.jsonl"
     script = attrs.evolve(CRASH_FIRST, record_path=str(record))
     events: list[RunEvent] = []
     outcome = await run(
-        attempt_pipeline(1),
+        attempt_pipeline(retries),
         workspace(tmp_path),
         config(spec_for(script, tmp_path, "crashy")),
         on_event=events.append,
     )
+    return outcome, events, read_record(record)
+
+
+async def test_crash_mid_turn_is_retried_on_a_fresh_process(tmp_path: Path) -> None:
+    """With retries=1 a turn lost to a crash runs again on a new process and the step succeeds."""
+    outcome, events, entries = await run_crash_first(tmp_path, retries=1)
     assert outcome.status == "succeeded"
     fix = outcome.steps["fix"]["instances"]["fix"]
     assert fix["text"] == "fixed"
@@ -405,7 +396,6 @@ async def test_crash_mid_turn_is_retried_on_a_fresh_process(tmp_path: Path) -> N
     retries = events_of(events, "step_retry", "fix")
     assert len(retries) == 1
     assert retries[0].data["attempt"] == 1
-    entries = read_record(record)
     assert [e["event"] for e in entries].count("initialize") == 2  # two processes
     assert [e["text"] for e in entries if e["event"] == "prompt"] == [
         "fix it, attempt 1",
@@ -416,20 +406,12 @@ async def test_crash_mid_turn_is_retried_on_a_fresh_process(tmp_path: Path) -> N
 
 async def test_crash_mid_turn_without_retries_fails_the_step(tmp_path: Path) -> None:
     """With retries=0 the same crash fails the step and nothing is re-sent."""
-    record = tmp_path / "crashy.jsonl"
-    script = attrs.evolve(CRASH_FIRST, record_path=str(record))
-    events: list[RunEvent] = []
-    outcome = await run(
-        attempt_pipeline(0),
-        workspace(tmp_path),
-        config(spec_for(script, tmp_path, "crashy")),
-        on_event=events.append,
-    )
+    outcome, events, entries = await run_crash_first(tmp_path, retries=0)
     assert outcome.status == "failed"
     assert outcome.steps["fix"]["status"] == "failed"
     assert outcome.steps["fix"]["error"]
     assert not events_of(events, "step_retry")
-    prompts = [e for e in read_record(record) if e["event"] == "prompt"]
+    prompts = [e for e in entries if e["event"] == "prompt"]
     assert len(prompts) == 1
 
 
@@ -477,18 +459,24 @@ def editor_script(spec: AgentSpec) -> AgentScript:
     )
 
 
-async def test_merge_conflict_with_fail_strategy_fails_the_dependent_step(tmp_path: Path) -> None:
-    """Same line changed twice: merge='fail' fails the join; the run ends in conflicts (3)."""
+async def run_conflict(tmp_path: Path, merge: str) -> tuple[RunOutcome, list[RunEvent], Path]:
+    """Run :func:`conflict_pipeline` on a workspace with shared.txt: outcome, events, workspace."""
     ws = workspace(tmp_path, {"shared.txt": "original\n"})
     events: list[RunEvent] = []
     outcome = await run(
-        conflict_pipeline("fail"),
+        conflict_pipeline(merge),
         ws,
         config(mem_spec("left"), mem_spec("right")),
         inputs={"task": "edit"},
         connector=memory_connector(editor_script),
         on_event=events.append,
     )
+    return outcome, events, ws
+
+
+async def test_merge_conflict_with_fail_strategy_fails_the_dependent_step(tmp_path: Path) -> None:
+    """Same line changed twice: merge='fail' fails the join; the run ends in conflicts (3)."""
+    outcome, events, ws = await run_conflict(tmp_path, "fail")
     assert outcome.status == "conflicts"
     assert outcome.exit_code == 3
     assert outcome.steps["edit"]["status"] == "succeeded"
@@ -507,14 +495,7 @@ async def test_merge_conflict_with_fail_strategy_fails_the_dependent_step(tmp_pa
 
 async def test_merge_conflict_with_ours_strategy_succeeds_and_reports_it(tmp_path: Path) -> None:
     """merge='ours' takes the first branch's side and reports the conflict as 'ours'."""
-    ws = workspace(tmp_path, {"shared.txt": "original\n"})
-    outcome = await run(
-        conflict_pipeline("ours"),
-        ws,
-        config(mem_spec("left"), mem_spec("right")),
-        inputs={"task": "edit"},
-        connector=memory_connector(editor_script),
-    )
+    outcome, _, _ = await run_conflict(tmp_path, "ours")
     assert outcome.status == "succeeded"
     assert outcome.exit_code == 0
     conflicts = outcome.result["conflicts"]
@@ -598,3 +579,303 @@ async def test_python_step_workdir_holds_its_parents_merged_files(tmp_path: Path
     seen = outcome.steps["check"]["instances"]["check"]["value"]
     assert seen == {"back.txt": "from back\n", "base.txt": "base\n", "front.txt": "from front\n"}
     assert sorted(p.name for p in ws.iterdir()) == ["base.txt"]
+
+
+# --------------------------------------------------------------------------- branch directories
+
+
+async def test_each_attempt_gets_its_own_directory_and_none_is_left_after_the_run(
+    tmp_path: Path,
+) -> None:
+    """Attempts use branches/<name>-<attempt>, one level deep; all are removed by the run's end."""
+    seen: list[Path] = []
+
+    @step(retries=1)
+    def build(workdir: Path, ctx: StepContext) -> str:
+        seen.append(workdir)
+        assert workdir.is_dir()
+        if ctx.attempt == 1:
+            raise RuntimeError("first try fails")
+        return "built"
+
+    outcome = await run(Pipeline.from_steps([build], name="dirs"), workspace(tmp_path), config())
+    assert outcome.status == "succeeded"
+    branches = Path(outcome.run_dir) / "branches"
+    assert [(p.parent, p.name) for p in seen] == [(branches, "build-1"), (branches, "build-2")]
+    assert not any(p.exists() for p in seen)
+    assert list(branches.iterdir()) == []
+
+
+async def test_branch_directories_are_removed_when_the_run_is_cancelled(tmp_path: Path) -> None:
+    """A run cancelled mid-step still removes the branch directories it made."""
+    seen: list[Path] = []
+    started = trio.Event()
+
+    @step
+    async def hold(workdir: Path) -> str:
+        seen.append(workdir)
+        started.set()
+        await trio.sleep_forever()
+        return "never"
+
+    with trio.fail_after(LIMIT):
+        async with trio.open_nursery() as nursery:
+
+            async def go() -> None:
+                await run_pipeline(
+                    Pipeline.from_steps([hold], name="cancelled"),
+                    {},
+                    cwd=workspace(tmp_path),
+                    config=config(),
+                    state_dir=tmp_path / "state",
+                )
+
+            nursery.start_soon(go)
+            await started.wait()
+            assert seen[0].is_dir()
+            nursery.cancel_scope.cancel()
+    assert not seen[0].exists()
+
+
+@define
+class UpdateRecordingPool:
+    """An :class:`~orchestrator.pipeline.runner.AgentPool` noting what each turn was given."""
+
+    inner: Supervisor
+    #: for each turn: whether it got an ``on_update`` callback
+    callbacks: list[bool] = attrs.field(factory=list)
+
+    @asynccontextmanager
+    async def lease(
+        self,
+        spec: AgentSpec,
+        *,
+        cwd: Any,
+        services: ClientServices | None = None,
+        step: str | None = None,
+    ) -> AsyncIterator[Any]:
+        async with self.inner.lease(spec, cwd=cwd, services=services, step=step) as lease:
+            yield _RecordingLease(lease, self)
+
+
+@define
+class _RecordingLease:
+    lease: Lease
+    pool: UpdateRecordingPool
+
+    @property
+    def session(self) -> Any:
+        return self.lease.session
+
+    async def prompt(self, prompt: Any, **kwargs: Any) -> Any:
+        self.pool.callbacks.append(kwargs.get("on_update") is not None)
+        return await self.lease.prompt(prompt, **kwargs)
+
+
+async def test_updates_reach_the_listener_and_are_skipped_without_one(tmp_path: Path) -> None:
+    """A turn gets an update callback only when a listener (or a token budget) wants updates."""
+    script = AgentScript(turns=(Turn(steps=(Say("hello"),)),))
+
+    @step(agent="m")
+    def talk(task: str) -> str:
+        return task
+
+    pipe = Pipeline.from_steps([talk], name="updates")
+    events: list[RunEvent] = []
+    ws = workspace(tmp_path)
+    with trio.fail_after(LIMIT):
+        async with open_supervisor(connector=memory_connector(lambda _: script)) as sup:
+            pool = UpdateRecordingPool(sup)
+            quiet = await run(pipe, ws, config(mem_spec("m")), inputs={"task": "x"}, pool=pool)
+            heard = await run(
+                pipe,
+                ws,
+                config(mem_spec("m")),
+                inputs={"task": "x"},
+                pool=pool,
+                on_event=events.append,
+            )
+    assert quiet.status == heard.status == "succeeded"
+    assert pool.callbacks == [False, True]
+    assert [e.data["kind"] for e in events_of(events, "update")] == ["agent_message_chunk"]
+
+
+async def test_token_budget_fails_the_step_that_exceeds_it(tmp_path: Path) -> None:
+    """An agent that reports more tokens than the step's budget fails the step, naming both."""
+    script = AgentScript(turns=(Turn(steps=(Usage(used=500, size=1000), Say("spent"))),))
+
+    @step(agent="m", budget=100)
+    def spend(task: str) -> str:
+        return task
+
+    @step(agent="m")
+    def cheap(task: str) -> str:
+        return task
+
+    outcome = await run(
+        Pipeline.from_steps([spend, cheap], name="budget"),
+        workspace(tmp_path),
+        config(mem_spec("m")),
+        inputs={"task": "x"},
+        connector=memory_connector(lambda _: script),
+    )
+    assert outcome.steps["spend"]["status"] == "failed"
+    assert "budget exceeded: 500 tokens > 100" in outcome.steps["spend"]["error"]
+    assert outcome.steps["cheap"]["status"] == "succeeded"
+
+
+async def test_recorded_diffs_show_the_changes_against_the_workspace(tmp_path: Path) -> None:
+    """A chain's second step records its cumulative diff; an untouched step records none."""
+    ws = workspace(tmp_path, {"a.txt": "one\n"})
+
+    def script_for(spec: AgentSpec) -> AgentScript:
+        return AgentScript(turns=(Turn(steps=(WriteFile("a.txt", "two\n"),)),))
+
+    @step(agent="w")
+    def edit(task: str) -> str:
+        return task
+
+    @step
+    def look(edit: StepResult) -> str:
+        return edit.diff
+
+    outcome = await run(
+        Pipeline.from_steps([edit, look], name="diffs"),
+        ws,
+        config(mem_spec("w")),
+        inputs={"task": "x"},
+        connector=memory_connector(script_for),
+    )
+    assert outcome.status == "succeeded"
+    diff = outcome.steps["look"]["instances"]["look"]["value"]
+    assert "-one\n+two\n" in diff
+    edit_result = outcome.steps["edit"]["instances"]["edit"]
+    assert edit_result["diff"] == diff
+    assert edit_result["changes"] == [{"path": "a.txt", "change": "modified"}]
+
+
+def test_branch_io_counts_overlapping_waits_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two steps waiting on directory I/O at the same time add their union, not their sum."""
+    clock = iter([0.0, 5.0, 10.0])
+    monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
+    io = BranchIO()
+    io.wait_started()  # t=0
+    io.wait_started()  # overlapping: no new clock reading
+    io.wait_ended()
+    io.wait_ended()  # t=5
+    io.wait_started()  # t=10
+    assert io.critical_seconds == 5.0
+    io.add("materialize", 2, 0.5, 0.25)
+    figures = io.to_json()
+    assert figures["materialize_count"] == 2
+    assert figures["materialize_seconds"] == 0.5
+    assert figures["materialize_cpu_seconds"] == 0.25
+    assert figures["remove_count"] == 0
+
+
+async def test_reaper_removes_queued_directories_on_its_threads(tmp_path: Path) -> None:
+    """Queued workdirs are deleted off the loop; finish() waits for all and counts them."""
+    snapshot = Workspace.open(workspace(tmp_path, {"f.txt": "x\n"})).snapshot()
+    workdirs = [
+        materialize(Branch.from_tree(snapshot, f"b{i}"), tmp_path / "branches" / f"b{i}")
+        for i in range(5)
+    ]
+    io = BranchIO()
+    reaper = _Reaper(io, workers=2)
+    with trio.fail_after(LIMIT):
+        for wd in workdirs:
+            reaper.put(wd)
+        await reaper.finish()
+    assert list((tmp_path / "branches").iterdir()) == []
+    assert io.counts["remove"] == 5
+    # finishing again (nothing queued) starts no thread and waits for nothing
+    await reaper.finish()
+    assert io.counts["remove"] == 5
+
+
+def test_directory_names_stay_distinct_when_instance_names_look_alike(tmp_path: Path) -> None:
+    """Instance names that become equal once made file-safe still get their own directories."""
+
+    @step
+    def s() -> int:
+        return 1
+
+    runner = PipelineRunner(
+        pipeline=Pipeline.from_steps([s], name="names"),
+        inputs={},
+        run_id="r",
+        workspace=tmp_path,
+        snapshot=None,  # type: ignore[arg-type]
+        writer=None,  # type: ignore[arg-type]
+        pool=None,  # type: ignore[arg-type]
+        resolve_agent=None,  # type: ignore[arg-type]
+        run_dir=tmp_path,
+    )
+    names = [runner._directory(n, 1).name for n in ("s[a/b]", "s[a_b]", "s[a b]")]
+    assert names == ["s_a_b_-1", "s_a_b_-1.2", "s_a_b_-1.3"]
+    assert runner._directory("s[a/b]", 2).name == "s_a_b_-2"
+
+
+def test_runner_knows_each_steps_parents_in_definition_order(tmp_path: Path) -> None:
+    """The runner's table of parents matches Pipeline.parents for every step."""
+
+    @step
+    def a() -> int:
+        return 1
+
+    @step
+    def b() -> int:
+        return 2
+
+    @step
+    def c(b: int, a: int) -> int:
+        return a + b
+
+    pipe = Pipeline.from_steps([a, b, c], name="parents")
+    runner = PipelineRunner(
+        pipeline=pipe,
+        inputs={},
+        run_id="r",
+        workspace=tmp_path,
+        snapshot=None,  # type: ignore[arg-type]
+        writer=None,  # type: ignore[arg-type]
+        pool=None,  # type: ignore[arg-type]
+        resolve_agent=None,  # type: ignore[arg-type]
+        run_dir=tmp_path,
+    )
+    assert runner._parents == {name: pipe.parents(name) for name in pipe.steps}
+    assert runner._parents["c"] == ["a", "b"]
+
+
+async def test_a_chained_step_keeps_its_own_diff_and_stores_the_cumulative_one(
+    tmp_path: Path,
+) -> None:
+    """The second of two editing steps reports only its edit; the store has both for it."""
+    ws = workspace(tmp_path, {"a.txt": "one\n", "b.txt": "uno\n"})
+    edits = {"first": ("a.txt", "two\n"), "second": ("b.txt", "dos\n")}
+
+    def script_for(spec: AgentSpec) -> AgentScript:
+        return AgentScript(turns=(Turn(steps=(WriteFile(*edits[spec.name]),)),))
+
+    @step(agent="first")
+    def one(task: str) -> str:
+        return task
+
+    @step(agent="second")
+    def two(one: StepResult) -> str:
+        return "next"
+
+    state = tmp_path / "state"
+    outcome = await run(
+        Pipeline.from_steps([one, two], name="chain"),
+        ws,
+        config(mem_spec("first"), mem_spec("second")),
+        inputs={"task": "x"},
+        connector=memory_connector(script_for),
+        state_dir=state,
+    )
+    assert outcome.status == "succeeded"
+    own = outcome.steps["two"]["instances"]["two"]["diff"]
+    assert "+dos\n" in own and "a.txt" not in own
+    stored = await diff_run(outcome.run_id, step="two", state_dir=state)
+    assert "+two\n" in stored and "+dos\n" in stored

@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 import pytest
 import trio
+from run_helpers import config, spec_for, workspace
 
 from orchestrator.agents import AgentSpec
 from orchestrator.config import Config
@@ -36,7 +37,6 @@ from orchestrator.testing import (
     Turn,
     WriteDisk,
     WriteFile,
-    scripted_agent_command,
 )
 from orchestrator.testing.connector import memory_connector
 
@@ -46,27 +46,6 @@ SAY = AgentScript(turns=(Turn(steps=(Say("done"),)),))
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def spec_for(script: AgentScript, directory: Path, name: str) -> AgentSpec:
-    """An agent named ``name`` that plays ``script`` as a real subprocess."""
-    folder = directory / f"agent-{name}"
-    folder.mkdir(parents=True, exist_ok=True)
-    return AgentSpec(name, tuple(scripted_agent_command(script, folder)))
-
-
-def config(*specs: AgentSpec) -> Config:
-    """A config whose agent table holds exactly ``specs``."""
-    return Config(agents={s.name: s for s in specs})
-
-
-def workspace(tmp_path: Path, files: dict[str, str] | None = None) -> Path:
-    """A workspace directory holding ``files``."""
-    root = tmp_path / "ws"
-    root.mkdir()
-    for name, text in (files or {}).items():
-        (root / name).write_text(text)
-    return root
 
 
 def prompts(record: Path) -> list[str]:

@@ -889,26 +889,35 @@ async def test_write_lock_held_too_long_is_a_store_error(
         assert await s.events("r1") == [{"type": "y"}]
 
 
-async def test_cancel_during_a_write_finishes_it(
-    store: RunStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Cancelling a write whose thread is running lets it finish whole; the store stays usable."""
+def block_store_blob(
+    monkeypatch: pytest.MonkeyPatch, *, at_call: int
+) -> tuple[trio.Event, threading.Event]:
+    """Make the ``at_call``-th blob write (on the store's thread) set the returned trio event,
+    then wait for the returned threading event before it goes on."""
     entered = trio.Event()
     release = threading.Event()
     real = _sql.store_blob
     calls = 0
 
-    def slow_store_blob(conn: sqlite3.Connection, digest: str, data: bytes) -> None:
+    def blocking_store_blob(conn: sqlite3.Connection, digest: str, data: bytes) -> None:
         nonlocal calls
         calls += 1
-        if calls == 2:
+        if calls == at_call:
             trio.from_thread.run_sync(entered.set)
             assert release.wait(LIMIT)
         real(conn, digest, data)
 
+    monkeypatch.setattr(_sql, "store_blob", blocking_store_blob)
+    return entered, release
+
+
+async def test_cancel_during_a_write_finishes_it(
+    store: RunStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelling a write whose thread is running lets it finish whole; the store stays usable."""
     await store.create_run(run())
     changes = [StoredChange(f"f{i}", "write", f"content {i}".encode()) for i in range(5)]
-    monkeypatch.setattr(_sql, "store_blob", slow_store_blob)
+    entered, release = block_store_blob(monkeypatch, at_call=2)
     scope = trio.CancelScope()
     ended = False
 
@@ -938,17 +947,8 @@ async def test_cancel_while_waiting_for_the_store_writes_nothing(
     store: RunStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A write cancelled while it waits its turn behind another call never happens."""
-    entered = trio.Event()
-    release = threading.Event()
-    real = _sql.store_blob
-
-    def blocking_store_blob(conn: sqlite3.Connection, digest: str, data: bytes) -> None:
-        trio.from_thread.run_sync(entered.set)
-        assert release.wait(LIMIT)
-        real(conn, digest, data)
-
     await store.create_run(run())
-    monkeypatch.setattr(_sql, "store_blob", blocking_store_blob)
+    entered, release = block_store_blob(monkeypatch, at_call=1)
     scope = trio.CancelScope()
 
     async def queued() -> None:

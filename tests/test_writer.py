@@ -27,7 +27,7 @@ async def test_queued_writes_land_in_order_in_few_batches(tmp_path: Path) -> Non
                 writer.put(PutStep(StepRecord(run_id="r1", key="a", step="a", status="succeeded")))
                 await writer.flush()
                 stats = writer.statistics()
-                assert stats["ops"] == 102 and stats["queued"] == 0
+                assert stats["ops"] == 101 and stats["coalesced"] == 1 and stats["queued"] == 0
                 assert stats["batches"] <= 3
             events = await store.events("r1")
             [step] = await store.steps("r1")
@@ -53,4 +53,41 @@ async def test_flush_with_nothing_queued_returns_at_once(tmp_path: Path) -> None
     with trio.fail_after(20):
         async with open_run_store(tmp_path) as store, open_store_writer(store) as writer:
             await writer.flush()
-            assert writer.statistics() == {"batches": 0, "ops": 0, "queued": 0}
+            assert writer.statistics() == {"batches": 0, "ops": 0, "coalesced": 0, "queued": 0}
+
+
+async def test_a_step_recorded_twice_in_one_batch_is_written_once_where_it_was_first(
+    tmp_path: Path,
+) -> None:
+    """A queued step record is replaced by a later one of the same step, keeping its place."""
+    with trio.fail_after(20):
+        async with open_run_store(tmp_path) as store:
+            await store.create_run(run_record("r3"))
+            async with open_store_writer(store) as writer:
+                writer.put(PutStep(StepRecord(run_id="r3", key="a", step="a", status="pending")))
+                writer.put(PutStep(StepRecord(run_id="r3", key="b", step="b", status="pending")))
+                writer.put(AddEvent("r3", {"type": "step_started", "step": "a"}))
+                writer.put(PutStep(StepRecord(run_id="r3", key="a", step="a", status="running")))
+                await writer.flush()
+                stats = writer.statistics()
+            steps = await store.steps("r3")
+            events = await store.events("r3")
+    assert stats["coalesced"] == 1 and stats["ops"] == 3
+    assert [(s.key, s.status) for s in steps] == [("a", "running"), ("b", "pending")]
+    assert [e["type"] for e in events] == ["step_started"]
+
+
+async def test_records_of_a_step_in_different_batches_are_all_written(tmp_path: Path) -> None:
+    """Once a step's record is written, a later record of it is a write of its own."""
+    with trio.fail_after(20):
+        async with open_run_store(tmp_path) as store:
+            await store.create_run(run_record("r4"))
+            async with open_store_writer(store) as writer:
+                writer.put(PutStep(StepRecord(run_id="r4", key="a", step="a", status="running")))
+                await writer.flush()
+                writer.put(PutStep(StepRecord(run_id="r4", key="a", step="a", status="failed")))
+                await writer.flush()
+                stats = writer.statistics()
+            [step] = await store.steps("r4")
+    assert stats["coalesced"] == 0 and stats["ops"] == 2 and stats["batches"] == 2
+    assert step.status == "failed"

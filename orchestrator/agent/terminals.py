@@ -372,14 +372,23 @@ class ProcessTerminalService:
 
     async def kill_session(self, session_id: str) -> None:
         """Kill every terminal of a session (on ``session/cancel``); ids stay valid."""
+        terms = self._session_terminals(session_id)
+        if not terms:
+            # most sessions never open a terminal: no nursery for nothing
+            await trio.lowlevel.checkpoint()
+            return
         async with trio.open_nursery() as nursery:
-            for term in self._session_terminals(session_id):
+            for term in terms:
                 nursery.start_soon(self._kill, term)
 
     async def release_session(self, session_id: str) -> None:
         """Kill and release every terminal of a session (when the session ends)."""
+        terms = self._session_terminals(session_id)
+        if not terms:
+            await trio.lowlevel.checkpoint()
+            return
         async with trio.open_nursery() as nursery:
-            for term in self._session_terminals(session_id):
+            for term in terms:
                 nursery.start_soon(self._release, term)
 
     # ----------------------------------------------------------------------- internals
@@ -467,6 +476,8 @@ class ProcessTerminalService:
 
     async def _shutdown(self) -> None:
         self._closing = True
+        if not self._terminals:
+            return  # nothing to kill (the usual case): the service's nursery exits at once
         with trio.CancelScope(shield=True):
             async with trio.open_nursery() as nursery:
                 for term in list(self._terminals.values()):

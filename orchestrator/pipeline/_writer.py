@@ -3,8 +3,11 @@
 A step makes a dozen small writes (its records, events, changes, audit records); each one as its
 own thread hop and transaction would cost more than the scheduling itself. The runner queues
 them without waiting; a writer task sends whatever has queued up as one ``write_many`` (one
-thread hop, one transaction), in order. Leaving :func:`open_store_writer` (also on cancellation
-or Ctrl-C) writes what is still queued, so nothing recorded is lost.
+thread hop, one transaction), in order. A step record that replaces one still queued (a step
+going from pending to running to finished within one batch) takes the queued one's place
+instead of being written twice: the store keeps only the last record of a step anyway, listed
+where it was first recorded. Leaving :func:`open_store_writer` (also on cancellation or Ctrl-C)
+writes what is still queued, so nothing recorded is lost.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from contextlib import asynccontextmanager
 import trio
 from attrs import define, field
 
-from ..store import RunStore, StoreOp
+from ..store import PutStep, RunStore, StoreOp
 
 __all__ = ["StoreWriter", "open_store_writer"]
 
@@ -26,6 +29,8 @@ class StoreWriter:
 
     store: RunStore
     _pending: list[StoreOp] = field(factory=list)
+    #: (run id, step key) -> where that step's record is in ``_pending``
+    _queued_steps: dict[tuple[str, str], int] = field(factory=dict)
     _wake: trio.Event = field(factory=trio.Event)
     _writing: int = 0
     _idle: trio.Event = field(factory=trio.Event)
@@ -33,9 +38,20 @@ class StoreWriter:
     interval: float = 0.005
     batches: int = 0
     ops: int = 0
+    #: step records that replaced a queued one (never written on their own)
+    coalesced: int = 0
 
     def put(self, op: StoreOp) -> None:
         """Queue ``op`` (never waits)."""
+        if isinstance(op, PutStep):
+            key = (op.step.run_id, op.step.key)
+            index = self._queued_steps.get(key)
+            if index is not None:
+                # an upsert of the whole record: the last one queued is all that counts
+                self._pending[index] = op
+                self.coalesced += 1
+                return
+            self._queued_steps[key] = len(self._pending)
         self._pending.append(op)
         self._wake.set()
 
@@ -48,6 +64,7 @@ class StoreWriter:
 
     async def _write_pending(self) -> None:
         batch, self._pending = self._pending, []
+        self._queued_steps = {}
         if not batch:
             return
         self._writing += 1
@@ -73,8 +90,13 @@ class StoreWriter:
                 self._idle.set()
 
     def statistics(self) -> dict[str, int]:
-        """Batches and ops written, and ops still queued."""
-        return {"batches": self.batches, "ops": self.ops, "queued": len(self._pending)}
+        """Batches and ops written, step records coalesced, and ops still queued."""
+        return {
+            "batches": self.batches,
+            "ops": self.ops,
+            "coalesced": self.coalesced,
+            "queued": len(self._pending),
+        }
 
 
 @asynccontextmanager

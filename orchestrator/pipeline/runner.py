@@ -13,11 +13,13 @@ shown, resumed (finished instances are reused with their branches) and applied l
 from __future__ import annotations
 
 import os
+import queue
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import structlog
 import trio
@@ -35,7 +37,16 @@ from ..errors import UsageError
 from ..policy import PolicySet
 from ..protocol import types as t
 from ..store import AddConflicts, AddEvent, AddPermissions, PutChanges, PutStep, StepRecord
-from ..vfs import Branch, BranchFileSystem, MergeResult, Snapshot, materialize_async, merge_branches
+from ..vfs import (
+    Branch,
+    BranchFileSystem,
+    ChangeSet,
+    MergeResult,
+    Snapshot,
+    Workdir,
+    materialize,
+    merge_branches,
+)
 from ._branches import change_kinds, conflict_json, diff_of, stored_changes
 from ._calls import (
     MISSING,
@@ -53,11 +64,13 @@ from ._writer import StoreWriter
 from .results import EventType, Results, RunEvent, StepContext, StepResult, StepStatus
 from .spec import Pipeline, Step
 
-__all__ = ["AgentPool", "LeaseLike", "PipelineRunner"]
+__all__ = ["AgentPool", "BranchIO", "LeaseLike", "PipelineRunner"]
 
 log = structlog.get_logger(__name__)
 
 EventSink = Callable[[RunEvent], None]
+_T = TypeVar("_T")
+_U = TypeVar("_U")
 
 
 class LeaseLike(Protocol):
@@ -119,6 +132,124 @@ class StepState:
 
 
 @define(eq=False)
+class BranchIO:
+    """What a run spent on branch directories: creating, harvesting and removing them.
+
+    ``<kind>_seconds`` is the wall time of the operations (measured around them in their worker
+    thread), ``<kind>_cpu_seconds`` their CPU time and ``<kind>_count`` how many ran, for kinds
+    ``materialize``, ``harvest`` and ``remove``. ``critical_seconds`` is the wall time during
+    which some step waited for its directory to be made or harvested, or the run waited for the
+    last removals (``drain_seconds``, also counted in ``critical_seconds``): time that counts in
+    the run's wall time. Removals run in the background otherwise, beside the next steps.
+    """
+
+    seconds: dict[str, float] = field(factory=dict)
+    cpu_seconds: dict[str, float] = field(factory=dict)
+    counts: dict[str, int] = field(factory=dict)
+    critical_seconds: float = 0.0
+    drain_seconds: float = 0.0
+    _waiting: int = 0
+    _since: float = 0.0
+
+    def add(self, kind: str, count: int, seconds: float, cpu: float) -> None:
+        """Count ``count`` operations of ``kind`` that took ``seconds`` (``cpu`` of CPU)."""
+        self.seconds[kind] = self.seconds.get(kind, 0.0) + seconds
+        self.cpu_seconds[kind] = self.cpu_seconds.get(kind, 0.0) + cpu
+        self.counts[kind] = self.counts.get(kind, 0) + count
+
+    def wait_started(self) -> None:
+        """A step (or the run) starts waiting for branch I/O."""
+        if self._waiting == 0:
+            self._since = time.perf_counter()
+        self._waiting += 1
+
+    def wait_ended(self) -> None:
+        """It stopped waiting (overlapping waits count once)."""
+        self._waiting -= 1
+        if self._waiting == 0:
+            self.critical_seconds += time.perf_counter() - self._since
+
+    def to_json(self) -> dict[str, float | int]:
+        """The figures as one flat mapping."""
+        out: dict[str, float | int] = {
+            "critical_seconds": self.critical_seconds,
+            "drain_seconds": self.drain_seconds,
+        }
+        for kind in ("materialize", "harvest", "remove"):
+            out[f"{kind}_seconds"] = self.seconds.get(kind, 0.0)
+            out[f"{kind}_cpu_seconds"] = self.cpu_seconds.get(kind, 0.0)
+            out[f"{kind}_count"] = self.counts.get(kind, 0)
+        return out
+
+
+def _timed(work: Callable[[], _T]) -> Callable[[], tuple[_T, float, float]]:
+    """``work`` returning also its wall and CPU time (measured in the thread that runs it)."""
+
+    def run() -> tuple[_T, float, float]:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        result = work()
+        return result, time.perf_counter() - wall, time.thread_time() - cpu
+
+    return run
+
+
+@define(eq=False)
+class _Reaper:
+    """Removes finished branch directories in the background, on a few threads of its own.
+
+    Deleting a directory waits on the filesystem (an ``rmdir`` can take milliseconds on a
+    journaled disk that discards freed blocks) and nothing a step reports depends on it, so
+    steps queue their directories here and go on: queueing costs no thread hop. The threads
+    start with the first directory; :meth:`finish` lets them empty the queue and joins them
+    (the run waits for that, also when it is cancelled: no thread outlives the run).
+    """
+
+    io: BranchIO
+    workers: int = 2
+    _queue: queue.SimpleQueue[Workdir | None] = field(factory=queue.SimpleQueue)
+    _threads: list[threading.Thread] = field(factory=list)
+    #: per thread: [directories removed, wall seconds, CPU seconds], read after the join
+    _totals: list[list[float]] = field(factory=list)
+
+    def put(self, workdir: Workdir) -> None:
+        """Queue ``workdir`` for removal (never waits)."""
+        self._queue.put(workdir)
+        if len(self._threads) < self.workers:
+            totals = [0.0, 0.0, 0.0]
+            thread = threading.Thread(
+                target=self._serve, args=(totals,), name="branch-reaper", daemon=True
+            )
+            self._totals.append(totals)
+            self._threads.append(thread)
+            thread.start()
+
+    def _serve(self, totals: list[float]) -> None:
+        while (workdir := self._queue.get()) is not None:
+            wall, cpu = time.perf_counter(), time.thread_time()
+            try:
+                workdir.remove()
+            except Exception:  # a directory left behind must not stop the others
+                log.exception("removing a branch directory failed", directory=workdir.root)
+            totals[0] += 1
+            totals[1] += time.perf_counter() - wall
+            totals[2] += time.thread_time() - cpu
+
+    def _join(self) -> None:
+        for _ in self._threads:
+            self._queue.put(None)
+        for thread in self._threads:
+            thread.join()
+
+    async def finish(self) -> None:
+        """Wait until every queued directory is removed (shield it when cancelled)."""
+        if self._threads:
+            await trio.to_thread.run_sync(self._join)
+        for count, seconds, cpu in self._totals:
+            self.io.add("remove", int(count), seconds, cpu)
+        self._threads, self._totals = [], []
+
+
+@define(eq=False)
 class PipelineRunner:
     """One run of one pipeline; :meth:`run` executes it (see :mod:`orchestrator.api`)."""
 
@@ -145,15 +276,49 @@ class PipelineRunner:
     #: the specs of the agents in use, by label ("alice=demo" runs the demo agent as alice)
     _specs: dict[str, AgentSpec] = field(init=False, factory=dict)
     _branch_keys: dict[str, str | None] = field(init=False, factory=dict)
+    #: what branch directories cost this run (see :meth:`statistics`)
+    io: BranchIO = field(init=False, factory=BranchIO)
+    _reaper: _Reaper = field(init=False)
+    #: branch directory names taken in this run (names are made unique)
+    _dir_names: set[str] = field(init=False, factory=set)
+    #: branch name -> (net changes, diff against the run's base, own diff), from the turn
+    _pending_diffs: dict[str, tuple[ChangeSet, str, str]] = field(init=False, factory=dict)
+    #: policies by name, loaded once per run
+    _policies: dict[str, PolicySet] = field(init=False, factory=dict)
+    #: agents as resolved, by how steps name them
+    _resolved: dict[str, AgentSpec] = field(init=False, factory=dict)
+    #: each step's parents, in definition order
+    _parents: dict[str, list[str]] = field(init=False, factory=dict)
 
     def __attrs_post_init__(self) -> None:
         self._slots = trio.Semaphore(max(self.parallel, 1))
         self.states = {name: StepState(s) for name, s in self.pipeline.steps.items()}
+        self._reaper = _Reaper(self.io)
+        # once for all steps (Pipeline.parents walks every step on each call)
+        index = {name: i for i, name in enumerate(self.pipeline.steps)}
+        graph = self.pipeline.graph
+        self._parents = {
+            name: sorted((p for p in graph.predecessors(name) if p in index), key=index.__getitem__)
+            for name in self.pipeline.steps
+        }
+
+    def _agent(self, text: str) -> AgentSpec:
+        spec = self._resolved.get(text)
+        if spec is None:
+            spec = self._resolved[text] = self.resolve_agent(text)
+        return spec
+
+    def statistics(self) -> dict[str, float | int]:
+        """Branch directory I/O so far (see :class:`BranchIO`)."""
+        return self.io.to_json()
 
     # ------------------------------------------------------------------ events
 
     async def emit(self, event: RunEvent) -> None:
         """Report ``event`` to the listener and keep it in the store."""
+        self._emit(event)
+
+    def _emit(self, event: RunEvent) -> None:
         if self.on_event is not None:
             try:
                 self.on_event(event)
@@ -171,19 +336,31 @@ class PipelineRunner:
     # ------------------------------------------------------------------ scheduling
 
     async def run(self) -> None:
-        """Run every step, each as soon as its dependencies are done."""
-        async with trio.open_nursery() as nursery:
-            for name in self.pipeline.order():
-                nursery.start_soon(self._run_step, self.states[name], name=f"step {name}")
+        """Run every step, each as soon as its dependencies are done.
+
+        Finished branch directories are removed in the background meanwhile; the run ends
+        when they are all gone (also when it is cancelled).
+        """
+        try:
+            async with trio.open_nursery() as nursery:
+                for name in self.pipeline.order():
+                    nursery.start_soon(self._run_step, self.states[name], name=f"step {name}")
+        finally:
+            # from here on the run only waits for the last removals
+            self.io.wait_started()
+            waiting = time.perf_counter()
+            with trio.CancelScope(shield=True):
+                await self._reaper.finish()
+            self.io.wait_ended()
+            self.io.drain_seconds += time.perf_counter() - waiting
 
     async def _run_step(self, state: StepState) -> None:
         step = state.step
         try:
-            for dep in self.pipeline.parents(step.name):
+            parents = self._parents[step.name]
+            for dep in parents:
                 await self.states[dep].done.wait()
-            blocked = [
-                d for d in self.pipeline.parents(step.name) if self.states[d].status != "succeeded"
-            ]
+            blocked = [d for d in parents if self.states[d].status != "succeeded"]
             if blocked:
                 first = self.states[blocked[0]]
                 if first.status == "failed":
@@ -194,13 +371,13 @@ class PipelineRunner:
                     cause = f"skipped because {first.root_failure} failed (via {blocked[0]})"
                 else:
                     cause = f"skipped because {blocked[0]} was skipped"
-                await self._skip(state, cause)
+                self._skip(state, cause)
                 return
             await self._execute(state)
         finally:
             state.done.set()
 
-    async def _skip(self, state: StepState, cause: str) -> None:
+    def _skip(self, state: StepState, cause: str) -> None:
         state.status = "skipped"
         state.cause = cause
         state.finished = time.time()
@@ -216,9 +393,7 @@ class PipelineRunner:
                 finished=state.finished,
             )
         )
-        await self.emit(
-            RunEvent("step_skipped", self.run_id, state.step.name, data={"cause": cause})
-        )
+        self._emit(RunEvent("step_skipped", self.run_id, state.step.name, data={"cause": cause}))
 
     def _arguments(self, step: Step, names: Sequence[str]) -> dict[str, Any]:
         args: dict[str, Any] = {}
@@ -238,7 +413,7 @@ class PipelineRunner:
         if step.when is not None:
             wanted = {k: v for k, v in args.items() if k in step.when_params}
             if not await call(step.when, wanted):
-                await self._skip(state, "its condition was false")
+                self._skip(state, "its condition was false")
                 return
         base = await self._merge_parents(state)
         if base is None:
@@ -249,10 +424,15 @@ class PipelineRunner:
         for key, agent, _ in instances:
             name = f"{step.name}[{key}]" if key is not None else step.name
             if name not in self.reused:
-                await self._record(name, step, key, agent, "pending", 1)
-        async with trio.open_nursery() as nursery:
-            for key, agent, item in instances:
-                nursery.start_soon(self._instance, state, base, args, key, agent, item)
+                self._record(name, step, key, agent, "pending", 1)
+        if len(instances) == 1:
+            # one instance: no nursery of its own (a nursery costs more than the call)
+            key, agent, item = instances[0]
+            await self._instance(state, base, args, key, agent, item)
+        else:
+            async with trio.open_nursery() as nursery:
+                for key, agent, item in instances:
+                    nursery.start_soon(self._instance, state, base, args, key, agent, item)
         # fan-out order, not completion order: merges and Results must be deterministic
         order = {key: i for i, (key, _, _) in enumerate(instances)}
         state.outputs = dict(sorted(state.outputs.items(), key=lambda kv: order[kv[0]]))
@@ -271,7 +451,7 @@ class PipelineRunner:
     ) -> list[tuple[str | None, str | None, Any]]:
         agents: list[str | None] = [None]
         if step.agents:
-            specs = [self.resolve_agent(a) for a in step.agents]
+            specs = [self._agent(a) for a in step.agents]
             self._specs.update((spec.name, spec) for spec in specs)
             agents = [spec.name for spec in specs]
         if step.over is None:
@@ -301,9 +481,7 @@ class PipelineRunner:
     async def _merge_parents(self, state: StepState) -> Branch | MergeResult | Snapshot | None:
         """The tree the step's instances fork from; None when the merge failed the step."""
         step = state.step
-        branches = [
-            b for dep in self.pipeline.parents(step.name) for b in self.states[dep].branches
-        ]
+        branches = [b for dep in self._parents[step.name] for b in self.states[dep].branches]
         if not branches:
             return self.snapshot
         if len(branches) == 1:
@@ -318,7 +496,7 @@ class PipelineRunner:
         if state.conflicts:
             self.writer.put(AddConflicts(self.run_id, step.name, list(state.conflicts)))
             for c in state.conflicts:
-                await self.emit(
+                self._emit(
                     RunEvent(
                         "conflict",
                         self.run_id,
@@ -344,9 +522,7 @@ class PipelineRunner:
                     finished=state.finished,
                 )
             )
-            await self.emit(
-                RunEvent("step_failed", self.run_id, step.name, data={"error": state.error})
-            )
+            self._emit(RunEvent("step_failed", self.run_id, step.name, data={"error": state.error}))
             return None
         return merged
 
@@ -371,7 +547,7 @@ class PipelineRunner:
             )
             state.branches.append(branch)
             self._branch_keys[branch.name] = key
-            await self.emit(RunEvent("step_reused", self.run_id, step.name, key, agent))
+            self._emit(RunEvent("step_reused", self.run_id, step.name, key, agent))
             return
         attempt = 1
         while True:
@@ -397,9 +573,10 @@ class PipelineRunner:
         """One attempt of one instance, recorded; True when it failed and may be retried."""
         step = state.step
         branch = _fork(base, name)
+        self._pending_diffs.pop(name, None)
         started = time.time()
-        await self._record(name, step, key, agent, "running", attempt, started=started)
-        await self.emit(
+        self._record(name, step, key, agent, "running", attempt, started=started)
+        self._emit(
             RunEvent("step_started", self.run_id, step.name, key, agent, {"attempt": attempt})
         )
         try:
@@ -409,7 +586,7 @@ class PipelineRunner:
         except Exception as e:
             error = describe(e)
             if attempt <= step.retries:
-                await self.emit(
+                self._emit(
                     RunEvent(
                         "step_retry",
                         self.run_id,
@@ -421,10 +598,8 @@ class PipelineRunner:
                 )
                 return True
             state.failures[key] = error
-            await self._record(
-                name, step, key, agent, "failed", attempt, started=started, error=error
-            )
-            await self.emit(
+            self._record(name, step, key, agent, "failed", attempt, started=started, error=error)
+            self._emit(
                 RunEvent("step_failed", self.run_id, step.name, key, agent, {"error": error})
             )
             return False
@@ -434,7 +609,7 @@ class PipelineRunner:
             state.outputs[key] = output
             state.branches.append(branch)
             self._branch_keys[branch.name] = key
-        await self._finish(name, step, key, agent, output, branch, attempt, started)
+        self._finish(name, step, key, agent, output, branch, attempt, started)
         return False
 
     async def _attempt(
@@ -466,20 +641,70 @@ class PipelineRunner:
         needs_dir = agent is not None or step.wants_workdir
         if not needs_dir:
             return await call(step.fn, call_args)
-        directory = self.run_dir / "branches" / safe(name) / str(attempt)
-        workdir = await materialize_async(branch, directory)
+        workdir = await self._branch_io(
+            "materialize", lambda: materialize(branch, self._directory(name, attempt))
+        )
         try:
             if "workdir" in step.params:
                 call_args["workdir"] = Path(workdir.root)
             if agent is None:
                 value = await call(step.fn, call_args)
-                await workdir.harvest_async(full=True)
+                await self._harvest(workdir)
                 return value
             prompt = await call(step.fn, call_args, inline=True)
             return await self._agent_turn(step, name, key, agent, item, prompt, workdir, attempt)
         finally:
-            with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(workdir.remove)
+            # removed in the background: nothing the step reports depends on it
+            self._reaper.put(workdir)
+
+    def _directory(self, name: str, attempt: int) -> Path:
+        """A fresh directory for one attempt's branch: one level under ``branches/``."""
+        base = f"{safe(name)}-{attempt}"
+        unique, n = base, 1
+        # distinct instance names can look alike once made safe for a file name
+        while unique in self._dir_names:
+            n += 1
+            unique = f"{base}.{n}"
+        self._dir_names.add(unique)
+        return self.run_dir / "branches" / unique
+
+    async def _branch_io(self, kind: str, work: Callable[[], _T]) -> _T:
+        """``work`` (directory I/O of a step) in a worker thread, timed into :attr:`io`."""
+        result, _ = await self._branch_io_then(kind, work, lambda: None)
+        return result
+
+    async def _branch_io_then(
+        self, kind: str, work: Callable[[], _T], then: Callable[[], _U]
+    ) -> tuple[_T, _U]:
+        """:meth:`_branch_io`, and ``then`` (not I/O, not timed) in the same thread hop."""
+        timed = _timed(work)
+
+        def both() -> tuple[tuple[_T, float, float], _U, float]:
+            first = timed()
+            started = time.perf_counter()
+            return first, then(), time.perf_counter() - started
+
+        self.io.wait_started()
+        try:
+            (result, seconds, cpu), after, other = await trio.to_thread.run_sync(both)
+        finally:
+            self.io.wait_ended()
+        self.io.add(kind, 1, seconds, cpu)
+        # the waiting time above spans ``then`` too, which is not I/O
+        self.io.critical_seconds -= other
+        return result, after
+
+    async def _harvest(self, workdir: Workdir) -> None:
+        """Harvest the branch directory, and compute the branch's diffs in the same thread hop.
+
+        The diffs are kept for :meth:`_finish` (and the agent step's result): nothing changes
+        the branch after its last harvest. Only the harvest counts as directory I/O.
+        """
+        branch = workdir.branch
+        _, diffs = await self._branch_io_then(
+            "harvest", lambda: workdir.harvest(full=True), lambda: _diffs(branch)
+        )
+        self._pending_diffs[branch.name] = diffs
 
     async def _agent_turn(
         self,
@@ -489,7 +714,7 @@ class PipelineRunner:
         agent: str,
         item: Any,
         prompt: Any,
-        workdir: Any,
+        workdir: Workdir,
         attempt: int,
     ) -> StepResult:
         spec = self._specs[agent]
@@ -501,6 +726,7 @@ class PipelineRunner:
         timeout = step.timeout
         if budget is not None and budget.max_seconds is not None:
             timeout = min(timeout or budget.max_seconds, budget.max_seconds)
+        limit = budget.max_tokens if budget is not None else None
         over_budget: list[int] = []
         async with open_terminal_service(
             command_check=permission.check_command, on_exit=fs.on_terminal_exit
@@ -520,10 +746,11 @@ class PipelineRunner:
                 if step.model:
                     await session.set_model(step.model)
                 exceeded = trio.Event()
+                listener = self.on_event
 
                 def on_update(update: t.SessionUpdate) -> None:
-                    self._emit_nowait(update_event(self.run_id, step.name, key, agent, update))
-                    limit = budget.max_tokens if budget is not None else None
+                    if listener is not None:
+                        self._emit_nowait(update_event(self.run_id, step.name, key, agent, update))
                     if (
                         limit is not None
                         and isinstance(update, t.UsageUpdate)
@@ -533,24 +760,35 @@ class PipelineRunner:
                         over_budget.append(update.used)
                         exceeded.set()
 
-                async with trio.open_nursery() as nursery:
-
-                    async def cancel_on_budget() -> None:
-                        await exceeded.wait()
-                        await session.cancel()
-
-                    nursery.start_soon(cancel_on_budget)
+                # updates are only for the listener and the token budget: without either,
+                # the turn need not call back at all
+                wants_updates = listener is not None or limit is not None
+                if limit is None:
                     turn = await lease.prompt(
                         prompt_input(prompt),
                         timeout=timeout,
                         idle_timeout=step.idle_timeout,
-                        on_update=on_update,
+                        on_update=on_update if wants_updates else None,
                     )
-                    nursery.cancel_scope.cancel()
+                else:
+                    async with trio.open_nursery() as nursery:
+
+                        async def cancel_on_budget() -> None:
+                            await exceeded.wait()
+                            await session.cancel()
+
+                        nursery.start_soon(cancel_on_budget)
+                        turn = await lease.prompt(
+                            prompt_input(prompt),
+                            timeout=timeout,
+                            idle_timeout=step.idle_timeout,
+                            on_update=on_update,
+                        )
+                        nursery.cancel_scope.cancel()
                 info = lease.session.connection.agent_info
-        await fs.harvest(full=True)
+        await self._harvest(workdir)
         for record in turn.permissions:
-            await self.emit(
+            self._emit(
                 RunEvent(
                     "permission",
                     self.run_id,
@@ -568,6 +806,8 @@ class PipelineRunner:
         if over_budget:
             error = f"budget exceeded: {over_budget[0]} tokens > {step.budget.max_tokens}"  # type: ignore[union-attr]
         branch = fs.workdir.branch
+        # computed once here and reused when the instance is recorded
+        diffs = self._pending_diffs[branch.name]
         return StepResult(
             step=step.name,
             key=key,
@@ -582,7 +822,7 @@ class PipelineRunner:
             permissions=tuple(p.to_json() for p in permission.records),
             usage=turn.usage_json(),
             changes=change_kinds(branch.base, branch.changes),
-            diff=diff_of(branch),
+            diff=diffs[2],
             verify=verify,
             error=error,
             wall_seconds=time.monotonic() - started,
@@ -591,14 +831,20 @@ class PipelineRunner:
 
     def _policy_for(self, step: Step, spec: AgentSpec) -> PolicySet:
         chosen = step.policy or spec.policy
-        return self.load_policy(chosen) if chosen else self.policy
+        if not chosen:
+            return self.policy
+        # loaded once per run: every step of the run sees the same rules
+        policy = self._policies.get(chosen)
+        if policy is None:
+            policy = self._policies[chosen] = self.load_policy(chosen)
+        return policy
 
     # ------------------------------------------------------------------ recording
 
     def _put_step(self, record: StepRecord) -> None:
         self.writer.put(PutStep(record))
 
-    async def _record(
+    def _record(
         self,
         name: str,
         step: Step,
@@ -625,7 +871,7 @@ class PipelineRunner:
             )
         )
 
-    async def _finish(
+    def _finish(
         self,
         name: str,
         step: Step,
@@ -640,15 +886,12 @@ class PipelineRunner:
         result = output if isinstance(output, StepResult) else None
         value, stored = (None, False) if result is not None else stored_value(output)
         status: StepStatus = result.status if result is not None else "succeeded"
-        net = branch.net_changes()
+        known = self._pending_diffs.pop(branch.name, None)
+        net, run_diff, own_diff = known if known is not None else _diffs(branch)
+        if result is not None:
+            own_diff = result.diff
         self.writer.put(
-            PutChanges(
-                self.run_id,
-                name,
-                stored_changes(self.snapshot, net),
-                diff_of(branch, net),
-                result.diff if result is not None else diff_of(branch),
-            )
+            PutChanges(self.run_id, name, stored_changes(self.snapshot, net), run_diff, own_diff)
         )
         if result is not None and result.permissions:
             self.writer.put(
@@ -679,7 +922,23 @@ class PipelineRunner:
             if result.error:
                 data["error"] = result.error
         kind: EventType = "step_finished" if status == "succeeded" else "step_failed"
-        await self.emit(RunEvent(kind, self.run_id, step.name, key, agent, data))
+        self._emit(RunEvent(kind, self.run_id, step.name, key, agent, data))
+
+
+def _diffs(branch: Branch) -> tuple[ChangeSet, str, str]:
+    """A branch's net changes, their diff against the run's base, and its own diff.
+
+    The own diff is of the branch's changes against what it forked from (:func:`diff_of`);
+    for a branch forked from the workspace with nothing undone that is the same diff, made once.
+    """
+    net = branch.net_changes()
+    own = branch.changes
+    if not net and not own:
+        return net, "", ""
+    run_diff = diff_of(branch, net)
+    if branch.base is branch.root and net == own:
+        return net, run_diff, run_diff
+    return net, run_diff, diff_of(branch)
 
 
 def _fork(base: Branch | MergeResult | Snapshot, name: str) -> Branch:

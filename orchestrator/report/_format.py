@@ -11,10 +11,12 @@ from ._model import AgentView, PermissionCounts, as_num, as_str
 
 __all__ = [
     "DASH",
+    "agent_cost_text",
     "context_text",
     "cost_text",
     "costs_text",
     "count_text",
+    "files_text",
     "first_line",
     "json_text",
     "lines_text",
@@ -22,6 +24,7 @@ __all__ = [
     "seconds_text",
     "time_text",
     "tokens_text",
+    "tool_calls_text",
     "verify_text",
 ]
 
@@ -70,6 +73,28 @@ def costs_text(costs: Mapping[str, float]) -> str:
     if not costs:
         return DASH
     return " + ".join(cost_text(a, c) for c, a in sorted(costs.items()))
+
+
+def agent_cost_text(agent: AgentView) -> str:
+    """The agent's reported cost as ``0.02 USD``; ``-`` when it reported none."""
+    return cost_text(*agent.cost) if agent.cost else DASH
+
+
+def files_text(agent: AgentView) -> str:
+    """``3 (2 modified, 1 added)``: files changed, by kind; ``0`` when none."""
+    n = agent.files_changed
+    if n == 0:
+        return "0"
+    kinds = agent.change_counts()
+    detail = ", ".join(f"{v} {k}" for k, v in sorted(kinds.items()))
+    return f"{n} ({detail})"
+
+
+def tool_calls_text(agent: AgentView) -> str:
+    """``5 (1 failed)``; just the count when none failed."""
+    n = len(agent.tool_calls)
+    failed = agent.failed_tool_calls
+    return f"{n} ({failed} failed)" if failed else str(n)
 
 
 def tokens_text(agent: AgentView) -> str:

@@ -16,16 +16,18 @@ from ._dag import STATUSES, dag_svg, status_class, step_anchor
 from ._diff import DiffLine, FileDiff, count_lines
 from ._format import (
     DASH,
+    agent_cost_text,
     context_text,
-    cost_text,
     costs_text,
     count_text,
+    files_text,
     first_line,
     json_text,
     permissions_text,
     seconds_text,
     time_text,
     tokens_text,
+    tool_calls_text,
     verify_text,
 )
 from ._highlight import highlight_lines, token_css
@@ -222,25 +224,6 @@ def _empty(text: str) -> Markup:
     return el("p", text, class_="empty")
 
 
-def _files_text(agent: AgentView) -> str:
-    n = agent.files_changed
-    if n == 0:
-        return "0"
-    kinds = agent.change_counts()
-    detail = ", ".join(f"{v} {k}" for k, v in sorted(kinds.items()))
-    return f"{n} ({detail})"
-
-
-def _tool_calls_text(agent: AgentView) -> str:
-    n = len(agent.tool_calls)
-    failed = agent.failed_tool_calls
-    return f"{n} ({failed} failed)" if failed else str(n)
-
-
-def _cost(agent: AgentView) -> str:
-    return cost_text(*agent.cost) if agent.cost else DASH
-
-
 # --------------------------------------------------------------------------- diffs
 
 _SIGN = {"add": "+", "del": "-", "ctx": " "}
@@ -392,13 +375,13 @@ def _compare_agents(view: CompareView) -> Markup:
         ("Outcome", [badge(a.status) for a in agents]),
         ("Stop reason", [_dash(a.stop_reason) for a in agents]),
         ("Verify", [_verify_badge(a.verify) for a in agents]),
-        ("Files changed", [_files_text(a) for a in agents]),
+        ("Files changed", [files_text(a) for a in agents]),
         ("Lines", [_lines_cell(*a.lines) for a in agents]),
-        ("Tool calls", [_tool_calls_text(a) for a in agents]),
+        ("Tool calls", [tool_calls_text(a) for a in agents]),
         ("Permissions", [permissions_text(a.permission_counts) for a in agents]),
         ("Tokens", [tokens_text(a) for a in agents]),
         ("Context", [context_text(a.usage) for a in agents]),
-        ("Cost", [_cost(a) for a in agents]),
+        ("Cost", [agent_cost_text(a) for a in agents]),
         ("Time", [seconds_text(a.wall_seconds) for a in agents]),
         ("Error", [el("span", a.error, class_="del") if a.error else DASH for a in agents]),
     ]
@@ -681,10 +664,10 @@ def _step_card(n: int, s: StepView) -> Markup:
             badge(i.status),
             seconds_text(i.wall_seconds),
             _dash(i.stop_reason),
-            _tool_calls_text(i),
+            tool_calls_text(i),
             permissions_text(i.permission_counts),
             tokens_text(i),
-            _cost(i),
+            agent_cost_text(i),
             _lines_cell(*i.lines),
         ]
         for i in s.instances

@@ -15,10 +15,11 @@ from ._dag import STATUSES
 from ._diff import FileDiff, count_lines
 from ._format import (
     DASH,
+    agent_cost_text,
     context_text,
-    cost_text,
     costs_text,
     count_text,
+    files_text,
     first_line,
     json_text,
     lines_text,
@@ -26,6 +27,7 @@ from ._format import (
     seconds_text,
     time_text,
     tokens_text,
+    tool_calls_text,
     verify_text,
 )
 from ._model import (
@@ -102,23 +104,6 @@ def _dash(value: str | None) -> str:
 
 
 # --------------------------------------------------------------------------- shared pieces
-
-
-def _files_text(agent: AgentView) -> str:
-    n = agent.files_changed
-    if n == 0:
-        return "0"
-    kinds = agent.change_counts()
-    return f"{n} (" + ", ".join(f"{v} {k}" for k, v in sorted(kinds.items())) + ")"
-
-
-def _tool_calls_text(agent: AgentView) -> str:
-    failed = agent.failed_tool_calls
-    return f"{len(agent.tool_calls)} ({failed} failed)" if failed else str(len(agent.tool_calls))
-
-
-def _cost(agent: AgentView) -> str:
-    return cost_text(*agent.cost) if agent.cost else DASH
 
 
 def _diffs(files: Sequence[FileDiff], level: str, changes: AgentView | None = None) -> list[str]:
@@ -229,13 +214,13 @@ def _compare(view: CompareView) -> list[str]:
             ("Outcome", [_dash(a.status) for a in agents]),
             ("Stop reason", [_dash(a.stop_reason) for a in agents]),
             ("Verify", [cell(verify_text(a.verify)) for a in agents]),
-            ("Files changed", [_files_text(a) for a in agents]),
+            ("Files changed", [files_text(a) for a in agents]),
             ("Lines", [lines_text(*a.lines) for a in agents]),
-            ("Tool calls", [_tool_calls_text(a) for a in agents]),
+            ("Tool calls", [tool_calls_text(a) for a in agents]),
             ("Permissions", [permissions_text(a.permission_counts) for a in agents]),
             ("Tokens", [tokens_text(a) for a in agents]),
             ("Context", [context_text(a.usage) for a in agents]),
-            ("Cost", [_cost(a) for a in agents]),
+            ("Cost", [agent_cost_text(a) for a in agents]),
             ("Time", [seconds_text(a.wall_seconds) for a in agents]),
             ("Error", [_dash(a.error) for a in agents]),
         ]
@@ -396,10 +381,10 @@ def _step(s: StepView) -> list[str]:
                 _dash(i.status),
                 seconds_text(i.wall_seconds),
                 _dash(i.stop_reason),
-                _tool_calls_text(i),
+                tool_calls_text(i),
                 permissions_text(i.permission_counts),
                 tokens_text(i),
-                _cost(i),
+                agent_cost_text(i),
                 lines_text(*i.lines),
             ]
             for i in s.instances

@@ -9,7 +9,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import suppress
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
@@ -61,6 +61,11 @@ class _Httpd(ThreadingHTTPServer):
 
 def _estimate_tokens(value: Any) -> int:
     return max(1, len(json.dumps(value, ensure_ascii=False)) // 4)
+
+
+def _token_counts(body: Mapping[str, Any], text: str, call: ToolChoice | None) -> tuple[int, int]:
+    """Estimated input and output tokens of an answer (about four characters a token)."""
+    return _estimate_tokens(body.get("messages")), max(1, len(text) // 4 + (20 if call else 0))
 
 
 def _pieces(text: str, size: int) -> list[str]:
@@ -196,8 +201,7 @@ class _Handler(BaseHTTPRequestHandler):
         body = request.body
         model = str(body.get("model") or "scripted-model")
         text, call = _reply_parts(request, self.model.plain_text)
-        prompt_tokens = _estimate_tokens(body.get("messages"))
-        completion_tokens = max(1, len(text) // 4 + (20 if call else 0))
+        prompt_tokens, completion_tokens = _token_counts(body, text, call)
         usage = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
@@ -281,8 +285,7 @@ class _Handler(BaseHTTPRequestHandler):
         body = request.body
         model = str(body.get("model") or "scripted-model")
         text, call = _reply_parts(request, self.model.plain_text)
-        input_tokens = _estimate_tokens(body.get("messages"))
-        output_tokens = max(1, len(text) // 4 + (20 if call else 0))
+        input_tokens, output_tokens = _token_counts(body, text, call)
         stop_reason = "tool_use" if call else "end_turn"
         ident = self.model._new_id("msg_")
         tool_id = self.model._new_id("toolu_") if call else ""

@@ -1,0 +1,102 @@
+"""Helpers shared by the tests that run pipelines: through the API and through the console script.
+
+Imported by plain name (``from run_helpers import workspace``), like ``conftest`` and ``fakes``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import trio
+
+from orchestrator.agents import AgentSpec
+from orchestrator.config import Config
+from orchestrator.testing import AgentScript, Turn, scripted_agent_command
+
+#: the installed console script (tests that need it skip when it is missing)
+CLI = Path(sys.executable).parent / "orchestrator"
+#: seconds one console-script command may take (it starts its agents as Python subprocesses)
+CLI_LIMIT = 90.0
+
+
+# --------------------------------------------------------------------------- runs through the API
+
+
+def spec_for(script: AgentScript, directory: Path, name: str) -> AgentSpec:
+    """An agent named ``name`` that plays ``script`` as a real subprocess."""
+    folder = directory / f"agent-{name}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return AgentSpec(name, tuple(scripted_agent_command(script, folder)))
+
+
+def config(*specs: AgentSpec) -> Config:
+    """A config whose agent table holds exactly ``specs``."""
+    return Config(agents={s.name: s for s in specs})
+
+
+def workspace(tmp_path: Path, files: dict[str, str] | None = None) -> Path:
+    """A workspace directory holding ``files``."""
+    root = tmp_path / "ws"
+    root.mkdir()
+    for name, text in (files or {}).items():
+        (root / name).write_text(text)
+    return root
+
+
+# --------------------------------------------------------------------------- the console script
+
+
+def agent_command(script: Path) -> list[str]:
+    """The command line of the scripted agent playing the script file ``script``."""
+    return [sys.executable, "-m", "orchestrator.testing.scripted_agent", str(script)]
+
+
+def write_script(script: Path, turn: Turn) -> Path:
+    """Write a one-turn script for an agent named after the file; its record goes beside it."""
+    record = script.with_suffix(".jsonl")
+    body = AgentScript(name=script.stem, turns=(turn,), record_path=str(record))
+    script.write_bytes(orjson.dumps(body.to_json()))
+    return script
+
+
+def prompts(script: Path) -> int:
+    """How many prompts the agent of ``script`` received, over all its processes."""
+    record = script.with_suffix(".jsonl")
+    if not record.exists():
+        return 0
+    # only whole lines: the agent may be appending one while we read
+    *lines, _partial = record.read_bytes().split(b"\n")
+    return sum(orjson.loads(line)["event"] == "prompt" for line in lines if line.strip())
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` with its bytes."""
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+async def run_cli(*args: str, cwd: Path, state: Path) -> subprocess.CompletedProcess[bytes]:
+    """Run the console script to its end and capture its output."""
+    with trio.fail_after(CLI_LIMIT):
+        return await trio.run_process(
+            [str(CLI), *args],
+            cwd=cwd,
+            env={**os.environ, "ORCHESTRATOR_STATE_DIR": str(state)},
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+
+
+def as_json(done: subprocess.CompletedProcess[bytes]) -> Any:
+    """The command's standard output, parsed as JSON."""
+    return json.loads(done.stdout)
