@@ -4,12 +4,13 @@ Each function has an ``async`` form for trio code and a ``*_sync`` twin for scri
 line calls the same functions::
 
     from orchestrator import run_pipeline_sync, apply_run_sync
-    run = run_pipeline_sync("pipelines/rename.py", {"old": "colour", "new": "color"}, cwd="proj")
+    run = run_pipeline_sync("pipelines/batch_replace.py", {"change": "Use pathlib"}, cwd="proj")
     print(run.status, run.diff)
     apply_run_sync(run.run_id)          # later: write the run's changes to the workspace
 
 Every run is recorded in the run store under the state directory: ``list_runs``, ``get_run_json``,
-``resume_run``, ``apply_run`` and ``diff_run`` work from there.
+``resume_run``, ``apply_run`` and ``diff_run`` work from there (the read side lives in
+:mod:`orchestrator.recorded`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from attrs import frozen
 
 from ._runbranches import (
     FINAL,
-    ResumeConflict,
     conflict_json,
     diff_of,
     rebuild_branch,
@@ -47,6 +47,14 @@ from .pipeline._writer import open_store_writer
 from .pipeline.results import RunEvent
 from .pipeline.runner import AgentPool, PipelineRunner
 from .policy import PolicySet
+from .recorded import (
+    ApplyOutcome,
+    apply_run,
+    apply_run_sync,
+    diff_run,
+    get_run_json,
+    list_runs,
+)
 from .state import state_directory
 from .store import RunRecord, RunStore, StepRecord, open_run_store
 from .supervisor import Connector, Limits, open_supervisor
@@ -432,209 +440,6 @@ async def compare(
     return outcome
 
 
-@frozen
-class ApplyOutcome:
-    """What :func:`apply_run` wrote, or the files that blocked it."""
-
-    applied: bool
-    written: tuple[str, ...] = ()
-    deleted: tuple[str, ...] = ()
-    #: files changed in the workspace since the run (nothing was written)
-    paths: tuple[str, ...] = ()
-
-
-async def _branch_of(
-    store: RunStore, record: RunRecord, step: str | None, snapshot: Snapshot
-) -> Branch:
-    """The branch of a run (its final merge) or of one step (its instances merged)."""
-    steps = await store.steps(record.run_id)
-    if step is None:
-        has_final = FINAL in await store.change_keys(record.run_id)
-        keys = [FINAL] if has_final or record.kind != "compare" else []
-        if not keys:
-            raise UsageError(
-                f"run {record.run_id} is a comparison: name the agent with --step compare[NAME]"
-            )
-    else:
-        keys = [
-            s.key for s in steps if s.key == step or (s.step == step and s.status == "succeeded")
-        ]
-        if not keys:
-            known = sorted({s.key for s in steps if s.status == "succeeded"})
-            listed = ", ".join(known) or "none"
-            raise UsageError(
-                f"run {record.run_id} has no finished step {step!r} (finished: {listed})"
-            )
-    branches = [
-        rebuild_branch(snapshot, key, await store.changes(record.run_id, key)) for key in keys
-    ]
-    if len(branches) == 1:
-        return branches[0]
-    merged = merge_branches(branches, strategy="fail")
-    if merged.conflicts:
-        raise UsageError(
-            f"the instances of {step} conflict in {', '.join(c.path for c in merged.conflicts)}: "
-            "apply one of them with --step STEP[KEY]"
-        )
-    return merged.fork(step or FINAL)
-
-
-async def apply_run(
-    run_id: str, *, step: str | None = None, state_dir: str | os.PathLike[str] | None = None
-) -> ApplyOutcome:
-    """Write a run's changes (or one step's) to its workspace, all or nothing.
-
-    Refused for files the workspace changed since the run (``paths``; nothing is written).
-    """
-    state = state_directory(state_dir)
-    await recover(state)
-    async with open_run_store(state) as store:
-        record = await store.get_run(run_id)
-        snapshot = await trio.to_thread.run_sync(Workspace.open(record.cwd).snapshot)
-        try:
-            branch = await _branch_of(store, record, step, snapshot)
-        except ResumeConflict as e:
-            return ApplyOutcome(False, paths=e.paths)
-        if not branch.changes:
-            return ApplyOutcome(True)
-        outcome = await apply_changes_async(branch, state_dir=state)
-        if outcome.applied:
-            await store.update_run(record.run_id, applied=time.time())
-        return ApplyOutcome(
-            outcome.applied,
-            outcome.written,
-            outcome.deleted,
-            tuple(c.path for c in outcome.conflicts),
-        )
-
-
-async def diff_run(
-    run_id: str, *, step: str | None = None, state_dir: str | os.PathLike[str] | None = None
-) -> str:
-    """The unified diff of a run's changes (or one step's), as stored."""
-    async with open_run_store(state_directory(state_dir)) as store:
-        record = await store.get_run(run_id)
-        steps = await store.steps(record.run_id)
-        if step is None:
-            keys = (
-                [FINAL]
-                if FINAL in await store.change_keys(record.run_id)
-                else [s.key for s in steps if s.status == "succeeded"]
-            )
-        else:
-            keys = [s.key for s in steps if s.key == step or s.step == step]
-            if not keys:
-                raise UsageError(f"run {record.run_id} has no step {step!r}")
-        return "".join([await store.diff(record.run_id, key) for key in keys])
-
-
-async def list_runs(
-    *, state_dir: str | os.PathLike[str] | None = None, limit: int | None = 50
-) -> list[RunRecord]:
-    """The recorded runs, newest first."""
-    async with open_run_store(state_directory(state_dir)) as store:
-        return await store.list_runs(limit=limit)
-
-
-async def get_run_json(
-    run_id: str, *, state_dir: str | os.PathLike[str] | None = None, store: RunStore | None = None
-) -> dict[str, Any]:
-    """A run as its ``--json`` object, rebuilt from the store (works for unfinished runs too)."""
-    if store is None:
-        async with open_run_store(state_directory(state_dir)) as opened:
-            return await get_run_json(run_id, store=opened)
-    record = await store.get_run(run_id)
-    steps = await store.steps(record.run_id)
-    options = dict(record.options)
-    graph = options.get("graph") or {"nodes": [], "edges": []}
-    by_step: dict[str, dict[str, Any]] = {}
-    for node in graph.get("nodes", []):
-        by_step[node["name"]] = {"status": "pending", "instances": {}, "error": None, "cause": None}
-    final_diff = ""
-    final_changes: list[dict[str, Any]] = []
-    for s in steps:
-        entry = by_step.setdefault(
-            s.step, {"status": "pending", "instances": {}, "error": None, "cause": None}
-        )
-        if (
-            s.instance is None
-            and s.agent is None
-            and s.status in ("skipped", "failed")
-            and s.result is None
-        ):
-            entry.update(status=s.status, error=s.error, cause=s.cause)
-            if s.key == s.step and s.status == "skipped":
-                continue
-        body = dict(s.result) if s.result is not None else {}
-        body.update(status=s.status, agent=s.agent, error=s.error or body.get("error"))
-        if s.result is None:
-            body["value"] = s.value
-            body["wallSeconds"] = (
-                round((s.finished or s.started or 0) - (s.started or 0), 3) if s.finished else None
-            )
-        entry["instances"][s.instance if s.instance is not None else s.step] = body
-    for entry in by_step.values():
-        statuses = [i["status"] for i in entry["instances"].values()]
-        if statuses and entry["status"] not in ("failed", "skipped"):
-            if "failed" in statuses:
-                entry["status"] = "failed"
-                entry["error"] = next(
-                    i["error"] for i in entry["instances"].values() if i["status"] == "failed"
-                )
-            elif "running" in statuses:
-                entry["status"] = "running"
-            elif "interrupted" in statuses:
-                entry["status"] = "interrupted"
-            elif all(x == "succeeded" for x in statuses):
-                entry["status"] = "succeeded"
-    if FINAL in await store.change_keys(record.run_id):
-        final_diff = await store.diff(record.run_id, FINAL)
-        final_changes = [
-            {
-                "path": c.path,
-                "change": "deleted"
-                if c.kind == "delete"
-                else ("modified" if c.base_digest else "added"),
-            }
-            for c in await store.changes(record.run_id, FINAL)
-        ]
-    result: dict[str, Any] = {
-        "kind": record.kind,
-        "runId": record.run_id,
-        "status": record.status,
-        "cwd": record.cwd,
-        "created": record.created,
-        "finished": record.finished,
-        "applied": record.applied is not None,
-    }
-    if record.kind == "prompt":
-        # a prompt's result is its --json object, kept whole
-        return {**dict(record.result or {}), **result, "conflicts": []}
-    if record.kind == "compare":
-        compare_info = options.get("compare") or {}
-        verify = (options.get("verify") or {}).get("compare")
-        agents = []
-        for key, body in by_step.get("compare", {}).get("instances", {}).items():
-            one = dict(body)
-            one["name"] = key
-            if verify and not one.get("verify"):
-                one["verify"] = None
-            agents.append(one)
-        result.update(task=compare_info.get("task") or record.inputs.get("task"), agents=agents)
-    else:
-        result.update(
-            pipeline=record.pipeline,
-            name=graph.get("name"),
-            inputs=dict(record.inputs),
-            graph=graph,
-            steps=by_step,
-            changes=final_changes,
-            diff=final_diff,
-        )
-    result["conflicts"] = await store.conflicts(record.run_id)
-    return result
-
-
 async def _import_transcripts(
     store: RunStore, run_id: str, run_dir: Path, copy_to: str | os.PathLike[str] | None
 ) -> None:
@@ -673,18 +478,6 @@ def _policy_name(policy: str | os.PathLike[str] | PolicySet | None) -> str | Non
     return os.fspath(policy)
 
 
-def _sync(fn: Callable[..., Any]) -> Callable[..., Any]:
-    def run(*args: Any, **kwargs: Any) -> Any:
-        async def main() -> Any:
-            return await fn(*args, **kwargs)
-
-        return trio.run(main)
-
-    run.__name__ = f"{fn.__name__}_sync"
-    run.__doc__ = f":func:`{fn.__name__}` for scripts: runs its own trio loop."
-    return run
-
-
 def run_pipeline_sync(
     pipeline: Pipeline | str | os.PathLike[str],
     inputs: Mapping[str, Any] | None = None,
@@ -702,8 +495,3 @@ def compare_sync(agents: Sequence[str | AgentSpec], task: str, **kwargs: Any) ->
 def resume_run_sync(run_id: str, **kwargs: Any) -> RunOutcome:
     """:func:`resume_run` for scripts: runs its own trio loop."""
     return trio.run(lambda: resume_run(run_id, **kwargs))
-
-
-def apply_run_sync(run_id: str, **kwargs: Any) -> ApplyOutcome:
-    """:func:`apply_run` for scripts: runs its own trio loop."""
-    return trio.run(lambda: apply_run(run_id, **kwargs))

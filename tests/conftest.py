@@ -59,6 +59,11 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         f"schema: {total} client frames validated against the ACP v1 schema "
         f"({len(VALIDATORS)} connections)"
     )
+    real = sys.modules.get("test_real_agents")
+    if real is not None:
+        exercised = sorted(getattr(real, "EXERCISED", ()))
+        names = ", ".join(exercised) or "none (see the skip reasons)"
+        terminalreporter.write_line(f"real agents: {len(exercised)} exercised end to end: {names}")
 
 
 @pytest.fixture(autouse=True)

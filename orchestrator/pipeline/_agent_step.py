@@ -1,0 +1,200 @@
+"""Agent steps of a run: which agents they name, under which policy, and one turn of a session."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import trio
+from attrs import define, field
+
+from ..agent.elicitation import PolicyElicitationService
+from ..agent.permissions import Escalate, PolicyPermissionService
+from ..agent.services import ClientServices
+from ..agent.terminals import open_terminal_service
+from ..agents import AgentSpec
+from ..policy import PolicySet
+from ..protocol import types as t
+from ..vfs import BranchFileSystem, Workdir
+from ._branches import change_kinds
+from ._branchio import BranchDirs
+from ._calls import jsonable, prompt_input, run_verify, update_event
+from ._recording import Recorder
+from ._state import AgentPool
+from .results import RunEvent, StepResult
+from .spec import Step
+
+__all__ = ["AgentTurns"]
+
+
+@define(eq=False)
+class AgentTurns:
+    """The agents of one run and their turns: a session leased from :attr:`pool` per turn."""
+
+    run_id: str
+    pool: AgentPool
+    resolve_agent: Callable[[str], AgentSpec]
+    recorder: Recorder
+    dirs: BranchDirs
+    #: the run's policy, for agents and steps that name none
+    policy: PolicySet
+    load_policy: Callable[[str], PolicySet]
+    escalate: Escalate | None
+    #: verify commands by step name
+    verify: Mapping[str, str]
+    #: the specs of the agents in use, by label ("alice=demo" runs the demo agent as alice)
+    specs: dict[str, AgentSpec] = field(factory=dict)
+    #: agents as resolved, by how steps name them
+    _resolved: dict[str, AgentSpec] = field(init=False, factory=dict)
+    #: policies by name, loaded once per run
+    _policies: dict[str, PolicySet] = field(init=False, factory=dict)
+
+    def use(self, names: Sequence[str]) -> list[str]:
+        """Resolve the agents a step names (once per run) and return their labels."""
+        specs = [self._agent(a) for a in names]
+        self.specs.update((spec.name, spec) for spec in specs)
+        return [spec.name for spec in specs]
+
+    def _agent(self, text: str) -> AgentSpec:
+        spec = self._resolved.get(text)
+        if spec is None:
+            spec = self._resolved[text] = self.resolve_agent(text)
+        return spec
+
+    def policy_for(self, step: Step, spec: AgentSpec) -> PolicySet:
+        """The policy a turn of ``spec`` in ``step`` runs under."""
+        chosen = step.policy or spec.policy
+        if not chosen:
+            return self.policy
+        # loaded once per run: every step of the run sees the same rules
+        policy = self._policies.get(chosen)
+        if policy is None:
+            policy = self._policies[chosen] = self.load_policy(chosen)
+        return policy
+
+    async def turn(
+        self,
+        step: Step,
+        name: str,
+        key: str | None,
+        agent: str,
+        item: Any,
+        prompt: Any,
+        workdir: Workdir,
+        attempt: int,
+    ) -> StepResult:
+        """One turn of ``agent`` (a label from :meth:`use`) in ``workdir``, harvested after."""
+        spec = self.specs[agent]
+        policy = self.policy_for(step, spec)
+        permission = PolicyPermissionService(policy, escalate=self.escalate)
+        fs = BranchFileSystem(workdir)
+        started = time.monotonic()
+        budget = step.budget
+        timeout = step.timeout
+        if budget is not None and budget.max_seconds is not None:
+            timeout = min(timeout or budget.max_seconds, budget.max_seconds)
+        limit = budget.max_tokens if budget is not None else None
+        over_budget: list[int] = []
+        async with open_terminal_service(
+            command_check=permission.check_command, on_exit=fs.on_terminal_exit
+        ) as terminals:
+            services = ClientServices(
+                fs=fs,
+                terminal=terminals,
+                permission=permission,
+                elicitation=PolicyElicitationService.from_policy(policy),
+            )
+            async with self.pool.lease(
+                spec, cwd=workdir.root, services=services, step=name
+            ) as lease:
+                session = lease.session
+                if step.mode:
+                    await session.set_mode(step.mode)
+                if step.model:
+                    await session.set_model(step.model)
+                exceeded = trio.Event()
+                recorder = self.recorder
+                listener = recorder.on_event
+
+                def on_update(update: t.SessionUpdate) -> None:
+                    if listener is not None:
+                        recorder.notify(update_event(self.run_id, step.name, key, agent, update))
+                    if (
+                        limit is not None
+                        and isinstance(update, t.UsageUpdate)
+                        and update.used > limit
+                        and not exceeded.is_set()
+                    ):
+                        over_budget.append(update.used)
+                        exceeded.set()
+
+                # updates are only for the listener and the token budget: without either,
+                # the turn need not call back at all
+                wants_updates = listener is not None or limit is not None
+                if limit is None:
+                    turn = await lease.prompt(
+                        prompt_input(prompt),
+                        timeout=timeout,
+                        idle_timeout=step.idle_timeout,
+                        on_update=on_update if wants_updates else None,
+                    )
+                else:
+                    async with trio.open_nursery() as nursery:
+
+                        async def cancel_on_budget() -> None:
+                            await exceeded.wait()
+                            await session.cancel()
+
+                        nursery.start_soon(cancel_on_budget)
+                        turn = await lease.prompt(
+                            prompt_input(prompt),
+                            timeout=timeout,
+                            idle_timeout=step.idle_timeout,
+                            on_update=on_update,
+                        )
+                        nursery.cancel_scope.cancel()
+                info = lease.session.connection.agent_info
+        await self.dirs.harvest(workdir)
+        for record in turn.permissions:
+            self.recorder.emit(
+                RunEvent(
+                    "permission",
+                    self.run_id,
+                    step.name,
+                    key,
+                    agent,
+                    {"verdict": record.verdict, "title": record.title, "rule": record.rule},
+                )
+            )
+        verify = None
+        command = self.verify.get(step.name)
+        if command is not None:
+            verify = await run_verify(command, Path(workdir.root))
+        error = None
+        if over_budget:
+            error = f"budget exceeded: {over_budget[0]} tokens > {step.budget.max_tokens}"  # type: ignore[union-attr]
+        branch = fs.workdir.branch
+        # computed once at the harvest and reused when the instance is recorded
+        diffs = self.dirs.diffs(branch)
+        return StepResult(
+            step=step.name,
+            key=key,
+            agent=agent,
+            status="failed" if error else "succeeded",
+            text=turn.text,
+            stop_reason=turn.stop_reason,
+            item=jsonable(item),
+            agent_info={"name": info.name, "version": info.version} if info else None,
+            session_id=lease.session.session_id,
+            tool_calls=tuple(c.to_json() for c in turn.tool_calls.values()),
+            permissions=tuple(p.to_json() for p in permission.records),
+            usage=turn.usage_json(),
+            changes=change_kinds(branch.base, branch.changes),
+            diff=diffs[2],
+            verify=verify,
+            error=error,
+            wall_seconds=time.monotonic() - started,
+            attempt=attempt,
+        )

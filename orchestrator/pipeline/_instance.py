@@ -1,0 +1,183 @@
+"""One instance of a step: its own branch, its attempts (with retries), each one recorded.
+
+An instance forks its branch from what its step starts from, holds one of the run's slots
+while an attempt runs, and calls the step function: on the loop or in a worker thread, in a
+branch directory if it wants one, and for an agent step through a turn of a leased session.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import trio
+from attrs import define, field
+
+from ..store import StepRecord
+from ..vfs import Branch, MergeResult, Snapshot
+from ._agent_step import AgentTurns
+from ._branchio import BranchDirs
+from ._calls import call, describe
+from ._recording import Recorder
+from ._state import StepState
+from .results import RunEvent, StepContext, StepResult
+
+__all__ = ["InstanceExecutor"]
+
+
+@define(eq=False)
+class InstanceExecutor:
+    """Runs the instances of one run's steps (see the module docstring)."""
+
+    run_id: str
+    workspace: Path
+    inputs: Mapping[str, Any]
+    #: instances already finished in an earlier attempt of this run: key -> (record, branch)
+    reused: Mapping[str, tuple[StepRecord, Branch]]
+    #: held by an attempt while it runs: the run's limit on instances at once
+    slots: trio.Semaphore
+    recorder: Recorder
+    dirs: BranchDirs
+    turns: AgentTurns
+    #: branch name -> the key of the instance it is the branch of
+    branch_keys: dict[str, str | None] = field(factory=dict)
+
+    async def run(
+        self,
+        state: StepState,
+        base: Branch | MergeResult | Snapshot,
+        args: Mapping[str, Any],
+        key: str | None,
+        agent: str | None,
+        item: Any,
+    ) -> None:
+        """Run the instance ``key`` of ``state``'s step (or reuse it), into ``state``."""
+        step = state.step
+        name = f"{step.name}[{key}]" if key is not None else step.name
+        reused = self.reused.get(name)
+        if reused is not None:
+            record, branch = reused
+            state.outputs[key] = (
+                StepResult.from_json(record.result) if record.result is not None else record.value
+            )
+            state.branches.append(branch)
+            self.branch_keys[branch.name] = key
+            self.recorder.emit(RunEvent("step_reused", self.run_id, step.name, key, agent))
+            return
+        attempt = 1
+        while True:
+            # an instance counts as started once it holds a slot (not while it waits for one)
+            # and keeps it until its outcome is recorded
+            async with self.slots:
+                retry = await self._run_attempt(state, base, args, name, key, agent, item, attempt)
+            if not retry:
+                return
+            attempt += 1
+
+    async def _run_attempt(
+        self,
+        state: StepState,
+        base: Branch | MergeResult | Snapshot,
+        args: Mapping[str, Any],
+        name: str,
+        key: str | None,
+        agent: str | None,
+        item: Any,
+        attempt: int,
+    ) -> bool:
+        """One attempt of one instance, recorded; True when it failed and may be retried."""
+        step = state.step
+        recorder = self.recorder
+        branch = _fork(base, name)
+        self.dirs.forget(name)
+        started = time.time()
+        recorder.record(name, step, key, agent, "running", attempt, started=started)
+        recorder.emit(
+            RunEvent("step_started", self.run_id, step.name, key, agent, {"attempt": attempt})
+        )
+        try:
+            output = await self._attempt(state, branch, args, name, key, agent, item, attempt)
+        except trio.Cancelled:
+            raise
+        except Exception as e:
+            error = describe(e)
+            if attempt <= step.retries:
+                recorder.emit(
+                    RunEvent(
+                        "step_retry",
+                        self.run_id,
+                        step.name,
+                        key,
+                        agent,
+                        {"error": error, "attempt": attempt},
+                    )
+                )
+                return True
+            state.failures[key] = error
+            recorder.record(name, step, key, agent, "failed", attempt, started=started, error=error)
+            recorder.emit(
+                RunEvent("step_failed", self.run_id, step.name, key, agent, {"error": error})
+            )
+            return False
+        if isinstance(output, StepResult) and not output.ok:
+            state.failures[key] = output.error or "failed"
+        else:
+            state.outputs[key] = output
+            state.branches.append(branch)
+            self.branch_keys[branch.name] = key
+        diffs = self.dirs.take_diffs(branch)
+        recorder.finish(name, step, key, agent, output, branch, attempt, started, diffs)
+        return False
+
+    async def _attempt(
+        self,
+        state: StepState,
+        branch: Branch,
+        args: Mapping[str, Any],
+        name: str,
+        key: str | None,
+        agent: str | None,
+        item: Any,
+        attempt: int,
+    ) -> Any:
+        step = state.step
+        ctx = StepContext(
+            run_id=self.run_id,
+            step=step.name,
+            key=key,
+            agent=agent,
+            workspace=self.workspace,
+            inputs=self.inputs,
+            attempt=attempt,
+        )
+        call_args = {k: v for k, v in args.items() if k in step.params}
+        if "ctx" in step.params:
+            call_args["ctx"] = ctx
+        if "item" in step.params:
+            call_args["item"] = item
+        needs_dir = agent is not None or step.wants_workdir
+        if not needs_dir:
+            return await call(step.fn, call_args)
+        workdir = await self.dirs.materialize(branch, name, attempt)
+        try:
+            if "workdir" in step.params:
+                call_args["workdir"] = Path(workdir.root)
+            if agent is None:
+                value = await call(step.fn, call_args)
+                await self.dirs.harvest(workdir)
+                return value
+            prompt = await call(step.fn, call_args, inline=True)
+            return await self.turns.turn(step, name, key, agent, item, prompt, workdir, attempt)
+        finally:
+            # removed in the background: nothing the step reports depends on it
+            self.dirs.remove(workdir)
+
+
+def _fork(base: Branch | MergeResult | Snapshot, name: str) -> Branch:
+    if isinstance(base, Branch):
+        return base.fork(name)
+    if isinstance(base, MergeResult):
+        return base.fork(name)
+    return Branch.from_tree(base, name)

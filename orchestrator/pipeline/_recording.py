@@ -1,0 +1,194 @@
+"""Recording a run as it happens: events for the listener, step records and changes for the store.
+
+Everything goes through the run store's write-behind queue (:class:`StoreWriter`), so recording
+never waits; a failing listener is logged and ignored.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+from attrs import define
+
+from ..store import AddConflicts, AddEvent, AddPermissions, PutChanges, PutStep, StepRecord
+from ..vfs import Branch, ChangeSet, Snapshot
+from ._branches import stored_changes
+from ._branchio import branch_diffs
+from ._calls import stored_value
+from ._writer import StoreWriter
+from .results import EventType, RunEvent, StepResult, StepStatus
+from .spec import Step
+
+__all__ = ["EventSink", "Recorder"]
+
+log = structlog.get_logger(__name__)
+
+EventSink = Callable[[RunEvent], None]
+
+
+@define(eq=False)
+class Recorder:
+    """Writes one run's events, step records and changes (see the module docstring)."""
+
+    run_id: str
+    writer: StoreWriter
+    #: the run's base, what stored changes are relative to
+    snapshot: Snapshot
+    on_event: EventSink | None = None
+
+    # ------------------------------------------------------------------ events
+
+    def emit(self, event: RunEvent) -> None:
+        """Report ``event`` to the listener and keep it in the store."""
+        self.notify(event)
+        self.writer.put(AddEvent(self.run_id, event.to_json()))
+
+    def notify(self, event: RunEvent) -> None:
+        """Report ``event`` to the listener only (session updates are not stored)."""
+        if self.on_event is not None:
+            try:
+                self.on_event(event)
+            except Exception:
+                log.exception("event listener failed", event=event.type)
+
+    # ------------------------------------------------------------------ whole steps
+
+    def put_step(self, record: StepRecord) -> None:
+        """Store ``record`` (it replaces any earlier record with its key)."""
+        self.writer.put(PutStep(record))
+
+    def skipped(self, step: str, cause: str, finished: float) -> None:
+        """``step`` was skipped, because of ``cause``."""
+        self.put_step(
+            StepRecord(
+                run_id=self.run_id,
+                key=step,
+                step=step,
+                instance=None,
+                agent=None,
+                status="skipped",
+                cause=cause,
+                finished=finished,
+            )
+        )
+        self.emit(RunEvent("step_skipped", self.run_id, step, data={"cause": cause}))
+
+    def conflicts(self, step: str, conflicts: list[dict[str, Any]]) -> None:
+        """The conflicts (as JSON) found merging ``step``'s parents, resolved or not."""
+        self.writer.put(AddConflicts(self.run_id, step, list(conflicts)))
+        for c in conflicts:
+            self.emit(
+                RunEvent(
+                    "conflict",
+                    self.run_id,
+                    step,
+                    data={k: c[k] for k in ("path", "kind", "branches", "resolution")},
+                )
+            )
+
+    def step_failed(self, step: str, error: str, started: float | None, finished: float) -> None:
+        """``step`` failed as a whole (before any instance ran), with ``error``."""
+        self.put_step(
+            StepRecord(
+                run_id=self.run_id,
+                key=step,
+                step=step,
+                instance=None,
+                agent=None,
+                status="failed",
+                error=error,
+                started=started,
+                finished=finished,
+            )
+        )
+        self.emit(RunEvent("step_failed", self.run_id, step, data={"error": error}))
+
+    # ------------------------------------------------------------------ instances
+
+    def record(
+        self,
+        name: str,
+        step: Step,
+        key: str | None,
+        agent: str | None,
+        status: StepStatus,
+        attempt: int,
+        *,
+        started: float | None = None,
+        error: str | None = None,
+    ) -> None:
+        """The instance ``name`` of ``step`` is in ``status`` (finished now unless running)."""
+        self.put_step(
+            StepRecord(
+                run_id=self.run_id,
+                key=name,
+                step=step.name,
+                instance=key,
+                agent=agent,
+                status=status,
+                attempt=attempt,
+                started=started,
+                finished=time.time() if status not in ("running", "pending") else None,
+                error=error,
+            )
+        )
+
+    def finish(
+        self,
+        name: str,
+        step: Step,
+        key: str | None,
+        agent: str | None,
+        output: Any,
+        branch: Branch,
+        attempt: int,
+        started: float,
+        diffs: tuple[ChangeSet, str, str] | None,
+    ) -> None:
+        """The instance ran to its end: close its branch, store its changes, record its outcome.
+
+        ``diffs`` are the branch's diffs if already computed (at its last harvest).
+        """
+        branch.close()
+        result = output if isinstance(output, StepResult) else None
+        value, stored = (None, False) if result is not None else stored_value(output)
+        status: StepStatus = result.status if result is not None else "succeeded"
+        net, run_diff, own_diff = diffs if diffs is not None else branch_diffs(branch)
+        if result is not None:
+            own_diff = result.diff
+        self.writer.put(
+            PutChanges(self.run_id, name, stored_changes(self.snapshot, net), run_diff, own_diff)
+        )
+        if result is not None and result.permissions:
+            self.writer.put(
+                AddPermissions(self.run_id, name, [dict(p) for p in result.permissions])
+            )
+        self.put_step(
+            StepRecord(
+                run_id=self.run_id,
+                key=name,
+                step=step.name,
+                instance=key,
+                agent=agent,
+                status=status,
+                attempt=attempt,
+                started=started,
+                finished=time.time(),
+                session_id=result.session_id if result else None,
+                result=result.to_json() if result else None,
+                value=value,
+                value_stored=stored,
+                error=result.error if result else None,
+                usage=result.usage if result else None,
+            )
+        )
+        data: dict[str, Any] = {"status": status, "changes": len(branch.changes)}
+        if result is not None:
+            data.update(stopReason=result.stop_reason, wallSeconds=round(result.wall_seconds, 3))
+            if result.error:
+                data["error"] = result.error
+        kind: EventType = "step_finished" if status == "succeeded" else "step_failed"
+        self.emit(RunEvent(kind, self.run_id, step.name, key, agent, data))
