@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+import structlog
+
 from .errors import OrchestratorError
 from .store import StoredChange
 from .vfs import (
@@ -26,6 +28,8 @@ from .vfs import (
 )
 
 ChangeKind = Literal["added", "modified", "deleted"]
+
+log = structlog.get_logger(__name__)
 
 __all__ = [
     "FINAL",
@@ -78,17 +82,28 @@ def diff_of(branch: Branch, changes: ChangeSet | None = None) -> str:
 
 
 def stored_changes(root: Tree, changes: Mapping[str, Change]) -> list[StoredChange]:
-    """A branch's net changes (relative to the run's snapshot ``root``) for the run store."""
+    """A branch's net changes (relative to the run's snapshot ``root``) for the run store.
+
+    A file the user changed in the workspace during the run has lost its base: its change
+    cannot be applied safely, so it is left out (with a warning) rather than stored.
+    """
     out: list[StoredChange] = []
+    moved: list[str] = []
     for path in sorted(changes):
         change = changes[path]
-        base = root.digest(path) if root.exists(path) else None
+        try:
+            base = root.digest(path) if root.exists(path) else None
+        except WorkspaceChanged:
+            moved.append(path)
+            continue
         if isinstance(change, Write):
             out.append(StoredChange(path, "write", change.data, change.mode, base))
         elif isinstance(change, ModeChange):
             out.append(StoredChange(path, "mode", None, change.mode, base))
         else:
             out.append(StoredChange(path, "delete", None, None, base))
+    if moved:
+        log.warning("changed in the workspace during the run; not kept", files=moved)
     return out
 
 

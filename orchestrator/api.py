@@ -294,15 +294,30 @@ async def _record(
     run: PromptRun, kept: tuple[list[StoredChange], str], state: Path, root: Path, text: str
 ) -> None:
     """Keep the run in the run store, so ``runs``, ``show``, ``diff`` and ``apply`` know it."""
-    from ._runbranches import FINAL
-    from .store import RunRecord, StepRecord, open_run_store
-
     result = run.to_json()
     if run.apply_conflicts:
         status = "conflicts"
     else:
         status = "succeeded" if run.turn.stop_reason == "end_turn" else "failed"
     now = time.time()
+    # the changes may be applied already: the record must not be left half written
+    with trio.CancelScope(shield=True):
+        await _write_record(state, run, kept, status, now, root, text, result)
+
+
+async def _write_record(
+    state: Path,
+    run: PromptRun,
+    kept: tuple[list[StoredChange], str],
+    status: str,
+    now: float,
+    root: Path,
+    text: str,
+    result: dict[str, Any],
+) -> None:
+    from ._runbranches import FINAL
+    from .store import AddPermissions, PutChanges, PutStep, RunRecord, StepRecord, open_run_store
+
     async with open_run_store(state) as store:
         await store.create_run(
             RunRecord(
@@ -317,7 +332,7 @@ async def _record(
                 applied=now if run.applied else None,
             )
         )
-        await store.put_step(
+        step = PutStep(
             StepRecord(
                 run_id=run.run_id,
                 key="prompt",
@@ -332,11 +347,14 @@ async def _record(
                 usage=result.get("usage"),
             )
         )
-        await store.put_changes(run.run_id, FINAL, kept[0], diff=kept[1])
-        if result["permissions"]:
-            await store.add_permissions(
-                run.run_id, "prompt", [p.to_json() for p in run.turn.permissions]
-            )
+        audit = [p.to_json() for p in run.turn.permissions]
+        await store.write_many(
+            [
+                step,
+                PutChanges(run.run_id, FINAL, kept[0], kept[1]),
+                *([AddPermissions(run.run_id, "prompt", audit)] if audit else []),
+            ]
+        )
 
 
 def _change_kind(branch: Branch, path: str, change: Change) -> ChangeKind:

@@ -192,6 +192,7 @@ async def run_pipeline(
         log.info("run started", run=run_id, pipeline=pipe.name, steps=len(pipe.steps))
         started = time.monotonic()
         status: RunStatus = "interrupted"
+        crash: Exception | None = None
         try:
             async with (
                 open_store_writer(store) as writer,
@@ -222,14 +223,21 @@ async def run_pipeline(
                 )
                 await runner.emit(RunEvent("run_started", run_id, data={"pipeline": pipe.name}))
                 await runner.run()
-                await writer.flush()
             status = await _conclude(store, runner, _kind, apply, state)
+        except Exception as e:
+            crash = e  # not an interruption: recorded as a failure with its error
+            raise
         finally:
             with trio.CancelScope(shield=True):
                 await _import_transcripts(store, run_id, run_dir, transcript)
                 if status == "interrupted":
                     await store.mark_interrupted(run_id)
-                    log.warning("run interrupted", run=run_id)
+                    if crash is not None:
+                        error = f"{type(crash).__name__}: {crash}"
+                        await store.update_run(run_id, status="failed", error=error)
+                        log.error("run failed", run=run_id, error=error)
+                    else:
+                        log.warning("run interrupted", run=run_id)
         result = await get_run_json(run_id, store=store)
         result = {
             **result,
@@ -278,15 +286,22 @@ async def _conclude(
         patch = await trio.to_thread.run_sync(lambda: git_patch(final.root, net))
         await trio.to_thread.run_sync((runner.run_dir / "changes.patch").write_bytes, patch)
         if apply and status == "succeeded" and net:
-            outcome = await apply_changes_async(final, net, state_dir=state)
-            if outcome.applied:
-                applied = time.time()
-            else:
-                status = "conflicts"
-                log.warning(
-                    "workspace changed during the run; nothing applied",
-                    files=[c.path for c in outcome.conflicts],
+            # the apply and its record go together: a Ctrl-C must not leave written files
+            # behind a run recorded as interrupted and not applied
+            with trio.CancelScope(shield=True):
+                outcome = await apply_changes_async(final, net, state_dir=state)
+                if outcome.applied:
+                    applied = time.time()
+                else:
+                    status = "conflicts"
+                    log.warning(
+                        "workspace changed during the run; nothing applied",
+                        files=[c.path for c in outcome.conflicts],
+                    )
+                await store.update_run(
+                    runner.run_id, status=status, finished=time.time(), applied=applied
                 )
+            return status
     await store.update_run(runner.run_id, status=status, finished=time.time(), applied=applied)
     return status
 

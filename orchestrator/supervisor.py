@@ -37,7 +37,7 @@ from .agent.services import ClientServices, SessionContext
 from .agent.transcript import TranscriptWriter
 from .agent.turn import TurnResult
 from .agents import AgentSpec
-from .errors import AgentError, AgentHung, OrchestratorError, ResourceNotFound
+from .errors import AgentError, AgentHung, AgentStartError, OrchestratorError, ResourceNotFound
 from .protocol import types as t
 
 __all__ = [
@@ -316,11 +316,19 @@ class Supervisor:
                 if proc.has_room():
                     proc.sessions += 1
                     if proc.starting:
-                        await proc.ready.wait()
+                        try:
+                            await proc.ready.wait()
+                        except BaseException:
+                            proc.sessions -= 1  # cancelled while waiting: give the room back
+                            raise
                         if proc.start_error is not None:
                             proc.sessions -= 1
-                            raise proc.start_error
-                        if not proc.has_room() and proc.dead:
+                            # every waiter gets its own error; the starter raised the original
+                            raise AgentStartError(
+                                f"the agent failed to start: {proc.start_error}",
+                                agent=pool.spec.name,
+                            ) from proc.start_error
+                        if proc.dead:  # it started and died already: look again
                             proc.sessions -= 1
                             continue
                     return proc
@@ -332,7 +340,8 @@ class Supervisor:
                 await self._start(proc, cwd)
             except BaseException as e:
                 proc.sessions -= 1
-                proc.start_error = e
+                if not isinstance(e, trio.Cancelled) and proc.start_error is None:
+                    proc.start_error = e
                 proc.dead = True
                 if proc in pool.processes:
                     pool.processes.remove(proc)
@@ -404,6 +413,8 @@ class Supervisor:
                     nursery.cancel_scope.cancel()
         except OrchestratorError as e:
             if not started:
+                # before waiters wake (below): they must see the error, not retry the start
+                proc.start_error = e
                 raise
             # an agent that ends badly is an expected end: its leases already saw the error
             log.warning("agent process ended with an error", agent=proc.label, error=str(e))
@@ -439,8 +450,10 @@ class Supervisor:
         conn = proc.conn
         try:
             if conn is None or conn.rpc.closed or proc.dead:
+                await session.release()  # the services' own clean-up (terminals, memory)
                 return
             if proc.pool.spec.sessions_per_process == 1:
+                await session.release()
                 proc.retire()
                 return
             caps = conn.agent_capabilities.session_capabilities

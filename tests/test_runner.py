@@ -509,6 +509,38 @@ async def test_merge_conflict_with_ours_strategy_succeeds_and_reports_it(tmp_pat
 # --------------------------------------------------------------------------- conditions, workdir
 
 
+async def test_a_step_whose_set_up_fails_fails_alone(tmp_path: Path) -> None:
+    """A fan-out source that cannot be iterated fails its step; siblings finish, the run fails."""
+    spec = AgentSpec("m", ("sh", "-c", "exit 1"))
+
+    @step
+    def count() -> int:
+        return 3
+
+    @step(agent="m", over="count")
+    def each(item: int) -> str:
+        return f"do {item}"
+
+    @step
+    def report(each: object) -> int:
+        return 1
+
+    @step
+    def other(count: int) -> int:
+        return count + 1
+
+    outcome = await run(
+        Pipeline.from_steps([count, each, report, other], name="bad-source"),
+        workspace(tmp_path),
+        config(spec),
+    )
+    assert outcome.status == "failed"
+    assert outcome.steps["each"]["status"] == "failed"
+    assert "TypeError" in outcome.steps["each"]["error"]
+    assert outcome.steps["report"]["status"] == "skipped"
+    assert outcome.steps["other"]["status"] == "succeeded"
+
+
 async def test_false_condition_skips_the_step_and_its_descendants(tmp_path: Path) -> None:
     """A false when= skips the step and its descendants, with causes; no agent starts."""
     marker = tmp_path / "agent-started"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -238,3 +239,59 @@ async def test_same_name_different_specs_refused(tmp_path: Path) -> None:
             with pytest.raises(AgentError, match="distinct names"):
                 async with sup.lease(b, cwd=tmp_path):
                     pass
+
+
+async def test_failed_start_fails_every_waiting_lease_once() -> None:
+    """Leases waiting for a process that fails to start all fail; the start is tried once."""
+    from contextlib import asynccontextmanager
+
+    calls = 0
+
+    @asynccontextmanager
+    async def broken(spec: AgentSpec, args: object) -> AsyncIterator[object]:
+        nonlocal calls
+        calls += 1
+        await trio.sleep(0.05)
+        raise AgentStartError("no such agent", agent=spec.name)
+        yield  # pragma: no cover
+
+    spec = AgentSpec("shared", ("unused",))
+    errors: list[BaseException] = []
+    with trio.fail_after(10):
+        async with open_supervisor(connector=broken) as sup:  # type: ignore[arg-type]
+
+            async def one() -> None:
+                try:
+                    async with sup.lease(spec, cwd="/tmp"):
+                        pass
+                except AgentStartError as e:
+                    errors.append(e)
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(4):
+                    nursery.start_soon(one)
+            assert sup.statistics()["processes"] == 0
+    assert calls == 1
+    assert len(errors) == 4
+    assert len({id(e) for e in errors}) == 4  # each lease got its own error
+
+
+async def test_lease_cancelled_while_a_process_starts_gives_its_room_back() -> None:
+    """A lease cancelled while waiting for a starting process does not keep a session slot."""
+    script = AgentScript(initialize_delay=0.3, turns=(Turn(steps=(Say("ok"),)),))
+    spec = AgentSpec("slow", ("unused",), sessions_per_process=2)
+    with trio.fail_after(10):
+        async with open_supervisor(connector=memory_connector(lambda _: script)) as sup:
+            async with trio.open_nursery() as nursery:
+
+                async def first() -> None:
+                    async with sup.lease(spec, cwd="/tmp") as lease:
+                        await lease.prompt("go")
+
+                nursery.start_soon(first)
+                await trio.sleep(0.05)
+                with trio.move_on_after(0.05):
+                    async with sup.lease(spec, cwd="/tmp"):
+                        pass
+            [proc] = next(iter(sup._pools.values())).processes
+            assert proc.sessions == 0

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import os
+import signal
 import subprocess
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -92,18 +95,49 @@ def update_event(
 
 
 async def run_verify(command: str, directory: Path, *, timeout: float = 600.0) -> VerifyResult:
-    """Run shell ``command`` in ``directory``; keep its exit code and the tail of its output."""
-    with trio.move_on_after(timeout) as scope:
-        done = await trio.run_process(
-            command,
-            shell=True,
-            cwd=directory,
-            capture_stdout=True,
-            stderr=subprocess.STDOUT,
-            check=False,
+    """Run shell ``command`` in ``directory``; keep its exit code and the tail of its output.
+
+    The command runs in its own process group, which is killed when it times out, when the run
+    is cancelled, and after it exits (so nothing it started in the background outlives it).
+    """
+    done: list[subprocess.CompletedProcess[bytes]] = []
+
+    async def kill_group(proc: trio.Process) -> None:
+        _signal_group(proc.pid, signal.SIGTERM)
+        with trio.move_on_after(2.0):
+            await proc.wait()
+        _signal_group(proc.pid, signal.SIGKILL)
+
+    async def run(*, task_status: trio.TaskStatus[trio.Process]) -> None:
+        done.append(
+            await trio.run_process(
+                command,
+                shell=True,
+                cwd=directory,
+                capture_stdout=True,
+                stderr=subprocess.STDOUT,
+                check=False,
+                start_new_session=True,
+                deliver_cancel=kill_group,
+                task_status=task_status,
+            )
         )
-    if scope.cancelled_caught:
+
+    proc: trio.Process | None = None
+    try:
+        with trio.move_on_after(timeout) as scope:
+            async with trio.open_nursery() as nursery:
+                proc = await nursery.start(run)
+    finally:
+        if proc is not None:
+            _signal_group(proc.pid, signal.SIGKILL)
+    if scope.cancelled_caught or not done:
         return VerifyResult(command, 124, f"timed out after {timeout:g}s")
-    output = done.stdout.decode("utf-8", "replace")
+    output = done[0].stdout.decode("utf-8", "replace")
     tail = "\n".join(output.splitlines()[-40:])
-    return VerifyResult(command, done.returncode, tail)
+    return VerifyResult(command, done[0].returncode, tail)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)

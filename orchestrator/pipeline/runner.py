@@ -33,7 +33,7 @@ from ..vfs import Branch, MergeResult, Snapshot, merge_branches
 from ._agent_step import AgentTurns
 from ._branches import conflict_json
 from ._branchio import BranchDirs, BranchIO, Reaper
-from ._calls import MISSING, call, item_key
+from ._calls import MISSING, call, describe, item_key
 from ._instance import InstanceExecutor
 from ._recording import EventSink, Recorder
 from ._state import AgentPool, LeaseLike, StepState
@@ -160,7 +160,19 @@ class PipelineRunner:
                     cause = f"skipped because {blocked[0]} was skipped"
                 self._skip(state, cause)
                 return
-            await self._execute(state)
+            try:
+                await self._execute(state)
+            except trio.Cancelled:
+                raise
+            except Exception as e:
+                # a step's own set-up failed (its condition, its fan-out source, a merge):
+                # the step fails and its descendants are skipped; the rest of the run goes on
+                state.status = "failed"
+                state.error = describe(e)
+                state.finished = time.time()
+                self._recorder.step_failed(
+                    state.step.name, state.error, state.started, state.finished
+                )
         finally:
             state.done.set()
 
