@@ -402,6 +402,7 @@ class Supervisor:
         try:
             async with self.connector(spec, args) as conn:
                 proc.conn = conn
+                conn.agent = spec.name  # audit records name the agent, not the process
                 proc.starting = False
                 started = True
                 proc.ready.set()

@@ -165,7 +165,8 @@ class AcpSession:
     @property
     def context(self) -> SessionContext:
         """What services see of this session."""
-        return SessionContext(self.connection.name, self.session_id, self.cwd, self.step)
+        conn = self.connection
+        return SessionContext(conn.agent or conn.name, self.session_id, self.cwd, self.step)
 
     @property
     def current_mode(self) -> str | None:
@@ -405,6 +406,9 @@ class AgentConnection:
     init: t.InitializeResponse | None = None
     sessions: dict[str, AcpSession] = field(factory=dict)
     pid: int | None = None
+    #: the agent's name for audit records when ``name`` labels one of several processes
+    #: (the supervisor's ``claude#2`` is agent ``claude``)
+    agent: str | None = None
     #: the agent's process when it was started by :func:`open_agent`
     process: AgentProcess | None = None
     _authenticated: bool = False
