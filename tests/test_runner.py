@@ -25,8 +25,9 @@ from orchestrator.agent.services import ClientServices
 from orchestrator.agents import AgentSpec
 from orchestrator.config import Config
 from orchestrator.pipeline import Pipeline, step
+from orchestrator.pipeline._branchio import Reaper
 from orchestrator.pipeline.results import Results, RunEvent, StepContext, StepResult
-from orchestrator.pipeline.runner import BranchIO, PipelineRunner, _Reaper
+from orchestrator.pipeline.runner import BranchIO, PipelineRunner
 from orchestrator.runs import RunOutcome, diff_run, run_pipeline
 from orchestrator.supervisor import Lease, Supervisor, open_supervisor
 from orchestrator.testing import (
@@ -813,7 +814,7 @@ async def test_reaper_removes_queued_directories_on_its_threads(tmp_path: Path) 
         for i in range(5)
     ]
     io = BranchIO()
-    reaper = _Reaper(io, workers=2)
+    reaper = Reaper(io, workers=2)
     with trio.fail_after(LIMIT):
         for wd in workdirs:
             reaper.put(wd)
@@ -843,9 +844,9 @@ def test_directory_names_stay_distinct_when_instance_names_look_alike(tmp_path: 
         resolve_agent=None,  # type: ignore[arg-type]
         run_dir=tmp_path,
     )
-    names = [runner._directory(n, 1).name for n in ("s[a/b]", "s[a_b]", "s[a b]")]
+    names = [runner._dirs.directory(n, 1).name for n in ("s[a/b]", "s[a_b]", "s[a b]")]
     assert names == ["s_a_b_-1", "s_a_b_-1.2", "s_a_b_-1.3"]
-    assert runner._directory("s[a/b]", 2).name == "s_a_b_-2"
+    assert runner._dirs.directory("s[a/b]", 2).name == "s_a_b_-2"
 
 
 def test_runner_knows_each_steps_parents_in_definition_order(tmp_path: Path) -> None:

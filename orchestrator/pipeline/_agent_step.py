@@ -10,6 +10,7 @@ from typing import Any
 import trio
 from attrs import define, field
 
+from .._runbranches import change_kinds
 from ..agent.elicitation import PolicyElicitationService
 from ..agent.permissions import Escalate, PolicyPermissionService
 from ..agent.services import ClientServices
@@ -18,7 +19,6 @@ from ..agents import AgentSpec
 from ..policy import PolicySet
 from ..protocol import types as t
 from ..vfs import BranchFileSystem, Workdir
-from ._branches import change_kinds
 from ._branchio import BranchDirs
 from ._calls import jsonable, prompt_input, run_verify, update_event
 from ._recording import Recorder

@@ -18,8 +18,8 @@ import structlog
 import trio
 from attrs import define, field
 
+from .._runbranches import diff_of
 from ..vfs import Branch, ChangeSet, Workdir, materialize
-from ._branches import diff_of
 from ._calls import safe
 
 __all__ = ["BranchDirs", "BranchIO", "Reaper", "branch_diffs"]

@@ -13,9 +13,9 @@ from typing import Any
 import structlog
 from attrs import define
 
+from .._runbranches import stored_changes
 from ..store import AddConflicts, AddEvent, AddPermissions, PutChanges, PutStep, StepRecord
 from ..vfs import Branch, ChangeSet, Snapshot
-from ._branches import stored_changes
 from ._branchio import branch_diffs
 from ._calls import stored_value
 from ._writer import StoreWriter

@@ -24,6 +24,7 @@ from typing import Any
 import trio
 from attrs import define, field
 
+from .._runbranches import conflict_json
 from ..agent.permissions import Escalate
 from ..agents import AgentSpec
 from ..errors import UsageError
@@ -31,8 +32,7 @@ from ..policy import PolicySet
 from ..store import StepRecord
 from ..vfs import Branch, MergeResult, Snapshot, merge_branches
 from ._agent_step import AgentTurns
-from ._branches import conflict_json
-from ._branchio import BranchDirs, BranchIO, Reaper
+from ._branchio import BranchDirs, BranchIO
 from ._calls import MISSING, call, describe, item_key
 from ._instance import InstanceExecutor
 from ._recording import EventSink, Recorder
@@ -43,10 +43,8 @@ from .spec import Pipeline, Step
 
 __all__ = ["AgentPool", "BranchIO", "LeaseLike", "PipelineRunner", "StepState"]
 
+
 #: the background remover of branch directories, by the name it had here
-_Reaper = Reaper
-
-
 @define(eq=False)
 class PipelineRunner:
     """One run of one pipeline; :meth:`run` executes it (see :mod:`orchestrator.api`)."""
@@ -116,10 +114,6 @@ class PipelineRunner:
     def statistics(self) -> dict[str, float | int]:
         """Branch directory I/O so far (see :class:`BranchIO`)."""
         return self.io.to_json()
-
-    def _directory(self, name: str, attempt: int) -> Path:
-        """A fresh directory for one attempt's branch (see :meth:`BranchDirs.directory`)."""
-        return self._dirs.directory(name, attempt)
 
     async def emit(self, event: RunEvent) -> None:
         """Report ``event`` to the listener and keep it in the store."""
