@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, Literal
@@ -29,6 +30,7 @@ from orchestrator.jsonrpc import (
     ConnectionStatistics,
     JsonRpcConnection,
     LineSplitter,
+    PipeStream,
     decode_message,
     encode_message,
     open_connection,
@@ -847,3 +849,35 @@ async def test_statistics_count_traffic(autojump_clock: trio.testing.MockClock) 
         await peer.send(ok(0, None))
     assert conn.statistics().responses_received == 1
     assert conn.statistics().pending_outbound == 0
+
+
+# ---------------------------------------------------------------------- streams that send at once
+
+
+def _pipe_pair() -> tuple[PipeStream, PipeStream]:
+    """Two PipeStreams over real pipes, wired to each other."""
+    a_read, b_write = (trio.lowlevel.FdStream(fd) for fd in os.pipe())
+    b_read, a_write = (trio.lowlevel.FdStream(fd) for fd in os.pipe())
+    return PipeStream(a_write, a_read), PipeStream(b_write, b_read)
+
+
+@pytest.mark.parametrize("clogged", [False, True])
+async def test_frames_go_out_whole_through_send_nowait(clogged: bool) -> None:
+    """Over a PipeStream frames go out whole, finished by send_all when the pipe fills."""
+    ours, theirs = _pipe_pair()
+    filler = 0
+    if clogged:
+        while sent := ours.send_nowait(b" " * 65536):
+            filler += sent
+    peer = RawPeer(theirs)
+    big = {"blob": "x" * 200_000}  # more than a pipe holds: finished by send_all either way
+    with trio.fail_after(10):
+        async with open_connection(ours, name="agent") as conn, trio.open_nursery() as nursery:
+            nursery.start_soon(conn.notify, "note/one", {"n": 1})
+            nursery.start_soon(conn.notify, "note/big", big)
+            skipped = 0
+            while skipped < filler:  # the filler is whitespace before the first frame
+                skipped += len(await theirs.receive_some(min(65536, filler - skipped)))
+            got = {(await peer.receive())["method"] for _ in range(2)}
+            assert got == {"note/one", "note/big"}
+        await theirs.aclose()

@@ -27,6 +27,7 @@ import trio
 from attrs import define, field
 
 from orchestrator.errors import AgentExited, AgentStartError
+from orchestrator.jsonrpc.pipes import PipeStream
 
 __all__ = [
     "KILL_WAIT",
@@ -143,7 +144,7 @@ class AgentProcess:
     """The process id, which is also its process group and session id."""
     argv: tuple[str, ...]
     """The command line that was executed."""
-    stream: trio.StapledStream[trio.abc.SendStream, trio.abc.ReceiveStream]
+    stream: PipeStream
     """The child's stdin (send side) and stdout (receive side), for the JSON-RPC layer."""
     _process: trio.Process = field(alias="process", repr=False)
     _tail: _StderrTail = field(alias="tail", repr=False)
@@ -172,12 +173,13 @@ class AgentProcess:
         stdin_close_grace: float,
         term_grace: float,
     ) -> AgentProcess:
-        assert process.stdio is not None
+        assert isinstance(process.stdin, trio.lowlevel.FdStream)
+        assert isinstance(process.stdout, trio.lowlevel.FdStream)
         return cls(
             name=name,
             pid=process.pid,
             argv=argv,
-            stream=process.stdio,
+            stream=PipeStream(process.stdin, process.stdout),
             process=process,
             tail=_StderrTail(stderr_tail_bytes),
             stdin_close_grace=stdin_close_grace,

@@ -3,6 +3,7 @@
 - :mod:`.framing`: sans-I/O line splitting and JSON encoding of single frames.
 - :mod:`.messages`: classifying received values and building the ones to send.
 - :mod:`.connection`: :class:`JsonRpcConnection` over any :class:`trio.abc.Stream`.
+- :mod:`.pipes`: :class:`PipeStream`, a low-latency stream over a pair of pipes.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from orchestrator.jsonrpc.connection import (
     JsonRpcConnection,
     NotificationHandler,
     RequestHandler,
+    SupportsSendNowait,
     open_connection,
 )
 from orchestrator.jsonrpc.framing import (
@@ -42,6 +44,7 @@ from orchestrator.jsonrpc.messages import (
     request_obj,
     result_obj,
 )
+from orchestrator.jsonrpc.pipes import PipeStream
 
 __all__ = [
     "CANCEL_REQUEST_METHOD",
@@ -60,10 +63,12 @@ __all__ = [
     "Notification",
     "NotificationHandler",
     "OversizedLine",
+    "PipeStream",
     "Request",
     "RequestHandler",
     "RequestId",
     "Response",
+    "SupportsSendNowait",
     "classify_message",
     "decode_message",
     "encode_message",

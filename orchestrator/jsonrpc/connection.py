@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
-from typing import Any, Literal, NoReturn, TypeAlias
+from typing import Any, Literal, NoReturn, Protocol, TypeAlias, runtime_checkable
 
 import orjson
 import structlog
@@ -61,6 +61,7 @@ __all__ = [
     "JsonRpcConnection",
     "NotificationHandler",
     "RequestHandler",
+    "SupportsSendNowait",
     "open_connection",
 ]
 
@@ -81,6 +82,19 @@ FrameObserver: TypeAlias = Callable[[Literal["send", "recv"], bytes], None]
 """Sees every frame (without its newline) in both directions, e.g. for a wire transcript."""
 CloseErrorFactory: TypeAlias = Callable[[str], Awaitable[ConnectionClosed]]
 """Builds the error given to waiters when the stream ends, from a short reason."""
+
+
+
+@runtime_checkable
+class SupportsSendNowait(Protocol):
+    """A stream that can write without waiting (such as :class:`~orchestrator.jsonrpc.PipeStream`).
+
+    ``send_nowait`` writes what fits at once and returns the number of bytes written; the
+    connection then sends the rest with ``send_all``.
+    """
+
+    def send_nowait(self, data: bytes) -> int: ...
+
 
 _RECEIVE_SIZE = 256 * 1024
 # How long a cancelled request may wait for the send lock to tell the peer about it.
@@ -167,6 +181,7 @@ class JsonRpcConnection:
     _close_exc_ready: trio.Event = field(init=False, factory=trio.Event)
     _ignored_methods: set[str] = field(init=False, factory=set)
     _log: Any = field(init=False, default=None)
+    _send_nowait: Callable[[bytes], int] | None = field(init=False, default=None)
 
     _requests_sent: int = field(init=False, default=0)
     _notifications_sent: int = field(init=False, default=0)
@@ -180,6 +195,8 @@ class JsonRpcConnection:
 
     def __attrs_post_init__(self) -> None:
         self._log = log.bind(peer=self.name)
+        if isinstance(self._stream, SupportsSendNowait):
+            self._send_nowait = self._stream.send_nowait
         self._notification_handlers[CANCEL_REQUEST_METHOD] = self._on_cancel_request
 
     def on_request(self, method: str, handler: RequestHandler) -> None:
@@ -299,17 +316,23 @@ class JsonRpcConnection:
         except trio.WouldBlock:
             await self._send_lock.acquire()
         try:
-            # Shielded so a cancelled sender never leaves half a frame on the wire.
-            with trio.CancelScope(shield=True):
-                if self._frame_observer is not None:
-                    self._observe("send", data[:-1])
-                try:
+            if self._frame_observer is not None:
+                self._observe("send", data[:-1])
+            try:
+                if self._send_nowait is not None:
+                    # A frame that fits in the pipe goes out without a cancel scope.
+                    sent = self._send_nowait(data)
+                    if sent == len(data):
+                        return
+                    data = data[sent:]
+                # Shielded so a cancelled sender never leaves half a frame on the wire.
+                with trio.CancelScope(shield=True):
                     await self._stream.send_all(data)
                     return
-                except trio.BrokenResourceError as exc:
-                    reason = f"stream broken: {exc}" if str(exc) else "stream broken"
-                except trio.ClosedResourceError:
-                    reason = "stream closed"
+            except trio.BrokenResourceError as exc:
+                reason = f"stream broken: {exc}" if str(exc) else "stream broken"
+            except trio.ClosedResourceError:
+                reason = "stream closed"
         finally:
             self._send_lock.release()
         raise await self._get_close_error(reason)
