@@ -513,7 +513,7 @@ def _table(results: dict[str, dict[str, Any]], repeat: int) -> str:
                     "",
                     "branch dirs: make / harvest / remove",
                     " / ".join(f"{best[f'{k}_ms_per_step']:.2f}" for k in _IO_KINDS)
-                    + " ms/step (in their threads; removal in the background)",
+                    + " ms/step (small trees on the loop; folders removed in the background)",
                     "",
                 ),
                 ("", "overhead per step, wall / CPU:", "", ""),

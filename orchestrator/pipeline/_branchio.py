@@ -1,12 +1,15 @@
 """Branch directories of a run: making, harvesting and removing them, and what that costs.
 
-:class:`BranchDirs` is the runner's one way to branch directory I/O: each operation runs in a
-worker thread and is timed into a :class:`BranchIO`; finished directories go to a
-:class:`Reaper`, which removes them in the background.
+:class:`BranchDirs` is the runner's one way to branch directory I/O, timed into a
+:class:`BranchIO`. Each operation on a large tree runs in a worker thread; a small tree
+(:func:`is_small`) is made and harvested on the event loop, where the system calls cost less
+than two thread wake-ups. Finished directories go to a :class:`Reaper`, which removes them in
+the background (a small one's files are deleted at once, its folders by the reaper).
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -19,7 +22,7 @@ import trio
 from attrs import define, field
 
 from .._runbranches import diff_of
-from ..vfs import Branch, ChangeSet, Workdir, materialize
+from ..vfs import Branch, ChangeSet, Snapshot, Workdir, Write, materialize
 from ._calls import safe
 
 __all__ = ["BranchDirs", "BranchIO", "Reaper", "branch_diffs"]
@@ -28,6 +31,26 @@ log = structlog.get_logger(__name__)
 
 _T = TypeVar("_T")
 _U = TypeVar("_U")
+
+#: Trees up to this many files and bytes are made and harvested on the event loop itself: the
+#: system calls take less time than handing the work to a thread and back (two wake-ups).
+INLINE_MAX_FILES = 16
+INLINE_MAX_BYTES = 256 * 1024
+
+
+def is_small(branch: Branch) -> bool:
+    """Whether ``branch`` is small enough for its directory I/O to run on the event loop."""
+    root = branch.root
+    paths = root.paths()
+    changes = branch.changes
+    if len(paths) + len(changes) > INLINE_MAX_FILES:
+        return False
+    if isinstance(root, Snapshot):
+        size = sum(root.stat(path).size for path in paths)
+    else:
+        size = sum(len(state.data) for path in paths if (state := root.state(path)) is not None)
+    size += sum(len(change.data) for change in changes.values() if isinstance(change, Write))
+    return size <= INLINE_MAX_BYTES
 
 
 @define(eq=False)
@@ -81,6 +104,34 @@ class BranchIO:
         return out
 
 
+def _empty_small(workdir: Workdir, limit: int) -> list[str] | None:
+    """Delete the files of ``workdir`` now if it holds at most ``limit`` entries.
+
+    Returns its directories, deepest first, for :class:`Reaper` to remove (an ``rmdir`` may wait
+    on the disk's journal); None, with nothing deleted, if the directory holds more entries (an
+    agent may have installed dependencies into it).
+    """
+    dirs: list[str] = []
+    files: list[str] = []
+    pending = [workdir.root]
+    while pending:
+        directory = pending.pop()
+        dirs.append(directory)
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(entry.path)
+                else:
+                    files.append(entry.path)
+                if len(dirs) + len(pending) + len(files) > limit:
+                    return None
+    workdir.close()
+    for path in files:
+        os.unlink(path)
+    dirs.reverse()
+    return dirs
+
+
 def _timed(work: Callable[[], _T]) -> Callable[[], tuple[_T, float, float]]:
     """``work`` returning also its wall and CPU time (measured in the thread that runs it)."""
 
@@ -105,13 +156,13 @@ class Reaper:
 
     io: BranchIO
     workers: int = 2
-    _queue: queue.SimpleQueue[Workdir | None] = field(factory=queue.SimpleQueue)
+    _queue: queue.SimpleQueue[Workdir | list[str] | None] = field(factory=queue.SimpleQueue)
     _threads: list[threading.Thread] = field(factory=list)
     #: per thread: [directories removed, wall seconds, CPU seconds], read after the join
     _totals: list[list[float]] = field(factory=list)
 
-    def put(self, workdir: Workdir) -> None:
-        """Queue ``workdir`` for removal (never waits)."""
+    def put(self, workdir: Workdir | list[str]) -> None:
+        """Queue ``workdir``, or empty directories (deepest first), for removal (never waits)."""
         self._queue.put(workdir)
         if len(self._threads) < self.workers:
             totals = [0.0, 0.0, 0.0]
@@ -126,9 +177,14 @@ class Reaper:
         while (workdir := self._queue.get()) is not None:
             wall, cpu = time.perf_counter(), time.thread_time()
             try:
-                workdir.remove()
+                if isinstance(workdir, list):
+                    for directory in workdir:
+                        os.rmdir(directory)
+                else:
+                    workdir.remove()
             except Exception:  # a directory left behind must not stop the others
-                log.exception("removing a branch directory failed", directory=workdir.root)
+                where = workdir[-1] if isinstance(workdir, list) else workdir.root
+                log.exception("removing a branch directory failed", directory=where)
             totals[0] += 1
             totals[1] += time.perf_counter() - wall
             totals[2] += time.thread_time() - cpu
@@ -168,9 +224,9 @@ def branch_diffs(branch: Branch) -> tuple[ChangeSet, str, str]:
 class BranchDirs:
     """The branch directories of one run, one level under ``<run_dir>/branches``.
 
-    Every operation that touches them waits in a worker thread and is timed into :attr:`io`;
-    a harvest also computes the branch's diffs in the same thread hop and keeps them until the
-    instance is recorded (:meth:`take_diffs`).
+    Every operation that touches them is timed into :attr:`io` and, unless the tree is small,
+    waits in a worker thread; a harvest also computes the branch's diffs in the same thread hop
+    and keeps them until the instance is recorded (:meth:`take_diffs`).
     """
 
     run_dir: Path
@@ -197,12 +253,33 @@ class BranchDirs:
 
     async def materialize(self, branch: Branch, name: str, attempt: int) -> Workdir:
         """Write ``branch`` out into a fresh directory for attempt ``attempt`` of ``name``."""
-        return await self.run(
-            "materialize", lambda: materialize(branch, self.directory(name, attempt))
+        result, _ = await self.run_then(
+            "materialize",
+            lambda: materialize(branch, self.directory(name, attempt)),
+            lambda: None,
+            inline=is_small(branch),
         )
+        return result
 
     def remove(self, workdir: Workdir) -> None:
-        """Have ``workdir`` removed in the background (never waits)."""
+        """Remove a small ``workdir`` at once, or have it removed in the background.
+
+        A background removal of a tiny directory costs the event loop more than doing it
+        here: the reaper thread's Python code competes for the GIL with every system call the
+        loop makes meanwhile.
+        """
+        if is_small(workdir.branch):
+            wall, cpu = time.perf_counter(), time.thread_time()
+            try:
+                dirs = _empty_small(workdir, 2 * INLINE_MAX_FILES)
+            except OSError:
+                dirs = None  # the reaper tries again and logs what it cannot remove
+            seconds = time.perf_counter() - wall
+            self.io.critical_seconds += seconds
+            self.io.add("remove", 0, seconds, time.thread_time() - cpu)
+            if dirs is not None:
+                self._reaper.put(dirs)
+                return
         self._reaper.put(workdir)
 
     async def drain(self) -> None:
@@ -220,10 +297,19 @@ class BranchDirs:
         return result
 
     async def run_then(
-        self, kind: str, work: Callable[[], _T], then: Callable[[], _U]
+        self, kind: str, work: Callable[[], _T], then: Callable[[], _U], *, inline: bool = False
     ) -> tuple[_T, _U]:
-        """:meth:`run`, and ``then`` (not I/O, not timed) in the same thread hop."""
+        """:meth:`run`, and ``then`` (not I/O, not timed) in the same thread hop.
+
+        ``inline`` runs both right here instead, for work smaller than a thread hop.
+        """
         timed = _timed(work)
+        if inline:
+            await trio.lowlevel.checkpoint_if_cancelled()
+            result, seconds, cpu = timed()
+            self.io.add(kind, 1, seconds, cpu)
+            self.io.critical_seconds += seconds
+            return result, then()
 
         def both() -> tuple[tuple[_T, float, float], _U, float]:
             first = timed()
@@ -248,7 +334,10 @@ class BranchDirs:
         """
         branch = workdir.branch
         _, diffs = await self.run_then(
-            "harvest", lambda: workdir.harvest(full=True), lambda: branch_diffs(branch)
+            "harvest",
+            lambda: workdir.harvest(full=True),
+            lambda: branch_diffs(branch),
+            inline=is_small(branch),
         )
         self._diffs[branch.name] = diffs
 
