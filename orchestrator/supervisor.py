@@ -271,7 +271,9 @@ class Supervisor:
         if self._closing:
             raise AgentError("the supervisor is shutting down", agent=spec.name)
         pool = self._pool(spec)
-        async with _acquired(self._slots), _acquired(pool.slots):
+        # The agent's own slot first: waiters queued behind a small per-agent limit must not
+        # hold global slots that other agents' leases could use.
+        async with _acquired(pool.slots), _acquired(self._slots):
             proc = await self._acquire(pool, os.fspath(cwd))
             try:
                 assert proc.conn is not None

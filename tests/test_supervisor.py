@@ -113,6 +113,38 @@ async def test_per_agent_limit() -> None:
             assert sup.statistics()["peakSessions"] == 2
 
 
+async def test_queue_behind_a_per_agent_limit_leaves_global_slots_to_others(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Leases waiting for a busy agent's own slot do not hold global slots other agents need."""
+    slow = AgentScript(turns=(Turn(steps=(Sleep(10), Say("slow"))),))
+    fast = AgentScript(turns=(Turn(steps=(Say("fast"),)),))
+    scripts = {"slow": slow, "fast": fast}
+    slow_spec = AgentSpec("slow", ("unused",), max_sessions=1)
+    fast_spec = AgentSpec("fast", ("unused",))
+    fast_done: list[float] = []
+    with trio.fail_after(120):
+        async with open_supervisor(
+            Limits(max_sessions=2),
+            connector=memory_connector(lambda spec: scripts[spec.name]),
+        ) as sup:
+
+            async def one(spec: AgentSpec) -> None:
+                async with sup.lease(spec, cwd="/tmp") as lease:
+                    await lease.prompt("go")
+                if spec is fast_spec:
+                    fast_done.append(trio.current_time())
+
+            start = trio.current_time()
+            async with trio.open_nursery() as nursery:
+                for _ in range(4):  # one runs, three wait for the slow agent's only slot
+                    nursery.start_soon(one, slow_spec)
+                await trio.testing.wait_all_tasks_blocked()
+                nursery.start_soon(one, fast_spec)
+    # the fast agent ran beside the first slow turn, not after the slow queue drained
+    assert fast_done and fast_done[0] - start < 10
+
+
 async def test_crash_mid_turn_is_reported_and_replaced(tmp_path: Path) -> None:
     """A crash fails the lease's turn; the next lease gets a new process (one restart)."""
     script = AgentScript(
