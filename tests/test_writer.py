@@ -91,3 +91,25 @@ async def test_records_of_a_step_in_different_batches_are_all_written(tmp_path: 
             [step] = await store.steps("r4")
     assert stats["coalesced"] == 0 and stats["ops"] == 2 and stats["batches"] == 2
     assert step.status == "failed"
+
+
+async def test_concurrent_flushes_all_return_once_written(tmp_path: Path) -> None:
+    """Several tasks flushing at once all wake when the queue is written."""
+    with trio.fail_after(20):
+        async with open_run_store(tmp_path) as store:
+            await store.create_run(run_record("r5"))
+            async with open_store_writer(store) as writer:
+                flushed: list[int] = []
+
+                async def flusher(n: int) -> None:
+                    await writer.flush()
+                    flushed.append(n)
+
+                async with trio.open_nursery() as nursery:
+                    for n in range(3):
+                        writer.put(AddEvent("r5", {"type": "update", "n": n}))
+                        nursery.start_soon(flusher, n)
+                        await trio.lowlevel.checkpoint()
+                assert sorted(flushed) == [0, 1, 2]
+                assert writer.statistics()["queued"] == 0
+            assert [e["n"] for e in await store.events("r5")] == [0, 1, 2]

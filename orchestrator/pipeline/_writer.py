@@ -58,9 +58,11 @@ class StoreWriter:
     async def flush(self) -> None:
         """Wait until everything queued so far is written."""
         while self._pending or self._writing:
-            self._idle = trio.Event()
+            if self._idle.is_set():  # a stale one, from an earlier flush: waiters share a fresh one
+                self._idle = trio.Event()
+            idle = self._idle
             self._wake.set()
-            await self._idle.wait()
+            await idle.wait()
 
     async def _write_pending(self) -> None:
         batch, self._pending = self._pending, []
