@@ -734,6 +734,17 @@ async def test_turn_accumulates_every_update_kind(tmp_path: Path) -> None:
     assert session.background_updates == []
 
 
+async def test_mode_update_without_modes_changes_no_session_state(tmp_path: Path) -> None:
+    """A current_mode_update from an agent that offered no modes is only part of the turn."""
+    mode_update = {"sessionUpdate": "current_mode_update", "currentModeId": "code"}
+    async with connect(turns(Update(mode_update), Say("ok"))) as (conn, _):
+        session = await conn.new_session(tmp_path)
+        result = await session.prompt("go")
+    assert (session.modes, session.current_mode) == (None, None)
+    assert (result.mode_changes, result.text) == (["code"], "ok")
+    assert session.config_options == []
+
+
 async def test_live_updates_are_the_results_updates_in_order(tmp_path: Path) -> None:
     """Iterating turn.updates() inside open_turn yields the turn's updates, in order."""
     seen: list[t.SessionUpdate] = []

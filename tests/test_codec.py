@@ -18,8 +18,15 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator, ValidationError
 
 from orchestrator.errors import InvalidParams
+from orchestrator.protocol import codec
 from orchestrator.protocol import types as t
-from orchestrator.protocol.codec import StructureError, converter, structure, unstructure
+from orchestrator.protocol.codec import (
+    StructureError,
+    converter,
+    make_converter,
+    structure,
+    unstructure,
+)
 
 SCHEMA_DIR = Path(t.__file__).parent / "schema"
 GOLDEN_DIR = Path(__file__).parent / "golden"
@@ -627,6 +634,144 @@ def test_schema_validators_are_not_vacuous() -> None:
         stable_validator("TextContent").validate({"type": "text"})
     with pytest.raises(ValidationError, match="is not valid"):
         stable_validator("SessionUpdate").validate({"sessionUpdate": "notice_v9"})
+
+
+# --------------------------------------------------------------------------- text chunk fast path
+
+#: a converter without the fast path, the reference the fast path is checked against
+GENERAL = make_converter(fast_paths=False)
+CHUNK_TAGS = ("user_message_chunk", "agent_message_chunk", "agent_thought_chunk")
+#: the union, typed loosely for Converter.structure (which types only classes)
+SESSION_UPDATE: Any = t.SessionUpdate
+TEXT = {"type": "text", "text": "hi"}
+
+
+def outcome(conv: Any, value: Any) -> tuple[Any, ...]:
+    """What ``conv`` makes of ``value`` as a SessionUpdate: the value, or the error and path."""
+    try:
+        result = conv.structure(value, SESSION_UPDATE)
+    except StructureError as e:
+        return ("error", str(e), e.path)
+    return ("value", type(result), type(getattr(result, "content", None)), result)
+
+
+def test_every_text_chunk_kind_has_a_fast_path() -> None:
+    """The generated chunk classes keep the shape the fast path needs, for all three kinds."""
+    factory = codec._HookFactory(converter)
+    builders = factory._text_chunk_builders(t.TAGGED_UNIONS[t.SessionUpdate])
+    assert set(builders) == set(CHUNK_TAGS)
+    for tag, build in builders.items():
+        wire = {"sessionUpdate": tag, "content": TEXT}
+        assert build("hi") == GENERAL.structure(wire, SESSION_UPDATE)
+    # no other union has content chunk members
+    assert factory._text_chunk_builders(t.TAGGED_UNIONS[t.ContentBlock]) == {}
+
+
+@HYPOTHESIS
+@given(tag=st.sampled_from(CHUNK_TAGS), text=st.text())
+def test_text_chunk_fast_path_equals_the_general_path(tag: str, text: str) -> None:
+    """A text chunk read by the fast path equals what the general path reads, types included."""
+    wire = {"sessionUpdate": tag, "content": {"type": "text", "text": text}}
+    assert outcome(converter, wire) == outcome(GENERAL, wire)
+    first = converter.structure(wire, SESSION_UPDATE)
+    second = structure(wire, t.SessionUpdate)
+    assert unstructure(first) == wire
+    # each value has its own (empty) extra dicts
+    assert first.extra == {} and first.extra is not second.extra
+    assert first.content.extra == {} and first.content.extra is not second.content.extra
+
+
+NEAR_TEXT_CHUNKS = {
+    "message id": {"sessionUpdate": "agent_message_chunk", "content": TEXT, "messageId": "m1"},
+    "meta": {"sessionUpdate": "agent_thought_chunk", "content": TEXT, "_meta": {"k": 1}},
+    "unknown field": {"sessionUpdate": "agent_message_chunk", "content": TEXT, "x-new": [1]},
+    "block unknown field": {
+        "sessionUpdate": "agent_message_chunk",
+        "content": {**TEXT, "x-new": 1},
+    },
+    "block annotations": {
+        "sessionUpdate": "user_message_chunk",
+        "content": {**TEXT, "annotations": {"priority": 0.5}},
+    },
+    "block bad annotations": {
+        "sessionUpdate": "agent_message_chunk",
+        "content": {**TEXT, "annotations": 7},
+    },
+    "image block": {
+        "sessionUpdate": "agent_message_chunk",
+        "content": {"type": "image", "data": "AAAA", "mimeType": "image/png"},
+    },
+    "resource link": {
+        "sessionUpdate": "agent_thought_chunk",
+        "content": {"type": "resource_link", "uri": "file:///a", "name": "a"},
+    },
+    "unknown block with text": {
+        "sessionUpdate": "agent_message_chunk",
+        "content": {"type": "hologram", "text": "hi"},
+    },
+    "block without type": {
+        "sessionUpdate": "agent_message_chunk",
+        "content": {"text": "hi", "x": 1},
+    },
+    "text number": {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": 5}},
+    "text null": {
+        "sessionUpdate": "agent_message_chunk",
+        "content": {"type": "text", "text": None},
+    },
+    "text list": {
+        "sessionUpdate": "agent_thought_chunk",
+        "content": {"type": "text", "text": ["a"]},
+    },
+    "type number": {"sessionUpdate": "agent_message_chunk", "content": {"type": 5, "text": "hi"}},
+    "text missing": {
+        "sessionUpdate": "agent_message_chunk",
+        "content": {"type": "text", "x": "hi"},
+    },
+    "content string": {"sessionUpdate": "agent_message_chunk", "content": "hi"},
+    "content null": {"sessionUpdate": "agent_message_chunk", "content": None},
+    "content array": {"sessionUpdate": "agent_message_chunk", "content": [TEXT]},
+    "content missing": {"sessionUpdate": "agent_message_chunk", "text": "hi"},
+    "other kind": {"sessionUpdate": "tool_call", "content": TEXT},
+    "unknown kind": {"sessionUpdate": "video_chunk", "content": TEXT},
+    "kind number": {"sessionUpdate": 5, "content": TEXT},
+    "kind array": {"sessionUpdate": ["agent_message_chunk"], "content": TEXT},
+    "kind missing": {"content": TEXT, "x": 1},
+    "not an object": ["agent_message_chunk", TEXT],
+}
+
+
+@pytest.mark.parametrize("wire", NEAR_TEXT_CHUNKS.values(), ids=NEAR_TEXT_CHUNKS.keys())
+def test_values_off_the_fast_path_read_as_before(wire: Any) -> None:
+    """Anything but a bare text chunk gives the general path's value or error, unchanged."""
+    assert outcome(converter, wire) == outcome(GENERAL, wire)
+
+
+def test_near_text_chunks_keep_fields_and_report_misfits() -> None:
+    """Chunks off the fast path keep unknown fields, and a misfit is a -32602 naming its path."""
+    chunks = NEAR_TEXT_CHUNKS
+    assert structure(chunks["message id"], t.SessionUpdate) == t.AgentMessageChunk(
+        content=t.TextContent(text="hi"), message_id="m1"
+    )
+    assert structure(chunks["unknown field"], t.SessionUpdate).extra == {"x-new": [1]}
+    block = structure(chunks["block unknown field"], t.SessionUpdate).content
+    assert block == t.TextContent(text="hi", extra={"x-new": 1})
+    hologram = structure(chunks["unknown block with text"], t.SessionUpdate).content
+    assert hologram == t.UnknownContentBlock(
+        type="hologram", raw={"type": "hologram", "text": "hi"}
+    )
+    with pytest.raises(InvalidParams) as info:
+        structure(chunks["text number"], t.SessionUpdate)
+    assert info.value.code == -32602
+    assert (
+        info.value.message == "invalid SessionUpdate: content.text: expected a string, got number"
+    )
+    assert info.value.data == {"path": "content.text"}
+    with pytest.raises(InvalidParams, match=r"^invalid SessionUpdate: content: missing required"):
+        structure(chunks["content missing"], t.SessionUpdate)
+    with pytest.raises(
+        InvalidParams, match=r"^invalid SessionUpdate: sessionUpdate: expected a string, got array"
+    ):
+        structure(chunks["kind array"], t.SessionUpdate)
 
 
 # --------------------------------------------------------------------------- golden frames

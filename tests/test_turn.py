@@ -38,6 +38,21 @@ def test_text_and_thoughts_are_joined_in_order() -> None:
     assert len(keeping.result("end_turn").updates) == 2
 
 
+def test_chunks_of_other_content_kinds_add_their_placeholder() -> None:
+    """Chunks holding other blocks add what content_text gives: a link, or nothing for media."""
+    link = {"type": "resource_link", "uri": "file:///a.py", "name": "a.py"}
+    image = {"type": "image", "data": "AAAA", "mimeType": "image/png"}
+    acc = TurnAccumulator()
+    for kind in ("agent_message_chunk", "agent_thought_chunk"):
+        acc.add(chunk(kind, "see "))
+        acc.add(update({"sessionUpdate": kind, "content": link}))
+        acc.add(update({"sessionUpdate": kind, "content": image}))
+        acc.add(update({"sessionUpdate": kind, "content": {"type": "hologram", "text": "x"}}))
+        acc.add(chunk(kind, "."))
+    result = acc.result("end_turn")
+    assert result.text == result.thoughts == "see [a.py](file:///a.py)."
+
+
 def test_tool_call_patches_merge_into_the_call() -> None:
     """A tool_call_update changes only the fields it carries."""
     acc = TurnAccumulator()

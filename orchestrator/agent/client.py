@@ -66,6 +66,8 @@ log = structlog.get_logger(__name__)
 
 CLIENT_INFO = t.Implementation(name="acp-orchestrator", title="ACP Orchestrator", version="0.1.0")
 UpdateCallback = Callable[[t.SessionUpdate], None]
+# The updates that change the session's own state, besides being part of a turn.
+_SESSION_STATE_UPDATES = (t.CurrentModeUpdate, t.ConfigOptionUpdate)
 
 
 @frozen
@@ -176,14 +178,19 @@ class AcpSession:
     # ------------------------------------------------------------------ turns
 
     def _on_update(self, update: t.SessionUpdate) -> None:
-        if isinstance(update, t.CurrentModeUpdate) and self.modes is not None:
-            self.modes = t.SessionModeState(
-                current_mode_id=update.current_mode_id, available_modes=self.modes.available_modes
-            )
-        elif isinstance(update, t.ConfigOptionUpdate):
-            self.config_options = list(update.config_options)
-        if self._turn is not None:
-            self._turn._add(update)
+        # one isinstance call for the common case, an update that changes no session state
+        if isinstance(update, _SESSION_STATE_UPDATES):
+            if isinstance(update, t.CurrentModeUpdate):
+                if self.modes is not None:
+                    self.modes = t.SessionModeState(
+                        current_mode_id=update.current_mode_id,
+                        available_modes=self.modes.available_modes,
+                    )
+            else:
+                self.config_options = list(update.config_options)
+        turn = self._turn
+        if turn is not None:
+            turn._add(update)
         else:
             self.background_updates.append(update)
 

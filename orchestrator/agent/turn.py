@@ -149,13 +149,21 @@ class TurnAccumulator:
 
     def add(self, update: t.SessionUpdate) -> None:
         """Fold one update in."""
+        # Nearly every update of a turn is a chunk holding a text block: that case reads the
+        # text directly, without a call to content_text.
         if isinstance(update, t.AgentMessageChunk):
-            self.text.append(content_text(update.content))
+            block = update.content
+            self.text.append(
+                block.text if block.__class__ is t.TextContent else content_text(block)
+            )
             if self.keep_chunks:
                 self.updates.append(update)
             return
         if isinstance(update, t.AgentThoughtChunk):
-            self.thoughts.append(content_text(update.content))
+            block = update.content
+            self.thoughts.append(
+                block.text if block.__class__ is t.TextContent else content_text(block)
+            )
             if self.keep_chunks:
                 self.updates.append(update)
             return

@@ -84,7 +84,6 @@ CloseErrorFactory: TypeAlias = Callable[[str], Awaitable[ConnectionClosed]]
 """Builds the error given to waiters when the stream ends, from a short reason."""
 
 
-
 @runtime_checkable
 class SupportsSendNowait(Protocol):
     """A stream that can write without waiting (such as :class:`~orchestrator.jsonrpc.PipeStream`).

@@ -14,7 +14,9 @@ from the attrs field metadata the generator wrote (``wire`` names, ``tag``, ``le
 - anything else that does not fit raises :class:`~orchestrator.errors.InvalidParams` whose
   message names the path (``update.content.text: expected a string, got number``).
 
-Hooks are built lazily on first use, so importing this module is cheap.
+Hooks are built lazily on first use, so importing this module is cheap. The union of session
+updates has a fast path for the bulk of a turn, message and thought chunks holding just a text
+block: it builds the same values as the general path, which takes anything else.
 """
 
 from __future__ import annotations
@@ -137,8 +139,9 @@ def _is_dict(tp: Any) -> bool:
 class _HookFactory:
     """Builds and caches the structure/unstructure functions for one converter."""
 
-    def __init__(self, conv: cattrs.Converter):
+    def __init__(self, conv: cattrs.Converter, fast_paths: bool = True):
         self.conv = conv
+        self.fast_paths = fast_paths
         self._tagged: dict[frozenset[type], acp.TaggedUnion] = {
             frozenset(spec.members): spec for spec in acp.TAGGED_UNIONS.values()
         }
@@ -357,7 +360,75 @@ class _HookFactory:
                 raise StructureError("missing required field", (wire,))
             raise _expected("a string", tag).at(wire)
 
-        return structure
+        chunks = self._text_chunk_builders(spec) if self.fast_paths else {}
+        if not chunks:
+            return structure
+
+        def structure_text_chunks_first(v: Any, _: Any) -> Any:
+            # exactly {tag: <a chunk kind>, "content": {"type": "text", "text": <a string>}}:
+            # counting the keys sends anything with another field to the general path
+            if v.__class__ is dict and len(v) == 2:
+                tag = v.get(wire)
+                if tag.__class__ is str:
+                    build = chunks.get(tag)
+                    if build is not None:
+                        c = v.get("content")
+                        if c.__class__ is dict and len(c) == 2 and c.get("type") == "text":
+                            text = c.get("text")
+                            if text.__class__ is str:
+                                return build(text)
+            return structure(v, _)
+
+        return structure_text_chunks_first
+
+    def _text_chunk_builders(self, spec: acp.TaggedUnion) -> dict[str, Callable[[str], Any]]:
+        """Per tag, a function of a text building what the member's hook builds from
+        ``{tag: ..., "content": {"type": "text", "text": text}}``.
+
+        Only for the content chunk members of a union, and only while the generated classes
+        keep the shape this relies on (one required field ``content``, a :class:`TextContent`
+        whose one required field is the string ``text``); otherwise empty.
+        """
+        text_cls = acp.TextContent
+        _resolve(text_cls)
+        text_fields = {f.name: f for f in attrs.fields(text_cls)}
+        text_tag = next((f for f in text_fields.values() if f.metadata.get("tag")), None)
+        text_field = text_fields.get("text")
+        if (
+            text_tag is None
+            or text_tag.metadata.get("wire") != "type"
+            or text_tag.default != "text"
+            or text_field is None
+            or text_field.metadata.get("wire") != "text"
+            or text_field.type is not str
+        ):
+            return {}
+        block = _construct_lines(text_cls, "b", {"text": "text"}, "t_")
+        if block is None:
+            return {}
+        builders: dict[str, Callable[[str], Any]] = {}
+        for member in spec.members:
+            if not (isinstance(member, type) and issubclass(member, acp.ContentChunk)):
+                continue
+            _resolve(member)
+            fields = {f.name: f for f in attrs.fields(member)}
+            content = fields.get("content")
+            tag = next((f for f in fields.values() if f.metadata.get("tag")), None)
+            if (
+                tag is None
+                or spec.tag != tag.metadata.get("wire")
+                or content is None
+                or content.metadata.get("wire") != "content"
+                or text_cls not in get_args(_strip_none(content.type)[0])
+            ):
+                continue
+            chunk = _construct_lines(member, "o", {"content": "b"}, "c_")
+            if chunk is None:
+                continue
+            ns: dict[str, Any] = {**block[1], **chunk[1]}
+            src = ["def build(text):", *block[0], *chunk[0], "    return o"]
+            builders[tag.default] = _compile(src, ns, f"build_text_{member.__name__}")
+        return builders
 
     def _untagged_union(self, spec: acp.UntaggedUnion) -> Callable[[Any, Any], Any]:
         options = [(m, keys, self.conv.get_structure_hook(m)) for m, keys in spec.members]
@@ -450,6 +521,31 @@ class _HookFactory:
         return structure
 
 
+def _construct_lines(
+    cls: type, var: str, given: dict[str, str], prefix: str
+) -> tuple[list[str], dict[str, Any]] | None:
+    """Source lines building ``cls`` into ``var`` the way its structure hook does for an object
+    holding only the tag and the fields in ``given`` (field name -> expression): other fields
+    None, ``extra`` empty, the tag its default. None if a required field is not given.
+    """
+    ns: dict[str, Any] = {f"{prefix}cls": cls, "new": object.__new__}
+    lines = [f"    {var} = new({prefix}cls)"]
+    for j, f in enumerate(attrs.fields(cls)):
+        if f.metadata.get("extra"):
+            value = "{}"
+        elif f.metadata.get("tag"):
+            value = repr(f.default)
+        elif f.name in given:
+            value = given[f.name]
+        elif f.default is attrs.NOTHING:
+            return None
+        else:
+            value = "None"  # as the general path reads an absent optional field
+        ns[f"{prefix}s{j}"] = _slot_setter(cls, f.name)
+        lines.append(f"    {prefix}s{j}({var}, {value})")
+    return lines, ns
+
+
 def _slot_setter(cls: type, name: str) -> Callable[[Any, Any], None]:
     for klass in cls.__mro__:
         slot = klass.__dict__.get(name)
@@ -501,10 +597,14 @@ def _compile(src: list[str], ns: dict[str, Any], name: str) -> Callable[..., Any
     return fn
 
 
-def make_converter() -> cattrs.Converter:
-    """A converter for the generated ACP types (and any attrs class using the same metadata)."""
+def make_converter(*, fast_paths: bool = True) -> cattrs.Converter:
+    """A converter for the generated ACP types (and any attrs class using the same metadata).
+
+    ``fast_paths=False`` leaves out the shortcut for text chunks, so that only the general
+    path runs (the shortcut is checked against it).
+    """
     conv = cattrs.Converter()
-    hooks = _HookFactory(conv)
+    hooks = _HookFactory(conv, fast_paths)
     for kind in (str, int, float, bool):
         conv.register_structure_hook(kind, _primitive(kind))
     conv.register_structure_hook(typing.Any, lambda v, _: v)
