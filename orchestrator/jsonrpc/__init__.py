@@ -3,6 +3,7 @@
 - :mod:`.framing`: sans-I/O line splitting and JSON encoding of single frames.
 - :mod:`.messages`: classifying received values and building the ones to send.
 - :mod:`.connection`: :class:`JsonRpcConnection` over any :class:`trio.abc.Stream`.
+- :mod:`.interfaces`: the handler signatures, stream capability and statistics it uses.
 - :mod:`.pipes`: :class:`PipeStream`, a low-latency stream over a pair of pipes.
 """
 
