@@ -19,6 +19,8 @@ from orchestrator.protocol import types as t
 
 ROOT = Path(__file__).resolve().parent.parent
 GENERATOR = ROOT / "tools" / "gen_protocol.py"
+#: modules next to the generator that it imports
+GENERATOR_HELPERS = ("gen_dunders",)
 SCHEMA_DIR = ROOT / "orchestrator" / "protocol" / "schema"
 GENERATED = ("orchestrator/protocol/types.py", "orchestrator/protocol/methods.py")
 ENVELOPES = frozenset(
@@ -40,17 +42,26 @@ DEF_NAMES = sorted(set(UNSTABLE_DEFS) - ENVELOPES)
 
 
 def load_generator(path: Path, name: str) -> ModuleType:
-    """Import a copy of the generator from ``path`` under a private module name."""
+    """Import a copy of the generator from ``path`` under a private module name.
+
+    Its helper modules are imported from the same directory, fresh, as a script run would.
+    """
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    saved = {h: sys.modules.pop(h) for h in GENERATOR_HELPERS if h in sys.modules}
+    sys.path.insert(0, str(path.parent))
     # dataclasses look the module up in sys.modules while the class bodies run
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
     finally:
         del sys.modules[name]
+        sys.path.remove(str(path.parent))
+        for helper in GENERATOR_HELPERS:
+            sys.modules.pop(helper, None)
+        sys.modules.update(saved)
     return module
 
 
@@ -59,6 +70,8 @@ def tree_copy(tmp_path: Path) -> Path:
     """A temporary copy of the generator, the vendored schema and the generated modules."""
     (tmp_path / "tools").mkdir()
     shutil.copy2(GENERATOR, tmp_path / "tools" / "gen_protocol.py")
+    for helper in GENERATOR_HELPERS:
+        shutil.copy2(GENERATOR.parent / f"{helper}.py", tmp_path / "tools" / f"{helper}.py")
     shutil.copytree(SCHEMA_DIR, tmp_path / "orchestrator" / "protocol" / "schema")
     for rel in GENERATED:
         shutil.copy2(ROOT / rel, tmp_path / rel)
@@ -125,6 +138,25 @@ def test_edited_schema_is_refused(tree_copy: Path) -> None:
     meta.write_text(meta.read_text() + "\n")
     with pytest.raises(SystemExit, match="checksum mismatch"):
         gen.build()
+
+
+def test_emitted_methods_refuse_names_that_shadow_their_helpers() -> None:
+    """A field named like something the emitted methods use (``self``, a factory) is refused."""
+    gen = load_generator(GENERATOR, "_gen_protocol_dunders")
+    with pytest.raises(ValueError, match="self"):
+        gen.emit_dunders("C", [gen.Attr("self", "int")], kw_only=True)
+    factory = gen.Attr("extra", "dict[str, Any]", factory="dict")
+    with pytest.raises(ValueError, match="dict"):
+        gen.emit_dunders("C", [gen.Attr("dict", "int"), factory], kw_only=True)
+    assert any("def __init__" in line for line in gen.emit_dunders("C", [factory], kw_only=True))
+
+
+def test_generated_classes_leave_only_attrs_init_to_attrs() -> None:
+    """Every generated class (unions' tables too) brings its own methods; attrs adds none."""
+    text = (ROOT / GENERATED[0]).read_text()
+    decorators = [line for line in text.splitlines() if line.startswith("@frozen")]
+    assert len(decorators) == text.count("\n    def __init__(") > 200
+    assert all("init=False, repr=False, eq=False" in line for line in decorators)
 
 
 def test_generated_header_says_do_not_edit() -> None:

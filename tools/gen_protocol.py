@@ -8,7 +8,8 @@ Usage::
 The schema is first loaded into a small model (:class:`Model`: classes, fields, unions, enums,
 aliases, methods); the Python text is then emitted from that model, never while walking the raw
 JSON. Types come from ``schema.unstable.json`` (a superset of ``schema.json``); those missing
-from the stable schema are marked unstable.
+from the stable schema are marked unstable. The classes get their ``__init__``, ``__repr__``,
+``__eq__`` and ``__hash__`` as code in their bodies (see ``gen_dunders.py``), not from attrs.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from gen_dunders import DECORATOR_ARGS, PRELUDE, Attr, emit_dunders
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_DIR = ROOT / "orchestrator" / "protocol" / "schema"
@@ -552,6 +555,13 @@ def header(source: str) -> list[str]:
     ]
 
 
+def field_default(f: FieldSpec) -> str | None:
+    """The field's default as source text; None for a required field."""
+    if f.tag_value is not None:
+        return json.dumps(f.tag_value)
+    return None if f.required else "None"
+
+
 def emit_field(f: FieldSpec, indent: str) -> list[str]:
     meta = [f'"wire": {json.dumps(f.wire)}']
     if f.tag_value is not None:
@@ -561,13 +571,31 @@ def emit_field(f: FieldSpec, indent: str) -> list[str]:
     if f.skip_invalid_items:
         meta.append('"skip_invalid_items": True')
     args = []
-    if f.tag_value is not None:
-        args.append(f"default={json.dumps(f.tag_value)}")
-    elif not f.required:
-        args.append("default=None")
+    default = field_default(f)
+    if default is not None:
+        args.append(f"default={default}")
     args.append("metadata={" + ", ".join(meta) + "}")
     out = comment(f.doc, indent)
     out.append(f"{indent}{f.py_name}: {f.annotation} = field({', '.join(args)})")
+    return out
+
+
+TAGGED_UNION_ATTRS = [
+    Attr("tag", "str"),
+    Attr("members", "tuple[type, ...]"),
+    Attr("default", "type | None"),
+    Attr("unknown", "type"),
+]
+UNTAGGED_UNION_ATTRS = [Attr("members", "tuple[tuple[Any, frozenset[str]], ...]")]
+
+
+def own_attrs(cls: ClassSpec) -> list[Attr]:
+    """The fields ``emit_types`` writes into the class body, in order, for its methods."""
+    if cls.unknown_tag is not None:
+        return [Attr(cls.unknown_tag.py_name, "str"), Attr("raw", "dict[str, Any]", factory="dict")]
+    out = [Attr(f.py_name, f.annotation, field_default(f)) for f in cls.fields]
+    if not cls.base:
+        out.append(Attr("extra", "dict[str, Any]", factory="dict"))
     return out
 
 
@@ -584,15 +612,21 @@ def emit_types(model: Model) -> str:
         "",
         "from __future__ import annotations",
         "",
+        "import threading",
+        "from collections.abc import Callable",
         "from typing import Any, ClassVar, Literal, TypeAlias, Union",
         "",
-        "from attrs import field, frozen",
+        "from attrs import NOTHING, field, frozen",
         "",
         f"PROTOCOL_VERSION = {PROTOCOL_VERSION}",
         f'SCHEMA_RELEASE = "{SCHEMA_RELEASE}"',
         "",
+        "# The classes carry their own __init__, __repr__, __eq__ and __hash__ (written by the",
+        "# generator), so that attrs does not compile them anew at every import.",
+        *PRELUDE,
         "",
-        "@frozen",
+        "",
+        f"@frozen({DECORATOR_ARGS})",
         "class TaggedUnion:",
         '    """How a tagged union is told apart on the wire (read by the codec)."""',
         "",
@@ -605,13 +639,17 @@ def emit_types(model: Model) -> str:
         "    #: the class that keeps variants with an unknown tag",
         "    unknown: type",
         "",
+        *emit_dunders("TaggedUnion", TAGGED_UNION_ATTRS, kw_only=False),
         "",
-        "@frozen",
+        "",
+        f"@frozen({DECORATOR_ARGS})",
         "class UntaggedUnion:",
         '    """A union told apart by which required wire keys an object has."""',
         "",
         "    #: (member type, required wire keys), most keys first",
         "    members: tuple[tuple[Any, frozenset[str]], ...]",
+        "",
+        *emit_dunders("UntaggedUnion", UNTAGGED_UNION_ATTRS, kw_only=False),
         "",
     ]
     # aliases that are enums or primitives first (classes refer to them only in annotations)
@@ -621,8 +659,15 @@ def emit_types(model: Model) -> str:
             *comment(alias.doc, ""),
             f"{alias.name}: TypeAlias = {alias_runtime(alias.annotation)}",
         ]
+    attrs_of: dict[str, list[Attr]] = {}
     for cls in base_first(model.classes):
-        out += ["", "", "@frozen(kw_only=True)"]
+        # attrs' field order: the base class's fields (those not redefined here) come first
+        own = own_attrs(cls)
+        inherited = attrs_of[cls.base] if cls.base else []
+        taken = {a.name for a in own}
+        attrs_of[cls.name] = [a for a in inherited if a.name not in taken] + own
+        methods = emit_dunders(cls.name, attrs_of[cls.name], kw_only=True)
+        out += ["", "", f"@frozen(kw_only=True, {DECORATOR_ARGS})"]
         base = cls.base if cls.base else ""
         out.append(f"class {cls.name}({base}):" if base else f"class {cls.name}:")
         doc = cls.doc or f"The ``{cls.name}`` type."
@@ -640,6 +685,8 @@ def emit_types(model: Model) -> str:
                 f'metadata={{"wire": {json.dumps(t.wire)}, "tag": True}})',
                 "    #: the whole object as received",
                 "    raw: dict[str, Any] = field(factory=dict)",
+                "",
+                *methods,
             ]
             continue
         for f in cls.fields:
@@ -649,6 +696,7 @@ def emit_types(model: Model) -> str:
                 "    #: wire fields this schema release does not know, kept as received",
                 '    extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})',
             ]
+        out += ["", *methods]
     out += [""]
     for union in model.unions.values():
         out += [

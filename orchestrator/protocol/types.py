@@ -12,15 +12,43 @@ Every class keeps unknown wire fields in ``extra``; each tagged union has an
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import Any, ClassVar, Literal, TypeAlias, Union
 
-from attrs import field, frozen
+from attrs import NOTHING, field, frozen
 
 PROTOCOL_VERSION = 1
 SCHEMA_RELEASE = "1.21.0"
 
+# The classes carry their own __init__, __repr__, __eq__ and __hash__ (written by the
+# generator), so that attrs does not compile them anew at every import.
+#: sets a slot of a frozen instance (what attrs' ``__init__`` uses)
+_setattr = object.__setattr__
+#: the default of a ``factory`` field's ``__init__`` parameter, as in attrs' signatures;
+#: typed Any so the parameter keeps the field's type
+_NOTHING: Any = NOTHING
+#: ids of the objects whose repr is being built, per thread (cycles print as ``...``)
+_repr_context = threading.local()
 
-@frozen
+
+def _repr(self: Any, fields: Callable[[], str]) -> str:
+    """attrs' repr: ``Class(field=value, ...)``, ``...`` for an object met again."""
+    try:
+        active: set[int] = _repr_context.active
+    except AttributeError:
+        active = set()
+        _repr_context.active = active
+    if id(self) in active:
+        return "..."
+    active.add(id(self))
+    try:
+        return f"{self.__class__.__qualname__.rsplit('>.', 1)[-1]}({fields()})"
+    finally:
+        active.remove(id(self))
+
+
+@frozen(init=False, repr=False, eq=False)
 class TaggedUnion:
     """How a tagged union is told apart on the wire (read by the codec)."""
 
@@ -33,13 +61,60 @@ class TaggedUnion:
     #: the class that keeps variants with an unknown tag
     unknown: type
 
+    def __init__(
+        self,
+        tag: str,
+        members: tuple[type, ...],
+        default: type | None,
+        unknown: type,
+    ) -> None:
+        _setattr(self, "tag", tag)
+        _setattr(self, "members", members)
+        _setattr(self, "default", default)
+        _setattr(self, "unknown", unknown)
 
-@frozen
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"tag={self.tag!r}, "
+            f"members={self.members!r}, "
+            f"default={self.default!r}, "
+            f"unknown={self.unknown!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.tag == other.tag
+            and self.members == other.members
+            and self.default == other.default
+            and self.unknown == other.unknown
+        )
+
+    def __hash__(self) -> int:
+        return hash(("TaggedUnion", self.tag, self.members, self.default, self.unknown))
+
+
+@frozen(init=False, repr=False, eq=False)
 class UntaggedUnion:
     """A union told apart by which required wire keys an object has."""
 
     #: (member type, required wire keys), most keys first
     members: tuple[tuple[Any, frozenset[str]], ...]
+
+    def __init__(self, members: tuple[tuple[Any, frozenset[str]], ...]) -> None:
+        _setattr(self, "members", members)
+
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"members={self.members!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.members == other.members
+
+    def __hash__(self) -> int:
+        return hash(("UntaggedUnion", self.members))
 
 
 #: Typed identifier used for auth method values on the wire.
@@ -280,7 +355,7 @@ ToolCallStatus: TypeAlias = Literal["pending", "in_progress", "completed", "fail
 ToolKind: TypeAlias = Literal["read", "edit", "delete", "move", "search", "execute", "think", "fetch", "switch_mode", "other"]
 
 
-@frozen(kw_only=True)
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class WriteTextFileRequest:
     """Request to write content to a text file.
 
@@ -302,8 +377,53 @@ class WriteTextFileRequest:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_id: SessionId,
+        path: str,
+        content: str,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_id", session_id)
+        _setattr(self, "path", path)
+        _setattr(self, "content", content)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_id={self.session_id!r}, "
+            f"path={self.path!r}, "
+            f"content={self.content!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_id == other.session_id
+            and self.path == other.path
+            and self.content == other.content
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "WriteTextFileRequest",
+            self.session_id,
+            self.path,
+            self.content,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class ReadTextFileRequest:
     """Request to read content from a text file.
 
@@ -327,8 +447,58 @@ class ReadTextFileRequest:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_id: SessionId,
+        path: str,
+        line: int | None = None,
+        limit: int | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_id", session_id)
+        _setattr(self, "path", path)
+        _setattr(self, "line", line)
+        _setattr(self, "limit", limit)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_id={self.session_id!r}, "
+            f"path={self.path!r}, "
+            f"line={self.line!r}, "
+            f"limit={self.limit!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_id == other.session_id
+            and self.path == other.path
+            and self.line == other.line
+            and self.limit == other.limit
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "ReadTextFileRequest",
+            self.session_id,
+            self.path,
+            self.line,
+            self.limit,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class RequestPermissionRequest:
     """Request for user permission to execute a tool call.
 
@@ -352,8 +522,53 @@ class RequestPermissionRequest:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_id: SessionId,
+        tool_call: ToolCallUpdate,
+        options: list[PermissionOption],
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_id", session_id)
+        _setattr(self, "tool_call", tool_call)
+        _setattr(self, "options", options)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_id={self.session_id!r}, "
+            f"tool_call={self.tool_call!r}, "
+            f"options={self.options!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_id == other.session_id
+            and self.tool_call == other.tool_call
+            and self.options == other.options
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "RequestPermissionRequest",
+            self.session_id,
+            self.tool_call,
+            self.options,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class ToolCallUpdate:
     """An update to an existing tool call.
 
@@ -397,8 +612,83 @@ class ToolCallUpdate:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        tool_call_id: ToolCallId,
+        kind: ToolKind | None = None,
+        status: ToolCallStatus | None = None,
+        title: str | None = None,
+        name: str | None = None,
+        content: list[ToolCallContent] | None = None,
+        locations: list[ToolCallLocation] | None = None,
+        raw_input: Any = None,
+        raw_output: Any = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "tool_call_id", tool_call_id)
+        _setattr(self, "kind", kind)
+        _setattr(self, "status", status)
+        _setattr(self, "title", title)
+        _setattr(self, "name", name)
+        _setattr(self, "content", content)
+        _setattr(self, "locations", locations)
+        _setattr(self, "raw_input", raw_input)
+        _setattr(self, "raw_output", raw_output)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"tool_call_id={self.tool_call_id!r}, "
+            f"kind={self.kind!r}, "
+            f"status={self.status!r}, "
+            f"title={self.title!r}, "
+            f"name={self.name!r}, "
+            f"content={self.content!r}, "
+            f"locations={self.locations!r}, "
+            f"raw_input={self.raw_input!r}, "
+            f"raw_output={self.raw_output!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.tool_call_id == other.tool_call_id
+            and self.kind == other.kind
+            and self.status == other.status
+            and self.title == other.title
+            and self.name == other.name
+            and self.content == other.content
+            and self.locations == other.locations
+            and self.raw_input == other.raw_input
+            and self.raw_output == other.raw_output
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "ToolCallUpdate",
+            self.tool_call_id,
+            self.kind,
+            self.status,
+            self.title,
+            self.name,
+            self.content,
+            self.locations,
+            self.raw_input,
+            self.raw_output,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class UnknownToolCallContent:
     """A ``ToolCallContent`` whose ``type`` this schema release does not know.
 
@@ -412,8 +702,23 @@ class UnknownToolCallContent:
     #: the whole object as received
     raw: dict[str, Any] = field(factory=dict)
 
+    def __init__(self, *, type: str, raw: dict[str, Any] = _NOTHING) -> None:
+        _setattr(self, "type", type)
+        _setattr(self, "raw", dict() if raw is _NOTHING else raw)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"type={self.type!r}, raw={self.raw!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.type == other.type and self.raw == other.raw
+
+    def __hash__(self) -> int:
+        return hash(("UnknownToolCallContent", self.type, self.raw))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class UnknownContentBlock:
     """A ``ContentBlock`` whose ``type`` this schema release does not know.
 
@@ -427,8 +732,23 @@ class UnknownContentBlock:
     #: the whole object as received
     raw: dict[str, Any] = field(factory=dict)
 
+    def __init__(self, *, type: str, raw: dict[str, Any] = _NOTHING) -> None:
+        _setattr(self, "type", type)
+        _setattr(self, "raw", dict() if raw is _NOTHING else raw)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"type={self.type!r}, raw={self.raw!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.type == other.type and self.raw == other.raw
+
+    def __hash__(self) -> int:
+        return hash(("UnknownContentBlock", self.type, self.raw))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class Annotations:
     """Optional annotations for the client. The client can use annotations to inform how objects are used or displayed"""
 
@@ -447,8 +767,53 @@ class Annotations:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        audience: list[Role] | None = None,
+        last_modified: str | None = None,
+        priority: float | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "audience", audience)
+        _setattr(self, "last_modified", last_modified)
+        _setattr(self, "priority", priority)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"audience={self.audience!r}, "
+            f"last_modified={self.last_modified!r}, "
+            f"priority={self.priority!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.audience == other.audience
+            and self.last_modified == other.last_modified
+            and self.priority == other.priority
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "Annotations",
+            self.audience,
+            self.last_modified,
+            self.priority,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class TextContent:
     """Text provided to or from an LLM."""
 
@@ -466,8 +831,46 @@ class TextContent:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        type: Literal["text"] = "text",
+        annotations: Annotations | None = None,
+        text: str,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "type", type)
+        _setattr(self, "annotations", annotations)
+        _setattr(self, "text", text)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"type={self.type!r}, "
+            f"annotations={self.annotations!r}, "
+            f"text={self.text!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.type == other.type
+            and self.annotations == other.annotations
+            and self.text == other.text
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("TextContent", self.type, self.annotations, self.text, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class ImageContent:
     """An image provided to or from an LLM."""
 
@@ -489,8 +892,63 @@ class ImageContent:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        type: Literal["image"] = "image",
+        annotations: Annotations | None = None,
+        data: str,
+        mime_type: str,
+        uri: str | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "type", type)
+        _setattr(self, "annotations", annotations)
+        _setattr(self, "data", data)
+        _setattr(self, "mime_type", mime_type)
+        _setattr(self, "uri", uri)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"type={self.type!r}, "
+            f"annotations={self.annotations!r}, "
+            f"data={self.data!r}, "
+            f"mime_type={self.mime_type!r}, "
+            f"uri={self.uri!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.type == other.type
+            and self.annotations == other.annotations
+            and self.data == other.data
+            and self.mime_type == other.mime_type
+            and self.uri == other.uri
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "ImageContent",
+            self.type,
+            self.annotations,
+            self.data,
+            self.mime_type,
+            self.uri,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class AudioContent:
     """Audio provided to or from an LLM."""
 
@@ -510,8 +968,58 @@ class AudioContent:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        type: Literal["audio"] = "audio",
+        annotations: Annotations | None = None,
+        data: str,
+        mime_type: str,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "type", type)
+        _setattr(self, "annotations", annotations)
+        _setattr(self, "data", data)
+        _setattr(self, "mime_type", mime_type)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"type={self.type!r}, "
+            f"annotations={self.annotations!r}, "
+            f"data={self.data!r}, "
+            f"mime_type={self.mime_type!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.type == other.type
+            and self.annotations == other.annotations
+            and self.data == other.data
+            and self.mime_type == other.mime_type
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "AudioContent",
+            self.type,
+            self.annotations,
+            self.data,
+            self.mime_type,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class ResourceLink:
     """A resource that the server is capable of reading, included in a prompt or tool call result."""
 
@@ -539,8 +1047,78 @@ class ResourceLink:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        type: Literal["resource_link"] = "resource_link",
+        annotations: Annotations | None = None,
+        description: str | None = None,
+        mime_type: str | None = None,
+        name: str,
+        size: int | None = None,
+        title: str | None = None,
+        uri: str,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "type", type)
+        _setattr(self, "annotations", annotations)
+        _setattr(self, "description", description)
+        _setattr(self, "mime_type", mime_type)
+        _setattr(self, "name", name)
+        _setattr(self, "size", size)
+        _setattr(self, "title", title)
+        _setattr(self, "uri", uri)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"type={self.type!r}, "
+            f"annotations={self.annotations!r}, "
+            f"description={self.description!r}, "
+            f"mime_type={self.mime_type!r}, "
+            f"name={self.name!r}, "
+            f"size={self.size!r}, "
+            f"title={self.title!r}, "
+            f"uri={self.uri!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.type == other.type
+            and self.annotations == other.annotations
+            and self.description == other.description
+            and self.mime_type == other.mime_type
+            and self.name == other.name
+            and self.size == other.size
+            and self.title == other.title
+            and self.uri == other.uri
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "ResourceLink",
+            self.type,
+            self.annotations,
+            self.description,
+            self.mime_type,
+            self.name,
+            self.size,
+            self.title,
+            self.uri,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class TextResourceContents:
     """Text-based resource contents."""
 
@@ -559,8 +1137,53 @@ class TextResourceContents:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        mime_type: str | None = None,
+        text: str,
+        uri: str,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "mime_type", mime_type)
+        _setattr(self, "text", text)
+        _setattr(self, "uri", uri)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"mime_type={self.mime_type!r}, "
+            f"text={self.text!r}, "
+            f"uri={self.uri!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.mime_type == other.mime_type
+            and self.text == other.text
+            and self.uri == other.uri
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "TextResourceContents",
+            self.mime_type,
+            self.text,
+            self.uri,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class BlobResourceContents:
     """Binary resource contents."""
 
@@ -579,8 +1202,53 @@ class BlobResourceContents:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        blob: str,
+        mime_type: str | None = None,
+        uri: str,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "blob", blob)
+        _setattr(self, "mime_type", mime_type)
+        _setattr(self, "uri", uri)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"blob={self.blob!r}, "
+            f"mime_type={self.mime_type!r}, "
+            f"uri={self.uri!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.blob == other.blob
+            and self.mime_type == other.mime_type
+            and self.uri == other.uri
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "BlobResourceContents",
+            self.blob,
+            self.mime_type,
+            self.uri,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class EmbeddedResource:
     """The contents of a resource, embedded into a prompt or tool call result."""
 
@@ -598,8 +1266,53 @@ class EmbeddedResource:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        type: Literal["resource"] = "resource",
+        annotations: Annotations | None = None,
+        resource: EmbeddedResourceResource,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "type", type)
+        _setattr(self, "annotations", annotations)
+        _setattr(self, "resource", resource)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"type={self.type!r}, "
+            f"annotations={self.annotations!r}, "
+            f"resource={self.resource!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.type == other.type
+            and self.annotations == other.annotations
+            and self.resource == other.resource
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "EmbeddedResource",
+            self.type,
+            self.annotations,
+            self.resource,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class Content:
     """Standard content block (text, images, resources)."""
 
@@ -615,8 +1328,42 @@ class Content:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        type: Literal["content"] = "content",
+        content: ContentBlock,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "type", type)
+        _setattr(self, "content", content)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"type={self.type!r}, "
+            f"content={self.content!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.type == other.type
+            and self.content == other.content
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("Content", self.type, self.content, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class Diff:
     """A diff representing file modifications.
 
@@ -641,8 +1388,58 @@ class Diff:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        type: Literal["diff"] = "diff",
+        path: str,
+        old_text: str | None = None,
+        new_text: str,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "type", type)
+        _setattr(self, "path", path)
+        _setattr(self, "old_text", old_text)
+        _setattr(self, "new_text", new_text)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"type={self.type!r}, "
+            f"path={self.path!r}, "
+            f"old_text={self.old_text!r}, "
+            f"new_text={self.new_text!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.type == other.type
+            and self.path == other.path
+            and self.old_text == other.old_text
+            and self.new_text == other.new_text
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "Diff",
+            self.type,
+            self.path,
+            self.old_text,
+            self.new_text,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class Terminal:
     """Embed a terminal created with `terminal/create` by its id.
 
@@ -663,8 +1460,42 @@ class Terminal:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        type: Literal["terminal"] = "terminal",
+        terminal_id: TerminalId,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "type", type)
+        _setattr(self, "terminal_id", terminal_id)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"type={self.type!r}, "
+            f"terminal_id={self.terminal_id!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.type == other.type
+            and self.terminal_id == other.terminal_id
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("Terminal", self.type, self.terminal_id, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class ToolCallLocation:
     """A file location being accessed or modified by a tool.
 
@@ -687,8 +1518,42 @@ class ToolCallLocation:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        path: str,
+        line: int | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "path", path)
+        _setattr(self, "line", line)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"path={self.path!r}, "
+            f"line={self.line!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.path == other.path
+            and self.line == other.line
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("ToolCallLocation", self.path, self.line, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class PermissionOption:
     """An option presented to the user when requesting permission."""
 
@@ -707,8 +1572,53 @@ class PermissionOption:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        option_id: PermissionOptionId,
+        name: str,
+        kind: PermissionOptionKind,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "option_id", option_id)
+        _setattr(self, "name", name)
+        _setattr(self, "kind", kind)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"option_id={self.option_id!r}, "
+            f"name={self.name!r}, "
+            f"kind={self.kind!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.option_id == other.option_id
+            and self.name == other.name
+            and self.kind == other.kind
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "PermissionOption",
+            self.option_id,
+            self.name,
+            self.kind,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class CreateTerminalRequest:
     """Request to create a new terminal and execute a command."""
 
@@ -740,8 +1650,68 @@ class CreateTerminalRequest:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_id: SessionId,
+        command: str,
+        args: list[str] | None = None,
+        env: list[EnvVariable] | None = None,
+        cwd: str | None = None,
+        output_byte_limit: int | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_id", session_id)
+        _setattr(self, "command", command)
+        _setattr(self, "args", args)
+        _setattr(self, "env", env)
+        _setattr(self, "cwd", cwd)
+        _setattr(self, "output_byte_limit", output_byte_limit)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_id={self.session_id!r}, "
+            f"command={self.command!r}, "
+            f"args={self.args!r}, "
+            f"env={self.env!r}, "
+            f"cwd={self.cwd!r}, "
+            f"output_byte_limit={self.output_byte_limit!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_id == other.session_id
+            and self.command == other.command
+            and self.args == other.args
+            and self.env == other.env
+            and self.cwd == other.cwd
+            and self.output_byte_limit == other.output_byte_limit
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "CreateTerminalRequest",
+            self.session_id,
+            self.command,
+            self.args,
+            self.env,
+            self.cwd,
+            self.output_byte_limit,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class EnvVariable:
     """An environment variable to set when launching an MCP server."""
 
@@ -758,8 +1728,42 @@ class EnvVariable:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        name: str,
+        value: str,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "name", name)
+        _setattr(self, "value", value)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"name={self.name!r}, "
+            f"value={self.value!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.name == other.name
+            and self.value == other.value
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("EnvVariable", self.name, self.value, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class TerminalOutputRequest:
     """Request to get the current output and status of a terminal."""
 
@@ -776,8 +1780,48 @@ class TerminalOutputRequest:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_id: SessionId,
+        terminal_id: TerminalId,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_id", session_id)
+        _setattr(self, "terminal_id", terminal_id)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_id={self.session_id!r}, "
+            f"terminal_id={self.terminal_id!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_id == other.session_id
+            and self.terminal_id == other.terminal_id
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "TerminalOutputRequest",
+            self.session_id,
+            self.terminal_id,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class ReleaseTerminalRequest:
     """Request to release a terminal and free its resources."""
 
@@ -794,8 +1838,48 @@ class ReleaseTerminalRequest:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_id: SessionId,
+        terminal_id: TerminalId,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_id", session_id)
+        _setattr(self, "terminal_id", terminal_id)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_id={self.session_id!r}, "
+            f"terminal_id={self.terminal_id!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_id == other.session_id
+            and self.terminal_id == other.terminal_id
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "ReleaseTerminalRequest",
+            self.session_id,
+            self.terminal_id,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class WaitForTerminalExitRequest:
     """Request to wait for a terminal command to exit."""
 
@@ -812,8 +1896,48 @@ class WaitForTerminalExitRequest:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_id: SessionId,
+        terminal_id: TerminalId,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_id", session_id)
+        _setattr(self, "terminal_id", terminal_id)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_id={self.session_id!r}, "
+            f"terminal_id={self.terminal_id!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_id == other.session_id
+            and self.terminal_id == other.terminal_id
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "WaitForTerminalExitRequest",
+            self.session_id,
+            self.terminal_id,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class KillTerminalRequest:
     """Request to kill a terminal without releasing it."""
 
@@ -830,8 +1954,48 @@ class KillTerminalRequest:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_id: SessionId,
+        terminal_id: TerminalId,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_id", session_id)
+        _setattr(self, "terminal_id", terminal_id)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_id={self.session_id!r}, "
+            f"terminal_id={self.terminal_id!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_id == other.session_id
+            and self.terminal_id == other.terminal_id
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "KillTerminalRequest",
+            self.session_id,
+            self.terminal_id,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class UnknownCreateElicitationRequest:
     """A ``CreateElicitationRequest`` whose ``mode`` this schema release does not know.
 
@@ -845,8 +2009,23 @@ class UnknownCreateElicitationRequest:
     #: the whole object as received
     raw: dict[str, Any] = field(factory=dict)
 
+    def __init__(self, *, mode: str, raw: dict[str, Any] = _NOTHING) -> None:
+        _setattr(self, "mode", mode)
+        _setattr(self, "raw", dict() if raw is _NOTHING else raw)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"mode={self.mode!r}, raw={self.raw!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.mode == other.mode and self.raw == other.raw
+
+    def __hash__(self) -> int:
+        return hash(("UnknownCreateElicitationRequest", self.mode, self.raw))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class ElicitationSessionScope:
     """Session-scoped elicitation, optionally tied to a specific tool call.
 
@@ -865,8 +2044,38 @@ class ElicitationSessionScope:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_id: SessionId,
+        tool_call_id: ToolCallId | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_id", session_id)
+        _setattr(self, "tool_call_id", tool_call_id)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_id={self.session_id!r}, "
+            f"tool_call_id={self.tool_call_id!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_id == other.session_id
+            and self.tool_call_id == other.tool_call_id
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("ElicitationSessionScope", self.session_id, self.tool_call_id, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class ElicitationRequestScope:
     """Request-scoped elicitation, tied to a specific JSON-RPC request outside of a session
     (e.g., during auth/configuration phases before any session is started).
@@ -877,8 +2086,23 @@ class ElicitationRequestScope:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(self, *, request_id: RequestId, extra: dict[str, Any] = _NOTHING) -> None:
+        _setattr(self, "request_id", request_id)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"request_id={self.request_id!r}, extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.request_id == other.request_id and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("ElicitationRequestScope", self.request_id, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class ElicitationSchema:
     """Type-safe elicitation schema for requesting structured user input.
 
@@ -913,8 +2137,63 @@ class ElicitationSchema:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        type: ElicitationSchemaType | None = None,
+        title: str | None = None,
+        properties: dict[str, ElicitationPropertySchema] | None = None,
+        required: list[str] | None = None,
+        description: str | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "type", type)
+        _setattr(self, "title", title)
+        _setattr(self, "properties", properties)
+        _setattr(self, "required", required)
+        _setattr(self, "description", description)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"type={self.type!r}, "
+            f"title={self.title!r}, "
+            f"properties={self.properties!r}, "
+            f"required={self.required!r}, "
+            f"description={self.description!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.type == other.type
+            and self.title == other.title
+            and self.properties == other.properties
+            and self.required == other.required
+            and self.description == other.description
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "ElicitationSchema",
+            self.type,
+            self.title,
+            self.properties,
+            self.required,
+            self.description,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class UnknownElicitationPropertySchema:
     """A ``ElicitationPropertySchema`` whose ``type`` this schema release does not know.
 
@@ -928,8 +2207,23 @@ class UnknownElicitationPropertySchema:
     #: the whole object as received
     raw: dict[str, Any] = field(factory=dict)
 
+    def __init__(self, *, type: str, raw: dict[str, Any] = _NOTHING) -> None:
+        _setattr(self, "type", type)
+        _setattr(self, "raw", dict() if raw is _NOTHING else raw)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"type={self.type!r}, raw={self.raw!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.type == other.type and self.raw == other.raw
+
+    def __hash__(self) -> int:
+        return hash(("UnknownElicitationPropertySchema", self.type, self.raw))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class EnumOption:
     """A titled enum option with a const value, human-readable title, and optional description."""
 
@@ -952,8 +2246,46 @@ class EnumOption:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        const: str,
+        title: str,
+        description: str | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "const", const)
+        _setattr(self, "title", title)
+        _setattr(self, "description", description)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"const={self.const!r}, "
+            f"title={self.title!r}, "
+            f"description={self.description!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.const == other.const
+            and self.title == other.title
+            and self.description == other.description
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("EnumOption", self.const, self.title, self.description, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class StringPropertySchema:
     """Schema for string properties in an elicitation form.
 
@@ -1009,8 +2341,88 @@ class StringPropertySchema:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        type: Literal["string"] = "string",
+        title: str | None = None,
+        description: str | None = None,
+        min_length: int | None = None,
+        max_length: int | None = None,
+        pattern: str | None = None,
+        format: StringFormat | None = None,
+        default: str | None = None,
+        enum: list[str] | None = None,
+        one_of: list[EnumOption] | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "type", type)
+        _setattr(self, "title", title)
+        _setattr(self, "description", description)
+        _setattr(self, "min_length", min_length)
+        _setattr(self, "max_length", max_length)
+        _setattr(self, "pattern", pattern)
+        _setattr(self, "format", format)
+        _setattr(self, "default", default)
+        _setattr(self, "enum", enum)
+        _setattr(self, "one_of", one_of)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"type={self.type!r}, "
+            f"title={self.title!r}, "
+            f"description={self.description!r}, "
+            f"min_length={self.min_length!r}, "
+            f"max_length={self.max_length!r}, "
+            f"pattern={self.pattern!r}, "
+            f"format={self.format!r}, "
+            f"default={self.default!r}, "
+            f"enum={self.enum!r}, "
+            f"one_of={self.one_of!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.type == other.type
+            and self.title == other.title
+            and self.description == other.description
+            and self.min_length == other.min_length
+            and self.max_length == other.max_length
+            and self.pattern == other.pattern
+            and self.format == other.format
+            and self.default == other.default
+            and self.enum == other.enum
+            and self.one_of == other.one_of
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "StringPropertySchema",
+            self.type,
+            self.title,
+            self.description,
+            self.min_length,
+            self.max_length,
+            self.pattern,
+            self.format,
+            self.default,
+            self.enum,
+            self.one_of,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class NumberPropertySchema:
     """Schema for number (floating-point) properties in an elicitation form."""
 
@@ -1046,8 +2458,68 @@ class NumberPropertySchema:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        type: Literal["number"] = "number",
+        title: str | None = None,
+        description: str | None = None,
+        minimum: float | None = None,
+        maximum: float | None = None,
+        default: float | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "type", type)
+        _setattr(self, "title", title)
+        _setattr(self, "description", description)
+        _setattr(self, "minimum", minimum)
+        _setattr(self, "maximum", maximum)
+        _setattr(self, "default", default)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"type={self.type!r}, "
+            f"title={self.title!r}, "
+            f"description={self.description!r}, "
+            f"minimum={self.minimum!r}, "
+            f"maximum={self.maximum!r}, "
+            f"default={self.default!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.type == other.type
+            and self.title == other.title
+            and self.description == other.description
+            and self.minimum == other.minimum
+            and self.maximum == other.maximum
+            and self.default == other.default
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "NumberPropertySchema",
+            self.type,
+            self.title,
+            self.description,
+            self.minimum,
+            self.maximum,
+            self.default,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class IntegerPropertySchema:
     """Schema for integer properties in an elicitation form."""
 
@@ -1083,8 +2555,68 @@ class IntegerPropertySchema:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        type: Literal["integer"] = "integer",
+        title: str | None = None,
+        description: str | None = None,
+        minimum: int | None = None,
+        maximum: int | None = None,
+        default: int | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "type", type)
+        _setattr(self, "title", title)
+        _setattr(self, "description", description)
+        _setattr(self, "minimum", minimum)
+        _setattr(self, "maximum", maximum)
+        _setattr(self, "default", default)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"type={self.type!r}, "
+            f"title={self.title!r}, "
+            f"description={self.description!r}, "
+            f"minimum={self.minimum!r}, "
+            f"maximum={self.maximum!r}, "
+            f"default={self.default!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.type == other.type
+            and self.title == other.title
+            and self.description == other.description
+            and self.minimum == other.minimum
+            and self.maximum == other.maximum
+            and self.default == other.default
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "IntegerPropertySchema",
+            self.type,
+            self.title,
+            self.description,
+            self.minimum,
+            self.maximum,
+            self.default,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class BooleanPropertySchema:
     """Schema for boolean properties in an elicitation form."""
 
@@ -1112,8 +2644,58 @@ class BooleanPropertySchema:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        type: Literal["boolean"] = "boolean",
+        title: str | None = None,
+        description: str | None = None,
+        default: bool | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "type", type)
+        _setattr(self, "title", title)
+        _setattr(self, "description", description)
+        _setattr(self, "default", default)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"type={self.type!r}, "
+            f"title={self.title!r}, "
+            f"description={self.description!r}, "
+            f"default={self.default!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.type == other.type
+            and self.title == other.title
+            and self.description == other.description
+            and self.default == other.default
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "BooleanPropertySchema",
+            self.type,
+            self.title,
+            self.description,
+            self.default,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class UnknownMultiSelectItems:
     """A ``MultiSelectItems`` whose ``type`` this schema release does not know.
 
@@ -1127,8 +2709,23 @@ class UnknownMultiSelectItems:
     #: the whole object as received
     raw: dict[str, Any] = field(factory=dict)
 
+    def __init__(self, *, type: str, raw: dict[str, Any] = _NOTHING) -> None:
+        _setattr(self, "type", type)
+        _setattr(self, "raw", dict() if raw is _NOTHING else raw)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"type={self.type!r}, raw={self.raw!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.type == other.type and self.raw == other.raw
+
+    def __hash__(self) -> int:
+        return hash(("UnknownMultiSelectItems", self.type, self.raw))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class StringMultiSelectItems:
     """String item schema for multi-select enum properties."""
 
@@ -1146,8 +2743,42 @@ class StringMultiSelectItems:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        type: Literal["string"] = "string",
+        enum: list[str],
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "type", type)
+        _setattr(self, "enum", enum)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"type={self.type!r}, "
+            f"enum={self.enum!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.type == other.type
+            and self.enum == other.enum
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("StringMultiSelectItems", self.type, self.enum, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class TitledMultiSelectItems:
     """Items definition for titled multi-select enum properties."""
 
@@ -1164,8 +2795,34 @@ class TitledMultiSelectItems:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        any_of: list[EnumOption],
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "any_of", any_of)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"any_of={self.any_of!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.any_of == other.any_of and self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("TitledMultiSelectItems", self.any_of, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class MultiSelectPropertySchema:
     """Schema for multi-select (array) properties in an elicitation form."""
 
@@ -1203,8 +2860,73 @@ class MultiSelectPropertySchema:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        type: Literal["array"] = "array",
+        title: str | None = None,
+        description: str | None = None,
+        min_items: int | None = None,
+        max_items: int | None = None,
+        items: MultiSelectItems,
+        default: list[str] | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "type", type)
+        _setattr(self, "title", title)
+        _setattr(self, "description", description)
+        _setattr(self, "min_items", min_items)
+        _setattr(self, "max_items", max_items)
+        _setattr(self, "items", items)
+        _setattr(self, "default", default)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"type={self.type!r}, "
+            f"title={self.title!r}, "
+            f"description={self.description!r}, "
+            f"min_items={self.min_items!r}, "
+            f"max_items={self.max_items!r}, "
+            f"items={self.items!r}, "
+            f"default={self.default!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.type == other.type
+            and self.title == other.title
+            and self.description == other.description
+            and self.min_items == other.min_items
+            and self.max_items == other.max_items
+            and self.items == other.items
+            and self.default == other.default
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "MultiSelectPropertySchema",
+            self.type,
+            self.title,
+            self.description,
+            self.min_items,
+            self.max_items,
+            self.items,
+            self.default,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class ElicitationFormMode:
     """Form-based elicitation mode where the client renders a form from the provided schema."""
 
@@ -1233,8 +2955,68 @@ class ElicitationFormMode:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        mode: Literal["form"] = "form",
+        message: str,
+        meta: dict[str, Any] | None = None,
+        requested_schema: ElicitationSchema,
+        session_id: SessionId | None = None,
+        tool_call_id: ToolCallId | None = None,
+        request_id: RequestId | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "mode", mode)
+        _setattr(self, "message", message)
+        _setattr(self, "meta", meta)
+        _setattr(self, "requested_schema", requested_schema)
+        _setattr(self, "session_id", session_id)
+        _setattr(self, "tool_call_id", tool_call_id)
+        _setattr(self, "request_id", request_id)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"mode={self.mode!r}, "
+            f"message={self.message!r}, "
+            f"meta={self.meta!r}, "
+            f"requested_schema={self.requested_schema!r}, "
+            f"session_id={self.session_id!r}, "
+            f"tool_call_id={self.tool_call_id!r}, "
+            f"request_id={self.request_id!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.mode == other.mode
+            and self.message == other.message
+            and self.meta == other.meta
+            and self.requested_schema == other.requested_schema
+            and self.session_id == other.session_id
+            and self.tool_call_id == other.tool_call_id
+            and self.request_id == other.request_id
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "ElicitationFormMode",
+            self.mode,
+            self.message,
+            self.meta,
+            self.requested_schema,
+            self.session_id,
+            self.tool_call_id,
+            self.request_id,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class ElicitationUrlMode:
     """URL-based elicitation mode where the client directs the user to a URL."""
 
@@ -1265,8 +3047,73 @@ class ElicitationUrlMode:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        mode: Literal["url"] = "url",
+        message: str,
+        meta: dict[str, Any] | None = None,
+        elicitation_id: ElicitationId,
+        url: str,
+        session_id: SessionId | None = None,
+        tool_call_id: ToolCallId | None = None,
+        request_id: RequestId | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "mode", mode)
+        _setattr(self, "message", message)
+        _setattr(self, "meta", meta)
+        _setattr(self, "elicitation_id", elicitation_id)
+        _setattr(self, "url", url)
+        _setattr(self, "session_id", session_id)
+        _setattr(self, "tool_call_id", tool_call_id)
+        _setattr(self, "request_id", request_id)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"mode={self.mode!r}, "
+            f"message={self.message!r}, "
+            f"meta={self.meta!r}, "
+            f"elicitation_id={self.elicitation_id!r}, "
+            f"url={self.url!r}, "
+            f"session_id={self.session_id!r}, "
+            f"tool_call_id={self.tool_call_id!r}, "
+            f"request_id={self.request_id!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.mode == other.mode
+            and self.message == other.message
+            and self.meta == other.meta
+            and self.elicitation_id == other.elicitation_id
+            and self.url == other.url
+            and self.session_id == other.session_id
+            and self.tool_call_id == other.tool_call_id
+            and self.request_id == other.request_id
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "ElicitationUrlMode",
+            self.mode,
+            self.message,
+            self.meta,
+            self.elicitation_id,
+            self.url,
+            self.session_id,
+            self.tool_call_id,
+            self.request_id,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class ConnectMcpRequest:
     """**UNSTABLE**
 
@@ -1288,8 +3135,38 @@ class ConnectMcpRequest:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        server_id: McpServerAcpId,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "server_id", server_id)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"server_id={self.server_id!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.server_id == other.server_id
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("ConnectMcpRequest", self.server_id, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class MessageMcpRequest:
     """**UNSTABLE**
 
@@ -1317,8 +3194,53 @@ class MessageMcpRequest:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        connection_id: McpConnectionId,
+        method: str,
+        params: dict[str, Any] | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "connection_id", connection_id)
+        _setattr(self, "method", method)
+        _setattr(self, "params", params)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"connection_id={self.connection_id!r}, "
+            f"method={self.method!r}, "
+            f"params={self.params!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.connection_id == other.connection_id
+            and self.method == other.method
+            and self.params == other.params
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "MessageMcpRequest",
+            self.connection_id,
+            self.method,
+            self.params,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class DisconnectMcpRequest:
     """**UNSTABLE**
 
@@ -1340,8 +3262,38 @@ class DisconnectMcpRequest:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        connection_id: McpConnectionId,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "connection_id", connection_id)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"connection_id={self.connection_id!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.connection_id == other.connection_id
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("DisconnectMcpRequest", self.connection_id, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class InitializeResponse:
     """Response to the `initialize` method.
 
@@ -1372,8 +3324,58 @@ class InitializeResponse:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        protocol_version: ProtocolVersion,
+        agent_capabilities: AgentCapabilities | None = None,
+        auth_methods: list[AuthMethod] | None = None,
+        agent_info: Implementation | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "protocol_version", protocol_version)
+        _setattr(self, "agent_capabilities", agent_capabilities)
+        _setattr(self, "auth_methods", auth_methods)
+        _setattr(self, "agent_info", agent_info)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"protocol_version={self.protocol_version!r}, "
+            f"agent_capabilities={self.agent_capabilities!r}, "
+            f"auth_methods={self.auth_methods!r}, "
+            f"agent_info={self.agent_info!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.protocol_version == other.protocol_version
+            and self.agent_capabilities == other.agent_capabilities
+            and self.auth_methods == other.auth_methods
+            and self.agent_info == other.agent_info
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "InitializeResponse",
+            self.protocol_version,
+            self.agent_capabilities,
+            self.auth_methods,
+            self.agent_info,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class AgentCapabilities:
     """Capabilities supported by the agent.
 
@@ -1426,8 +3428,78 @@ class AgentCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        load_session: bool | None = None,
+        prompt_capabilities: PromptCapabilities | None = None,
+        mcp_capabilities: McpCapabilities | None = None,
+        session_capabilities: SessionCapabilities | None = None,
+        auth: AgentAuthCapabilities | None = None,
+        providers: ProvidersCapabilities | None = None,
+        nes: NesCapabilities | None = None,
+        position_encoding: PositionEncodingKind | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "load_session", load_session)
+        _setattr(self, "prompt_capabilities", prompt_capabilities)
+        _setattr(self, "mcp_capabilities", mcp_capabilities)
+        _setattr(self, "session_capabilities", session_capabilities)
+        _setattr(self, "auth", auth)
+        _setattr(self, "providers", providers)
+        _setattr(self, "nes", nes)
+        _setattr(self, "position_encoding", position_encoding)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"load_session={self.load_session!r}, "
+            f"prompt_capabilities={self.prompt_capabilities!r}, "
+            f"mcp_capabilities={self.mcp_capabilities!r}, "
+            f"session_capabilities={self.session_capabilities!r}, "
+            f"auth={self.auth!r}, "
+            f"providers={self.providers!r}, "
+            f"nes={self.nes!r}, "
+            f"position_encoding={self.position_encoding!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.load_session == other.load_session
+            and self.prompt_capabilities == other.prompt_capabilities
+            and self.mcp_capabilities == other.mcp_capabilities
+            and self.session_capabilities == other.session_capabilities
+            and self.auth == other.auth
+            and self.providers == other.providers
+            and self.nes == other.nes
+            and self.position_encoding == other.position_encoding
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "AgentCapabilities",
+            self.load_session,
+            self.prompt_capabilities,
+            self.mcp_capabilities,
+            self.session_capabilities,
+            self.auth,
+            self.providers,
+            self.nes,
+            self.position_encoding,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class PromptCapabilities:
     """Prompt capabilities supported by the agent in `session/prompt` requests.
 
@@ -1461,8 +3533,53 @@ class PromptCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        image: bool | None = None,
+        audio: bool | None = None,
+        embedded_context: bool | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "image", image)
+        _setattr(self, "audio", audio)
+        _setattr(self, "embedded_context", embedded_context)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"image={self.image!r}, "
+            f"audio={self.audio!r}, "
+            f"embedded_context={self.embedded_context!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.image == other.image
+            and self.audio == other.audio
+            and self.embedded_context == other.embedded_context
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "PromptCapabilities",
+            self.image,
+            self.audio,
+            self.embedded_context,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class McpCapabilities:
     """MCP capabilities supported by the agent"""
 
@@ -1485,8 +3602,46 @@ class McpCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        http: bool | None = None,
+        sse: bool | None = None,
+        acp: bool | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "http", http)
+        _setattr(self, "sse", sse)
+        _setattr(self, "acp", acp)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"http={self.http!r}, "
+            f"sse={self.sse!r}, "
+            f"acp={self.acp!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.http == other.http
+            and self.sse == other.sse
+            and self.acp == other.acp
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("McpCapabilities", self.http, self.sse, self.acp, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class SessionCapabilities:
     """Session capabilities supported by the agent.
 
@@ -1547,8 +3702,68 @@ class SessionCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        list: SessionListCapabilities | None = None,
+        delete: SessionDeleteCapabilities | None = None,
+        additional_directories: SessionAdditionalDirectoriesCapabilities | None = None,
+        fork: SessionForkCapabilities | None = None,
+        resume: SessionResumeCapabilities | None = None,
+        close: SessionCloseCapabilities | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "list", list)
+        _setattr(self, "delete", delete)
+        _setattr(self, "additional_directories", additional_directories)
+        _setattr(self, "fork", fork)
+        _setattr(self, "resume", resume)
+        _setattr(self, "close", close)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"list={self.list!r}, "
+            f"delete={self.delete!r}, "
+            f"additional_directories={self.additional_directories!r}, "
+            f"fork={self.fork!r}, "
+            f"resume={self.resume!r}, "
+            f"close={self.close!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.list == other.list
+            and self.delete == other.delete
+            and self.additional_directories == other.additional_directories
+            and self.fork == other.fork
+            and self.resume == other.resume
+            and self.close == other.close
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "SessionCapabilities",
+            self.list,
+            self.delete,
+            self.additional_directories,
+            self.fork,
+            self.resume,
+            self.close,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class SessionListCapabilities:
     """Capabilities for the `session/list` method.
 
@@ -1564,8 +3779,28 @@ class SessionListCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"meta={self.meta!r}, extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("SessionListCapabilities", self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class SessionDeleteCapabilities:
     """Capabilities for the `session/delete` method.
 
@@ -1581,8 +3816,28 @@ class SessionDeleteCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"meta={self.meta!r}, extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("SessionDeleteCapabilities", self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class SessionAdditionalDirectoriesCapabilities:
     """Capabilities for additional session directories support.
 
@@ -1601,8 +3856,28 @@ class SessionAdditionalDirectoriesCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"meta={self.meta!r}, extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("SessionAdditionalDirectoriesCapabilities", self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class SessionForkCapabilities:
     """**UNSTABLE**
 
@@ -1624,8 +3899,28 @@ class SessionForkCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"meta={self.meta!r}, extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("SessionForkCapabilities", self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class SessionResumeCapabilities:
     """Capabilities for the `session/resume` method.
 
@@ -1641,8 +3936,28 @@ class SessionResumeCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"meta={self.meta!r}, extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("SessionResumeCapabilities", self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class SessionCloseCapabilities:
     """Capabilities for the `session/close` method.
 
@@ -1658,8 +3973,28 @@ class SessionCloseCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"meta={self.meta!r}, extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("SessionCloseCapabilities", self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class AgentAuthCapabilities:
     """Authentication-related capabilities supported by the agent."""
 
@@ -1677,8 +4012,34 @@ class AgentAuthCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        logout: LogoutCapabilities | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "logout", logout)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"logout={self.logout!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.logout == other.logout and self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("AgentAuthCapabilities", self.logout, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class LogoutCapabilities:
     """Logout capabilities supported by the agent.
 
@@ -1694,8 +4055,28 @@ class LogoutCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"meta={self.meta!r}, extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("LogoutCapabilities", self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class ProvidersCapabilities:
     """**UNSTABLE**
 
@@ -1717,8 +4098,28 @@ class ProvidersCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"meta={self.meta!r}, extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("ProvidersCapabilities", self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class NesCapabilities:
     """NES capabilities advertised by the agent during initialization.
 
@@ -1738,8 +4139,42 @@ class NesCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        events: NesEventCapabilities | None = None,
+        context: NesContextCapabilities | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "events", events)
+        _setattr(self, "context", context)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"events={self.events!r}, "
+            f"context={self.context!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.events == other.events
+            and self.context == other.context
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("NesCapabilities", self.events, self.context, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class NesEventCapabilities:
     """Event capabilities the agent can consume.
 
@@ -1757,8 +4192,38 @@ class NesEventCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        document: NesDocumentEventCapabilities | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "document", document)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"document={self.document!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.document == other.document
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("NesEventCapabilities", self.document, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class NesDocumentEventCapabilities:
     """Document event capabilities the agent wants to receive.
 
@@ -1784,8 +4249,63 @@ class NesDocumentEventCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        did_open: NesDocumentDidOpenCapabilities | None = None,
+        did_change: NesDocumentDidChangeCapabilities | None = None,
+        did_close: NesDocumentDidCloseCapabilities | None = None,
+        did_save: NesDocumentDidSaveCapabilities | None = None,
+        did_focus: NesDocumentDidFocusCapabilities | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "did_open", did_open)
+        _setattr(self, "did_change", did_change)
+        _setattr(self, "did_close", did_close)
+        _setattr(self, "did_save", did_save)
+        _setattr(self, "did_focus", did_focus)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"did_open={self.did_open!r}, "
+            f"did_change={self.did_change!r}, "
+            f"did_close={self.did_close!r}, "
+            f"did_save={self.did_save!r}, "
+            f"did_focus={self.did_focus!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.did_open == other.did_open
+            and self.did_change == other.did_change
+            and self.did_close == other.did_close
+            and self.did_save == other.did_save
+            and self.did_focus == other.did_focus
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "NesDocumentEventCapabilities",
+            self.did_open,
+            self.did_change,
+            self.did_close,
+            self.did_save,
+            self.did_focus,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class NesDocumentDidOpenCapabilities:
     """Marker for `document/didOpen` capability support.
 
@@ -1801,8 +4321,28 @@ class NesDocumentDidOpenCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"meta={self.meta!r}, extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("NesDocumentDidOpenCapabilities", self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class NesDocumentDidChangeCapabilities:
     """Capabilities for `document/didChange` events.
 
@@ -1820,8 +4360,38 @@ class NesDocumentDidChangeCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        sync_kind: TextDocumentSyncKind,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "sync_kind", sync_kind)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"sync_kind={self.sync_kind!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.sync_kind == other.sync_kind
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("NesDocumentDidChangeCapabilities", self.sync_kind, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class NesDocumentDidCloseCapabilities:
     """Marker for `document/didClose` capability support.
 
@@ -1837,8 +4407,28 @@ class NesDocumentDidCloseCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"meta={self.meta!r}, extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("NesDocumentDidCloseCapabilities", self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class NesDocumentDidSaveCapabilities:
     """Marker for `document/didSave` capability support.
 
@@ -1854,8 +4444,28 @@ class NesDocumentDidSaveCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"meta={self.meta!r}, extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("NesDocumentDidSaveCapabilities", self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class NesDocumentDidFocusCapabilities:
     """Marker for `document/didFocus` capability support.
 
@@ -1871,8 +4481,28 @@ class NesDocumentDidFocusCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"meta={self.meta!r}, extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("NesDocumentDidFocusCapabilities", self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class NesContextCapabilities:
     """Context capabilities the agent wants attached to each suggestion request.
 
@@ -1900,8 +4530,68 @@ class NesContextCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        recent_files: NesRecentFilesCapabilities | None = None,
+        related_snippets: NesRelatedSnippetsCapabilities | None = None,
+        edit_history: NesEditHistoryCapabilities | None = None,
+        user_actions: NesUserActionsCapabilities | None = None,
+        open_files: NesOpenFilesCapabilities | None = None,
+        diagnostics: NesDiagnosticsCapabilities | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "recent_files", recent_files)
+        _setattr(self, "related_snippets", related_snippets)
+        _setattr(self, "edit_history", edit_history)
+        _setattr(self, "user_actions", user_actions)
+        _setattr(self, "open_files", open_files)
+        _setattr(self, "diagnostics", diagnostics)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"recent_files={self.recent_files!r}, "
+            f"related_snippets={self.related_snippets!r}, "
+            f"edit_history={self.edit_history!r}, "
+            f"user_actions={self.user_actions!r}, "
+            f"open_files={self.open_files!r}, "
+            f"diagnostics={self.diagnostics!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.recent_files == other.recent_files
+            and self.related_snippets == other.related_snippets
+            and self.edit_history == other.edit_history
+            and self.user_actions == other.user_actions
+            and self.open_files == other.open_files
+            and self.diagnostics == other.diagnostics
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "NesContextCapabilities",
+            self.recent_files,
+            self.related_snippets,
+            self.edit_history,
+            self.user_actions,
+            self.open_files,
+            self.diagnostics,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class NesRecentFilesCapabilities:
     """Capabilities for recent files context.
 
@@ -1919,8 +4609,38 @@ class NesRecentFilesCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        max_count: int | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "max_count", max_count)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"max_count={self.max_count!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.max_count == other.max_count
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("NesRecentFilesCapabilities", self.max_count, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class NesRelatedSnippetsCapabilities:
     """Capabilities for related snippets context.
 
@@ -1936,8 +4656,28 @@ class NesRelatedSnippetsCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"meta={self.meta!r}, extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("NesRelatedSnippetsCapabilities", self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class NesEditHistoryCapabilities:
     """Capabilities for edit history context.
 
@@ -1955,8 +4695,38 @@ class NesEditHistoryCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        max_count: int | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "max_count", max_count)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"max_count={self.max_count!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.max_count == other.max_count
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("NesEditHistoryCapabilities", self.max_count, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class NesUserActionsCapabilities:
     """Capabilities for user actions context.
 
@@ -1974,8 +4744,38 @@ class NesUserActionsCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        max_count: int | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "max_count", max_count)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"max_count={self.max_count!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.max_count == other.max_count
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("NesUserActionsCapabilities", self.max_count, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class NesOpenFilesCapabilities:
     """Capabilities for open files context.
 
@@ -1991,8 +4791,28 @@ class NesOpenFilesCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"meta={self.meta!r}, extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("NesOpenFilesCapabilities", self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class NesDiagnosticsCapabilities:
     """Capabilities for diagnostics context.
 
@@ -2008,8 +4828,28 @@ class NesDiagnosticsCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"meta={self.meta!r}, extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("NesDiagnosticsCapabilities", self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class UnknownAuthMethod:
     """A ``AuthMethod`` whose ``type`` this schema release does not know.
 
@@ -2023,8 +4863,23 @@ class UnknownAuthMethod:
     #: the whole object as received
     raw: dict[str, Any] = field(factory=dict)
 
+    def __init__(self, *, type: str, raw: dict[str, Any] = _NOTHING) -> None:
+        _setattr(self, "type", type)
+        _setattr(self, "raw", dict() if raw is _NOTHING else raw)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"type={self.type!r}, raw={self.raw!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.type == other.type and self.raw == other.raw
+
+    def __hash__(self) -> int:
+        return hash(("UnknownAuthMethod", self.type, self.raw))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class AuthMethodTerminal:
     """Terminal-based authentication method.
 
@@ -2056,8 +4911,68 @@ class AuthMethodTerminal:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        type: Literal["terminal"] = "terminal",
+        id: AuthMethodId,
+        name: str,
+        description: str | None = None,
+        args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "type", type)
+        _setattr(self, "id", id)
+        _setattr(self, "name", name)
+        _setattr(self, "description", description)
+        _setattr(self, "args", args)
+        _setattr(self, "env", env)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"type={self.type!r}, "
+            f"id={self.id!r}, "
+            f"name={self.name!r}, "
+            f"description={self.description!r}, "
+            f"args={self.args!r}, "
+            f"env={self.env!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.type == other.type
+            and self.id == other.id
+            and self.name == other.name
+            and self.description == other.description
+            and self.args == other.args
+            and self.env == other.env
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "AuthMethodTerminal",
+            self.type,
+            self.id,
+            self.name,
+            self.description,
+            self.args,
+            self.env,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class AuthMethodAgent:
     """Agent handles authentication itself through `authenticate`.
 
@@ -2079,8 +4994,53 @@ class AuthMethodAgent:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        id: AuthMethodId,
+        name: str,
+        description: str | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "id", id)
+        _setattr(self, "name", name)
+        _setattr(self, "description", description)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"id={self.id!r}, "
+            f"name={self.name!r}, "
+            f"description={self.description!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.id == other.id
+            and self.name == other.name
+            and self.description == other.description
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "AuthMethodAgent",
+            self.id,
+            self.name,
+            self.description,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class Implementation:
     """Metadata about the implementation of the client or agent.
     Describes the name and version of an ACP implementation, with an optional
@@ -2107,8 +5067,46 @@ class Implementation:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        name: str,
+        title: str | None = None,
+        version: str,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "name", name)
+        _setattr(self, "title", title)
+        _setattr(self, "version", version)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"name={self.name!r}, "
+            f"title={self.title!r}, "
+            f"version={self.version!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.name == other.name
+            and self.title == other.title
+            and self.version == other.version
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("Implementation", self.name, self.title, self.version, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class AuthenticateResponse:
     """Response to the `authenticate` method."""
 
@@ -2121,8 +5119,28 @@ class AuthenticateResponse:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"meta={self.meta!r}, extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("AuthenticateResponse", self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class ListProvidersResponse:
     """**UNSTABLE**
 
@@ -2144,8 +5162,38 @@ class ListProvidersResponse:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        providers: list[ProviderInfo],
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "providers", providers)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"providers={self.providers!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.providers == other.providers
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("ListProvidersResponse", self.providers, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class ProviderInfo:
     """**UNSTABLE**
 
@@ -2175,8 +5223,58 @@ class ProviderInfo:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        provider_id: ProviderId,
+        supported: list[LlmProtocol],
+        required: bool,
+        current: ProviderCurrentConfig | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "provider_id", provider_id)
+        _setattr(self, "supported", supported)
+        _setattr(self, "required", required)
+        _setattr(self, "current", current)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"provider_id={self.provider_id!r}, "
+            f"supported={self.supported!r}, "
+            f"required={self.required!r}, "
+            f"current={self.current!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.provider_id == other.provider_id
+            and self.supported == other.supported
+            and self.required == other.required
+            and self.current == other.current
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "ProviderInfo",
+            self.provider_id,
+            self.supported,
+            self.required,
+            self.current,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class ProviderCurrentConfig:
     """**UNSTABLE**
 
@@ -2200,8 +5298,42 @@ class ProviderCurrentConfig:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        api_type: LlmProtocol,
+        base_url: str,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "api_type", api_type)
+        _setattr(self, "base_url", base_url)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"api_type={self.api_type!r}, "
+            f"base_url={self.base_url!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.api_type == other.api_type
+            and self.base_url == other.base_url
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("ProviderCurrentConfig", self.api_type, self.base_url, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class SetProviderResponse:
     """**UNSTABLE**
 
@@ -2221,8 +5353,28 @@ class SetProviderResponse:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"meta={self.meta!r}, extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("SetProviderResponse", self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class DisableProviderResponse:
     """**UNSTABLE**
 
@@ -2242,8 +5394,28 @@ class DisableProviderResponse:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"meta={self.meta!r}, extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("DisableProviderResponse", self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class LogoutResponse:
     """Response to the `logout` method."""
 
@@ -2256,8 +5428,28 @@ class LogoutResponse:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"meta={self.meta!r}, extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("LogoutResponse", self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class NewSessionResponse:
     """Response from creating a new session.
 
@@ -2283,8 +5475,53 @@ class NewSessionResponse:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_id: SessionId,
+        modes: SessionModeState | None = None,
+        config_options: list[SessionConfigOption] | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_id", session_id)
+        _setattr(self, "modes", modes)
+        _setattr(self, "config_options", config_options)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_id={self.session_id!r}, "
+            f"modes={self.modes!r}, "
+            f"config_options={self.config_options!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_id == other.session_id
+            and self.modes == other.modes
+            and self.config_options == other.config_options
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "NewSessionResponse",
+            self.session_id,
+            self.modes,
+            self.config_options,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class SessionModeState:
     """The set of modes and the one currently active."""
 
@@ -2301,8 +5538,48 @@ class SessionModeState:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        current_mode_id: SessionModeId,
+        available_modes: list[SessionMode],
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "current_mode_id", current_mode_id)
+        _setattr(self, "available_modes", available_modes)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"current_mode_id={self.current_mode_id!r}, "
+            f"available_modes={self.available_modes!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.current_mode_id == other.current_mode_id
+            and self.available_modes == other.available_modes
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "SessionModeState",
+            self.current_mode_id,
+            self.available_modes,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class SessionMode:
     """A mode the agent can operate in.
 
@@ -2324,8 +5601,46 @@ class SessionMode:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        id: SessionModeId,
+        name: str,
+        description: str | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "id", id)
+        _setattr(self, "name", name)
+        _setattr(self, "description", description)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"id={self.id!r}, "
+            f"name={self.name!r}, "
+            f"description={self.description!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.id == other.id
+            and self.name == other.name
+            and self.description == other.description
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("SessionMode", self.id, self.name, self.description, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class UnknownSessionConfigOption:
     """A ``SessionConfigOption`` whose ``type`` this schema release does not know.
 
@@ -2339,8 +5654,23 @@ class UnknownSessionConfigOption:
     #: the whole object as received
     raw: dict[str, Any] = field(factory=dict)
 
+    def __init__(self, *, type: str, raw: dict[str, Any] = _NOTHING) -> None:
+        _setattr(self, "type", type)
+        _setattr(self, "raw", dict() if raw is _NOTHING else raw)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"type={self.type!r}, raw={self.raw!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.type == other.type and self.raw == other.raw
+
+    def __hash__(self) -> int:
+        return hash(("UnknownSessionConfigOption", self.type, self.raw))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class SessionConfigSelectOption:
     """A possible value for a session configuration option."""
 
@@ -2359,8 +5689,53 @@ class SessionConfigSelectOption:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        value: SessionConfigValueId,
+        name: str,
+        description: str | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "value", value)
+        _setattr(self, "name", name)
+        _setattr(self, "description", description)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"value={self.value!r}, "
+            f"name={self.name!r}, "
+            f"description={self.description!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.value == other.value
+            and self.name == other.name
+            and self.description == other.description
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "SessionConfigSelectOption",
+            self.value,
+            self.name,
+            self.description,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class SessionConfigSelectGroup:
     """A group of possible values for a session configuration option."""
 
@@ -2379,8 +5754,53 @@ class SessionConfigSelectGroup:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        group: SessionConfigGroupId,
+        name: str,
+        options: list[SessionConfigSelectOption],
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "group", group)
+        _setattr(self, "name", name)
+        _setattr(self, "options", options)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"group={self.group!r}, "
+            f"name={self.name!r}, "
+            f"options={self.options!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.group == other.group
+            and self.name == other.name
+            and self.options == other.options
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "SessionConfigSelectGroup",
+            self.group,
+            self.name,
+            self.options,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class SessionConfigSelect:
     """A single-value selector (dropdown) session configuration option payload."""
 
@@ -2406,8 +5826,73 @@ class SessionConfigSelect:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        type: Literal["select"] = "select",
+        id: SessionConfigId,
+        name: str,
+        description: str | None = None,
+        category: SessionConfigOptionCategory | None = None,
+        meta: dict[str, Any] | None = None,
+        current_value: SessionConfigValueId,
+        options: SessionConfigSelectOptions,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "type", type)
+        _setattr(self, "id", id)
+        _setattr(self, "name", name)
+        _setattr(self, "description", description)
+        _setattr(self, "category", category)
+        _setattr(self, "meta", meta)
+        _setattr(self, "current_value", current_value)
+        _setattr(self, "options", options)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"type={self.type!r}, "
+            f"id={self.id!r}, "
+            f"name={self.name!r}, "
+            f"description={self.description!r}, "
+            f"category={self.category!r}, "
+            f"meta={self.meta!r}, "
+            f"current_value={self.current_value!r}, "
+            f"options={self.options!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.type == other.type
+            and self.id == other.id
+            and self.name == other.name
+            and self.description == other.description
+            and self.category == other.category
+            and self.meta == other.meta
+            and self.current_value == other.current_value
+            and self.options == other.options
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "SessionConfigSelect",
+            self.type,
+            self.id,
+            self.name,
+            self.description,
+            self.category,
+            self.meta,
+            self.current_value,
+            self.options,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class SessionConfigBoolean:
     """A boolean on/off toggle session configuration option payload."""
 
@@ -2431,8 +5916,68 @@ class SessionConfigBoolean:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        type: Literal["boolean"] = "boolean",
+        id: SessionConfigId,
+        name: str,
+        description: str | None = None,
+        category: SessionConfigOptionCategory | None = None,
+        meta: dict[str, Any] | None = None,
+        current_value: bool,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "type", type)
+        _setattr(self, "id", id)
+        _setattr(self, "name", name)
+        _setattr(self, "description", description)
+        _setattr(self, "category", category)
+        _setattr(self, "meta", meta)
+        _setattr(self, "current_value", current_value)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"type={self.type!r}, "
+            f"id={self.id!r}, "
+            f"name={self.name!r}, "
+            f"description={self.description!r}, "
+            f"category={self.category!r}, "
+            f"meta={self.meta!r}, "
+            f"current_value={self.current_value!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.type == other.type
+            and self.id == other.id
+            and self.name == other.name
+            and self.description == other.description
+            and self.category == other.category
+            and self.meta == other.meta
+            and self.current_value == other.current_value
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "SessionConfigBoolean",
+            self.type,
+            self.id,
+            self.name,
+            self.description,
+            self.category,
+            self.meta,
+            self.current_value,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class LoadSessionResponse:
     """Response from loading an existing session."""
 
@@ -2451,8 +5996,42 @@ class LoadSessionResponse:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        modes: SessionModeState | None = None,
+        config_options: list[SessionConfigOption] | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "modes", modes)
+        _setattr(self, "config_options", config_options)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"modes={self.modes!r}, "
+            f"config_options={self.config_options!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.modes == other.modes
+            and self.config_options == other.config_options
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("LoadSessionResponse", self.modes, self.config_options, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class ListSessionsResponse:
     """Response from listing sessions."""
 
@@ -2470,8 +6049,48 @@ class ListSessionsResponse:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        sessions: list[SessionInfo],
+        next_cursor: str | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "sessions", sessions)
+        _setattr(self, "next_cursor", next_cursor)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"sessions={self.sessions!r}, "
+            f"next_cursor={self.next_cursor!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.sessions == other.sessions
+            and self.next_cursor == other.next_cursor
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "ListSessionsResponse",
+            self.sessions,
+            self.next_cursor,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class SessionInfo:
     """Information about a session returned by session/list"""
 
@@ -2498,8 +6117,63 @@ class SessionInfo:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_id: SessionId,
+        cwd: str,
+        additional_directories: list[str] | None = None,
+        title: str | None = None,
+        updated_at: str | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_id", session_id)
+        _setattr(self, "cwd", cwd)
+        _setattr(self, "additional_directories", additional_directories)
+        _setattr(self, "title", title)
+        _setattr(self, "updated_at", updated_at)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_id={self.session_id!r}, "
+            f"cwd={self.cwd!r}, "
+            f"additional_directories={self.additional_directories!r}, "
+            f"title={self.title!r}, "
+            f"updated_at={self.updated_at!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_id == other.session_id
+            and self.cwd == other.cwd
+            and self.additional_directories == other.additional_directories
+            and self.title == other.title
+            and self.updated_at == other.updated_at
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "SessionInfo",
+            self.session_id,
+            self.cwd,
+            self.additional_directories,
+            self.title,
+            self.updated_at,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class DeleteSessionResponse:
     """Response from deleting a session."""
 
@@ -2512,8 +6186,28 @@ class DeleteSessionResponse:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"meta={self.meta!r}, extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("DeleteSessionResponse", self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class ForkSessionResponse:
     """**UNSTABLE**
 
@@ -2541,8 +6235,53 @@ class ForkSessionResponse:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_id: SessionId,
+        modes: SessionModeState | None = None,
+        config_options: list[SessionConfigOption] | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_id", session_id)
+        _setattr(self, "modes", modes)
+        _setattr(self, "config_options", config_options)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_id={self.session_id!r}, "
+            f"modes={self.modes!r}, "
+            f"config_options={self.config_options!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_id == other.session_id
+            and self.modes == other.modes
+            and self.config_options == other.config_options
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "ForkSessionResponse",
+            self.session_id,
+            self.modes,
+            self.config_options,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class ResumeSessionResponse:
     """Response from resuming an existing session."""
 
@@ -2561,8 +6300,48 @@ class ResumeSessionResponse:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        modes: SessionModeState | None = None,
+        config_options: list[SessionConfigOption] | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "modes", modes)
+        _setattr(self, "config_options", config_options)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"modes={self.modes!r}, "
+            f"config_options={self.config_options!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.modes == other.modes
+            and self.config_options == other.config_options
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "ResumeSessionResponse",
+            self.modes,
+            self.config_options,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class CloseSessionResponse:
     """Response from closing a session."""
 
@@ -2575,8 +6354,28 @@ class CloseSessionResponse:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"meta={self.meta!r}, extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("CloseSessionResponse", self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class SetSessionModeResponse:
     """Response to `session/set_mode` method."""
 
@@ -2589,8 +6388,28 @@ class SetSessionModeResponse:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"meta={self.meta!r}, extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("SetSessionModeResponse", self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class SetSessionConfigOptionResponse:
     """Response to `session/set_config_option` method."""
 
@@ -2605,8 +6424,38 @@ class SetSessionConfigOptionResponse:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        config_options: list[SessionConfigOption],
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "config_options", config_options)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"config_options={self.config_options!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.config_options == other.config_options
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("SetSessionConfigOptionResponse", self.config_options, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class PromptResponse:
     """Response from processing a user prompt.
 
@@ -2630,8 +6479,42 @@ class PromptResponse:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        stop_reason: StopReason,
+        usage: Usage | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "stop_reason", stop_reason)
+        _setattr(self, "usage", usage)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"stop_reason={self.stop_reason!r}, "
+            f"usage={self.usage!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.stop_reason == other.stop_reason
+            and self.usage == other.usage
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("PromptResponse", self.stop_reason, self.usage, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class Usage:
     """**UNSTABLE**
 
@@ -2663,8 +6546,68 @@ class Usage:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        total_tokens: int,
+        input_tokens: int,
+        output_tokens: int,
+        thought_tokens: int | None = None,
+        cached_read_tokens: int | None = None,
+        cached_write_tokens: int | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "total_tokens", total_tokens)
+        _setattr(self, "input_tokens", input_tokens)
+        _setattr(self, "output_tokens", output_tokens)
+        _setattr(self, "thought_tokens", thought_tokens)
+        _setattr(self, "cached_read_tokens", cached_read_tokens)
+        _setattr(self, "cached_write_tokens", cached_write_tokens)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"total_tokens={self.total_tokens!r}, "
+            f"input_tokens={self.input_tokens!r}, "
+            f"output_tokens={self.output_tokens!r}, "
+            f"thought_tokens={self.thought_tokens!r}, "
+            f"cached_read_tokens={self.cached_read_tokens!r}, "
+            f"cached_write_tokens={self.cached_write_tokens!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.total_tokens == other.total_tokens
+            and self.input_tokens == other.input_tokens
+            and self.output_tokens == other.output_tokens
+            and self.thought_tokens == other.thought_tokens
+            and self.cached_read_tokens == other.cached_read_tokens
+            and self.cached_write_tokens == other.cached_write_tokens
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "Usage",
+            self.total_tokens,
+            self.input_tokens,
+            self.output_tokens,
+            self.thought_tokens,
+            self.cached_read_tokens,
+            self.cached_write_tokens,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class StartNesResponse:
     """Response to `nes/start`.
 
@@ -2682,8 +6625,38 @@ class StartNesResponse:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_id: SessionId,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_id", session_id)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_id={self.session_id!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_id == other.session_id
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("StartNesResponse", self.session_id, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class SuggestNesResponse:
     """Response to `nes/suggest`.
 
@@ -2701,8 +6674,38 @@ class SuggestNesResponse:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        suggestions: list[NesSuggestion],
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "suggestions", suggestions)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"suggestions={self.suggestions!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.suggestions == other.suggestions
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("SuggestNesResponse", self.suggestions, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class UnknownNesSuggestion:
     """A ``NesSuggestion`` whose ``kind`` this schema release does not know.
 
@@ -2718,8 +6721,23 @@ class UnknownNesSuggestion:
     #: the whole object as received
     raw: dict[str, Any] = field(factory=dict)
 
+    def __init__(self, *, kind: str, raw: dict[str, Any] = _NOTHING) -> None:
+        _setattr(self, "kind", kind)
+        _setattr(self, "raw", dict() if raw is _NOTHING else raw)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"kind={self.kind!r}, raw={self.raw!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.kind == other.kind and self.raw == other.raw
+
+    def __hash__(self) -> int:
+        return hash(("UnknownNesSuggestion", self.kind, self.raw))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class NesTextEdit:
     """A text edit within a suggestion.
 
@@ -2739,8 +6757,42 @@ class NesTextEdit:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        range: Range,
+        new_text: str,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "range", range)
+        _setattr(self, "new_text", new_text)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"range={self.range!r}, "
+            f"new_text={self.new_text!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.range == other.range
+            and self.new_text == other.new_text
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("NesTextEdit", self.range, self.new_text, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class Range:
     """A range in a text document, expressed as start and end positions.
 
@@ -2760,8 +6812,42 @@ class Range:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        start: Position,
+        end: Position,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "start", start)
+        _setattr(self, "end", end)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"start={self.start!r}, "
+            f"end={self.end!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.start == other.start
+            and self.end == other.end
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("Range", self.start, self.end, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class Position:
     """A zero-based position in a text document.
 
@@ -2783,8 +6869,42 @@ class Position:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        line: int,
+        character: int,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "line", line)
+        _setattr(self, "character", character)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"line={self.line!r}, "
+            f"character={self.character!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.line == other.line
+            and self.character == other.character
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("Position", self.line, self.character, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class NesEditSuggestion:
     """A text edit suggestion.
 
@@ -2809,8 +6929,63 @@ class NesEditSuggestion:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        kind: Literal["edit"] = "edit",
+        id: NesSuggestionId,
+        uri: str,
+        edits: list[NesTextEdit],
+        cursor_position: Position | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "kind", kind)
+        _setattr(self, "id", id)
+        _setattr(self, "uri", uri)
+        _setattr(self, "edits", edits)
+        _setattr(self, "cursor_position", cursor_position)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"kind={self.kind!r}, "
+            f"id={self.id!r}, "
+            f"uri={self.uri!r}, "
+            f"edits={self.edits!r}, "
+            f"cursor_position={self.cursor_position!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.kind == other.kind
+            and self.id == other.id
+            and self.uri == other.uri
+            and self.edits == other.edits
+            and self.cursor_position == other.cursor_position
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "NesEditSuggestion",
+            self.kind,
+            self.id,
+            self.uri,
+            self.edits,
+            self.cursor_position,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class NesJumpSuggestion:
     """A jump-to-location suggestion.
 
@@ -2833,8 +7008,58 @@ class NesJumpSuggestion:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        kind: Literal["jump"] = "jump",
+        id: NesSuggestionId,
+        uri: str,
+        position: Position,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "kind", kind)
+        _setattr(self, "id", id)
+        _setattr(self, "uri", uri)
+        _setattr(self, "position", position)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"kind={self.kind!r}, "
+            f"id={self.id!r}, "
+            f"uri={self.uri!r}, "
+            f"position={self.position!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.kind == other.kind
+            and self.id == other.id
+            and self.uri == other.uri
+            and self.position == other.position
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "NesJumpSuggestion",
+            self.kind,
+            self.id,
+            self.uri,
+            self.position,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class NesRenameSuggestion:
     """A rename symbol suggestion.
 
@@ -2859,8 +7084,63 @@ class NesRenameSuggestion:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        kind: Literal["rename"] = "rename",
+        id: NesSuggestionId,
+        uri: str,
+        position: Position,
+        new_name: str,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "kind", kind)
+        _setattr(self, "id", id)
+        _setattr(self, "uri", uri)
+        _setattr(self, "position", position)
+        _setattr(self, "new_name", new_name)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"kind={self.kind!r}, "
+            f"id={self.id!r}, "
+            f"uri={self.uri!r}, "
+            f"position={self.position!r}, "
+            f"new_name={self.new_name!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.kind == other.kind
+            and self.id == other.id
+            and self.uri == other.uri
+            and self.position == other.position
+            and self.new_name == other.new_name
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "NesRenameSuggestion",
+            self.kind,
+            self.id,
+            self.uri,
+            self.position,
+            self.new_name,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class NesSearchAndReplaceSuggestion:
     """A search-and-replace suggestion.
 
@@ -2887,8 +7167,68 @@ class NesSearchAndReplaceSuggestion:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        kind: Literal["searchAndReplace"] = "searchAndReplace",
+        id: NesSuggestionId,
+        uri: str,
+        search: str,
+        replace: str,
+        is_regex: bool | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "kind", kind)
+        _setattr(self, "id", id)
+        _setattr(self, "uri", uri)
+        _setattr(self, "search", search)
+        _setattr(self, "replace", replace)
+        _setattr(self, "is_regex", is_regex)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"kind={self.kind!r}, "
+            f"id={self.id!r}, "
+            f"uri={self.uri!r}, "
+            f"search={self.search!r}, "
+            f"replace={self.replace!r}, "
+            f"is_regex={self.is_regex!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.kind == other.kind
+            and self.id == other.id
+            and self.uri == other.uri
+            and self.search == other.search
+            and self.replace == other.replace
+            and self.is_regex == other.is_regex
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "NesSearchAndReplaceSuggestion",
+            self.kind,
+            self.id,
+            self.uri,
+            self.search,
+            self.replace,
+            self.is_regex,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class CloseNesResponse:
     """Response from closing an NES session.
 
@@ -2904,8 +7244,28 @@ class CloseNesResponse:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"meta={self.meta!r}, extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("CloseNesResponse", self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class Error:
     """JSON-RPC error object.
 
@@ -2927,8 +7287,42 @@ class Error:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        code: ErrorCode,
+        message: str,
+        data: Any = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "code", code)
+        _setattr(self, "message", message)
+        _setattr(self, "data", data)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"code={self.code!r}, "
+            f"message={self.message!r}, "
+            f"data={self.data!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.code == other.code
+            and self.message == other.message
+            and self.data == other.data
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("Error", self.code, self.message, self.data, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class SessionNotification:
     """Notification containing a session update from the agent.
 
@@ -2950,8 +7344,42 @@ class SessionNotification:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_id: SessionId,
+        update: SessionUpdate,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_id", session_id)
+        _setattr(self, "update", update)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_id={self.session_id!r}, "
+            f"update={self.update!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_id == other.session_id
+            and self.update == other.update
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("SessionNotification", self.session_id, self.update, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class ContentChunk:
     """A streamed item of content"""
 
@@ -2971,36 +7399,285 @@ class ContentChunk:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        content: ContentBlock,
+        message_id: MessageId | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "content", content)
+        _setattr(self, "message_id", message_id)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"content={self.content!r}, "
+            f"message_id={self.message_id!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.content == other.content
+            and self.message_id == other.message_id
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("ContentChunk", self.content, self.message_id, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class UserMessageChunk(ContentChunk):
     """A chunk of the user's message being streamed."""
 
     session_update: Literal["user_message_chunk"] = field(default="user_message_chunk", metadata={"wire": "sessionUpdate", "tag": True})
 
+    def __init__(
+        self,
+        *,
+        content: ContentBlock,
+        message_id: MessageId | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+        session_update: Literal["user_message_chunk"] = "user_message_chunk",
+    ) -> None:
+        _setattr(self, "content", content)
+        _setattr(self, "message_id", message_id)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
+        _setattr(self, "session_update", session_update)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"content={self.content!r}, "
+            f"message_id={self.message_id!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}, "
+            f"session_update={self.session_update!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.content == other.content
+            and self.message_id == other.message_id
+            and self.meta == other.meta
+            and self.extra == other.extra
+            and self.session_update == other.session_update
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "UserMessageChunk",
+            self.content,
+            self.message_id,
+            self.meta,
+            self.extra,
+            self.session_update,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class AgentMessageChunk(ContentChunk):
     """A chunk of the agent's response being streamed."""
 
     session_update: Literal["agent_message_chunk"] = field(default="agent_message_chunk", metadata={"wire": "sessionUpdate", "tag": True})
 
+    def __init__(
+        self,
+        *,
+        content: ContentBlock,
+        message_id: MessageId | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+        session_update: Literal["agent_message_chunk"] = "agent_message_chunk",
+    ) -> None:
+        _setattr(self, "content", content)
+        _setattr(self, "message_id", message_id)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
+        _setattr(self, "session_update", session_update)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"content={self.content!r}, "
+            f"message_id={self.message_id!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}, "
+            f"session_update={self.session_update!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.content == other.content
+            and self.message_id == other.message_id
+            and self.meta == other.meta
+            and self.extra == other.extra
+            and self.session_update == other.session_update
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "AgentMessageChunk",
+            self.content,
+            self.message_id,
+            self.meta,
+            self.extra,
+            self.session_update,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class AgentThoughtChunk(ContentChunk):
     """A chunk of the agent's internal reasoning being streamed."""
 
     session_update: Literal["agent_thought_chunk"] = field(default="agent_thought_chunk", metadata={"wire": "sessionUpdate", "tag": True})
 
+    def __init__(
+        self,
+        *,
+        content: ContentBlock,
+        message_id: MessageId | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+        session_update: Literal["agent_thought_chunk"] = "agent_thought_chunk",
+    ) -> None:
+        _setattr(self, "content", content)
+        _setattr(self, "message_id", message_id)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
+        _setattr(self, "session_update", session_update)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"content={self.content!r}, "
+            f"message_id={self.message_id!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}, "
+            f"session_update={self.session_update!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.content == other.content
+            and self.message_id == other.message_id
+            and self.meta == other.meta
+            and self.extra == other.extra
+            and self.session_update == other.session_update
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "AgentThoughtChunk",
+            self.content,
+            self.message_id,
+            self.meta,
+            self.extra,
+            self.session_update,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class ToolCallUpdateSessionUpdate(ToolCallUpdate):
     """Update on the status or results of a tool call."""
 
     session_update: Literal["tool_call_update"] = field(default="tool_call_update", metadata={"wire": "sessionUpdate", "tag": True})
 
+    def __init__(
+        self,
+        *,
+        tool_call_id: ToolCallId,
+        kind: ToolKind | None = None,
+        status: ToolCallStatus | None = None,
+        title: str | None = None,
+        name: str | None = None,
+        content: list[ToolCallContent] | None = None,
+        locations: list[ToolCallLocation] | None = None,
+        raw_input: Any = None,
+        raw_output: Any = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+        session_update: Literal["tool_call_update"] = "tool_call_update",
+    ) -> None:
+        _setattr(self, "tool_call_id", tool_call_id)
+        _setattr(self, "kind", kind)
+        _setattr(self, "status", status)
+        _setattr(self, "title", title)
+        _setattr(self, "name", name)
+        _setattr(self, "content", content)
+        _setattr(self, "locations", locations)
+        _setattr(self, "raw_input", raw_input)
+        _setattr(self, "raw_output", raw_output)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
+        _setattr(self, "session_update", session_update)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"tool_call_id={self.tool_call_id!r}, "
+            f"kind={self.kind!r}, "
+            f"status={self.status!r}, "
+            f"title={self.title!r}, "
+            f"name={self.name!r}, "
+            f"content={self.content!r}, "
+            f"locations={self.locations!r}, "
+            f"raw_input={self.raw_input!r}, "
+            f"raw_output={self.raw_output!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}, "
+            f"session_update={self.session_update!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.tool_call_id == other.tool_call_id
+            and self.kind == other.kind
+            and self.status == other.status
+            and self.title == other.title
+            and self.name == other.name
+            and self.content == other.content
+            and self.locations == other.locations
+            and self.raw_input == other.raw_input
+            and self.raw_output == other.raw_output
+            and self.meta == other.meta
+            and self.extra == other.extra
+            and self.session_update == other.session_update
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "ToolCallUpdateSessionUpdate",
+            self.tool_call_id,
+            self.kind,
+            self.status,
+            self.title,
+            self.name,
+            self.content,
+            self.locations,
+            self.raw_input,
+            self.raw_output,
+            self.meta,
+            self.extra,
+            self.session_update,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class UnknownSessionUpdate:
     """A ``SessionUpdate`` whose ``sessionUpdate`` this schema release does not know.
 
@@ -3014,8 +7691,23 @@ class UnknownSessionUpdate:
     #: the whole object as received
     raw: dict[str, Any] = field(factory=dict)
 
+    def __init__(self, *, session_update: str, raw: dict[str, Any] = _NOTHING) -> None:
+        _setattr(self, "session_update", session_update)
+        _setattr(self, "raw", dict() if raw is _NOTHING else raw)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"session_update={self.session_update!r}, raw={self.raw!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.session_update == other.session_update and self.raw == other.raw
+
+    def __hash__(self) -> int:
+        return hash(("UnknownSessionUpdate", self.session_update, self.raw))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class ToolCall:
     """Represents a tool call that the language model has requested.
 
@@ -3062,8 +7754,88 @@ class ToolCall:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_update: Literal["tool_call"] = "tool_call",
+        tool_call_id: ToolCallId,
+        title: str,
+        name: str | None = None,
+        kind: ToolKind | None = None,
+        status: ToolCallStatus | None = None,
+        content: list[ToolCallContent] | None = None,
+        locations: list[ToolCallLocation] | None = None,
+        raw_input: Any = None,
+        raw_output: Any = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_update", session_update)
+        _setattr(self, "tool_call_id", tool_call_id)
+        _setattr(self, "title", title)
+        _setattr(self, "name", name)
+        _setattr(self, "kind", kind)
+        _setattr(self, "status", status)
+        _setattr(self, "content", content)
+        _setattr(self, "locations", locations)
+        _setattr(self, "raw_input", raw_input)
+        _setattr(self, "raw_output", raw_output)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_update={self.session_update!r}, "
+            f"tool_call_id={self.tool_call_id!r}, "
+            f"title={self.title!r}, "
+            f"name={self.name!r}, "
+            f"kind={self.kind!r}, "
+            f"status={self.status!r}, "
+            f"content={self.content!r}, "
+            f"locations={self.locations!r}, "
+            f"raw_input={self.raw_input!r}, "
+            f"raw_output={self.raw_output!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_update == other.session_update
+            and self.tool_call_id == other.tool_call_id
+            and self.title == other.title
+            and self.name == other.name
+            and self.kind == other.kind
+            and self.status == other.status
+            and self.content == other.content
+            and self.locations == other.locations
+            and self.raw_input == other.raw_input
+            and self.raw_output == other.raw_output
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "ToolCall",
+            self.session_update,
+            self.tool_call_id,
+            self.title,
+            self.name,
+            self.kind,
+            self.status,
+            self.content,
+            self.locations,
+            self.raw_input,
+            self.raw_output,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class PlanEntry:
     """A single entry in the execution plan.
 
@@ -3088,8 +7860,46 @@ class PlanEntry:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        content: str,
+        priority: PlanEntryPriority,
+        status: PlanEntryStatus,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "content", content)
+        _setattr(self, "priority", priority)
+        _setattr(self, "status", status)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"content={self.content!r}, "
+            f"priority={self.priority!r}, "
+            f"status={self.status!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.content == other.content
+            and self.priority == other.priority
+            and self.status == other.status
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("PlanEntry", self.content, self.priority, self.status, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class Plan:
     """An execution plan for accomplishing complex tasks.
 
@@ -3115,8 +7925,42 @@ class Plan:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_update: Literal["plan"] = "plan",
+        entries: list[PlanEntry],
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_update", session_update)
+        _setattr(self, "entries", entries)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_update={self.session_update!r}, "
+            f"entries={self.entries!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_update == other.session_update
+            and self.entries == other.entries
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("Plan", self.session_update, self.entries, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class UnknownPlanUpdateContent:
     """A ``PlanUpdateContent`` whose ``type`` this schema release does not know.
 
@@ -3132,8 +7976,23 @@ class UnknownPlanUpdateContent:
     #: the whole object as received
     raw: dict[str, Any] = field(factory=dict)
 
+    def __init__(self, *, type: str, raw: dict[str, Any] = _NOTHING) -> None:
+        _setattr(self, "type", type)
+        _setattr(self, "raw", dict() if raw is _NOTHING else raw)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"type={self.type!r}, raw={self.raw!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.type == other.type and self.raw == other.raw
+
+    def __hash__(self) -> int:
+        return hash(("UnknownPlanUpdateContent", self.type, self.raw))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class PlanItems:
     """**UNSTABLE**
 
@@ -3161,8 +8020,46 @@ class PlanItems:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        type: Literal["items"] = "items",
+        plan_id: PlanId,
+        entries: list[PlanEntry],
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "type", type)
+        _setattr(self, "plan_id", plan_id)
+        _setattr(self, "entries", entries)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"type={self.type!r}, "
+            f"plan_id={self.plan_id!r}, "
+            f"entries={self.entries!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.type == other.type
+            and self.plan_id == other.plan_id
+            and self.entries == other.entries
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("PlanItems", self.type, self.plan_id, self.entries, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class PlanFile:
     """**UNSTABLE**
 
@@ -3187,8 +8084,46 @@ class PlanFile:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        type: Literal["file"] = "file",
+        plan_id: PlanId,
+        uri: str,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "type", type)
+        _setattr(self, "plan_id", plan_id)
+        _setattr(self, "uri", uri)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"type={self.type!r}, "
+            f"plan_id={self.plan_id!r}, "
+            f"uri={self.uri!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.type == other.type
+            and self.plan_id == other.plan_id
+            and self.uri == other.uri
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("PlanFile", self.type, self.plan_id, self.uri, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class PlanMarkdown:
     """**UNSTABLE**
 
@@ -3213,8 +8148,46 @@ class PlanMarkdown:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        type: Literal["markdown"] = "markdown",
+        plan_id: PlanId,
+        content: str,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "type", type)
+        _setattr(self, "plan_id", plan_id)
+        _setattr(self, "content", content)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"type={self.type!r}, "
+            f"plan_id={self.plan_id!r}, "
+            f"content={self.content!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.type == other.type
+            and self.plan_id == other.plan_id
+            and self.content == other.content
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("PlanMarkdown", self.type, self.plan_id, self.content, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class PlanUpdate:
     """**UNSTABLE**
 
@@ -3237,8 +8210,42 @@ class PlanUpdate:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_update: Literal["plan_update"] = "plan_update",
+        plan: PlanUpdateContent,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_update", session_update)
+        _setattr(self, "plan", plan)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_update={self.session_update!r}, "
+            f"plan={self.plan!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_update == other.session_update
+            and self.plan == other.plan
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("PlanUpdate", self.session_update, self.plan, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class PlanRemoved:
     """**UNSTABLE**
 
@@ -3261,8 +8268,42 @@ class PlanRemoved:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_update: Literal["plan_removed"] = "plan_removed",
+        plan_id: PlanId,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_update", session_update)
+        _setattr(self, "plan_id", plan_id)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_update={self.session_update!r}, "
+            f"plan_id={self.plan_id!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_update == other.session_update
+            and self.plan_id == other.plan_id
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("PlanRemoved", self.session_update, self.plan_id, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class AvailableCommand:
     """Information about a command."""
 
@@ -3281,8 +8322,53 @@ class AvailableCommand:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        name: str,
+        description: str,
+        input: AvailableCommandInput | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "name", name)
+        _setattr(self, "description", description)
+        _setattr(self, "input", input)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"name={self.name!r}, "
+            f"description={self.description!r}, "
+            f"input={self.input!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.name == other.name
+            and self.description == other.description
+            and self.input == other.input
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "AvailableCommand",
+            self.name,
+            self.description,
+            self.input,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class UnstructuredCommandInput:
     """All text that was typed after the command name is provided as input."""
 
@@ -3297,8 +8383,30 @@ class UnstructuredCommandInput:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        hint: str,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "hint", hint)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"hint={self.hint!r}, meta={self.meta!r}, extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.hint == other.hint and self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("UnstructuredCommandInput", self.hint, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class AvailableCommandsUpdate:
     """Available commands are ready or have changed"""
 
@@ -3314,8 +8422,48 @@ class AvailableCommandsUpdate:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_update: Literal["available_commands_update"] = "available_commands_update",
+        available_commands: list[AvailableCommand],
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_update", session_update)
+        _setattr(self, "available_commands", available_commands)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_update={self.session_update!r}, "
+            f"available_commands={self.available_commands!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_update == other.session_update
+            and self.available_commands == other.available_commands
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "AvailableCommandsUpdate",
+            self.session_update,
+            self.available_commands,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class CurrentModeUpdate:
     """The current mode of the session has changed
 
@@ -3334,8 +8482,48 @@ class CurrentModeUpdate:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_update: Literal["current_mode_update"] = "current_mode_update",
+        current_mode_id: SessionModeId,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_update", session_update)
+        _setattr(self, "current_mode_id", current_mode_id)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_update={self.session_update!r}, "
+            f"current_mode_id={self.current_mode_id!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_update == other.session_update
+            and self.current_mode_id == other.current_mode_id
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "CurrentModeUpdate",
+            self.session_update,
+            self.current_mode_id,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class ConfigOptionUpdate:
     """Session configuration options have been updated."""
 
@@ -3351,8 +8539,48 @@ class ConfigOptionUpdate:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_update: Literal["config_option_update"] = "config_option_update",
+        config_options: list[SessionConfigOption],
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_update", session_update)
+        _setattr(self, "config_options", config_options)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_update={self.session_update!r}, "
+            f"config_options={self.config_options!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_update == other.session_update
+            and self.config_options == other.config_options
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "ConfigOptionUpdate",
+            self.session_update,
+            self.config_options,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class SessionInfoUpdate:
     """Update to session metadata. All fields are optional to support partial updates.
 
@@ -3374,8 +8602,53 @@ class SessionInfoUpdate:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_update: Literal["session_info_update"] = "session_info_update",
+        title: str | None = None,
+        updated_at: str | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_update", session_update)
+        _setattr(self, "title", title)
+        _setattr(self, "updated_at", updated_at)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_update={self.session_update!r}, "
+            f"title={self.title!r}, "
+            f"updated_at={self.updated_at!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_update == other.session_update
+            and self.title == other.title
+            and self.updated_at == other.updated_at
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "SessionInfoUpdate",
+            self.session_update,
+            self.title,
+            self.updated_at,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class Cost:
     """Cost information for a session."""
 
@@ -3392,8 +8665,42 @@ class Cost:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        amount: float,
+        currency: str,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "amount", amount)
+        _setattr(self, "currency", currency)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"amount={self.amount!r}, "
+            f"currency={self.currency!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.amount == other.amount
+            and self.currency == other.currency
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("Cost", self.amount, self.currency, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class UsageUpdate:
     """Context window and cost update for a session."""
 
@@ -3413,8 +8720,58 @@ class UsageUpdate:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_update: Literal["usage_update"] = "usage_update",
+        used: int,
+        size: int,
+        cost: Cost | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_update", session_update)
+        _setattr(self, "used", used)
+        _setattr(self, "size", size)
+        _setattr(self, "cost", cost)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_update={self.session_update!r}, "
+            f"used={self.used!r}, "
+            f"size={self.size!r}, "
+            f"cost={self.cost!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_update == other.session_update
+            and self.used == other.used
+            and self.size == other.size
+            and self.cost == other.cost
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "UsageUpdate",
+            self.session_update,
+            self.used,
+            self.size,
+            self.cost,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class Notice:
     """**UNSTABLE**
 
@@ -3447,8 +8804,58 @@ class Notice:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_update: Literal["notice"] = "notice",
+        severity: NoticeSeverity,
+        title: str,
+        description: str | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_update", session_update)
+        _setattr(self, "severity", severity)
+        _setattr(self, "title", title)
+        _setattr(self, "description", description)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_update={self.session_update!r}, "
+            f"severity={self.severity!r}, "
+            f"title={self.title!r}, "
+            f"description={self.description!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_update == other.session_update
+            and self.severity == other.severity
+            and self.title == other.title
+            and self.description == other.description
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "Notice",
+            self.session_update,
+            self.severity,
+            self.title,
+            self.description,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class CompactionUpdate:
     """**UNSTABLE**
 
@@ -3481,8 +8888,63 @@ class CompactionUpdate:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_update: Literal["compaction_update"] = "compaction_update",
+        compaction_id: CompactionId,
+        status: CompactionStatus,
+        summary: list[ContentBlock] | None = None,
+        error: str | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_update", session_update)
+        _setattr(self, "compaction_id", compaction_id)
+        _setattr(self, "status", status)
+        _setattr(self, "summary", summary)
+        _setattr(self, "error", error)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_update={self.session_update!r}, "
+            f"compaction_id={self.compaction_id!r}, "
+            f"status={self.status!r}, "
+            f"summary={self.summary!r}, "
+            f"error={self.error!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_update == other.session_update
+            and self.compaction_id == other.compaction_id
+            and self.status == other.status
+            and self.summary == other.summary
+            and self.error == other.error
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "CompactionUpdate",
+            self.session_update,
+            self.compaction_id,
+            self.status,
+            self.summary,
+            self.error,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class CompactionSummaryChunk:
     """**UNSTABLE**
 
@@ -3506,8 +8968,53 @@ class CompactionSummaryChunk:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_update: Literal["compaction_summary_chunk"] = "compaction_summary_chunk",
+        compaction_id: CompactionId,
+        content: ContentBlock,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_update", session_update)
+        _setattr(self, "compaction_id", compaction_id)
+        _setattr(self, "content", content)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_update={self.session_update!r}, "
+            f"compaction_id={self.compaction_id!r}, "
+            f"content={self.content!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_update == other.session_update
+            and self.compaction_id == other.compaction_id
+            and self.content == other.content
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "CompactionSummaryChunk",
+            self.session_update,
+            self.compaction_id,
+            self.content,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class CompleteElicitationNotification:
     """Notification sent by the agent when a URL-based elicitation is complete."""
 
@@ -3524,8 +9031,38 @@ class CompleteElicitationNotification:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        elicitation_id: ElicitationId,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "elicitation_id", elicitation_id)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"elicitation_id={self.elicitation_id!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.elicitation_id == other.elicitation_id
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("CompleteElicitationNotification", self.elicitation_id, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class MessageMcpNotification:
     """**UNSTABLE**
 
@@ -3556,8 +9093,53 @@ class MessageMcpNotification:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        connection_id: McpConnectionId,
+        method: str,
+        params: dict[str, Any] | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "connection_id", connection_id)
+        _setattr(self, "method", method)
+        _setattr(self, "params", params)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"connection_id={self.connection_id!r}, "
+            f"method={self.method!r}, "
+            f"params={self.params!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.connection_id == other.connection_id
+            and self.method == other.method
+            and self.params == other.params
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "MessageMcpNotification",
+            self.connection_id,
+            self.method,
+            self.params,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class InitializeRequest:
     """Request parameters for the initialize method.
 
@@ -3583,8 +9165,53 @@ class InitializeRequest:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        protocol_version: ProtocolVersion,
+        client_capabilities: ClientCapabilities | None = None,
+        client_info: Implementation | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "protocol_version", protocol_version)
+        _setattr(self, "client_capabilities", client_capabilities)
+        _setattr(self, "client_info", client_info)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"protocol_version={self.protocol_version!r}, "
+            f"client_capabilities={self.client_capabilities!r}, "
+            f"client_info={self.client_info!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.protocol_version == other.protocol_version
+            and self.client_capabilities == other.client_capabilities
+            and self.client_info == other.client_info
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "InitializeRequest",
+            self.protocol_version,
+            self.client_capabilities,
+            self.client_info,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class ClientCapabilities:
     """Capabilities supported by the client.
 
@@ -3647,8 +9274,78 @@ class ClientCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        fs: FileSystemCapabilities | None = None,
+        terminal: bool | None = None,
+        session: ClientSessionCapabilities | None = None,
+        plan: PlanCapabilities | None = None,
+        auth: AuthCapabilities | None = None,
+        elicitation: ElicitationCapabilities | None = None,
+        nes: ClientNesCapabilities | None = None,
+        position_encodings: list[PositionEncodingKind] | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "fs", fs)
+        _setattr(self, "terminal", terminal)
+        _setattr(self, "session", session)
+        _setattr(self, "plan", plan)
+        _setattr(self, "auth", auth)
+        _setattr(self, "elicitation", elicitation)
+        _setattr(self, "nes", nes)
+        _setattr(self, "position_encodings", position_encodings)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"fs={self.fs!r}, "
+            f"terminal={self.terminal!r}, "
+            f"session={self.session!r}, "
+            f"plan={self.plan!r}, "
+            f"auth={self.auth!r}, "
+            f"elicitation={self.elicitation!r}, "
+            f"nes={self.nes!r}, "
+            f"position_encodings={self.position_encodings!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.fs == other.fs
+            and self.terminal == other.terminal
+            and self.session == other.session
+            and self.plan == other.plan
+            and self.auth == other.auth
+            and self.elicitation == other.elicitation
+            and self.nes == other.nes
+            and self.position_encodings == other.position_encodings
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "ClientCapabilities",
+            self.fs,
+            self.terminal,
+            self.session,
+            self.plan,
+            self.auth,
+            self.elicitation,
+            self.nes,
+            self.position_encodings,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class FileSystemCapabilities:
     """File system capabilities that a client may support.
 
@@ -3668,8 +9365,48 @@ class FileSystemCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        read_text_file: bool | None = None,
+        write_text_file: bool | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "read_text_file", read_text_file)
+        _setattr(self, "write_text_file", write_text_file)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"read_text_file={self.read_text_file!r}, "
+            f"write_text_file={self.write_text_file!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.read_text_file == other.read_text_file
+            and self.write_text_file == other.write_text_file
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "FileSystemCapabilities",
+            self.read_text_file,
+            self.write_text_file,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class ClientSessionCapabilities:
     """Session-related capabilities supported by the client."""
 
@@ -3694,8 +9431,48 @@ class ClientSessionCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        compaction: CompactionCapabilities | None = None,
+        config_options: SessionConfigOptionsCapabilities | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "compaction", compaction)
+        _setattr(self, "config_options", config_options)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"compaction={self.compaction!r}, "
+            f"config_options={self.config_options!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.compaction == other.compaction
+            and self.config_options == other.config_options
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "ClientSessionCapabilities",
+            self.compaction,
+            self.config_options,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class CompactionCapabilities:
     """**UNSTABLE**
 
@@ -3709,8 +9486,22 @@ class CompactionCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(self, *, extra: dict[str, Any] = _NOTHING) -> None:
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("CompactionCapabilities", self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class SessionConfigOptionsCapabilities:
     """Session configuration option capabilities supported by the client."""
 
@@ -3730,8 +9521,38 @@ class SessionConfigOptionsCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        boolean: BooleanConfigOptionCapabilities | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "boolean", boolean)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"boolean={self.boolean!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.boolean == other.boolean
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("SessionConfigOptionsCapabilities", self.boolean, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class BooleanConfigOptionCapabilities:
     """Capabilities for boolean session configuration options.
 
@@ -3747,8 +9568,28 @@ class BooleanConfigOptionCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"meta={self.meta!r}, extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("BooleanConfigOptionCapabilities", self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class PlanCapabilities:
     """**UNSTABLE**
 
@@ -3768,8 +9609,28 @@ class PlanCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"meta={self.meta!r}, extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("PlanCapabilities", self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class AuthCapabilities:
     """Authentication capabilities supported by the client.
 
@@ -3793,8 +9654,38 @@ class AuthCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        terminal: bool | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "terminal", terminal)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"terminal={self.terminal!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.terminal == other.terminal
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("AuthCapabilities", self.terminal, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class ElicitationCapabilities:
     """Elicitation capabilities supported by the client."""
 
@@ -3819,8 +9710,42 @@ class ElicitationCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        form: ElicitationFormCapabilities | None = None,
+        url: ElicitationUrlCapabilities | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "form", form)
+        _setattr(self, "url", url)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"form={self.form!r}, "
+            f"url={self.url!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.form == other.form
+            and self.url == other.url
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("ElicitationCapabilities", self.form, self.url, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class ElicitationFormCapabilities:
     """Form-based elicitation capabilities.
 
@@ -3838,8 +9763,28 @@ class ElicitationFormCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"meta={self.meta!r}, extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("ElicitationFormCapabilities", self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class ElicitationUrlCapabilities:
     """URL-based elicitation capabilities.
 
@@ -3857,8 +9802,28 @@ class ElicitationUrlCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"meta={self.meta!r}, extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("ElicitationUrlCapabilities", self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class ClientNesCapabilities:
     """NES capabilities advertised by the client during initialization.
 
@@ -3880,8 +9845,53 @@ class ClientNesCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        jump: NesJumpCapabilities | None = None,
+        rename: NesRenameCapabilities | None = None,
+        search_and_replace: NesSearchAndReplaceCapabilities | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "jump", jump)
+        _setattr(self, "rename", rename)
+        _setattr(self, "search_and_replace", search_and_replace)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"jump={self.jump!r}, "
+            f"rename={self.rename!r}, "
+            f"search_and_replace={self.search_and_replace!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.jump == other.jump
+            and self.rename == other.rename
+            and self.search_and_replace == other.search_and_replace
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "ClientNesCapabilities",
+            self.jump,
+            self.rename,
+            self.search_and_replace,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class NesJumpCapabilities:
     """Marker for jump suggestion support.
 
@@ -3897,8 +9907,28 @@ class NesJumpCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"meta={self.meta!r}, extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("NesJumpCapabilities", self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class NesRenameCapabilities:
     """Marker for rename suggestion support.
 
@@ -3914,8 +9944,28 @@ class NesRenameCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"meta={self.meta!r}, extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("NesRenameCapabilities", self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class NesSearchAndReplaceCapabilities:
     """Marker for search and replace suggestion support.
 
@@ -3931,8 +9981,28 @@ class NesSearchAndReplaceCapabilities:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"meta={self.meta!r}, extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("NesSearchAndReplaceCapabilities", self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class AuthenticateRequest:
     """Request parameters for the authenticate method.
 
@@ -3951,8 +10021,38 @@ class AuthenticateRequest:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        method_id: AuthMethodId,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "method_id", method_id)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"method_id={self.method_id!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.method_id == other.method_id
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("AuthenticateRequest", self.method_id, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class ListProvidersRequest:
     """**UNSTABLE**
 
@@ -3972,8 +10072,28 @@ class ListProvidersRequest:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"meta={self.meta!r}, extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("ListProvidersRequest", self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class SetProviderRequest:
     """**UNSTABLE**
 
@@ -4004,8 +10124,58 @@ class SetProviderRequest:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        provider_id: ProviderId,
+        api_type: LlmProtocol,
+        base_url: str,
+        headers: dict[str, str] | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "provider_id", provider_id)
+        _setattr(self, "api_type", api_type)
+        _setattr(self, "base_url", base_url)
+        _setattr(self, "headers", headers)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"provider_id={self.provider_id!r}, "
+            f"api_type={self.api_type!r}, "
+            f"base_url={self.base_url!r}, "
+            f"headers={self.headers!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.provider_id == other.provider_id
+            and self.api_type == other.api_type
+            and self.base_url == other.base_url
+            and self.headers == other.headers
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "SetProviderRequest",
+            self.provider_id,
+            self.api_type,
+            self.base_url,
+            self.headers,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class DisableProviderRequest:
     """**UNSTABLE**
 
@@ -4027,8 +10197,38 @@ class DisableProviderRequest:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        provider_id: ProviderId,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "provider_id", provider_id)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"provider_id={self.provider_id!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.provider_id == other.provider_id
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("DisableProviderRequest", self.provider_id, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class LogoutRequest:
     """Request parameters for the logout method.
 
@@ -4044,8 +10244,28 @@ class LogoutRequest:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"meta={self.meta!r}, extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("LogoutRequest", self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class NewSessionRequest:
     """Request parameters for creating a new session.
 
@@ -4071,8 +10291,53 @@ class NewSessionRequest:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        cwd: str,
+        additional_directories: list[str] | None = None,
+        mcp_servers: list[McpServer],
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "cwd", cwd)
+        _setattr(self, "additional_directories", additional_directories)
+        _setattr(self, "mcp_servers", mcp_servers)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"cwd={self.cwd!r}, "
+            f"additional_directories={self.additional_directories!r}, "
+            f"mcp_servers={self.mcp_servers!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.cwd == other.cwd
+            and self.additional_directories == other.additional_directories
+            and self.mcp_servers == other.mcp_servers
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "NewSessionRequest",
+            self.cwd,
+            self.additional_directories,
+            self.mcp_servers,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class UnknownMcpServer:
     """A ``McpServer`` whose ``type`` this schema release does not know.
 
@@ -4086,8 +10351,23 @@ class UnknownMcpServer:
     #: the whole object as received
     raw: dict[str, Any] = field(factory=dict)
 
+    def __init__(self, *, type: str, raw: dict[str, Any] = _NOTHING) -> None:
+        _setattr(self, "type", type)
+        _setattr(self, "raw", dict() if raw is _NOTHING else raw)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"type={self.type!r}, raw={self.raw!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.type == other.type and self.raw == other.raw
+
+    def __hash__(self) -> int:
+        return hash(("UnknownMcpServer", self.type, self.raw))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class HttpHeader:
     """An HTTP header to set when making requests to the MCP server."""
 
@@ -4104,8 +10384,42 @@ class HttpHeader:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        name: str,
+        value: str,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "name", name)
+        _setattr(self, "value", value)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"name={self.name!r}, "
+            f"value={self.value!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.name == other.name
+            and self.value == other.value
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("HttpHeader", self.name, self.value, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class McpServerHttp:
     """HTTP transport configuration for MCP."""
 
@@ -4125,8 +10439,58 @@ class McpServerHttp:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        type: Literal["http"] = "http",
+        name: str,
+        url: str,
+        headers: list[HttpHeader],
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "type", type)
+        _setattr(self, "name", name)
+        _setattr(self, "url", url)
+        _setattr(self, "headers", headers)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"type={self.type!r}, "
+            f"name={self.name!r}, "
+            f"url={self.url!r}, "
+            f"headers={self.headers!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.type == other.type
+            and self.name == other.name
+            and self.url == other.url
+            and self.headers == other.headers
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "McpServerHttp",
+            self.type,
+            self.name,
+            self.url,
+            self.headers,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class McpServerSse:
     """SSE transport configuration for MCP."""
 
@@ -4146,8 +10510,58 @@ class McpServerSse:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        type: Literal["sse"] = "sse",
+        name: str,
+        url: str,
+        headers: list[HttpHeader],
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "type", type)
+        _setattr(self, "name", name)
+        _setattr(self, "url", url)
+        _setattr(self, "headers", headers)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"type={self.type!r}, "
+            f"name={self.name!r}, "
+            f"url={self.url!r}, "
+            f"headers={self.headers!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.type == other.type
+            and self.name == other.name
+            and self.url == other.url
+            and self.headers == other.headers
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "McpServerSse",
+            self.type,
+            self.name,
+            self.url,
+            self.headers,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class McpServerAcp:
     """**UNSTABLE**
 
@@ -4178,8 +10592,46 @@ class McpServerAcp:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        type: Literal["acp"] = "acp",
+        name: str,
+        server_id: McpServerAcpId,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "type", type)
+        _setattr(self, "name", name)
+        _setattr(self, "server_id", server_id)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"type={self.type!r}, "
+            f"name={self.name!r}, "
+            f"server_id={self.server_id!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.type == other.type
+            and self.name == other.name
+            and self.server_id == other.server_id
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("McpServerAcp", self.type, self.name, self.server_id, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class McpServerStdio:
     """Stdio transport configuration for MCP."""
 
@@ -4200,8 +10652,58 @@ class McpServerStdio:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        name: str,
+        command: str,
+        args: list[str],
+        env: list[EnvVariable],
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "name", name)
+        _setattr(self, "command", command)
+        _setattr(self, "args", args)
+        _setattr(self, "env", env)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"name={self.name!r}, "
+            f"command={self.command!r}, "
+            f"args={self.args!r}, "
+            f"env={self.env!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.name == other.name
+            and self.command == other.command
+            and self.args == other.args
+            and self.env == other.env
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "McpServerStdio",
+            self.name,
+            self.command,
+            self.args,
+            self.env,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class LoadSessionRequest:
     """Request parameters for loading an existing session.
 
@@ -4232,8 +10734,58 @@ class LoadSessionRequest:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        mcp_servers: list[McpServer],
+        cwd: str,
+        additional_directories: list[str] | None = None,
+        session_id: SessionId,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "mcp_servers", mcp_servers)
+        _setattr(self, "cwd", cwd)
+        _setattr(self, "additional_directories", additional_directories)
+        _setattr(self, "session_id", session_id)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"mcp_servers={self.mcp_servers!r}, "
+            f"cwd={self.cwd!r}, "
+            f"additional_directories={self.additional_directories!r}, "
+            f"session_id={self.session_id!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.mcp_servers == other.mcp_servers
+            and self.cwd == other.cwd
+            and self.additional_directories == other.additional_directories
+            and self.session_id == other.session_id
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "LoadSessionRequest",
+            self.mcp_servers,
+            self.cwd,
+            self.additional_directories,
+            self.session_id,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class ListSessionsRequest:
     """Request parameters for listing existing sessions.
 
@@ -4253,8 +10805,42 @@ class ListSessionsRequest:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        cwd: str | None = None,
+        cursor: str | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "cwd", cwd)
+        _setattr(self, "cursor", cursor)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"cwd={self.cwd!r}, "
+            f"cursor={self.cursor!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.cwd == other.cwd
+            and self.cursor == other.cursor
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("ListSessionsRequest", self.cwd, self.cursor, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class DeleteSessionRequest:
     """Request parameters for deleting an existing session from `session/list`.
 
@@ -4272,8 +10858,38 @@ class DeleteSessionRequest:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_id: SessionId,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_id", session_id)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_id={self.session_id!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_id == other.session_id
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("DeleteSessionRequest", self.session_id, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class ForkSessionRequest:
     """**UNSTABLE**
 
@@ -4310,8 +10926,58 @@ class ForkSessionRequest:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_id: SessionId,
+        cwd: str,
+        additional_directories: list[str] | None = None,
+        mcp_servers: list[McpServer] | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_id", session_id)
+        _setattr(self, "cwd", cwd)
+        _setattr(self, "additional_directories", additional_directories)
+        _setattr(self, "mcp_servers", mcp_servers)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_id={self.session_id!r}, "
+            f"cwd={self.cwd!r}, "
+            f"additional_directories={self.additional_directories!r}, "
+            f"mcp_servers={self.mcp_servers!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_id == other.session_id
+            and self.cwd == other.cwd
+            and self.additional_directories == other.additional_directories
+            and self.mcp_servers == other.mcp_servers
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "ForkSessionRequest",
+            self.session_id,
+            self.cwd,
+            self.additional_directories,
+            self.mcp_servers,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class ResumeSessionRequest:
     """Request parameters for resuming an existing session.
 
@@ -4343,8 +11009,58 @@ class ResumeSessionRequest:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_id: SessionId,
+        cwd: str,
+        additional_directories: list[str] | None = None,
+        mcp_servers: list[McpServer] | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_id", session_id)
+        _setattr(self, "cwd", cwd)
+        _setattr(self, "additional_directories", additional_directories)
+        _setattr(self, "mcp_servers", mcp_servers)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_id={self.session_id!r}, "
+            f"cwd={self.cwd!r}, "
+            f"additional_directories={self.additional_directories!r}, "
+            f"mcp_servers={self.mcp_servers!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_id == other.session_id
+            and self.cwd == other.cwd
+            and self.additional_directories == other.additional_directories
+            and self.mcp_servers == other.mcp_servers
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "ResumeSessionRequest",
+            self.session_id,
+            self.cwd,
+            self.additional_directories,
+            self.mcp_servers,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class CloseSessionRequest:
     """Request parameters for closing an active session.
 
@@ -4366,8 +11082,38 @@ class CloseSessionRequest:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_id: SessionId,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_id", session_id)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_id={self.session_id!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_id == other.session_id
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("CloseSessionRequest", self.session_id, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class SetSessionModeRequest:
     """Request parameters for setting a session mode."""
 
@@ -4384,8 +11130,42 @@ class SetSessionModeRequest:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_id: SessionId,
+        mode_id: SessionModeId,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_id", session_id)
+        _setattr(self, "mode_id", mode_id)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_id={self.session_id!r}, "
+            f"mode_id={self.mode_id!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_id == other.session_id
+            and self.mode_id == other.mode_id
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("SetSessionModeRequest", self.session_id, self.mode_id, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class BooleanSetSessionConfigOptionRequest:
     """A boolean value (`type: "boolean"`)."""
 
@@ -4405,8 +11185,58 @@ class BooleanSetSessionConfigOptionRequest:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        type: Literal["boolean"] = "boolean",
+        session_id: SessionId,
+        config_id: SessionConfigId,
+        meta: dict[str, Any] | None = None,
+        value: bool,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "type", type)
+        _setattr(self, "session_id", session_id)
+        _setattr(self, "config_id", config_id)
+        _setattr(self, "meta", meta)
+        _setattr(self, "value", value)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"type={self.type!r}, "
+            f"session_id={self.session_id!r}, "
+            f"config_id={self.config_id!r}, "
+            f"meta={self.meta!r}, "
+            f"value={self.value!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.type == other.type
+            and self.session_id == other.session_id
+            and self.config_id == other.config_id
+            and self.meta == other.meta
+            and self.value == other.value
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "BooleanSetSessionConfigOptionRequest",
+            self.type,
+            self.session_id,
+            self.config_id,
+            self.meta,
+            self.value,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class SetSessionConfigOptionRequestValueId:
     """A [`SessionConfigValueId`] string value.
 
@@ -4430,8 +11260,53 @@ class SetSessionConfigOptionRequestValueId:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_id: SessionId,
+        config_id: SessionConfigId,
+        meta: dict[str, Any] | None = None,
+        value: SessionConfigValueId,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_id", session_id)
+        _setattr(self, "config_id", config_id)
+        _setattr(self, "meta", meta)
+        _setattr(self, "value", value)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_id={self.session_id!r}, "
+            f"config_id={self.config_id!r}, "
+            f"meta={self.meta!r}, "
+            f"value={self.value!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_id == other.session_id
+            and self.config_id == other.config_id
+            and self.meta == other.meta
+            and self.value == other.value
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "SetSessionConfigOptionRequestValueId",
+            self.session_id,
+            self.config_id,
+            self.meta,
+            self.value,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class UnknownSetSessionConfigOptionRequest:
     """A ``SetSessionConfigOptionRequest`` whose ``type`` this schema release does not know.
 
@@ -4445,8 +11320,23 @@ class UnknownSetSessionConfigOptionRequest:
     #: the whole object as received
     raw: dict[str, Any] = field(factory=dict)
 
+    def __init__(self, *, type: str, raw: dict[str, Any] = _NOTHING) -> None:
+        _setattr(self, "type", type)
+        _setattr(self, "raw", dict() if raw is _NOTHING else raw)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"type={self.type!r}, raw={self.raw!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.type == other.type and self.raw == other.raw
+
+    def __hash__(self) -> int:
+        return hash(("UnknownSetSessionConfigOptionRequest", self.type, self.raw))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class PromptRequest:
     """Request parameters for sending a user prompt to the agent.
 
@@ -4480,8 +11370,42 @@ class PromptRequest:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_id: SessionId,
+        prompt: list[ContentBlock],
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_id", session_id)
+        _setattr(self, "prompt", prompt)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_id={self.session_id!r}, "
+            f"prompt={self.prompt!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_id == other.session_id
+            and self.prompt == other.prompt
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("PromptRequest", self.session_id, self.prompt, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class StartNesRequest:
     """Request to start an NES session.
 
@@ -4503,8 +11427,53 @@ class StartNesRequest:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        workspace_uri: str | None = None,
+        workspace_folders: list[WorkspaceFolder] | None = None,
+        repository: NesRepository | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "workspace_uri", workspace_uri)
+        _setattr(self, "workspace_folders", workspace_folders)
+        _setattr(self, "repository", repository)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"workspace_uri={self.workspace_uri!r}, "
+            f"workspace_folders={self.workspace_folders!r}, "
+            f"repository={self.repository!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.workspace_uri == other.workspace_uri
+            and self.workspace_folders == other.workspace_folders
+            and self.repository == other.repository
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "StartNesRequest",
+            self.workspace_uri,
+            self.workspace_folders,
+            self.repository,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class WorkspaceFolder:
     """A workspace folder.
 
@@ -4524,8 +11493,42 @@ class WorkspaceFolder:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        uri: str,
+        name: str,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "uri", uri)
+        _setattr(self, "name", name)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"uri={self.uri!r}, "
+            f"name={self.name!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.uri == other.uri
+            and self.name == other.name
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("WorkspaceFolder", self.uri, self.name, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class NesRepository:
     """Repository metadata for an NES session.
 
@@ -4547,8 +11550,53 @@ class NesRepository:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        name: str,
+        owner: str,
+        remote_url: str,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "name", name)
+        _setattr(self, "owner", owner)
+        _setattr(self, "remote_url", remote_url)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"name={self.name!r}, "
+            f"owner={self.owner!r}, "
+            f"remote_url={self.remote_url!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.name == other.name
+            and self.owner == other.owner
+            and self.remote_url == other.remote_url
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "NesRepository",
+            self.name,
+            self.owner,
+            self.remote_url,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class SuggestNesRequest:
     """Request for a code suggestion.
 
@@ -4578,8 +11626,73 @@ class SuggestNesRequest:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_id: SessionId,
+        uri: str,
+        version: int,
+        position: Position,
+        selection: Range | None = None,
+        trigger_kind: NesTriggerKind,
+        context: NesSuggestContext | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_id", session_id)
+        _setattr(self, "uri", uri)
+        _setattr(self, "version", version)
+        _setattr(self, "position", position)
+        _setattr(self, "selection", selection)
+        _setattr(self, "trigger_kind", trigger_kind)
+        _setattr(self, "context", context)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_id={self.session_id!r}, "
+            f"uri={self.uri!r}, "
+            f"version={self.version!r}, "
+            f"position={self.position!r}, "
+            f"selection={self.selection!r}, "
+            f"trigger_kind={self.trigger_kind!r}, "
+            f"context={self.context!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_id == other.session_id
+            and self.uri == other.uri
+            and self.version == other.version
+            and self.position == other.position
+            and self.selection == other.selection
+            and self.trigger_kind == other.trigger_kind
+            and self.context == other.context
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "SuggestNesRequest",
+            self.session_id,
+            self.uri,
+            self.version,
+            self.position,
+            self.selection,
+            self.trigger_kind,
+            self.context,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class NesSuggestContext:
     """Context attached to a suggestion request.
 
@@ -4607,8 +11720,68 @@ class NesSuggestContext:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        recent_files: list[NesRecentFile] | None = None,
+        related_snippets: list[NesRelatedSnippet] | None = None,
+        edit_history: list[NesEditHistoryEntry] | None = None,
+        user_actions: list[NesUserAction] | None = None,
+        open_files: list[NesOpenFile] | None = None,
+        diagnostics: list[NesDiagnostic] | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "recent_files", recent_files)
+        _setattr(self, "related_snippets", related_snippets)
+        _setattr(self, "edit_history", edit_history)
+        _setattr(self, "user_actions", user_actions)
+        _setattr(self, "open_files", open_files)
+        _setattr(self, "diagnostics", diagnostics)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"recent_files={self.recent_files!r}, "
+            f"related_snippets={self.related_snippets!r}, "
+            f"edit_history={self.edit_history!r}, "
+            f"user_actions={self.user_actions!r}, "
+            f"open_files={self.open_files!r}, "
+            f"diagnostics={self.diagnostics!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.recent_files == other.recent_files
+            and self.related_snippets == other.related_snippets
+            and self.edit_history == other.edit_history
+            and self.user_actions == other.user_actions
+            and self.open_files == other.open_files
+            and self.diagnostics == other.diagnostics
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "NesSuggestContext",
+            self.recent_files,
+            self.related_snippets,
+            self.edit_history,
+            self.user_actions,
+            self.open_files,
+            self.diagnostics,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class NesRecentFile:
     """A recently accessed file.
 
@@ -4630,8 +11803,46 @@ class NesRecentFile:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        uri: str,
+        language_id: str,
+        text: str,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "uri", uri)
+        _setattr(self, "language_id", language_id)
+        _setattr(self, "text", text)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"uri={self.uri!r}, "
+            f"language_id={self.language_id!r}, "
+            f"text={self.text!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.uri == other.uri
+            and self.language_id == other.language_id
+            and self.text == other.text
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("NesRecentFile", self.uri, self.language_id, self.text, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class NesRelatedSnippet:
     """A related code snippet from a file.
 
@@ -4651,8 +11862,42 @@ class NesRelatedSnippet:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        uri: str,
+        excerpts: list[NesExcerpt],
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "uri", uri)
+        _setattr(self, "excerpts", excerpts)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"uri={self.uri!r}, "
+            f"excerpts={self.excerpts!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.uri == other.uri
+            and self.excerpts == other.excerpts
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("NesRelatedSnippet", self.uri, self.excerpts, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class NesExcerpt:
     """A code excerpt from a file.
 
@@ -4674,8 +11919,53 @@ class NesExcerpt:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        start_line: int,
+        end_line: int,
+        text: str,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "start_line", start_line)
+        _setattr(self, "end_line", end_line)
+        _setattr(self, "text", text)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"start_line={self.start_line!r}, "
+            f"end_line={self.end_line!r}, "
+            f"text={self.text!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.start_line == other.start_line
+            and self.end_line == other.end_line
+            and self.text == other.text
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "NesExcerpt",
+            self.start_line,
+            self.end_line,
+            self.text,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class NesEditHistoryEntry:
     """An entry in the edit history.
 
@@ -4695,8 +11985,42 @@ class NesEditHistoryEntry:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        uri: str,
+        diff: str,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "uri", uri)
+        _setattr(self, "diff", diff)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"uri={self.uri!r}, "
+            f"diff={self.diff!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.uri == other.uri
+            and self.diff == other.diff
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("NesEditHistoryEntry", self.uri, self.diff, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class NesUserAction:
     """A user action (typing, cursor movement, etc.).
 
@@ -4720,8 +12044,58 @@ class NesUserAction:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        action: str,
+        uri: str,
+        position: Position,
+        timestamp_ms: int,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "action", action)
+        _setattr(self, "uri", uri)
+        _setattr(self, "position", position)
+        _setattr(self, "timestamp_ms", timestamp_ms)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"action={self.action!r}, "
+            f"uri={self.uri!r}, "
+            f"position={self.position!r}, "
+            f"timestamp_ms={self.timestamp_ms!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.action == other.action
+            and self.uri == other.uri
+            and self.position == other.position
+            and self.timestamp_ms == other.timestamp_ms
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "NesUserAction",
+            self.action,
+            self.uri,
+            self.position,
+            self.timestamp_ms,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class NesOpenFile:
     """An open file in the editor.
 
@@ -4745,8 +12119,58 @@ class NesOpenFile:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        uri: str,
+        language_id: str,
+        visible_range: Range | None = None,
+        last_focused_ms: int | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "uri", uri)
+        _setattr(self, "language_id", language_id)
+        _setattr(self, "visible_range", visible_range)
+        _setattr(self, "last_focused_ms", last_focused_ms)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"uri={self.uri!r}, "
+            f"language_id={self.language_id!r}, "
+            f"visible_range={self.visible_range!r}, "
+            f"last_focused_ms={self.last_focused_ms!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.uri == other.uri
+            and self.language_id == other.language_id
+            and self.visible_range == other.visible_range
+            and self.last_focused_ms == other.last_focused_ms
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "NesOpenFile",
+            self.uri,
+            self.language_id,
+            self.visible_range,
+            self.last_focused_ms,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class NesDiagnostic:
     """A diagnostic (error, warning, etc.).
 
@@ -4770,8 +12194,58 @@ class NesDiagnostic:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        uri: str,
+        range: Range,
+        severity: NesDiagnosticSeverity,
+        message: str,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "uri", uri)
+        _setattr(self, "range", range)
+        _setattr(self, "severity", severity)
+        _setattr(self, "message", message)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"uri={self.uri!r}, "
+            f"range={self.range!r}, "
+            f"severity={self.severity!r}, "
+            f"message={self.message!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.uri == other.uri
+            and self.range == other.range
+            and self.severity == other.severity
+            and self.message == other.message
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "NesDiagnostic",
+            self.uri,
+            self.range,
+            self.severity,
+            self.message,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class CloseNesRequest:
     """Request to close an NES session.
 
@@ -4792,8 +12266,38 @@ class CloseNesRequest:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_id: SessionId,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_id", session_id)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_id={self.session_id!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_id == other.session_id
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("CloseNesRequest", self.session_id, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class WriteTextFileResponse:
     """Response to `fs/write_text_file`"""
 
@@ -4806,8 +12310,28 @@ class WriteTextFileResponse:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"meta={self.meta!r}, extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("WriteTextFileResponse", self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class ReadTextFileResponse:
     """Response containing the contents of a text file."""
 
@@ -4822,8 +12346,38 @@ class ReadTextFileResponse:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        content: str,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "content", content)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"content={self.content!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.content == other.content
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("ReadTextFileResponse", self.content, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class RequestPermissionResponse:
     """Response to a permission request."""
 
@@ -4838,8 +12392,38 @@ class RequestPermissionResponse:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        outcome: RequestPermissionOutcome,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "outcome", outcome)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"outcome={self.outcome!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.outcome == other.outcome
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("RequestPermissionResponse", self.outcome, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class CancelledRequestPermissionOutcome:
     """The prompt turn was cancelled before the user responded.
 
@@ -4854,8 +12438,28 @@ class CancelledRequestPermissionOutcome:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        outcome: Literal["cancelled"] = "cancelled",
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "outcome", outcome)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"outcome={self.outcome!r}, extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.outcome == other.outcome and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("CancelledRequestPermissionOutcome", self.outcome, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class UnknownRequestPermissionOutcome:
     """A ``RequestPermissionOutcome`` whose ``outcome`` this schema release does not know.
 
@@ -4869,8 +12473,23 @@ class UnknownRequestPermissionOutcome:
     #: the whole object as received
     raw: dict[str, Any] = field(factory=dict)
 
+    def __init__(self, *, outcome: str, raw: dict[str, Any] = _NOTHING) -> None:
+        _setattr(self, "outcome", outcome)
+        _setattr(self, "raw", dict() if raw is _NOTHING else raw)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"outcome={self.outcome!r}, raw={self.raw!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.outcome == other.outcome and self.raw == other.raw
+
+    def __hash__(self) -> int:
+        return hash(("UnknownRequestPermissionOutcome", self.outcome, self.raw))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class SelectedPermissionOutcome:
     """The user selected one of the provided options."""
 
@@ -4886,8 +12505,48 @@ class SelectedPermissionOutcome:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        outcome: Literal["selected"] = "selected",
+        option_id: PermissionOptionId,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "outcome", outcome)
+        _setattr(self, "option_id", option_id)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"outcome={self.outcome!r}, "
+            f"option_id={self.option_id!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.outcome == other.outcome
+            and self.option_id == other.option_id
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "SelectedPermissionOutcome",
+            self.outcome,
+            self.option_id,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class CreateTerminalResponse:
     """Response containing the ID of the created terminal."""
 
@@ -4902,8 +12561,38 @@ class CreateTerminalResponse:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        terminal_id: TerminalId,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "terminal_id", terminal_id)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"terminal_id={self.terminal_id!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.terminal_id == other.terminal_id
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("CreateTerminalResponse", self.terminal_id, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class TerminalOutputResponse:
     """Response containing the terminal output and exit status."""
 
@@ -4922,8 +12611,53 @@ class TerminalOutputResponse:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        output: str,
+        truncated: bool,
+        exit_status: TerminalExitStatus | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "output", output)
+        _setattr(self, "truncated", truncated)
+        _setattr(self, "exit_status", exit_status)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"output={self.output!r}, "
+            f"truncated={self.truncated!r}, "
+            f"exit_status={self.exit_status!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.output == other.output
+            and self.truncated == other.truncated
+            and self.exit_status == other.exit_status
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "TerminalOutputResponse",
+            self.output,
+            self.truncated,
+            self.exit_status,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class TerminalExitStatus:
     """Exit status of a terminal command."""
 
@@ -4940,8 +12674,42 @@ class TerminalExitStatus:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        exit_code: int | None = None,
+        signal: str | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "exit_code", exit_code)
+        _setattr(self, "signal", signal)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"exit_code={self.exit_code!r}, "
+            f"signal={self.signal!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.exit_code == other.exit_code
+            and self.signal == other.signal
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("TerminalExitStatus", self.exit_code, self.signal, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class ReleaseTerminalResponse:
     """Response to terminal/release method"""
 
@@ -4954,8 +12722,28 @@ class ReleaseTerminalResponse:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"meta={self.meta!r}, extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("ReleaseTerminalResponse", self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class WaitForTerminalExitResponse:
     """Response containing the exit status of a terminal command."""
 
@@ -4972,8 +12760,48 @@ class WaitForTerminalExitResponse:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        exit_code: int | None = None,
+        signal: str | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "exit_code", exit_code)
+        _setattr(self, "signal", signal)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"exit_code={self.exit_code!r}, "
+            f"signal={self.signal!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.exit_code == other.exit_code
+            and self.signal == other.signal
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "WaitForTerminalExitResponse",
+            self.exit_code,
+            self.signal,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class KillTerminalResponse:
     """Response to `terminal/kill` method"""
 
@@ -4986,8 +12814,28 @@ class KillTerminalResponse:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"meta={self.meta!r}, extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("KillTerminalResponse", self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class DeclineCreateElicitationResponse:
     """The user declined the elicitation."""
 
@@ -5003,8 +12851,34 @@ class DeclineCreateElicitationResponse:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        action: Literal["decline"] = "decline",
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "action", action)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"action={self.action!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.action == other.action and self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("DeclineCreateElicitationResponse", self.action, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class CancelCreateElicitationResponse:
     """The elicitation was cancelled."""
 
@@ -5020,8 +12894,34 @@ class CancelCreateElicitationResponse:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        action: Literal["cancel"] = "cancel",
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "action", action)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"action={self.action!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.action == other.action and self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("CancelCreateElicitationResponse", self.action, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class UnknownCreateElicitationResponse:
     """A ``CreateElicitationResponse`` whose ``action`` this schema release does not know.
 
@@ -5035,8 +12935,23 @@ class UnknownCreateElicitationResponse:
     #: the whole object as received
     raw: dict[str, Any] = field(factory=dict)
 
+    def __init__(self, *, action: str, raw: dict[str, Any] = _NOTHING) -> None:
+        _setattr(self, "action", action)
+        _setattr(self, "raw", dict() if raw is _NOTHING else raw)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"action={self.action!r}, raw={self.raw!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.action == other.action and self.raw == other.raw
+
+    def __hash__(self) -> int:
+        return hash(("UnknownCreateElicitationResponse", self.action, self.raw))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class ElicitationAcceptAction:
     """The user accepted the elicitation and provided content."""
 
@@ -5054,8 +12969,42 @@ class ElicitationAcceptAction:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        action: Literal["accept"] = "accept",
+        meta: dict[str, Any] | None = None,
+        content: dict[str, ElicitationContentValue] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "action", action)
+        _setattr(self, "meta", meta)
+        _setattr(self, "content", content)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"action={self.action!r}, "
+            f"meta={self.meta!r}, "
+            f"content={self.content!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.action == other.action
+            and self.meta == other.meta
+            and self.content == other.content
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("ElicitationAcceptAction", self.action, self.meta, self.content, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class ConnectMcpResponse:
     """**UNSTABLE**
 
@@ -5077,8 +13026,38 @@ class ConnectMcpResponse:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        connection_id: McpConnectionId,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "connection_id", connection_id)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"connection_id={self.connection_id!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.connection_id == other.connection_id
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("ConnectMcpResponse", self.connection_id, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class DisconnectMcpResponse:
     """**UNSTABLE**
 
@@ -5098,8 +13077,28 @@ class DisconnectMcpResponse:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: f"meta={self.meta!r}, extra={self.extra!r}")
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.meta == other.meta and self.extra == other.extra
+
+    def __hash__(self) -> int:
+        return hash(("DisconnectMcpResponse", self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class CancelNotification:
     """Notification to cancel ongoing operations for a session.
 
@@ -5117,8 +13116,38 @@ class CancelNotification:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_id: SessionId,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_id", session_id)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_id={self.session_id!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_id == other.session_id
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("CancelNotification", self.session_id, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class DidOpenDocumentNotification:
     """Notification sent when a file is opened in the editor.
 
@@ -5144,8 +13173,63 @@ class DidOpenDocumentNotification:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_id: SessionId,
+        uri: str,
+        language_id: str,
+        version: int,
+        text: str,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_id", session_id)
+        _setattr(self, "uri", uri)
+        _setattr(self, "language_id", language_id)
+        _setattr(self, "version", version)
+        _setattr(self, "text", text)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_id={self.session_id!r}, "
+            f"uri={self.uri!r}, "
+            f"language_id={self.language_id!r}, "
+            f"version={self.version!r}, "
+            f"text={self.text!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_id == other.session_id
+            and self.uri == other.uri
+            and self.language_id == other.language_id
+            and self.version == other.version
+            and self.text == other.text
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "DidOpenDocumentNotification",
+            self.session_id,
+            self.uri,
+            self.language_id,
+            self.version,
+            self.text,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class DidChangeDocumentNotification:
     """Notification sent when a file is edited.
 
@@ -5169,8 +13253,58 @@ class DidChangeDocumentNotification:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_id: SessionId,
+        uri: str,
+        version: int,
+        content_changes: list[TextDocumentContentChangeEvent],
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_id", session_id)
+        _setattr(self, "uri", uri)
+        _setattr(self, "version", version)
+        _setattr(self, "content_changes", content_changes)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_id={self.session_id!r}, "
+            f"uri={self.uri!r}, "
+            f"version={self.version!r}, "
+            f"content_changes={self.content_changes!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_id == other.session_id
+            and self.uri == other.uri
+            and self.version == other.version
+            and self.content_changes == other.content_changes
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "DidChangeDocumentNotification",
+            self.session_id,
+            self.uri,
+            self.version,
+            self.content_changes,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class TextDocumentContentChangeEvent:
     """A content change event for a document.
 
@@ -5193,8 +13327,48 @@ class TextDocumentContentChangeEvent:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        range: Range | None = None,
+        text: str,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "range", range)
+        _setattr(self, "text", text)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"range={self.range!r}, "
+            f"text={self.text!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.range == other.range
+            and self.text == other.text
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "TextDocumentContentChangeEvent",
+            self.range,
+            self.text,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class DidCloseDocumentNotification:
     """Notification sent when a file is closed.
 
@@ -5214,8 +13388,48 @@ class DidCloseDocumentNotification:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_id: SessionId,
+        uri: str,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_id", session_id)
+        _setattr(self, "uri", uri)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_id={self.session_id!r}, "
+            f"uri={self.uri!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_id == other.session_id
+            and self.uri == other.uri
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "DidCloseDocumentNotification",
+            self.session_id,
+            self.uri,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class DidSaveDocumentNotification:
     """Notification sent when a file is saved.
 
@@ -5235,8 +13449,48 @@ class DidSaveDocumentNotification:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_id: SessionId,
+        uri: str,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_id", session_id)
+        _setattr(self, "uri", uri)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_id={self.session_id!r}, "
+            f"uri={self.uri!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_id == other.session_id
+            and self.uri == other.uri
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "DidSaveDocumentNotification",
+            self.session_id,
+            self.uri,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class DidFocusDocumentNotification:
     """Notification sent when a file becomes the active editor tab.
 
@@ -5262,8 +13516,63 @@ class DidFocusDocumentNotification:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_id: SessionId,
+        uri: str,
+        version: int,
+        position: Position,
+        visible_range: Range,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_id", session_id)
+        _setattr(self, "uri", uri)
+        _setattr(self, "version", version)
+        _setattr(self, "position", position)
+        _setattr(self, "visible_range", visible_range)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_id={self.session_id!r}, "
+            f"uri={self.uri!r}, "
+            f"version={self.version!r}, "
+            f"position={self.position!r}, "
+            f"visible_range={self.visible_range!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_id == other.session_id
+            and self.uri == other.uri
+            and self.version == other.version
+            and self.position == other.position
+            and self.visible_range == other.visible_range
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "DidFocusDocumentNotification",
+            self.session_id,
+            self.uri,
+            self.version,
+            self.position,
+            self.visible_range,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class AcceptNesNotification:
     """Notification sent when a suggestion is accepted.
 
@@ -5283,8 +13592,42 @@ class AcceptNesNotification:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_id: SessionId,
+        id: NesSuggestionId,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_id", session_id)
+        _setattr(self, "id", id)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_id={self.session_id!r}, "
+            f"id={self.id!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_id == other.session_id
+            and self.id == other.id
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("AcceptNesNotification", self.session_id, self.id, self.meta, self.extra))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class RejectNesNotification:
     """Notification sent when a suggestion is rejected.
 
@@ -5306,8 +13649,53 @@ class RejectNesNotification:
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
 
+    def __init__(
+        self,
+        *,
+        session_id: SessionId,
+        id: NesSuggestionId,
+        reason: NesRejectReason | None = None,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "session_id", session_id)
+        _setattr(self, "id", id)
+        _setattr(self, "reason", reason)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
 
-@frozen(kw_only=True)
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"session_id={self.session_id!r}, "
+            f"id={self.id!r}, "
+            f"reason={self.reason!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.session_id == other.session_id
+            and self.id == other.id
+            and self.reason == other.reason
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash((
+            "RejectNesNotification",
+            self.session_id,
+            self.id,
+            self.reason,
+            self.meta,
+            self.extra,
+        ))
+
+
+@frozen(kw_only=True, init=False, repr=False, eq=False)
 class CancelRequestNotification:
     """Notification to cancel an ongoing request.
 
@@ -5324,6 +13712,36 @@ class CancelRequestNotification:
     meta: dict[str, Any] | None = field(default=None, metadata={"wire": "_meta", "lenient": True})
     #: wire fields this schema release does not know, kept as received
     extra: dict[str, Any] = field(factory=dict, metadata={"extra": True})
+
+    def __init__(
+        self,
+        *,
+        request_id: RequestId,
+        meta: dict[str, Any] | None = None,
+        extra: dict[str, Any] = _NOTHING,
+    ) -> None:
+        _setattr(self, "request_id", request_id)
+        _setattr(self, "meta", meta)
+        _setattr(self, "extra", dict() if extra is _NOTHING else extra)
+
+    def __repr__(self) -> str:
+        return _repr(self, lambda: (
+            f"request_id={self.request_id!r}, "
+            f"meta={self.meta!r}, "
+            f"extra={self.extra!r}"
+        ))
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.request_id == other.request_id
+            and self.meta == other.meta
+            and self.extra == other.extra
+        )
+
+    def __hash__(self) -> int:
+        return hash(("CancelRequestNotification", self.request_id, self.meta, self.extra))
 
 
 #: Content produced by a tool call.
