@@ -826,3 +826,25 @@ def test_golden_frame_round_trips(path: Path) -> None:
 def test_golden_frame_validates_against_schema(path: Path) -> None:
     """A golden frame is valid for the schema def of its type's name."""
     unstable_validator(path.name.split(".", 1)[0]).validate(orjson.loads(path.read_bytes()))
+
+
+def test_tagged_union_builds_a_member_hook_when_its_tag_first_arrives(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A union's member hooks are built lazily, once per tag, and give the same values."""
+    compiled: list[str] = []
+    original = codec._compile
+
+    def spy(src: list[str], ns: dict[str, Any], name: str) -> Any:
+        compiled.append(name)
+        return original(src, ns, name)
+
+    monkeypatch.setattr(codec, "_compile", spy)
+    hook = codec.make_converter().get_structure_hook(t.SessionUpdate)
+    assert "structure_Plan" not in compiled and "structure_ToolCall" not in compiled
+    plan = {"sessionUpdate": "plan", "entries": []}
+    first = hook(plan, None)
+    assert isinstance(first, t.Plan) and compiled.count("structure_Plan") == 1
+    assert hook(plan, None) == first
+    assert compiled.count("structure_Plan") == 1  # built once
+    assert isinstance(hook({"sessionUpdate": "no_such_kind"}, None), t.UnknownSessionUpdate)

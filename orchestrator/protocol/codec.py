@@ -333,7 +333,7 @@ class _HookFactory:
         raise TypeError(f"no structure rule for the union of {members}")
 
     def _tagged_union(self, spec: acp.TaggedUnion) -> Callable[[Any, Any], Any]:
-        table: dict[str, Callable[[Any, Any], Any]] = {}
+        members: dict[str, type] = {}
         for member in spec.members:
             if member is spec.unknown:
                 continue
@@ -342,10 +342,14 @@ class _HookFactory:
             if tag_field is None:
                 continue  # the default member, used when the tag is absent
             (value,) = get_args(tag_field.type)  # the Literal tag
-            table[value] = self.conv.get_structure_hook(member)
+            members[value] = member
+        # each member's hook is built when its tag first arrives: a process that only ever
+        # sees a few kinds of update does not compile the structure functions of the rest
+        table: dict[str, Callable[[Any, Any], Any]] = {}
+        get_hook = self.conv.get_structure_hook
         wire = spec.tag
-        unknown = self.conv.get_structure_hook(spec.unknown)
-        default = self.conv.get_structure_hook(spec.default) if spec.default else None
+        unknown = get_hook(spec.unknown)
+        default = get_hook(spec.default) if spec.default else None
 
         def structure(v: Any, _: Any) -> Any:
             if v.__class__ is not dict:
@@ -353,7 +357,12 @@ class _HookFactory:
             tag = v.get(wire)
             if tag.__class__ is str:
                 hook = table.get(tag)
-                return hook(v, None) if hook is not None else unknown(v, None)
+                if hook is None:
+                    member = members.get(tag)
+                    if member is None:
+                        return unknown(v, None)
+                    hook = table[tag] = get_hook(member)
+                return hook(v, None)
             if tag is None:
                 if default is not None:
                     return default(v, None)
