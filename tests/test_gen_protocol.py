@@ -20,7 +20,7 @@ from orchestrator.protocol import types as t
 ROOT = Path(__file__).resolve().parent.parent
 GENERATOR = ROOT / "tools" / "gen_protocol.py"
 #: modules next to the generator that it imports
-GENERATOR_HELPERS = ("gen_dunders",)
+GENERATOR_HELPERS = ("gen_dunders", "gen_model", "gen_schema")
 SCHEMA_DIR = ROOT / "orchestrator" / "protocol" / "schema"
 GENERATED = ("orchestrator/protocol/types.py", "orchestrator/protocol/methods.py")
 ENVELOPES = frozenset(
