@@ -196,15 +196,8 @@ def _emit_json(obj: Any) -> None:
 
 
 async def _cmd_prompt(args: argparse.Namespace) -> int:
-    from .api import prompt
-
-    show = not args.json
-
-    def on_update(update: t.SessionUpdate) -> None:
-        if show:
-            _print_update(update)
-
     from .agent.permissions import terminal_prompt_escalation
+    from .api import prompt
 
     interactive = sys.stdin.isatty() and sys.stderr.isatty()
     run = await prompt(
@@ -216,7 +209,8 @@ async def _cmd_prompt(args: argparse.Namespace) -> int:
         transcript=args.transcript,
         timeout=args.timeout,
         idle_timeout=args.idle_timeout,
-        on_update=on_update,
+        # --json prints only the result: no callback, so chunks need no typed values
+        on_update=None if args.json else _print_update,
         apply=args.apply,
         state_dir=args.state_dir,
     )

@@ -87,7 +87,8 @@ async def test_small_directory_files_go_at_once_directories_with_the_reaper(
         workdir = await dirs.materialize(branch, "step", 1)
         root = Path(workdir.root)
         dirs.remove(workdir)
-        assert [p for p in root.rglob("*") if p.is_file()] == []
+        # the files are gone at once (the reaper may be removing the folders meanwhile)
+        assert not (root / "a" / "b" / "c.txt").exists() and not (root / "d.txt").exists()
         await dirs.drain()
     assert not root.exists()
     assert list((tmp_path / "run" / "branches").iterdir()) == []

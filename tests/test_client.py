@@ -19,6 +19,7 @@ from structlog.testing import capture_logs
 from orchestrator.agent.client import AgentConnection, ClientOptions, Turn, open_agent_on_stream
 from orchestrator.agent.services import (
     ClientServices,
+    NowaitFileSystemService,
     PermissionDecision,
     PermissionRecord,
     SessionContext,
@@ -1194,3 +1195,187 @@ async def test_string_request_ids_are_echoed_exactly(tmp_path: Path) -> None:
     assert all(isinstance(i, str) and uuid.UUID(i) for i in ids)
     assert len(set(ids)) == 3
     assert record.of("unexpected_response") == []
+
+
+# --------------------------------------------------------------------------- fs answered at once
+
+
+@define
+class CountingFs(MemoryFs):
+    """A MemoryFs that records which of its methods served each request."""
+
+    calls: list[str] = field(factory=list)
+
+    async def read_text_file(
+        self, request: t.ReadTextFileRequest, ctx: SessionContext
+    ) -> t.ReadTextFileResponse:
+        """Count, then serve as MemoryFs does."""
+        self.calls.append("read_text_file")
+        return await MemoryFs.read_text_file(self, request, ctx)
+
+    async def write_text_file(
+        self, request: t.WriteTextFileRequest, ctx: SessionContext
+    ) -> t.WriteTextFileResponse:
+        """Count, then store as MemoryFs does."""
+        self.calls.append("write_text_file")
+        return await MemoryFs.write_text_file(self, request, ctx)
+
+
+@define
+class NowaitFs(CountingFs):
+    """A CountingFs that also answers at once; requests for ``blocked`` paths would block."""
+
+    blocked: set[str] = field(factory=set)
+
+    def read_text_file_nowait(
+        self, request: t.ReadTextFileRequest, ctx: SessionContext
+    ) -> t.ReadTextFileResponse:
+        """Serve a file's text at once."""
+        self.calls.append("read_text_file_nowait")
+        if request.path in self.blocked:
+            raise trio.WouldBlock
+        if request.path not in self.files:
+            raise ResourceNotFound(f"no such file: {request.path}")
+        return t.ReadTextFileResponse(content=self.files[request.path])
+
+    def write_text_file_nowait(
+        self, request: t.WriteTextFileRequest, ctx: SessionContext
+    ) -> t.WriteTextFileResponse:
+        """Store a file's text at once."""
+        self.calls.append("write_text_file_nowait")
+        if request.path in self.blocked:
+            raise trio.WouldBlock
+        self.files[request.path] = request.content
+        return t.WriteTextFileResponse()
+
+
+async def test_fs_requests_are_answered_at_once_by_a_nowait_service(tmp_path: Path) -> None:
+    """A service with *_nowait methods serves the agent's fs requests with them alone."""
+    notes, out = str(tmp_path / "notes.txt"), str(tmp_path / "out.txt")
+    fs = NowaitFs({notes: "old text"})
+    service: NowaitFileSystemService = fs  # NowaitFs has the protocol's shape (mypy checks)
+    steps = (
+        ReadFile("notes.txt", then_write=Replace("old", "new")),
+        WriteFile("out.txt", "hi"),
+        ReadFile("missing.txt"),
+        Say("ok"),
+    )
+    async with connect(turns(*steps), services=ClientServices(fs=service)) as (conn, record):
+        session = await conn.new_session(tmp_path)
+        result = await session.prompt("go")
+    assert result.text == "ok"
+    assert fs.calls == [
+        "read_text_file_nowait",
+        "write_text_file_nowait",
+        "write_text_file_nowait",
+        "read_text_file_nowait",
+    ]
+    reads, writes = record.of("fs_read"), record.of("fs_write")
+    assert reads[0]["content"] == "old text"
+    assert reads[1]["error"]["code"] == -32002
+    assert [w["result"] for w in writes] == [{}, {}]
+    assert fs.files == {notes: "new text", out: "hi"}
+
+
+async def test_fs_requests_that_would_block_are_served_by_the_async_methods(
+    tmp_path: Path,
+) -> None:
+    """A request the nowait method leaves (WouldBlock) is served by the async method."""
+    notes = str(tmp_path / "notes.txt")
+    fs = NowaitFs({notes: "old text"}, blocked={notes})
+    steps = (ReadFile("notes.txt", then_write=Replace("old", "new")), Say("ok"))
+    async with connect(turns(*steps), services=ClientServices(fs=fs)) as (conn, record):
+        session = await conn.new_session(tmp_path)
+        await session.prompt("go")
+    assert fs.calls == [
+        "read_text_file_nowait",
+        "read_text_file",
+        "write_text_file_nowait",
+        "write_text_file",
+    ]
+    assert record.first("fs_read")["content"] == "old text"
+    assert record.first("fs_write")["result"] == {}
+    assert fs.files[notes] == "new text"
+
+
+async def test_fs_service_without_nowait_methods_is_served_by_its_async_methods(
+    tmp_path: Path,
+) -> None:
+    """A service without *_nowait methods gets every fs request through its async methods."""
+    notes = str(tmp_path / "notes.txt")
+    fs = CountingFs({notes: "old text"})
+    steps = (ReadFile("notes.txt", then_write=Replace("old", "new")), Say("ok"))
+    async with connect(turns(*steps), services=ClientServices(fs=fs)) as (conn, record):
+        session = await conn.new_session(tmp_path)
+        await session.prompt("go")
+    assert fs.calls == ["read_text_file", "write_text_file"]
+    assert record.first("fs_read")["content"] == "old text"
+    assert fs.files[notes] == "new text"
+
+
+@pytest.mark.parametrize("kind", ["nowait", "async", "none"])
+async def test_fs_requests_for_an_unknown_session_are_invalid_params(
+    kind: str, tmp_path: Path
+) -> None:
+    """fs requests naming no session of ours are answered -32602, whatever the service."""
+    fs = {"nowait": NowaitFs(), "async": CountingFs(), "none": None}[kind]
+    path = str(tmp_path / "a.txt")
+    steps = (
+        Request("fs/read_text_file", {"sessionId": "nope", "path": path}),
+        Request("fs/write_text_file", {"sessionId": "nope", "path": path, "content": "x"}),
+        Say("ok"),
+    )
+    async with connect(turns(*steps), services=ClientServices(fs=fs)) as (conn, record):
+        session = await conn.new_session(tmp_path)
+        result = await session.prompt("go")
+    assert result.text == "ok"
+    answers = record.of("request")
+    assert [(a["method"], a["error"]["code"]) for a in answers] == [
+        ("fs/read_text_file", -32602),
+        ("fs/write_text_file", -32602),
+    ]
+    assert "nope" in answers[0]["error"]["message"]
+    assert fs is None or fs.calls == []
+
+
+LAZY_MIX: tuple[Step, ...] = (
+    Say("plain ", chunks=1),
+    Think("thinking", chunks=2),
+    Update(
+        {
+            "sessionUpdate": "agent_message_chunk",
+            "messageId": "m1",
+            "content": {"type": "text", "text": "with an id "},
+        }
+    ),
+    Update(
+        {
+            "sessionUpdate": "agent_message_chunk",
+            "content": {"type": "text", "text": "annotated ", "annotations": {"priority": 1}},
+        }
+    ),
+    Update(
+        {
+            "sessionUpdate": "agent_message_chunk",
+            "content": {"type": "resource_link", "uri": "file:///a.py", "name": "a.py"},
+        }
+    ),
+    Update({"sessionUpdate": "user_message_chunk", "content": {"type": "text", "text": "hi"}}),
+    Update({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": 7}}),
+    Say(" end", chunks=1),
+)
+
+
+async def test_text_chunks_nobody_watches_fold_into_the_same_result(tmp_path: Path) -> None:
+    """A turn without a callback folds plain text chunks untyped, to the same result."""
+    script = AgentScript(turns=(ScriptTurn(steps=LAZY_MIX), ScriptTurn(steps=LAZY_MIX)))
+    seen: list[t.SessionUpdate] = []
+    async with connect(script) as (conn, _):
+        session = await conn.new_session(tmp_path)
+        lazy = await session.prompt("unwatched")
+        watched = await session.prompt("watched", on_update=seen.append)
+    assert lazy.text == watched.text == "plain with an id annotated [a.py](file:///a.py) end"
+    assert lazy.thoughts == watched.thoughts == "thinking"
+    assert lazy.updates == watched.updates  # the user chunk; the malformed one is dropped
+    assert [type(u) for u in lazy.updates] == [t.UserMessageChunk]
+    assert sum(isinstance(u, t.AgentMessageChunk) for u in seen) == 5

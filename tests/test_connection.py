@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Literal
 
 import pytest
@@ -31,6 +31,7 @@ from orchestrator.jsonrpc import (
     JsonRpcConnection,
     LineSplitter,
     PipeStream,
+    SupportsSendNowait,
     decode_message,
     encode_message,
     open_connection,
@@ -881,3 +882,254 @@ async def test_frames_go_out_whole_through_send_nowait(clogged: bool) -> None:
             got = {(await peer.receive())["method"] for _ in range(2)}
             assert got == {"note/one", "note/big"}
         await theirs.aclose()
+
+
+# ---------------------------------------------------------------------- requests answered at once
+
+
+class SpawnCounter(trio.abc.Instrument):
+    """Records the name of every task spawned while it is installed."""
+
+    def __init__(self) -> None:
+        self.spawned: list[str] = []
+
+    def task_spawned(self, task: trio.lowlevel.Task) -> None:
+        self.spawned.append(task.name)
+
+
+@contextmanager
+def counting_spawns() -> Iterator[SpawnCounter]:
+    """A SpawnCounter installed for the duration of the block."""
+    counter = SpawnCounter()
+    trio.lowlevel.add_instrument(counter)
+    try:
+        yield counter
+    finally:
+        trio.lowlevel.remove_instrument(counter)
+
+
+class PipePeer(RawPeer):
+    """A RawPeer on a pipe that was filled with ``filler`` bytes of whitespace before the first
+    frame: nothing the connection sends reaches it until :meth:`skip_filler`."""
+
+    def __init__(self, stream: trio.abc.Stream, filler: int) -> None:
+        super().__init__(stream)
+        self.filler = filler
+
+    async def skip_filler(self) -> None:
+        """Start draining the pipe: read and drop the whitespace filler."""
+        while self.filler:
+            data = await self.stream.receive_some(min(65536, self.filler))
+            assert data and not data.strip()
+            self.filler -= len(data)
+
+
+@asynccontextmanager
+async def piped(*, clogged: bool = False) -> AsyncIterator[tuple[JsonRpcConnection, PipePeer]]:
+    """A connection over a PipeStream (so it sends with send_nowait) and its raw peer.
+
+    With ``clogged`` our pipe is full before the connection starts: every frame waits for the
+    peer to drain it.
+    """
+    ours, theirs = _pipe_pair()
+    filler = 0
+    if clogged:
+        while sent := ours.send_nowait(b" " * 65536):
+            filler += sent
+
+    async def hang_up_late() -> None:
+        # A frame waiting for room is written under a shield, which fail_after cannot cancel;
+        # closing the peer's end breaks it, so that a failing test ends instead of hanging.
+        await trio.sleep(12)
+        await theirs.aclose()
+
+    async with trio.open_nursery() as watchdog:
+        watchdog.start_soon(hang_up_late)
+        try:
+            with trio.fail_after(10):
+                async with open_connection(ours, name="agent") as conn:
+                    yield conn, PipePeer(theirs, filler)
+        finally:
+            watchdog.cancel_scope.cancel()
+    await theirs.aclose()
+
+
+async def never_called(params: Any) -> Any:
+    """An async handler for requests that must be answered by the nowait handler."""
+    raise AssertionError(f"the async handler was called with {params!r}")
+
+
+async def test_nowait_handler_answers_without_a_task() -> None:
+    """A nowait handler's answer is written by the read loop itself: no task is spawned."""
+    async with piped() as (conn, peer):
+        conn.on_request("m", never_called, nowait=lambda params: {"fast": params})
+        with counting_spawns() as counter:
+            for i in range(3):
+                await peer.send(req(i, "m", [i]))
+                assert await peer.receive() == ok(i, {"fast": [i]})
+        assert counter.spawned == []
+        stats = conn.statistics()
+        assert (stats.requests_received, stats.running_inbound) == (3, 0)
+
+
+async def test_nowait_would_block_leaves_the_request_to_the_async_handler(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A nowait handler raising WouldBlock hands the request, same params, to the async handler."""
+    tried: list[Any] = []
+    served: list[Any] = []
+
+    def fast(params: Any) -> Any:
+        tried.append(params)
+        if params["size"] > 10:
+            raise trio.WouldBlock
+        return "fast"
+
+    async def slow(params: Any) -> Any:
+        served.append(params)
+        await trio.sleep(1)
+        return "slow"
+
+    async with connected() as (conn, peer):
+        conn.on_request("read", slow, nowait=fast)
+        await peer.send(req(1, "read", {"size": 99}))
+        await peer.send(req(2, "read", {"size": 1}))
+        assert await peer.receive() == ok(2, "fast")
+        assert conn.statistics().running_inbound == 1
+        assert await peer.receive() == ok(1, "slow")
+    assert tried == [{"size": 99}, {"size": 1}]
+    assert served == [{"size": 99}]
+
+
+async def test_nowait_errors_become_error_responses(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """From a nowait handler a JsonRpcError answers its code; anything else -32603, logged."""
+
+    def refuse(params: Any) -> Any:
+        raise InvalidParams("bad path", {"path": params})
+
+    def crash(params: Any) -> Any:
+        raise RuntimeError("kaput")
+
+    async with connected() as (conn, peer):
+        conn.on_request("refuse", never_called, nowait=refuse)
+        conn.on_request("crash", never_called, nowait=crash)
+        conn.on_request("odd", never_called, nowait=lambda params: object())
+        conn.on_request("fine", never_called, nowait=lambda params: "fine")
+        await peer.send(req(1, "refuse", "x"))
+        assert await peer.receive() == err(1, -32602, "bad path", {"path": "x"})
+        with capture_logs() as logs:
+            await peer.send(req(2, "crash"))
+            answer = await peer.receive()
+        assert answer["id"] == 2
+        assert answer["error"]["code"] == -32603
+        assert "kaput" in answer["error"]["data"]["details"]
+        assert any(e["event"] == "request handler failed" and e.get("exc_info") for e in logs)
+        await peer.send(req(3, "odd"))
+        assert (await peer.receive())["error"]["code"] == -32603
+        await peer.send(req(4, "fine"))
+        assert await peer.receive() == ok(4, "fine")
+        assert not conn.closed
+
+
+@pytest.mark.parametrize("clogged", [False, True])
+async def test_nowait_answer_the_pipe_cannot_take_goes_out_whole_while_reading_goes_on(
+    clogged: bool,
+) -> None:
+    """An answer the pipe cannot take goes out whole from a task while the read loop reads on."""
+    big = {"content": "x" * 200_000}  # more than a pipe holds
+    noted = trio.Event()
+    async with piped(clogged=clogged) as (conn, peer), trio.open_nursery() as nursery:
+        conn.on_request("read", never_called, nowait=lambda params: big)
+        conn.on_notification("n", lambda params: noted.set())
+        await peer.send(req(1, "read"))
+        await peer.send(note("n"))
+        with trio.fail_after(5):
+            await noted.wait()  # handled before the peer has read a byte of the answer
+        nursery.start_soon(conn.notify, "after", {"k": 1})
+        await trio.testing.wait_all_tasks_blocked()
+        await peer.skip_filler()
+        assert await peer.receive() == ok(1, big)
+        assert await peer.receive() == note("after", {"k": 1})
+
+
+@pytest.mark.parametrize("clogged", [False, True])
+async def test_nowait_answer_waits_for_a_frame_in_progress(clogged: bool) -> None:
+    """An answer made while another task's frame is half sent goes out after it, not inside it."""
+    big = {"blob": "x" * 200_000}  # more than a pipe holds: its sender waits for the peer
+    noted = trio.Event()
+    async with piped(clogged=clogged) as (conn, peer), trio.open_nursery() as nursery:
+        conn.on_request("m", never_called, nowait=lambda params: {"echo": params})
+        conn.on_notification("n", lambda params: noted.set())
+        nursery.start_soon(conn.notify, "note/big", big)
+        await trio.testing.wait_all_tasks_blocked()
+        await peer.send(req(1, "m", 5))
+        await peer.send(note("n"))
+        with trio.fail_after(5):
+            await noted.wait()
+        await peer.skip_filler()
+        assert await peer.receive() == note("note/big", big)
+        assert await peer.receive() == ok(1, {"echo": 5})
+
+
+async def test_nowait_answers_echo_ids_exactly() -> None:
+    """Answers made at once carry string and integer ids exactly as received."""
+
+    def echo(params: Any) -> Any:
+        if params == "refuse":
+            raise ResourceNotFound("gone")
+        return params
+
+    async with piped() as (conn, peer):
+        conn.on_request("echo", never_called, nowait=echo)
+        for request_id in ["0", 0, "uuid-1f3a", -5, 2**40]:
+            await peer.send(req(request_id, "echo", [request_id]))
+            answer = await peer.receive()
+            assert answer == ok(request_id, [request_id])
+            assert type(answer["id"]) is type(request_id)
+            await peer.send(req(request_id, "echo", "refuse"))
+            answer = await peer.receive()
+            assert answer == err(request_id, -32002, "gone")
+            assert type(answer["id"]) is type(request_id)
+
+
+async def test_on_request_without_nowait_drops_the_earlier_nowait(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Registering a method again without nowait leaves its requests to the async handler."""
+    tried: list[Any] = []
+
+    def fast(params: Any) -> Any:
+        tried.append(params)
+        return "fast"
+
+    async def slow(params: Any) -> Any:
+        return "slow"
+
+    async with connected() as (conn, peer):
+        conn.on_request("m", slow, nowait=fast)
+        await peer.send(req(1, "m", 1))
+        assert await peer.receive() == ok(1, "fast")
+        conn.on_request("m", slow)
+        await peer.send(req(2, "m", 2))
+        assert await peer.receive() == ok(2, "slow")
+    assert tried == [1]
+
+
+async def test_nowait_over_a_stream_without_send_nowait(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Without send_nowait the answer is still made at once, and only its sending is a task."""
+    ours, theirs = trio.testing.memory_stream_pair()
+    assert not isinstance(ours, SupportsSendNowait)
+    peer = RawPeer(theirs)
+    with trio.fail_after(60):
+        async with open_connection(ours, name="agent") as conn:
+            conn.on_request("m", never_called, nowait=lambda params: {"fast": params})
+            with counting_spawns() as counter:
+                await peer.send(req("a", "m", 1))
+                assert await peer.receive() == ok("a", {"fast": 1})
+            assert len(counter.spawned) == 1
+            assert "_run_inbound" not in counter.spawned[0]
+            assert conn.statistics().running_inbound == 0

@@ -3,21 +3,29 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 from structlog.testing import capture_logs
 
-from orchestrator.agent.services import ClientServices, FileSystemService, SessionContext
-from orchestrator.errors import InvalidParams, ResourceNotFound
+from orchestrator.agent.services import (
+    ClientServices,
+    FileSystemService,
+    NowaitFileSystemService,
+    SessionContext,
+)
+from orchestrator.errors import InvalidParams, JsonRpcError, ResourceNotFound
 from orchestrator.protocol import types as t
 from orchestrator.vfs.branch import Branch
 from orchestrator.vfs.changes import Write
 from orchestrator.vfs.checkout import materialize
-from orchestrator.vfs.service import BranchFileSystem, BranchRouter, select_lines
+from orchestrator.vfs.service import NOWAIT_MAX_BYTES, BranchFileSystem, BranchRouter, select_lines
 from orchestrator.vfs.snapshot import Workspace
 from orchestrator.vfs.testing import capture, make_tree
 from orchestrator.vfs.workdir import Workdir
@@ -217,3 +225,203 @@ async def test_concurrent_requests_and_harvests_stay_consistent(wd: Workdir) -> 
     assert not (await fs.harvest(full=True)).changed
     for i in range(30):
         assert wd.branch.read(f"many/f{i}.txt") == f"v{i}\n".encode()
+
+
+# ---------------------------------------------------------------------- answered at once
+
+
+def read_nowait(
+    fs: NowaitFileSystemService,
+    wd: Workdir,
+    path: str,
+    line: int | None = None,
+    limit: int | None = None,
+) -> str:
+    request = t.ReadTextFileRequest(session_id="s1", path=path, line=line, limit=limit)
+    return fs.read_text_file_nowait(request, ctx(wd)).content
+
+
+def write_nowait(fs: NowaitFileSystemService, wd: Workdir, path: str, content: str) -> None:
+    request = t.WriteTextFileRequest(session_id="s1", path=path, content=content)
+    assert isinstance(fs.write_text_file_nowait(request, ctx(wd)), t.WriteTextFileResponse)
+
+
+@contextmanager
+def lock_held_by_another_thread(wd: Workdir) -> Iterator[None]:
+    """Hold the workdir's lock from another thread, as a harvest in a worker thread does."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with wd._lock:
+            held.set()
+            release.wait(10)  # bounded: a blocking read would otherwise deadlock
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert held.wait(30)
+        yield
+    finally:
+        release.set()
+        thread.join(30)
+    assert not thread.is_alive()
+
+
+async def test_nowait_read_matches_the_async_read(wd: Workdir) -> None:
+    """A small file is read at once with the same content and line selection as in a thread."""
+    fs = BranchFileSystem(wd)
+    path = os.path.join(wd.root, "notes.txt")
+    for line, limit in [(None, None), (2, 2), (4, None), (None, 1), (99, None)]:
+        assert read_nowait(fs, wd, path, line, limit) == await read(fs, wd, path, line, limit)
+    assert read_nowait(fs, wd, path, line=2, limit=2) == "two\nthree\n"
+    with pytest.raises(InvalidParams):
+        read_nowait(fs, wd, path, line=0)
+    with pytest.raises(InvalidParams):
+        read_nowait(fs, wd, path, limit=-1)
+
+
+async def test_nowait_read_sees_and_harvests_what_the_agent_wrote(wd: Workdir) -> None:
+    """A file changed on disk is read at once as it is now, and harvested into the branch."""
+    Path(wd.root, "notes.txt").write_text("rewritten by a tool\n")
+    fs = BranchFileSystem(wd)
+    assert read_nowait(fs, wd, os.path.join(wd.root, "notes.txt")) == "rewritten by a tool\n"
+    assert wd.branch.changes["notes.txt"] == Write(b"rewritten by a tool\n")
+
+
+async def test_nowait_read_of_a_large_file_would_block(wd: Workdir) -> None:
+    """A file over NOWAIT_MAX_BYTES is left unread (WouldBlock) to the async read."""
+    fs = BranchFileSystem(wd)
+    limit, over = Path(wd.root, "limit.txt"), Path(wd.root, "over.txt")
+    limit.write_text("x" * NOWAIT_MAX_BYTES)
+    over.write_text("y" * (NOWAIT_MAX_BYTES + 1))
+    assert read_nowait(fs, wd, str(limit)) == "x" * NOWAIT_MAX_BYTES
+    with pytest.raises(trio.WouldBlock):
+        read_nowait(fs, wd, str(over))
+    assert "over.txt" not in wd.branch.changes  # not even harvested
+    assert await read(fs, wd, str(over)) == "y" * (NOWAIT_MAX_BYTES + 1)
+    assert "over.txt" in wd.branch.changes
+
+
+async def test_nowait_write_lands_on_disk_and_in_the_branch(wd: Workdir) -> None:
+    """A small write at once creates parents and lands on disk and in the branch."""
+    fs = BranchFileSystem(wd)
+    target = os.path.join(wd.root, "new", "deeper", "file.md")
+    write_nowait(fs, wd, target, "# héllo\n")
+    assert Path(target).read_text(encoding="utf-8") == "# héllo\n"
+    assert wd.branch.read("new/deeper/file.md") == "# héllo\n".encode()
+    assert not (await fs.harvest()).changed
+    assert await read(fs, wd, target) == "# héllo\n"
+    at_limit = "é" * (NOWAIT_MAX_BYTES // 2)  # exactly NOWAIT_MAX_BYTES bytes of UTF-8
+    write_nowait(fs, wd, target, at_limit)
+    assert wd.branch.read("new/deeper/file.md") == at_limit.encode()
+
+
+async def test_nowait_write_over_the_limit_would_block_and_writes_nothing(wd: Workdir) -> None:
+    """Content over NOWAIT_MAX_BYTES (in UTF-8 bytes) is left unwritten to the async write."""
+    fs = BranchFileSystem(wd)
+    target = os.path.join(wd.root, "big.txt")
+    content = "é" * (NOWAIT_MAX_BYTES // 2 + 1)  # fewer characters than the limit, more bytes
+    with pytest.raises(trio.WouldBlock):
+        write_nowait(fs, wd, target, content)
+    assert not os.path.exists(target)
+    assert "big.txt" not in wd.branch.changes
+    await write(fs, wd, target, content)
+    assert wd.branch.read("big.txt") == content.encode()
+
+
+async def _outcome(call: Callable[[], Awaitable[object]]) -> tuple[object, list[str]]:
+    """What ``call`` returned or the JsonRpcError it raised, and the events it logged."""
+    with capture_logs() as logs:
+        try:
+            value: object = await call()
+        except JsonRpcError as e:
+            value = (type(e), e.code, e.message, e.data)
+    return value, [e["event"] for e in logs]
+
+
+@pytest.mark.parametrize(
+    "make_path",
+    [
+        lambda root, outside: os.path.join(root, "..", "outside", "secret.txt"),
+        lambda root, outside: os.path.join(outside, "secret.txt"),
+        lambda root, outside: os.path.join(root, "escape", "secret.txt"),
+        lambda root, outside: os.path.join(root, "secret-link"),
+        lambda root, outside: "relative/path.txt",
+        lambda root, outside: root,
+        lambda root, outside: os.path.join(root, "nope.txt"),
+        lambda root, outside: os.path.join(root, "nodir", "nope.txt"),
+        lambda root, outside: os.path.join(root, "src"),
+        lambda root, outside: os.path.join(root, "latin1.txt"),
+        lambda root, outside: os.path.join(root, "notes.txt", "inside-a-file"),
+    ],
+    ids=[
+        "dotdot",
+        "absolute-outside",
+        "dir-symlink-out",
+        "file-symlink-out",
+        "relative",
+        "branch-root",
+        "missing",
+        "missing-dir",
+        "directory",
+        "not-utf8",
+        "through-a-file",
+    ],
+)
+async def test_nowait_fails_as_the_async_methods_do(
+    wd: Workdir, outside: Path, make_path: Any
+) -> None:
+    """Refused, missing, directory and non-UTF-8 paths fail at once as they do in a thread."""
+    os.symlink(outside, Path(wd.root, "escape"))
+    os.symlink(outside / "secret.txt", Path(wd.root, "secret-link"))
+    path: str = make_path(wd.root, str(outside))
+    fs = BranchFileSystem(wd)
+    before = capture(outside)
+
+    async def read_at_once() -> str:
+        return read_nowait(fs, wd, path)
+
+    async def write_at_once() -> None:
+        write_nowait(fs, wd, path, "pwned\n")
+
+    read_in_thread = await _outcome(lambda: read(fs, wd, path))
+    assert await _outcome(read_at_once) == read_in_thread
+    write_in_thread = await _outcome(lambda: write(fs, wd, path, "pwned\n"))
+    assert await _outcome(write_at_once) == write_in_thread
+    assert capture(outside) == before
+
+
+async def test_nowait_would_block_while_a_harvest_holds_the_directory(wd: Workdir) -> None:
+    """While another thread holds the workdir, nowait reads and writes leave it untouched."""
+    fs = BranchFileSystem(wd)
+    notes, target = os.path.join(wd.root, "notes.txt"), os.path.join(wd.root, "new.txt")
+    with lock_held_by_another_thread(wd):
+        with pytest.raises(trio.WouldBlock):
+            read_nowait(fs, wd, notes)
+        with pytest.raises(trio.WouldBlock):
+            write_nowait(fs, wd, target, "new\n")
+        assert not os.path.exists(target)
+        assert "new.txt" not in wd.branch.changes
+    assert read_nowait(fs, wd, notes) == TEXT
+    write_nowait(fs, wd, target, "new\n")
+    assert wd.branch.read("new.txt") == b"new\n"
+
+
+async def test_router_delegates_nowait_requests(wd: Workdir) -> None:
+    """The router serves nowait requests from the session's branch, WouldBlock included."""
+    router = BranchRouter()
+    router.bind("s1", BranchFileSystem(wd))
+    assert read_nowait(router, wd, os.path.join(wd.root, "notes.txt"), limit=1) == "one\n"
+    write_nowait(router, wd, os.path.join(wd.root, "r.txt"), "routed\n")
+    assert wd.branch.read("r.txt") == b"routed\n"
+    Path(wd.root, "big.txt").write_text("z" * (NOWAIT_MAX_BYTES + 1))
+    with pytest.raises(trio.WouldBlock):
+        read_nowait(router, wd, os.path.join(wd.root, "big.txt"))
+    with pytest.raises(trio.WouldBlock):
+        write_nowait(router, wd, os.path.join(wd.root, "r.txt"), "z" * (NOWAIT_MAX_BYTES + 1))
+    assert wd.branch.read("r.txt") == b"routed\n"
+    router.unbind("s1")
+    with pytest.raises(InvalidParams, match="no branch"):
+        read_nowait(router, wd, os.path.join(wd.root, "notes.txt"))
+    with pytest.raises(InvalidParams, match="no branch"):
+        write_nowait(router, wd, os.path.join(wd.root, "r.txt"), "x")

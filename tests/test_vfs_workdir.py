@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -204,3 +206,113 @@ def test_closing_falls_back_to_full_scans(wd: Workdir) -> None:
     Path(wd.root, "docs/guide.md").write_text("after close\n")
     report = wd.harvest()
     assert report.full_scan and report.modified == ("docs/guide.md",)
+
+
+# ---------------------------------------------------------------- at once, or not at all
+
+
+@contextmanager
+def lock_held_by_another_thread(wd: Workdir) -> Iterator[None]:
+    """Hold the workdir's lock from another thread, as a harvest in a worker thread does."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with wd._lock:
+            held.set()
+            release.wait(10)  # bounded: a blocking read would otherwise deadlock
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert held.wait(30)
+        yield
+    finally:
+        release.set()
+        thread.join(30)
+    assert not thread.is_alive()
+
+
+def test_nowait_methods_give_up_while_another_thread_holds_the_directory(wd: Workdir) -> None:
+    """read_nowait is None and write_nowait False (nothing written) while the lock is taken."""
+    with lock_held_by_another_thread(wd):
+        assert wd.read_nowait("src/app.py", 1 << 20) is None
+        assert wd.write_nowait("new.txt", b"new\n") is False
+        assert not Path(wd.root, "new.txt").exists()
+        assert "new.txt" not in wd.branch.changes
+    assert wd.read_nowait("src/app.py", 1 << 20) == b"def f():\n    return 1\n"
+    assert wd.write_nowait("new.txt", b"new\n") is True
+    assert wd.branch.read("new.txt") == b"new\n"
+
+
+def test_read_nowait_leaves_files_over_max_bytes_unread(wd: Workdir) -> None:
+    """A file larger than max_bytes gives None without being read (nor harvested)."""
+    data = b"def f():\n    return 2\n"
+    Path(wd.root, "src/app.py").write_bytes(data)
+    assert wd.read_nowait("src/app.py", len(data) - 1) is None
+    assert "src/app.py" not in wd.branch.changes
+    assert wd.read_nowait("src/app.py", len(data)) == data
+    assert wd.branch.changes["src/app.py"] == Write(data)
+
+
+def test_nowait_methods_match_read_and_write(wd: Workdir) -> None:
+    """Otherwise read_nowait reads as read does and write_nowait writes as write does."""
+    big = 1 << 20
+    Path(wd.root, "docs/guide.md").write_text("# Changed\n")
+    assert wd.read_nowait("docs/guide.md", big) == b"# Changed\n"
+    assert wd.branch.changes["docs/guide.md"] == Write(b"# Changed\n")  # harvested, as by read
+    assert wd.read("docs/guide.md") == b"# Changed\n"
+    os.symlink("src/app.py", Path(wd.root, "alias.py"))
+    assert wd.read_nowait("alias.py", big) == wd.read("alias.py") == b"src/app.py"
+    Path(wd.root, "cache.pyc").write_bytes(b"bytes")
+    assert wd.read_nowait("cache.pyc", big) == b"bytes"
+    assert "cache.pyc" not in wd.branch.changes
+    with pytest.raises(PathNotFound):
+        wd.read_nowait("nope.txt", big)
+    with pytest.raises(IsADirectoryError):
+        wd.read_nowait("src", big)
+    os.chmod(Path(wd.root, "script.sh"), 0o755)
+    assert wd.write_nowait("script.sh", b"#!/bin/sh\necho\n") is True
+    assert os.stat(Path(wd.root, "script.sh")).st_mode & 0o777 == 0o755
+    assert wd.write_nowait("new/deep/file.txt", b"hello\n") is True
+    assert Path(wd.root, "new/deep/file.txt").read_bytes() == b"hello\n"
+    assert wd.branch.read("new/deep/file.txt") == b"hello\n"
+    assert not wd.harvest().changed
+    assert wd.write_nowait("other.pyc", b"x") is True
+    assert "other.pyc" not in wd.branch.changes
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "../ws/src/app.py",
+        "/etc/passwd",
+        "escape/secret.txt",
+        "escape/missing.txt",
+        "src/app.py/inside-a-file",
+    ],
+    ids=["dotdot", "absolute", "dir-symlink-out", "dir-symlink-out-missing", "through-a-file"],
+)
+def test_nowait_methods_refuse_what_read_and_write_refuse(
+    wd: Workdir, tmp_path: Path, path: str
+) -> None:
+    """A path read or write refuses is refused (or missed) the same way by the nowait methods."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("top secret\n")
+    os.symlink(outside, Path(wd.root, "escape"))
+
+    def failure(call: Callable[[], object]) -> type[BaseException] | None:
+        try:
+            call()
+        except (PathRefused, PathNotFound, OSError) as e:
+            return type(e)
+        return None
+
+    read_failure = failure(lambda: wd.read(path))
+    assert read_failure is not None
+    assert failure(lambda: wd.read_nowait(path, 1 << 20)) is read_failure
+    write_failure = failure(lambda: wd.write(path, b"pwned\n"))
+    assert write_failure is not None
+    assert failure(lambda: wd.write_nowait(path, b"pwned\n")) is write_failure
+    assert sorted(p.name for p in outside.iterdir()) == ["secret.txt"]
+    assert (outside / "secret.txt").read_text() == "top secret\n"

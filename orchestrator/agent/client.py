@@ -136,6 +136,37 @@ class Turn:
                 yield update
 
 
+def _fold_text_chunk(turn: Turn | None, raw: Any) -> bool:
+    """Fold a plain text chunk straight into ``turn``'s text, when nothing needs it typed.
+
+    Decoding is lazy: a message or thought chunk holding just a text block, in a turn with no
+    ``on_update`` callback, no live subscriber and no kept chunks, only ever adds its text, so
+    no typed value is built for it. Anything else (other fields, other content, a turn that
+    wants the values) returns False and takes the typed path.
+    """
+    if turn is None or turn.on_update is not None or turn._send is not None:
+        return False
+    if raw.__class__ is not dict or len(raw) != 2:
+        return False
+    kind = raw.get("sessionUpdate")
+    if kind == "agent_message_chunk":
+        into = turn.accumulator.text
+    elif kind == "agent_thought_chunk":
+        into = turn.accumulator.thoughts
+    else:
+        return False
+    block = raw.get("content")
+    if block.__class__ is not dict or len(block) != 2 or block.get("type") != "text":
+        return False
+    text = block.get("text")
+    if text.__class__ is not str or turn.accumulator.keep_chunks:
+        return False
+    into.append(text)
+    if turn._track_activity:
+        turn._last_activity = trio.current_time()
+    return True
+
+
 @define(eq=False)
 class AcpSession:
     """One ACP session on a connection."""
@@ -625,6 +656,8 @@ class AgentConnection:
             # the hot path of floods: no logging, one structure call, one dict lookup
             try:
                 session = sessions.get(params["sessionId"])
+                if session is not None and _fold_text_chunk(session._turn, params["update"]):
+                    return
                 update = update_hook(params["update"], None)
             except Exception as e:  # a malformed update must not end the connection
                 log.warning("malformed session/update dropped", agent=self.name, error=str(e))
@@ -636,8 +669,8 @@ class AgentConnection:
 
         rpc.on_notification("session/update", on_update)
         rpc.on_request("session/request_permission", self._on_permission)
-        rpc.on_request("fs/read_text_file", self._on_fs_read)
-        rpc.on_request("fs/write_text_file", self._on_fs_write)
+        rpc.on_request("fs/read_text_file", self._on_fs_read, nowait=self._on_fs_read_nowait)
+        rpc.on_request("fs/write_text_file", self._on_fs_write, nowait=self._on_fs_write_nowait)
         for name in ("create", "output", "wait_for_exit", "kill", "release"):
             rpc.on_request(f"terminal/{name}", self._terminal_handler(name))
         rpc.on_request("elicitation/create", self._on_elicitation)
@@ -723,6 +756,23 @@ class AgentConnection:
             raise MethodNotFound("fs/read_text_file is not offered by this client")
         request = structure(params, t.ReadTextFileRequest)
         return unstructure(await session.services.fs.read_text_file(request, session.context))
+
+    def _on_fs_read_nowait(self, params: Any) -> Any:
+        # a service without an immediate path (or no fs at all) is left to _on_fs_read
+        session = self._session_for(params)
+        read = getattr(session.services.fs, "read_text_file_nowait", None)
+        if read is None:
+            raise trio.WouldBlock
+        request = structure(params, t.ReadTextFileRequest)
+        return unstructure(read(request, session.context))
+
+    def _on_fs_write_nowait(self, params: Any) -> Any:
+        session = self._session_for(params)
+        write = getattr(session.services.fs, "write_text_file_nowait", None)
+        if write is None:
+            raise trio.WouldBlock
+        request = structure(params, t.WriteTextFileRequest)
+        return unstructure(write(request, session.context))
 
     async def _on_fs_write(self, params: Any) -> Any:
         session = self._session_for(params)

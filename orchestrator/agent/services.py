@@ -22,6 +22,7 @@ __all__ = [
     "DeclineElicitation",
     "ElicitationService",
     "FileSystemService",
+    "NowaitFileSystemService",
     "PermissionDecision",
     "PermissionRecord",
     "PermissionService",
@@ -147,6 +148,24 @@ class FileSystemService(Protocol):
     ) -> t.ReadTextFileResponse: ...
 
     async def write_text_file(
+        self, request: t.WriteTextFileRequest, ctx: SessionContext
+    ) -> t.WriteTextFileResponse: ...
+
+
+class NowaitFileSystemService(FileSystemService, Protocol):
+    """A :class:`FileSystemService` that can also answer at once, without a task of its own.
+
+    The ``*_nowait`` methods run in the connection's read loop, so a round trip costs no task
+    and no scheduler pass. They must not block: answer from memory or with a quick local read
+    of a small file, and raise :class:`trio.WouldBlock` (before changing anything) to have the
+    async method serve the request instead. Errors are answered as the async methods' are.
+    """
+
+    def read_text_file_nowait(
+        self, request: t.ReadTextFileRequest, ctx: SessionContext
+    ) -> t.ReadTextFileResponse: ...
+
+    def write_text_file_nowait(
         self, request: t.WriteTextFileRequest, ctx: SessionContext
     ) -> t.WriteTextFileResponse: ...
 

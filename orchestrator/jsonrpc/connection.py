@@ -43,6 +43,7 @@ from orchestrator.jsonrpc.interfaces import (
     FallbackRequestHandler,
     FrameObserver,
     NotificationHandler,
+    NowaitRequestHandler,
     RequestHandler,
     SupportsSendNowait,
 )
@@ -71,6 +72,7 @@ __all__ = [
     "FrameObserver",
     "JsonRpcConnection",
     "NotificationHandler",
+    "NowaitRequestHandler",
     "RequestHandler",
     "SupportsSendNowait",
     "open_connection",
@@ -121,10 +123,12 @@ class JsonRpcConnection:
     _close_error: CloseErrorFactory | None = field(default=None, kw_only=True)
 
     _request_handlers: dict[str, RequestHandler] = field(init=False, factory=dict)
+    _nowait_handlers: dict[str, NowaitRequestHandler] = field(init=False, factory=dict)
     _notification_handlers: dict[str, NotificationHandler] = field(init=False, factory=dict)
     _fallback_request: FallbackRequestHandler | None = field(init=False, default=None)
     _fallback_notification: FallbackNotificationHandler | None = field(init=False, default=None)
-    _send_lock: trio.Lock = field(init=False, factory=trio.Lock)
+    # a semaphore, not a Lock: a frame started in the read loop may be finished by a task
+    _send_lock: trio.Semaphore = field(init=False, factory=lambda: trio.Semaphore(1))
     _next_id: int = field(init=False, default=0)
     _pending: dict[RequestId, _Waiter] = field(init=False, factory=dict)
     _cancelled_outbound: set[RequestId] = field(init=False, factory=set)
@@ -155,14 +159,24 @@ class JsonRpcConnection:
             self._send_nowait = self._stream.send_nowait
         self._notification_handlers[CANCEL_REQUEST_METHOD] = self._on_cancel_request
 
-    def on_request(self, method: str, handler: RequestHandler) -> None:
+    def on_request(
+        self, method: str, handler: RequestHandler, *, nowait: NowaitRequestHandler | None = None
+    ) -> None:
         """Serve requests for ``method`` with ``handler`` (replacing any earlier one).
 
         The handler gets the params and returns a JSON-able result. Raising a
         :class:`~orchestrator.errors.JsonRpcError` answers that error; any other exception
-        answers -32603 and is logged with its traceback.
+        answers -32603 and is logged with its traceback. Each request runs in a task of its own.
+
+        ``nowait`` is tried first, in the read loop itself, and answers at once: no task, no
+        scheduler pass. It must not block; it raises :class:`trio.WouldBlock` to leave the
+        request to ``handler``. Errors are answered as ``handler``'s are.
         """
         self._request_handlers[method] = handler
+        if nowait is None:
+            self._nowait_handlers.pop(method, None)
+        else:
+            self._nowait_handlers[method] = nowait
 
     def on_notification(self, method: str, handler: NotificationHandler) -> None:
         """Handle notifications for ``method``; a plain function or one returning an awaitable.
@@ -272,19 +286,13 @@ class JsonRpcConnection:
         except trio.WouldBlock:
             await self._send_lock.acquire()
         try:
-            if self._frame_observer is not None:
-                self._observe("send", data[:-1])
             try:
-                if self._send_nowait is not None:
-                    # A frame that fits in the pipe goes out without a cancel scope.
-                    sent = self._send_nowait(data)
-                    if sent == len(data):
-                        return
-                    data = data[sent:]
-                # Shielded so a cancelled sender never leaves half a frame on the wire.
-                with trio.CancelScope(shield=True):
-                    await self._stream.send_all(data)
-                    return
+                rest = self._start_frame(data)
+                if rest:
+                    # Shielded so a cancelled sender never leaves half a frame on the wire.
+                    with trio.CancelScope(shield=True):
+                        await self._stream.send_all(rest)
+                return
             except trio.BrokenResourceError as exc:
                 reason = f"stream broken: {exc}" if str(exc) else "stream broken"
             except trio.ClosedResourceError:
@@ -292,6 +300,18 @@ class JsonRpcConnection:
         finally:
             self._send_lock.release()
         raise await self._get_close_error(reason)
+
+    def _start_frame(self, data: bytes) -> bytes:
+        """With the send lock held: observe the frame, write what fits at once, return the rest.
+
+        A frame that fits in the stream goes out without a cancel scope or a scheduler pass.
+        """
+        if self._frame_observer is not None:
+            self._observe("send", data[:-1])
+        if self._send_nowait is None:
+            return data
+        sent = self._send_nowait(data)
+        return data[sent:] if sent else data
 
     async def _send_quietly(self, data: bytes) -> None:
         """Send an answer nobody waits for; a closed connection just drops it."""
@@ -439,6 +459,9 @@ class JsonRpcConnection:
         """The general path for anything but a plain notification."""
         if isinstance(msg, Request):
             self._requests_received += 1
+            nowait = self._nowait_handlers.get(msg.method)
+            if nowait is not None and self._serve_nowait(msg.id, msg.method, msg.params, nowait):
+                return
             assert self._nursery is not None
             self._nursery.start_soon(self._run_inbound, msg.id, msg.method, msg.params)
         elif isinstance(msg, Response | ErrorResponse):
@@ -538,6 +561,61 @@ class JsonRpcConnection:
             if self._inbound.get(request_id) is scope:
                 del self._inbound[request_id]
         await self._send_quietly(answer)
+
+    def _serve_nowait(
+        self, request_id: RequestId, method: str, params: Any, nowait: NowaitRequestHandler
+    ) -> bool:
+        """Answer a request at once with ``nowait``; False if it left the request to a task."""
+        try:
+            answer = encode_message(result_obj(request_id, nowait(params)))
+        except trio.WouldBlock:
+            return False
+        except JsonRpcError as exc:
+            answer = _encode_error(request_id, exc)
+        except Exception as exc:
+            self._log.exception("request handler failed", method=method, id=request_id)
+            answer = _encode_error(
+                request_id, InternalError(data={"details": f"{type(exc).__name__}: {exc}"})
+            )
+        self._answer_nowait(answer)
+        return True
+
+    def _answer_nowait(self, data: bytes) -> None:
+        """Send an answer from the read loop, which must never wait for the peer to read.
+
+        Whatever does not fit in the stream at once (or waits for another sender) goes out
+        from a task, so the read loop keeps reading meanwhile.
+        """
+        assert self._nursery is not None
+        if self._closed:
+            return
+        if self._send_nowait is None:
+            self._nursery.start_soon(self._send_quietly, data)
+            return
+        try:
+            self._send_lock.acquire_nowait()
+        except trio.WouldBlock:
+            self._nursery.start_soon(self._send_quietly, data)
+            return
+        try:
+            rest = self._start_frame(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self._send_lock.release()
+            self._log.debug("answer dropped: connection closed")
+            return
+        if rest:  # the task finishes the frame, holding the lock until it is whole
+            self._nursery.start_soon(self._finish_frame, rest)
+        else:
+            self._send_lock.release()
+
+    async def _finish_frame(self, rest: bytes) -> None:
+        try:
+            with trio.CancelScope(shield=True):
+                await self._stream.send_all(rest)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self._log.debug("answer dropped: connection closed")
+        finally:
+            self._send_lock.release()
 
     async def _answer_parse_error(self, exc: ParseError) -> None:
         self._parse_errors += 1

@@ -21,6 +21,7 @@ __all__ = [
     "FallbackRequestHandler",
     "FrameObserver",
     "NotificationHandler",
+    "NowaitRequestHandler",
     "RequestHandler",
     "SupportsSendNowait",
 ]
@@ -30,6 +31,10 @@ CANCEL_REQUEST_METHOD = "$/cancel_request"
 
 RequestHandler: TypeAlias = Callable[[Any], Awaitable[Any]]
 """Serves one request method: params -> JSON-able result (raise a JsonRpcError to refuse)."""
+NowaitRequestHandler: TypeAlias = Callable[[Any], Any]
+"""Serves a request at once, in the read loop: params -> JSON-able result. It raises
+:class:`trio.WouldBlock` (before doing anything) when the request needs waiting for; the
+method's :data:`RequestHandler` then serves it in a task of its own."""
 NotificationHandler: TypeAlias = Callable[[Any], Awaitable[None] | None]
 """Handles one notification method; plain functions are the fast path."""
 FallbackRequestHandler: TypeAlias = Callable[[str, Any], Awaitable[Any]]

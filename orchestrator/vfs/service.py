@@ -10,7 +10,10 @@ Paths must be absolute and resolve (after ``..`` and symlinks) inside the branch
 anything else is refused with ``InvalidParams`` (-32602) and logged, and nothing is written. A
 missing file is ``ResourceNotFound`` (-32002); content that is not UTF-8 is refused, never
 mangled. Reads harvest the file first, so they see what the agent wrote on disk; writes create
-parent directories, replace the file atomically and record the change in the branch.
+parent directories, replace the file atomically and record the change in the branch. Files of
+up to :data:`NOWAIT_MAX_BYTES` are served at once, in the connection's read loop (the
+``*_nowait`` methods); larger ones, or any request while a harvest holds the directory, in a
+worker thread.
 """
 
 from __future__ import annotations
@@ -30,9 +33,13 @@ if TYPE_CHECKING:
     from ..agent.services import SessionContext
     from ..protocol import types as t
 
-__all__ = ["BranchFileSystem", "BranchRouter"]
+__all__ = ["NOWAIT_MAX_BYTES", "BranchFileSystem", "BranchRouter"]
 
 log = structlog.get_logger(__name__)
+
+#: Files up to this size are read and written in the connection's read loop (``*_nowait``):
+#: a few system calls cost less than a task and a thread hop. Larger ones go through a thread.
+NOWAIT_MAX_BYTES = 64 * 1024
 
 
 def _within(path: str, root: str) -> bool:
@@ -103,10 +110,18 @@ class BranchFileSystem:
         )
         return InvalidParams(f"{e.path}: {e.reason}", {"path": e.path})
 
-    def _read(self, request: t.ReadTextFileRequest, ctx: SessionContext) -> str:
+    def _read(
+        self, request: t.ReadTextFileRequest, ctx: SessionContext, *, nowait: bool = False
+    ) -> str:
         try:
             rel = self.resolve(request.path)
-            data = self.workdir.read(rel)
+            if nowait:
+                maybe = self.workdir.read_nowait(rel, NOWAIT_MAX_BYTES)
+                if maybe is None:
+                    raise trio.WouldBlock
+                data = maybe
+            else:
+                data = self.workdir.read(rel)
         except PathRefused as e:
             raise self._refused("fs/read_text_file", e, ctx) from e
         except (PathNotFound, FileNotFoundError, NotADirectoryError) as e:
@@ -123,11 +138,16 @@ class BranchFileSystem:
             ) from e
         return select_lines(text, request.line, request.limit)
 
-    def _write(self, request: t.WriteTextFileRequest, ctx: SessionContext) -> None:
+    def _write(
+        self, request: t.WriteTextFileRequest, ctx: SessionContext, *, nowait: bool = False
+    ) -> None:
         try:
             rel = self.resolve(request.path)
             data = request.content.encode("utf-8")
-            self.workdir.write(rel, data)
+            if not nowait:
+                self.workdir.write(rel, data)
+            elif len(data) > NOWAIT_MAX_BYTES or not self.workdir.write_nowait(rel, data):
+                raise trio.WouldBlock
         except PathRefused as e:
             raise self._refused("fs/write_text_file", e, ctx) from e
         except UnicodeEncodeError as e:
@@ -152,6 +172,27 @@ class BranchFileSystem:
         from ..protocol.types import WriteTextFileResponse  # heavy module: loaded on first use
 
         await trio.to_thread.run_sync(self._write, request, ctx)
+        return WriteTextFileResponse()
+
+    def read_text_file_nowait(
+        self, request: t.ReadTextFileRequest, ctx: SessionContext
+    ) -> t.ReadTextFileResponse:
+        """:meth:`read_text_file` at once, for a file of up to :data:`NOWAIT_MAX_BYTES`.
+
+        Raises :class:`trio.WouldBlock` for a larger file, or while a harvest holds the branch
+        directory: the async method serves those.
+        """
+        from ..protocol.types import ReadTextFileResponse
+
+        return ReadTextFileResponse(content=self._read(request, ctx, nowait=True))
+
+    def write_text_file_nowait(
+        self, request: t.WriteTextFileRequest, ctx: SessionContext
+    ) -> t.WriteTextFileResponse:
+        """:meth:`write_text_file` at once, for content of up to :data:`NOWAIT_MAX_BYTES`."""
+        from ..protocol.types import WriteTextFileResponse
+
+        self._write(request, ctx, nowait=True)
         return WriteTextFileResponse()
 
     async def harvest(self, *, full: bool = False) -> HarvestReport:
@@ -197,6 +238,18 @@ class BranchRouter:
     ) -> t.WriteTextFileResponse:
         """Serve ``fs/write_text_file`` into the session's branch."""
         return await self.route(ctx.session_id).write_text_file(request, ctx)
+
+    def read_text_file_nowait(
+        self, request: t.ReadTextFileRequest, ctx: SessionContext
+    ) -> t.ReadTextFileResponse:
+        """Serve ``fs/read_text_file`` at once from the session's branch (or WouldBlock)."""
+        return self.route(ctx.session_id).read_text_file_nowait(request, ctx)
+
+    def write_text_file_nowait(
+        self, request: t.WriteTextFileRequest, ctx: SessionContext
+    ) -> t.WriteTextFileResponse:
+        """Serve ``fs/write_text_file`` at once into the session's branch (or WouldBlock)."""
+        return self.route(ctx.session_id).write_text_file_nowait(request, ctx)
 
     async def on_terminal_exit(
         self, ctx: SessionContext, terminal_id: str, status: t.TerminalExitStatus

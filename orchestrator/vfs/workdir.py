@@ -383,20 +383,58 @@ class Workdir:
             finally:
                 os.close(dir_fd)
 
+    def read_nowait(self, path: str, max_bytes: int) -> bytes | None:
+        """:meth:`read`, if that can be done at once: None (nothing read) while another thread
+        holds the directory (a harvest, a write) or when the file is larger than ``max_bytes``.
+        """
+        rel = normalize_path(path)
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            # looked up as read() does: one directory at a time, never through a symlink
+            head, _, name = rel.rpartition("/")
+            dir_fd = _open_dir(self.root, head, create=False)
+            try:
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                raise PathNotFound(rel) from None
+            finally:
+                os.close(dir_fd)
+            if st.st_size > max_bytes:
+                return None
+            return self.read(rel)
+        finally:
+            self._lock.release()
+
+    def write_nowait(self, path: str, data: bytes, mode: int | None = None) -> bool:
+        """:meth:`write`, if that can be done at once: False (nothing written) while another
+        thread holds the directory (a harvest, a write)."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            self.write(path, data, mode)
+        finally:
+            self._lock.release()
+        return True
+
     def write(self, path: str, data: bytes, mode: int | None = None) -> None:
         """Write ``path`` in the branch and on disk (parents created; atomic replace)."""
         rel = normalize_path(path)
         with self._lock:
-            if mode is None:
-                try:
-                    mode = normalize_mode(os.lstat(os.path.join(self.root, rel)).st_mode)
-                except FileNotFoundError:
-                    mode = self.branch.mode(rel) or DEFAULT_MODE
-                if stat.S_ISLNK(mode):
-                    mode = DEFAULT_MODE
             head, _, name = rel.rpartition("/")
+            # parents are opened one at a time without following symlinks, so a path through a
+            # file or out of the branch is refused before anything is looked at or written
             dir_fd = _open_dir(self.root, head, create=True)
             try:
+                if mode is None:
+                    try:
+                        mode = normalize_mode(
+                            os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+                        )
+                    except FileNotFoundError:
+                        mode = self.branch.mode(rel) or DEFAULT_MODE
+                    if stat.S_ISLNK(mode):
+                        mode = DEFAULT_MODE
                 write_entry_atomic(name, data, normalize_mode(mode), dir_fd=dir_fd)
                 st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
             finally:
