@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
+from fakes import lock_held_by_another_thread
 from structlog.testing import capture_logs
 
 from orchestrator.agent.services import (
@@ -244,27 +243,6 @@ def read_nowait(
 def write_nowait(fs: NowaitFileSystemService, wd: Workdir, path: str, content: str) -> None:
     request = t.WriteTextFileRequest(session_id="s1", path=path, content=content)
     assert isinstance(fs.write_text_file_nowait(request, ctx(wd)), t.WriteTextFileResponse)
-
-
-@contextmanager
-def lock_held_by_another_thread(wd: Workdir) -> Iterator[None]:
-    """Hold the workdir's lock from another thread, as a harvest in a worker thread does."""
-    held, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with wd._lock:
-            held.set()
-            release.wait(10)  # bounded: a blocking read would otherwise deadlock
-
-    thread = threading.Thread(target=hold)
-    thread.start()
-    try:
-        assert held.wait(30)
-        yield
-    finally:
-        release.set()
-        thread.join(30)
-    assert not thread.is_alive()
 
 
 async def test_nowait_read_matches_the_async_read(wd: Workdir) -> None:

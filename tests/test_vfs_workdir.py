@@ -5,13 +5,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from fakes import lock_held_by_another_thread
 
 from orchestrator.vfs.branch import Branch
 from orchestrator.vfs.changes import Delete, ModeChange, Write
@@ -209,27 +208,6 @@ def test_closing_falls_back_to_full_scans(wd: Workdir) -> None:
 
 
 # ---------------------------------------------------------------- at once, or not at all
-
-
-@contextmanager
-def lock_held_by_another_thread(wd: Workdir) -> Iterator[None]:
-    """Hold the workdir's lock from another thread, as a harvest in a worker thread does."""
-    held, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with wd._lock:
-            held.set()
-            release.wait(10)  # bounded: a blocking read would otherwise deadlock
-
-    thread = threading.Thread(target=hold)
-    thread.start()
-    try:
-        assert held.wait(30)
-        yield
-    finally:
-        release.set()
-        thread.join(30)
-    assert not thread.is_alive()
 
 
 def test_nowait_methods_give_up_while_another_thread_holds_the_directory(wd: Workdir) -> None:
