@@ -45,6 +45,18 @@ def test_small_means_few_files_and_few_bytes(tmp_path: Path) -> None:
     assert not is_small(written)
 
 
+def test_files_written_by_the_steps_a_branch_forked_from_count(tmp_path: Path) -> None:
+    """A large file written by a parent step makes its children's trees large too."""
+    parent = _branch(tmp_path / "parent", {"a.txt": b"a"})
+    assert is_small(parent.fork("unchanged-child"))
+    parent.write("big.bin", b"x" * (INLINE_MAX_BYTES + 1))
+    assert not is_small(parent.fork("child"))
+    many = _branch(tmp_path / "many", {"a.txt": b"a"})
+    for i in range(INLINE_MAX_FILES):
+        many.write(f"gen/{i}.txt", b"g")
+    assert not is_small(many.fork("child"))
+
+
 @pytest.mark.parametrize("count", [2, INLINE_MAX_FILES * 3])
 async def test_materialize_and_harvest_small_on_the_loop_large_in_a_thread(
     tmp_path: Path, count: int, monkeypatch: pytest.MonkeyPatch

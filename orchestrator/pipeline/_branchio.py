@@ -23,6 +23,7 @@ from attrs import define, field
 
 from .._runbranches import diff_of
 from ..vfs import Branch, ChangeSet, Snapshot, Workdir, Write, materialize
+from ..vfs.tree import compose
 from ._calls import safe
 
 __all__ = ["BranchDirs", "BranchIO", "Reaper", "branch_diffs"]
@@ -39,17 +40,27 @@ INLINE_MAX_BYTES = 256 * 1024
 
 
 def is_small(branch: Branch) -> bool:
-    """Whether ``branch`` is small enough for its directory I/O to run on the event loop."""
+    """Whether ``branch`` is small enough for its directory I/O to run on the event loop.
+
+    Counts the workspace's files, and the files written by the steps it was forked from as well
+    as its own (a parent may have written a large file).
+    """
     root = branch.root
     paths = root.paths()
-    changes = branch.changes
-    if len(paths) + len(changes) > INLINE_MAX_FILES:
+    try:
+        inherited = compose(branch.base, root)
+    except TypeError:  # not layered on the workspace: leave it to a thread
+        return False
+    own = branch.changes
+    if len(paths) + len(inherited) + len(own) > INLINE_MAX_FILES:
         return False
     if isinstance(root, Snapshot):
         size = sum(root.stat(path).size for path in paths)
     else:
         size = sum(len(state.data) for path in paths if (state := root.state(path)) is not None)
-    size += sum(len(change.data) for change in changes.values() if isinstance(change, Write))
+    for change in (*inherited.values(), *own.values()):
+        if isinstance(change, Write):
+            size += len(change.data)
     return size <= INLINE_MAX_BYTES
 
 
