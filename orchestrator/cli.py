@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -335,6 +336,19 @@ async def _check_agent(spec: Any) -> dict[str, Any]:
         return {"check": f"failed: {e}"}
 
 
-def entry() -> None:
-    """Console-script entry point."""
-    sys.exit(main())
+def entry() -> NoReturn:
+    """Console-script entry point.
+
+    Leaves without the interpreter's teardown, which frees every module and object one by one
+    (about 0.1 s with the protocol types, trio and structlog loaded): by the time ``main``
+    returns, everything it opened is closed (agents reaped, stores and files closed, threads
+    joined), so only the standard streams and logging handlers are left to flush.
+    """
+    code = main()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BrokenPipeError:  # the reader went away; nothing more to say
+        pass
+    logging.shutdown()
+    os._exit(code)

@@ -335,6 +335,19 @@ async def test_agent_crash_mid_turn_exits_1_with_its_stderr(tmp_path: Path) -> N
     assert "boom: no memory" in err
 
 
+async def test_large_json_result_reaches_the_pipe_whole(tmp_path: Path) -> None:
+    """A --json result far larger than a pipe buffer arrives whole before the script exits."""
+    text = "".join(f"line {i:06d} of a long answer\n" for i in range(20_000))  # ~560 KB
+    script = AgentScript(turns=(Turn(steps=(Say(text=text, chunks=200),)),))
+    agent = "talker=" + shlex.join(scripted_agent_command(script, tmp_path))
+    done = await run_cli(
+        "prompt", "--agent", agent, "--cwd", str(tmp_path), "--json", "go", cwd=tmp_path
+    )
+    assert done.returncode == EXIT_OK, done.stderr.decode()
+    result = json.loads(done.stdout)
+    assert result["text"] == text and result["stopReason"] == "end_turn"
+
+
 async def test_turn_not_ending_in_end_turn_exits_1(tmp_path: Path) -> None:
     """A turn that ends with another stop reason (refusal) exits 1; --json still prints it."""
     script = AgentScript(turns=(Turn(steps=(Say(text="no way"),), stop_reason="refusal"),))
