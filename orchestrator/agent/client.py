@@ -669,8 +669,16 @@ class AgentConnection:
 
         rpc.on_notification("session/update", on_update)
         rpc.on_request("session/request_permission", self._on_permission)
-        rpc.on_request("fs/read_text_file", self._on_fs_read, nowait=self._on_fs_read_nowait)
-        rpc.on_request("fs/write_text_file", self._on_fs_write, nowait=self._on_fs_write_nowait)
+        rpc.on_request(
+            "fs/read_text_file",
+            self._on_fs_read,
+            nowait=lambda p: self._fs_nowait(p, "read_text_file_nowait", t.ReadTextFileRequest),
+        )
+        rpc.on_request(
+            "fs/write_text_file",
+            self._on_fs_write,
+            nowait=lambda p: self._fs_nowait(p, "write_text_file_nowait", t.WriteTextFileRequest),
+        )
         for name in ("create", "output", "wait_for_exit", "kill", "release"):
             rpc.on_request(f"terminal/{name}", self._terminal_handler(name))
         rpc.on_request("elicitation/create", self._on_elicitation)
@@ -757,22 +765,16 @@ class AgentConnection:
         request = structure(params, t.ReadTextFileRequest)
         return unstructure(await session.services.fs.read_text_file(request, session.context))
 
-    def _on_fs_read_nowait(self, params: Any) -> Any:
-        # a service without an immediate path (or no fs at all) is left to _on_fs_read
-        session = self._session_for(params)
-        read = getattr(session.services.fs, "read_text_file_nowait", None)
-        if read is None:
-            raise trio.WouldBlock
-        request = structure(params, t.ReadTextFileRequest)
-        return unstructure(read(request, session.context))
+    def _fs_nowait(self, params: Any, method: str, request_type: type[Any]) -> Any:
+        """Serve an fs request with the service's ``*_nowait`` ``method``, in the read loop.
 
-    def _on_fs_write_nowait(self, params: Any) -> Any:
+        A service without it (or no fs service at all) leaves the request to the async handler.
+        """
         session = self._session_for(params)
-        write = getattr(session.services.fs, "write_text_file_nowait", None)
-        if write is None:
+        serve = getattr(session.services.fs, method, None)
+        if serve is None:
             raise trio.WouldBlock
-        request = structure(params, t.WriteTextFileRequest)
-        return unstructure(write(request, session.context))
+        return unstructure(serve(structure(params, request_type), session.context))
 
     async def _on_fs_write(self, params: Any) -> Any:
         session = self._session_for(params)
