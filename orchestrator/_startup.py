@@ -9,14 +9,18 @@ structlog falls back to plain tracebacks. Any other import of rich works as usua
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import sys
-from collections.abc import Sequence
-from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # importlib.abc alone costs ~10 ms of start-up (it imports importlib.resources)
+    import importlib.machinery
+    from collections.abc import Sequence
+    from types import ModuleType
 
 
-class _NoRichForStructlog(importlib.abc.MetaPathFinder):
+class _NoRichForStructlog:
+    """A meta path finder (duck-typed, see :class:`importlib.abc.MetaPathFinder`)."""
+
     def find_spec(
         self,
         fullname: str,
