@@ -801,6 +801,32 @@ async def test_two_stores_create_a_new_file_at_once(tmp_path: Path) -> None:
             await s.aclose()
 
 
+def _open_into(path: Path, opened: list[sqlite3.Connection], errors: list[BaseException]) -> None:
+    try:
+        _schema.connect(path, opened)
+    except BaseException as e:
+        errors.append(e)
+
+
+def test_connections_racing_to_create_a_file_all_open_it(tmp_path: Path) -> None:
+    """Four threads opening a new file at once all succeed, fifty files over (WAL retried)."""
+    for round_ in range(50):
+        path = tmp_path / f"r{round_}" / "runs.sqlite3"
+        opened: list[sqlite3.Connection] = []
+        errors: list[BaseException] = []
+        threads = [
+            threading.Thread(target=_open_into, args=(path, opened, errors)) for _ in range(4)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        for conn in opened:
+            conn.close()
+        assert errors == []
+        assert len(opened) == 4
+
+
 async def test_another_process_reads_and_writes_while_open(store: RunStore) -> None:
     """A second process opens the store while this one has it open, and both see all writes."""
     await store.create_run(run("parent"))

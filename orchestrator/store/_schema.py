@@ -14,6 +14,7 @@ commit the open transaction halfway).
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeAlias
@@ -206,6 +207,25 @@ def _migrate(conn: sqlite3.Connection, path: Path) -> int:
     return version
 
 
+def _enable_wal(conn: sqlite3.Connection) -> str:
+    """Switch the database to WAL mode; return the journal mode it is in.
+
+    Switching a new file needs an exclusive lock, and when two connections try at once SQLite
+    answers "database is locked" to one of them at once, without waiting for the busy timeout:
+    that one tries again, within the same timeout.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    delay = 0.002
+    while True:
+        try:
+            return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() + delay > deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
+
+
 def connect(path: Path, opened: list[sqlite3.Connection]) -> int:
     """Open (creating and migrating as needed) the database at ``path``; blocking.
 
@@ -222,7 +242,7 @@ def connect(path: Path, opened: list[sqlite3.Connection]) -> int:
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         # before anything writes to the file: a newer release's database is left untouched
         _refuse_newer(path, schema_version(conn))
-        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        mode = _enable_wal(conn)
         if str(mode).lower() != "wal":
             raise StoreError(f"the run store {path} cannot use WAL mode (journal mode {mode})")
         conn.execute("PRAGMA synchronous = NORMAL")
