@@ -549,13 +549,8 @@ class JsonRpcConnection:
                 answer = _encode_error(request_id, RequestCancelled())
             else:
                 answer = encode_message(result_obj(request_id, result))
-        except JsonRpcError as exc:
-            answer = _encode_error(request_id, exc)
         except Exception as exc:
-            self._log.exception("request handler failed", method=method, id=request_id)
-            answer = _encode_error(
-                request_id, InternalError(data={"details": f"{type(exc).__name__}: {exc}"})
-            )
+            answer = self._failure_answer(request_id, method, exc)
         finally:
             self._running_inbound -= 1
             if self._inbound.get(request_id) is scope:
@@ -570,15 +565,23 @@ class JsonRpcConnection:
             answer = encode_message(result_obj(request_id, nowait(params)))
         except trio.WouldBlock:
             return False
-        except JsonRpcError as exc:
-            answer = _encode_error(request_id, exc)
         except Exception as exc:
-            self._log.exception("request handler failed", method=method, id=request_id)
-            answer = _encode_error(
-                request_id, InternalError(data={"details": f"{type(exc).__name__}: {exc}"})
-            )
+            answer = self._failure_answer(request_id, method, exc)
         self._answer_nowait(answer)
         return True
+
+    def _failure_answer(self, request_id: RequestId, method: str, exc: Exception) -> bytes:
+        """The answer to a request whose handler raised ``exc`` (call it in the except block).
+
+        A :class:`JsonRpcError` is answered as itself; anything else as -32603, logged with
+        its traceback.
+        """
+        if isinstance(exc, JsonRpcError):
+            return _encode_error(request_id, exc)
+        self._log.exception("request handler failed", method=method, id=request_id)
+        return _encode_error(
+            request_id, InternalError(data={"details": f"{type(exc).__name__}: {exc}"})
+        )
 
     def _answer_nowait(self, data: bytes) -> None:
         """Send an answer from the read loop, which must never wait for the peer to read.
