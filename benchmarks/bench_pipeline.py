@@ -38,7 +38,7 @@ import structlog
 import trio
 from attrs import define, field
 
-import orchestrator.runs as runs_module
+import orchestrator.runs.run as runs_module
 from orchestrator.agent.client import AcpSession
 from orchestrator.agent.content import PromptInput
 from orchestrator.agent.services import ClientServices
@@ -307,7 +307,7 @@ class _Spy:
     runners: list[PipelineRunner] = field(factory=list)
 
     def install(self) -> Callable[[], None]:
-        # the names run_pipeline looks up (module globals of orchestrator.runs)
+        # the names run_pipeline looks up (module globals of orchestrator.runs.run)
         namespace = vars(runs_module)
         original_store = open_run_store
 

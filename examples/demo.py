@@ -19,7 +19,7 @@ from pathlib import Path
 
 from orchestrator import render_report, run_pipeline_sync
 from orchestrator.cli import configure_logging
-from orchestrator.live import open_view
+from orchestrator.cli.live import open_view
 
 HERE = Path(__file__).resolve().parent
 SAMPLE = HERE / "sample-project"

@@ -32,9 +32,9 @@ _EXPORTS: dict[str, str] = {
     "TurnResult": "orchestrator.agent.turn",
     "AgentSpec": "orchestrator.agents",
     "resolve_agent": "orchestrator.agents",
-    "PromptRun": "orchestrator.api",
-    "prompt": "orchestrator.api",
-    "prompt_sync": "orchestrator.api",
+    "PromptRun": "orchestrator.runs",
+    "prompt": "orchestrator.runs",
+    "prompt_sync": "orchestrator.runs",
     "Config": "orchestrator.config",
     "Budget": "orchestrator.pipeline",
     "Pipeline": "orchestrator.pipeline",
@@ -106,9 +106,6 @@ if TYPE_CHECKING:
     from .agent.turn import TurnResult as TurnResult
     from .agents import AgentSpec as AgentSpec
     from .agents import resolve_agent as resolve_agent
-    from .api import PromptRun as PromptRun
-    from .api import prompt as prompt
-    from .api import prompt_sync as prompt_sync
     from .config import Config as Config
     from .pipeline import Budget as Budget
     from .pipeline import Pipeline as Pipeline
@@ -121,6 +118,7 @@ if TYPE_CHECKING:
     from .pipeline.results import StepResult as StepResult
     from .report import render_report as render_report
     from .runs import ApplyOutcome as ApplyOutcome
+    from .runs import PromptRun as PromptRun
     from .runs import RunOutcome as RunOutcome
     from .runs import apply_run as apply_run
     from .runs import apply_run_sync as apply_run_sync
@@ -129,6 +127,8 @@ if TYPE_CHECKING:
     from .runs import diff_run as diff_run
     from .runs import get_run_json as get_run_json
     from .runs import list_runs as list_runs
+    from .runs import prompt as prompt
+    from .runs import prompt_sync as prompt_sync
     from .runs import resume_run as resume_run
     from .runs import resume_run_sync as resume_run_sync
     from .runs import run_pipeline as run_pipeline

@@ -19,9 +19,9 @@ from orchestrator.agent.services import (
 )
 from orchestrator.agent.turn import TurnAccumulator
 from orchestrator.agents import AgentSpec, resolve_agent
-from orchestrator.api import PromptRun, prompt, prompt_sync
 from orchestrator.errors import AgentStartError, TurnTimeout, UsageError
 from orchestrator.protocol import types as t
+from orchestrator.runs import PromptRun, prompt, prompt_sync
 from orchestrator.testing import AgentScript, Stall, Turn
 from orchestrator.testing.scripted_agent import scripted_agent_command
 

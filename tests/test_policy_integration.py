@@ -35,8 +35,8 @@ from orchestrator.agent.permissions import Escalation, PolicyPermissionService
 from orchestrator.agent.services import ClientServices, PermissionRecord
 from orchestrator.agent.terminals import open_terminal_service
 from orchestrator.agents import AgentSpec
-from orchestrator.api import prompt
 from orchestrator.policy import Answer, Policy, PolicySet, Rule
+from orchestrator.runs import prompt
 from orchestrator.testing import (
     ALLOW_REJECT,
     AgentScript,

@@ -47,12 +47,11 @@ from real_agents import (
 
 from orchestrator.agent.client import open_agent
 from orchestrator.agent.transcript import TranscriptWriter
-from orchestrator.api import PromptRun, prompt
 from orchestrator.config import Config
 from orchestrator.errors import TurnTimeout
 from orchestrator.pipeline import Pipeline, step
 from orchestrator.pipeline.results import StepContext
-from orchestrator.runs import apply_run, compare, get_run_json, run_pipeline
+from orchestrator.runs import PromptRun, apply_run, compare, get_run_json, prompt, run_pipeline
 from orchestrator.testing.model_server import ModelServer, open_model_server
 
 pytestmark = [pytest.mark.real_agent, pytest.mark.slow]

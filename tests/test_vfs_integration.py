@@ -1,11 +1,11 @@
 """The virtual filesystem end to end: the real ACP client, scripted agents as real subprocesses.
 
-Each agent works on its own branch of a temporary workspace, the way :func:`orchestrator.api.prompt`
-runs one (snapshot, ``Branch.from_tree``, materialize under the state directory,
-``BranchFileSystem`` as the fs service, terminals harvesting on exit, a full harvest after the
-turn), but the branches are kept so two of them can be merged. What each agent did is read back
-from its JSON-lines record. The agents are processes, so time is real: every wait is bounded by
-``trio.fail_after`` and every test checks that no agent process is left.
+Each agent works on its own branch of a temporary workspace, the way
+:func:`orchestrator.runs.prompt` runs one (snapshot, ``Branch.from_tree``, materialize under the
+state directory, ``BranchFileSystem`` as the fs service, terminals harvesting on exit, a full
+harvest after the turn), but the branches are kept so two of them can be merged. What each agent
+did is read back from its JSON-lines record. The agents are processes, so time is real: every wait
+is bounded by ``trio.fail_after`` and every test checks that no agent process is left.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from orchestrator.agent.services import ClientServices, SessionContext
 from orchestrator.agent.terminals import open_terminal_service
 from orchestrator.agent.turn import TurnResult
 from orchestrator.agents import AgentSpec
-from orchestrator.api import prompt
 from orchestrator.policy import PolicySet
 from orchestrator.protocol import types as t
+from orchestrator.runs import prompt
 from orchestrator.testing import (
     AgentScript,
     DeleteDisk,

@@ -10,7 +10,6 @@ from typing import Any
 import trio
 from attrs import define, field
 
-from .._runbranches import change_kinds
 from ..agent.elicitation import PolicyElicitationService
 from ..agent.permissions import Escalate, PolicyPermissionService
 from ..agent.services import ClientServices
@@ -23,6 +22,7 @@ from ._branchio import BranchDirs
 from ._calls import jsonable, prompt_input, run_verify, update_event
 from ._recording import Recorder
 from ._state import AgentPool
+from .branches import change_kinds
 from .results import RunEvent, StepResult
 from .spec import Step
 

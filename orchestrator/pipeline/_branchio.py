@@ -21,10 +21,10 @@ import structlog
 import trio
 from attrs import define, field
 
-from .._runbranches import diff_of
 from ..vfs import Branch, ChangeSet, Snapshot, Workdir, Write, materialize
 from ..vfs.tree import compose
 from ._calls import safe
+from .branches import diff_of
 
 __all__ = ["BranchDirs", "BranchIO", "Reaper", "branch_diffs"]
 

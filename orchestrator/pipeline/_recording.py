@@ -13,12 +13,12 @@ from typing import Any
 import structlog
 from attrs import define
 
-from .._runbranches import stored_changes
 from ..store import AddConflicts, AddEvent, AddPermissions, PutChanges, PutStep, StepRecord
 from ..vfs import Branch, ChangeSet, Snapshot
 from ._branchio import branch_diffs
 from ._calls import stored_value
 from ._writer import StoreWriter
+from .branches import stored_changes
 from .results import EventType, RunEvent, StepResult, StepStatus
 from .spec import Step
 

@@ -24,7 +24,6 @@ from typing import Any
 import trio
 from attrs import define, field
 
-from .._runbranches import conflict_json
 from ..agent.permissions import Escalate
 from ..agents import AgentSpec
 from ..errors import UsageError
@@ -38,6 +37,7 @@ from ._instance import InstanceExecutor
 from ._recording import EventSink, Recorder
 from ._state import AgentPool, LeaseLike, StepState
 from ._writer import StoreWriter
+from .branches import conflict_json
 from .results import RunEvent
 from .spec import Pipeline, Step
 
@@ -47,7 +47,7 @@ __all__ = ["AgentPool", "BranchIO", "LeaseLike", "PipelineRunner", "StepState"]
 #: the background remover of branch directories, by the name it had here
 @define(eq=False)
 class PipelineRunner:
-    """One run of one pipeline; :meth:`run` executes it (see :mod:`orchestrator.api`)."""
+    """One run of one pipeline; :meth:`run` executes it (see :mod:`orchestrator.runs`)."""
 
     pipeline: Pipeline
     inputs: Mapping[str, Any]

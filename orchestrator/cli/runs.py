@@ -116,7 +116,7 @@ def add_parsers(sub: Any) -> None:
 
 
 def _inputs(pairs: list[str]) -> dict[str, Any]:
-    from .errors import UsageError
+    from ..errors import UsageError
 
     out: dict[str, Any] = {}
     for pair in pairs:
@@ -153,7 +153,7 @@ def _view(args: argparse.Namespace, title: str) -> Iterator[Any]:
 def _finish(args: argparse.Namespace, outcome: Any) -> int:
     result = dict(outcome.result)
     if getattr(args, "report", None):
-        from .report import render_report
+        from ..report import render_report
 
         paths = render_report(result, args.report)
         result["report"] = {"html": str(paths.html), "markdown": str(paths.markdown)}
@@ -203,7 +203,7 @@ def _summary(result: dict[str, Any], run_id: str) -> None:
 
 async def cmd_run(args: argparse.Namespace) -> int:
     """``orchestrator run``."""
-    from .runs import run_pipeline
+    from ..runs import run_pipeline
 
     with _view(args, f"pipeline {args.pipeline}") as view:
         outcome = await run_pipeline(
@@ -222,7 +222,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
 
 async def cmd_compare(args: argparse.Namespace) -> int:
     """``orchestrator compare``."""
-    from .runs import compare
+    from ..runs import compare
 
     with _view(args, "compare") as view:
         outcome = await compare(
@@ -244,8 +244,8 @@ async def cmd_compare(args: argparse.Namespace) -> int:
 
 async def cmd_resume(args: argparse.Namespace) -> int:
     """``orchestrator resume``."""
-    from ._runbranches import ResumeConflict
-    from .runs import resume_run
+    from ..pipeline.branches import ResumeConflict
+    from ..runs import resume_run
 
     with _view(args, f"resume {args.run}") as view:
         try:
@@ -270,7 +270,7 @@ async def cmd_runs(args: argparse.Namespace) -> int:
     """``orchestrator runs``."""
     import datetime
 
-    from .runs import list_runs
+    from ..runs import list_runs
 
     runs = await list_runs(state_dir=args.state_dir, limit=args.limit)
     if args.json:
@@ -288,11 +288,11 @@ async def cmd_runs(args: argparse.Namespace) -> int:
 
 async def cmd_show(args: argparse.Namespace) -> int:
     """``orchestrator show``."""
-    from .runs import get_run_json
+    from ..runs import get_run_json
 
     result = await get_run_json(args.run, state_dir=args.state_dir)
     if args.report:
-        from .report import render_report
+        from ..report import render_report
 
         paths = render_report(result, args.report)
         result["report"] = {"html": str(paths.html), "markdown": str(paths.markdown)}
@@ -323,7 +323,7 @@ async def cmd_show(args: argparse.Namespace) -> int:
 
 async def cmd_apply(args: argparse.Namespace) -> int:
     """``orchestrator apply``."""
-    from .runs import apply_run
+    from ..runs import apply_run
 
     outcome = await apply_run(args.run, step=args.step, state_dir=args.state_dir)
     if args.json:
@@ -350,7 +350,7 @@ async def cmd_apply(args: argparse.Namespace) -> int:
 
 async def cmd_diff(args: argparse.Namespace) -> int:
     """``orchestrator diff``."""
-    from .runs import diff_run
+    from ..runs import diff_run
 
     text = await diff_run(args.run, step=args.step, state_dir=args.state_dir)
     if args.json:

@@ -13,7 +13,7 @@ from typing import IO, Any
 
 from attrs import define, field
 
-from .pipeline.results import RunEvent
+from ..pipeline.results import RunEvent
 
 __all__ = ["LiveView", "PlainView", "open_view"]
 

@@ -10,7 +10,7 @@ line calls the same functions::
 
 Every run is recorded in the run store under the state directory: ``list_runs``, ``get_run_json``,
 ``resume_run``, ``apply_run`` and ``diff_run`` work from there (the read side lives in
-:mod:`orchestrator.recorded`).
+:mod:`orchestrator.runs.recorded`).
 """
 
 from __future__ import annotations
@@ -28,25 +28,29 @@ import structlog
 import trio
 from attrs import frozen
 
-from ._runbranches import (
+from ..agent.client import ClientOptions
+from ..agent.permissions import Escalate
+from ..agents import AgentSpec
+from ..config import Config
+from ..errors import UsageError
+from ..pipeline import Pipeline, Step, load_pipeline
+from ..pipeline import step as step_decorator
+from ..pipeline._writer import open_store_writer
+from ..pipeline.branches import (
     FINAL,
     conflict_json,
     diff_of,
     rebuild_branch,
     stored_changes,
 )
-from .agent.client import ClientOptions
-from .agent.permissions import Escalate
-from .agents import AgentSpec
-from .api import load_policy, recover
-from .config import Config
-from .errors import UsageError
-from .pipeline import Pipeline, Step, load_pipeline
-from .pipeline import step as step_decorator
-from .pipeline._writer import open_store_writer
-from .pipeline.results import RunEvent
-from .pipeline.runner import AgentPool, PipelineRunner
-from .policy import PolicySet
+from ..pipeline.results import RunEvent
+from ..pipeline.runner import AgentPool, PipelineRunner
+from ..policy import PolicySet
+from ..state import state_directory
+from ..store import RunRecord, RunStore, StepRecord, open_run_store
+from ..supervisor import Connector, Limits, open_supervisor
+from ..vfs import Branch, Snapshot, Workspace, apply_changes_async, git_patch, merge_branches
+from .prompt import load_policy, recover
 from .recorded import (
     ApplyOutcome,
     apply_run,
@@ -55,10 +59,6 @@ from .recorded import (
     get_run_json,
     list_runs,
 )
-from .state import state_directory
-from .store import RunRecord, RunStore, StepRecord, open_run_store
-from .supervisor import Connector, Limits, open_supervisor
-from .vfs import Branch, Snapshot, Workspace, apply_changes_async, git_patch, merge_branches
 
 __all__ = [
     "ApplyOutcome",
@@ -331,7 +331,7 @@ async def resume_run(
 ) -> RunOutcome:
     """Run ``run_id`` again: finished instances are reused with their branches, the rest re-run.
 
-    Refused (:class:`~orchestrator._runbranches.ResumeConflict`, exit 3 on the command line)
+    Refused (:class:`~orchestrator.pipeline.branches.ResumeConflict`, exit 3 on the command line)
     if the workspace changed since in files the finished steps changed.
     """
     state = state_directory(state_dir)

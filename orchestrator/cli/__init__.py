@@ -1,4 +1,4 @@
-"""The ``orchestrator`` command line: a thin layer over :mod:`orchestrator.api`.
+"""The ``orchestrator`` command line: a thin layer over :mod:`orchestrator.runs`.
 
 Exit codes: 0 done, 1 a step or turn failed, 2 bad usage or input, 3 conflicts left unapplied,
 130 interrupted. Logs go to stderr (readable on a terminal, JSON lines otherwise); ``--json``
@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:  # the heavy imports stay out of `--help`
-    from .protocol import types as t
+    from ..protocol import types as t
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CONFLICTS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--idle-timeout", type=float, help="seconds allowed without any update")
     p.add_argument("text", help="the prompt")
 
-    from ._cli_runs import add_parsers
+    from .runs import add_parsers
 
     add_parsers(sub)
 
@@ -123,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     args = build_parser().parse_args(argv)
     configure_logging(args.verbose, args.log_json)
-    from ._cli_runs import HANDLERS
+    from .runs import HANDLERS
 
     handler: Callable[[argparse.Namespace], Any] = {
         "prompt": _cmd_prompt,
@@ -139,7 +139,7 @@ async def _interruptible(handler: Callable[[argparse.Namespace], Any], args: Any
     """Run a command; Ctrl-C cancels it cleanly (agents shut down) and exits 130."""
     import trio
 
-    from .errors import (
+    from ..errors import (
         AgentStartError,
         CapabilityNotSupported,
         OrchestratorError,
@@ -197,8 +197,8 @@ def _emit_json(obj: Any) -> None:
 
 
 async def _cmd_prompt(args: argparse.Namespace) -> int:
-    from .agent.permissions import terminal_prompt_escalation
-    from .api import prompt
+    from ..agent.permissions import terminal_prompt_escalation
+    from ..runs.prompt import prompt
 
     interactive = sys.stdin.isatty() and sys.stderr.isatty()
     run = await prompt(
@@ -253,8 +253,8 @@ def _report_changes(run: Any) -> None:
 
 
 def _print_update(update: t.SessionUpdate) -> None:
-    from .agent.turn import content_text
-    from .protocol import types as t
+    from ..agent.turn import content_text
+    from ..protocol import types as t
 
     if isinstance(update, t.AgentMessageChunk):
         sys.stdout.write(content_text(update.content))
@@ -269,7 +269,7 @@ def _print_update(update: t.SessionUpdate) -> None:
 
 
 async def _cmd_agents(args: argparse.Namespace) -> int:
-    from .config import Config
+    from ..config import Config
 
     config = Config.load(".")
     specs = [config.resolve_agent(name) for name in (args.names or list(config.agents))]
@@ -303,9 +303,9 @@ async def _check_agent(spec: Any) -> dict[str, Any]:
 
     import trio
 
-    from .agent.client import ClientOptions, open_agent
-    from .errors import AuthRequired, OrchestratorError
-    from .protocol.codec import unstructure
+    from ..agent.client import ClientOptions, open_agent
+    from ..errors import AuthRequired, OrchestratorError
+    from ..protocol.codec import unstructure
 
     try:
         with trio.fail_after(180):

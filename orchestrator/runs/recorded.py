@@ -13,12 +13,12 @@ from typing import Any
 import trio
 from attrs import frozen
 
-from ._runbranches import FINAL, ResumeConflict, rebuild_branch
-from .api import recover
-from .errors import UsageError
-from .state import state_directory
-from .store import RunRecord, RunStore, open_run_store
-from .vfs import Branch, Snapshot, Workspace, apply_changes_async, merge_branches
+from ..errors import UsageError
+from ..pipeline.branches import FINAL, ResumeConflict, rebuild_branch
+from ..state import state_directory
+from ..store import RunRecord, RunStore, open_run_store
+from ..vfs import Branch, Snapshot, Workspace, apply_changes_async, merge_branches
+from .prompt import recover
 
 __all__ = [
     "ApplyOutcome",

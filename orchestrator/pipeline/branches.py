@@ -11,9 +11,9 @@ from typing import Any, Literal
 
 import structlog
 
-from .errors import OrchestratorError
-from .store import StoredChange
-from .vfs import (
+from ..errors import OrchestratorError
+from ..store import StoredChange
+from ..vfs import (
     Branch,
     Change,
     ChangeSet,

@@ -21,20 +21,20 @@ import structlog
 import trio
 from attrs import frozen
 
-from .agent.client import ClientOptions, open_agent
-from .agent.elicitation import PolicyElicitationService
-from .agent.permissions import Escalate, PolicyPermissionService
-from .agent.services import ClientServices, PermissionRecord
-from .agent.terminals import open_terminal_service
-from .agent.transcript import TranscriptWriter
-from .agent.turn import TurnResult
-from .agents import AgentSpec, resolve_agent
-from .errors import UsageError
-from .policy import PolicySet
-from .protocol import types as t
-from .state import state_directory
-from .store import StoredChange
-from .vfs import (
+from ..agent.client import ClientOptions, open_agent
+from ..agent.elicitation import PolicyElicitationService
+from ..agent.permissions import Escalate, PolicyPermissionService
+from ..agent.services import ClientServices, PermissionRecord
+from ..agent.terminals import open_terminal_service
+from ..agent.transcript import TranscriptWriter
+from ..agent.turn import TurnResult
+from ..agents import AgentSpec, resolve_agent
+from ..errors import UsageError
+from ..policy import PolicySet
+from ..protocol import types as t
+from ..state import state_directory
+from ..store import StoredChange
+from ..vfs import (
     Branch,
     BranchFileSystem,
     Change,
@@ -280,7 +280,7 @@ def _stored(branch: Branch) -> tuple[list[StoredChange], str]:
 
     Files changed in the workspace during the run are left out: their base is gone.
     """
-    from ._runbranches import diff_of, stored_changes
+    from ..pipeline.branches import diff_of, stored_changes
 
     net = branch.net_changes()
     try:
@@ -315,8 +315,8 @@ async def _write_record(
     text: str,
     result: dict[str, Any],
 ) -> None:
-    from ._runbranches import FINAL
-    from .store import AddPermissions, PutChanges, PutStep, RunRecord, StepRecord, open_run_store
+    from ..pipeline.branches import FINAL
+    from ..store import AddPermissions, PutChanges, PutStep, RunRecord, StepRecord, open_run_store
 
     async with open_run_store(state) as store:
         await store.create_run(

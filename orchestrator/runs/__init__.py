@@ -1,0 +1,41 @@
+"""The library API for runs: prompts, pipelines, comparisons, resume, apply, and the run store.
+
+Every run goes one way: resolved through :class:`~orchestrator.config.Config`, started through
+the supervisor, recorded in the run store before anything is applied, and applied by one apply
+path. Each function has an ``async`` form for trio code and a ``*_sync`` twin for scripts.
+"""
+
+from __future__ import annotations
+
+from .prompt import PromptRun, load_policy, prompt, prompt_sync, recover
+from .recorded import ApplyOutcome, apply_run, apply_run_sync, diff_run, get_run_json, list_runs
+from .run import (
+    RunOutcome,
+    compare,
+    compare_sync,
+    resume_run,
+    resume_run_sync,
+    run_pipeline,
+    run_pipeline_sync,
+)
+
+__all__ = [
+    "ApplyOutcome",
+    "PromptRun",
+    "RunOutcome",
+    "apply_run",
+    "apply_run_sync",
+    "compare",
+    "compare_sync",
+    "diff_run",
+    "get_run_json",
+    "list_runs",
+    "load_policy",
+    "prompt",
+    "prompt_sync",
+    "recover",
+    "resume_run",
+    "resume_run_sync",
+    "run_pipeline",
+    "run_pipeline_sync",
+]
