@@ -7,17 +7,12 @@ path. Each function has an ``async`` form for trio code and a ``*_sync`` twin fo
 
 from __future__ import annotations
 
+from .apply import ApplyOutcome, apply_run, apply_run_sync
+from .compare import compare, compare_sync
 from .prompt import PromptRun, load_policy, prompt, prompt_sync, recover
-from .recorded import ApplyOutcome, apply_run, apply_run_sync, diff_run, get_run_json, list_runs
-from .run import (
-    RunOutcome,
-    compare,
-    compare_sync,
-    resume_run,
-    resume_run_sync,
-    run_pipeline,
-    run_pipeline_sync,
-)
+from .recorded import diff_run, get_run_json, list_runs
+from .resume import resume_run, resume_run_sync
+from .run import RunOutcome, run_pipeline, run_pipeline_sync
 
 __all__ = [
     "ApplyOutcome",

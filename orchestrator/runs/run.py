@@ -1,4 +1,4 @@
-"""The library API for runs: pipelines, comparisons, and what the run store keeps of them.
+"""Running a pipeline: the one engine behind every run (prompt, compare, run, resume).
 
 Each function has an ``async`` form for trio code and a ``*_sync`` twin for scripts; the command
 line calls the same functions::
@@ -19,11 +19,10 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import attrs
 import structlog
 import trio
 from attrs import frozen
@@ -33,8 +32,7 @@ from ..agent.permissions import Escalate
 from ..agents import AgentSpec
 from ..config import Config
 from ..errors import UsageError
-from ..pipeline import Pipeline, Step, load_pipeline
-from ..pipeline import step as step_decorator
+from ..pipeline import Pipeline, load_pipeline
 from ..pipeline._writer import open_store_writer
 from ..pipeline.branches import (
     FINAL,
@@ -51,30 +49,9 @@ from ..store import RunRecord, RunStore, StepRecord, open_run_store
 from ..supervisor import Connector, Limits, open_supervisor
 from ..vfs import Branch, Snapshot, Workspace, apply_changes_async, git_patch, merge_branches
 from .prompt import load_policy, recover
-from .recorded import (
-    ApplyOutcome,
-    apply_run,
-    apply_run_sync,
-    diff_run,
-    get_run_json,
-    list_runs,
-)
+from .recorded import get_run_json
 
-__all__ = [
-    "ApplyOutcome",
-    "RunOutcome",
-    "apply_run",
-    "apply_run_sync",
-    "compare",
-    "compare_sync",
-    "diff_run",
-    "get_run_json",
-    "list_runs",
-    "resume_run",
-    "resume_run_sync",
-    "run_pipeline",
-    "run_pipeline_sync",
-]
+__all__ = ["RunOutcome", "run_pipeline", "run_pipeline_sync"]
 
 log = structlog.get_logger(__name__)
 
@@ -323,138 +300,6 @@ async def _reusable(
     return out
 
 
-async def resume_run(
-    run_id: str,
-    *,
-    state_dir: str | os.PathLike[str] | None = None,
-    **kwargs: Any,
-) -> RunOutcome:
-    """Run ``run_id`` again: finished instances are reused with their branches, the rest re-run.
-
-    Refused (:class:`~orchestrator.pipeline.branches.ResumeConflict`, exit 3 on the command line)
-    if the workspace changed since in files the finished steps changed.
-    """
-    state = state_directory(state_dir)
-    async with open_run_store(state) as store:
-        record = await store.get_run(run_id)
-    if record.status == "running":
-        log.warning("resuming a run still marked running", run=record.run_id)
-    if record.kind == "compare":
-        info = dict(record.options).get("compare") or {}
-        names = list(info.get("agents") or [])
-        pipe = _compare_pipeline(
-            str(info.get("task", "")), names, info.get("timeout"), info.get("idle_timeout")
-        )
-        kwargs.setdefault("verify", dict(record.options).get("verify") or {})
-        if "config" not in kwargs:
-            kwargs["config"] = _compare_config(record.cwd, names, info.get("commands") or {})
-    else:
-        if not record.pipeline:
-            raise UsageError(f"run {record.run_id} has no pipeline to resume")
-        pipe = load_pipeline(record.pipeline)
-        if pipe.digest != record.pipeline_digest:
-            log.warning("the pipeline file changed since the run", pipeline=record.pipeline)
-    return await run_pipeline(
-        pipe,
-        dict(record.inputs),
-        cwd=record.cwd,
-        state_dir=state,
-        _kind="compare" if record.kind == "compare" else "pipeline",
-        _resume=record.run_id,
-        **kwargs,
-    )
-
-
-def _compare_config(cwd: str, names: Sequence[str], commands: Mapping[str, Any]) -> Config:
-    """The agent table of a recorded comparison: each label with the command it ran."""
-    base = Config.load(cwd)
-    table = dict(base.agents)
-    for name in names:
-        argv = tuple(commands.get(name) or ())
-        known = table.get(name)
-        if known is not None and (not argv or known.command == argv):
-            continue
-        if not argv:
-            raise UsageError(f"the comparison does not record how to start agent {name!r}")
-        table[name] = attrs.evolve(known, command=argv) if known else AgentSpec(name, argv)
-    return Config(agents=table, max_sessions=base.max_sessions, sources=base.sources)
-
-
-def _compare_pipeline(
-    task: str,
-    agents: Sequence[str],
-    timeout: float | None = None,
-    idle_timeout: float | None = None,
-) -> Pipeline:
-    def compare(task: str) -> str:
-        return task
-
-    made: Step = step_decorator(agent=list(agents), timeout=timeout, idle_timeout=idle_timeout)(
-        compare
-    )
-    return Pipeline.from_steps([made], name="compare")
-
-
-async def compare(
-    agents: Sequence[str | AgentSpec],
-    task: str,
-    *,
-    verify: str | None = None,
-    apply: str | None = None,
-    config: Config | None = None,
-    cwd: str | os.PathLike[str] = ".",
-    timeout: float | None = None,
-    idle_timeout: float | None = None,
-    **kwargs: Any,
-) -> RunOutcome:
-    """The same task to each agent at once, each in its own branch; side by side.
-
-    ``verify`` is a shell command run in each agent's branch directory after its turn.
-    ``apply`` names the agent whose changes to write to the workspace.
-    """
-    if len(agents) < 1:
-        raise UsageError("compare needs at least one --agent")
-    root = Path(cwd).absolute()
-    cfg = _agents(config, root)
-    specs = [cfg.resolve_agent(a) if isinstance(a, str) else a for a in agents]
-    names = [s.name for s in specs]
-    if len(set(names)) != len(names):
-        raise UsageError(
-            f"two agents share a name ({', '.join(names)}): label them with NAME=COMMAND"
-        )
-    table = dict(cfg.agents)
-    table.update({s.name: s.resolved(os.getcwd()) for s in specs})
-    cfg = Config(agents=table, max_sessions=cfg.max_sessions, sources=cfg.sources)
-    if apply is not None and apply not in names:
-        raise UsageError(f"--apply {apply}: not one of the agents ({', '.join(names)})")
-    pipe = _compare_pipeline(task, names, timeout, idle_timeout)
-    # recorded before the run starts, so an interrupted comparison can be resumed
-    info = {
-        "task": task,
-        "agents": names,
-        "commands": {s.name: list(table[s.name].command) for s in specs},
-        "timeout": timeout,
-        "idle_timeout": idle_timeout,
-    }
-    outcome = await run_pipeline(
-        pipe,
-        {"task": task},
-        cwd=root,
-        config=cfg,
-        verify={"compare": verify} if verify else None,
-        _kind="compare",
-        _extra_options={"compare": info},
-        **kwargs,
-    )
-    state_dir = kwargs.get("state_dir")
-    if apply is not None and outcome.status == "succeeded":
-        applied = await apply_run(outcome.run_id, step=f"compare[{apply}]", state_dir=state_dir)
-        result = {**outcome.result, "applied": apply if applied.applied else None}
-        status: RunStatus = outcome.status if applied.applied or not applied.paths else "conflicts"
-        return RunOutcome(outcome.run_id, status, result, outcome.run_dir)
-    return outcome
-
-
 async def _import_transcripts(
     store: RunStore, run_id: str, run_dir: Path, copy_to: str | os.PathLike[str] | None
 ) -> None:
@@ -500,13 +345,3 @@ def run_pipeline_sync(
 ) -> RunOutcome:
     """:func:`run_pipeline` for scripts: runs its own trio loop."""
     return trio.run(lambda: run_pipeline(pipeline, inputs, **kwargs))
-
-
-def compare_sync(agents: Sequence[str | AgentSpec], task: str, **kwargs: Any) -> RunOutcome:
-    """:func:`compare` for scripts: runs its own trio loop."""
-    return trio.run(lambda: compare(agents, task, **kwargs))
-
-
-def resume_run_sync(run_id: str, **kwargs: Any) -> RunOutcome:
-    """:func:`resume_run` for scripts: runs its own trio loop."""
-    return trio.run(lambda: resume_run(run_id, **kwargs))
