@@ -10,7 +10,7 @@ JSON-RPC error objects map to subclasses of :class:`JsonRpcError` by their ``cod
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
 __all__ = [
@@ -33,8 +33,10 @@ __all__ = [
     "PipelineError",
     "ProtocolError",
     "ProtocolVersionMismatch",
+    "ReportError",
     "RequestCancelled",
     "ResourceNotFound",
+    "ResumeConflict",
     "RunNotFound",
     "StoreError",
     "StoreVersionError",
@@ -300,3 +302,16 @@ class RunNotFound(StoreError, UsageError):
 
 class StoreVersionError(StoreError):
     """The run store was written by a newer orchestrator: its schema version is unknown here."""
+
+
+class ResumeConflict(OrchestratorError):
+    """Files a stored run changed were changed in the workspace since the run."""
+
+    def __init__(self, paths: Sequence[str]):
+        self.paths = tuple(paths)
+        listed = ", ".join(self.paths[:10]) + (" ..." if len(self.paths) > 10 else "")
+        super().__init__(f"the workspace changed since the run, in files the run changed: {listed}")
+
+
+class ReportError(UsageError):
+    """The result cannot be rendered (not a result object) or the report cannot be written."""

@@ -79,6 +79,7 @@ The TOML format (examples in ``examples/policies/``)::
 from __future__ import annotations
 
 import fnmatch
+import os
 import re
 import shlex
 import tomllib
@@ -86,6 +87,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+import attrs
 from attrs import field, frozen
 
 from orchestrator._paths import compile_glob, raw_paths, resolve
@@ -425,6 +427,61 @@ class PolicySet:
         return Evaluation("reject", DEFAULT_RULE, facts)
 
     @classmethod
+    def resolve(cls, policy: str | os.PathLike[str] | PolicySet | None) -> PolicySet:
+        """The policy a run starts with, resolved once: a preset name, a TOML file, a ready
+        :class:`PolicySet`, or None (the empty policy: the ``default`` rule rejects everything).
+        """
+        if policy is None:
+            return cls()
+        if isinstance(policy, PolicySet):
+            return policy
+        return cls.load(os.fspath(policy))
+
+    def narrowed(self, scope: str, policy: PolicySet) -> PolicySet:
+        """This policy with ``policy`` tried first for the step or agent named by ``scope``.
+
+        ``scope`` is ``step:NAME`` or ``agent:NAME``. A step's or an agent's own policy narrows
+        the run's: its rules come first, in that scope, and whatever they do not decide falls
+        through to the wider scopes. A preset ends with a catch-all reject, so a preset given
+        to a step or an agent decides every request there. Rules of this policy already scoped
+        to the same name come before the added ones.
+        """
+        kind, _, name = scope.partition(":")
+        if kind not in ("step", "agent") or not name:
+            raise ValueError(f"scope must be step:NAME or agent:NAME, not {scope!r}")
+        table = dict(self.steps if kind == "step" else self.agents)
+        rules = (*table[name].rules, *policy.run.rules) if name in table else policy.run.rules
+        table[name] = Policy(rules)
+        if kind == "step":
+            return attrs.evolve(self, steps=table)
+        return attrs.evolve(self, agents=table)
+
+    def to_mapping(self) -> dict[str, Any]:
+        """The policy as the mapping :meth:`from_mapping` reads (presets spelled out as rules).
+
+        What a run records of its policy, so that a resumed run decides as the first attempt did.
+        """
+        out: dict[str, Any] = {"rules": [_rule_table(r) for r in self.run.rules]}
+        for key, scoped in (("agents", self.agents), ("steps", self.steps)):
+            if scoped:
+                out[key] = {
+                    name: {"rules": [_rule_table(r) for r in p.rules]} for name, p in scoped.items()
+                }
+        if self.elicitation:
+            out["elicitation"] = [dict(e) for e in self.elicitation]
+        out["ask_timeout"] = self.ask_timeout
+        return out
+
+    def describe(self) -> str:
+        """One line on the policy: its rule count and scopes, for messages."""
+        parts = [f"{len(self.run.rules)} run rules"]
+        if self.agents:
+            parts.append(f"{len(self.agents)} agent scopes")
+        if self.steps:
+            parts.append(f"{len(self.steps)} step scopes")
+        return ", ".join(parts)
+
+    @classmethod
     def from_preset(cls, name: str) -> PolicySet:
         """A run-wide preset."""
         return cls(run=Policy.preset(name))
@@ -436,7 +493,7 @@ class PolicySet:
             return cls.from_preset(spec)
         path = Path(spec)
         if not path.is_file():
-            raise UsageError(f"--policy {spec}: neither a preset ({', '.join(PRESETS)}) nor a file")
+            raise UsageError(f"policy {spec}: neither a preset ({', '.join(PRESETS)}) nor a file")
         return cls.from_toml(path)
 
     @classmethod
@@ -504,6 +561,24 @@ def _policy(table: Any, where: str, *, top: bool = False) -> Policy:
     if not isinstance(preset, str):
         raise UsageError(f"{where}: preset must be a string")
     return Policy.preset(preset, *parsed)
+
+
+def _rule_table(rule: Rule) -> dict[str, Any]:
+    """A rule as a ``[[rules]]`` table (the inverse of :func:`_rule`)."""
+    table: dict[str, Any] = {"verdict": rule.verdict}
+    if rule.name:
+        table["name"] = rule.name
+    for key in ("kinds", "paths", "agents", "steps"):
+        value = getattr(rule, key)
+        if value:
+            table[key] = list(value)
+    for key in ("title", "title_regex", "command_regex"):
+        value = getattr(rule, key)
+        if value is not None:
+            table[key] = value
+    if rule.command:
+        table["commands"] = [list(prefix) for prefix in rule.command]
+    return table
 
 
 def _is_prefix(item: Any) -> bool:

@@ -59,7 +59,7 @@ UpdateCallback = Callable[[t.SessionUpdate], None]
 class ConnectArgs:
     """What a connector needs to start one agent process."""
 
-    #: the process's label in logs and transcripts, e.g. ``claude#2``
+    #: the process's label in logs and transcripts: the agent's name, ``claude#2`` for a second
     label: str
     #: the process's working directory
     cwd: str
@@ -145,7 +145,10 @@ class _Process:
 
     @property
     def label(self) -> str:
-        return f"{self.pool.spec.name}#{self.index}"
+        # the agent's name for its first process (what errors and transcripts name), then
+        # ``name#2``, ``name#3`` for the processes started after it
+        name = self.pool.spec.name
+        return name if self.index == 1 else f"{name}#{self.index}"
 
     def has_room(self) -> bool:
         limit = self.pool.spec.sessions_per_process

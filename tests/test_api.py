@@ -19,7 +19,7 @@ from orchestrator.agent.services import (
 )
 from orchestrator.agent.turn import TurnAccumulator
 from orchestrator.agents import AgentSpec, resolve_agent
-from orchestrator.errors import AgentStartError, TurnTimeout, UsageError
+from orchestrator.errors import TurnTimeout, UsageError
 from orchestrator.protocol import types as t
 from orchestrator.runs import PromptRun, prompt, prompt_sync
 from orchestrator.testing import AgentScript, Stall, Turn
@@ -209,8 +209,8 @@ async def test_prompt_bad_input_is_a_usage_error(tmp_path: Path) -> None:
 
 
 async def test_prompt_missing_agent_command_fails_to_start(tmp_path: Path) -> None:
-    """An agent command that does not exist: AgentStartError naming it."""
-    with trio.fail_after(LIMIT), pytest.raises(AgentStartError, match="no-such-agent-xyz"):
+    """An agent command that does not exist: a usage error naming it, before anything starts."""
+    with trio.fail_after(LIMIT), pytest.raises(UsageError, match=r"no-such-agent-xyz.*not found"):
         await prompt("no-such-agent-xyz --acp", "hi", cwd=tmp_path)
 
 

@@ -135,7 +135,7 @@ async def test_prompt_help_lists_its_options(tmp_path: Path) -> None:
         (["prompt", "hi"], "the following arguments are required: --agent"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
         (["prompt", "--agent", "demo", "--timeout", "soon", "hi"], "invalid float value"),
-        (["prompt", "--agent", "demo", "--policy", "nonsense", "hi"], "--policy nonsense"),
+        (["prompt", "--agent", "demo", "--policy", "nonsense", "hi"], "policy nonsense: neither"),
     ],
 )
 async def test_bad_usage_exits_2(tmp_path: Path, args: list[str], message: str) -> None:
@@ -175,7 +175,9 @@ async def test_prompt_json_reports_every_field(project: Path) -> None:
     assert done.returncode == EXIT_OK, done.stderr.decode()
     result: dict[str, Any] = orjson.loads(done.stdout)  # the whole stdout is one JSON document
     assert set(result) == {
+        "kind",
         "runId",
+        "status",
         "sessionId",
         "agent",
         "stopReason",

@@ -16,9 +16,9 @@ from orchestrator.agent.permissions import (
     command_key,
     policy_command_check,
     query_from_request,
-    terminal_prompt_escalation,
 )
 from orchestrator.agent.services import ClientServices, SessionContext
+from orchestrator.cli.escalation import terminal_prompt_escalation
 from orchestrator.policy import Answer, Policy, PolicySet, Rule
 from orchestrator.protocol import types as t
 

@@ -51,7 +51,7 @@ async def test_lease_runs_a_turn_and_reuses_the_process(tmp_path: Path) -> None:
     assert stats["spawned"] == 1
     assert stats["agents"]["scripted"]["turnsTotal"] == 2
     # services and audit records see the agent's name, not the process label
-    assert lease.connection.name == "scripted#1"
+    assert lease.connection.name == "scripted"
     assert lease.session.context.agent == "scripted"
     assert stats["sessions"] == 0
     assert pid is not None and pid_gone(pid)

@@ -26,6 +26,7 @@ import trio
 from attrs import define, field
 from conftest import pid_gone
 
+from orchestrator.agent.branchfs import BranchFileSystem
 from orchestrator.agent.client import open_agent
 from orchestrator.agent.permissions import PolicyPermissionService
 from orchestrator.agent.services import ClientServices, SessionContext
@@ -50,7 +51,6 @@ from orchestrator.testing import (
 from orchestrator.testing.scripted_agent import AgentRecord, scripted_agent_command
 from orchestrator.vfs import (
     Branch,
-    BranchFileSystem,
     ConflictStrategy,
     ConflictWatch,
     Delete,

@@ -7,8 +7,8 @@ Protocol to :class:`orchestrator.policy.PolicySet`: it turns the ACP request int
 option by kind, and keeps an audit trail with one log line per decision. Install it with
 ``ClientServices(permission=PolicyPermissionService(policy_set, escalate=...))``.
 
-:func:`terminal_prompt_escalation` is an escalation callback that asks the human at the
-controlling terminal (``/dev/tty``). For the terminal service's optional command check use
+The command line's escalation (the question asked at the terminal) lives with the command line
+(:mod:`orchestrator.cli.escalation`). For the terminal service's optional command check use
 :meth:`PolicyPermissionService.check_command` (the policy, plus the commands this service
 allowed in the session, so a command a human approved can run) or :func:`policy_command_check`
 (the policy alone).
@@ -16,8 +16,6 @@ allowed in the session, so a command a human approved can run) or :func:`policy_
 
 from __future__ import annotations
 
-import os
-import select
 import shlex
 import time
 from collections import Counter
@@ -51,7 +49,6 @@ __all__ = [
     "command_key",
     "policy_command_check",
     "query_from_request",
-    "terminal_prompt_escalation",
 ]
 
 log = structlog.get_logger(__name__)
@@ -329,83 +326,3 @@ def policy_command_check(policy: PolicySet) -> Callable[[str, SessionContext], C
         return verdict
 
     return check
-
-
-# --------------------------------------------------------------------------- terminal prompt
-
-_ANSWERS: dict[str, Answer] = {
-    "y": "allow",
-    "yes": "allow",
-    "a": "allow_always",
-    "always": "allow_always",
-    "n": "reject",
-    "no": "reject",
-    "": "reject",
-    "r": "reject_always",
-    "never": "reject_always",
-}
-_QUESTION = "Allow? [y]es once, [a]lways, [n]o (default), neve[r]: "
-# One question on the terminal at a time, whatever the number of agents asking.
-_PROMPT_LOCK = trio.Lock()
-
-
-def _describe(escalation: Escalation) -> str:
-    query = escalation.query
-    lines = [
-        "",
-        f"Permission request from {query.agent}"
-        + (f" (step {query.step})" if query.step else "")
-        + f", session {query.session_id}:",
-        f"  {query.kind or 'other'}: {query.title or query.tool_call_id}",
-    ]
-    if escalation.command is not None:
-        lines.append(f"  command: {escalation.command}")
-    lines += [f"  path: {path}" for path in escalation.paths]
-    lines.append(f"  rule: {escalation.rule}")
-    return "\n".join(lines) + "\n" + _QUESTION
-
-
-def _ask_tty(tty: str, text: str) -> Answer | None:
-    """Runs in a worker thread: ask on ``tty`` until a valid answer, polling for cancellation."""
-    fd = os.open(tty, os.O_RDWR | os.O_NOCTTY)
-    try:
-        os.write(fd, text.encode())
-        buffer = b""
-        try:
-            while True:
-                trio.from_thread.check_cancelled()
-                ready, _, _ = select.select([fd], [], [], 0.05)
-                if not ready:
-                    continue
-                chunk = os.read(fd, 1024)
-                if not chunk:
-                    return None
-                buffer += chunk
-                while b"\n" in buffer:
-                    line, buffer = buffer.split(b"\n", 1)
-                    word = line.decode(errors="replace").strip().lower()
-                    if word in _ANSWERS:
-                        return _ANSWERS[word]
-                    os.write(fd, _QUESTION.encode())
-        except trio.Cancelled:
-            os.write(fd, b"\n(question withdrawn)\n")
-            raise
-    finally:
-        os.close(fd)
-
-
-async def terminal_prompt_escalation(
-    escalation: Escalation, *, tty: str = "/dev/tty"
-) -> Answer | None:
-    """Ask the human at the controlling terminal; None when there is no terminal.
-
-    Questions are asked one at a time. The wait is cancellable (the worker thread polls for
-    cancellation), so the policy's timeout and ``session/cancel`` both withdraw the question.
-    """
-    text = _describe(escalation)
-    async with _PROMPT_LOCK:
-        try:
-            return await trio.to_thread.run_sync(_ask_tty, tty, text)
-        except OSError as exc:
-            log.warning("cannot ask on the terminal", tty=tty, error=repr(exc))
-            return None

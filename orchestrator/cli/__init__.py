@@ -150,11 +150,20 @@ async def _interruptible(handler: Callable[[argparse.Namespace], Any], args: Any
     code = EXIT_FAILED
     as_json = bool(getattr(args, "json", False))
 
+    args.run_ids = []  # filled by the run commands as their runs start
+
+    def run_id() -> dict[str, str]:
+        return {"runId": args.run_ids[-1]} if args.run_ids else {}
+
     def fail(e: BaseException, exit_code: int) -> int:
         _error(str(e))
         if as_json:  # scripts still get one JSON object on stdout
             _emit_json(
-                {"error": {"type": type(e).__name__, "message": str(e)}, "exitCode": exit_code}
+                {
+                    "error": {"type": type(e).__name__, "message": str(e)},
+                    "exitCode": exit_code,
+                    **run_id(),
+                }
             )
         return exit_code
 
@@ -181,7 +190,13 @@ async def _interruptible(handler: Callable[[argparse.Namespace], Any], args: Any
             code = fail(e, EXIT_FAILED)
         nursery.cancel_scope.cancel()
     if interrupted and as_json:
-        _emit_json({"error": {"type": "Interrupted", "message": "interrupted"}, "exitCode": 130})
+        _emit_json(
+            {
+                "error": {"type": "Interrupted", "message": "interrupted"},
+                "exitCode": 130,
+                **run_id(),
+            }
+        )
     return EXIT_INTERRUPTED if interrupted else code
 
 
@@ -197,21 +212,22 @@ def _emit_json(obj: Any) -> None:
 
 
 async def _cmd_prompt(args: argparse.Namespace) -> int:
-    from ..agent.permissions import terminal_prompt_escalation
     from ..runs.prompt import prompt
+    from .escalation import choose_escalation
+    from .runs import track_run
 
-    interactive = sys.stdin.isatty() and sys.stderr.isatty()
     run = await prompt(
         args.agent,
         args.text,
         cwd=args.cwd,
         policy=args.policy,
-        escalate=terminal_prompt_escalation if interactive else None,
+        escalate=choose_escalation(),
         transcript=args.transcript,
         timeout=args.timeout,
         idle_timeout=args.idle_timeout,
         # --json prints only the result: no callback, so chunks need no typed values
         on_update=None if args.json else _print_update,
+        on_event=track_run(args, None),
         apply=args.apply,
         state_dir=args.state_dir,
     )
@@ -222,8 +238,8 @@ async def _cmd_prompt(args: argparse.Namespace) -> int:
             sys.stdout.write("\n")
         print(f"[{run.agent.name}: {run.turn.stop_reason}]", file=sys.stderr)
         _report_changes(run)
-    if run.apply_conflicts:
-        return EXIT_CONFLICTS
+    if run.exit_code:
+        return run.exit_code
     return EXIT_OK if run.turn.stop_reason == "end_turn" else EXIT_FAILED
 
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..pipeline.results import RunEvent
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CONFLICTS = 0, 1, 2, 3
 
@@ -95,7 +98,12 @@ def add_parsers(sub: Any) -> None:
     )
     u.add_argument("run", help="a run id")
     u.add_argument("--apply", action="store_true", help="write the run's changes to its workspace")
-    u.add_argument("--policy", help="permission policy (default: reject all)")
+    u.add_argument(
+        "--policy", help="permission policy: replaces the run's recorded one (default: restored)"
+    )
+    u.add_argument(
+        "--max-sessions", type=int, help="live agent sessions at once (default: as recorded)"
+    )
     u.add_argument("--report", metavar="DIR", help="write report.html and report.md into DIR")
     u.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
     _shared(u, state_only=True)
@@ -135,6 +143,24 @@ def _emit(obj: Any) -> None:
 
     sys.stdout.buffer.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2) + b"\n")
     sys.stdout.flush()
+
+
+def track_run(
+    args: argparse.Namespace, view: Callable[[RunEvent], None] | None
+) -> Callable[[RunEvent], None]:
+    """The ``on_event`` of a run command: keeps the run's id (for the error object of an
+    interrupted or failed run) and passes every event on to the progress view."""
+    ids: list[str] = getattr(args, "run_ids", [])
+
+    def on_event(event: RunEvent) -> None:
+        if event.type == "run_started" and event.run_id not in ids:
+            ids.append(event.run_id)
+        if view is not None:
+            view(event)
+
+    # without a view, the session updates of every turn need not become events
+    on_event.wants_updates = view is not None  # type: ignore[attr-defined]
+    return on_event
 
 
 @contextmanager
@@ -204,6 +230,7 @@ def _summary(result: dict[str, Any], run_id: str) -> None:
 async def cmd_run(args: argparse.Namespace) -> int:
     """``orchestrator run``."""
     from ..runs import run_pipeline
+    from .escalation import choose_escalation
 
     with _view(args, f"pipeline {args.pipeline}") as view:
         outcome = await run_pipeline(
@@ -211,8 +238,9 @@ async def cmd_run(args: argparse.Namespace) -> int:
             _inputs(args.set),
             cwd=args.cwd,
             policy=args.policy,
+            escalate=choose_escalation(),
             apply=args.apply,
-            on_event=view,
+            on_event=track_run(args, view),
             state_dir=args.state_dir,
             transcript=args.transcript,
             max_sessions=args.max_sessions,
@@ -223,6 +251,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
 async def cmd_compare(args: argparse.Namespace) -> int:
     """``orchestrator compare``."""
     from ..runs import compare
+    from .escalation import choose_escalation
 
     with _view(args, "compare") as view:
         outcome = await compare(
@@ -232,7 +261,8 @@ async def cmd_compare(args: argparse.Namespace) -> int:
             apply=args.apply,
             cwd=args.cwd,
             policy=args.policy,
-            on_event=view,
+            escalate=choose_escalation(),
+            on_event=track_run(args, view),
             state_dir=args.state_dir,
             transcript=args.transcript,
             max_sessions=args.max_sessions,
@@ -244,8 +274,9 @@ async def cmd_compare(args: argparse.Namespace) -> int:
 
 async def cmd_resume(args: argparse.Namespace) -> int:
     """``orchestrator resume``."""
-    from ..pipeline.branches import ResumeConflict
+    from ..errors import ResumeConflict
     from ..runs import resume_run
+    from .escalation import choose_escalation
 
     with _view(args, f"resume {args.run}") as view:
         try:
@@ -253,8 +284,10 @@ async def cmd_resume(args: argparse.Namespace) -> int:
                 args.run,
                 state_dir=args.state_dir,
                 policy=args.policy,
+                max_sessions=args.max_sessions,
+                escalate=choose_escalation(),
                 apply=args.apply,
-                on_event=view,
+                on_event=track_run(args, view),
             )
         except ResumeConflict as e:
             print(f"orchestrator: {e}", file=sys.stderr)

@@ -10,14 +10,13 @@ from typing import Any
 import trio
 from attrs import define, field
 
-from ..agent.elicitation import PolicyElicitationService
-from ..agent.permissions import Escalate, PolicyPermissionService
+from ..agent.branch_services import open_branch_services
+from ..agent.permissions import Escalate
 from ..agent.services import ClientServices
-from ..agent.terminals import open_terminal_service
 from ..agents import AgentSpec
 from ..policy import PolicySet
 from ..protocol import types as t
-from ..vfs import BranchFileSystem, Workdir
+from ..vfs import Workdir
 from ._branchio import BranchDirs
 from ._calls import jsonable, prompt_input, run_verify, update_event
 from ._recording import Recorder
@@ -48,8 +47,14 @@ class AgentTurns:
     specs: dict[str, AgentSpec] = field(factory=dict)
     #: agents as resolved, by how steps name them
     _resolved: dict[str, AgentSpec] = field(init=False, factory=dict)
+    #: a callback for every session update of every turn (the prompt command streams them)
+    on_update: Callable[[t.SessionUpdate], None] | None = None
+    #: the session services' replacement (permission, terminal, elicitation), if any
+    services: ClientServices | None = None
     #: policies by name, loaded once per run
     _policies: dict[str, PolicySet] = field(init=False, factory=dict)
+    #: the policy of each (step, agent), narrowed once per run
+    _scoped: dict[tuple[str, str], PolicySet] = field(init=False, factory=dict)
 
     def use(self, names: Sequence[str]) -> list[str]:
         """Resolve the agents a step names (once per run) and return their labels."""
@@ -64,14 +69,27 @@ class AgentTurns:
         return spec
 
     def policy_for(self, step: Step, spec: AgentSpec) -> PolicySet:
-        """The policy a turn of ``spec`` in ``step`` runs under."""
-        chosen = step.policy or spec.policy
-        if not chosen:
-            return self.policy
-        # loaded once per run: every step of the run sees the same rules
-        policy = self._policies.get(chosen)
+        """The policy a turn of ``spec`` in ``step`` runs under.
+
+        One mechanism: the step's policy and the agent's narrow the run's as scopes of it
+        (:meth:`PolicySet.narrowed`), tried step first, then agent, then the run's own rules.
+        """
+        key = (step.name, spec.name)
+        policy = self._scoped.get(key)
         if policy is None:
-            policy = self._policies[chosen] = self.load_policy(chosen)
+            policy = self.policy
+            if spec.policy:
+                policy = policy.narrowed(f"agent:{spec.name}", self._named(spec.policy))
+            if step.policy:
+                policy = policy.narrowed(f"step:{step.name}", self._named(step.policy))
+            self._scoped[key] = policy
+        return policy
+
+    def _named(self, name: str) -> PolicySet:
+        # loaded once per run: every step of the run sees the same rules
+        policy = self._policies.get(name)
+        if policy is None:
+            policy = self._policies[name] = self.load_policy(name)
         return policy
 
     async def turn(
@@ -88,8 +106,6 @@ class AgentTurns:
         """One turn of ``agent`` (a label from :meth:`use`) in ``workdir``, harvested after."""
         spec = self.specs[agent]
         policy = self.policy_for(step, spec)
-        permission = PolicyPermissionService(policy, escalate=self.escalate)
-        fs = BranchFileSystem(workdir)
         started = time.monotonic()
         budget = step.budget
         timeout = step.timeout
@@ -97,15 +113,11 @@ class AgentTurns:
             timeout = min(timeout or budget.max_seconds, budget.max_seconds)
         limit = budget.max_tokens if budget is not None else None
         over_budget: list[int] = []
-        async with open_terminal_service(
-            command_check=permission.check_command, on_exit=fs.on_terminal_exit
-        ) as terminals:
-            services = ClientServices(
-                fs=fs,
-                terminal=terminals,
-                permission=permission,
-                elicitation=PolicyElicitationService.from_policy(policy),
-            )
+        async with open_branch_services(
+            workdir, policy, escalate=self.escalate, replace=self.services
+        ) as made:
+            services = made.services
+            fs = made.fs
             async with self.pool.lease(
                 spec, cwd=workdir.root, services=services, step=name
             ) as lease:
@@ -116,9 +128,16 @@ class AgentTurns:
                     await session.set_model(step.model)
                 exceeded = trio.Event()
                 recorder = self.recorder
+                # a listener may decline per-update events (``wants_updates = False``): they
+                # cost the typed decoding of every update
                 listener = recorder.on_event
+                if listener is not None and not getattr(listener, "wants_updates", True):
+                    listener = None
+                hook = self.on_update
 
                 def on_update(update: t.SessionUpdate) -> None:
+                    if hook is not None:
+                        hook(update)
                     if listener is not None:
                         recorder.notify(update_event(self.run_id, step.name, key, agent, update))
                     if (
@@ -132,7 +151,7 @@ class AgentTurns:
 
                 # updates are only for the listener and the token budget: without either,
                 # the turn need not call back at all
-                wants_updates = listener is not None or limit is not None
+                wants_updates = listener is not None or limit is not None or hook is not None
                 if limit is None:
                     turn = await lease.prompt(
                         prompt_input(prompt),
@@ -189,7 +208,10 @@ class AgentTurns:
             agent_info={"name": info.name, "version": info.version} if info else None,
             session_id=lease.session.session_id,
             tool_calls=tuple(c.to_json() for c in turn.tool_calls.values()),
-            permissions=tuple(p.to_json() for p in permission.records),
+            permissions=tuple(
+                p.to_json()
+                for p in (made.permission.records if made.permission else turn.permissions)
+            ),
             usage=turn.usage_json(),
             changes=change_kinds(branch.base, branch.changes),
             diff=diffs[2],
@@ -197,4 +219,5 @@ class AgentTurns:
             error=error,
             wall_seconds=time.monotonic() - started,
             attempt=attempt,
+            turn=turn,
         )

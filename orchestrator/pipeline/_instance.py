@@ -116,11 +116,13 @@ class InstanceExecutor:
                 )
                 return True
             state.failures[key] = error
+            state.last[key] = e
             recorder.record(name, step, key, agent, "failed", attempt, started=started, error=error)
             recorder.emit(
                 RunEvent("step_failed", self.run_id, step.name, key, agent, {"error": error})
             )
             return False
+        state.last[key] = output
         if isinstance(output, StepResult) and not output.ok:
             state.failures[key] = output.error or "failed"
         else:

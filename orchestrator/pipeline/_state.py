@@ -73,6 +73,9 @@ class StepState:
     root_failure: str | None = None
     #: conflicts found merging the parents: (conflict JSON)
     conflicts: list[dict[str, Any]] = field(factory=list)
+    #: each instance's last outcome in this process, failed ones too: its result or value,
+    #: or the exception it raised (what a caller of a one-step run re-raises)
+    last: dict[str | None, Any] = field(factory=dict)
 
     def value(self) -> Any:
         """What a dependent receives."""

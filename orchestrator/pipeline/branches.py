@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import structlog
 
-from ..errors import OrchestratorError
+from ..errors import ResumeConflict
 from ..store import StoredChange
 from ..vfs import (
     Branch,
@@ -44,15 +44,6 @@ __all__ = [
 
 #: the change-set key of a run's final result (its merged sinks; a prompt's one branch)
 FINAL = "(final)"
-
-
-class ResumeConflict(OrchestratorError):
-    """Files a stored run changed were changed in the workspace since the run."""
-
-    def __init__(self, paths: Sequence[str]):
-        self.paths = tuple(paths)
-        listed = ", ".join(self.paths[:10]) + (" ..." if len(self.paths) > 10 else "")
-        super().__init__(f"the workspace changed since the run, in files the run changed: {listed}")
 
 
 def change_kinds(base: Tree, changes: Mapping[str, Change]) -> tuple[tuple[str, ChangeKind], ...]:

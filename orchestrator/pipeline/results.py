@@ -11,9 +11,12 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from attrs import field, frozen
+
+if TYPE_CHECKING:
+    from ..agent.turn import TurnResult
 
 __all__ = [
     "ChangeKind",
@@ -81,6 +84,8 @@ class StepResult:
     error: str | None = None
     wall_seconds: float = 0.0
     attempt: int = 1
+    #: the turn as the client saw it (typed), for callers in this process; not recorded
+    turn: TurnResult | None = field(default=None, eq=False, repr=False)
 
     @property
     def ok(self) -> bool:

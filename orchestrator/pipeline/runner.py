@@ -25,9 +25,11 @@ import trio
 from attrs import define, field
 
 from ..agent.permissions import Escalate
+from ..agent.services import ClientServices
 from ..agents import AgentSpec
 from ..errors import UsageError
 from ..policy import PolicySet
+from ..protocol import types as t
 from ..store import StepRecord
 from ..vfs import Branch, MergeResult, Snapshot, merge_branches
 from ._agent_step import AgentTurns
@@ -67,6 +69,10 @@ class PipelineRunner:
     #: instances already finished in an earlier attempt of this run: key -> (record, branch)
     reused: Mapping[str, tuple[StepRecord, Branch]] = field(factory=dict)
     parallel: int = 8
+    #: a callback for every session update of every agent turn
+    on_update: Callable[[t.SessionUpdate], None] | None = None
+    #: replaces the permission, terminal and elicitation services of every session
+    services: ClientServices | None = None
     states: dict[str, StepState] = field(factory=dict)
     #: what branch directories cost this run (see :meth:`statistics`)
     io: BranchIO = field(init=False, factory=BranchIO)
@@ -99,6 +105,8 @@ class PipelineRunner:
             load_policy=self.load_policy,
             escalate=self.escalate,
             verify=self.verify,
+            on_update=self.on_update,
+            services=self.services,
         )
         self._executor = InstanceExecutor(
             run_id=self.run_id,

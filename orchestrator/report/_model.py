@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 from attrs import frozen
 
-from ..errors import UsageError
+from ..errors import ReportError
 from ._diff import FileDiff, count_lines, parse_diff
 
 __all__ = [
@@ -31,10 +31,6 @@ __all__ = [
     "layers",
     "load",
 ]
-
-
-class ReportError(UsageError):
-    """The result cannot be rendered (not a result object) or the report cannot be written."""
 
 
 # --------------------------------------------------------------------------- tolerant readers

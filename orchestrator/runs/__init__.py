@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from .apply import ApplyOutcome, apply_run, apply_run_sync
 from .compare import compare, compare_sync
-from .prompt import PromptRun, load_policy, prompt, prompt_sync, recover
+from .prompt import PromptRun, prompt, prompt_sync
 from .recorded import diff_run, get_run_json, list_runs
 from .resume import resume_run, resume_run_sync
-from .run import RunOutcome, run_pipeline, run_pipeline_sync
+from .run import RunOutcome, recover, run_pipeline, run_pipeline_sync
 
 __all__ = [
     "ApplyOutcome",
@@ -25,7 +25,6 @@ __all__ = [
     "diff_run",
     "get_run_json",
     "list_runs",
-    "load_policy",
     "prompt",
     "prompt_sync",
     "recover",

@@ -9,12 +9,12 @@ from typing import Any
 import trio
 from attrs import frozen
 
-from ..errors import UsageError
-from ..pipeline.branches import FINAL, ResumeConflict, rebuild_branch
+from ..errors import ResumeConflict, UsageError
+from ..pipeline.branches import FINAL, rebuild_branch
 from ..state import state_directory
 from ..store import RunRecord, RunStore, open_run_store
 from ..vfs import Branch, Snapshot, Workspace, apply_changes_async, merge_branches
-from .prompt import recover
+from .run import recover
 
 __all__ = ["ApplyOutcome", "apply_run", "apply_run_sync"]
 

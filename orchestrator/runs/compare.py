@@ -17,7 +17,7 @@ from ..errors import UsageError
 from ..pipeline import Pipeline, Step
 from ..pipeline import step as step_decorator
 from .apply import apply_run
-from .run import RunOutcome, RunStatus, _agents, run_pipeline
+from .run import RunOutcome, RunStatus, run_pipeline
 
 log = structlog.get_logger(__name__)
 
@@ -74,7 +74,7 @@ async def compare(
     if len(agents) < 1:
         raise UsageError("compare needs at least one --agent")
     root = Path(cwd).absolute()
-    cfg = _agents(config, root)
+    cfg = config if config is not None else Config.load(root)
     specs = [cfg.resolve_agent(a) if isinstance(a, str) else a for a in agents]
     names = [s.name for s in specs]
     if len(set(names)) != len(names):

@@ -11,50 +11,29 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-import attrs
-import structlog
 import trio
 from attrs import frozen
 
-from ..agent.client import ClientOptions, open_agent
-from ..agent.elicitation import PolicyElicitationService
-from ..agent.permissions import Escalate, PolicyPermissionService
+from ..agent.client import ClientOptions
+from ..agent.permissions import Escalate
 from ..agent.services import ClientServices, PermissionRecord
-from ..agent.terminals import open_terminal_service
-from ..agent.transcript import TranscriptWriter
 from ..agent.turn import TurnResult
-from ..agents import AgentSpec, resolve_agent
-from ..errors import UsageError
+from ..agents import AgentSpec
+from ..config import Config
+from ..errors import OrchestratorError
+from ..pipeline import Pipeline, Step
+from ..pipeline import step as step_decorator
+from ..pipeline.results import RunEvent, StepResult
 from ..policy import PolicySet
 from ..protocol import types as t
-from ..state import state_directory
-from ..store import StoredChange
-from ..vfs import (
-    Branch,
-    BranchFileSystem,
-    Change,
-    ChangeSet,
-    Delete,
-    RecoveryReport,
-    Workspace,
-    WorkspaceChanged,
-    apply_changes_async,
-    git_patch,
-    materialize_async,
-    recover_applies,
-    unified_diff,
-)
+from .run import RunOutcome, launchable, run_pipeline, workspace_root
 
 ChangeKind = Literal["added", "modified", "deleted"]
 
-log = structlog.get_logger(__name__)
-
-__all__ = ["PromptRun", "load_policy", "prompt", "prompt_sync", "recover"]
+__all__ = ["PromptRun", "prompt", "prompt_sync"]
 
 
 @frozen
@@ -79,10 +58,15 @@ class PromptRun:
     diff: str = ""
     #: whether the changes were written to the workspace (``apply=True`` and no conflict)
     applied: bool = False
-    #: files the apply refused because they changed in the workspace during the run
+    #: files changed in the workspace during the run, so the changes were not applied; they
+    #: are kept in the run store (``orchestrator apply RUN`` once the workspace is settled)
     apply_conflicts: tuple[str, ...] = ()
     #: the run's directory in the state directory (it keeps ``changes.patch``)
     run_dir: str = ""
+    #: the run's status: succeeded, failed, conflicts or interrupted
+    status: str = "succeeded"
+    #: the command line's exit code for this run (see the README)
+    exit_code: int = 0
 
     @property
     def permissions(self) -> list[PermissionRecord]:
@@ -93,7 +77,9 @@ class PromptRun:
         """The ``--json`` object of ``orchestrator prompt``."""
         info = self.agent_info
         return {
+            "kind": "prompt",
             "runId": self.run_id,
+            "status": self.status,
             "sessionId": self.session_id,
             "agent": {
                 "name": self.agent.name,
@@ -124,16 +110,48 @@ class PromptRun:
         }
 
 
-def load_policy(policy: str | os.PathLike[str] | PolicySet | None) -> PolicySet:
-    """A policy from a preset name, a TOML file, or a ready :class:`PolicySet`.
+def prompt_pipeline(agent: str, timeout: float | None, idle_timeout: float | None) -> Pipeline:
+    """A prompt as a run: one agent step, named ``prompt``, whose prompt is the input ``text``."""
 
-    None is the empty policy: every request is rejected by the ``default`` rule.
-    """
-    if policy is None:
-        return PolicySet()
-    if isinstance(policy, PolicySet):
-        return policy
-    return PolicySet.load(os.fspath(policy))
+    def prompt(text: str) -> str:
+        return text
+
+    made: Step = step_decorator(agent=agent, timeout=timeout, idle_timeout=idle_timeout)(prompt)
+    return Pipeline.from_steps([made], name="prompt")
+
+
+def _implementation(info: Mapping[str, Any] | None) -> t.Implementation | None:
+    if not info:
+        return None
+    return t.Implementation(
+        name=str(info.get("name") or ""), version=str(info.get("version") or "")
+    )
+
+
+def _prompt_run(outcome: RunOutcome, last: Any, spec: AgentSpec, wall_seconds: float) -> PromptRun:
+    """The prompt's result, from the run's one step instance (its typed turn kept)."""
+    if isinstance(last, BaseException):
+        raise last
+    if not isinstance(last, StepResult) or last.turn is None:
+        raise OrchestratorError(f"run {outcome.run_id}: the prompt's turn left no result")
+    result = outcome.result
+    changes = tuple((str(c["path"]), c["change"]) for c in result.get("changes") or [])
+    unapplied = tuple(result.get("unapplied") or ())
+    return PromptRun(
+        run_id=outcome.run_id,
+        agent=spec,
+        agent_info=_implementation(last.agent_info),
+        session_id=last.session_id or "",
+        turn=last.turn,
+        wall_seconds=wall_seconds,
+        changes=changes,
+        diff=str(result.get("diff") or ""),
+        applied=bool(result.get("applied")),
+        apply_conflicts=unapplied,
+        run_dir=outcome.run_dir,
+        status=outcome.status,
+        exit_code=outcome.exit_code,
+    )
 
 
 async def prompt(
@@ -149,222 +167,69 @@ async def prompt(
     timeout: float | None = None,
     idle_timeout: float | None = None,
     on_update: Callable[[t.SessionUpdate], None] | None = None,
+    on_event: Callable[[RunEvent], None] | None = None,
     apply: bool = False,
     state_dir: str | os.PathLike[str] | None = None,
+    config: Config | None = None,
 ) -> PromptRun:
-    """Start ``agent`` on a branch of ``cwd``, run one turn with ``text``, shut it down.
+    """Run one turn of ``agent`` with ``text`` on a branch of ``cwd``: a one-step run.
 
-    The agent works in its own copy of the workspace (a VFS branch materialized under the state
-    directory): what it writes through ``fs/*``, on disk itself or with terminal commands is
-    harvested into the branch; the workspace is written only when ``apply`` is true, all or
-    nothing, and only if the touched files did not change meanwhile. The changes are also kept
-    as a git-applicable ``changes.patch`` in the run directory.
+    The agent is resolved through the config (``config``, else the user's and ``cwd``'s
+    ``.orchestrator.toml`` over the built-in table), started through the supervisor, and works
+    in its own copy of the workspace (a VFS branch materialized under the state directory):
+    what it writes through ``fs/*``, on disk itself or with terminal commands is harvested into
+    the branch. The run is recorded in the run store before anything is applied; the workspace
+    is written only when ``apply`` is true, all or nothing, and only if the touched files did
+    not change meanwhile (else the changes stay recorded: ``apply_conflicts`` lists the files,
+    and :func:`~orchestrator.runs.apply_run` applies them later). The changes are also kept as
+    a git-applicable ``changes.patch`` in the run directory.
 
     Permission requests are answered by ``policy`` (a preset name, a TOML file or a
     :class:`PolicySet`; default: reject everything), with ``escalate`` called for ``ask``
     verdicts. The agent gets real terminals (in its branch directory) whose commands the same
     policy vets. Passing ``services`` replaces the permission, terminal and elicitation services
-    (the fs service of the branch is always installed).
+    (the fs service of the branch is always installed). If the agent cannot be started or its
+    turn fails, the error is raised after the run is recorded as failed.
     """
-    spec = resolve_agent(agent) if isinstance(agent, str) else agent
+    root = workspace_root(cwd)
+    cfg = config if config is not None else await trio.to_thread.run_sync(Config.load, root)
+    spec = cfg.resolve_agent(agent) if isinstance(agent, str) else agent
     spec = spec.resolved(os.getcwd())  # the agent runs elsewhere: its branch directory
-    root = Path(cwd).absolute()
-    if not root.is_dir():
-        raise UsageError(f"--cwd {root} is not a directory")
-    policy_set = load_policy(policy)
-    state = state_directory(state_dir)
-    await recover(state)
-    run_id = uuid.uuid4().hex[:12]
-    run_dir = state / "runs" / run_id
-    writer = TranscriptWriter(transcript, agent=spec.name) if transcript else None
+    launchable(spec)  # as every run checks its agents: before anything starts
+    cfg = Config(
+        agents={**cfg.agents, spec.name: spec}, max_sessions=cfg.max_sessions, sources=cfg.sources
+    )
     started = time.monotonic()
-    snapshot = await trio.to_thread.run_sync(Workspace.open(root).snapshot)
-    branch = Branch.from_tree(snapshot, spec.name)
-    workdir = await materialize_async(branch, run_dir / "branches" / _safe_name(spec.name))
-    fs = BranchFileSystem(workdir)
-    permission = PolicyPermissionService(policy_set, escalate=escalate)
-    try:
-        # the terminal vets commands with the same service, so a command a human approved
-        # runs; after each command, what it changed on disk is harvested into the branch
-        async with open_terminal_service(
-            command_check=permission.check_command, on_exit=fs.on_terminal_exit
-        ) as terminals:
-            base = services or ClientServices(
-                terminal=terminals,
-                permission=permission,
-                elicitation=PolicyElicitationService.from_policy(policy_set),
-            )
-            installed = ClientServices(
-                fs=fs,
-                terminal=base.terminal,
-                permission=base.permission,
-                elicitation=base.elicitation,
-            )
-            async with open_agent(
-                list(spec.command),
-                name=spec.name,
-                cwd=workdir.root,
-                env=dict(spec.env) or None,
-                services=installed,
-                options=options,
-                transcript=writer,
-            ) as conn:
-                session = await conn.new_session(workdir.root)
-                result = await session.prompt(
-                    text, timeout=timeout, idle_timeout=idle_timeout, on_update=on_update
-                )
-                info = conn.agent_info
-        await fs.harvest(full=True)
-        kept = await trio.to_thread.run_sync(_stored, branch)  # before an apply moves the base
-        run = await _finish(
-            PromptRun(
-                run_id=run_id,
-                agent=spec,
-                agent_info=info,
-                session_id=session.session_id,
-                turn=result,
-                wall_seconds=time.monotonic() - started,
-                run_dir=str(run_dir),
-            ),
-            branch,
-            state,
-            apply,
-        )
-        await _record(run, kept, state, root, text)
-        return run
-    finally:
-        with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(workdir.remove)
+    made: list[PromptRun] = []
 
+    def finish(outcome: RunOutcome) -> Mapping[str, Any]:
+        last = outcome.outcomes.get("prompt", {}).get(None)
+        run = _prompt_run(outcome, last, spec, time.monotonic() - started)
+        made.append(run)
+        return {**outcome.result, **run.to_json()}
 
-async def recover(state_dir: str | os.PathLike[str] | None = None) -> list[RecoveryReport]:
-    """Complete or roll back applies that a crash interrupted (run before any new work)."""
-    reports = await trio.to_thread.run_sync(recover_applies, state_directory(state_dir))
-    for report in reports:
-        log.warning(
-            "interrupted apply recovered",
-            action=report.action,
-            journal=report.journal,
-            paths=list(report.paths),
-        )
-    return reports
-
-
-async def _finish(run: PromptRun, branch: Branch, state: Path, apply: bool) -> PromptRun:
-    """Record the branch's changes on the run; apply them when asked."""
-    changes = branch.changes
-    if not changes:
-        return run
-    kinds = tuple((path, _change_kind(branch, path, changes[path])) for path in changes)
-    applied: bool = False
-    refused: tuple[str, ...] = ()
-    try:
-        diff, patch = unified_diff(branch), git_patch(branch)
-    except WorkspaceChanged as e:
-        # someone edited files the agent changed too: their base is gone, so those files
-        # cannot be diffed or applied; the rest still can be shown
-        refused = e.paths
-        rest = {path: change for path, change in changes.items() if path not in e.paths}
-        diff, patch = unified_diff(branch, rest), git_patch(branch, rest)
-        log.warning("workspace changed during the run", files=list(refused))
-    await trio.to_thread.run_sync(Path(run.run_dir, "changes.patch").write_bytes, patch)
-    if apply and not refused:
-        outcome = await apply_changes_async(branch, state_dir=state)
-        applied = outcome.applied
-        refused = tuple(c.path for c in outcome.conflicts)
-    return attrs.evolve(run, changes=kinds, diff=diff, applied=applied, apply_conflicts=refused)
-
-
-def _stored(branch: Branch) -> tuple[list[StoredChange], str]:
-    """The branch's changes as the run store keeps them, and their diff.
-
-    Files changed in the workspace during the run are left out: their base is gone.
-    """
-    from ..pipeline.branches import diff_of, stored_changes
-
-    net = branch.net_changes()
-    try:
-        return stored_changes(branch.root, net), diff_of(branch, net)
-    except WorkspaceChanged as e:
-        rest = {p: c for p, c in net.items() if p not in e.paths}
-        return stored_changes(branch.root, rest), diff_of(branch, ChangeSet.of(rest))
-
-
-async def _record(
-    run: PromptRun, kept: tuple[list[StoredChange], str], state: Path, root: Path, text: str
-) -> None:
-    """Keep the run in the run store, so ``runs``, ``show``, ``diff`` and ``apply`` know it."""
-    result = run.to_json()
-    if run.apply_conflicts:
-        status = "conflicts"
-    else:
-        status = "succeeded" if run.turn.stop_reason == "end_turn" else "failed"
-    now = time.time()
-    # the changes may be applied already: the record must not be left half written
-    with trio.CancelScope(shield=True):
-        await _write_record(state, run, kept, status, now, root, text, result)
-
-
-async def _write_record(
-    state: Path,
-    run: PromptRun,
-    kept: tuple[list[StoredChange], str],
-    status: str,
-    now: float,
-    root: Path,
-    text: str,
-    result: dict[str, Any],
-) -> None:
-    from ..pipeline.branches import FINAL
-    from ..store import AddPermissions, PutChanges, PutStep, RunRecord, StepRecord, open_run_store
-
-    async with open_run_store(state) as store:
-        await store.create_run(
-            RunRecord(
-                run_id=run.run_id,
-                kind="prompt",
-                status=status,
-                created=now - run.wall_seconds,
-                finished=now,
-                cwd=str(root),
-                inputs={"text": text, "agent": run.agent.name},
-                result=result,
-                applied=now if run.applied else None,
-            )
-        )
-        step = PutStep(
-            StepRecord(
-                run_id=run.run_id,
-                key="prompt",
-                step="prompt",
-                instance=None,
-                agent=run.agent.name,
-                status="succeeded" if status != "failed" else "failed",
-                started=now - run.wall_seconds,
-                finished=now,
-                session_id=run.session_id,
-                result=result,
-                usage=result.get("usage"),
-            )
-        )
-        audit = [p.to_json() for p in run.turn.permissions]
-        await store.write_many(
-            [
-                step,
-                PutChanges(run.run_id, FINAL, kept[0], kept[1]),
-                *([AddPermissions(run.run_id, "prompt", audit)] if audit else []),
-            ]
-        )
-
-
-def _change_kind(branch: Branch, path: str, change: Change) -> ChangeKind:
-    if isinstance(change, Delete):
-        return "deleted"
-    return "modified" if branch.root.exists(path) else "added"
-
-
-def _safe_name(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "agent"
+    await run_pipeline(
+        prompt_pipeline(spec.name, timeout, idle_timeout),
+        {"text": text},
+        cwd=root,
+        policy=policy,
+        escalate=escalate,
+        config=cfg,
+        apply=apply,
+        on_event=on_event,
+        on_update=on_update,
+        state_dir=state_dir,
+        transcript=transcript,
+        options=options,
+        services=services,
+        _kind="prompt",
+        # recorded before the run starts, so an interrupted prompt can be resumed
+        _extra_options={
+            "prompt": {"agent": spec.name, "timeout": timeout, "idleTimeout": idle_timeout}
+        },
+        _finish_result=finish,
+    )
+    return made[0]
 
 
 def prompt_sync(agent: str | AgentSpec, text: str, **kwargs: Any) -> PromptRun:

@@ -116,9 +116,10 @@ async def get_run_json(
         "finished": record.finished,
         "applied": record.applied is not None,
     }
-    if record.kind == "prompt":
-        # a prompt's result is its --json object, kept whole
-        return {**dict(record.result or {}), **result, "conflicts": []}
+    if record.kind == "prompt" and record.result:
+        # a finished prompt's result is its --json object, kept whole; an unfinished one (a
+        # crash, an interruption) reads like the one-step run it is
+        return {**dict(record.result), **result, "conflicts": []}
     if record.kind == "compare":
         compare_info = options.get("compare") or {}
         verify = (options.get("verify") or {}).get("compare")

@@ -8,12 +8,16 @@ from typing import Any
 import structlog
 import trio
 
+from ..config import Config
 from ..errors import UsageError
 from ..pipeline import load_pipeline
+from ..policy import PolicySet
 from ..state import state_directory
 from ..store import open_run_store
 from .compare import _compare_config, _compare_pipeline
+from .prompt import prompt_pipeline
 from .run import RunOutcome, run_pipeline
+from .settings import restore_settings
 
 log = structlog.get_logger(__name__)
 
@@ -24,40 +28,63 @@ async def resume_run(
     run_id: str,
     *,
     state_dir: str | os.PathLike[str] | None = None,
+    policy: str | os.PathLike[str] | PolicySet | None = None,
+    max_sessions: int | None = None,
+    config: Config | None = None,
     **kwargs: Any,
 ) -> RunOutcome:
     """Run ``run_id`` again: finished instances are reused with their branches, the rest re-run.
 
-    Refused (:class:`~orchestrator.pipeline.branches.ResumeConflict`, exit 3 on the command line)
-    if the workspace changed since in files the finished steps changed.
+    The run goes on as it was started: its recorded policy (rules, not a name to look up
+    again), session limit and agent table are restored (secret environment values are read
+    again from the config or the environment). ``policy`` and ``max_sessions`` replace the
+    recorded ones; the result's ``restored`` says what was restored and what was replaced.
+    Refused (:class:`~orchestrator.errors.ResumeConflict`) if the workspace changed since in
+    files the finished steps changed.
     """
     state = state_directory(state_dir)
     async with open_run_store(state) as store:
         record = await store.get_run(run_id)
     if record.status == "running":
         log.warning("resuming a run still marked running", run=record.run_id)
+    options = dict(record.options)
+    base = config if config is not None else await trio.to_thread.run_sync(Config.load, record.cwd)
+    restored = restore_settings(
+        options.get("settings"), base, policy=policy, max_sessions=max_sessions
+    )
     if record.kind == "compare":
-        info = dict(record.options).get("compare") or {}
+        info = options.get("compare") or {}
         names = list(info.get("agents") or [])
         pipe = _compare_pipeline(
             str(info.get("task", "")), names, info.get("timeout"), info.get("idle_timeout")
         )
-        kwargs.setdefault("verify", dict(record.options).get("verify") or {})
-        if "config" not in kwargs:
-            kwargs["config"] = _compare_config(record.cwd, names, info.get("commands") or {})
+        kwargs.setdefault("verify", options.get("verify") or {})
+        if "settings" not in options:  # recorded before settings were kept
+            base = _compare_config(record.cwd, names, info.get("commands") or {})
+    elif record.kind == "prompt":
+        info = options.get("prompt") or {}
+        if not info.get("agent"):
+            raise UsageError(f"run {record.run_id} does not record its agent")
+        pipe = prompt_pipeline(str(info["agent"]), info.get("timeout"), info.get("idleTimeout"))
     else:
         if not record.pipeline:
             raise UsageError(f"run {record.run_id} has no pipeline to resume")
         pipe = load_pipeline(record.pipeline)
         if pipe.digest != record.pipeline_digest:
             log.warning("the pipeline file changed since the run", pipeline=record.pipeline)
+    said = restored.to_json()
+    if restored.restored or restored.overridden:
+        log.info("resume settings", **said)
     return await run_pipeline(
         pipe,
         dict(record.inputs),
         cwd=record.cwd,
         state_dir=state,
-        _kind="compare" if record.kind == "compare" else "pipeline",
+        config=base,
+        _kind=record.kind if record.kind in ("compare", "prompt") else "pipeline",
         _resume=record.run_id,
+        _settings_restored=restored.settings,
+        _finish_result=lambda outcome: {**outcome.result, "restored": said},
         **kwargs,
     )
 

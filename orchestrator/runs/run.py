@@ -23,12 +23,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+import attrs
 import structlog
 import trio
-from attrs import frozen
+from attrs import field, frozen
 
 from ..agent.client import ClientOptions
 from ..agent.permissions import Escalate
+from ..agent.services import ClientServices
 from ..agents import AgentSpec
 from ..config import Config
 from ..errors import UsageError
@@ -44,18 +46,29 @@ from ..pipeline.branches import (
 from ..pipeline.results import RunEvent
 from ..pipeline.runner import AgentPool, PipelineRunner
 from ..policy import PolicySet
+from ..protocol import types as t
 from ..state import state_directory
 from ..store import RunRecord, RunStore, StepRecord, open_run_store
 from ..supervisor import Connector, Limits, open_supervisor
-from ..vfs import Branch, Snapshot, Workspace, apply_changes_async, git_patch, merge_branches
-from .prompt import load_policy, recover
+from ..vfs import (
+    Branch,
+    RecoveryReport,
+    Snapshot,
+    Workspace,
+    apply_changes_async,
+    git_patch,
+    merge_branches,
+    recover_applies,
+)
 from .recorded import get_run_json
+from .settings import RunSettings, policy_source
 
-__all__ = ["RunOutcome", "run_pipeline", "run_pipeline_sync"]
+__all__ = ["RunOutcome", "recover", "run_pipeline", "run_pipeline_sync", "workspace_root"]
 
 log = structlog.get_logger(__name__)
 
 RunStatus = Literal["succeeded", "failed", "conflicts", "interrupted"]
+RunKind = Literal["prompt", "pipeline", "compare"]
 
 
 @frozen
@@ -68,6 +81,12 @@ class RunOutcome:
     result: Mapping[str, Any]
     #: the run's directory in the state directory
     run_dir: str
+    #: each succeeded step's value as this process saw it (a :class:`StepResult`, a
+    #: :class:`Results` of a fanned-out step, a Python step's return value); not recorded
+    values: Mapping[str, Any] = field(factory=dict, eq=False, repr=False)
+    #: each step's instances' last outcomes in this process, failed ones too: by step, then
+    #: by instance key (None for a step that does not fan out), a result, value or exception
+    outcomes: Mapping[str, Mapping[str | None, Any]] = field(factory=dict, eq=False, repr=False)
 
     @property
     def exit_code(self) -> int:
@@ -83,7 +102,7 @@ class RunOutcome:
         return self.result.get("steps") or {}
 
 
-def _launchable(spec: AgentSpec) -> AgentSpec:
+def launchable(spec: AgentSpec) -> AgentSpec:
     """``spec``, if its program can be found; else a UsageError saying how to install it."""
     if not spec.resolved(os.getcwd()).executable_found():
         hint = f" (install: {spec.install})" if spec.install else ""
@@ -91,8 +110,49 @@ def _launchable(spec: AgentSpec) -> AgentSpec:
     return spec
 
 
-def _agents(config: Config | None, cwd: Path) -> Config:
-    return config if config is not None else Config.load(cwd)
+def workspace_root(cwd: str | os.PathLike[str]) -> Path:
+    """``cwd`` as an absolute path, if it is a directory (the workspace of a run)."""
+    root = Path(cwd).absolute()
+    if not root.is_dir():
+        raise UsageError(f"workspace {root} is not a directory")
+    return root
+
+
+async def recover(state_dir: str | os.PathLike[str] | None = None) -> list[RecoveryReport]:
+    """Complete or roll back applies that a crash interrupted (run before any new work)."""
+    reports = await trio.to_thread.run_sync(recover_applies, state_directory(state_dir))
+    for report in reports:
+        log.warning(
+            "interrupted apply recovered",
+            action=report.action,
+            journal=report.journal,
+            paths=list(report.paths),
+        )
+    return reports
+
+
+def _settings(
+    pipe: Pipeline,
+    cfg: Config,
+    policy: str | os.PathLike[str] | PolicySet | None,
+    max_sessions: int | None,
+    restored: RunSettings | None,
+) -> RunSettings:
+    """The run's settings, resolved once before any agent starts (or as a resume restored
+    them): the policy, the policies its steps and agents name, the limit, the agent table."""
+    agents = {name: cfg.resolve_agent(name) for step in pipe.steps.values() for name in step.agents}
+    if restored is None:
+        base = RunSettings(
+            policy=PolicySet.resolve(policy),
+            policy_source=policy_source(policy),
+            max_sessions=max_sessions or cfg.max_sessions or 8,
+        )
+    else:
+        base = restored
+    names = [s.policy for s in pipe.steps.values() if s.policy]
+    names += [spec.policy for spec in agents.values() if spec.policy]
+    named = {name: base.load_policy(name) for name in dict.fromkeys(names)}
+    return attrs.evolve(base, named_policies=named, agents={**base.agents, **agents})
 
 
 async def run_pipeline(
@@ -106,37 +166,51 @@ async def run_pipeline(
     max_sessions: int | None = None,
     apply: bool = False,
     on_event: Callable[[RunEvent], None] | None = None,
+    on_update: Callable[[t.SessionUpdate], None] | None = None,
     state_dir: str | os.PathLike[str] | None = None,
     transcript: str | os.PathLike[str] | None = None,
     connector: Connector | None = None,
     pool: AgentPool | None = None,
     verify: Mapping[str, str] | None = None,
     options: ClientOptions | None = None,
-    _kind: Literal["pipeline", "compare"] = "pipeline",
+    services: ClientServices | None = None,
+    _kind: RunKind = "pipeline",
     _resume: str | None = None,
+    _settings_restored: RunSettings | None = None,
     _extra_options: Mapping[str, Any] | None = None,
+    _finish_result: Callable[[RunOutcome], Mapping[str, Any]] | None = None,
 ) -> RunOutcome:
     """Run ``pipeline`` (a file or a :class:`Pipeline`) on branches of ``cwd``.
 
-    The whole graph, its inputs and its agents are checked before any agent starts. Steps
-    run as soon as their dependencies are done, within ``max_sessions`` live sessions (default:
-    the config's, else 8). Nothing is written to ``cwd`` unless ``apply`` is true and the run
-    succeeded; the changes stay in the run store for :func:`apply_run`.
+    This is the one way every run goes (a prompt and a comparison are one-step pipelines):
+    the whole graph, its inputs, its agents and its policies are checked, and the run store
+    opened and checked, before any agent starts; the settings are recorded with the run.
+    Steps run as soon as their dependencies are done, within ``max_sessions`` live sessions
+    (default: the config's, else 8), each agent through the supervisor, each session with the
+    services of its branch. Permission requests are answered by ``policy`` (a preset name, a
+    TOML file or a :class:`PolicySet`; default: reject everything), ``escalate`` answering its
+    ``ask`` verdicts; ``services`` replaces the sessions' permission, terminal and elicitation
+    services. ``on_event`` sees the run's events, ``on_update`` every session update.
+
+    The run's changes are recorded before anything is applied. Nothing is written to ``cwd``
+    unless ``apply`` is true and the run succeeded; the changes stay in the run store for
+    :func:`~orchestrator.runs.apply_run`.
     """
-    root = Path(cwd).absolute()
-    if not root.is_dir():
-        raise UsageError(f"--cwd {root} is not a directory")
+    root = workspace_root(cwd)
     pipe = pipeline if isinstance(pipeline, Pipeline) else load_pipeline(pipeline)
     values = pipe.check_inputs(inputs or {})
-    cfg = _agents(config, root)
+    cfg = config if config is not None else Config.load(root)
+    if _settings_restored is not None:
+        cfg = _settings_restored.config(cfg)
     if pool is None and connector is None:
-        pipe.check_agents(lambda name: _launchable(cfg.resolve_agent(name)))
+        pipe.check_agents(lambda name: launchable(cfg.resolve_agent(name)))
     else:  # agents come from elsewhere: only their names must resolve
         pipe.check_agents(cfg.resolve_agent)
-    policy_set = load_policy(policy)
+    settings = _settings(pipe, cfg, policy, max_sessions, _settings_restored)
+    cfg = settings.config(cfg)
     state = state_directory(state_dir)
     await recover(state)
-    limit = max_sessions or cfg.max_sessions or 8
+    limit = settings.max_sessions
     async with open_run_store(state) as store:
         reused: dict[str, tuple[StepRecord, Branch]] = {}
         snapshot = await trio.to_thread.run_sync(Workspace.open(root).snapshot)
@@ -153,9 +227,10 @@ async def run_pipeline(
                 inputs=_json_inputs(values),
                 options={
                     "graph": pipe.to_json(),
-                    "policy": _policy_name(policy),
+                    "policy": settings.policy_source,
                     "verify": dict(verify or {}),
                     "maxSessions": limit,
+                    "settings": settings.to_json(),
                     **dict(_extra_options or {}),
                 },
             )
@@ -191,9 +266,12 @@ async def run_pipeline(
                     pool=pool or supervisor,
                     resolve_agent=cfg.resolve_agent,
                     run_dir=run_dir,
-                    policy=policy_set,
+                    policy=settings.policy,
+                    load_policy=settings.load_policy,
                     escalate=escalate,
                     on_event=on_event,
+                    on_update=on_update,
+                    services=services,
                     verify=dict(verify or {}),
                     reused=reused,
                     parallel=limit,
@@ -222,10 +300,22 @@ async def run_pipeline(
             # instances finished in an earlier attempt and reused by this resume
             "reused": sorted(reused),
         }
-        await store.update_run(run_id, result=result)
+        outcome = RunOutcome(
+            run_id,
+            status,
+            result,
+            str(run_dir),
+            values={
+                name: s.value() for name, s in runner.states.items() if s.status == "succeeded"
+            },
+            outcomes={name: dict(s.last) for name, s in runner.states.items()},
+        )
+        if _finish_result is not None:
+            outcome = attrs.evolve(outcome, result=_finish_result(outcome))
+        await store.update_run(run_id, result=dict(outcome.result))
         if on_event is not None:
             on_event(RunEvent("run_finished", run_id, data={"status": status}))
-        return RunOutcome(run_id, status, result, str(run_dir))
+        return outcome
 
 
 async def _conclude(
@@ -239,7 +329,7 @@ async def _conclude(
     if failed:
         status = "conflicts" if len(conflicted) == len(failed) else "failed"
     final: Branch | None = None
-    if kind == "pipeline":
+    if kind != "compare":  # a comparison's branches are alternatives, never merged
         sinks = [b for name in runner.pipeline.sinks() for b in states[name].branches]
         if len(sinks) == 1:
             final = sinks[0]

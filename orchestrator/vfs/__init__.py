@@ -9,7 +9,8 @@ Agents change files in two ways: through the client (``fs/write_text_file``) and
   :class:`ChangeSet`; fork it from a snapshot, another branch, or a merge;
 - :func:`materialize` gives a branch a real working directory (:class:`Workdir`, the agent's
   ``cwd``), and :meth:`Workdir.harvest` records what changed on disk into the branch;
-- :class:`BranchFileSystem` serves ``fs/*`` requests for one branch;
+- the ACP ``fs/*`` service over a branch lives with the agent side
+  (:class:`orchestrator.agent.branchfs.BranchFileSystem`);
 - :func:`merge_branches` merges branches three-way per file, reporting :class:`Conflict` values
   and resolving them only as the :class:`ConflictStrategy` says; a :class:`ConflictWatch` emits an
   :class:`EarlyWarning` as soon as two live branches touch the same path;
@@ -25,7 +26,7 @@ Typical use::
     a = Branch.from_tree(snap, "claude", watch=watch)
     b = Branch.from_tree(snap, "codex", watch=watch)
     wd = materialize(a, state_dir / "branches" / "claude")   # the agent's cwd
-    services = ClientServices(fs=BranchFileSystem(wd))         # per session, per branch
+    services = ClientServices(fs=BranchFileSystem(wd))         # agent.branchfs, per branch
     ...                                        # after every turn / terminal command:
     wd.harvest()                               # (or await wd.harvest_async())
     a.close(); b.close()
@@ -73,7 +74,6 @@ from .merge import (
     merge_branches_async,
     merge_file,
 )
-from .service import BranchFileSystem, BranchRouter
 from .snapshot import Snapshot, StatInfo, Workspace
 from .tree import Layer, MemoryTree, Tree
 from .watch import ConflictWatch, EarlyWarning
@@ -84,8 +84,6 @@ __all__ = [
     "ApplyError",
     "ApplyResult",
     "Branch",
-    "BranchFileSystem",
-    "BranchRouter",
     "Change",
     "ChangeSet",
     "Conflict",

@@ -1,7 +1,7 @@
 """Errors of the virtual filesystem.
 
 All derive from :class:`VfsError` (an :class:`~orchestrator.errors.OrchestratorError`). The fs
-service (:mod:`orchestrator.vfs.service`) translates them into JSON-RPC errors at its boundary.
+service (:mod:`orchestrator.agent.branchfs`) translates them into JSON-RPC errors at its boundary.
 """
 
 from __future__ import annotations

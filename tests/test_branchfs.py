@@ -1,4 +1,4 @@
-"""Tests for orchestrator.vfs.service: fs/read_text_file and fs/write_text_file over a branch."""
+"""Tests for orchestrator.agent.branchfs: fs/read_text_file and fs/write_text_file over a branch."""
 
 from __future__ import annotations
 
@@ -13,6 +13,12 @@ import trio
 from fakes import lock_held_by_another_thread
 from structlog.testing import capture_logs
 
+from orchestrator.agent.branchfs import (
+    NOWAIT_MAX_BYTES,
+    BranchFileSystem,
+    BranchRouter,
+    select_lines,
+)
 from orchestrator.agent.services import (
     ClientServices,
     FileSystemService,
@@ -24,7 +30,6 @@ from orchestrator.protocol import types as t
 from orchestrator.vfs.branch import Branch
 from orchestrator.vfs.changes import Write
 from orchestrator.vfs.checkout import materialize
-from orchestrator.vfs.service import NOWAIT_MAX_BYTES, BranchFileSystem, BranchRouter, select_lines
 from orchestrator.vfs.snapshot import Workspace
 from orchestrator.vfs.testing import capture, make_tree
 from orchestrator.vfs.workdir import Workdir

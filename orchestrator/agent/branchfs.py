@@ -1,6 +1,7 @@
 """The ACP fs service over a branch: ``fs/read_text_file`` and ``fs/write_text_file``.
 
-One :class:`BranchFileSystem` serves one branch through its :class:`~orchestrator.vfs.Workdir`:
+One :class:`BranchFileSystem` serves one branch through its :class:`~orchestrator.vfs.Workdir`
+(the adapter lives with the agent side it serves):
 construct it per branch and install it for the session(s) working on that branch, e.g.
 ``ClientServices(fs=BranchFileSystem(workdir))`` as the session's services, so a session id maps
 to its branch by construction. Where one service must serve a whole connection, a
@@ -26,12 +27,12 @@ import trio
 from attrs import define, field
 
 from ..errors import InvalidParams, JsonRpcError, ResourceNotFound
-from .errors import PathNotFound, PathRefused
-from .workdir import HarvestReport, Workdir
+from ..vfs.errors import PathNotFound, PathRefused
+from ..vfs.workdir import HarvestReport, Workdir
 
 if TYPE_CHECKING:
-    from ..agent.services import SessionContext
     from ..protocol import types as t
+    from .services import SessionContext
 
 __all__ = ["NOWAIT_MAX_BYTES", "BranchFileSystem", "BranchRouter"]
 

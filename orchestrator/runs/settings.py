@@ -1,0 +1,193 @@
+"""What a run was started with: its policy, limits and agents, recorded and restored on resume.
+
+A run records its :class:`RunSettings` before any agent starts: the resolved policy's rules
+(presets spelled out; policies named by steps and agents too), the session limit, the turn
+limits and the agent table. Environment values whose names look secret are never stored: the
+name is, and the value is read again (from the config, else the environment) when the run is
+resumed. :func:`restore_settings` rebuilds the settings from the record; options given to the
+resume replace what they name, and the result says what was restored and what was overridden.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import structlog
+from attrs import field, frozen
+
+from ..agents import AgentSpec
+from ..config import Config
+from ..policy import PolicySet
+
+__all__ = ["RunSettings", "restore_settings"]
+
+log = structlog.get_logger(__name__)
+
+_REDACTED = "<redacted>"
+
+
+@frozen
+class RunSettings:
+    """The resolved options of a run, as recorded."""
+
+    #: the run's policy, resolved once
+    policy: PolicySet = field(factory=PolicySet)
+    #: how the policy was given: a preset name, a file, ``library`` (a PolicySet), or None
+    policy_source: str | None = None
+    #: policies named by steps and agents (preset names or files), resolved once
+    named_policies: Mapping[str, PolicySet] = field(factory=dict)
+    #: live sessions at once
+    max_sessions: int = 8
+    #: the agent table the run resolves its agents from (labels and names as steps give them)
+    agents: Mapping[str, AgentSpec] = field(factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The settings as the run store keeps them (no secret values)."""
+        return {
+            "policy": self.policy.to_mapping(),
+            "policySource": self.policy_source,
+            "namedPolicies": {k: p.to_mapping() for k, p in self.named_policies.items()},
+            "maxSessions": self.max_sessions,
+            "agents": {name: spec.to_json(redact=True) for name, spec in self.agents.items()},
+        }
+
+    def load_policy(self, name: str) -> PolicySet:
+        """A policy named by a step or an agent: as recorded, else loaded now."""
+        found = self.named_policies.get(name)
+        return found if found is not None else PolicySet.load(name)
+
+    def config(self, base: Config) -> Config:
+        """``base`` with this run's agent table on top."""
+        return Config(
+            agents={**base.agents, **self.agents},
+            max_sessions=base.max_sessions,
+            sources=base.sources,
+        )
+
+
+def _spec_from_json(
+    data: Mapping[str, Any], current: AgentSpec | None, environ: Mapping[str, str]
+) -> tuple[AgentSpec, list[str]]:
+    """A recorded agent spec, secrets read again; and the secret names that could not be."""
+    env: dict[str, str] = {}
+    missing: list[str] = []
+    for key, value in dict(data.get("env") or {}).items():
+        if value != _REDACTED:
+            env[key] = str(value)
+        elif current is not None and key in current.env:
+            env[key] = current.env[key]
+        elif key in environ:
+            env[key] = environ[key]
+        else:
+            missing.append(key)
+    spec = AgentSpec(
+        str(data["name"]),
+        tuple(data["command"]),
+        env,
+        description=str(data.get("description") or ""),
+        install=str(data.get("install") or ""),
+        sessions_per_process=data.get("sessionsPerProcess"),
+        startup_timeout=float(data.get("startupTimeout") or 120.0),
+        auth_method=data.get("authMethod"),
+        policy=data.get("policy"),
+        max_sessions=data.get("maxSessions"),
+        max_restarts=int(data.get("maxRestarts", 3)),
+        cwd=data.get("cwd"),
+        writes=data.get("writes") or "unknown",
+        notes=str(data.get("notes") or ""),
+    )
+    return spec, missing
+
+
+@frozen
+class Restored:
+    """What :func:`restore_settings` restored, for the user to see."""
+
+    settings: RunSettings
+    #: what came from the record: ``policy``, ``maxSessions``, ``agents``
+    restored: tuple[str, ...] = ()
+    #: what the resume's own options replaced
+    overridden: tuple[str, ...] = ()
+    #: secret environment variables recorded by name that are set nowhere now
+    missing_secrets: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "restored": list(self.restored),
+            "overridden": list(self.overridden),
+            "policy": s.policy_source,
+            "policyRules": s.policy.describe(),
+            "maxSessions": s.max_sessions,
+            "agents": sorted(s.agents),
+            "missingSecrets": list(self.missing_secrets),
+        }
+
+
+def restore_settings(
+    recorded: Mapping[str, Any] | None,
+    config: Config,
+    *,
+    policy: str | os.PathLike[str] | PolicySet | None = None,
+    max_sessions: int | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Restored:
+    """The settings of a recorded run, with ``policy`` and ``max_sessions`` replacing theirs.
+
+    A run recorded before settings were kept (no ``recorded``) restores nothing: the resume's
+    options and the config decide, as for a new run.
+    """
+    env = os.environ if environ is None else environ
+    restored: list[str] = []
+    overridden: list[str] = []
+    data = dict(recorded or {})
+    if policy is not None:
+        policy_set, source = PolicySet.resolve(policy), policy_source(policy)
+        overridden.append("policy")
+    elif "policy" in data:
+        policy_set = PolicySet.from_mapping(data["policy"], source="the recorded policy")
+        source = data.get("policySource")
+        restored.append("policy")
+    else:
+        policy_set, source = PolicySet(), None
+    named = {
+        k: PolicySet.from_mapping(v, source=f"the recorded policy {k}")
+        for k, v in dict(data.get("namedPolicies") or {}).items()
+    }
+    if max_sessions is not None:
+        sessions = max_sessions
+        overridden.append("maxSessions")
+    elif "maxSessions" in data:
+        sessions = int(data["maxSessions"])
+        restored.append("maxSessions")
+    else:
+        sessions = config.max_sessions or 8
+    agents: dict[str, AgentSpec] = {}
+    missing: list[str] = []
+    for name, spec_json in dict(data.get("agents") or {}).items():
+        spec, lost = _spec_from_json(spec_json, config.agents.get(name), env)
+        agents[name] = spec
+        missing += lost
+    if agents:
+        restored.append("agents")
+    if missing:
+        log.warning("secret variables of the recorded agents are not set", names=missing)
+    settings = RunSettings(policy_set, source, named, sessions, agents)
+    return Restored(settings, tuple(restored), tuple(overridden), tuple(sorted(set(missing))))
+
+
+def policy_source(policy: str | os.PathLike[str] | PolicySet | None) -> str | None:
+    """How a policy was given, for the record: its name or path, ``library``, or None."""
+    if policy is None:
+        return None
+    if isinstance(policy, PolicySet):
+        return "library"
+    return os.fspath(policy)
+
+
+def with_agents(settings: RunSettings, agents: Mapping[str, AgentSpec]) -> RunSettings:
+    """``settings`` with ``agents`` added to its table."""
+    return attrs.evolve(settings, agents={**settings.agents, **agents})
