@@ -275,3 +275,36 @@ async def test_resume_completes_an_interrupted_compare(
         (name, "succeeded") for name in NAMES
     ]
     assert snapshot(configured) == before
+
+
+# --------------------------------------------------------------------------- prompt
+
+
+async def test_sigint_interrupts_a_prompt_and_it_is_recorded(
+    tmp_path: Path, project: Path, scripts: list[Path], state_dir: Path
+) -> None:
+    """SIGINT during prompt --json: 130, the error names the run, the store lists it interrupted."""
+    before = snapshot(project)
+    argv = ["prompt", "--json", "--cwd", str(project)]
+    argv += ["--agent", f"a={shlex.join(agent_command(scripts[0]))}", "go"]
+    code, pids, out, err = await interrupt(
+        argv, cwd=tmp_path, state=state_dir, scripts=scripts[:1], out=tmp_path
+    )
+    assert code == EXIT_INTERRUPTED, err
+    assert pids, "the agent was running when the signal came"
+    assert all(pid_gone(p) for p in pids)
+    error = json.loads(out)
+    [run_id] = await run_ids(state_dir)
+    assert error["runId"] == run_id
+    assert error["error"]["type"] == "Interrupted"
+    shown = await run_cli("show", run_id, "--json", cwd=tmp_path, state=state_dir)
+    assert as_json(shown)["kind"] == "prompt"
+    assert as_json(shown)["status"] == "interrupted"
+    # nothing of the branch is left behind, and the workspace was never written
+    assert not list((state_dir / "runs" / run_id).glob("branches/*"))
+    assert snapshot(project) == before
+    # the interrupted prompt resumes like any run
+    answer_now(scripts)
+    resumed = await run_cli("resume", run_id, "--json", cwd=tmp_path, state=state_dir)
+    assert resumed.returncode == EXIT_OK, resumed.stderr.decode()
+    assert as_json(resumed)["status"] == "succeeded"

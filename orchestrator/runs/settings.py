@@ -5,7 +5,9 @@ A run records its :class:`RunSettings` before any agent starts: the resolved pol
 limits and the agent table. Environment values whose names look secret are never stored: the
 name is, and the value is read again (from the config, else the environment) when the run is
 resumed. :func:`restore_settings` rebuilds the settings from the record; options given to the
-resume replace what they name, and the result says what was restored and what was overridden.
+resume replace what they name, an agent that the config files now define otherwise is taken
+from the config (that is how a user fixes an agent's command before resuming), and the result
+says what was restored and what was overridden.
 """
 
 from __future__ import annotations
@@ -167,8 +169,15 @@ def restore_settings(
         sessions = config.max_sessions or 8
     agents: dict[str, AgentSpec] = {}
     missing: list[str] = []
+    builtin = Config.builtin().agents
     for name, spec_json in dict(data.get("agents") or {}).items():
-        spec, lost = _spec_from_json(spec_json, config.agents.get(name), env)
+        current = config.resolve_agent(name) if name in config.agents else None
+        spec, lost = _spec_from_json(spec_json, current, env)
+        if current is not None and config.agents[name] != builtin.get(name) and current != spec:
+            # the config files define this agent otherwise now (a fixed command, say): the
+            # user's current word wins over the record
+            overridden.append(f"agents.{name}")
+            continue
         agents[name] = spec
         missing += lost
     if agents:
