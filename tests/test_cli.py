@@ -175,6 +175,7 @@ async def test_prompt_json_reports_every_field(project: Path) -> None:
     assert done.returncode == EXIT_OK, done.stderr.decode()
     result: dict[str, Any] = orjson.loads(done.stdout)  # the whole stdout is one JSON document
     assert set(result) == {
+        "schemaVersion",
         "kind",
         "runId",
         "status",

@@ -205,10 +205,9 @@ def _error(message: str) -> None:
 
 
 def _emit_json(obj: Any) -> None:
-    import orjson
+    from .output import emit_json
 
-    sys.stdout.buffer.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2) + b"\n")
-    sys.stdout.flush()
+    emit_json(obj)
 
 
 async def _cmd_prompt(args: argparse.Namespace) -> int:

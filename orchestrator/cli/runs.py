@@ -139,10 +139,9 @@ def _inputs(pairs: list[str]) -> dict[str, Any]:
 
 
 def _emit(obj: Any) -> None:
-    import orjson
+    from .output import emit_json
 
-    sys.stdout.buffer.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2) + b"\n")
-    sys.stdout.flush()
+    emit_json(obj)
 
 
 def track_run(
