@@ -253,6 +253,46 @@ async def test_branch_changes_reach_the_diff_and_are_applied_only_on_request(
     assert (await get_run_json(outcome.run_id))["applied"] is True
 
 
+def write_pytest_cache(root: Path) -> None:
+    """What ``pytest`` leaves behind: ``.pytest_cache/`` with a ``.gitignore`` of ``*``."""
+    cache = root / ".pytest_cache"
+    (cache / "v/cache").mkdir(parents=True)
+    (cache / ".gitignore").write_text("# Created by pytest automatically.\n*\n")
+    (cache / "README.md").write_text("# pytest cache directory #\n")
+    (cache / "v/cache/nodeids").write_text('[\n  "test_app.py::test_x"\n]\n')
+
+
+async def test_what_git_ignores_in_a_step_directory_is_neither_diffed_nor_applied(
+    tmp_path: Path,
+) -> None:
+    """A verify step's .pytest_cache/ (own .gitignore) and build/ (root .gitignore) stay out."""
+    ws = workspace(tmp_path, {".gitignore": "build/\n", "app.py": "x = 1\n"})
+    before = tree(ws)
+
+    @step
+    def verify(workdir: Path) -> str:
+        write_pytest_cache(workdir)
+        (workdir / "build").mkdir()
+        (workdir / "build/app.o").write_bytes(b"\x7fELF")
+        (workdir / "report.txt").write_text("1 passed\n")
+        return "1 passed"
+
+    with trio.fail_after(LIMIT):
+        outcome = await run_pipeline(
+            Pipeline.from_steps([verify], name="verify"), {}, cwd=ws, config=config()
+        )
+    assert outcome.status == "succeeded"
+    assert {c["path"]: c["change"] for c in outcome.result["changes"]} == {"report.txt": "added"}
+    for diff in (outcome.diff, (Path(outcome.run_dir) / "changes.patch").read_text()):
+        assert "report.txt" in diff
+        assert ".pytest_cache" not in diff and "build/" not in diff
+    with trio.fail_after(LIMIT):
+        applied = await apply_run(outcome.run_id)
+    assert applied.applied and applied.written == ("report.txt",)
+    assert tree(ws) == {**before, "report.txt": "1 passed\n"}
+    assert not (ws / ".pytest_cache").exists() and not (ws / "build").exists()
+
+
 # --------------------------------------------------------------------------- compare
 
 

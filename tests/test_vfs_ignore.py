@@ -99,3 +99,39 @@ def test_gitignore_disabled() -> None:
     m.load_dir("/nonexistent", "")
     assert not m.has_rules("")
     assert m.is_ignored(".git", is_dir=True)
+
+
+def test_patterns_of_a_directory_are_replaced_or_removed() -> None:
+    """Adding a directory's patterns again replaces them; removing them un-ignores."""
+    m = matcher("*.log\n")
+    m.add_patterns("sub", "*.tmp\n")
+    assert m.is_ignored("sub/a.tmp")
+    m.add_patterns("sub", "*.bak\n")
+    assert not m.is_ignored("sub/a.tmp") and m.is_ignored("sub/a.bak")
+    m.add_patterns("sub", "# only a comment\n")
+    assert not m.is_ignored("sub/a.bak")
+    m.add_patterns("sub", "*.bak\n")
+    m.remove_patterns("sub")
+    assert not m.is_ignored("sub/a.bak") and m.is_ignored("sub/a.log")
+
+
+def test_fork_takes_patterns_without_changing_the_original() -> None:
+    """A fork shares what is loaded so far; patterns added to it stay its own."""
+    m = matcher("*.log\n")
+    m.set_exclude("*.local\n")
+    fork = m.fork()
+    fork.add_patterns(".pytest_cache", "*\n")
+    fork.remove_patterns("")
+    assert fork.is_ignored(".pytest_cache/README.md") and fork.is_ignored("x.local")
+    assert not fork.is_ignored("a.log")
+    assert m.is_ignored("a.log") and not m.is_ignored(".pytest_cache/README.md")
+
+
+def test_a_gitignore_ignoring_everything_but_itself() -> None:
+    """``*`` then ``!.gitignore`` in a directory keeps only that .gitignore."""
+    m = matcher()
+    m.add_patterns("tmp", "*\n!.gitignore\n")
+    assert m.is_ignored("tmp/scratch.txt")
+    assert m.is_ignored("tmp/deep", is_dir=True)
+    assert not m.is_ignored("tmp/.gitignore")
+    assert not m.is_ignored("tmp", is_dir=True)

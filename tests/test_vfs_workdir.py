@@ -94,6 +94,148 @@ def test_ignored_files_are_not_harvested(wd: Workdir) -> None:
     assert not wd.harvest(full=True).changed
 
 
+def write_pytest_cache(root: str) -> None:
+    """What ``pytest`` leaves in its directory: a cache that ignores itself with ``*``."""
+    cache = Path(root, ".pytest_cache")
+    (cache / "v/cache").mkdir(parents=True)
+    (cache / ".gitignore").write_text("# Created by pytest automatically.\n*\n")
+    (cache / "README.md").write_text("# pytest cache directory #\n")
+    (cache / "CACHEDIR.TAG").write_text("Signature: 8a477f597d28d172789f06886806bc55\n")
+    (cache / "v/cache/nodeids").write_text("[]\n")
+
+
+def test_directory_ignoring_itself_with_a_gitignore_written_during_the_step(wd: Workdir) -> None:
+    """A tool's own nested .gitignore (``*``, as pytest writes) keeps its directory out."""
+    write_pytest_cache(wd.root)
+    Path(wd.root, "src/result.txt").write_text("ok\n")
+    assert wd.harvest().added == ("src/result.txt",)
+    assert not wd.harvest(full=True).changed
+    assert set(wd.branch.changes) == {"src/result.txt"}
+
+
+def test_nested_gitignore_written_during_the_step(wd: Workdir) -> None:
+    """A .gitignore the step writes in a directory applies below it, from the same harvest."""
+    Path(wd.root, "src/.gitignore").write_text("*.tmp\n/gen/\n")
+    Path(wd.root, "src/x.tmp").write_text("scratch\n")
+    Path(wd.root, "src/gen/deep").mkdir(parents=True)
+    Path(wd.root, "src/gen/deep/out.py").write_text("generated\n")
+    Path(wd.root, "src/keep.py").write_text("kept\n")
+    Path(wd.root, "docs/y.tmp").write_text("not under src\n")
+    report = wd.harvest()
+    assert report.added == ("docs/y.tmp", "src/.gitignore", "src/keep.py")
+    assert not wd.harvest(full=True).changed
+
+
+def test_negation_and_directory_patterns_added_to_the_root_gitignore(wd: Workdir) -> None:
+    """``!keep.log`` re-includes one file; ``out/`` ignores a directory but not a file so named."""
+    Path(wd.root, ".gitignore").write_text("*.pyc\nbuild/\n*.log\n!keep.log\nout/\n")
+    for rel in ("a.log", "keep.log", "out/x.txt", "docs/out"):
+        Path(wd.root, rel).parent.mkdir(parents=True, exist_ok=True)
+        Path(wd.root, rel).write_text(f"{rel}\n")
+    report = wd.harvest()
+    assert report.modified == (".gitignore",)
+    assert report.added == ("docs/out", "keep.log")
+    assert not wd.harvest(full=True).changed
+
+
+def test_file_harvested_before_its_pattern_was_written_leaves_the_branch(wd: Workdir) -> None:
+    """A new file recorded by an earlier harvest is dropped once a .gitignore ignores it."""
+    Path(wd.root, "notes.log").write_text("turn 1\n")
+    assert wd.harvest().added == ("notes.log",)
+    Path(wd.root, ".gitignore").write_text("*.pyc\nbuild/\n*.log\n")
+    Path(wd.root, "notes.log").write_text("turn 2\n")
+    report = wd.harvest()
+    assert report.ignored == ("notes.log",) and report.modified == (".gitignore",)
+    assert set(wd.branch.changes) == {".gitignore"}
+    assert not wd.harvest(full=True).changed
+    Path(wd.root, ".gitignore").write_text("*.pyc\nbuild/\n")
+    report = wd.harvest()
+    assert report.added == ("notes.log",)
+    assert wd.branch.read("notes.log") == b"turn 2\n"
+    assert set(wd.branch.changes) == {"notes.log"}
+
+
+def test_deleting_a_gitignore_during_the_step_reincludes_its_files(wd: Workdir) -> None:
+    """Files the removed .gitignore ignored are changes again."""
+    Path(wd.root, "src/app.pyc").write_bytes(b"\0\1")
+    assert not wd.harvest().changed
+    Path(wd.root, ".gitignore").unlink()
+    report = wd.harvest()
+    assert report.deleted == (".gitignore",) and report.added == ("src/app.pyc",)
+
+
+def test_directory_made_again_without_its_gitignore(wd: Workdir) -> None:
+    """The patterns of a removed directory's .gitignore do not outlive it."""
+    Path(wd.root, "sub").mkdir()
+    Path(wd.root, "sub/.gitignore").write_text("*.tmp\n")
+    assert wd.harvest().added == ("sub/.gitignore",)
+    shutil.rmtree(Path(wd.root, "sub"))
+    assert wd.harvest().deleted == ("sub/.gitignore",)
+    Path(wd.root, "sub").mkdir()
+    Path(wd.root, "sub/x.tmp").write_text("kept now\n")
+    assert wd.harvest().added == ("sub/x.tmp",)
+
+
+def test_tracked_files_matching_a_new_pattern_still_change(wd: Workdir) -> None:
+    """As in git, ignore rules apply to new files: edits to files of the base still count."""
+    Path(wd.root, ".gitignore").write_text("*.pyc\nbuild/\ndocs/\n*.sh\n")
+    Path(wd.root, "docs/guide.md").write_text("# Edited\n")
+    os.chmod(Path(wd.root, "script.sh"), 0o755)
+    Path(wd.root, "docs/new.md").write_text("new, ignored\n")
+    report = wd.harvest()
+    assert report.modified == (".gitignore", "docs/guide.md")
+    assert report.mode_changed == ("script.sh",)
+    assert not report.added
+    wd.write("docs/guide.md", b"# Through the fs\n")
+    assert wd.branch.read("docs/guide.md") == b"# Through the fs\n"
+    Path(wd.root, "docs/guide.md").unlink()
+    assert wd.harvest().deleted == ("docs/guide.md",)
+    Path(wd.root, "docs/guide.md").write_text("# Guide\n")  # back, inside an ignored directory
+    assert wd.harvest().added == ("docs/guide.md",)
+    assert "docs/guide.md" not in wd.branch.changes
+
+
+def test_writes_through_the_workdir_follow_a_gitignore_written_through_it(wd: Workdir) -> None:
+    """A .gitignore written through the fs service governs the writes and harvests after it."""
+    wd.write("tmp/.gitignore", b"*\n!.gitignore\n")
+    wd.write("tmp/scratch.txt", b"scratch\n")
+    wd.harvest()
+    assert set(wd.branch.changes) == {"tmp/.gitignore"}
+
+
+def test_git_info_exclude_of_the_workspace_applies(tmp_path: Path) -> None:
+    """``.git/info/exclude`` of the workspace ignores; a .gitignore written by the step wins."""
+    root = make_tree(
+        tmp_path / "ws",
+        {"app.py": "x = 1\n", ".git/info/exclude": "*.local\n", ".git/HEAD": "ref\n"},
+    )
+    branch = Branch.from_tree(Workspace.open(root).snapshot(), "agent")
+    with materialize(branch, tmp_path / "state" / "agent") as workdir:
+        Path(workdir.root, "dev.local").write_text("mine\n")
+        assert not workdir.harvest().changed
+        Path(workdir.root, "sub").mkdir()
+        Path(workdir.root, "sub/.gitignore").write_text("!shared.local\n")
+        Path(workdir.root, "sub/shared.local").write_text("shared\n")
+        Path(workdir.root, "sub/other.local").write_text("other\n")
+        assert workdir.harvest().added == ("sub/.gitignore", "sub/shared.local")
+
+
+def test_gitignore_written_by_a_parent_branch_applies_to_its_fork(tmp_path: Path) -> None:
+    """A fork's harvest follows the .gitignore files of the tree it forked from."""
+    root = make_tree(tmp_path / "ws", {"app.py": "x = 1\n", ".gitignore": "*.pyc\n"})
+    parent = Branch.from_tree(Workspace.open(root).snapshot(), "parent")
+    parent.write(".gitignore", b"gen/\n")
+    with materialize(parent.fork("child"), tmp_path / "state" / "child") as workdir:
+        Path(workdir.root, "gen").mkdir()
+        Path(workdir.root, "gen/out.py").write_text("generated\n")
+        Path(workdir.root, "x.pyc").write_bytes(b"\0")
+        assert workdir.harvest().added == ("x.pyc",)
+    parent.delete(".gitignore")
+    with materialize(parent.fork("again"), tmp_path / "state" / "again") as workdir:
+        Path(workdir.root, "y.pyc").write_bytes(b"\0")
+        assert workdir.harvest().added == ("y.pyc",)
+
+
 def test_same_size_rewrite_with_restored_mtime(wd: Workdir) -> None:
     """A rewrite that keeps size and mtime (like `cp -p`) is still caught (ctime, inode)."""
     path = Path(wd.root, "src/app.py")

@@ -25,7 +25,7 @@ from attrs import field, frozen
 
 from ._fileio import copy_fd
 from .branch import Branch
-from .changes import ModeChange, Write
+from .changes import Change, ModeChange, Write
 from .errors import PathRefused, WorkspaceChanged
 from .ignore import IgnoreMatcher
 from .snapshot import Snapshot, StatInfo
@@ -70,8 +70,9 @@ class _Job:
         object.__setattr__(self, "direct", direct)
 
 
-def _plan(branch: Branch) -> list[_Job]:
-    """What to write for every file of the branch: a copy from the workspace, or bytes."""
+def _plan(branch: Branch) -> tuple[list[_Job], dict[str, Change]]:
+    """What to write for every file of the branch (a copy from the workspace, or bytes), and
+    what the branch holds over the workspace."""
     base = branch.base
     chain: list[Tree] = [base]
     while (parent := chain[-1].parent) is not None:
@@ -103,7 +104,7 @@ def _plan(branch: Branch) -> list[_Job]:
             jobs.append(_Job(path, change.mode, change.data))
     # Name order, as cp does: files of one directory are created together.
     jobs.sort(key=lambda job: job.rel)
-    return jobs
+    return jobs, overrides
 
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
@@ -340,7 +341,7 @@ def materialize(
     os.makedirs(target, exist_ok=True)
     snapshot = root if isinstance(root, Snapshot) else None
     try:
-        jobs = _plan(branch)
+        jobs, overrides = _plan(branch)
         dirs = sorted({j.rel.rpartition("/")[0] for j in jobs} - {""})
         _make_dirs(target, dirs)
         records, n = _run_jobs(jobs, snapshot.root if snapshot else "", target, workers)
@@ -351,7 +352,7 @@ def materialize(
     except BaseException:
         shutil.rmtree(target, ignore_errors=True)
         raise
-    workdir = Workdir(target, branch, root.ignore, records)
+    workdir = Workdir.open(target, branch, root.ignore, records, overrides)
     if watch or (watch is None and len(jobs) >= WATCH_MIN_FILES):
         workdir._start_watching(["", *dirs])
     seconds = time.perf_counter() - started

@@ -2,8 +2,9 @@
 
 :class:`IgnoreRules` is the configuration; :class:`IgnoreMatcher` the compiled form that a
 snapshot builds while it walks the workspace (reading every ``.gitignore`` on the way, and
-``.git/info/exclude``). The same matcher then decides, for the branch's working directory, which
-files the harvest looks at, so what a snapshot skipped is never harvested either.
+``.git/info/exclude``). Each branch's working directory gets a :meth:`~IgnoreMatcher.fork` of it
+that its harvests keep in step with the ``.gitignore`` files on disk there (the step's tools may
+write, change or delete them), so what git would ignore in the branch is never harvested.
 
 Pattern syntax and precedence follow gitignore(5): ``#`` comments, ``!`` negation, a trailing
 ``/`` for directories only, a leading or inner ``/`` anchors the pattern to its file's directory,
@@ -174,11 +175,31 @@ class IgnoreMatcher:
         """A matcher with the extra globs compiled and no ``.gitignore`` loaded yet."""
         return cls(rules, _extra=_rule_file("", "\n".join(rules.extra)))
 
+    def fork(self) -> IgnoreMatcher:
+        """A copy that takes patterns of its own (those compiled so far are shared, not redone)."""
+        return IgnoreMatcher(
+            self.rules,
+            _files=dict(self._files),
+            _extra=self._extra,
+            _exclude=self._exclude,
+            _chains=dict(self._chains),
+        )
+
     def add_patterns(self, base: str, text: str) -> None:
-        """Add the lines of a ``.gitignore`` that lives in directory ``base`` ("" for the root)."""
+        """Set the lines of the ``.gitignore`` in directory ``base`` ("" for the root).
+
+        They replace the patterns set for ``base`` before; a text without any removes them.
+        """
         compiled = _rule_file(base, text)
         if compiled is not None:
             self._files[base] = compiled
+            self._chains.clear()
+        else:
+            self.remove_patterns(base)
+
+    def remove_patterns(self, base: str) -> None:
+        """Forget the patterns of the ``.gitignore`` in directory ``base`` (gone from disk)."""
+        if self._files.pop(base, None) is not None:
             self._chains.clear()
 
     def set_exclude(self, text: str) -> None:

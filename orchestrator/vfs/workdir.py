@@ -10,6 +10,16 @@ harvested without stat-ing every file; a full scan runs when inotify is unavaila
 overflows, after a directory rename, or when asked (``full=True``). Harvest after every turn
 and every terminal command.
 
+What git would ignore in the branch is never harvested. The ignore rules are those of the
+workspace (its ``.gitignore`` files, ``.git/info/exclude``, the extra globs) kept in step with the
+``.gitignore`` files of the directory as they are when harvested, at every depth: a tool that
+writes one during the step (``pytest`` puts ``*`` in ``.pytest_cache/.gitignore``) keeps its
+output out of the branch, and a file harvested before a ``.gitignore`` came to ignore it leaves the
+branch again. As in git, the rules apply to files new to the branch only: a file of the tree the
+branch forked from (the workspace snapshot and what earlier steps wrote) stays part of it, so its
+edits, mode changes and deletion still count even where a pattern now matches it. A
+``.gitignore`` is read again only when its stat changed, and ignored directories are not walked.
+
 Change a materialized branch through :meth:`Workdir.write` / :meth:`Workdir.delete` (the fs
 service does) or on disk: either way the directory and the branch stay in step.
 """
@@ -21,7 +31,7 @@ import shutil
 import stat
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import structlog
 import trio
@@ -30,7 +40,7 @@ from attrs import define, field, frozen
 from . import _inotify
 from ._fileio import DEFAULT_MODE, normalize_mode, normalize_path, write_entry_atomic
 from .branch import Branch
-from .changes import FileState
+from .changes import Change, Delete, FileState, Write
 from .errors import PathNotFound, PathRefused, WorkspaceChanged
 from .ignore import IgnoreMatcher
 from .snapshot import RACY_WINDOW_NS
@@ -61,6 +71,9 @@ class HarvestReport:
     deleted: tuple[str, ...] = ()
     #: files whose mode only changed
     mode_changed: tuple[str, ...] = ()
+    #: files new to the branch that a ``.gitignore`` written since they were harvested ignores:
+    #: taken out of the branch again (they stay on disk)
+    ignored: tuple[str, ...] = ()
     #: entries stat-ed
     scanned: int = 0
     #: files read and hashed
@@ -73,7 +86,9 @@ class HarvestReport:
     @property
     def changed(self) -> bool:
         """Whether anything was recorded."""
-        return bool(self.added or self.modified or self.deleted or self.mode_changed)
+        return bool(
+            self.added or self.modified or self.deleted or self.mode_changed or self.ignored
+        )
 
 
 def _needs_resync(events: list[_inotify.Event]) -> bool:
@@ -88,12 +103,47 @@ def _needs_resync(events: list[_inotify.Event]) -> bool:
     return False
 
 
+_GITIGNORE = ".gitignore"
+
+
+def _touches_rules(events: list[_inotify.Event]) -> bool:
+    """Whether the events include a ``.gitignore`` file written, deleted or renamed."""
+    return any(name == _GITIGNORE and not mask & _inotify.IN_ISDIR for _, mask, name in events)
+
+
+def _read_rules(dir_fd: int) -> tuple[str, _Key] | None:
+    """The text of ``.gitignore`` in ``dir_fd`` and the stat it was read with; None if there is
+    no regular file of that name (git does not follow a symlinked ``.gitignore`` either)."""
+    try:
+        fd = os.open(_GITIGNORE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        chunks = []
+        while chunk := os.read(fd, max(st.st_size + 1, 65536)):
+            chunks.append(chunk)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("utf-8", "surrogateescape"), _key(st)
+
+
+def _settled(key: _Key) -> _Key | None:
+    """``key``, or None when its mtime is too recent to tell a later same-size rewrite."""
+    return None if key[1] >= time.time_ns() - RACY_WINDOW_NS else key
+
+
 @define(eq=False)
 class _Scan:
     added: list[str] = field(factory=list)
     modified: list[str] = field(factory=list)
     deleted: list[str] = field(factory=list)
     mode_changed: list[str] = field(factory=list)
+    ignored: list[str] = field(factory=list)
     scanned: int = 0
     hashed: int = 0
 
@@ -103,17 +153,69 @@ class Workdir:
     """A branch materialized in a directory: the agent's ``cwd``. Thread-safe.
 
     Close it (or use it as a context manager) to release the inotify watch; :meth:`remove` also
-    deletes the directory.
+    deletes the directory. Make one with :func:`~orchestrator.vfs.checkout.materialize`.
     """
 
     #: absolute path of the directory
     root: str
     branch: Branch
+    #: the ignore rules of this directory (its own: they follow its ``.gitignore`` files)
     ignore: IgnoreMatcher = field(repr=False)
     _records: dict[str, _Key] = field(alias="_records", repr=False)
     _racy: set[str] = field(factory=set, alias="_racy", repr=False)
     _watcher: _inotify.Inotify | None = field(default=None, alias="_watcher", repr=False)
     _lock: threading.RLock = field(factory=threading.RLock, alias="_lock", repr=False)
+    #: directory -> (stat key, text) of the ``.gitignore`` on disk its patterns were read from;
+    #: a None key is read again at the next scan, a None text was not read here
+    _rule_files: dict[str, tuple[_Key | None, str | None]] = field(
+        factory=dict, alias="_rule_files", repr=False
+    )
+    #: the patterns changed since files new to the branch were last checked against them
+    _rules_dirty: bool = field(default=False, alias="_rules_dirty", repr=False)
+    #: the patterns differ from the workspace's: a file of the base may be in an ignored directory
+    _rules_moved: bool = field(default=False, alias="_rules_moved", repr=False)
+    #: files of the base deleted on disk: looked for again while the patterns have moved, since
+    #: a walk does not enter the ignored directory one may come back in
+    _gone: set[str] = field(factory=set, alias="_gone", repr=False)
+
+    @classmethod
+    def open(
+        cls,
+        root: str,
+        branch: Branch,
+        ignore: IgnoreMatcher,
+        records: dict[str, _Key],
+        changed: Mapping[str, Change],
+    ) -> Workdir:
+        """The workdir of ``branch`` just written into ``root`` (``records``: what was written).
+
+        ``ignore`` holds the workspace's rules, ``changed`` what the branch holds over the
+        workspace (what earlier steps wrote and its own changes): the ``.gitignore`` files among
+        them replace the workspace's.
+        """
+        own = ignore.fork()
+        moved = False
+        if ignore.rules.use_gitignore:
+            for path, change in changed.items():
+                if not path.endswith(_GITIGNORE):
+                    continue
+                head, _, name = path.rpartition("/")
+                if name != _GITIGNORE:
+                    continue
+                if isinstance(change, Write) and stat.S_ISREG(change.mode):
+                    own.add_patterns(head, change.data.decode("utf-8", "surrogateescape"))
+                    moved = True
+                elif isinstance(change, Write | Delete):  # gone, or a symlink (not followed)
+                    own.remove_patterns(head)
+                    moved = True
+        workdir = cls(root, branch, own, records, _rules_moved=moved)
+        if ignore.rules.use_gitignore:
+            for rel, key in records.items():
+                if rel.endswith(_GITIGNORE) and stat.S_ISREG(key[3]):
+                    head, _, name = rel.rpartition("/")
+                    if name == _GITIGNORE:
+                        workdir._rule_files[head] = (_settled(key), None)
+        return workdir
 
     @property
     def watching(self) -> bool:
@@ -157,6 +259,10 @@ class Workdir:
                 # instance; the full scan below re-adds a watch to each directory before listing it.
                 watcher.close()
                 self._watcher = watcher = _inotify.Inotify.open(self.root)
+            if self.ignore.rules.use_gitignore and _touches_rules(events):
+                # a .gitignore ignores or re-includes files anywhere below it, not only the
+                # paths that the events name
+                full = True
             if full or resync or watcher is None:
                 self._full_scan(scan, watcher)
                 full = True
@@ -168,6 +274,7 @@ class Workdir:
             tuple(sorted(scan.modified)),
             tuple(sorted(scan.deleted)),
             tuple(sorted(scan.mode_changed)),
+            tuple(sorted(scan.ignored)),
             scan.scanned,
             scan.hashed,
             full,
@@ -181,6 +288,7 @@ class Workdir:
                 modified=len(report.modified),
                 deleted=len(report.deleted),
                 mode_changed=len(report.mode_changed),
+                ignored=len(report.ignored),
                 full_scan=full,
             )
         return report
@@ -192,6 +300,7 @@ class Workdir:
     def _full_scan(self, scan: _Scan, watcher: _inotify.Inotify | None) -> None:
         records, racy, matcher = self._records, self._racy, self.ignore
         vcs = matcher.rules.vcs_dirs
+        rule_files = self._rule_files if matcher.rules.use_gitignore else None
         seen: set[str] = set()
         candidates: list[str] = []
         flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -209,28 +318,27 @@ class Workdir:
                     fd = os.open(parent, flags, dir_fd=root_fd) if parent else os.dup(root_fd)
                 except OSError:
                     continue  # vanished or replaced meanwhile: its files count as missing
-                filtered = matcher.has_rules(parent)
                 prefix = f"{parent}/" if parent else ""
+                # Directories and unknown files are judged once the whole listing is seen: the
+                # directory's own .gitignore, wherever it comes in it, may have changed.
+                dirs: list[str] = []
+                unknown: list[os.DirEntry[str]] = []
+                has_rules_file = False
                 try:
                     with os.scandir(fd) as it:
                         for entry in it:
                             name = entry.name
-                            rel = prefix + name
                             if entry.is_dir(follow_symlinks=False):
-                                if name not in vcs and not (
-                                    filtered and matcher.ignored(rel, parent, name, True)
-                                ):
-                                    stack.append(rel)
+                                if name not in vcs:
+                                    dirs.append(name)
                                 continue
+                            if name == _GITIGNORE:
+                                has_rules_file = True
+                            rel = prefix + name
                             known = records.get(rel)
                             if known is None:
-                                # Only unknown paths need the ignore rules and a type check.
-                                if name in vcs or (
-                                    filtered and matcher.ignored(rel, parent, name, False)
-                                ):
-                                    continue
-                                if entry.is_file(follow_symlinks=False) or entry.is_symlink():
-                                    candidates.append(rel)
+                                if name not in vcs:
+                                    unknown.append(entry)
                                 continue
                             try:
                                 st = entry.stat(follow_symlinks=False)
@@ -245,16 +353,96 @@ class Workdir:
                                 st.st_ctime_ns,
                             ):
                                 candidates.append(rel)
+                    if rule_files is not None and (has_rules_file or parent in rule_files):
+                        self._sync_rules(parent, fd, has_rules_file)
+                    filtered = matcher.has_rules(parent)
+                    for name in dirs:
+                        rel = prefix + name
+                        if not (filtered and matcher.ignored(rel, parent, name, True)):
+                            stack.append(rel)
+                    for entry in unknown:
+                        # Only unknown paths need the ignore rules and a type check.
+                        name = entry.name
+                        rel = prefix + name
+                        if filtered and matcher.ignored(rel, parent, name, False):
+                            continue
+                        if entry.is_file(follow_symlinks=False) or entry.is_symlink():
+                            candidates.append(rel)
                 finally:
                     os.close(fd)
         finally:
             os.close(root_fd)
+        if self._rules_dirty:
+            dropped = self._drop_ignored(scan)
+            if dropped:
+                candidates = [rel for rel in candidates if rel not in dropped]
         scan.scanned += len(seen) + sum(1 for rel in candidates if rel not in records)
         for rel in candidates:
             self._check(rel, scan)
         if len(seen) != len(records):
             for rel in [r for r in records if r not in seen]:
                 self._check(rel, scan)
+        self._check_gone(scan)
+
+    def _sync_rules(self, parent: str, dir_fd: int, present: bool) -> None:
+        """Bring the patterns of directory ``parent`` in step with its ``.gitignore`` on disk
+        (``dir_fd`` is the directory; ``present``: the listing showed the file).
+
+        The file is read only when its stat differs from the one it was last read with.
+        """
+        known = self._rule_files.get(parent)
+        read = None
+        if present:
+            try:
+                st = os.stat(_GITIGNORE, dir_fd=dir_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                st = None
+            if st is not None and stat.S_ISREG(st.st_mode):
+                if known is not None and known[0] == _key(st):
+                    return
+                read = _read_rules(dir_fd)
+        if read is None:
+            if known is None:
+                # Patterns the workspace had from a .gitignore it ignores itself (never copied
+                # here): nothing on disk says otherwise.
+                return
+            del self._rule_files[parent]
+            self.ignore.remove_patterns(parent)
+        else:
+            text, key = read
+            self._rule_files[parent] = (_settled(key), text)
+            if known is not None and known[1] == text:
+                return
+            self.ignore.add_patterns(parent, text)
+        self._rules_dirty = self._rules_moved = True
+
+    def _drop_ignored(self, scan: _Scan) -> set[str]:
+        """Take the files new to the branch that the patterns now ignore out of it again."""
+        self._rules_dirty = False
+        base, dropped = self.branch.base, set()
+        for rel, change in self.branch.changes.items():
+            if isinstance(change, Write) and not base.exists(rel) and self.ignore.is_ignored(rel):
+                self.branch.revert(rel)
+                self._records.pop(rel, None)
+                self._racy.discard(rel)
+                dropped.add(rel)
+        scan.ignored.extend(dropped)
+        return dropped
+
+    def _check_gone(self, scan: _Scan) -> None:
+        """Look for deleted files of the base again, where a walk may not see them come back."""
+        if self._rules_moved and self._gone:
+            for rel in [r for r in self._gone if r not in self._records]:
+                self._check(rel, scan)
+
+    def _left_out(self, rel: str) -> bool:
+        """Whether ``rel`` is no part of the branch: ignored, and neither recorded nor a file of
+        the base (git ignores untracked files only)."""
+        return (
+            rel not in self._records
+            and self.ignore.is_ignored(rel)
+            and not self.branch.base.exists(rel)
+        )
 
     def _incremental(
         self, scan: _Scan, watcher: _inotify.Inotify, events: list[_inotify.Event]
@@ -279,10 +467,13 @@ class Workdir:
         for new in new_dirs:
             if not self.ignore.is_ignored(new, is_dir=True):
                 paths.update(self._watch_tree(new, watcher))
+        if self._rules_dirty:  # a new directory came with a .gitignore
+            self._drop_ignored(scan)
         for rel in sorted(paths):
-            if rel in self._records or not self.ignore.is_ignored(rel):
+            if not self._left_out(rel):
                 scan.scanned += 1
                 self._check(rel, scan)
+        self._check_gone(scan)
 
     def _watch_tree(self, rel_dir: str, watcher: _inotify.Inotify) -> list[str]:
         """Watch a new directory and everything below it (watch first, then list)."""
@@ -293,15 +484,28 @@ class Workdir:
             if not watcher.add(parent):
                 watcher.overflowed = True  # forces a full scan next time
             try:
-                entries = list(os.scandir(os.path.join(self.root, parent)))
-            except (FileNotFoundError, NotADirectoryError):
-                continue
-            for entry in entries:
-                rel = f"{parent}/{entry.name}"
-                is_dir = entry.is_dir(follow_symlinks=False)
-                if self.ignore.ignored(rel, parent, entry.name, is_dir):
-                    continue
-                (stack if is_dir else files).append(rel)
+                fd = os.open(
+                    os.path.join(self.root, parent),
+                    os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                )
+            except OSError:
+                continue  # gone or replaced meanwhile
+            try:
+                with os.scandir(fd) as it:
+                    entries = list(it)
+                if self.ignore.rules.use_gitignore:
+                    present = any(e.name == _GITIGNORE for e in entries)
+                    # a directory made again where one with a .gitignore was: drop its patterns
+                    if present or parent in self._rule_files:
+                        self._sync_rules(parent, fd, present)
+                for entry in entries:
+                    rel = f"{parent}/{entry.name}"
+                    is_dir = entry.is_dir(follow_symlinks=False)
+                    if self.ignore.ignored(rel, parent, entry.name, is_dir):
+                        continue
+                    (stack if is_dir else files).append(rel)
+            finally:
+                os.close(fd)
         return files
 
     def _check(self, rel: str, scan: _Scan) -> None:
@@ -317,7 +521,8 @@ class Workdir:
                 del self._records[rel]
                 self._racy.discard(rel)
                 existed = self.branch.mode(rel) is not None
-                self.branch.set_state(rel, None)
+                if isinstance(self.branch.set_state(rel, None), Delete):
+                    self._gone.add(rel)
                 if existed:
                     scan.deleted.append(rel)
             return
@@ -333,6 +538,7 @@ class Workdir:
         except WorkspaceChanged:
             old_digest, old_mode = None, self.branch.mode(rel)
         self._records[rel] = key
+        self._gone.discard(rel)
         if key[1] >= time.time_ns() - RACY_WINDOW_NS:
             self._racy.add(rel)
         else:
@@ -351,7 +557,8 @@ class Workdir:
         """Harvest just ``path`` (e.g. before serving a read of it)."""
         rel = normalize_path(path)
         with self._lock:
-            self._check(rel, _Scan())
+            if not self._left_out(rel):
+                self._check(rel, _Scan())
 
     def _start_watching(self, dirs: Iterable[str]) -> None:
         watcher = _inotify.Inotify.open(self.root)
@@ -374,7 +581,7 @@ class Workdir:
         """
         rel = normalize_path(path)
         with self._lock:
-            if not self.ignore.is_ignored(rel):
+            if not self._left_out(rel):
                 self._check(rel, _Scan())
             head, _, name = rel.rpartition("/")
             dir_fd = _open_dir(self.root, head, create=False)
@@ -439,10 +646,13 @@ class Workdir:
                 st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
             finally:
                 os.close(dir_fd)
-            if self.ignore.is_ignored(rel):
+            if name == _GITIGNORE and stat.S_ISREG(st.st_mode):
+                self._rules_written(head, bytes(data).decode("utf-8", "surrogateescape"), st)
+            if self._left_out(rel):
                 return
             self._records[rel] = _key(st)
             self._racy.add(rel)
+            self._gone.discard(rel)
             self.branch.set_state(rel, FileState(bytes(data), normalize_mode(mode)))
 
     def delete(self, path: str) -> None:
@@ -459,7 +669,21 @@ class Workdir:
                 os.close(dir_fd)
             self._records.pop(rel, None)
             self._racy.discard(rel)
-            self.branch.set_state(rel, None)
+            if isinstance(self.branch.set_state(rel, None), Delete):
+                self._gone.add(rel)
+            if name == _GITIGNORE and self._rule_files.pop(head, None) is not None:
+                self.ignore.remove_patterns(head)
+                self._rules_dirty = self._rules_moved = True
+
+    def _rules_written(self, head: str, text: str, st: os.stat_result) -> None:
+        """Take the patterns of a ``.gitignore`` just written in directory ``head``."""
+        if not self.ignore.rules.use_gitignore:
+            return
+        known = self._rule_files.get(head)
+        self._rule_files[head] = (_settled(_key(st)), text)
+        if known is None or known[1] != text:
+            self.ignore.add_patterns(head, text)
+            self._rules_dirty = self._rules_moved = True
 
 
 def _read_state(full: str) -> tuple[FileState, _Key]:
