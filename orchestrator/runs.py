@@ -45,7 +45,7 @@ from .pipeline import Pipeline, Step, load_pipeline
 from .pipeline import step as step_decorator
 from .pipeline._writer import open_store_writer
 from .pipeline.results import RunEvent
-from .pipeline.runner import AgentPool, PipelineRunner
+from .pipeline.runner import AgentPool, PipelineRunner, label_run_agents
 from .policy import PolicySet
 from .recorded import (
     ApplyOutcome,
@@ -156,6 +156,9 @@ async def run_pipeline(
         pipe.check_agents(lambda name: _launchable(cfg.resolve_agent(name)))
     else:  # agents come from elsewhere: only their names must resolve
         pipe.check_agents(cfg.resolve_agent)
+    # labels for the whole run, before anything starts: relative paths as typed here, like
+    # prompt and compare; different agents never share a label
+    agents = label_run_agents(pipe, cfg.resolve_agent, base=os.getcwd())
     policy_set = load_policy(policy)
     state = state_directory(state_dir)
     await recover(state)
@@ -220,6 +223,7 @@ async def run_pipeline(
                     verify=dict(verify or {}),
                     reused=reused,
                     parallel=limit,
+                    agents=agents,
                 )
                 await runner.emit(RunEvent("run_started", run_id, data={"pipeline": pipe.name}))
                 await runner.run()
@@ -416,14 +420,18 @@ async def compare(
         raise UsageError("compare needs at least one --agent")
     root = Path(cwd).absolute()
     cfg = _agents(config, root)
-    specs = [cfg.resolve_agent(a) if isinstance(a, str) else a for a in agents]
+    specs = cfg.resolve_agents(agents, base=os.getcwd())
     names = [s.name for s in specs]
-    if len(set(names)) != len(names):
-        raise UsageError(
-            f"two agents share a name ({', '.join(names)}): label them with NAME=COMMAND"
-        )
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            first = agents[names.index(name)]
+            raise UsageError(
+                f"{_agent_text(first)!r} and {_agent_text(agents[i])!r} are the same agent"
+                f" ({name}); label them with NAME=COMMAND to compare it with itself"
+            )
+    # the comparison's step names its agents by label: the table maps each to its spec
     table = dict(cfg.agents)
-    table.update({s.name: s.resolved(os.getcwd()) for s in specs})
+    table.update({s.name: s for s in specs})
     cfg = Config(agents=table, max_sessions=cfg.max_sessions, sources=cfg.sources)
     if apply is not None and apply not in names:
         raise UsageError(f"--apply {apply}: not one of the agents ({', '.join(names)})")
@@ -453,6 +461,10 @@ async def compare(
         status: RunStatus = outcome.status if applied.applied or not applied.paths else "conflicts"
         return RunOutcome(outcome.run_id, status, result, outcome.run_dir)
     return outcome
+
+
+def _agent_text(agent: str | AgentSpec) -> str:
+    return agent if isinstance(agent, str) else agent.name
 
 
 async def _import_transcripts(
