@@ -1,7 +1,10 @@
 """Agent specs: how to launch an agent, by a known name or by a command line.
 
 ``--agent`` accepts a known name (``claude``, ``codex``, ``gemini``, ``qwen``, ``demo``, ...), a
-command line (``"npx some-agent --acp"``), or ``NAME=COMMAND`` to label a command line.
+command line (``"npx some-agent --acp"``), or ``NAME=COMMAND`` to label a command line. A
+command line's own label names the script or package it runs (:func:`derive_label`); the
+agents of one run get labels unique in it (:func:`label_agents`), because agents are the same
+only when their :attr:`AgentSpec.identity` is, never because their labels are.
 
 An :class:`AgentSpec` also carries the agent's operating profile: how many sessions one process
 serves, how long ``initialize`` may take, which auth method to use, its policy and limits, and
@@ -17,21 +20,25 @@ import os
 import shlex
 import shutil
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import attrs
 from attrs import field, frozen
 
+from ._agentlabels import derive_label
 from .errors import UsageError
 
 __all__ = [
     "KNOWN_AGENTS",
     "WRITE_MODES",
+    "AgentIdentity",
     "AgentSpec",
     "WriteMode",
     "builtin_agents",
+    "derive_label",
     "is_policy_path",
+    "label_agents",
     "resolve_agent",
     "resolve_argv",
 ]
@@ -49,6 +56,10 @@ _SECRET_NAMES = (
     "*PRIVATE*", "*AUTH*", "*COOKIE*", "*_PAT", "*_DSN",
 )  # fmt: skip
 _REDACTED = "<redacted>"
+
+#: What makes two specs the same agent (:attr:`AgentSpec.identity`): the command, the extra
+#: environment (sorted) and the working directory.
+AgentIdentity = tuple[tuple[str, ...], tuple[tuple[str, str], ...], str | None]
 
 
 def _argv(value: Iterable[str]) -> tuple[str, ...]:
@@ -148,6 +159,17 @@ class AgentSpec:
         if (argv, cwd, policy) == (self.command, self.cwd, self.policy):
             return self
         return attrs.evolve(self, command=argv, cwd=cwd, policy=policy)
+
+    @property
+    def identity(self) -> AgentIdentity:
+        """What makes two specs the same agent: the command, the environment and ``cwd``.
+
+        The label is no part of it: two different command lines that read as the same label
+        are two agents, and one agent stays one whatever it is called. Compare specs whose
+        paths are resolved (:meth:`resolved`), so the same script named relatively and
+        absolutely is one agent.
+        """
+        return (self.command, tuple(sorted(self.env.items())), self.cwd)
 
     def with_name(self, name: str) -> AgentSpec:
         """The same agent under another label (``--agent fast=claude``)."""
@@ -383,7 +405,9 @@ def resolve_agent(text: str, known: Mapping[str, AgentSpec] | None = None) -> Ag
     """An agent from ``--agent``: a known name, ``NAME=COMMAND``, or a command line.
 
     ``known`` is the table of names (default: :func:`builtin_agents`; a config's table comes
-    from :meth:`orchestrator.config.Config.resolve_agent`); ``demo`` is always known.
+    from :meth:`orchestrator.config.Config.resolve_agent`); ``demo`` is always known. A command
+    line without ``NAME=`` is labelled by what it runs (:func:`derive_label`): the package or
+    script, not the interpreter or launcher (``python tools/agent.py`` is ``agent``).
     """
     table = builtin_agents() if known is None else dict(known)
     if "demo" not in table:
@@ -393,32 +417,92 @@ def resolve_agent(text: str, known: Mapping[str, AgentSpec] | None = None) -> Ag
         raise UsageError("--agent needs a name or a command")
     if text in table:
         return table[text]
-    label: str | None = None
-    head, sep, rest = text.partition("=")
-    if sep and head and " " not in head and "/" not in head:
-        label, text = head, rest.strip()
-        if text in table:
-            return table[text].with_name(label)
+    label, text = _split_label(text)
+    if label is not None and text in table:
+        return table[text].with_name(label)
     try:
         argv = tuple(shlex.split(text))
     except ValueError as e:
         raise UsageError(f"cannot parse agent command {text!r}: {e}") from e
     if not argv:
         raise UsageError("--agent needs a name or a command")
-    return AgentSpec(label or _default_label(argv), argv)
+    return AgentSpec(label or derive_label(argv), argv)
 
 
-def _default_label(argv: tuple[str, ...]) -> str:
-    # "npx -y @scope/agent" reads best as the package name; "python -c CODE" as "python"
-    words = []
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg in ("-c", "-m", "-e"):
-            skip = arg != "-m"  # a module name is a fine label, inline code is not
-        elif not arg.startswith("-"):
-            words.append(arg)
-    if words and words[0] in {"npx", "node", "python", "python3", "uvx", "bunx"} and len(words) > 1:
-        return words[1].rsplit("/", 1)[-1]
-    return words[0].rsplit("/", 1)[-1] if words else argv[0]
+def _split_label(text: str) -> tuple[str | None, str]:
+    """``NAME=COMMAND`` as ``(NAME, COMMAND)``; any other text as ``(None, text)``."""
+    head, sep, rest = text.partition("=")
+    if sep and head and " " not in head and "/" not in head:
+        return head, rest.strip()
+    return None, text
+
+
+def label_agents(
+    agents: Sequence[str | AgentSpec],
+    resolve: Callable[[str], AgentSpec] | None = None,
+    *,
+    base: str | os.PathLike[str] | None = None,
+) -> list[AgentSpec]:
+    """The agents of one run, each under a label unique in the run, in the order given.
+
+    Each text is resolved with ``resolve`` (default: :func:`resolve_agent`), then its paths
+    against ``base`` when given (:meth:`AgentSpec.resolved`). Labels follow three rules:
+
+    - a label the user gave (``NAME=COMMAND``, a name of the table, an :class:`AgentSpec`
+      given as is) is kept; two different agents (:attr:`AgentSpec.identity`) given the
+      same label are a :class:`~orchestrator.errors.UsageError`;
+    - the same agent named twice keeps one label: a command line that runs an agent already
+      labelled (by the user, or earlier in ``agents``) gets that agent's label;
+    - a different agent whose derived label is taken gets the first free of ``LABEL-2``,
+      ``LABEL-3``, ... in the order given, so the same list always gives the same labels.
+
+    Two labels the user gave to one agent (``a=demo``, ``b=demo``) stay two agents.
+    """
+    lookup = resolve or resolve_agent
+    named: list[tuple[AgentSpec, bool]] = []
+    for agent in agents:
+        if isinstance(agent, AgentSpec):
+            spec, given = agent, True
+        else:
+            spec = lookup(agent)
+            given = _split_label(agent.strip())[0] is not None or agent.strip() == spec.name
+        named.append((spec if base is None else spec.resolved(base), given))
+    # the user's labels first, wherever they come: a derived label must not take one
+    labelled: dict[str, AgentSpec] = {}
+    for spec, given in named:
+        if not given:
+            continue
+        other = labelled.setdefault(spec.name, spec)
+        if other.identity != spec.identity:
+            raise UsageError(
+                f"agent label {spec.name!r} names two different agents: "
+                f"{_describe(other, spec)} and {_describe(spec, other)}"
+            )
+    by_identity: dict[AgentIdentity, AgentSpec] = {}
+    for spec in labelled.values():
+        by_identity.setdefault(spec.identity, spec)
+    out: list[AgentSpec] = []
+    for spec, given in named:
+        if given:
+            out.append(labelled[spec.name])
+            continue
+        same = by_identity.get(spec.identity)
+        if same is None:
+            label, n = spec.name, 1
+            while label in labelled:
+                n += 1
+                label = f"{spec.name}-{n}"
+            same = labelled[label] = by_identity[spec.identity] = spec.with_name(label)
+        out.append(same)
+    return out
+
+
+def _describe(spec: AgentSpec, other: AgentSpec) -> str:
+    """``spec``'s command, or what else sets it apart from ``other`` (for one-line errors)."""
+    if spec.command != other.command:
+        return repr(shlex.join(spec.command))
+    if spec.cwd != other.cwd:
+        return f"{shlex.join(spec.command)!r} in {spec.cwd or 'its session directory'}"
+    keys = sorted(k for k in {*spec.env, *other.env} if spec.env.get(k) != other.env.get(k))
+    env = ", ".join(f"{k}=..." if k in spec.env else f"no {k}" for k in keys)
+    return f"{shlex.join(spec.command)!r} with {env}"

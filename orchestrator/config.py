@@ -39,7 +39,7 @@ import os
 import re
 import shlex
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ from .agents import (
     AgentSpec,
     builtin_agents,
     is_policy_path,
+    label_agents,
     resolve_agent,
     resolve_argv,
 )
@@ -193,6 +194,16 @@ class Config:
     def resolve_agent(self, text: str) -> AgentSpec:
         """An agent from ``--agent`` (a name in this table, ``NAME=COMMAND`` or a command)."""
         return resolve_agent(text, self.agents)
+
+    def resolve_agents(
+        self, agents: Sequence[str | AgentSpec], *, base: str | os.PathLike[str] | None = None
+    ) -> list[AgentSpec]:
+        """The agents of one run through this table, each under a label unique in the run.
+
+        See :func:`orchestrator.agents.label_agents`: relative paths resolve against ``base``
+        when given; the same agent keeps one label, different agents get different ones.
+        """
+        return label_agents(agents, self.resolve_agent, base=base)
 
 
 @frozen

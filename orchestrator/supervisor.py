@@ -36,7 +36,7 @@ from .agent.content import PromptInput
 from .agent.services import ClientServices, SessionContext
 from .agent.transcript import TranscriptWriter
 from .agent.turn import TurnResult
-from .agents import AgentSpec
+from .agents import AgentIdentity, AgentSpec
 from .errors import AgentError, AgentHung, AgentStartError, OrchestratorError, ResourceNotFound
 from .protocol import types as t
 
@@ -168,7 +168,6 @@ class _Pool:
     spec: AgentSpec
     slots: trio.Semaphore | None
     processes: list[_Process] = field(factory=list)
-    next_index: int = 1
     spawned: int = 0
     crashes: int = 0
     restarts: int = 0
@@ -241,7 +240,10 @@ class Supervisor:
     transcripts: Path | None = None
     #: the directory agent processes run in when their spec names none and sessions are shared
     workdir: str = "."
-    _pools: dict[str, _Pool] = field(factory=dict)
+    _pools: dict[tuple[str, AgentIdentity], _Pool] = field(factory=dict)
+    #: the last process number given per label: process labels (and transcript files) stay
+    #: distinct even when two different agents share a label
+    _numbers: dict[str, int] = field(factory=dict)
     _slots: trio.Semaphore | None = None
     _sessions: int = 0
     _peak_sessions: int = 0
@@ -303,13 +305,17 @@ class Supervisor:
                     await self._end_session(proc, session)
 
     def _pool(self, spec: AgentSpec) -> _Pool:
-        pool = self._pools.get(spec.name)
+        # One pool per agent: what runs (its identity) under its label. Two different agents
+        # that share a label get a pool each (a label never makes them one); two labels of one
+        # agent (alice=demo, bob=demo) keep their own limits, statistics and audit names.
+        key = (spec.name, spec.identity)
+        pool = self._pools.get(key)
         if pool is None:
             slots = trio.Semaphore(spec.max_sessions) if spec.max_sessions else None
-            pool = self._pools[spec.name] = _Pool(spec, slots)
+            pool = self._pools[key] = _Pool(spec, slots)
         elif pool.spec != spec:
             raise AgentError(
-                f"two different agents are both named {spec.name!r}; give them distinct names",
+                f"agent {spec.name!r} is leased with two different settings for one command",
                 agent=spec.name,
             )
         return pool
@@ -337,8 +343,8 @@ class Supervisor:
                             proc.sessions -= 1
                             continue
                     return proc
-            proc = _Process(pool, pool.next_index)
-            pool.next_index += 1
+            number = self._numbers[pool.spec.name] = self._numbers.get(pool.spec.name, 0) + 1
+            proc = _Process(pool, number)
             proc.sessions = 1
             pool.processes.append(proc)
             try:
@@ -486,8 +492,9 @@ class Supervisor:
 
     def statistics(self) -> dict[str, Any]:
         """Live processes, sessions and turns, and restarts, overall and per agent."""
-        agents = {
-            name: {
+        agents: dict[str, dict[str, int]] = {}
+        for pool in self._pools.values():
+            counts = {
                 "processes": sum(1 for p in pool.processes if not p.dead),
                 "sessions": pool.sessions,
                 "turns": pool.turns,
@@ -496,8 +503,10 @@ class Supervisor:
                 "crashes": pool.crashes,
                 "restarts": pool.restarts,
             }
-            for name, pool in self._pools.items()
-        }
+            # by label: pools that share one (different agents, same label) add up
+            totals = agents.setdefault(pool.spec.name, dict.fromkeys(counts, 0))
+            for key, value in counts.items():
+                totals[key] += value
         return {
             "processes": sum(a["processes"] for a in agents.values()),
             "sessions": self._sessions,

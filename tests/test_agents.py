@@ -14,6 +14,7 @@ from orchestrator.agents import (
     WRITE_MODES,
     AgentSpec,
     builtin_agents,
+    label_agents,
     resolve_agent,
 )
 from orchestrator.errors import UsageError
@@ -35,7 +36,7 @@ def test_command_line_is_split_without_a_shell() -> None:
     """A command line is split like a shell would, into an argv."""
     spec = resolve_agent("npx -y '@scope/some agent' --acp")
     assert spec.command == ("npx", "-y", "@scope/some agent", "--acp")
-    assert spec.name == "some agent"
+    assert spec.name == "some-agent"  # a label is safe in keys and file names
 
 
 def test_label_equals_command() -> None:
@@ -283,3 +284,116 @@ def test_every_known_agent_serializes() -> None:
     rows = [spec.to_json() for spec in builtin_agents().values()]
     assert [row["name"] for row in rows] == [*TABLE_AGENTS, "demo"]
     json.dumps(rows)
+
+
+# --------------------------------------------------------------------------- labels
+
+
+@pytest.mark.parametrize(
+    ("command", "label"),
+    [
+        ("python x/agent.py", "agent"),
+        ("python3 -u ./tools/agent.py --acp", "agent"),
+        (f"{sys.executable} x/agent.py", "agent"),
+        ("/usr/bin/node /opt/foo/node_modules/@scope/pkg/dist/cli.js --acp", "pkg"),
+        ("node /opt/foo/node_modules/plain-pkg/bin/run.js", "plain-pkg"),
+        ("node /opt/tool/dist/index.js", "tool"),
+        ("npx -y @zed-industries/claude-code-acp", "claude-code-acp"),
+        ("npx -y @scope/pkg@1.2.3 --acp", "pkg"),
+        ("uvx hermes-agent[acp]", "hermes-agent"),
+        ("uvx --from hermes-agent hermes acp", "hermes"),
+        ("uv run --with x python -m tools.agent", "agent"),
+        ("npm exec -- my-agent --acp", "my-agent"),
+        ("python -m orchestrator.testing.scripted_agent s.json", "scripted_agent"),
+        ("python -m mypkg.__main__", "mypkg"),
+        ("python -c 'from mypkg.acp import main; main()'", "acp"),
+        ("sh -c 'cd /srv && exec python serve_agent.py --acp'", "serve_agent"),
+        ("bash -c 'echo starting >&2; my-agent --acp 2>/tmp/log'", "my-agent"),
+        ("bash scripts/run-agent.sh", "run-agent"),
+        ("env FOO=1 node agent.mjs", "agent"),
+        ("/usr/bin/env -u HOME python3.12 agent.py", "agent"),
+        ("timeout 600 nohup gemini --acp", "gemini"),
+        ("/usr/local/bin/gemini --acp", "gemini"),
+        ("python -c 'print(1)'", "agent"),
+        ("python", "agent"),
+    ],
+)
+def test_derived_label_names_what_runs(command: str, label: str) -> None:
+    """A command line reads as the package or script it runs, never as its interpreter,
+    launcher or shell."""
+    assert resolve_agent(command).name == label
+
+
+def test_name_equals_command_keeps_the_name() -> None:
+    """A label given with NAME=COMMAND is kept as written."""
+    assert resolve_agent("mine=python x/agent.py").name == "mine"
+
+
+def test_identity_is_command_environment_and_directory() -> None:
+    """Specs are the same agent when command, env and cwd agree, whatever their labels."""
+    a = AgentSpec("a", ("run", "x"), {"K": "1", "L": "2"}, cwd="/w")
+    assert a.identity == AgentSpec("b", ("run", "x"), {"L": "2", "K": "1"}, cwd="/w").identity
+    assert a.identity == attrs.evolve(a, policy="edit", max_sessions=2).identity
+    assert a.identity != attrs.evolve(a, command=("run", "y")).identity
+    assert a.identity != attrs.evolve(a, env={"K": "1"}).identity
+    assert a.identity != attrs.evolve(a, cwd="/v").identity
+
+
+def test_different_agents_with_one_derived_label_get_distinct_labels() -> None:
+    """Different commands reading as one label are numbered in the order given."""
+    texts = ["python x/agent.py", "python y/agent.py", "python z/agent.py"]
+    specs = label_agents(texts)
+    assert [s.name for s in specs] == ["agent", "agent-2", "agent-3"]
+    assert [s.command[1] for s in specs] == ["x/agent.py", "y/agent.py", "z/agent.py"]
+    assert [s.name for s in label_agents(texts[::-1])] == ["agent", "agent-2", "agent-3"]
+    assert label_agents(texts) == specs
+
+
+def test_the_same_agent_keeps_one_label(tmp_path: Path) -> None:
+    """One agent named twice, or by a relative and an absolute path, has one label."""
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "agent.py").write_text("")
+    texts = ["python x/agent.py", "python y/agent.py", f"python {tmp_path}/x/agent.py"]
+    specs = label_agents([*texts, texts[0]], base=tmp_path)
+    assert [s.name for s in specs] == ["agent", "agent-2", "agent", "agent"]
+    assert specs[0] == specs[2] == specs[3]
+
+
+def test_a_command_line_takes_the_label_given_to_its_agent() -> None:
+    """A command line running an agent labelled elsewhere in the run uses that label."""
+    demo = " ".join(resolve_agent("demo").command)
+    assert [s.name for s in label_agents([demo, "demo"])] == ["demo", "demo"]
+    assert [s.name for s in label_agents([demo, "me=demo"])] == ["me", "me"]
+
+
+def test_given_labels_are_kept_and_derived_ones_step_aside() -> None:
+    """A label given with NAME= (even later in the run) keeps its name; a derived label
+    that would take it is numbered instead."""
+    specs = label_agents(["python x/agent.py", "agent=python y/agent.py"])
+    assert [s.name for s in specs] == ["agent-2", "agent"]
+    assert specs[1].command == ("python", "y/agent.py")
+
+
+def test_two_labels_for_one_agent_stay_two_agents() -> None:
+    """alice=demo and bob=demo are the user's two agents, run alike."""
+    specs = label_agents(["alice=demo", "bob=demo"])
+    assert [s.name for s in specs] == ["alice", "bob"]
+    assert specs[0].identity == specs[1].identity
+
+
+def test_one_given_label_for_two_commands_is_a_usage_error() -> None:
+    """NAME=COMMAND clashing with another command under that name is refused in one line."""
+    with pytest.raises(UsageError, match="agent label 'me' names two different agents") as e:
+        label_agents(["me=python x/agent.py", "me=python y/agent.py"])
+    assert "x/agent.py" in str(e.value) and "y/agent.py" in str(e.value)
+    assert "\n" not in str(e.value)
+    with pytest.raises(UsageError, match="'claude' names two different agents"):
+        label_agents(["claude", "claude=python mine.py"])
+
+
+def test_specs_given_as_objects_keep_their_names() -> None:
+    """An AgentSpec passed as is counts as a label the user gave."""
+    mine = AgentSpec("agent", ("python", "z/agent.py"))
+    specs = label_agents(["python x/agent.py", mine])
+    assert [s.name for s in specs] == ["agent-2", "agent"]
+    assert specs[1] == mine

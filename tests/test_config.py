@@ -139,6 +139,32 @@ def test_resolve_agent_goes_through_the_config() -> None:
     assert config.resolve_agent("other --acp").command == ("other", "--acp")
 
 
+def test_resolve_agents_labels_a_run_through_the_config() -> None:
+    """Config names are labels the user gave: a command line reading as one steps aside, and
+    the command line of a configured agent is that agent."""
+    config = Config.from_toml('[agents.my_agent]\ncommand = "python z/my_agent.py"\n' + EXAMPLE)
+    specs = config.resolve_agents(
+        ["python x/my_agent.py", "my_agent", "python my_agent.py --acp", "mine"]
+    )
+    assert [s.name for s in specs] == ["my_agent-2", "my_agent", "mine", "mine"]
+    assert specs[0].command == ("python", "x/my_agent.py")
+    assert specs[2] == specs[3] == config.agents["mine"]
+
+
+def test_resolve_agents_refuses_a_config_name_for_another_command() -> None:
+    """NAME=COMMAND reusing a configured name for a different command is a usage error."""
+    config = Config.from_toml(EXAMPLE)
+    with pytest.raises(UsageError, match="agent label 'mine' names two different agents"):
+        config.resolve_agents(["mine", "mine=python other.py"])
+
+
+def test_resolve_agents_resolves_paths_against_base(tmp_path: Path) -> None:
+    """With a base, relative script paths become absolute before agents are compared."""
+    write(tmp_path / "tools" / "agent.py", "")
+    [spec] = Config.builtin().resolve_agents(["python tools/agent.py"], base=tmp_path)
+    assert (spec.name, spec.command) == ("agent", ("python", f"{tmp_path}/tools/agent.py"))
+
+
 def test_demo_can_be_overridden() -> None:
     """The demo agent is part of the table a config file can change."""
     config = Config.from_toml("[agents.demo]\nmax_sessions = 1\n")

@@ -22,8 +22,9 @@ from attrs import define
 from run_helpers import config, spec_for, workspace
 
 from orchestrator.agent.services import ClientServices
-from orchestrator.agents import AgentSpec
+from orchestrator.agents import AgentSpec, builtin_agents
 from orchestrator.config import Config
+from orchestrator.errors import UsageError
 from orchestrator.pipeline import Pipeline, step
 from orchestrator.pipeline._branchio import Reaper
 from orchestrator.pipeline.results import Results, RunEvent, StepContext, StepResult
@@ -912,3 +913,20 @@ async def test_a_chained_step_keeps_its_own_diff_and_stores_the_cumulative_one(
     assert "+dos\n" in own and "a.txt" not in own
     stored = await diff_run(outcome.run_id, step="two", state_dir=state)
     assert "+two\n" in stored and "+dos\n" in stored
+
+
+async def test_a_step_naming_one_agent_twice_is_refused_before_it_starts(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    """A step that lists an agent by name and by its command line would key two branches
+    alike: a usage error, before any run is recorded."""
+    demo = " ".join(builtin_agents()["demo"].command)
+
+    @step(agent=["demo", demo])
+    def twice() -> str:
+        return "hello"
+
+    pipe = Pipeline.from_steps([twice])
+    with pytest.raises(UsageError, match=r"step twice: 'demo' and .* are the same agent \(demo\)"):
+        await run(pipe, workspace(tmp_path), Config.builtin())
+    assert not (state_dir / "runs").exists()

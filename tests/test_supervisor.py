@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import attrs
 import pytest
 import trio
 from conftest import pid_gone
@@ -263,15 +264,29 @@ async def test_exit_kills_every_process(tmp_path: Path) -> None:
     assert all(pid_gone(p) for p in pids)
 
 
-async def test_same_name_different_specs_refused(tmp_path: Path) -> None:
-    """Two different agents under one name are refused rather than mixed in one pool."""
+async def test_same_label_different_agents_get_a_pool_each(tmp_path: Path) -> None:
+    """Two different commands under one label never share a pool: each lease runs its own."""
+    say = {n: AgentScript(turns=(Turn(steps=(Say(f"I am {n}"),)),)) for n in "ab"}
+    a = spec_for(say["a"], tmp_path, name="x")
+    b = spec_for(say["b"], tmp_path, name="x")
+    with trio.fail_after(30):
+        async with open_supervisor() as sup:
+            async with sup.lease(a, cwd=tmp_path) as la, sup.lease(b, cwd=tmp_path) as lb:
+                assert (await la.prompt("who")).text == "I am a"
+                assert (await lb.prompt("who")).text == "I am b"
+                assert (la.process, lb.process) == ("x#1", "x#2")
+            assert sup.statistics()["agents"]["x"]["spawned"] == 2
+
+
+async def test_one_agent_under_two_settings_refused(tmp_path: Path) -> None:
+    """The same label and command leased with other limits is refused, not mixed in a pool."""
     a = spec_for(SAY, tmp_path, name="x")
-    b = AgentSpec("x", ("other",))
+    b = attrs.evolve(a, max_sessions=1)
     with trio.fail_after(30):
         async with open_supervisor() as sup:
             async with sup.lease(a, cwd=tmp_path):
                 pass
-            with pytest.raises(AgentError, match="distinct names"):
+            with pytest.raises(AgentError, match="two different settings"):
                 async with sup.lease(b, cwd=tmp_path):
                     pass
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -13,7 +14,8 @@ from attrs import define, field
 from ..agent.branch_services import open_branch_services
 from ..agent.permissions import Escalate
 from ..agent.services import ClientServices
-from ..agents import AgentSpec
+from ..agents import AgentSpec, label_agents
+from ..errors import UsageError
 from ..policy import PolicySet
 from ..protocol import types as t
 from ..vfs import Workdir
@@ -23,9 +25,37 @@ from ._recording import Recorder
 from ._state import AgentPool
 from .branches import change_kinds
 from .results import RunEvent, StepResult
-from .spec import Step
+from .spec import Pipeline, Step
 
-__all__ = ["AgentTurns"]
+__all__ = ["AgentTurns", "label_run_agents"]
+
+
+def label_run_agents(
+    pipeline: Pipeline,
+    resolve: Callable[[str], AgentSpec],
+    *,
+    base: str | os.PathLike[str] | None = None,
+) -> dict[str, AgentSpec]:
+    """Every agent the steps name, by how they name it, under its label for the run.
+
+    Labels are given in definition order (:func:`~orchestrator.agents.label_agents`), so a
+    pipeline gets the same labels on every run whatever order its steps run in. A step that
+    names one agent twice (``demo`` and the demo agent's command line) is refused: its
+    branches are keyed by label.
+    """
+    texts = list(dict.fromkeys(a for s in pipeline.steps.values() for a in s.agents))
+    agents = dict(zip(texts, label_agents(texts, resolve, base=base), strict=True))
+    for s in pipeline.steps.values():
+        seen: dict[str, str] = {}
+        for text in s.agents:
+            label = agents[text].name
+            if label in seen:
+                raise UsageError(
+                    f"step {s.name}: {seen[label]!r} and {text!r} are the same agent ({label});"
+                    " label them with NAME=COMMAND to run it twice"
+                )
+            seen[label] = text
+    return agents
 
 
 @define(eq=False)
@@ -34,7 +64,8 @@ class AgentTurns:
 
     run_id: str
     pool: AgentPool
-    resolve_agent: Callable[[str], AgentSpec]
+    #: every agent of the run under its label, by how steps name it (:func:`label_run_agents`)
+    agents: Mapping[str, AgentSpec]
     recorder: Recorder
     dirs: BranchDirs
     #: the run's policy, for agents and steps that name none
@@ -45,8 +76,6 @@ class AgentTurns:
     verify: Mapping[str, str]
     #: the specs of the agents in use, by label ("alice=demo" runs the demo agent as alice)
     specs: dict[str, AgentSpec] = field(factory=dict)
-    #: agents as resolved, by how steps name them
-    _resolved: dict[str, AgentSpec] = field(init=False, factory=dict)
     #: a callback for every session update of every turn (the prompt command streams them)
     on_update: Callable[[t.SessionUpdate], None] | None = None
     #: the session services' replacement (permission, terminal, elicitation), if any
@@ -57,16 +86,10 @@ class AgentTurns:
     _scoped: dict[tuple[str, str], PolicySet] = field(init=False, factory=dict)
 
     def use(self, names: Sequence[str]) -> list[str]:
-        """Resolve the agents a step names (once per run) and return their labels."""
-        specs = [self._agent(a) for a in names]
+        """The labels of the agents a step names."""
+        specs = [self.agents[a] for a in names]
         self.specs.update((spec.name, spec) for spec in specs)
         return [spec.name for spec in specs]
-
-    def _agent(self, text: str) -> AgentSpec:
-        spec = self._resolved.get(text)
-        if spec is None:
-            spec = self._resolved[text] = self.resolve_agent(text)
-        return spec
 
     def policy_for(self, step: Step, spec: AgentSpec) -> PolicySet:
         """The policy a turn of ``spec`` in ``step`` runs under.

@@ -32,7 +32,7 @@ from ..policy import PolicySet
 from ..protocol import types as t
 from ..store import StepRecord
 from ..vfs import Branch, MergeResult, Snapshot, merge_branches
-from ._agent_step import AgentTurns
+from ._agent_step import AgentTurns, label_run_agents
 from ._branchio import BranchDirs, BranchIO
 from ._calls import MISSING, call, describe, item_key
 from ._instance import InstanceExecutor
@@ -43,7 +43,7 @@ from .branches import conflict_json
 from .results import RunEvent
 from .spec import Pipeline, Step
 
-__all__ = ["AgentPool", "BranchIO", "LeaseLike", "PipelineRunner", "StepState"]
+__all__ = ["AgentPool", "BranchIO", "LeaseLike", "PipelineRunner", "StepState", "label_run_agents"]
 
 
 #: the background remover of branch directories, by the name it had here
@@ -73,6 +73,9 @@ class PipelineRunner:
     on_update: Callable[[t.SessionUpdate], None] | None = None
     #: replaces the permission, terminal and elicitation services of every session
     services: ClientServices | None = None
+    #: the run's agents under their labels, by how steps name them; None: resolved here
+    #: with :attr:`resolve_agent` (see :func:`label_run_agents`)
+    agents: Mapping[str, AgentSpec] | None = None
     states: dict[str, StepState] = field(factory=dict)
     #: what branch directories cost this run (see :meth:`statistics`)
     io: BranchIO = field(init=False, factory=BranchIO)
@@ -98,7 +101,11 @@ class PipelineRunner:
         self._turns = AgentTurns(
             run_id=self.run_id,
             pool=self.pool,
-            resolve_agent=self.resolve_agent,
+            agents=(
+                self.agents
+                if self.agents is not None
+                else label_run_agents(self.pipeline, self.resolve_agent)
+            ),
             recorder=self._recorder,
             dirs=self._dirs,
             policy=self.policy,

@@ -75,14 +75,18 @@ async def compare(
         raise UsageError("compare needs at least one --agent")
     root = Path(cwd).absolute()
     cfg = config if config is not None else Config.load(root)
-    specs = [cfg.resolve_agent(a) if isinstance(a, str) else a for a in agents]
+    specs = cfg.resolve_agents(agents, base=os.getcwd())
     names = [s.name for s in specs]
-    if len(set(names)) != len(names):
-        raise UsageError(
-            f"two agents share a name ({', '.join(names)}): label them with NAME=COMMAND"
-        )
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            first = agents[names.index(name)]
+            raise UsageError(
+                f"{_agent_text(first)!r} and {_agent_text(agents[i])!r} are the same agent"
+                f" ({name}); label them with NAME=COMMAND to compare it with itself"
+            )
+    # the comparison's step names its agents by label: the table maps each to its spec
     table = dict(cfg.agents)
-    table.update({s.name: s.resolved(os.getcwd()) for s in specs})
+    table.update({s.name: s for s in specs})
     cfg = Config(agents=table, max_sessions=cfg.max_sessions, sources=cfg.sources)
     if apply is not None and apply not in names:
         raise UsageError(f"--apply {apply}: not one of the agents ({', '.join(names)})")
@@ -117,3 +121,7 @@ async def compare(
 def compare_sync(agents: Sequence[str | AgentSpec], task: str, **kwargs: Any) -> RunOutcome:
     """:func:`compare` for scripts: runs its own trio loop."""
     return trio.run(lambda: compare(agents, task, **kwargs))
+
+
+def _agent_text(agent: str | AgentSpec) -> str:
+    return agent if isinstance(agent, str) else agent.name

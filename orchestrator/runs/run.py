@@ -44,7 +44,7 @@ from ..pipeline.branches import (
     stored_changes,
 )
 from ..pipeline.results import RunEvent
-from ..pipeline.runner import AgentPool, PipelineRunner
+from ..pipeline.runner import AgentPool, PipelineRunner, label_run_agents
 from ..policy import PolicySet
 from ..protocol import types as t
 from ..state import state_directory
@@ -133,19 +133,19 @@ async def recover(state_dir: str | os.PathLike[str] | None = None) -> list[Recov
 
 def _settings(
     pipe: Pipeline,
-    cfg: Config,
+    agents: Mapping[str, AgentSpec],
     policy: str | os.PathLike[str] | PolicySet | None,
     max_sessions: int | None,
     restored: RunSettings | None,
+    default_sessions: int | None,
 ) -> RunSettings:
     """The run's settings, resolved once before any agent starts (or as a resume restored
     them): the policy, the policies its steps and agents name, the limit, the agent table."""
-    agents = {name: cfg.resolve_agent(name) for step in pipe.steps.values() for name in step.agents}
     if restored is None:
         base = RunSettings(
             policy=PolicySet.resolve(policy),
             policy_source=policy_source(policy),
-            max_sessions=max_sessions or cfg.max_sessions or 8,
+            max_sessions=max_sessions or default_sessions or 8,
         )
     else:
         base = restored
@@ -206,7 +206,10 @@ async def run_pipeline(
         pipe.check_agents(lambda name: launchable(cfg.resolve_agent(name)))
     else:  # agents come from elsewhere: only their names must resolve
         pipe.check_agents(cfg.resolve_agent)
-    settings = _settings(pipe, cfg, policy, max_sessions, _settings_restored)
+    # labels for the whole run, before anything starts: relative paths as typed here, like
+    # prompt and compare; different agents never share a label
+    agents = label_run_agents(pipe, cfg.resolve_agent, base=os.getcwd())
+    settings = _settings(pipe, agents, policy, max_sessions, _settings_restored, cfg.max_sessions)
     cfg = settings.config(cfg)
     state = state_directory(state_dir)
     await recover(state)
@@ -275,6 +278,7 @@ async def run_pipeline(
                     verify=dict(verify or {}),
                     reused=reused,
                     parallel=limit,
+                    agents=agents,
                 )
                 await runner.emit(RunEvent("run_started", run_id, data={"pipeline": pipe.name}))
                 await runner.run()
