@@ -274,7 +274,7 @@ async def test_same_label_different_agents_get_a_pool_each(tmp_path: Path) -> No
             async with sup.lease(a, cwd=tmp_path) as la, sup.lease(b, cwd=tmp_path) as lb:
                 assert (await la.prompt("who")).text == "I am a"
                 assert (await lb.prompt("who")).text == "I am b"
-                assert (la.process, lb.process) == ("x#1", "x#2")
+                assert (la.process, lb.process) == ("x", "x#2")
             assert sup.statistics()["agents"]["x"]["spawned"] == 2
 
 
