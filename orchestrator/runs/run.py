@@ -49,7 +49,7 @@ from ..store import RunRecord, RunStore, StepRecord, open_run_store
 from ..supervisor import Connector, Limits, open_supervisor
 from ..vfs import Branch, Snapshot, Workspace, apply_changes_async, git_patch, merge_branches
 from .prompt import load_policy, recover
-from .recorded import get_run_json
+from .recorded import compare_verdict, get_run_json
 
 __all__ = ["RunOutcome", "run_pipeline", "run_pipeline_sync"]
 
@@ -238,6 +238,9 @@ async def _conclude(
     status: RunStatus = "succeeded"
     if failed:
         status = "conflicts" if len(conflicted) == len(failed) else "failed"
+    if kind == "compare":
+        # a comparison exists to pick one: its status is its verdict's (runs/verdict.py)
+        status = (await compare_verdict(runner.run_id, store=store)).status
     final: Branch | None = None
     if kind == "pipeline":
         sinks = [b for name in runner.pipeline.sinks() for b in states[name].branches]
