@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import re
+import shlex
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
 import pytest
+from run_helpers import CLI, agent_command, run_cli, write_script
 
 from orchestrator.errors import UsageError
 from orchestrator.report import (
@@ -24,6 +26,7 @@ from orchestrator.report._format import cost_text, seconds_text
 from orchestrator.report._markdown import cell, fence
 from orchestrator.report._markup import Markup, el, escape, join
 from orchestrator.report._model import PipelineView, layers
+from orchestrator.testing import Say, Turn, WriteDisk
 
 HOSTILE = "<script>alert(1)</script>"
 #: an attribute break-out attempt: closes the quote and adds an event handler
@@ -973,3 +976,39 @@ def test_lexers_are_looked_up_once_per_extension() -> None:
     assert _highlight._lexer_key("CMakeLists.txt") == "CMakeLists.txt"
     assert type(_highlight._lexer("CMakeLists.txt")).__name__ == "CMakeLexer"
     assert _highlight._lexer("notes.unknown-extension") is None
+
+
+# --------------------------------------------------------------------------- a real comparison
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not CLI.is_file(), reason=f"console script {CLI} not installed")
+async def test_report_of_a_real_compare_shows_the_failed_agent_and_the_winner(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    """compare --report: the agent that failed verify shows failed; the one that passed wins."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "README.md").write_text("hello\n")
+    argv = ["compare", "--cwd", str(project), "--no-progress", "--verify", "test -f ok.txt"]
+    for name, path in (("alice", "wrong.txt"), ("bob", "ok.txt")):
+        turn = Turn(steps=(WriteDisk(path=path, content="x\n"), Say(text="done")))
+        script = write_script(tmp_path / f"{name}.json", turn)
+        argv += ["--agent", f"{name}={shlex.join(agent_command(script))}"]
+    out = tmp_path / "out"
+    done = await run_cli(*argv, "--report", str(out), "do it", cwd=tmp_path, state=state_dir)
+    assert done.returncode == 0, done.stderr.decode()
+
+    page = (out / "report.html").read_text()
+    s = parse(page)
+    [outcome] = re.findall(r'<tr><th scope="row">Outcome</th>.*?</tr>', page)
+    assert re.findall(r'class="badge s-(\w+)"', outcome) == ["failed", "succeeded"]
+    winners = [a for a in s.find("th", scope="col") if a.get("class") == "winner"]
+    assert len(winners) == 1
+    assert re.search(r'<th scope="col" class="winner">bob <span class="badge ok">winner', page)
+    assert "verify failed: exit 1" in page
+
+    md = (out / "report.md").read_text()
+    assert "| Outcome | failed | succeeded |" in md
+    assert "| Winner | bob |" in md
+    assert "bob (winner)" in md

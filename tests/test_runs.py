@@ -338,6 +338,8 @@ async def test_compare_runs_each_agent_on_its_branch_and_applies_only_the_chosen
     assert agents["b"]["text"] == "b finished"
     assert agents["a"]["verify"]["exitCode"] == 0
     assert agents["b"]["verify"]["exitCode"] != 0
+    assert (agents["b"]["status"], agents["b"]["error"]) == ("failed", "verify failed: exit 1")
+    assert (outcome.result["succeeded"], outcome.result["winner"]) == (["a"], "a")
     assert {c["path"] for c in agents["a"]["changes"]} == {"a.txt", "done.txt"}
     assert {c["path"] for c in agents["b"]["changes"]} == {"b.txt"}
     assert tree(ws) == {"a.txt": "from a\n", "base.txt": "base\n", "done.txt": "done by a\n"}

@@ -195,15 +195,8 @@ def _summary(result: dict[str, Any], run_id: str) -> None:
     """The human ending of run, compare and resume (stderr; the diff on stdout)."""
     err = sys.stderr
     if result.get("kind") == "compare":
-        for agent in result.get("agents", []):
-            verify = agent.get("verify") or {}
-            vtext = f" verify={verify.get('exitCode')}" if verify else ""
-            files = len(agent.get("changes") or [])
-            print(
-                f"  {agent.get('name'):<12} {agent.get('status'):<10} "
-                f"{agent.get('stopReason') or '-':<10} {files} files{vtext}",
-                file=err,
-            )
+        for line in _compare_lines(result):
+            print(line, file=err)
     else:
         for name, step in (result.get("steps") or {}).items():
             extra = step.get("error") or step.get("cause") or ""
@@ -219,11 +212,37 @@ def _summary(result: dict[str, Any], run_id: str) -> None:
     print(f"run {run_id}: {status}", file=err)
     if not result.get("applied"):
         how = (
-            f"orchestrator apply {run_id} --step compare[NAME]"
+            f"orchestrator apply {run_id} --step compare[{result.get('winner') or 'NAME'}]"
             if result.get("kind") == "compare"
             else f"orchestrator apply {run_id}"
         )
         print(f"nothing was written to the workspace; to apply: {how}", file=err)
+
+
+def _compare_lines(result: dict[str, Any]) -> list[str]:
+    """A comparison's agents, one line each with the winner starred, then the winner and why."""
+    from ..runs.verdict import changed_lines, judge
+
+    agents = result.get("agents") or []
+    verdict = judge(agents)
+    lines = []
+    for agent in agents:
+        mark = "*" if agent.get("name") == verdict.winner else " "
+        verify = agent.get("verify") or {}
+        vtext = f"  verify={verify.get('exitCode')}" if verify else ""
+        wall = agent.get("wallSeconds")
+        wtext = f"{wall:.1f} s" if isinstance(wall, (int, float)) else "-"
+        lines.append(
+            f"{mark} {agent.get('name'):<12} {agent.get('status'):<10} "
+            f"{agent.get('stopReason') or '-':<17} {len(agent.get('changes') or [])} files  "
+            f"{changed_lines(str(agent.get('diff') or ''))} lines  {wtext}{vtext}"
+            + (f"  {agent['error']}" if agent.get("error") else "")
+        )
+    if verdict.winner is not None:
+        lines.append(f"winner: {verdict.winner} ({verdict.reason})")
+    elif agents:
+        lines.append("winner: none (no agent succeeded)")
+    return lines
 
 
 async def cmd_run(args: argparse.Namespace) -> int:
@@ -336,11 +355,8 @@ async def cmd_show(args: argparse.Namespace) -> int:
     print(f"run {result['runId']} ({result['kind']}) in {result['cwd']}: {result['status']}")
     if result.get("kind") == "compare":
         print(f"task: {result.get('task')}")
-        for agent in result.get("agents", []):
-            print(
-                f"  {agent.get('name'):<12} {agent.get('status'):<10} "
-                f"{len(agent.get('changes') or [])} files  {agent.get('stopReason') or '-'}"
-            )
+        for line in _compare_lines(result):
+            print(line)
     else:
         for name, step in (result.get("steps") or {}).items():
             extra = step.get("error") or step.get("cause") or ""

@@ -24,7 +24,7 @@ from ._calls import jsonable, prompt_input, run_verify, update_event
 from ._recording import Recorder
 from ._state import AgentPool
 from .branches import change_kinds
-from .results import RunEvent, StepResult
+from .results import RunEvent, StepResult, agent_failure
 from .spec import Pipeline, Step
 
 __all__ = ["AgentTurns", "label_run_agents"]
@@ -214,9 +214,11 @@ class AgentTurns:
         command = self.verify.get(step.name)
         if command is not None:
             verify = await run_verify(command, Path(workdir.root))
-        error = None
+        error: str | None
         if over_budget:
             error = f"budget exceeded: {over_budget[0]} tokens > {step.budget.max_tokens}"  # type: ignore[union-attr]
+        else:
+            error = agent_failure(turn.stop_reason, verify)
         branch = fs.workdir.branch
         # computed once at the harvest and reused when the instance is recorded
         diffs = self.dirs.diffs(branch)

@@ -132,7 +132,7 @@ async def run_verify(command: str, directory: Path, *, timeout: float = 600.0) -
         if proc is not None:
             _signal_group(proc.pid, signal.SIGKILL)
     if scope.cancelled_caught or not done:
-        return VerifyResult(command, 124, f"timed out after {timeout:g}s")
+        return VerifyResult(command, 124, f"timed out after {timeout:g}s", timed_out=True)
     output = done[0].stdout.decode("utf-8", "replace")
     tail = "\n".join(output.splitlines()[-40:])
     return VerifyResult(command, done[0].returncode, tail)

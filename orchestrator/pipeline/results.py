@@ -26,6 +26,7 @@ __all__ = [
     "StepResult",
     "StepStatus",
     "VerifyResult",
+    "agent_failure",
 ]
 
 ChangeKind = Literal["added", "modified", "deleted"]
@@ -40,13 +41,46 @@ class VerifyResult:
     exit_code: int
     #: the last lines of its combined output
     output: str = ""
+    #: whether it was killed for taking too long (its exit code is then 124)
+    timed_out: bool = False
+
+    @property
+    def passed(self) -> bool:
+        """Whether the command exited 0 in time."""
+        return self.exit_code == 0 and not self.timed_out
 
     def to_json(self) -> dict[str, Any]:
-        return {"command": self.command, "exitCode": self.exit_code, "output": self.output}
+        return {
+            "command": self.command,
+            "exitCode": self.exit_code,
+            "output": self.output,
+            "timedOut": self.timed_out,
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> VerifyResult:
-        return cls(str(data["command"]), int(data["exitCode"]), str(data.get("output") or ""))
+        return cls(
+            str(data["command"]),
+            int(data["exitCode"]),
+            str(data.get("output") or ""),
+            bool(data.get("timedOut")),
+        )
+
+
+def agent_failure(stop_reason: str | None, verify: VerifyResult | None) -> str | None:
+    """Why an agent instance did not succeed, or None when it did.
+
+    An agent succeeds only when its turn ended ``end_turn`` (``cancelled``, ``refusal``,
+    ``max_tokens`` and ``max_turn_requests`` leave the work unfinished) and its verify command,
+    if it has one, passed. The one rule for every agent step, a comparison's agents included.
+    """
+    reasons = []
+    if stop_reason != "end_turn":
+        reasons.append(f"turn ended {stop_reason}")
+    if verify is not None and not verify.passed:
+        how = verify.output if verify.timed_out else f"exit {verify.exit_code}"
+        reasons.append(f"verify failed: {how}")
+    return "; ".join(reasons) or None
 
 
 @frozen

@@ -68,8 +68,11 @@ async def compare(
 ) -> RunOutcome:
     """The same task to each agent at once, each in its own branch; side by side.
 
-    ``verify`` is a shell command run in each agent's branch directory after its turn.
-    ``apply`` names the agent whose changes to write to the workspace.
+    ``verify`` is a shell command run in each agent's branch directory after its turn: an
+    agent succeeds when its turn ends ``end_turn`` and the command exits 0. The comparison
+    succeeds when at least one agent did; its result names them (``succeeded``) and the
+    ``winner`` (see :mod:`orchestrator.runs.verdict`). ``apply`` names the agent whose
+    changes to write to the workspace, if that agent succeeded (else the status is failed).
     """
     if len(agents) < 1:
         raise UsageError("compare needs at least one --agent")
@@ -111,6 +114,12 @@ async def compare(
     )
     state_dir = kwargs.get("state_dir")
     if apply is not None and outcome.status == "succeeded":
+        if apply not in outcome.result.get("succeeded", ()):
+            # only work that passed is written on the way; a failed agent's branch stays in
+            # the store, for a deliberate apply_run(..., step="compare[NAME]")
+            log.warning("not applied: the agent did not succeed", agent=apply)
+            result = {**outcome.result, "applied": None}
+            return RunOutcome(outcome.run_id, "failed", result, outcome.run_dir)
         applied = await apply_run(outcome.run_id, step=f"compare[{apply}]", state_dir=state_dir)
         result = {**outcome.result, "applied": apply if applied.applied else None}
         status: RunStatus = outcome.status if applied.applied or not applied.paths else "conflicts"

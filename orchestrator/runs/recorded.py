@@ -9,8 +9,10 @@ from ..errors import UsageError
 from ..pipeline.branches import FINAL
 from ..state import state_directory
 from ..store import RunRecord, RunStore, open_run_store
+from .verdict import Verdict, judge
 
 __all__ = [
+    "compare_verdict",
     "diff_run",
     "get_run_json",
     "list_runs",
@@ -130,7 +132,11 @@ async def get_run_json(
             if verify and not one.get("verify"):
                 one["verify"] = None
             agents.append(one)
-        result.update(task=compare_info.get("task") or record.inputs.get("task"), agents=agents)
+        result.update(
+            task=compare_info.get("task") or record.inputs.get("task"),
+            agents=agents,
+            **judge(agents).to_json(),
+        )
     else:
         result.update(
             pipeline=record.pipeline,
@@ -143,3 +149,8 @@ async def get_run_json(
         )
     result["conflicts"] = await store.conflicts(record.run_id)
     return result
+
+
+async def compare_verdict(run_id: str, *, store: RunStore) -> Verdict:
+    """The verdict of the comparison ``run_id`` as recorded: who succeeded, who won."""
+    return judge((await get_run_json(run_id, store=store)).get("agents") or [])

@@ -60,7 +60,7 @@ from ..vfs import (
     merge_branches,
     recover_applies,
 )
-from .recorded import get_run_json
+from .recorded import compare_verdict, get_run_json
 from .settings import RunSettings, policy_source
 
 __all__ = ["RunOutcome", "recover", "run_pipeline", "run_pipeline_sync", "workspace_root"]
@@ -332,6 +332,9 @@ async def _conclude(
     status: RunStatus = "succeeded"
     if failed:
         status = "conflicts" if len(conflicted) == len(failed) else "failed"
+    if kind == "compare":
+        # a comparison exists to pick one: its status is its verdict's (runs/verdict.py)
+        status = (await compare_verdict(runner.run_id, store=store)).status
     final: Branch | None = None
     if kind != "compare":  # a comparison's branches are alternatives, never merged
         sinks = [b for name in runner.pipeline.sinks() for b in states[name].branches]

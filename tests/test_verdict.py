@@ -1,0 +1,87 @@
+"""A comparison's verdict (orchestrator.runs.verdict) and the rule for when an agent succeeded."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from orchestrator.pipeline.results import VerifyResult, agent_failure
+from orchestrator.runs.verdict import changed_lines, judge
+
+#: one file, 2 added and 1 removed, and a removed line that reads "-- x" (shown "--- x")
+DIFF = """diff --git a/a.txt b/a.txt
+--- a/a.txt
++++ b/a.txt
+@@ -1,3 +1,3 @@
+ keep
+--- x
+-old
++new
++more
+\\ No newline at end of file
+"""
+
+
+def agent(name: str, status: str = "succeeded", **fields: Any) -> dict[str, Any]:
+    """An agent object of a comparison's ``--json``."""
+    return {"name": name, "status": status, "diff": "", "wallSeconds": 1.0, **fields}
+
+
+def test_changed_lines_counts_within_hunks() -> None:
+    """Added plus removed lines; file headers do not count, a removed '--- x' line does."""
+    assert changed_lines(DIFF) == 4
+    assert changed_lines("") == 0
+
+
+def test_no_agent_succeeded_no_winner() -> None:
+    """Nobody succeeded: the comparison failed, no winner."""
+    verdict = judge([agent("a", "failed"), agent("b", "failed")])
+    assert (verdict.succeeded, verdict.winner, verdict.status) == ((), None, "failed")
+    assert verdict.to_json() == {"succeeded": [], "winner": None}
+
+
+def test_verify_passed_then_fewest_lines_then_fastest() -> None:
+    """Verify passing ranks first, then fewer changed lines, then shorter wall time."""
+    passed, failed = {"exitCode": 0}, {"exitCode": 1}
+    verdict = judge(
+        [
+            agent("small-unverified", verify=failed),
+            agent("big", verify=passed, diff=DIFF),
+            agent("slow", verify=passed, wallSeconds=9.0),
+            agent("fast", verify=passed, wallSeconds=2.5),
+            agent("lost", "failed", verify=passed),
+        ]
+    )
+    assert verdict.succeeded == ("small-unverified", "big", "slow", "fast")
+    assert verdict.winner == "fast"
+    assert verdict.reason == "verify passed, 0 lines changed, 2.5 s"
+    assert verdict.status == "succeeded"
+
+
+def test_equal_agents_the_first_given_wins() -> None:
+    """A full tie goes to the agent given first; without verify the reason does not claim it."""
+    verdict = judge([agent("b"), agent("a")])
+    assert (verdict.winner, verdict.reason) == ("b", "0 lines changed, 1.0 s")
+
+
+@pytest.mark.parametrize(
+    ("stop_reason", "verify", "error"),
+    [
+        ("end_turn", None, None),
+        ("end_turn", VerifyResult("t", 0), None),
+        ("end_turn", VerifyResult("t", 1), "verify failed: exit 1"),
+        (
+            "end_turn",
+            VerifyResult("t", 124, "timed out after 600s", timed_out=True),
+            "verify failed: timed out after 600s",
+        ),
+        ("max_tokens", None, "turn ended max_tokens"),
+        ("cancelled", VerifyResult("t", 2), "turn ended cancelled; verify failed: exit 2"),
+    ],
+)
+def test_an_agent_succeeds_only_if_its_turn_ended_and_verify_passed(
+    stop_reason: str, verify: VerifyResult | None, error: str | None
+) -> None:
+    """end_turn and a passing verify (when there is one) succeed; anything else says why."""
+    assert agent_failure(stop_reason, verify) == error
