@@ -69,7 +69,7 @@ from orchestrator.vfs import (
 
 LIMIT = 30.0  # seconds any test here may take (each agent is a fresh Python process)
 CLI = Path(sys.executable).parent / "orchestrator"
-EXIT_CONFLICTS = 3
+EXIT_WORKSPACE_CHANGED = 3
 INVALID_PARAMS = -32602
 
 BASE_DOC = "".join(f"line {n}\n" for n in range(1, 13)).encode()
@@ -619,7 +619,7 @@ async def test_cli_apply_conflict_exits_3(tmp_path: Path, state_dir: Path) -> No
     with trio.fail_after(LIMIT):
         done = await trio.run_process(args, capture_stdout=True, capture_stderr=True, check=False)
 
-    assert done.returncode == EXIT_CONFLICTS, done.stderr.decode()
+    assert done.returncode == EXIT_WORKSPACE_CHANGED, done.stderr.decode()
     data: dict[str, Any] = orjson.loads(done.stdout)
     assert (data["applied"], data["applyConflicts"]) == (False, ["notes.txt"])
     assert sorted((c["path"], c["change"]) for c in data["changes"]) == [

@@ -29,7 +29,8 @@ async def resume_run(
     """Run ``run_id`` again: finished instances are reused with their branches, the rest re-run.
 
     Refused (:class:`~orchestrator.pipeline.branches.ResumeConflict`, exit 3 on the command line)
-    if the workspace changed since in files the finished steps changed.
+    if the workspace changed since in files the finished steps changed. ``apply=True`` applies
+    the run's final changes at its end (not for a comparison: apply one agent's afterwards).
     """
     state = state_directory(state_dir)
     async with open_run_store(state) as store:
@@ -39,6 +40,13 @@ async def resume_run(
     if record.kind == "compare":
         info = dict(record.options).get("compare") or {}
         names = list(info.get("agents") or [])
+        if kwargs.get("apply"):
+            # the agents' branches are alternatives: which one to apply is a choice
+            choices = ", ".join(f"compare[{name}]" for name in names)
+            raise UsageError(
+                f"run {record.run_id} is a comparison: resume it without applying, then "
+                f"apply one agent's changes ({choices})"
+            )
         pipe = _compare_pipeline(
             str(info.get("task", "")), names, info.get("timeout"), info.get("idle_timeout")
         )

@@ -31,13 +31,14 @@ from ..agent.client import ClientOptions
 from ..agent.permissions import Escalate
 from ..agents import AgentSpec
 from ..config import Config
-from ..errors import UsageError
+from ..errors import AlreadyApplied, UsageError
 from ..pipeline import Pipeline, load_pipeline
 from ..pipeline._writer import open_store_writer
 from ..pipeline.branches import (
     FINAL,
     conflict_json,
     diff_of,
+    patch_of,
     rebuild_branch,
     stored_changes,
 )
@@ -47,7 +48,8 @@ from ..policy import PolicySet
 from ..state import state_directory
 from ..store import RunRecord, RunStore, StepRecord, open_run_store
 from ..supervisor import Connector, Limits, open_supervisor
-from ..vfs import Branch, Snapshot, Workspace, apply_changes_async, git_patch, merge_branches
+from ..vfs import Branch, Snapshot, Workspace, merge_branches
+from .apply import apply_recorded
 from .prompt import load_policy, recover
 from .recorded import get_run_json
 
@@ -68,11 +70,17 @@ class RunOutcome:
     result: Mapping[str, Any]
     #: the run's directory in the state directory
     run_dir: str
+    #: asked to apply, the run succeeded but wrote nothing: these files it changed changed in
+    #: the workspace during the run (its changes stay in the run store, to apply later)
+    workspace_changed: tuple[str, ...] = ()
 
     @property
     def exit_code(self) -> int:
-        """0 done, 1 a step failed, 3 conflicts left unapplied, 130 interrupted."""
-        return {"succeeded": 0, "failed": 1, "conflicts": 3, "interrupted": 130}[self.status]
+        """0 done, 1 a step failed, 3 left unapplied because the workspace changed, 4 merge
+        conflicts between branches, 130 interrupted."""
+        if self.status == "succeeded" and self.workspace_changed:
+            return 3
+        return {"succeeded": 0, "failed": 1, "conflicts": 4, "interrupted": 130}[self.status]
 
     @property
     def diff(self) -> str:
@@ -169,6 +177,7 @@ async def run_pipeline(
         log.info("run started", run=run_id, pipeline=pipe.name, steps=len(pipe.steps))
         started = time.monotonic()
         status: RunStatus = "interrupted"
+        unapplied: tuple[str, ...] = ()
         crash: Exception | None = None
         try:
             async with (
@@ -200,7 +209,7 @@ async def run_pipeline(
                 )
                 await runner.emit(RunEvent("run_started", run_id, data={"pipeline": pipe.name}))
                 await runner.run()
-            status = await _conclude(store, runner, _kind, apply, state)
+            status, unapplied = await _conclude(store, runner, _kind, apply, state)
         except Exception as e:
             crash = e  # not an interruption: recorded as a failure with its error
             raise
@@ -221,17 +230,23 @@ async def run_pipeline(
             "wallSeconds": round(time.monotonic() - started, 3),
             # instances finished in an earlier attempt and reused by this resume
             "reused": sorted(reused),
+            # asked to apply: the files that changed in the workspace during the run
+            "workspaceChanged": list(unapplied),
         }
         await store.update_run(run_id, result=result)
         if on_event is not None:
             on_event(RunEvent("run_finished", run_id, data={"status": status}))
-        return RunOutcome(run_id, status, result, str(run_dir))
+        return RunOutcome(run_id, status, result, str(run_dir), unapplied)
 
 
 async def _conclude(
     store: RunStore, runner: PipelineRunner, kind: str, apply: bool, state: Path
-) -> RunStatus:
-    """Merge the sinks, record the run's final changes, apply them when asked; the status."""
+) -> tuple[RunStatus, tuple[str, ...]]:
+    """Merge the sinks, record the run's final changes, apply them when asked.
+
+    Returns the status and, when the apply found files changed in the workspace during the
+    run, those files (the run still succeeded; its changes stay recorded, to apply later).
+    """
     states = runner.states
     failed = [s for s in states.values() if s.status == "failed"]
     conflicted = [s for s in failed if s.error and s.error.startswith("merge conflict")]
@@ -254,33 +269,28 @@ async def _conclude(
                 if status == "succeeded":
                     status = "conflicts"
             final = merged.fork(FINAL, allow_conflicts=True)
-    applied = None
     if final is not None:
         net = final.net_changes()
+        # recorded before anything is applied: the apply reads them from the store
         await store.put_changes(
             runner.run_id, FINAL, stored_changes(runner.snapshot, net), diff=diff_of(final, net)
         )
-        patch = await trio.to_thread.run_sync(lambda: git_patch(final.root, net))
+        patch = await trio.to_thread.run_sync(lambda: patch_of(final.root, net))
         await trio.to_thread.run_sync((runner.run_dir / "changes.patch").write_bytes, patch)
-        if apply and status == "succeeded" and net:
-            # the apply and its record go together: a Ctrl-C must not leave written files
-            # behind a run recorded as interrupted and not applied
-            with trio.CancelScope(shield=True):
-                outcome = await apply_changes_async(final, net, state_dir=state)
-                if outcome.applied:
-                    applied = time.time()
-                else:
-                    status = "conflicts"
-                    log.warning(
-                        "workspace changed during the run; nothing applied",
-                        files=[c.path for c in outcome.conflicts],
-                    )
-                await store.update_run(
-                    runner.run_id, status=status, finished=time.time(), applied=applied
-                )
-            return status
-    await store.update_run(runner.run_id, status=status, finished=time.time(), applied=applied)
-    return status
+    await store.update_run(runner.run_id, status=status, finished=time.time())
+    if not (apply and status == "succeeded"):
+        return status, ()
+    try:
+        outcome = await apply_recorded(store, runner.run_id, state=state)
+    except AlreadyApplied as e:  # a resume of a run applied before
+        log.warning("not applied again", run=runner.run_id, reason=str(e))
+        return status, ()
+    if outcome.workspace_changed:
+        log.warning(
+            "workspace changed during the run; nothing applied",
+            files=list(outcome.workspace_changed),
+        )
+    return status, outcome.workspace_changed
 
 
 async def _reusable(
