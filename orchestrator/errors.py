@@ -18,6 +18,8 @@ __all__ = [
     "AgentExited",
     "AgentHung",
     "AgentStartError",
+    "AlreadyApplied",
+    "ApplyRefused",
     "AuthRequired",
     "AuthenticationError",
     "CapabilityNotSupported",
@@ -41,6 +43,7 @@ __all__ = [
     "StoreError",
     "StoreVersionError",
     "TurnTimeout",
+    "UnsettledConflicts",
     "UsageError",
     "error_from_code",
 ]
@@ -315,3 +318,42 @@ class ResumeConflict(OrchestratorError):
 
 class ReportError(UsageError):
     """The result cannot be rendered (not a result object) or the report cannot be written."""
+
+
+# --------------------------------------------------------------------------- apply
+
+
+class ApplyRefused(OrchestratorError):
+    """A recorded run's changes cannot be applied as asked; nothing was written.
+
+    ``run_id`` is the run's full id.
+    """
+
+    def __init__(self, run_id: str, message: str):
+        self.run_id = run_id
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.run_id, str(self)))
+
+
+class AlreadyApplied(ApplyRefused):
+    """The same changes of the run were applied to its workspace before (``at``, epoch seconds)."""
+
+    def __init__(self, run_id: str, message: str, at: float | None = None):
+        self.at = at
+        super().__init__(run_id, message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.run_id, str(self), self.at))
+
+
+class UnsettledConflicts(ApplyRefused):
+    """The changes asked for hold merge conflicts between branches (``paths``) to settle first."""
+
+    def __init__(self, run_id: str, message: str, paths: Iterable[str] = ()):
+        self.paths = tuple(paths)
+        super().__init__(run_id, message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.run_id, str(self), self.paths))

@@ -20,7 +20,7 @@ from run_helpers import CLI, agent_command, as_json, prompts, run_cli, snapshot,
 from orchestrator.store import RunRecord, open_run_store
 from orchestrator.testing import Crash, Say, Turn, WriteFile
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CONFLICTS = 0, 1, 2, 3
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_WORKSPACE_CHANGED = 0, 1, 2, 3
 
 pytestmark = [
     pytest.mark.slow,
@@ -205,7 +205,7 @@ async def test_resume_refused_when_the_workspace_changed(setup: Setup, state_dir
     (setup.project / "README.md").write_text("edited by hand\n")
     before = snapshot(setup.project)
     refused = await run_cli("resume", run_id, "--json", cwd=setup.root, state=state_dir)
-    assert refused.returncode == EXIT_CONFLICTS, refused.stderr.decode()
+    assert refused.returncode == EXIT_WORKSPACE_CHANGED, refused.stderr.decode()
     body = as_json(refused)
     assert body["error"]["type"] == "ResumeConflict"
     assert body["paths"] == ["README.md"]

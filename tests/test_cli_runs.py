@@ -116,7 +116,7 @@ def test_apply_refused_when_workspace_changed(project: Path, state_dir: Path) ->
     before = snapshot(project)
     refused = cli("apply", run_id, "--json", state=state_dir)
     assert refused.returncode == 3
-    assert "README.md" in as_json(refused)["conflicts"]
+    assert "README.md" in as_json(refused)["workspaceChanged"]
     assert snapshot(project) == before
 
 

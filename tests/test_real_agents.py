@@ -160,7 +160,7 @@ async def test_task_applied(
                 spec, TASK, cwd=project.root, policy=edit_policy(), apply=True, state_dir=state_dir
             )
     assert run.turn.stop_reason == "end_turn"
-    assert run.applied and run.apply_conflicts == ()
+    assert run.applied and run.workspace_changed == ()
     assert project.snapshot() == {
         "README.md": Project.FILES["README.md"],
         "greet.py": Project.EDITED,

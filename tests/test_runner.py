@@ -477,10 +477,10 @@ async def run_conflict(tmp_path: Path, merge: str) -> tuple[RunOutcome, list[Run
 
 
 async def test_merge_conflict_with_fail_strategy_fails_the_dependent_step(tmp_path: Path) -> None:
-    """Same line changed twice: merge='fail' fails the join; the run ends in conflicts (3)."""
+    """Same line changed twice: merge='fail' fails the join; the run ends in conflicts (4)."""
     outcome, events, ws = await run_conflict(tmp_path, "fail")
     assert outcome.status == "conflicts"
-    assert outcome.exit_code == 3
+    assert outcome.exit_code == 4
     assert outcome.steps["edit"]["status"] == "succeeded"
     assert outcome.steps["join"]["status"] == "failed"
     assert "merge conflict in shared.txt" in outcome.steps["join"]["error"]

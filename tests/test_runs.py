@@ -7,6 +7,9 @@ points the run store at a temporary directory.
 
 from __future__ import annotations
 
+import hashlib
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +20,9 @@ from run_helpers import config, spec_for, workspace
 
 from orchestrator.agents import AgentSpec
 from orchestrator.config import Config
-from orchestrator.errors import PipelineError, UsageError
+from orchestrator.errors import AlreadyApplied, PipelineError, UsageError
 from orchestrator.pipeline import Pipeline, step
+from orchestrator.pipeline.branches import FINAL, diff_of, stored_changes
 from orchestrator.pipeline.results import RunEvent, StepResult
 from orchestrator.runs import (
     RunOutcome,
@@ -30,6 +34,7 @@ from orchestrator.runs import (
     resume_run,
     run_pipeline,
 )
+from orchestrator.store import BASE_UNKNOWN, RunRecord, StepRecord, StoredChange, open_run_store
 from orchestrator.testing import (
     AgentScript,
     ErrorReply,
@@ -39,6 +44,7 @@ from orchestrator.testing import (
     WriteFile,
 )
 from orchestrator.testing.connector import memory_connector
+from orchestrator.vfs import Branch, Workspace
 
 LIMIT = 30.0  # seconds any one run here may take (subprocess agents start a Python each)
 PIPELINES = Path(__file__).resolve().parent / "pipelines"
@@ -236,7 +242,7 @@ async def test_branch_changes_reach_the_diff_and_are_applied_only_on_request(
     with trio.fail_after(LIMIT):
         refused = await apply_run(outcome.run_id)
     assert not refused.applied
-    assert refused.paths == ("readme.txt",)
+    assert refused.workspace_changed == ("readme.txt",)
     assert tree(ws) == {**before, "readme.txt": "hello, changed by a human\n"}
 
     (ws / "readme.txt").write_text("hello\n")
@@ -291,6 +297,94 @@ async def test_what_git_ignores_in_a_step_directory_is_neither_diffed_nor_applie
     assert applied.applied and applied.written == ("report.txt",)
     assert tree(ws) == {**before, "report.txt": "1 passed\n"}
     assert not (ws / ".pytest_cache").exists() and not (ws / "build").exists()
+
+
+# --------------------------------------------------------------------------- applying records
+
+
+async def record_prompt(
+    state: Path, cwd: Path, changes: list[StoredChange], status: str = "succeeded"
+) -> str:
+    """A prompt run as the store keeps it: one step named prompt, its changes under FINAL."""
+    run_id = "p" + os.urandom(5).hex()
+    now = time.time()
+    async with open_run_store(state) as store:
+        await store.create_run(RunRecord(run_id, "prompt", status, now, str(cwd), finished=now))
+        await store.put_step(StepRecord(run_id, "prompt", "prompt", agent="x", status="succeeded"))
+        await store.put_changes(run_id, FINAL, changes, diff="")
+    return run_id
+
+
+def digest(data: bytes) -> str:
+    """The content digest the store records (SHA-256, hex)."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def change(path: str, text: str, base: str | None) -> StoredChange:
+    """A stored write of ``text`` over the base ``base`` (its text, or a digest marker)."""
+    digest_of = base if base in (None, BASE_UNKNOWN) else digest(base.encode())
+    return StoredChange(path, "write", text.encode(), None, digest_of)
+
+
+@pytest.mark.parametrize("status", ["succeeded", "conflicts"])
+async def test_a_prompt_run_applies_from_its_final_changes(
+    tmp_path: Path, state_dir: Path, status: str
+) -> None:
+    """A prompt run applies its FINAL changes, as a whole or as its step; once only.
+
+    ("conflicts" is what older releases recorded for a prompt whose apply found the workspace
+    changed: a prompt has no branches to conflict, so it is checked like any apply.)
+    """
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("old\n")
+    run_id = await record_prompt(state_dir, ws, [change("a.txt", "new\n", "old\n")], status)
+    with trio.fail_after(30):
+        outcome = await apply_run(run_id[:4], step="prompt")
+        assert (outcome.run_id, outcome.applied, outcome.written) == (run_id, True, ("a.txt",))
+        assert outcome.keys == (FINAL,)
+        with pytest.raises(AlreadyApplied, match="already applied at"):
+            await apply_run(run_id)
+    assert (ws / "a.txt").read_text() == "new\n"
+
+
+async def test_a_change_whose_base_is_unknown_is_shown_and_never_applied(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    """A change recorded with an unknown base is refused (exit 3), the file unchanged or not."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("old\n")
+    run_id = await record_prompt(state_dir, ws, [change("a.txt", "new\n", BASE_UNKNOWN)])
+    with trio.fail_after(30):
+        outcome = await apply_run(run_id)
+    assert (outcome.applied, outcome.workspace_changed, outcome.exit_code) == (
+        False,
+        ("a.txt",),
+        3,
+    )
+    assert (ws / "a.txt").read_text() == "old\n"
+
+
+async def test_stored_changes_keep_a_file_changed_before_the_run_read_it(tmp_path: Path) -> None:
+    """stored_changes keeps such a change with an unknown base; diff_of shows it whole."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("old\n")
+    (ws / "b.txt").write_text("b\n")
+    past = time.time() - 60  # not racily clean: the snapshot does not hash it up front
+    os.utime(ws / "a.txt", (past, past))
+    snap = Workspace.open(ws).snapshot()
+    branch = Branch.from_tree(snap, "x")
+    (ws / "a.txt").write_text("someone else\n")  # before the branch ever read it
+    branch.write("a.txt", b"the run's\n")
+    branch.write("b.txt", b"b2\n")
+    net = branch.net_changes()
+    stored = {c.path: c.base_digest for c in stored_changes(snap, net)}
+    assert stored == {"a.txt": BASE_UNKNOWN, "b.txt": digest(b"b\n")}
+    diff = diff_of(branch, net)
+    assert "@@ base changed in the workspace during the run: the new version, whole @@" in diff
+    assert "+the run's" in diff and "+b2" in diff
 
 
 # --------------------------------------------------------------------------- compare

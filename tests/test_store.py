@@ -28,6 +28,7 @@ from orchestrator.store import (
     AddConflicts,
     AddEvent,
     AddPermissions,
+    ApplyRecord,
     PutChanges,
     PutStep,
     RunRecord,
@@ -1097,6 +1098,21 @@ async def test_migrates_a_version_1_database(tmp_path: Path) -> None:
     # reopening an up-to-date file migrates nothing
     async with open_run_store(tmp_path) as again:
         assert again.migrated_from == SCHEMA_VERSION
+
+
+async def test_migration_keeps_earlier_applies_without_their_keys(tmp_path: Path) -> None:
+    """A run applied before applies were recorded gets one of that time, its keys unknown."""
+    applied = V1_SCHEMA + "UPDATE runs SET applied = 12.5 WHERE run_id = 'old-run';"
+    make_db(tmp_path / STORE_FILENAME, applied)
+    async with open_run_store(tmp_path) as s:
+        assert await s.applies("old-run") == [ApplyRecord("old-run", None, 12.5)]
+        await s.add_apply(ApplyRecord("old-run", ("(final)",), 20.0))
+        await s.add_apply(ApplyRecord("old-run", ("(final)",), 30.0, "agent/x", "c0ffee"))
+        # a git branch leaves the workspace, and so the run's applied time, alone
+        assert (await s.get_run("old-run")).applied == 20.0
+        assert [a.git_branch for a in await s.applies("old-run")] == [None, None, "agent/x"]
+        await s.delete_run("old-run")
+    assert sql(s, "SELECT count(*) FROM applies") == [(0,)]
 
 
 async def test_migrates_a_version_0_database(tmp_path: Path) -> None:

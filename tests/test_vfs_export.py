@@ -10,8 +10,16 @@ import pytest
 
 from orchestrator.vfs.branch import Branch
 from orchestrator.vfs.changes import Write
-from orchestrator.vfs.errors import VfsError
-from orchestrator.vfs.export import git_commit, git_commit_async, git_patch, unified_diff
+from orchestrator.vfs.errors import VfsError, WorkspaceChanged
+from orchestrator.vfs.export import (
+    GitBranchRefused,
+    check_git_branch,
+    git_commit,
+    git_commit_async,
+    git_head_tree,
+    git_patch,
+    unified_diff,
+)
 from orchestrator.vfs.merge import merge_branches
 from orchestrator.vfs.snapshot import Workspace
 from orchestrator.vfs.testing import Captured, capture, git, git_repo, make_tree
@@ -166,3 +174,58 @@ async def test_git_commit_async_from_merge(tmp_path: Path) -> None:
     b.write("a.txt", b"1\n2\n3\n4\nfive\n")
     await git_commit_async(merge_branches([a, b]), branch="merged", message="merge")
     assert git(root, "show", "merged:a.txt") == "one\n2\n3\n4\nfive\n"
+
+
+def test_git_head_tree_reads_committed_files_below_a_subdirectory(tmp_path: Path) -> None:
+    """git_head_tree gives HEAD's content and mode of the paths asked, relative to a subdirectory;
+    a path HEAD does not hold is absent, and an uncommitted edit does not show."""
+    repo = tmp_path / "repo"
+    make_tree(repo, {"pkg/lib.py": "x = 1\n", "pkg/run.sh": "#!/bin/sh\n", "top.txt": "t\n"})
+    (repo / "pkg" / "run.sh").chmod(0o755)
+    (repo / "pkg" / "link").symlink_to("lib.py")
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "start")
+    (repo / "pkg" / "lib.py").write_text("x = 2\n")
+    tree = git_head_tree(repo / "pkg", ["lib.py", "run.sh", "link", "missing.txt", "sub"])
+    assert tree.read("lib.py") == b"x = 1\n"
+    assert (tree.mode("lib.py"), tree.mode("run.sh")) == (0o100644, 0o100755)
+    assert tree.read("link") == b"lib.py" and tree.mode("link") == 0o120777
+    assert sorted(tree.paths()) == ["lib.py", "link", "run.sh"]
+
+
+def test_check_git_branch_refuses_outside_git_a_bad_name_and_an_existing_branch(
+    tmp_path: Path,
+) -> None:
+    """check_git_branch says why a branch cannot be made, and gives the ref when it can."""
+    root = git_repo(tmp_path / "ws", {"a.txt": "a\n"})
+    assert check_git_branch(root, "agent/x") == "refs/heads/agent/x"
+    with pytest.raises(GitBranchRefused, match="already exists"):
+        check_git_branch(root, "main")
+    with pytest.raises(GitBranchRefused, match="not a valid git branch name"):
+        check_git_branch(root, "bad..name")
+    outside = tmp_path / "plain"
+    outside.mkdir()
+    with pytest.raises(GitBranchRefused, match="not in a git repository"):
+        check_git_branch(outside, "x")
+
+
+def test_unified_diff_shows_a_change_whose_base_is_gone_whole(tmp_path: Path) -> None:
+    """base_gone='whole' shows the new version under a marked hunk; the default raises; a git
+    patch leaves it out with base_gone='omit'."""
+    root = tmp_path / "ws"
+    make_tree(root, {"a.txt": "one\n", "b.txt": "b\n"})
+    snap = Workspace.open(root).snapshot()
+    (root / "a.txt").write_text("someone else's\n")
+    changes = {"a.txt": Write(b"new\nlast"), "b.txt": Write(b"b2\n")}
+    with pytest.raises(WorkspaceChanged):
+        unified_diff(snap, changes)
+    diff = unified_diff(snap, changes, base_gone="whole")
+    assert diff.startswith(
+        "--- a/a.txt\n+++ b/a.txt\n"
+        "@@ base changed in the workspace during the run: the new version, whole @@\n"
+        "+new\n+last\n\\ No newline at end of file\n"
+    )
+    assert "+b2\n" in diff
+    patch = git_patch(snap, changes, base_gone="omit")
+    assert b"a.txt" not in patch and b"+b2" in patch

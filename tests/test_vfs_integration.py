@@ -14,6 +14,7 @@ import hashlib
 import os
 import shlex
 import stat
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -69,7 +70,7 @@ from orchestrator.vfs import (
 
 LIMIT = 30.0  # seconds any test here may take (each agent is a fresh Python process)
 CLI = Path(sys.executable).parent / "orchestrator"
-EXIT_CONFLICTS = 3
+EXIT_WORKSPACE_CHANGED = 3
 INVALID_PARAMS = -32602
 
 BASE_DOC = "".join(f"line {n}\n" for n in range(1, 13)).encode()
@@ -518,7 +519,7 @@ async def test_prompt_lists_diffs_and_applies_the_changes(tmp_path: Path, state_
     ]
     for line in ("-two", "+TWO", "-three", "+THREE", "+# New", "--- a/obsolete.txt", "-old"):
         assert f"\n{line}\n" in run.diff, line
-    assert run.applied and run.apply_conflicts == ()
+    assert run.applied and run.workspace_changed == ()
     assert (Path(run.run_dir) / "changes.patch").is_file()
     assert {str(p.relative_to(ws)): p.read_bytes() for p in ws.rglob("*") if p.is_file()} == {
         "notes.txt": b"one\nTWO\nTHREE\n",
@@ -570,7 +571,7 @@ async def test_apply_refuses_a_file_changed_in_the_workspace_during_the_run(
 async def test_prompt_apply_is_refused_when_the_workspace_changed(
     tmp_path: Path, state_dir: Path
 ) -> None:
-    """A file changed in the workspace during the run: applyConflicts, and nothing is written."""
+    """A file changed in the workspace during the run: workspaceChanged, and nothing is written."""
     ws = project(tmp_path / "ws")
     agents = tmp_path / "agents"
     agents.mkdir()
@@ -588,12 +589,12 @@ async def test_prompt_apply_is_refused_when_the_workspace_changed(
                 state_dir=state_dir,
             )
         except WorkspaceChanged as e:
-            pytest.fail(f"prompt raised instead of reporting applyConflicts: {e!r}")
+            pytest.fail(f"prompt raised instead of reporting workspaceChanged: {e!r}")
 
     assert sorted(run.changes) == [("docs/new.md", "added"), ("notes.txt", "modified")]
     assert not run.applied
-    assert run.apply_conflicts == ("notes.txt",)
-    assert run.to_json()["applyConflicts"] == ["notes.txt"]
+    assert run.workspace_changed == ("notes.txt",)
+    assert run.to_json()["workspaceChanged"] == ["notes.txt"]
     assert (ws / "notes.txt").read_bytes() == b"someone else\n"  # the outside edit stays
     assert not (ws / "docs").exists()  # all or nothing: the clean new file is not written
     after = tree_state(ws)
@@ -606,7 +607,7 @@ async def test_prompt_apply_is_refused_when_the_workspace_changed(
 
 @pytest.mark.skipif(not CLI.is_file(), reason=f"console script {CLI} not installed")
 async def test_cli_apply_conflict_exits_3(tmp_path: Path, state_dir: Path) -> None:
-    """`orchestrator prompt --apply --json` with an outside edit: exit 3, applyConflicts."""
+    """`orchestrator prompt --apply --json` with an outside edit: exit 3, workspaceChanged."""
     ws = project(tmp_path / "ws")
     agents = tmp_path / "agents"
     agents.mkdir()
@@ -619,13 +620,53 @@ async def test_cli_apply_conflict_exits_3(tmp_path: Path, state_dir: Path) -> No
     with trio.fail_after(LIMIT):
         done = await trio.run_process(args, capture_stdout=True, capture_stderr=True, check=False)
 
-    assert done.returncode == EXIT_CONFLICTS, done.stderr.decode()
+    assert done.returncode == EXIT_WORKSPACE_CHANGED, done.stderr.decode()
     data: dict[str, Any] = orjson.loads(done.stdout)
-    assert (data["applied"], data["applyConflicts"]) == (False, ["notes.txt"])
+    assert (data["applied"], data["workspaceChanged"]) == (False, ["notes.txt"])
     assert sorted((c["path"], c["change"]) for c in data["changes"]) == [
         ("docs/new.md", "added"),
         ("notes.txt", "modified"),
     ]
     assert data["patch"] and Path(data["patch"]).is_file()
+    assert (ws / "notes.txt").read_bytes() == b"someone else\n"
+    assert not (ws / "docs").exists()
+
+
+@pytest.mark.skipif(not CLI.is_file(), reason=f"console script {CLI} not installed")
+async def test_cli_prompt_keeps_work_when_the_workspace_changed_during_the_run(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    """prompt without --apply, a file edited meanwhile: succeeded, diff and patch keep the work."""
+    ws = project(tmp_path / "ws")
+    agents = tmp_path / "agents"
+    agents.mkdir()
+    command = scripted_agent_command(
+        agent_script(outside_edit_steps(ws), agents / "record.jsonl"), agents
+    )
+    agent = "scripted=" + shlex.join(command)
+    base = [str(CLI), "--log-json"]
+    state = ["--state-dir", str(state_dir)]
+
+    async def cli(*argv: str) -> subprocess.CompletedProcess[bytes]:
+        with trio.fail_after(LIMIT):
+            return await trio.run_process(
+                [*base, *argv, *state], capture_stdout=True, capture_stderr=True, check=False
+            )
+
+    done = await cli(
+        "prompt", "--json", "--policy", "trusted", "--agent", agent, "--cwd", str(ws), "go"
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    data: dict[str, Any] = orjson.loads(done.stdout)
+    assert (data["status"], data["applied"]) == ("succeeded", False)
+    assert Path(data["patch"]).stat().st_size > 0
+    assert "+one\nTWO" in Path(data["patch"]).read_text() or "TWO" in data["diff"]
+    diff = await cli("diff", data["runId"])
+    assert "notes.txt" in diff.stdout.decode()
+    assert "docs/new.md" in diff.stdout.decode()
+    applied = await cli("apply", data["runId"], "--json")
+    assert applied.returncode == EXIT_WORKSPACE_CHANGED, applied.stderr.decode()
+    refused: dict[str, Any] = orjson.loads(applied.stdout)
+    assert refused["workspaceChanged"] == ["notes.txt"]
     assert (ws / "notes.txt").read_bytes() == b"someone else\n"
     assert not (ws / "docs").exists()

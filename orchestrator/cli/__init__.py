@@ -1,8 +1,10 @@
 """The ``orchestrator`` command line: a thin layer over :mod:`orchestrator.runs`.
 
-Exit codes: 0 done, 1 a step or turn failed, 2 bad usage or input, 3 conflicts left unapplied,
-130 interrupted. Logs go to stderr (readable on a terminal, JSON lines otherwise); ``--json``
-prints exactly one JSON object on stdout.
+Exit codes: 0 done, 1 a step or turn failed, 2 bad usage or input, 3 changes left unapplied
+because files changed in the workspace since the run (settle them, then apply or resume again),
+4 merge conflicts between branches (they need a merge strategy or a person), 130 interrupted.
+Logs go to stderr (readable on a terminal, JSON lines otherwise); ``--json`` prints exactly one
+JSON object on stdout.
 """
 
 from __future__ import annotations
@@ -18,7 +20,11 @@ from typing import TYPE_CHECKING, Any, NoReturn
 if TYPE_CHECKING:  # the heavy imports stay out of `--help`
     from ..protocol import types as t
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CONFLICTS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+#: changes left unapplied: files they touch changed in the workspace since the run
+EXIT_WORKSPACE_CHANGED = 3
+#: merge conflicts between branches, left to settle
+EXIT_MERGE_CONFLICTS = 4
 
 EXAMPLES = """\
 examples:
@@ -28,7 +34,17 @@ examples:
   orchestrator run pipelines/batch_replace.py --set change='Use pathlib'
   orchestrator compare --agent claude --agent codex --verify "pytest -q" "Fix the bug"
   orchestrator runs; orchestrator show RUN; orchestrator apply RUN
+  orchestrator apply RUN --git-branch agent/result
   orchestrator agents --check
+
+exit codes:
+  0    done
+  1    a step or turn failed (or an apply was refused: already applied, still running)
+  2    bad usage or input
+  3    changes left unapplied: files they touch changed in the workspace since the run
+       (the changes are kept: settle the files, then `orchestrator apply RUN`)
+  4    merge conflicts between branches: they need a merge strategy or a person
+  130  interrupted
 """
 
 
@@ -143,6 +159,7 @@ async def _interruptible(handler: Callable[[argparse.Namespace], Any], args: Any
         AgentStartError,
         CapabilityNotSupported,
         OrchestratorError,
+        UnsettledConflicts,
         UsageError,
     )
 
@@ -186,6 +203,8 @@ async def _interruptible(handler: Callable[[argparse.Namespace], Any], args: Any
             code = fail(e, EXIT_USAGE if not_found else EXIT_FAILED)
         except CapabilityNotSupported as e:
             code = fail(e, EXIT_USAGE)
+        except UnsettledConflicts as e:
+            code = fail(e, EXIT_MERGE_CONFLICTS)
         except OrchestratorError as e:
             code = fail(e, EXIT_FAILED)
         nursery.cancel_scope.cancel()
@@ -252,10 +271,10 @@ def _report_changes(run: Any) -> None:
     patch = f"{run.run_dir}/changes.patch"
     if run.applied:
         print(f"applied to the workspace ({len(run.changes)} files)", file=sys.stderr)
-    elif run.apply_conflicts:
+    elif run.workspace_changed:
         print(
             "NOT applied: changed in the workspace during the run: "
-            + ", ".join(run.apply_conflicts),
+            + ", ".join(run.workspace_changed),
             file=sys.stderr,
         )
         print(f"the changes are kept in {patch}", file=sys.stderr)

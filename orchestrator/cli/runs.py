@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..pipeline.results import RunEvent
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CONFLICTS = 0, 1, 2, 3
+from . import EXIT_FAILED, EXIT_MERGE_CONFLICTS, EXIT_OK, EXIT_WORKSPACE_CHANGED
 
 RUN_EXAMPLES = """\
 examples:
@@ -111,10 +111,18 @@ def add_parsers(sub: Any) -> None:
     a = sub.add_parser(
         "apply",
         help="write a run's changes to its workspace",
-        description="Write a run's changes (or one step's) to its workspace, all or nothing.",
+        description="Write a run's changes (or one step's) to its workspace, all or nothing, "
+        "if every file they touch is still as the run found it (else exit 3); or commit them "
+        "on a new git branch (--git-branch).",
     )
     a.add_argument("run", help="a run id")
     a.add_argument("--step", help="only this step (STEP or STEP[KEY]; compare runs: compare[NAME])")
+    a.add_argument(
+        "--git-branch",
+        metavar="NAME",
+        help="commit the changes on a new git branch NAME at HEAD instead; the working tree, "
+        "index and current branch are left alone",
+    )
     _shared(a, state_only=True)
 
     d = sub.add_parser("diff", help="print a run's diff", description="Print a run's unified diff.")
@@ -216,7 +224,12 @@ def _summary(result: dict[str, Any], run_id: str) -> None:
             if result.get("kind") == "compare"
             else f"orchestrator apply {run_id}"
         )
-        print(f"nothing was written to the workspace; to apply: {how}", file=err)
+        if result.get("workspaceChanged"):
+            changed = ", ".join(result["workspaceChanged"])
+            print(f"NOT applied: changed in the workspace during the run: {changed}", file=err)
+            print(f"the changes are kept; settle those files, then: {how}", file=err)
+        else:
+            print(f"nothing was written to the workspace; to apply: {how}", file=err)
 
 
 def _compare_lines(result: dict[str, Any]) -> list[str]:
@@ -313,7 +326,7 @@ async def cmd_resume(args: argparse.Namespace) -> int:
                 _emit(
                     {"error": {"type": "ResumeConflict", "message": str(e)}, "paths": list(e.paths)}
                 )
-            return EXIT_CONFLICTS
+            return EXIT_WORKSPACE_CHANGED
     return _finish(args, outcome)
 
 
@@ -371,29 +384,58 @@ async def cmd_show(args: argparse.Namespace) -> int:
 
 async def cmd_apply(args: argparse.Namespace) -> int:
     """``orchestrator apply``."""
+    from ..errors import ApplyRefused, UnsettledConflicts
     from ..runs import apply_run
 
-    outcome = await apply_run(args.run, step=args.step, state_dir=args.state_dir)
-    if args.json:
-        _emit(
-            {
-                "runId": args.run,
-                "step": args.step,
-                "applied": outcome.applied,
-                "written": list(outcome.written),
-                "deleted": list(outcome.deleted),
-                "conflicts": list(outcome.paths),
-            }
+    try:
+        outcome = await apply_run(
+            args.run, step=args.step, git_branch=args.git_branch, state_dir=args.state_dir
         )
-    elif outcome.applied:
-        n = len(outcome.written) + len(outcome.deleted)
-        print(f"applied: {n} files written or deleted", file=sys.stderr)
+    except ApplyRefused as e:
+        code = EXIT_MERGE_CONFLICTS if isinstance(e, UnsettledConflicts) else EXIT_FAILED
+        print(f"orchestrator: error: {e}", file=sys.stderr)
+        if args.json:
+            error = {"type": type(e).__name__, "message": str(e)}
+            _emit(
+                {
+                    "runId": e.run_id,
+                    "step": args.step,
+                    "applied": False,
+                    "error": error,
+                    "exitCode": code,
+                }
+            )
+        return code
+    if args.json:
+        _emit(outcome.to_json())
     else:
+        _apply_summary(outcome)
+    return int(outcome.exit_code)
+
+
+def _apply_summary(outcome: Any) -> None:
+    """What ``orchestrator apply`` did, for people (stderr)."""
+    what = f"run {outcome.run_id}"
+    if outcome.step is not None:
+        what = f"{outcome.step} of {what}"
+    files = len(outcome.written) + len(outcome.deleted) + len(outcome.mode_changed)
+    if outcome.applied and outcome.git_branch:
         print(
-            "NOT applied: changed in the workspace since the run: " + ", ".join(outcome.paths),
+            f"committed {what} on git branch {outcome.git_branch} ({outcome.git_commit[:12]}): "
+            f"{files} files; the working tree, index and HEAD are untouched",
             file=sys.stderr,
         )
-    return EXIT_OK if outcome.applied else EXIT_CONFLICTS
+    elif outcome.applied:
+        print(f"applied {what}: {files} files written or deleted", file=sys.stderr)
+    elif outcome.workspace_changed:
+        where = "differ at HEAD from" if outcome.git_branch else "changed in the workspace since"
+        print(
+            f"NOT applied: files {where} the run: {', '.join(outcome.workspace_changed)}; "
+            "nothing was written",
+            file=sys.stderr,
+        )
+    else:
+        print(f"nothing to apply: {what} changed no files", file=sys.stderr)
 
 
 async def cmd_diff(args: argparse.Namespace) -> int:

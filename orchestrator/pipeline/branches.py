@@ -12,7 +12,7 @@ from typing import Any, Literal
 import structlog
 
 from ..errors import ResumeConflict
-from ..store import StoredChange
+from ..store import BASE_UNKNOWN, StoredChange
 from ..vfs import (
     Branch,
     Change,
@@ -20,10 +20,10 @@ from ..vfs import (
     Conflict,
     Delete,
     ModeChange,
-    Snapshot,
     Tree,
     WorkspaceChanged,
     Write,
+    git_patch,
     unified_diff,
 )
 
@@ -34,9 +34,11 @@ log = structlog.get_logger(__name__)
 __all__ = [
     "FINAL",
     "ResumeConflict",
+    "base_moved",
     "change_kinds",
     "conflict_json",
     "diff_of",
+    "patch_of",
     "rebuild_branch",
     "stored_changes",
 ]
@@ -60,51 +62,75 @@ def change_kinds(base: Tree, changes: Mapping[str, Change]) -> tuple[tuple[str, 
 def diff_of(branch: Branch, changes: ChangeSet | None = None) -> str:
     """The diff of the branch's own changes, or of ``changes`` relative to the workspace snapshot.
 
-    Files changed in the workspace since the snapshot (their base is gone) are left out.
+    A file changed in the workspace since the snapshot has lost its base content: its change is
+    shown whole, under a hunk header saying so (see :func:`~orchestrator.vfs.unified_diff`).
     """
     # the branch's own changes are against what it forked from, not the workspace
     source: Tree = branch.base if changes is None else branch.root
     changes = branch.changes if changes is None else changes
-    try:
-        return unified_diff(source, changes)
-    except WorkspaceChanged as e:
-        rest = ChangeSet.of({p: c for p, c in changes.items() if p not in e.paths})
-        return unified_diff(source, rest)
+    return unified_diff(source, changes, base_gone="whole")
+
+
+def patch_of(root: Tree, changes: ChangeSet) -> bytes:
+    """A ``git apply``-able patch of ``changes`` relative to ``root``.
+
+    A file changed in the workspace since the snapshot has no base to patch: it is left out
+    (with a warning); the run store keeps its change, and :func:`diff_of` shows it.
+    """
+    return git_patch(root, changes, base_gone="omit")
 
 
 def stored_changes(root: Tree, changes: Mapping[str, Change]) -> list[StoredChange]:
     """A branch's net changes (relative to the run's snapshot ``root``) for the run store.
 
-    A file the user changed in the workspace during the run has lost its base: its change
-    cannot be applied safely, so it is left out (with a warning) rather than stored.
+    Every change is kept with the digest of its base, so that an apply can check the workspace
+    against it. A file the user changed in the workspace during the run keeps the digest the
+    run read it with; if the run never read it before it changed, its base is
+    :data:`~orchestrator.store.BASE_UNKNOWN`, which no content matches (an apply refuses it).
     """
     out: list[StoredChange] = []
-    moved: list[str] = []
+    unknown: list[str] = []
     for path in sorted(changes):
         change = changes[path]
         try:
             base = root.digest(path) if root.exists(path) else None
         except WorkspaceChanged:
-            moved.append(path)
-            continue
+            base = BASE_UNKNOWN
+            unknown.append(path)
         if isinstance(change, Write):
             out.append(StoredChange(path, "write", change.data, change.mode, base))
         elif isinstance(change, ModeChange):
             out.append(StoredChange(path, "mode", None, change.mode, base))
         else:
             out.append(StoredChange(path, "delete", None, None, base))
-    if moved:
-        log.warning("changed in the workspace during the run; not kept", files=moved)
+    if unknown:
+        log.warning("changed in the workspace before the run read them", files=unknown)
     return out
 
 
-def rebuild_branch(snapshot: Snapshot, name: str, changes: Sequence[StoredChange]) -> Branch:
-    """A branch of ``snapshot`` holding ``changes``; refuses if their base files moved on."""
-    moved = [
-        c.path
-        for c in changes
-        if (snapshot.digest(c.path) if snapshot.exists(c.path) else None) != c.base_digest
-    ]
+def base_moved(tree: Tree, changes: Sequence[StoredChange]) -> list[str]:
+    """The paths of ``changes`` whose recorded base is not what ``tree`` holds now."""
+    moved: list[str] = []
+    for c in changes:
+        if c.base_digest == BASE_UNKNOWN:
+            moved.append(c.path)
+            continue
+        try:
+            now = tree.digest(c.path) if tree.exists(c.path) else None
+        except WorkspaceChanged:  # changing while we look
+            moved.append(c.path)
+            continue
+        if now != c.base_digest:
+            moved.append(c.path)
+    return moved
+
+
+def rebuild_branch(snapshot: Tree, name: str, changes: Sequence[StoredChange]) -> Branch:
+    """A branch of ``snapshot`` holding ``changes``; refuses if their base files moved on.
+
+    ``snapshot`` is the workspace now (or another tree to check the recorded bases against).
+    """
+    moved = base_moved(snapshot, changes)
     if moved:
         raise ResumeConflict(moved)
     branch = Branch.from_tree(snapshot, name)

@@ -181,7 +181,7 @@ class AgentView:
             files=parse_diff(diff),
             verify=verify if isinstance(verify, Mapping) else None,
             applied=as_bool(obj.get("applied")),
-            apply_conflicts=as_strs(obj.get("applyConflicts")),
+            apply_conflicts=as_strs(obj.get("workspaceChanged") or obj.get("applyConflicts")),
             value=obj.get("value"),
             has_value="value" in obj,
             item=obj.get("item"),

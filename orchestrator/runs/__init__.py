@@ -7,12 +7,12 @@ path. Each function has an ``async`` form for trio code and a ``*_sync`` twin fo
 
 from __future__ import annotations
 
-from .apply import ApplyOutcome, apply_run, apply_run_sync
+from .apply import ApplyOutcome, apply_run, apply_run_sync, recover
 from .compare import compare, compare_sync
 from .prompt import PromptRun, prompt, prompt_sync
 from .recorded import diff_run, get_run_json, list_runs
 from .resume import resume_run, resume_run_sync
-from .run import RunOutcome, recover, run_pipeline, run_pipeline_sync
+from .run import RunOutcome, run_pipeline, run_pipeline_sync
 
 __all__ = [
     "ApplyOutcome",

@@ -1,98 +1,387 @@
-"""Apply: the one path that writes a run's changes to its workspace, all or nothing."""
+"""Apply: the one path that writes a run's recorded changes, to its workspace or a new git branch.
+
+Every apply goes through :func:`apply_recorded`: :func:`apply_run` (any kind of run, the whole
+run or one step or instance), a run or resume asked to apply at its end
+(:mod:`orchestrator.runs.run`), and a comparison's chosen agent (``compare(apply=NAME)``). It
+reads the change sets from the run store (a run's changes are recorded there before anything is
+applied), checks every touched file against the base the run recorded for it, and writes all or
+nothing. What it does not do, it says:
+
+- a choice is needed: a comparison as a whole, an unknown or unfinished step
+  (:class:`~orchestrator.errors.UsageError`);
+- merge conflicts between branches are left to settle: a run whose status is ``conflicts``, or a
+  step whose instances conflict (:class:`~orchestrator.errors.UnsettledConflicts`);
+- the same changes were applied to the workspace before
+  (:class:`~orchestrator.errors.AlreadyApplied`; another instance of the same step, say
+  ``compare[bob]`` after ``compare[alice]``, is an apply of its own, checked like any other);
+- files changed in the workspace since the run (for a git branch: ``HEAD`` holds them otherwise
+  than the run's base): the outcome lists them in ``workspace_changed`` and nothing is written;
+- there is nothing to apply: the outcome says ``applied=False`` with nothing listed.
+"""
 
 from __future__ import annotations
 
+import datetime
 import os
 import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+import attrs
+import structlog
 import trio
 from attrs import frozen
 
-from ..errors import ResumeConflict, UsageError
-from ..pipeline.branches import FINAL, rebuild_branch
+from ..errors import AlreadyApplied, ApplyRefused, UnsettledConflicts, UsageError
+from ..pipeline.branches import FINAL, base_moved, rebuild_branch
 from ..state import state_directory
-from ..store import RunRecord, RunStore, open_run_store
-from ..vfs import Branch, Snapshot, Workspace, apply_changes_async, merge_branches
-from .run import recover
+from ..store import ApplyRecord, RunRecord, RunStore, StepRecord, StoredChange, open_run_store
+from ..vfs import (
+    ChangeSet,
+    GitBranchRefused,
+    RecoveryReport,
+    Snapshot,
+    Tree,
+    Workspace,
+    apply_changes_async,
+    check_git_branch,
+    git_commit_async,
+    git_head_tree,
+    merge_branches,
+    recover_applies,
+)
 
-__all__ = ["ApplyOutcome", "apply_run", "apply_run_sync"]
+__all__ = ["ApplyOutcome", "apply_recorded", "apply_run", "apply_run_sync", "recover"]
+
+log = structlog.get_logger(__name__)
+
+#: what a run's exit code is when its changes could not be written (see the README)
+EXIT_WORKSPACE_CHANGED = 3
+
+
+async def recover(state_dir: str | os.PathLike[str] | None = None) -> list[RecoveryReport]:
+    """Complete or roll back applies that a crash interrupted (run before any new work)."""
+    reports = await trio.to_thread.run_sync(recover_applies, state_directory(state_dir))
+    for report in reports:
+        log.warning(
+            "interrupted apply recovered",
+            action=report.action,
+            journal=report.journal,
+            paths=list(report.paths),
+        )
+    return reports
 
 
 @frozen
 class ApplyOutcome:
-    """What :func:`apply_run` wrote, or the files that blocked it."""
+    """What :func:`apply_run` wrote (or committed), or the files that kept it from writing."""
 
-    applied: bool
+    #: the run's full id
+    run_id: str
+    #: what was asked: None for the whole run, else ``STEP`` or ``STEP[KEY]``
+    step: str | None = None
+    #: the change sets applied: ``(final)`` for the whole run, else step instance keys
+    keys: tuple[str, ...] = ()
+    #: whether the changes were written (or committed); False also when there were none
+    applied: bool = False
     written: tuple[str, ...] = ()
     deleted: tuple[str, ...] = ()
-    #: files changed in the workspace since the run (nothing was written)
-    paths: tuple[str, ...] = ()
+    mode_changed: tuple[str, ...] = ()
+    #: files the run changed whose base moved since: changed in the workspace (or, for a git
+    #: branch, different at ``HEAD``); nothing was written
+    workspace_changed: tuple[str, ...] = ()
+    #: the branch made instead of writing the workspace, and its commit
+    git_branch: str | None = None
+    git_commit: str | None = None
+    #: when the changes were applied (seconds since the epoch)
+    at: float | None = None
+
+    @property
+    def nothing_to_apply(self) -> bool:
+        """The changes asked for change no file: nothing was written, nothing is wrong."""
+        return not self.applied and not self.workspace_changed
+
+    @property
+    def exit_code(self) -> int:
+        """0 applied or nothing to apply, 3 refused because the workspace changed."""
+        return EXIT_WORKSPACE_CHANGED if self.workspace_changed else 0
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``orchestrator apply --json`` object."""
+        return {
+            "runId": self.run_id,
+            "step": self.step,
+            "keys": list(self.keys),
+            "applied": self.applied,
+            "written": list(self.written),
+            "deleted": list(self.deleted),
+            "modeChanged": list(self.mode_changed),
+            "workspaceChanged": list(self.workspace_changed),
+            "gitBranch": self.git_branch,
+            "gitCommit": self.git_commit,
+            "at": self.at,
+        }
 
 
-async def _branch_of(
-    store: RunStore, record: RunRecord, step: str | None, snapshot: Snapshot
-) -> Branch:
-    """The branch of a run (its final merge) or of one step (its instances merged)."""
-    steps = await store.steps(record.run_id)
+def _when(at: float) -> str:
+    return datetime.datetime.fromtimestamp(at).isoformat(sep=" ", timespec="seconds")
+
+
+def _unfinished(steps: Sequence[StepRecord]) -> str:
+    return ", ".join(f"{s.key} {s.status}" for s in steps)
+
+
+async def _select(store: RunStore, record: RunRecord, step: str | None) -> tuple[str, ...]:
+    """The change-set keys that ``step`` names in the run (None: the run's final changes)."""
+    run_id = record.run_id
+    if record.kind == "prompt" and step in (None, "prompt"):
+        step = None  # a prompt's one step is the whole run
+    steps = await store.steps(run_id)
+    if record.kind == "compare" and step in (None, "compare"):
+        # the agents' branches are alternatives, never merged
+        names = [s.key for s in steps if s.step == "compare" and s.instance is not None]
+        raise UsageError(
+            f"run {run_id} is a comparison: apply one agent's changes "
+            f"({', '.join(names) or 'no agent finished'})"
+        )
     if step is None:
-        has_final = FINAL in await store.change_keys(record.run_id)
-        keys = [FINAL] if has_final or record.kind != "compare" else []
-        if not keys:
+        return await _whole_run(store, record, steps)
+    members = [s for s in steps if s.step == step and s.key != step]
+    if members:  # a fanned-out step: its instances merged
+        unfinished = [s for s in members if s.status != "succeeded"]
+        if unfinished:
+            finished = [s.key for s in members if s.status == "succeeded"]
             raise UsageError(
-                f"run {record.run_id} is a comparison: name the agent with --step compare[NAME]"
+                f"step {step} of run {run_id} did not finish in every instance "
+                f"({_unfinished(unfinished)}); apply finished ones one at a time "
+                f"({', '.join(finished) or 'none'})"
             )
-    else:
-        keys = [
-            s.key for s in steps if s.key == step or (s.step == step and s.status == "succeeded")
-        ]
-        if not keys:
-            known = sorted({s.key for s in steps if s.status == "succeeded"})
-            listed = ", ".join(known) or "none"
+        return tuple(s.key for s in members)
+    exact = [s for s in steps if s.key == step]
+    if exact:
+        one = exact[0]
+        # a failed instance's changes are kept, as far as it got; a step that failed before
+        # it ran (a merge of its parents) has none
+        if one.status != "succeeded" and step not in await store.change_keys(run_id):
+            why = f": {one.error}" if one.error else ""
             raise UsageError(
-                f"run {record.run_id} has no finished step {step!r} (finished: {listed})"
+                f"step {step} of run {run_id} has no changes to apply ({one.status}{why})"
             )
-    branches = [
-        rebuild_branch(snapshot, key, await store.changes(record.run_id, key)) for key in keys
-    ]
+        return (step,)
+    known = sorted({s.key for s in steps if s.status == "succeeded"})
+    raise UsageError(f"run {run_id} has no step {step!r} (finished: {', '.join(known) or 'none'})")
+
+
+async def _whole_run(
+    store: RunStore, record: RunRecord, steps: Sequence[StepRecord]
+) -> tuple[str, ...]:
+    run_id = record.run_id
+    if record.status == "running":
+        raise ApplyRefused(
+            run_id, f"run {run_id} is still running (if its process is gone, resume it first)"
+        )
+    # a prompt has one branch: its "conflicts" is what older releases recorded for a
+    # workspace that changed during the run, which the apply checks below as always
+    if record.status == "conflicts" and record.kind != "prompt":
+        unsettled = [c for c in await store.conflicts(run_id) if c.get("resolution") == "fail"]
+        paths = sorted({str(c.get("path")) for c in unsettled})
+        where = "; ".join(f"{c.get('path')} at {c.get('step')}" for c in unsettled)
+        raise UnsettledConflicts(
+            run_id,
+            f"run {run_id} has merge conflicts to settle{f' ({where})' if where else ''}: "
+            "nothing applied; settle them with a merge strategy and resume, or apply one step "
+            "instance",
+            paths,
+        )
+    if FINAL in await store.change_keys(run_id) or record.status == "succeeded":
+        return (FINAL,)
+    finished = [s.key for s in steps if s.status == "succeeded"]
+    raise UsageError(
+        f"run {run_id} {record.status} before it had final changes: apply a finished step "
+        f"instead ({', '.join(finished) or 'none'})"
+    )
+
+
+async def _refuse_reapply(
+    store: RunStore, record: RunRecord, step: str | None, keys: tuple[str, ...]
+) -> None:
+    """Raise :class:`AlreadyApplied` if these changes were written to the workspace before."""
+    earlier = [a for a in await store.applies(record.run_id) if a.git_branch is None]
+    if not earlier and record.applied is not None:
+        # applied by a release that recorded only when (or a prompt that applied at once)
+        earlier = [ApplyRecord(record.run_id, None, record.applied)]
+    for a in earlier:
+        # keys not recorded: the whole run's, but a comparison's agent is unknown
+        unknown: set[str] = set() if record.kind == "compare" else {FINAL}
+        done = set(a.keys) if a.keys is not None else unknown
+        if set(keys) <= done:
+            what = f"run {record.run_id}" if step is None else f"{step} of run {record.run_id}"
+            part = "" if set(keys) == done else f" (with {', '.join(sorted(done - set(keys)))})"
+            raise AlreadyApplied(
+                record.run_id, f"{what} was already applied at {_when(a.at)}{part}", a.at
+            )
+
+
+def _moved(base: Tree, stored: Mapping[str, Sequence[StoredChange]]) -> tuple[str, ...]:
+    """The touched files whose base is not what ``base`` holds (blocking: reads them)."""
+    return tuple(sorted({p for changes in stored.values() for p in base_moved(base, changes)}))
+
+
+def _merged(
+    record: RunRecord, step: str | None, base: Tree, stored: Mapping[str, Sequence[StoredChange]]
+) -> ChangeSet:
+    """The change sets rebuilt over ``base`` and merged (blocking)."""
+    branches = [rebuild_branch(base, key, changes) for key, changes in stored.items()]
     if len(branches) == 1:
-        return branches[0]
+        return branches[0].net_changes()
     merged = merge_branches(branches, strategy="fail")
     if merged.conflicts:
-        raise UsageError(
-            f"the instances of {step} conflict in {', '.join(c.path for c in merged.conflicts)}: "
-            "apply one of them with --step STEP[KEY]"
+        paths = sorted({c.path for c in merged.conflicts})
+        raise UnsettledConflicts(
+            record.run_id,
+            f"the instances of step {step} of run {record.run_id} conflict in "
+            f"{', '.join(paths)}: apply one of them ({', '.join(stored)})",
+            paths,
         )
-    return merged.fork(step or FINAL)
+    return merged.net_changes()
+
+
+def _git_base(cwd: str, branch: str, paths: Sequence[str]) -> Tree:
+    """``HEAD``'s version of ``paths``, once the branch is known to be possible (blocking)."""
+    try:
+        check_git_branch(cwd, branch)
+    except GitBranchRefused as e:
+        raise UsageError(f"cannot make git branch {branch!r}: {e}") from e
+    return git_head_tree(cwd, paths)
+
+
+def _workspace(cwd: str) -> Snapshot:
+    try:
+        return Workspace.open(cwd).snapshot()
+    except NotADirectoryError as e:
+        raise UsageError(f"the run's workspace {cwd} is not a directory any more") from e
+
+
+def _commit_message(record: RunRecord, keys: tuple[str, ...], changes: ChangeSet) -> str:
+    """Subject: what the run was asked; body: where the changes come from."""
+    inputs = dict(record.inputs)
+    options = dict(record.options)
+    task = inputs.get("task") or inputs.get("text") or (options.get("compare") or {}).get("task")
+    task_line = str(task).strip().splitlines()[0] if task and str(task).strip() else ""
+    if record.kind == "pipeline":
+        name = (options.get("graph") or {}).get("name") or Path(record.pipeline or "run").stem
+        subject = f"{name}: {task_line}" if task_line else str(name)
+    elif record.kind == "compare":
+        agents = ", ".join(k.partition("[")[2].rstrip("]") or k for k in keys)
+        subject = f"{agents}: {task_line}" if task_line else f"{agents}'s changes"
+    else:
+        subject = task_line or f"{record.kind} run {record.run_id}"
+    if len(subject) > 72:
+        subject = subject[:71] + "…"
+    body = [
+        f"Changes of orchestrator run {record.run_id} ({record.kind}, {record.status}): "
+        f"{', '.join(keys)}.",
+        f"Files: {len(changes.written)} written, {len(changes.deleted)} deleted, "
+        f"{len(changes.mode_changed)} mode changes.",
+    ]
+    if record.pipeline:
+        body.append(f"Pipeline: {record.pipeline}")
+    if task and str(task).strip() != task_line:
+        body += ["", "Task:", str(task).strip()]
+    elif record.kind == "pipeline" and inputs:
+        body.append("Inputs: " + ", ".join(f"{k}={v!r}" for k, v in inputs.items()))
+    return f"{subject}\n\n" + "\n".join(body) + "\n"
+
+
+async def apply_recorded(
+    store: RunStore,
+    run_id: str,
+    *,
+    state: Path,
+    step: str | None = None,
+    git_branch: str | None = None,
+) -> ApplyOutcome:
+    """Apply a recorded run's changes (the whole run's, or one step's): the one apply path.
+
+    ``run_id`` may be a unique prefix. Without ``git_branch`` the run's workspace is written,
+    all or nothing, if every touched file still has the base the run recorded for it. With
+    ``git_branch``, the workspace's working tree, index and current branch are left alone: a new
+    branch of that name is made at ``HEAD`` plus the changes, as one commit, if ``HEAD`` holds
+    the run's base for every touched file. Refusals are described in the module docs.
+    """
+    record = await store.get_run(run_id)
+    run_id = record.run_id
+    keys = await _select(store, record, step)
+    if git_branch is None:
+        await _refuse_reapply(store, record, step, keys)
+    stored = {key: await store.changes(run_id, key) for key in keys}
+    paths = sorted({c.path for changes in stored.values() for c in changes})
+    outcome = ApplyOutcome(run_id, step, keys, git_branch=git_branch)
+    base: Tree
+    if git_branch is not None:
+        base = await trio.to_thread.run_sync(_git_base, record.cwd, git_branch, paths)
+    else:
+        base = await trio.to_thread.run_sync(_workspace, record.cwd)
+    moved = await trio.to_thread.run_sync(_moved, base, stored)
+    if moved:
+        return attrs.evolve(outcome, workspace_changed=moved)
+    changes = await trio.to_thread.run_sync(_merged, record, step, base, stored)
+    if not changes:
+        return outcome
+    # the write and its record go together: a Ctrl-C must not leave written files behind a
+    # run recorded as not applied
+    with trio.CancelScope(shield=True):
+        if git_branch is not None:
+            message = _commit_message(record, keys, changes)
+            commit = await git_commit_async(
+                base, changes, branch=git_branch, message=message, workspace=record.cwd
+            )
+            at = time.time()
+            await store.add_apply(ApplyRecord(run_id, keys, at, git_branch, commit))
+            return attrs.evolve(
+                outcome,
+                applied=True,
+                written=changes.written,
+                deleted=changes.deleted,
+                mode_changed=changes.mode_changed,
+                git_commit=commit,
+                at=at,
+            )
+        assert isinstance(base, Snapshot)
+        result = await apply_changes_async(base, changes, state_dir=state)
+        if not result.applied:
+            return attrs.evolve(outcome, workspace_changed=tuple(c.path for c in result.conflicts))
+        at = time.time()
+        await store.add_apply(ApplyRecord(run_id, keys, at))
+    return attrs.evolve(
+        outcome,
+        applied=True,
+        written=result.written,
+        deleted=result.deleted,
+        mode_changed=result.mode_changed,
+        at=at,
+    )
 
 
 async def apply_run(
-    run_id: str, *, step: str | None = None, state_dir: str | os.PathLike[str] | None = None
+    run_id: str,
+    *,
+    step: str | None = None,
+    git_branch: str | None = None,
+    state_dir: str | os.PathLike[str] | None = None,
 ) -> ApplyOutcome:
-    """Write a run's changes (or one step's) to its workspace, all or nothing.
+    """Write a recorded run's changes (or one step's) to its workspace, all or nothing.
 
-    Refused for files the workspace changed since the run (``paths``; nothing is written).
+    ``step`` is ``STEP`` (its instances merged) or ``STEP[KEY]`` (one instance; a comparison's
+    agents are ``compare[NAME]``). With ``git_branch``, commit them on a new branch of the
+    workspace's git repository instead, leaving the working tree, index and ``HEAD`` alone.
+    See :func:`apply_recorded` for what is checked and refused.
     """
     state = state_directory(state_dir)
     await recover(state)
     async with open_run_store(state) as store:
-        record = await store.get_run(run_id)
-        snapshot = await trio.to_thread.run_sync(Workspace.open(record.cwd).snapshot)
-        try:
-            branch = await _branch_of(store, record, step, snapshot)
-        except ResumeConflict as e:
-            return ApplyOutcome(False, paths=e.paths)
-        if not branch.changes:
-            return ApplyOutcome(True)
-        outcome = await apply_changes_async(branch, state_dir=state)
-        if outcome.applied:
-            await store.update_run(record.run_id, applied=time.time())
-        return ApplyOutcome(
-            outcome.applied,
-            outcome.written,
-            outcome.deleted,
-            tuple(c.path for c in outcome.conflicts),
-        )
+        return await apply_recorded(store, run_id, state=state, step=step, git_branch=git_branch)
 
 
 def apply_run_sync(run_id: str, **kwargs: Any) -> ApplyOutcome:

@@ -17,7 +17,7 @@ from ..errors import UsageError
 from ..pipeline import Pipeline, Step
 from ..pipeline import step as step_decorator
 from .apply import apply_run
-from .run import RunOutcome, RunStatus, run_pipeline
+from .run import RunOutcome, run_pipeline
 
 log = structlog.get_logger(__name__)
 
@@ -121,9 +121,13 @@ async def compare(
             result = {**outcome.result, "applied": None}
             return RunOutcome(outcome.run_id, "failed", result, outcome.run_dir)
         applied = await apply_run(outcome.run_id, step=f"compare[{apply}]", state_dir=state_dir)
-        result = {**outcome.result, "applied": apply if applied.applied else None}
-        status: RunStatus = outcome.status if applied.applied or not applied.paths else "conflicts"
-        return RunOutcome(outcome.run_id, status, result, outcome.run_dir)
+        changed = applied.workspace_changed
+        result = {
+            **outcome.result,
+            "applied": apply if applied.applied else None,
+            "workspaceChanged": list(changed),
+        }
+        return RunOutcome(outcome.run_id, outcome.status, result, outcome.run_dir, changed)
     return outcome
 
 

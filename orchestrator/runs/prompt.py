@@ -60,7 +60,7 @@ class PromptRun:
     applied: bool = False
     #: files changed in the workspace during the run, so the changes were not applied; they
     #: are kept in the run store (``orchestrator apply RUN`` once the workspace is settled)
-    apply_conflicts: tuple[str, ...] = ()
+    workspace_changed: tuple[str, ...] = ()
     #: the run's directory in the state directory (it keeps ``changes.patch``)
     run_dir: str = ""
     #: the run's status: succeeded, failed, conflicts or interrupted
@@ -104,7 +104,7 @@ class PromptRun:
             "changes": [{"path": path, "change": change} for path, change in self.changes],
             "diff": self.diff,
             "applied": self.applied,
-            "applyConflicts": list(self.apply_conflicts),
+            "workspaceChanged": list(self.workspace_changed),
             "patch": os.path.join(self.run_dir, "changes.patch") if self.changes else None,
             "wallSeconds": round(self.wall_seconds, 3),
         }
@@ -136,7 +136,7 @@ def _prompt_run(outcome: RunOutcome, last: Any, spec: AgentSpec, wall_seconds: f
         raise OrchestratorError(f"run {outcome.run_id}: the prompt's turn left no result")
     result = outcome.result
     changes = tuple((str(c["path"]), c["change"]) for c in result.get("changes") or [])
-    unapplied = tuple(result.get("unapplied") or ())
+    unapplied = tuple(result.get("workspaceChanged") or ())
     return PromptRun(
         run_id=outcome.run_id,
         agent=spec,
@@ -147,7 +147,7 @@ def _prompt_run(outcome: RunOutcome, last: Any, spec: AgentSpec, wall_seconds: f
         changes=changes,
         diff=str(result.get("diff") or ""),
         applied=bool(result.get("applied")),
-        apply_conflicts=unapplied,
+        workspace_changed=unapplied,
         run_dir=outcome.run_dir,
         status=outcome.status,
         exit_code=outcome.exit_code,
@@ -180,7 +180,7 @@ async def prompt(
     what it writes through ``fs/*``, on disk itself or with terminal commands is harvested into
     the branch. The run is recorded in the run store before anything is applied; the workspace
     is written only when ``apply`` is true, all or nothing, and only if the touched files did
-    not change meanwhile (else the changes stay recorded: ``apply_conflicts`` lists the files,
+    not change meanwhile (else the changes stay recorded: ``workspace_changed`` lists the files,
     and :func:`~orchestrator.runs.apply_run` applies them later). The changes are also kept as
     a git-applicable ``changes.patch`` in the run directory.
 

@@ -41,6 +41,8 @@ async def resume_run(
     recorded ones; the result's ``restored`` says what was restored and what was replaced.
     Refused (:class:`~orchestrator.errors.ResumeConflict`) if the workspace changed since in
     files the finished steps changed.
+    ``apply=True`` applies the run's final changes at its end (not for a comparison: apply
+    one agent's afterwards).
     """
     state = state_directory(state_dir)
     async with open_run_store(state) as store:
@@ -55,6 +57,13 @@ async def resume_run(
     if record.kind == "compare":
         info = options.get("compare") or {}
         names = list(info.get("agents") or [])
+        if kwargs.get("apply"):
+            # the agents' branches are alternatives: which one to apply is a choice
+            choices = ", ".join(f"compare[{name}]" for name in names)
+            raise UsageError(
+                f"run {record.run_id} is a comparison: resume it without applying, then "
+                f"apply one agent's changes ({choices})"
+            )
         pipe = _compare_pipeline(
             str(info.get("task", "")), names, info.get("timeout"), info.get("idle_timeout")
         )

@@ -33,13 +33,14 @@ from ..agent.permissions import Escalate
 from ..agent.services import ClientServices
 from ..agents import AgentSpec
 from ..config import Config
-from ..errors import UsageError
+from ..errors import AlreadyApplied, UsageError
 from ..pipeline import Pipeline, load_pipeline
 from ..pipeline._writer import open_store_writer
 from ..pipeline.branches import (
     FINAL,
     conflict_json,
     diff_of,
+    patch_of,
     rebuild_branch,
     stored_changes,
 )
@@ -52,18 +53,15 @@ from ..store import RunRecord, RunStore, StepRecord, open_run_store
 from ..supervisor import Connector, Limits, open_supervisor
 from ..vfs import (
     Branch,
-    RecoveryReport,
     Snapshot,
     Workspace,
-    apply_changes_async,
-    git_patch,
     merge_branches,
-    recover_applies,
 )
+from .apply import apply_recorded, recover
 from .recorded import compare_verdict, get_run_json
 from .settings import RunSettings, policy_source
 
-__all__ = ["RunOutcome", "recover", "run_pipeline", "run_pipeline_sync", "workspace_root"]
+__all__ = ["RunOutcome", "run_pipeline", "run_pipeline_sync", "workspace_root"]
 
 log = structlog.get_logger(__name__)
 
@@ -81,6 +79,9 @@ class RunOutcome:
     result: Mapping[str, Any]
     #: the run's directory in the state directory
     run_dir: str
+    #: asked to apply, the run succeeded but wrote nothing: these files it changed changed in
+    #: the workspace during the run (its changes stay in the run store, to apply later)
+    workspace_changed: tuple[str, ...] = ()
     #: each succeeded step's value as this process saw it (a :class:`StepResult`, a
     #: :class:`Results` of a fanned-out step, a Python step's return value); not recorded
     values: Mapping[str, Any] = field(factory=dict, eq=False, repr=False)
@@ -90,8 +91,11 @@ class RunOutcome:
 
     @property
     def exit_code(self) -> int:
-        """0 done, 1 a step failed, 3 conflicts left unapplied, 130 interrupted."""
-        return {"succeeded": 0, "failed": 1, "conflicts": 3, "interrupted": 130}[self.status]
+        """0 done, 1 a step failed, 3 left unapplied because the workspace changed, 4 merge
+        conflicts between branches, 130 interrupted."""
+        if self.status == "succeeded" and self.workspace_changed:
+            return 3
+        return {"succeeded": 0, "failed": 1, "conflicts": 4, "interrupted": 130}[self.status]
 
     @property
     def diff(self) -> str:
@@ -116,19 +120,6 @@ def workspace_root(cwd: str | os.PathLike[str]) -> Path:
     if not root.is_dir():
         raise UsageError(f"workspace {root} is not a directory")
     return root
-
-
-async def recover(state_dir: str | os.PathLike[str] | None = None) -> list[RecoveryReport]:
-    """Complete or roll back applies that a crash interrupted (run before any new work)."""
-    reports = await trio.to_thread.run_sync(recover_applies, state_directory(state_dir))
-    for report in reports:
-        log.warning(
-            "interrupted apply recovered",
-            action=report.action,
-            journal=report.journal,
-            paths=list(report.paths),
-        )
-    return reports
 
 
 def _settings(
@@ -247,6 +238,7 @@ async def run_pipeline(
         log.info("run started", run=run_id, pipeline=pipe.name, steps=len(pipe.steps))
         started = time.monotonic()
         status: RunStatus = "interrupted"
+        unapplied: tuple[str, ...] = ()
         crash: Exception | None = None
         try:
             async with (
@@ -282,7 +274,7 @@ async def run_pipeline(
                 )
                 await runner.emit(RunEvent("run_started", run_id, data={"pipeline": pipe.name}))
                 await runner.run()
-            status = await _conclude(store, runner, _kind, apply, state)
+            status, unapplied = await _conclude(store, runner, _kind, apply, state)
         except Exception as e:
             crash = e  # not an interruption: recorded as a failure with its error
             raise
@@ -303,12 +295,15 @@ async def run_pipeline(
             "wallSeconds": round(time.monotonic() - started, 3),
             # instances finished in an earlier attempt and reused by this resume
             "reused": sorted(reused),
+            # asked to apply: the files that changed in the workspace during the run
+            "workspaceChanged": list(unapplied),
         }
         outcome = RunOutcome(
             run_id,
             status,
             result,
             str(run_dir),
+            unapplied,
             values={
                 name: s.value() for name, s in runner.states.items() if s.status == "succeeded"
             },
@@ -324,8 +319,12 @@ async def run_pipeline(
 
 async def _conclude(
     store: RunStore, runner: PipelineRunner, kind: str, apply: bool, state: Path
-) -> RunStatus:
-    """Merge the sinks, record the run's final changes, apply them when asked; the status."""
+) -> tuple[RunStatus, tuple[str, ...]]:
+    """Merge the sinks, record the run's final changes, apply them when asked.
+
+    Returns the status and, when the apply found files changed in the workspace during the
+    run, those files (the run still succeeded; its changes stay recorded, to apply later).
+    """
     states = runner.states
     failed = [s for s in states.values() if s.status == "failed"]
     conflicted = [s for s in failed if s.error and s.error.startswith("merge conflict")]
@@ -351,33 +350,28 @@ async def _conclude(
                 if status == "succeeded":
                     status = "conflicts"
             final = merged.fork(FINAL, allow_conflicts=True)
-    applied = None
     if final is not None:
         net = final.net_changes()
+        # recorded before anything is applied: the apply reads them from the store
         await store.put_changes(
             runner.run_id, FINAL, stored_changes(runner.snapshot, net), diff=diff_of(final, net)
         )
-        patch = await trio.to_thread.run_sync(lambda: git_patch(final.root, net))
+        patch = await trio.to_thread.run_sync(lambda: patch_of(final.root, net))
         await trio.to_thread.run_sync((runner.run_dir / "changes.patch").write_bytes, patch)
-        if apply and status == "succeeded" and net:
-            # the apply and its record go together: a Ctrl-C must not leave written files
-            # behind a run recorded as interrupted and not applied
-            with trio.CancelScope(shield=True):
-                outcome = await apply_changes_async(final, net, state_dir=state)
-                if outcome.applied:
-                    applied = time.time()
-                else:
-                    status = "conflicts"
-                    log.warning(
-                        "workspace changed during the run; nothing applied",
-                        files=[c.path for c in outcome.conflicts],
-                    )
-                await store.update_run(
-                    runner.run_id, status=status, finished=time.time(), applied=applied
-                )
-            return status
-    await store.update_run(runner.run_id, status=status, finished=time.time(), applied=applied)
-    return status
+    await store.update_run(runner.run_id, status=status, finished=time.time())
+    if not (apply and status == "succeeded"):
+        return status, ()
+    try:
+        outcome = await apply_recorded(store, runner.run_id, state=state)
+    except AlreadyApplied as e:  # a resume of a run applied before
+        log.warning("not applied again", run=runner.run_id, reason=str(e))
+        return status, ()
+    if outcome.workspace_changed:
+        log.warning(
+            "workspace changed during the run; nothing applied",
+            files=list(outcome.workspace_changed),
+        )
+    return status, outcome.workspace_changed
 
 
 async def _reusable(

@@ -2,8 +2,8 @@
 
 ``orchestrator prompt``, ``compare`` and ``run`` record a :class:`RunRecord` per run, a
 :class:`StepRecord` per step, each step's change set (:class:`StoredChange`, contents stored once
-per SHA-256) and diffs, wire transcripts, permission decisions, merge conflicts and a timeline,
-in ``<state_dir>/runs.sqlite3``. Typical use::
+per SHA-256) and diffs, wire transcripts, permission decisions, merge conflicts, a timeline and
+what was applied (:class:`ApplyRecord`), in ``<state_dir>/runs.sqlite3``. Typical use::
 
     async with open_run_store(state_directory()) as store:
         await store.create_run(RunRecord(run_id, "pipeline", "running", time.time(), cwd))
@@ -29,10 +29,12 @@ from __future__ import annotations
 from ._schema import SCHEMA_VERSION
 from .ops import AddConflicts, AddEvent, AddPermissions, PutChanges, PutStep, StoreOp, UpdateRun
 from .records import (
+    BASE_UNKNOWN,
     CHANGE_KINDS,
     RUN_KINDS,
     RUN_STATUSES,
     STEP_STATUSES,
+    ApplyRecord,
     ChangeKind,
     RunKind,
     RunRecord,
@@ -42,6 +44,7 @@ from .records import (
 from .runstore import STORE_FILENAME, RunStore, open_run_store
 
 __all__ = [
+    "BASE_UNKNOWN",
     "CHANGE_KINDS",
     "RUN_KINDS",
     "RUN_STATUSES",
@@ -51,6 +54,7 @@ __all__ = [
     "AddConflicts",
     "AddEvent",
     "AddPermissions",
+    "ApplyRecord",
     "ChangeKind",
     "PutChanges",
     "PutStep",

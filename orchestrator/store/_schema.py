@@ -159,8 +159,27 @@ _V2 = _sql(
     "CREATE INDEX runs_status_created ON runs (status, created)",
 )
 
+# v3: what was applied from each run, when, and where (the working tree or a new git branch).
+# ``keys`` is the JSON list of the change sets applied; NULL for an apply made before v3, whose
+# change sets were not recorded (``runs.applied`` held only its time).
+_V3 = _sql(
+    """
+    CREATE TABLE applies (
+        id         INTEGER PRIMARY KEY,
+        run_id     TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+        keys       TEXT,
+        at         REAL NOT NULL,
+        git_branch TEXT,
+        git_commit TEXT
+    )
+    """,
+    "CREATE INDEX applies_run ON applies (run_id, id)",
+    "INSERT INTO applies (run_id, keys, at) SELECT run_id, NULL, applied FROM runs "
+    "WHERE applied IS NOT NULL",
+)
+
 #: the migrations, in order: ``MIGRATIONS[i]`` takes a database from version i to i + 1
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2)
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3)
 #: the version this code writes
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -13,10 +13,12 @@ from typing import Any, Literal, TypeAlias
 from attrs import field, frozen
 
 __all__ = [
+    "BASE_UNKNOWN",
     "CHANGE_KINDS",
     "RUN_KINDS",
     "RUN_STATUSES",
     "STEP_STATUSES",
+    "ApplyRecord",
     "ChangeKind",
     "RunKind",
     "RunRecord",
@@ -39,6 +41,9 @@ STEP_STATUSES: frozenset[str] = frozenset(
 )
 #: what a stored change does to its path
 CHANGE_KINDS: frozenset[str] = frozenset({"write", "delete", "mode"})
+#: the ``base_digest`` of a change to a file that changed in the workspace before the run ever
+#: read it: its base content is unknown, so no workspace content matches it
+BASE_UNKNOWN = "unknown"
 
 
 def _one_of(allowed: frozenset[str], what: str) -> Any:
@@ -165,8 +170,9 @@ class StoredChange:
 
     ``write`` carries ``data`` (and the new ``mode``, None meaning a regular 0o644 file);
     ``mode`` carries only the new ``mode``; ``delete`` carries neither. ``base_digest`` is the
-    SHA-256 (hex) of the file in the run's base snapshot, None if it did not exist there: apply
-    checks it against the workspace.
+    SHA-256 (hex) of the file in the run's base snapshot, None if it did not exist there, or
+    :data:`BASE_UNKNOWN` if it changed in the workspace before the run read it: apply checks it
+    against the workspace.
     """
 
     path: str
@@ -201,4 +207,30 @@ class StoredChange:
             "baseDigest": self.base_digest,
             "size": None if self.data is None else len(self.data),
             "digest": self.digest,
+        }
+
+
+@frozen
+class ApplyRecord:
+    """One apply of a run's changes: to its workspace, or as a commit on a new git branch."""
+
+    run_id: str
+    #: the change sets applied (``(final)`` for the whole run, else step keys); None for an
+    #: apply recorded before the store kept them
+    keys: tuple[str, ...] | None
+    #: when (seconds since the epoch)
+    at: float
+    #: the git branch made, None when the workspace itself was written
+    git_branch: str | None = None
+    #: the commit on that branch
+    git_commit: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The camelCase JSON object."""
+        return {
+            "runId": self.run_id,
+            "keys": None if self.keys is None else list(self.keys),
+            "at": self.at,
+            "gitBranch": self.git_branch,
+            "gitCommit": self.git_commit,
         }

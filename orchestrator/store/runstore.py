@@ -40,7 +40,7 @@ from ._rows import RUN_COLUMNS, STEP_COLUMNS, run_from_row, run_values, step_fro
 from ._rows import transcript_line as decode_transcript_line
 from ._schema import SCHEMA_VERSION, connect
 from .ops import AddConflicts, AddEvent, AddPermissions, PutChanges, PutStep, StoreOp, UpdateRun
-from .records import RUN_KINDS, RUN_STATUSES, RunRecord, StepRecord, StoredChange
+from .records import RUN_KINDS, RUN_STATUSES, ApplyRecord, RunRecord, StepRecord, StoredChange
 
 __all__ = ["STORE_FILENAME", "RunStore", "open_run_store"]
 
@@ -353,6 +353,51 @@ class RunStore(Database):
                 "SELECT key, record FROM conflicts WHERE run_id = ? ORDER BY id", (run_id,)
             )
             return [{**orjson.loads(record), "step": k} for k, record in rows]
+
+        return await self._read(select)
+
+    # ----------------------------------------------------------------------- applies
+
+    async def add_apply(self, record: ApplyRecord) -> None:
+        """Record an apply; one to the workspace also sets the run's ``applied`` time.
+
+        Both in one transaction, so a run is never marked applied without the record of what.
+        """
+        keys = None if record.keys is None else orjson.dumps(list(record.keys)).decode()
+
+        def insert(conn: sqlite3.Connection) -> None:
+            _sql.require_run(conn, record.run_id)
+            conn.execute(
+                "INSERT INTO applies (run_id, keys, at, git_branch, git_commit) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (record.run_id, keys, record.at, record.git_branch, record.git_commit),
+            )
+            if record.git_branch is None:
+                conn.execute(
+                    "UPDATE runs SET applied = ? WHERE run_id = ?", (record.at, record.run_id)
+                )
+
+        await self._write(insert)
+
+    async def applies(self, run_id: str) -> list[ApplyRecord]:
+        """The run's applies, oldest first."""
+
+        def select(conn: sqlite3.Connection) -> list[ApplyRecord]:
+            _sql.require_run(conn, run_id)
+            rows = conn.execute(
+                "SELECT keys, at, git_branch, git_commit FROM applies WHERE run_id = ? ORDER BY id",
+                (run_id,),
+            )
+            return [
+                ApplyRecord(
+                    run_id,
+                    None if keys is None else tuple(orjson.loads(keys)),
+                    at,
+                    branch,
+                    commit,
+                )
+                for keys, at, branch, commit in rows
+            ]
 
         return await self._read(select)
 

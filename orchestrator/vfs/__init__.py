@@ -61,7 +61,15 @@ from .errors import (
     VfsError,
     WorkspaceChanged,
 )
-from .export import git_commit, git_commit_async, git_patch, unified_diff
+from .export import (
+    GitBranchRefused,
+    check_git_branch,
+    git_commit,
+    git_commit_async,
+    git_head_tree,
+    git_patch,
+    unified_diff,
+)
 from .ignore import IgnoreRules
 from .merge import (
     DELETE,
@@ -92,6 +100,7 @@ __all__ = [
     "Delete",
     "EarlyWarning",
     "FileState",
+    "GitBranchRefused",
     "HarvestReport",
     "Hunk",
     "IgnoreRules",
@@ -115,8 +124,10 @@ __all__ = [
     "Write",
     "apply_changes",
     "apply_changes_async",
+    "check_git_branch",
     "git_commit",
     "git_commit_async",
+    "git_head_tree",
     "git_patch",
     "harvest",
     "materialize",

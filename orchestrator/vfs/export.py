@@ -10,7 +10,9 @@
   temporary index named by ``GIT_INDEX_FILE``, ``write-tree``, ``commit-tree``, ``update-ref``):
   the checked-out tree, the index and ``HEAD`` are untouched. The commit's parent is ``HEAD``;
   its tree is ``HEAD``'s with every changed path set to the branch's version (so a touched file
-  that had uncommitted edits in the workspace carries them).
+  that had uncommitted edits in the workspace carries them). :func:`check_git_branch` tells
+  beforehand whether the branch can be made, and :func:`git_head_tree` what ``HEAD`` holds for
+  the changed paths (to check changes against ``HEAD`` rather than the working tree).
 
 All take a branch or a merge result (their net changes over the workspace snapshot), or a tree
 plus explicit changes relative to it. A merge's unresolved conflicts are not part of its changes.
@@ -24,19 +26,28 @@ import os
 import subprocess
 import tempfile
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Literal
 
 import structlog
 import trio
 
-from ._fileio import git_mode, is_binary
+from ._fileio import SYMLINK_MODE, git_mode, is_binary
 from ._lines import LineMatcher
-from .changes import Change, ChangeSet, Delete, ModeChange, Write
-from .errors import VfsError
+from .changes import Change, ChangeSet, Delete, FileState, ModeChange, Write
+from .errors import VfsError, WorkspaceChanged
 from .snapshot import Snapshot
-from .tree import ChangeSource, Tree
+from .tree import ChangeSource, MemoryTree, Tree
 
-__all__ = ["git_commit", "git_commit_async", "git_patch", "unified_diff"]
+__all__ = [
+    "GitBranchRefused",
+    "check_git_branch",
+    "git_commit",
+    "git_commit_async",
+    "git_head_tree",
+    "git_patch",
+    "unified_diff",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -141,14 +152,52 @@ def _versions(
     return old_data, old_mode, None, None
 
 
+#: the hunk header of a change whose base content is gone (see :func:`unified_diff`)
+BASE_GONE = b"base changed in the workspace during the run"
+
+
+def _whole(path: str, change: Change, old_mode: int | None) -> bytes:
+    """A change whose base content is gone, shown whole (no line of the base can be shown)."""
+    name = path.encode("utf-8", "surrogateescape")
+    if isinstance(change, ModeChange):
+        return b"mode change %o -> %o %s\n" % (old_mode or 0, change.mode, name)
+    if isinstance(change, Delete):
+        return b"--- a/%s\n+++ /dev/null\n@@ %s: deleted @@\n" % (name, BASE_GONE)
+    assert isinstance(change, Write)
+    if is_binary(change.data):
+        return b"Binary files a/%s and b/%s differ\n" % (name, name)
+    out = [b"--- a/%s\n+++ b/%s\n@@ %s: the new version, whole @@\n" % (name, name, BASE_GONE)]
+    for line in _lines(change.data):
+        out.append(b"+" + line)
+        if not line.endswith(b"\n"):
+            out.append(b"\n\\ No newline at end of file\n")
+    return b"".join(out)
+
+
 def unified_diff(
-    source: ChangeSource | Tree, changes: Mapping[str, Change] | None = None, *, context: int = 3
+    source: ChangeSource | Tree,
+    changes: Mapping[str, Change] | None = None,
+    *,
+    context: int = 3,
+    base_gone: Literal["raise", "whole"] = "raise",
 ) -> str:
-    """A unified diff of the changes (text; undecodable bytes shown as U+FFFD)."""
+    """A unified diff of the changes (text; undecodable bytes shown as U+FFFD).
+
+    A file whose base content changed in the workspace since the snapshot cannot be diffed:
+    :class:`WorkspaceChanged` is raised, or with ``base_gone="whole"`` its new version is shown
+    whole under the hunk header ``@@ base changed in the workspace during the run: ... @@``
+    (which ``patch`` and ``git apply`` refuse, rather than apply it to another base).
+    """
     base, change_set = _resolve(source, changes)
     out: list[bytes] = []
     for path in change_set:
-        old, old_mode, new, new_mode = _versions(base, path, change_set[path])
+        try:
+            old, old_mode, new, new_mode = _versions(base, path, change_set[path])
+        except WorkspaceChanged:
+            if base_gone == "raise":
+                raise
+            out.append(_whole(path, change_set[path], base.mode(path)))
+            continue
         name = path.encode("utf-8", "surrogateescape")
         if old == new:
             out.append(b"mode change %o -> %o %s\n" % (old_mode or 0, new_mode or 0, name))
@@ -164,13 +213,28 @@ def unified_diff(
 
 
 def git_patch(
-    source: ChangeSource | Tree, changes: Mapping[str, Change] | None = None, *, context: int = 3
+    source: ChangeSource | Tree,
+    changes: Mapping[str, Change] | None = None,
+    *,
+    context: int = 3,
+    base_gone: Literal["raise", "omit"] = "raise",
 ) -> bytes:
-    """A patch ``git apply`` accepts (run at the workspace root), binary files included."""
+    """A patch ``git apply`` accepts (run at the workspace root), binary files included.
+
+    A file whose base content changed in the workspace since the snapshot has no base to patch:
+    :class:`WorkspaceChanged` is raised, or with ``base_gone="omit"`` it is left out (logged).
+    """
     base, change_set = _resolve(source, changes)
     out: list[bytes] = []
+    gone: list[str] = []
     for path in change_set:
-        old, old_mode, new, new_mode = _versions(base, path, change_set[path])
+        try:
+            old, old_mode, new, new_mode = _versions(base, path, change_set[path])
+        except WorkspaceChanged:
+            if base_gone == "raise":
+                raise
+            gone.append(path)
+            continue
         a, b = _quote("a/" + path).encode(), _quote("b/" + path).encode()
         out.append(b"diff --git %s %s\n" % (a, b))
         if old is None:
@@ -199,6 +263,8 @@ def git_patch(
         out.append(b"--- %s\n" % (a if old is not None else b"/dev/null"))
         out.append(b"+++ %s\n" % (b if new is not None else b"/dev/null"))
         out.extend(_hunks(old or b"", new or b"", context))
+    if gone:
+        log.warning("base changed in the workspace; left out of the patch", files=gone)
     return b"".join(out)
 
 
@@ -211,29 +277,147 @@ def _git(args: list[str], cwd: str, env: Mapping[str, str], stdin: bytes | None 
     return proc.stdout.decode("utf-8", "surrogateescape").strip()
 
 
+class GitBranchRefused(VfsError):
+    """A new git branch cannot be made: no git repository, a bad name, or the branch exists."""
+
+
+def _git_env() -> dict[str, str]:
+    # our own repository, work tree and index, whatever the caller's environment points at
+    return {k: v for k, v in os.environ.items() if k not in _REPO_ENV}
+
+
+def _repo_prefix(root: str, env: Mapping[str, str]) -> str:
+    """Where ``root`` is in its repository: ``""`` at the top, else ``"sub/dir/"``."""
+    top = _git(["rev-parse", "--show-toplevel"], root, env)
+    prefix = os.path.relpath(os.path.realpath(root), os.path.realpath(top))
+    return "" if prefix == "." else prefix.replace(os.sep, "/") + "/"
+
+
+def _head(root: str, env: Mapping[str, str]) -> str:
+    """The commit ``HEAD`` names; empty in a repository with no commit yet."""
+    done = subprocess.run(
+        ["git", "rev-parse", "--verify", "-q", "HEAD^{commit}"],
+        cwd=root,
+        env=dict(env),
+        capture_output=True,
+        check=False,
+    )
+    return done.stdout.decode().strip()
+
+
+def check_git_branch(root: str | os.PathLike[str], branch: str) -> str:
+    """The ref ``refs/heads/BRANCH`` for a new branch of the repository ``root`` is in.
+
+    Raises :class:`GitBranchRefused` if ``root`` is not in a git work tree (or git is not
+    installed), ``branch`` is not a valid branch name, or the branch exists. Blocking.
+    """
+    cwd = os.path.realpath(root)
+    env = _git_env()
+    try:
+        _repo_prefix(cwd, env)
+    except (VfsError, OSError) as e:
+        raise GitBranchRefused(f"{cwd} is not in a git repository") from e
+    try:
+        name = _git(["check-ref-format", "--branch", branch], cwd, env)
+    except VfsError as e:
+        raise GitBranchRefused(f"{branch!r} is not a valid git branch name") from e
+    ref = "refs/heads/" + name
+    exists = subprocess.run(
+        ["git", "rev-parse", "--verify", "-q", ref],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        check=False,
+    )
+    if exists.returncode == 0:
+        raise GitBranchRefused(f"git branch {name!r} already exists")
+    return ref
+
+
+_GIT_MODES = {"100644": 0o100644, "100755": 0o100755, "120000": SYMLINK_MODE}
+
+
+def git_head_tree(root: str | os.PathLike[str], paths: Iterable[str]) -> MemoryTree:
+    """``HEAD``'s version of ``paths`` (relative to ``root``, a directory in a git work tree).
+
+    The content is the blob as committed (no filters). A path ``HEAD`` does not hold as a file
+    or symlink (absent, a directory, a submodule) is absent from the tree, and so is every path
+    when ``HEAD`` has no commit yet. Blocking.
+    """
+    cwd = os.path.realpath(root)
+    env = {**_git_env(), "GIT_LITERAL_PATHSPECS": "1"}
+    prefix = _repo_prefix(cwd, env)
+    wanted = sorted(set(paths))
+    head = _head(cwd, env)
+    if not head or not wanted:
+        return MemoryTree({})
+    entries: list[tuple[str, int, str]] = []
+    for i in range(0, len(wanted), 500):  # a bounded command line
+        chunk = [prefix + p for p in wanted[i : i + 500]]
+        listing = subprocess.run(
+            ["git", "ls-tree", "-z", "--full-tree", head, "--", *chunk],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            check=False,
+        )
+        if listing.returncode != 0:
+            raise VfsError(f"git ls-tree failed: {listing.stderr.decode(errors='replace')}")
+        for record in listing.stdout.split(b"\0"):
+            if not record:
+                continue
+            meta, _, name = record.partition(b"\t")
+            tree_mode, kind, blob = meta.decode().split(" ")
+            path = name.decode("utf-8", "surrogateescape")
+            if kind == "blob" and tree_mode in _GIT_MODES and path.startswith(prefix):
+                entries.append((path[len(prefix) :], _GIT_MODES[tree_mode], blob))
+    files: dict[str, FileState] = {}
+    if entries:
+        batch = subprocess.run(
+            ["git", "cat-file", "--batch"],
+            cwd=cwd,
+            env=env,
+            input="".join(f"{blob}\n" for _, _, blob in entries).encode(),
+            capture_output=True,
+            check=False,
+        )
+        if batch.returncode != 0:
+            raise VfsError(f"git cat-file failed: {batch.stderr.decode(errors='replace')}")
+        out, at = batch.stdout, 0
+        for rel, mode, _blob in entries:
+            end = out.index(b"\n", at)
+            size = int(out[at:end].split(b" ")[2])
+            files[rel] = FileState(out[end + 1 : end + 1 + size], mode)
+            at = end + 1 + size + 1  # the content is followed by a newline
+    return MemoryTree(files)
+
+
 def git_commit(
-    source: ChangeSource | Snapshot,
+    source: ChangeSource | Tree,
     changes: Mapping[str, Change] | None = None,
     *,
     branch: str,
     message: str,
     author: tuple[str, str] | None = None,
+    workspace: str | os.PathLike[str] | None = None,
 ) -> str:
     """Commit the changes on the new branch ``branch`` of the workspace's repository.
 
-    ``author`` is ``(name, email)`` (also used as committer); without it git's configured
-    identity is used, or ``acp-orchestrator <orchestrator@localhost>`` when there is none.
-    Returns the commit id. Refuses an existing branch name. Blocking: see
+    The paths are relative to ``workspace`` (a directory in a git work tree; by default the
+    root of the changes' workspace snapshot); a mode change takes its content from the changes'
+    base tree. ``author`` is ``(name, email)`` (also used as committer); without it git's
+    configured identity is used, or ``acp-orchestrator <orchestrator@localhost>`` when there is
+    none. Returns the commit id. Refuses an existing branch name. Blocking: see
     :func:`git_commit_async`.
     """
     base, change_set = _resolve(source, changes)
-    if not isinstance(base, Snapshot):
-        raise TypeError("a git commit needs changes over a workspace snapshot")
-    env = {k: v for k, v in os.environ.items() if k not in _REPO_ENV}
-    cwd = base.root
-    top = _git(["rev-parse", "--show-toplevel"], cwd, env)
-    prefix = os.path.relpath(base.root, os.path.realpath(top))
-    prefix = "" if prefix == "." else prefix.replace(os.sep, "/") + "/"
+    if workspace is None:
+        if not isinstance(base, Snapshot):
+            raise TypeError("a git commit of changes over a tree needs workspace=")
+        workspace = base.root
+    env = _git_env()
+    cwd = os.path.realpath(workspace)
+    prefix = _repo_prefix(cwd, env)
     ref = "refs/heads/" + _git(["check-ref-format", "--branch", branch], cwd, env)
     if author is not None:
         env.update(
@@ -251,17 +435,7 @@ def git_commit(
             GIT_COMMITTER_NAME="acp-orchestrator",
             GIT_COMMITTER_EMAIL="orchestrator@localhost",
         )
-    head = (
-        subprocess.run(
-            ["git", "rev-parse", "--verify", "-q", "HEAD^{commit}"],
-            cwd=cwd,
-            env=env,
-            capture_output=True,
-            check=False,
-        )
-        .stdout.decode()
-        .strip()
-    )
+    head = _head(cwd, env)
     with tempfile.TemporaryDirectory(prefix="orch-commit-") as tmp:
         env["GIT_INDEX_FILE"] = os.path.join(tmp, "index")
         _git(["read-tree", head] if head else ["read-tree", "--empty"], cwd, env)
@@ -325,14 +499,17 @@ def git_commit(
 
 
 async def git_commit_async(
-    source: ChangeSource | Snapshot,
+    source: ChangeSource | Tree,
     changes: Mapping[str, Change] | None = None,
     *,
     branch: str,
     message: str,
     author: tuple[str, str] | None = None,
+    workspace: str | os.PathLike[str] | None = None,
 ) -> str:
     """:func:`git_commit` in a worker thread."""
     return await trio.to_thread.run_sync(
-        lambda: git_commit(source, changes, branch=branch, message=message, author=author)
+        lambda: git_commit(
+            source, changes, branch=branch, message=message, author=author, workspace=workspace
+        )
     )
