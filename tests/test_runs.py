@@ -15,11 +15,13 @@ import pytest
 import trio
 from run_helpers import config, spec_for, workspace
 
+from orchestrator.agent.permissions import Escalation
 from orchestrator.agents import AgentSpec
 from orchestrator.config import Config
 from orchestrator.errors import PipelineError, UsageError
 from orchestrator.pipeline import Pipeline, step
 from orchestrator.pipeline.results import RunEvent, StepResult
+from orchestrator.policy import Answer, Policy, PolicySet, Rule
 from orchestrator.runs import (
     RunOutcome,
     apply_run,
@@ -30,9 +32,13 @@ from orchestrator.runs import (
     resume_run,
     run_pipeline,
 )
+from orchestrator.store import open_run_store
 from orchestrator.testing import (
+    AgentRecord,
     AgentScript,
+    AskPermission,
     ErrorReply,
+    PermissionToolCall,
     Say,
     Turn,
     WriteDisk,
@@ -251,6 +257,62 @@ async def test_branch_changes_reach_the_diff_and_are_applied_only_on_request(
         "src/via_fs.txt": "written through fs/write_text_file\n",
     }
     assert (await get_run_json(outcome.run_id))["applied"] is True
+
+
+async def test_cancelled_run_records_the_interrupted_turn_with_its_cancelled_permission(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    """Cancelled with a permission pending: answered cancelled, the turn ended and recorded."""
+    ws = workspace(tmp_path, {"readme.txt": "hello\n"})
+    agent_record = tmp_path / "agent.jsonl"
+    ask = AskPermission(PermissionToolCall("make-1", title="make", kind="execute"))
+    script = AgentScript(
+        turns=(
+            Turn(steps=(Say("half way"), WriteDisk("draft.txt", "draft\n"), ask, Say(" done"))),
+        ),
+        record_path=str(agent_record),
+    )
+    policy = PolicySet(run=Policy([Rule("ask", name="ask before running", kinds="execute")]))
+
+    @step(agent="a")
+    def work(task: str) -> str:
+        return task
+
+    with trio.fail_after(LIMIT), trio.CancelScope() as scope:
+
+        async def escalate(escalation: Escalation) -> Answer | None:
+            scope.cancel()  # Ctrl-C while the human is asked
+            await trio.sleep_forever()
+
+        await run_pipeline(
+            Pipeline.from_steps([work], name="interrupted"),
+            {"task": "build it"},
+            cwd=ws,
+            config=config(spec_for(script, tmp_path, "a")),
+            policy=policy,
+            escalate=escalate,
+        )
+    assert scope.cancelled_caught
+    [run] = await list_runs()
+    shown = await get_run_json(run.run_id)
+    assert shown["status"] == "interrupted"
+    instance = shown["steps"]["work"]["instances"]["work"]
+    assert instance["status"] == "interrupted"
+    assert (instance["text"], instance["stopReason"]) == ("half way", "cancelled")
+    assert instance["changes"] == [{"path": "draft.txt", "change": "added"}]
+    assert [(p["toolCallId"], p["verdict"]) for p in instance["permissions"]] == [
+        ("make-1", "cancelled")
+    ]
+    async with open_run_store(state_dir) as store:
+        audit = await store.permissions(run.run_id)
+    assert [(p["toolCallId"], p["verdict"]) for p in audit] == [("make-1", "cancelled")]
+    # the agent was told the ACP way, and answered the turn before its process was stopped
+    events = [e for e in AgentRecord.from_jsonl(agent_record).events if e["event"] != "recv"]
+    kinds = [e["event"] for e in events]
+    assert "cancel_request" not in kinds
+    assert kinds.index("cancel") < kinds.index("turn_end") < kinds.index("eof")
+    [answer] = [e for e in events if e["event"] == "response"]
+    assert answer["result"] == {"outcome": {"outcome": "cancelled"}}
 
 
 # --------------------------------------------------------------------------- compare

@@ -10,10 +10,12 @@ from typing import Any
 import trio
 from attrs import define, field
 
+from ..agent.client import AcpSession
 from ..agent.elicitation import PolicyElicitationService
 from ..agent.permissions import Escalate, PolicyPermissionService
 from ..agent.services import ClientServices
 from ..agent.terminals import open_terminal_service
+from ..agent.turn import TurnResult
 from ..agents import AgentSpec
 from ..policy import PolicySet
 from ..protocol import types as t
@@ -23,7 +25,7 @@ from ._calls import jsonable, prompt_input, run_verify, update_event
 from ._recording import Recorder
 from ._state import AgentPool
 from .branches import change_kinds
-from .results import RunEvent, StepResult
+from .results import RunEvent, StepResult, StepStatus, VerifyResult
 from .spec import Step
 
 __all__ = ["AgentTurns"]
@@ -50,6 +52,8 @@ class AgentTurns:
     _resolved: dict[str, AgentSpec] = field(init=False, factory=dict)
     #: policies by name, loaded once per run
     _policies: dict[str, PolicySet] = field(init=False, factory=dict)
+    #: results of turns cut short by cancellation, by instance name (see take_interrupted)
+    _interrupted: dict[str, StepResult] = field(init=False, factory=dict)
 
     def use(self, names: Sequence[str]) -> list[str]:
         """Resolve the agents a step names (once per run) and return their labels."""
@@ -73,6 +77,16 @@ class AgentTurns:
         if policy is None:
             policy = self._policies[chosen] = self.load_policy(chosen)
         return policy
+
+    def take_interrupted(self, name: str) -> StepResult | None:
+        """The result of instance ``name``'s turn if cancellation cut it short, forgotten here.
+
+        When :meth:`turn` is cancelled (Ctrl-C) mid-turn, the session ends the turn the ACP
+        way first; then the branch directory is harvested and what the turn did (text, tool
+        calls, permission audit, changes) is kept as a result with status ``interrupted``,
+        before ``trio.Cancelled`` goes on. The caller that records the instance takes it here.
+        """
+        return self._interrupted.pop(name, None)
 
     async def turn(
         self,
@@ -133,30 +147,56 @@ class AgentTurns:
                 # updates are only for the listener and the token budget: without either,
                 # the turn need not call back at all
                 wants_updates = listener is not None or limit is not None
-                if limit is None:
-                    turn = await lease.prompt(
-                        prompt_input(prompt),
-                        timeout=timeout,
-                        idle_timeout=step.idle_timeout,
-                        on_update=on_update if wants_updates else None,
-                    )
-                else:
-                    async with trio.open_nursery() as nursery:
-
-                        async def cancel_on_budget() -> None:
-                            await exceeded.wait()
-                            await session.cancel()
-
-                        nursery.start_soon(cancel_on_budget)
+                try:
+                    if limit is None:
                         turn = await lease.prompt(
                             prompt_input(prompt),
                             timeout=timeout,
                             idle_timeout=step.idle_timeout,
-                            on_update=on_update,
+                            on_update=on_update if wants_updates else None,
                         )
-                        nursery.cancel_scope.cancel()
-                info = lease.session.connection.agent_info
+                    else:
+                        async with trio.open_nursery() as nursery:
+
+                            async def cancel_on_budget() -> None:
+                                await exceeded.wait()
+                                await session.cancel()
+
+                            nursery.start_soon(cancel_on_budget)
+                            turn = await lease.prompt(
+                                prompt_input(prompt),
+                                timeout=timeout,
+                                idle_timeout=step.idle_timeout,
+                                on_update=on_update,
+                            )
+                            nursery.cancel_scope.cancel()
+                except trio.Cancelled:
+                    cut_short = session.last_result
+                    if cut_short is not None:
+                        # the session ended the turn the ACP way: keep what it did
+                        with trio.CancelScope(shield=True):
+                            await self.dirs.harvest(workdir)
+                        self._permission_events(step, key, agent, cut_short)
+                        self._interrupted[name] = self._result(
+                            step, key, agent, item, cut_short, lease.session, permission, fs,
+                            started, attempt, status="interrupted",
+                        )  # fmt: skip
+                    raise
         await self.dirs.harvest(workdir)
+        self._permission_events(step, key, agent, turn)
+        verify = None
+        command = self.verify.get(step.name)
+        if command is not None:
+            verify = await run_verify(command, Path(workdir.root))
+        error = None
+        if over_budget:
+            error = f"budget exceeded: {over_budget[0]} tokens > {step.budget.max_tokens}"  # type: ignore[union-attr]
+        return self._result(
+            step, key, agent, item, turn, lease.session, permission, fs, started, attempt,
+            status="failed" if error else "succeeded", verify=verify, error=error,
+        )  # fmt: skip
+
+    def _permission_events(self, step: Step, key: str | None, agent: str, turn: TurnResult) -> None:
         for record in turn.permissions:
             self.recorder.emit(
                 RunEvent(
@@ -168,13 +208,26 @@ class AgentTurns:
                     {"verdict": record.verdict, "title": record.title, "rule": record.rule},
                 )
             )
-        verify = None
-        command = self.verify.get(step.name)
-        if command is not None:
-            verify = await run_verify(command, Path(workdir.root))
-        error = None
-        if over_budget:
-            error = f"budget exceeded: {over_budget[0]} tokens > {step.budget.max_tokens}"  # type: ignore[union-attr]
+
+    def _result(
+        self,
+        step: Step,
+        key: str | None,
+        agent: str,
+        item: Any,
+        turn: TurnResult,
+        session: AcpSession,
+        permission: PolicyPermissionService,
+        fs: BranchFileSystem,
+        started: float,
+        attempt: int,
+        *,
+        status: StepStatus,
+        verify: VerifyResult | None = None,
+        error: str | None = None,
+    ) -> StepResult:
+        """The instance's result from its turn, once its branch is harvested."""
+        info = session.connection.agent_info
         branch = fs.workdir.branch
         # computed once at the harvest and reused when the instance is recorded
         diffs = self.dirs.diffs(branch)
@@ -182,12 +235,12 @@ class AgentTurns:
             step=step.name,
             key=key,
             agent=agent,
-            status="failed" if error else "succeeded",
+            status=status,
             text=turn.text,
             stop_reason=turn.stop_reason,
             item=jsonable(item),
             agent_info={"name": info.name, "version": info.version} if info else None,
-            session_id=lease.session.session_id,
+            session_id=session.session_id,
             tool_calls=tuple(c.to_json() for c in turn.tool_calls.values()),
             permissions=tuple(p.to_json() for p in permission.records),
             usage=turn.usage_json(),
