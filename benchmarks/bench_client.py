@@ -107,7 +107,7 @@ async def _ours_one(
     probe: Probe,
     ready: Callable[[], None] | None = None,
     go: trio.Event | None = None,
-) -> str:
+) -> str | None:
     """One agent, one turn; returns the stop reason."""
     async with open_agent(argv, name="flood", services=ClientServices(fs=fs)) as conn:
         session = await conn.new_session(os.getcwd())

@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["single_error"]
+import trio
+from attrs import define, field
+
+__all__ = ["end_grace_periods", "grace_period", "grace_periods_ended", "single_error"]
 
 
 def _only(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
@@ -31,3 +34,56 @@ def single_error() -> Iterator[None]:
         if only is None:
             raise
         raise only from only.__cause__
+
+
+@define(eq=False)
+class _Graces:
+    """The grace periods open in one trio run."""
+
+    scopes: set[trio.CancelScope] = field(factory=set)
+    ended: bool = False
+
+
+_GRACES: trio.lowlevel.RunVar[_Graces] = trio.lowlevel.RunVar("orchestrator_graces")
+
+
+def _graces() -> _Graces:
+    try:
+        return _GRACES.get()
+    except LookupError:
+        graces = _Graces()
+        _GRACES.set(graces)
+        return graces
+
+
+@contextmanager
+def grace_period(seconds: float) -> Iterator[trio.CancelScope]:
+    """A shielded scope for the clean-up after a cancellation, ending after ``seconds``.
+
+    What runs inside (ending a turn the ACP way, closing a session) goes on although its
+    caller was cancelled (Ctrl-C), for at most ``seconds``; :func:`end_grace_periods` (a second
+    Ctrl-C) ends every grace period of the trio run at once, and those opened after it too.
+    """
+    graces = _graces()
+    scope = trio.CancelScope(shield=True, deadline=trio.current_time() + seconds)
+    if graces.ended:
+        scope.cancel()
+    graces.scopes.add(scope)
+    try:
+        with scope:
+            yield scope
+    finally:
+        graces.scopes.discard(scope)
+
+
+def end_grace_periods() -> None:
+    """End every grace period of the current trio run now, and any opened later."""
+    graces = _graces()
+    graces.ended = True
+    for scope in list(graces.scopes):
+        scope.cancel()
+
+
+def grace_periods_ended() -> bool:
+    """Whether :func:`end_grace_periods` was called in the current trio run."""
+    return _graces().ended

@@ -14,7 +14,9 @@ process that dies is replaced when next needed, after a backoff, within the spec
 budget. A turn that outlives its timeout is cancelled; an agent that ignores the cancel too is
 killed. Nothing is ever re-sent on its own: a turn lost with its process fails the lease, and
 retrying is the caller's explicit choice. On exit, cancel or Ctrl-C every process gets the
-shutdown ladder (stdin closed, SIGTERM, SIGKILL to its process group).
+shutdown ladder (stdin closed, SIGTERM, SIGKILL to its process group), but only after the turns
+running on it were ended the ACP way (``session/cancel`` and the agent's answer, within
+``ClientOptions.interrupt_grace``) and their callers had recorded what they did.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import structlog
 import trio
 from attrs import define, field, frozen
 
+from ._util import grace_period
 from .agent.client import AcpSession, AgentConnection, ClientOptions, open_agent
 from .agent.content import PromptInput
 from .agent.services import ClientServices, SessionContext
@@ -208,7 +211,10 @@ class Lease:
         """Run one turn, counted in the statistics; an agent that ignores a cancel is killed.
 
         ``timeout`` bounds the turn and ``idle_timeout`` the silence between updates; past
-        either the turn is cancelled (:class:`~orchestrator.errors.TurnTimeout`).
+        either the turn is cancelled (:class:`~orchestrator.errors.TurnTimeout`). A caller
+        cancelled mid-turn gets :meth:`AcpSession.prompt`'s handshake before ``Cancelled``
+        goes on (``session.last_result`` holds what the turn did); a process whose agent did
+        not end the turn is retired when the lease ends.
         """
         pool = self._proc.pool
         pool.turns += 1
@@ -419,10 +425,14 @@ class Supervisor:
                 proc.ready.set()
                 task_status.started()
                 log.info("agent process started", agent=proc.label, pid=conn.pid)
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._watch_exit, proc, conn, nursery.cancel_scope)
-                    await proc.stop.wait()
-                    nursery.cancel_scope.cancel()
+                # Shielded: when the supervisor's caller is cancelled (Ctrl-C), the turns on
+                # this process are ended the ACP way and recorded before it is stopped. It
+                # stops when retired, at the latest when the supervisor closes.
+                with trio.CancelScope(shield=True):
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(self._watch_exit, proc, conn, nursery.cancel_scope)
+                        await proc.stop.wait()
+                        nursery.cancel_scope.cancel()
         except OrchestratorError as e:
             if not started:
                 # before waiters wake (below): they must see the error, not retry the start
@@ -464,13 +474,17 @@ class Supervisor:
             if conn is None or conn.rpc.closed or proc.dead:
                 await session.release()  # the services' own clean-up (terminals, memory)
                 return
-            if proc.pool.spec.sessions_per_process == 1:
+            last = session.last_result
+            hung = last is not None and last.stop_reason is None
+            if proc.pool.spec.sessions_per_process == 1 or hung:
+                # one session per process, or an agent that did not end its turn (it ignored
+                # session/cancel): the process goes, and the session with it
                 await session.release()
                 proc.retire()
                 return
             caps = conn.agent_capabilities.session_capabilities
             if caps is not None and caps.close is not None:
-                with trio.move_on_after(self.limits.close_timeout) as scope:
+                with grace_period(self.limits.close_timeout) as scope:
                     try:
                         await conn.close_session(session.session_id)
                     except OrchestratorError as e:

@@ -75,6 +75,27 @@ def prompts(script: Path) -> int:
     return sum(orjson.loads(line)["event"] == "prompt" for line in lines if line.strip())
 
 
+def record_events(record: Path) -> list[dict[str, Any]]:
+    """The events a subprocess agent wrote to its record file so far (whole lines only)."""
+    if not record.exists():
+        return []
+    # only whole lines: the agent may be appending one while we read
+    *lines, _partial = record.read_bytes().split(b"\n")
+    return [orjson.loads(line) for line in lines if line.strip()]
+
+
+def timeline(record: Path) -> list[str]:
+    """An agent's record in order: ``recv METHOD`` for each message it received, else the event."""
+    out = []
+    for e in record_events(record):
+        message = e.get("message")
+        if e["event"] == "recv" and isinstance(message, dict) and "method" in message:
+            out.append(f"recv {message['method']}")
+        elif e["event"] != "recv":
+            out.append(e["event"])
+    return out
+
+
 def snapshot(root: Path) -> dict[str, bytes]:
     """Every file under ``root`` with its bytes."""
     return {

@@ -3,6 +3,8 @@
 The agents are scripted agents run as subprocesses (``python -m
 orchestrator.testing.scripted_agent SCRIPT.json``). Each script file has a fixed path, so a test
 swaps an agent's behaviour between the interrupted run and its resume by rewriting that file.
+Each agent records every frame it receives (``NAME.jsonl`` beside its script): the order of
+``session/cancel`` and the end of its stdin is read from there.
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ import json
 import os
 import shlex
 import signal
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -22,8 +26,10 @@ from run_helpers import (
     agent_command,
     as_json,
     prompts,
+    record_events,
     run_cli,
     snapshot,
+    timeline,
     write_script,
 )
 
@@ -73,13 +79,35 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
-async def interrupt(
-    argv: list[str], *, cwd: Path, state: Path, scripts: list[Path], out: Path
-) -> tuple[int, set[int], str, str]:
-    """Start the CLI, wait until every agent got its prompt, send SIGINT, wait for the exit.
+def events(script: Path) -> list[dict[str, Any]]:
+    """The events the agent of ``script`` recorded so far."""
+    return record_events(script.with_suffix(".jsonl"))
 
-    Returns the exit code, the pids of the CLI's descendants just before the signal, stdout
-    and stderr.
+
+def recorded(event: str) -> Callable[[Path], bool]:
+    """Whether the agent of a script recorded ``event`` (``recv METHOD`` for a message)."""
+    return lambda script: event in timeline(script.with_suffix(".jsonl"))
+
+
+def prompted(script: Path) -> bool:
+    """Whether the agent of ``script`` got its prompt."""
+    return prompts(script) > 0
+
+
+async def interrupt(
+    argv: list[str],
+    *,
+    cwd: Path,
+    state: Path,
+    scripts: list[Path],
+    out: Path,
+    ready: Callable[[Path], bool] = prompted,
+    again: Callable[[Path], bool] | None = None,
+) -> tuple[int, set[int], str, str]:
+    """Start the CLI, wait until every agent is ``ready``, send SIGINT, wait for the exit.
+
+    With ``again``, a second SIGINT follows once every agent satisfies it. Returns the exit
+    code, the pids of the CLI's descendants just before the signal, stdout and stderr.
     """
     stdout_path, stderr_path = out / "stdout.txt", out / "stderr.txt"
     env = {**os.environ, "ORCHESTRATOR_STATE_DIR": str(state)}
@@ -92,11 +120,16 @@ async def interrupt(
             [str(CLI), *argv], cwd=cwd, env=env, stdout=stdout, stderr=stderr
         )
         try:
-            while not all(prompts(s) for s in scripts):
+            while not all(ready(s) for s in scripts):
                 assert cli.poll() is None, stderr_path.read_text()
                 await trio.sleep(0.05)
             pids = descendants(cli.pid)
             cli.send_signal(signal.SIGINT)
+            if again is not None:
+                while not all(again(s) for s in scripts):
+                    assert cli.poll() is None, stderr_path.read_text()
+                    await trio.sleep(0.05)
+                cli.send_signal(signal.SIGINT)
             code = await cli.wait()
         finally:
             if cli.returncode is None:
@@ -145,11 +178,9 @@ def answer_now(scripts: list[Path]) -> None:
 # --------------------------------------------------------------------------- run PIPELINE
 
 
-@pytest.fixture
-def pipeline(tmp_path: Path, scripts: list[Path]) -> Path:
-    """A pipeline fanning out over the three agents (NAME=COMMAND), then a Python step."""
-    agents = [f"{n}={shlex.join(agent_command(s))}" for n, s in zip(NAMES, scripts, strict=True)]
-    path = tmp_path / "fan_out.py"
+def fan_out(path: Path, commands: Mapping[str, Sequence[str]]) -> Path:
+    """Write a pipeline fanning out over the agents (NAME=COMMAND), then a Python step."""
+    agents = [f"{name}={shlex.join(command)}" for name, command in commands.items()]
     path.write_text(
         "from orchestrator import step\n\n"
         f"AGENTS = {agents!r}\n\n\n"
@@ -161,6 +192,13 @@ def pipeline(tmp_path: Path, scripts: list[Path]) -> Path:
         "    return 'after'\n"
     )
     return path
+
+
+@pytest.fixture
+def pipeline(tmp_path: Path, scripts: list[Path]) -> Path:
+    """A pipeline fanning out over the three agents, then a Python step."""
+    commands = {n: agent_command(s) for n, s in zip(NAMES, scripts, strict=True)}
+    return fan_out(tmp_path / "fan_out.py", commands)
 
 
 async def test_sigint_interrupts_a_pipeline_then_resume_completes_it(
@@ -212,6 +250,146 @@ async def test_sigint_interrupts_a_pipeline_then_resume_completes_it(
     assert snapshot(project) == before  # resume without --apply writes nothing
     [listed_run] = as_json(await run_cli("runs", "--json", cwd=tmp_path, state=state_dir))["runs"]
     assert listed_run["status"] == "succeeded"
+
+
+# ------------------------------------------------------------------------ ending turns the ACP way
+
+
+def cancellable_turn(name: str) -> Turn:
+    """A turn that says something, edits its branch directory, then stalls until cancelled."""
+    return Turn(
+        steps=(
+            Say(text=f"partial from {name}"),
+            WriteDisk(path=f"partial-{name}.txt", content="half done\n"),
+            Stall(),
+        )
+    )
+
+
+def stubborn(script: Path) -> list[str]:
+    """The agent of ``script`` in a shell that ignores SIGTERM and outlives the agent's stdin."""
+    return ["/bin/sh", "-c", 'trap "" TERM; "$@"; sleep 60', "sh", *agent_command(script)]
+
+
+def run_argv(pipeline: Path, project: Path) -> list[str]:
+    """``orchestrator run`` of ``pipeline`` on ``project``, printing JSON."""
+    return [
+        "run", str(pipeline), "--cwd", str(project), "--set", "task=x",
+        "--policy", "trusted", "--json",
+    ]  # fmt: skip
+
+
+async def test_sigint_ends_each_turn_with_session_cancel_before_stopping_its_agent(
+    tmp_path: Path, project: Path, scripts: list[Path], pipeline: Path, state_dir: Path
+) -> None:
+    """SIGINT: session/cancel (no $/cancel_request), the turn ends cancelled, then stdin closes."""
+    for name, script in zip(NAMES, scripts, strict=True):
+        write_script(script, cancellable_turn(name))
+    code, pids, _, stderr = await interrupt(
+        run_argv(pipeline, project),
+        cwd=tmp_path,
+        state=state_dir,
+        scripts=scripts,
+        out=tmp_path,
+        ready=recorded("disk_write"),
+    )
+    assert code == EXIT_INTERRUPTED, stderr
+    assert "Traceback" not in stderr
+    assert all(pid_gone(pid) for pid in pids), [p for p in pids if not pid_gone(p)]
+    for script in scripts:
+        seen = timeline(script.with_suffix(".jsonl"))
+        assert "recv $/cancel_request" not in seen, seen
+        # the turn ended by the agent's answer, and only then was its stdin closed: it exited
+        # by itself at the first rung of the ladder, never signalled
+        assert seen.index("recv session/cancel") < seen.index("turn_end") < seen.index("eof")
+        ends = [e["stopReason"] for e in events(script) if e["event"] == "turn_end"]
+        assert ends == ["cancelled"]
+    assert "SIGTERM" not in stderr
+    assert "SIGKILL" not in stderr
+
+
+async def test_sigint_records_what_each_interrupted_turn_did(
+    tmp_path: Path, project: Path, scripts: list[Path], pipeline: Path, state_dir: Path
+) -> None:
+    """The run store keeps each interrupted instance with its partial text and its changes."""
+    before = snapshot(project)
+    for name, script in zip(NAMES, scripts, strict=True):
+        write_script(script, cancellable_turn(name))
+    code, _, _, stderr = await interrupt(
+        run_argv(pipeline, project),
+        cwd=tmp_path,
+        state=state_dir,
+        scripts=scripts,
+        out=tmp_path,
+        ready=recorded("disk_write"),
+    )
+    assert code == EXIT_INTERRUPTED, stderr
+    [run_id] = await run_ids(state_dir)
+    shown = as_json(await run_cli("show", run_id, "--json", cwd=tmp_path, state=state_dir))
+    assert shown["status"] == "interrupted"
+    instances = shown["steps"]["work"]["instances"]
+    assert sorted(instances) == sorted(NAMES)
+    for name in NAMES:
+        instance = instances[name]
+        assert instance["status"] == "interrupted"
+        assert (instance["text"], instance["stopReason"]) == (f"partial from {name}", "cancelled")
+        assert instance["changes"] == [{"path": f"partial-{name}.txt", "change": "added"}]
+        assert instance["sessionId"] == "sess-1"
+    assert snapshot(project) == before
+
+
+async def test_sigint_stops_an_agent_ignoring_session_cancel_after_the_grace(
+    tmp_path: Path, project: Path, state_dir: Path
+) -> None:
+    """An agent that ignores session/cancel (and SIGTERM) is killed once the grace is over."""
+    script = write_script(tmp_path / "a.json", stalling_turn("a"))
+    pipeline = fan_out(tmp_path / "one.py", {"a": stubborn(script)})
+    code, pids, _, stderr = await interrupt(
+        run_argv(pipeline, project),
+        cwd=tmp_path,
+        state=state_dir,
+        scripts=[script],
+        out=tmp_path,
+        ready=recorded("disk_write"),
+    )
+    assert code == EXIT_INTERRUPTED, stderr
+    assert "Traceback" not in stderr
+    assert all(pid_gone(pid) for pid in pids), [p for p in pids if not pid_gone(p)]
+    seen = timeline(script.with_suffix(".jsonl"))
+    assert "recv $/cancel_request" not in seen, seen
+    assert "turn_end" not in seen  # it never ended the turn
+    assert seen.index("recv session/cancel") < seen.index("eof")
+    assert "the agent did not end it after session/cancel" in stderr
+    assert "sending SIGKILL" in stderr  # the shell ignored stdin's end and SIGTERM
+    [run_id] = await run_ids(state_dir)
+    shown = as_json(await run_cli("show", run_id, "--json", cwd=tmp_path, state=state_dir))
+    [instance] = shown["steps"]["work"]["instances"].values()
+    assert (instance["status"], instance["stopReason"]) == ("interrupted", None)
+    assert instance["changes"] == [{"path": "partial-a.txt", "change": "added"}]
+
+
+async def test_second_sigint_goes_straight_to_the_shutdown_ladder(
+    tmp_path: Path, project: Path, state_dir: Path
+) -> None:
+    """A second SIGINT while a turn has its grace ends the grace: the agent is stopped."""
+    script = write_script(tmp_path / "a.json", stalling_turn("a"))
+    pipeline = fan_out(tmp_path / "one.py", {"a": stubborn(script)})
+    code, pids, _, stderr = await interrupt(
+        run_argv(pipeline, project),
+        cwd=tmp_path,
+        state=state_dir,
+        scripts=[script],
+        out=tmp_path,
+        ready=recorded("disk_write"),
+        again=recorded("recv session/cancel"),
+    )
+    assert code == EXIT_INTERRUPTED, stderr
+    assert "Traceback" not in stderr
+    assert "interrupted again: stopping the agents now" in stderr
+    assert all(pid_gone(pid) for pid in pids), [p for p in pids if not pid_gone(p)]
+    [run_id] = await run_ids(state_dir)
+    listed = as_json(await run_cli("runs", "--json", cwd=tmp_path, state=state_dir))
+    assert [(r["runId"], r["status"]) for r in listed["runs"]] == [(run_id, "interrupted")]
 
 
 # --------------------------------------------------------------------------- compare

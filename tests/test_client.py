@@ -16,6 +16,7 @@ import trio.testing
 from attrs import define, field
 from structlog.testing import capture_logs
 
+from orchestrator._util import end_grace_periods
 from orchestrator.agent.client import AgentConnection, ClientOptions, Turn, open_agent_on_stream
 from orchestrator.agent.services import (
     ClientServices,
@@ -970,8 +971,82 @@ async def test_turn_that_never_ends_after_cancel_is_hung(
         assert trio.current_time() - start == pytest.approx(7)
         assert info.value.agent == AGENT
         assert record.first("cancel")["running"] is True
-        # the abandoned session/prompt is withdrawn on the wire
-        await record.wait_for("cancel_request")
+    # the abandoned session/prompt is not withdrawn with $/cancel_request: a turn ends with
+    # session/cancel, and the client just stops waiting
+    assert received(record).count("session/cancel") == 1
+    assert "$/cancel_request" not in received(record)
+
+
+async def test_cancelled_caller_ends_the_turn_with_session_cancel(tmp_path: Path) -> None:
+    """A caller cancelled mid-turn: session/cancel, the turn's end awaited, no $/cancel_request."""
+    undecided = Undecided()
+    script = turns(Say("about to run"), ASK, Say(" ran it"))
+    async with connect(script, services=ClientServices(permission=undecided)) as (conn, record):
+        session = await conn.new_session(tmp_path)
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(session.prompt, "run it")
+                await undecided.asked.wait()
+                scope.cancel()
+        assert scope.cancelled_caught
+        # the turn ended before Cancelled went on: the agent answered it
+        assert record.first("turn_end")["stopReason"] == "cancelled"
+    assert received(record) == ["initialize", "session/new", "session/prompt", "session/cancel"]
+    answer = record.first("response")
+    assert answer["method"] == "session/request_permission"
+    assert answer["result"] == {"outcome": {"outcome": "cancelled"}}
+    result = session.last_result
+    assert result is not None
+    assert (result.stop_reason, result.text, result.cancel_requested) == (
+        "cancelled",
+        "about to run",
+        True,
+    )
+    assert [(p.verdict, p.tool_call_id) for p in result.permissions] == [("cancelled", "t9")]
+
+
+async def test_cancelled_caller_gives_up_after_the_interrupt_grace(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    """An agent ignoring session/cancel gets interrupt_grace; then Cancelled goes on."""
+    script = AgentScript(turns=(ScriptTurn(steps=(Say("working"), Stall()), ignore_cancel=True),))
+    options = ClientOptions(cancel_grace=10, interrupt_grace=3)
+    async with connect(script, options=options) as (conn, record):
+        session = await conn.new_session(tmp_path)
+        start = trio.current_time()
+        with trio.CancelScope() as scope:
+            await session.prompt("go", on_update=lambda update: scope.cancel())
+        assert scope.cancelled_caught
+        assert trio.current_time() - start == pytest.approx(3)
+        assert record.first("cancel")["running"] is True
+    assert "$/cancel_request" not in received(record)
+    result = session.last_result
+    assert result is not None
+    assert (result.stop_reason, result.text, result.cancel_requested) == (None, "working", True)
+
+
+async def test_ending_grace_periods_cuts_the_wait_for_an_interrupted_turn_short(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    """end_grace_periods() (a second Ctrl-C) stops waiting for the agent at once."""
+    script = AgentScript(turns=(ScriptTurn(steps=(Say("working"), Stall()), ignore_cancel=True),))
+    options = ClientOptions(cancel_grace=60, interrupt_grace=60)
+    async with connect(script, options=options) as (conn, record):
+        session = await conn.new_session(tmp_path)
+        start = trio.current_time()
+
+        async def interrupt_again() -> None:
+            await record.wait_for("cancel")
+            end_grace_periods()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(interrupt_again)
+            with trio.CancelScope() as scope:
+                await session.prompt("go", on_update=lambda update: scope.cancel())
+        assert scope.cancelled_caught
+        assert trio.current_time() - start == 0
+    assert session.last_result is not None
+    assert session.last_result.stop_reason is None
 
 
 async def test_prompt_timeout_cancels_then_raises(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -206,6 +207,27 @@ async def test_cancelled_request_sends_cancel_request(
             await trio.sleep(1)
         assert not [e for e in logs if e["log_level"] != "debug"]
         assert conn.statistics().notifications_sent == 1
+
+
+async def test_cancelled_request_without_notice_sends_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """notify_cancel=False: a cancelled caller sends no $/cancel_request; the answer is dropped."""
+    async with connected() as (conn, peer):
+        with trio.move_on_after(5) as scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(
+                    functools.partial(conn.request, "session/prompt", {"p": 1}, notify_cancel=False)
+                )
+                assert (await peer.receive())["id"] == 0
+        assert scope.cancelled_caught
+        await peer.receive_nothing()
+        assert conn.statistics().pending_outbound == 0
+        with capture_logs() as logs:
+            await peer.send(ok(0, {"stopReason": "cancelled"}))
+            await trio.sleep(1)
+        assert not [e for e in logs if e["log_level"] != "debug"]
+        assert conn.statistics().notifications_sent == 0
 
 
 async def test_request_cancelled_before_sending_sends_nothing(

@@ -14,6 +14,7 @@ import pytest
 import structlog
 import trio
 from conftest import pid_gone
+from run_helpers import timeline
 from structlog.testing import capture_logs
 
 import orchestrator.agent.client as client_module
@@ -466,3 +467,54 @@ async def test_cancelled_scope_around_a_running_turn_leaves_no_process(tmp_path:
     assert scope.cancelled_caught
     assert pid is not None
     assert pid_gone(pid)
+
+
+async def test_cancelled_scope_ends_the_turn_before_the_shutdown_ladder(tmp_path: Path) -> None:
+    """Cancelled mid-turn: session/cancel, the agent ends the turn, then stdin closes; no signal."""
+    script, path = recorded(turns(Say("working"), Stall()), tmp_path)
+    process: AgentProcess | None = None
+    with trio.CancelScope() as scope:
+        async with agent(script, tmp_path) as conn:
+            process = conn.process
+            session = await conn.new_session(tmp_path)
+            await session.prompt("go", on_update=lambda update: scope.cancel())
+    assert scope.cancelled_caught
+    assert process is not None
+    assert process.returncode == 0  # it exited by itself when its stdin closed
+    seen = timeline(path)
+    assert "recv $/cancel_request" not in seen
+    assert seen.index("recv session/cancel") < seen.index("turn_end") < seen.index("eof")
+    result = session.last_result
+    assert result is not None
+    assert (result.stop_reason, result.text) == ("cancelled", "working")
+
+
+async def test_cancelled_scope_kills_an_agent_ignoring_cancel_after_the_grace(
+    tmp_path: Path,
+) -> None:
+    """An agent ignoring session/cancel gets the interrupt grace, then the ladder kills it."""
+    base = AgentScript(turns=(ScriptTurn(steps=(Say("working"), Stall()), ignore_cancel=True),))
+    script, path = recorded(base, tmp_path)
+    options = ClientOptions(interrupt_grace=0.5)
+    wrapper = shell('"$@"; sleep 60')  # closing stdin ends the agent, not the shell
+    with trio.CancelScope() as scope:
+        async with agent(script, tmp_path, options=options, wrapper=wrapper) as conn:
+            pid = conn.pid
+            assert pid is not None
+            session = await conn.new_session(tmp_path)
+            children = descendants(pid)
+            start = trio.current_time()
+            await session.prompt("go", on_update=lambda update: scope.cancel())
+    elapsed = trio.current_time() - start
+    assert scope.cancelled_caught
+    assert pid is not None
+    assert 0.5 <= elapsed < 0.5 + 2 * GRACE + PROMPTLY
+    assert pid_gone(pid)
+    assert await lingering(children | live_group(pid)) == set()
+    seen = timeline(path)
+    assert "recv $/cancel_request" not in seen
+    assert "turn_end" not in seen
+    assert seen.index("recv session/cancel") < seen.index("eof")
+    result = session.last_result
+    assert result is not None
+    assert (result.stop_reason, result.text) == (None, "working")

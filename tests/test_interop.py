@@ -447,6 +447,27 @@ async def test_cancel_ends_a_waiting_turn(tmp_path: Path) -> None:
             assert (after.stop_reason, after.cancel_requested) == ("end_turn", False)
 
 
+async def test_cancelled_caller_ends_the_turn_with_session_cancel(tmp_path: Path) -> None:
+    """A caller cancelled during "wait for cancel": the agent ends the turn, cancelled, first."""
+
+    def cancel_on_text(update: t.SessionUpdate) -> None:
+        if isinstance(update, t.AgentMessageChunk):
+            scope.cancel()
+
+    with trio.fail_after(LIMIT):
+        async with sdk_agent() as conn:
+            session = await conn.new_session(tmp_path)
+            with trio.CancelScope() as scope:
+                await session.prompt("wait for cancel", on_update=cancel_on_text)
+            assert scope.cancelled_caught
+            result = session.last_result
+            assert result is not None
+            assert (result.stop_reason, result.cancel_requested) == ("cancelled", True)
+            # the session takes a new turn afterwards: the agent ended this one itself
+            after = await session.prompt("hello")
+            assert after.stop_reason == "end_turn"
+
+
 async def test_turn_timeout_cancels_the_turn(tmp_path: Path) -> None:
     """A turn past its timeout is cancelled; TurnTimeout is raised and the session goes on."""
     with trio.fail_after(LIMIT):

@@ -18,12 +18,14 @@ import pytest
 import trio
 from run_helpers import config, spec_for, workspace
 
+from orchestrator.agent.permissions import Escalation
 from orchestrator.agents import AgentSpec
 from orchestrator.config import Config
 from orchestrator.errors import AlreadyApplied, PipelineError, UsageError
 from orchestrator.pipeline import Pipeline, step
 from orchestrator.pipeline.branches import FINAL, diff_of, stored_changes
 from orchestrator.pipeline.results import RunEvent, StepResult
+from orchestrator.policy import Answer, Policy, PolicySet, Rule
 from orchestrator.runs import (
     RunOutcome,
     apply_run,
@@ -36,8 +38,11 @@ from orchestrator.runs import (
 )
 from orchestrator.store import BASE_UNKNOWN, RunRecord, StepRecord, StoredChange, open_run_store
 from orchestrator.testing import (
+    AgentRecord,
     AgentScript,
+    AskPermission,
     ErrorReply,
+    PermissionToolCall,
     Say,
     Turn,
     WriteDisk,
@@ -385,6 +390,62 @@ async def test_stored_changes_keep_a_file_changed_before_the_run_read_it(tmp_pat
     diff = diff_of(branch, net)
     assert "@@ base changed in the workspace during the run: the new version, whole @@" in diff
     assert "+the run's" in diff and "+b2" in diff
+
+
+async def test_cancelled_run_records_the_interrupted_turn_with_its_cancelled_permission(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    """Cancelled with a permission pending: answered cancelled, the turn ended and recorded."""
+    ws = workspace(tmp_path, {"readme.txt": "hello\n"})
+    agent_record = tmp_path / "agent.jsonl"
+    ask = AskPermission(PermissionToolCall("make-1", title="make", kind="execute"))
+    script = AgentScript(
+        turns=(
+            Turn(steps=(Say("half way"), WriteDisk("draft.txt", "draft\n"), ask, Say(" done"))),
+        ),
+        record_path=str(agent_record),
+    )
+    policy = PolicySet(run=Policy([Rule("ask", name="ask before running", kinds="execute")]))
+
+    @step(agent="a")
+    def work(task: str) -> str:
+        return task
+
+    with trio.fail_after(LIMIT), trio.CancelScope() as scope:
+
+        async def escalate(escalation: Escalation) -> Answer | None:
+            scope.cancel()  # Ctrl-C while the human is asked
+            await trio.sleep_forever()
+
+        await run_pipeline(
+            Pipeline.from_steps([work], name="interrupted"),
+            {"task": "build it"},
+            cwd=ws,
+            config=config(spec_for(script, tmp_path, "a")),
+            policy=policy,
+            escalate=escalate,
+        )
+    assert scope.cancelled_caught
+    [run] = await list_runs()
+    shown = await get_run_json(run.run_id)
+    assert shown["status"] == "interrupted"
+    instance = shown["steps"]["work"]["instances"]["work"]
+    assert instance["status"] == "interrupted"
+    assert (instance["text"], instance["stopReason"]) == ("half way", "cancelled")
+    assert instance["changes"] == [{"path": "draft.txt", "change": "added"}]
+    assert [(p["toolCallId"], p["verdict"]) for p in instance["permissions"]] == [
+        ("make-1", "cancelled")
+    ]
+    async with open_run_store(state_dir) as store:
+        audit = await store.permissions(run.run_id)
+    assert [(p["toolCallId"], p["verdict"]) for p in audit] == [("make-1", "cancelled")]
+    # the agent was told the ACP way, and answered the turn before its process was stopped
+    events = [e for e in AgentRecord.from_jsonl(agent_record).events if e["event"] != "recv"]
+    kinds = [e["event"] for e in events]
+    assert "cancel_request" not in kinds
+    assert kinds.index("cancel") < kinds.index("turn_end") < kinds.index("eof")
+    [answer] = [e for e in events if e["event"] == "response"]
+    assert answer["result"] == {"outcome": {"outcome": "cancelled"}}
 
 
 # --------------------------------------------------------------------------- compare

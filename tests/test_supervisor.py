@@ -9,6 +9,7 @@ import attrs
 import pytest
 import trio
 from conftest import pid_gone
+from run_helpers import timeline
 
 from orchestrator.agent.client import ClientOptions
 from orchestrator.agents import AgentSpec
@@ -262,6 +263,61 @@ async def test_exit_kills_every_process(tmp_path: Path) -> None:
                         nursery.start_soon(one)
     assert len(pids) == 3
     assert all(pid_gone(p) for p in pids)
+
+
+async def test_cancelled_caller_ends_turns_before_the_processes_stop(tmp_path: Path) -> None:
+    """Cancelled mid-turn: session/cancel first; session/close only where the turn then ended."""
+    polite_record, deaf_record = tmp_path / "polite.jsonl", tmp_path / "deaf.jsonl"
+    closing = Capabilities(session_close=True)
+    polite = AgentScript(
+        capabilities=closing,
+        turns=(Turn(steps=(Say("working"), Stall())),),
+        record_path=str(polite_record),
+    )
+    deaf = AgentScript(
+        capabilities=closing,
+        turns=(Turn(steps=(Say("working"), Stall()), ignore_cancel=True),),
+        record_path=str(deaf_record),
+    )
+    specs = [spec_for(polite, tmp_path, "polite"), spec_for(deaf, tmp_path, "deaf")]
+    results = {}
+    pids = []
+    with trio.fail_after(30), trio.CancelScope() as scope:
+        async with open_supervisor(options=ClientOptions(interrupt_grace=0.5)) as sup:
+            working = 0
+
+            def started(update: object) -> None:
+                nonlocal working
+                working += 1
+                if working == len(specs):
+                    scope.cancel()
+
+            async def one(spec: AgentSpec) -> None:
+                async with sup.lease(spec, cwd=tmp_path) as lease:
+                    assert lease.connection.pid is not None
+                    pids.append(lease.connection.pid)
+                    try:
+                        await lease.prompt("x", on_update=started)
+                    finally:
+                        results[spec.name] = lease.session.last_result
+
+            async with trio.open_nursery() as nursery:
+                for spec in specs:
+                    nursery.start_soon(one, spec)
+    assert scope.cancelled_caught
+    assert all(pid_gone(p) for p in pids)
+    polite_seen, deaf_seen = timeline(polite_record), timeline(deaf_record)
+    assert "recv $/cancel_request" not in polite_seen + deaf_seen
+    assert polite_seen.index("recv session/cancel") < polite_seen.index("turn_end")
+    assert polite_seen.index("turn_end") < polite_seen.index("recv session/close")
+    assert polite_seen.index("recv session/close") < polite_seen.index("eof")
+    assert deaf_seen.index("recv session/cancel") < deaf_seen.index("eof")
+    assert "turn_end" not in deaf_seen
+    assert "recv session/close" not in deaf_seen  # retired: it did not end its turn
+    assert {name: (r.stop_reason, r.text) for name, r in results.items() if r} == {
+        "polite": ("cancelled", "working"),
+        "deaf": (None, "working"),
+    }
 
 
 async def test_same_label_different_agents_get_a_pool_each(tmp_path: Path) -> None:

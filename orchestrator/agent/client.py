@@ -23,7 +23,7 @@ import structlog
 import trio
 from attrs import define, field, frozen
 
-from .._util import single_error
+from .._util import grace_period, grace_periods_ended, single_error
 from ..errors import (
     AgentExited,
     AgentHung,
@@ -82,6 +82,9 @@ class ClientOptions:
     auth_method: str | None = None
     #: after session/cancel, how long a turn may take to end before the agent counts as hung
     cancel_grace: float = 10.0
+    #: when the caller is cancelled mid-turn (Ctrl-C), how long the agent may take to end the
+    #: turn after session/cancel before the caller goes on (at most ``cancel_grace``)
+    interrupt_grace: float = 2.0
     #: the client info sent in ``initialize``
     client_info: t.Implementation = CLIENT_INFO
     #: keep message and thought chunks in ``TurnResult.updates`` (their text is always kept)
@@ -99,6 +102,12 @@ class Turn:
     _send: trio.MemorySendChannel[t.SessionUpdate] | None = None
     _receive: trio.MemoryReceiveChannel[t.SessionUpdate] | None = None
     _done: trio.Event = field(factory=trio.Event)
+    #: the session/prompt call: shielded from the caller's cancellation, cancelled on giving up
+    _call: trio.CancelScope = field(factory=lambda: trio.CancelScope(shield=True))
+    #: whether session/prompt was sent (or is next in line to be)
+    _sent: bool = False
+    #: whether the caller left the turn before it ended (see AcpSession._end_abandoned)
+    _left: bool = False
     _last_activity: float = 0.0
     #: set by an idle watchdog; reading the clock per update costs floods ~5%
     _track_activity: bool = False
@@ -182,6 +191,9 @@ class AcpSession:
     background_updates: list[t.SessionUpdate] = field(factory=list)
     #: every permission decision in this session, in order
     permissions: list[PermissionRecord] = field(factory=list)
+    #: what the latest turn produced, set when it ends, also when its caller left it early
+    #: (cancelled, Ctrl-C, an error); ``stop_reason`` is None if the agent never ended it
+    last_result: TurnResult | None = None
     turns: int = 0
     _turn: Turn | None = None
     _pending_permissions: set[trio.CancelScope] = field(factory=set)
@@ -238,6 +250,11 @@ class AcpSession:
         ``timeout`` bounds the whole turn and ``idle_timeout`` the silence between updates;
         past either the turn is cancelled, and if it still does not end within the cancel
         grace the agent counts as hung (:class:`TurnTimeout`).
+
+        If the caller is cancelled (Ctrl-C) the turn is ended the ACP way first: shielded,
+        ``session/cancel`` goes out (pending permission requests are answered ``cancelled``)
+        and the agent gets ``ClientOptions.interrupt_grace`` to end the turn; then
+        ``trio.Cancelled`` propagates, and :attr:`last_result` holds what the turn produced.
         """
         async with self._open_turn(prompt, on_update=on_update, live=False) as turn:
             await self._watch(turn, timeout, idle_timeout)
@@ -249,7 +266,9 @@ class AcpSession:
     ) -> AbstractAsyncContextManager[Turn]:
         """Start a turn; inside the block, iterate ``turn.updates()``; on exit it has ended.
 
-        Every update of the turn is streamed to ``turn.updates()``, chunks included.
+        Every update of the turn is streamed to ``turn.updates()``, chunks included. A block
+        left early (cancelled, or an error) ends the running turn as :meth:`prompt` does;
+        ``turn.result`` then holds what it produced.
         """
         return self._open_turn(prompt, on_update=on_update, live=True)
 
@@ -273,16 +292,25 @@ class AcpSession:
         self._turn = turn
         self._cancelling = False
         self.turns += 1
+        self.last_result = None
         params = t.PromptRequest(session_id=self.session_id, prompt=blocks)
         try:
             with single_error():
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._run_turn, turn, params)
-                    yield turn
-                    await turn._done.wait()
+                    try:
+                        yield turn
+                        await turn._done.wait()
+                    except BaseException:
+                        await self._end_abandoned(turn)
+                        raise
         finally:
             self._turn = None
             turn._finish()
+            if turn.result is None and turn._sent and (turn._left or turn._call.cancel_called):
+                # left or given up before the agent ended it: what it did until then
+                turn.result = turn.accumulator.result(None)
+            self.last_result = turn.result
 
     def _detach(self, turn: Turn) -> None:
         # the prompt's response arrived: what follows it on the wire is outside the turn
@@ -291,13 +319,60 @@ class AcpSession:
 
     async def _run_turn(self, turn: Turn, params: t.PromptRequest) -> None:
         try:
-            raw = await self.connection.call(
-                "session/prompt", params, on_response=lambda: self._detach(turn)
+            # A turn ends with session/cancel and the agent's answer (see _end_abandoned),
+            # never by dropping the request: the call is shielded from the caller's
+            # cancellation, and giving up on it sends no $/cancel_request.
+            with turn._call:
+                turn._sent = True
+                raw = await self.connection.call(
+                    "session/prompt",
+                    params,
+                    on_response=lambda: self._detach(turn),
+                    notify_cancel=False,
+                )
+                response = structure(raw, t.PromptResponse)
+                turn.result = turn.accumulator.result(response.stop_reason, response.usage)
+        except OrchestratorError as e:
+            if not turn._left:
+                raise
+            # the caller has left with its own exception (Cancelled): this one only ends the turn
+            log.debug(
+                "turn ended with an error after its caller left",
+                agent=self.connection.name,
+                error=str(e),
             )
-            response = structure(raw, t.PromptResponse)
-            turn.result = turn.accumulator.result(response.stop_reason, response.usage)
         finally:
             turn._finish()
+
+    async def _end_abandoned(self, turn: Turn) -> None:
+        """The caller left a running turn (cancelled, Ctrl-C, an error): end it the ACP way.
+
+        Shielded, for at most the interrupt grace (a second Ctrl-C ends it at once):
+        ``session/cancel`` unless already sent, then wait for the agent to end the turn. Then
+        the prompt is given up. A prompt not sent yet is simply not sent.
+        """
+        if turn._done.is_set() or turn._call.cancel_called:
+            return  # ended, or given up already (a hung turn after a timeout)
+        turn._left = True
+        if not turn._sent:
+            turn._call.cancel()
+            return
+        options = self.connection.options
+        with grace_period(min(options.cancel_grace, options.interrupt_grace)):
+            if not self._cancelling:
+                try:
+                    await self.cancel()
+                except OrchestratorError as e:  # the connection is gone: so is the turn
+                    log.debug("session/cancel not sent", agent=self.connection.name, error=str(e))
+            await turn._done.wait()
+        if not turn._done.is_set():
+            log.warning(
+                "turn abandoned: the agent did not end it after session/cancel",
+                agent=self.connection.name,
+                session=self.session_id,
+                grace_cut_short=grace_periods_ended(),
+            )
+        turn._call.cancel()
 
     async def _watch(self, turn: Turn, timeout: float | None, idle: float | None) -> None:
         if timeout is None and idle is None:
@@ -333,6 +408,7 @@ class AcpSession:
         with trio.move_on_after(self.connection.options.cancel_grace) as scope:
             await turn._done.wait()
         if scope.cancelled_caught:
+            turn._call.cancel()  # given up: the turn's block ends without waiting again
             raise error(
                 f"{why}; no response {self.connection.options.cancel_grace:g}s after "
                 "session/cancel",
@@ -472,11 +548,22 @@ class AgentConnection:
     # ------------------------------------------------------------------ calls
 
     async def call(
-        self, method: str, params: Any, *, on_response: Callable[[], None] | None = None
+        self,
+        method: str,
+        params: Any,
+        *,
+        on_response: Callable[[], None] | None = None,
+        notify_cancel: bool = True,
     ) -> Any:
-        """Send a request (params as a generated type or plain JSON) and return the raw result."""
+        """Send a request (params as a generated type or plain JSON) and return the raw result.
+
+        A cancelled caller withdraws the request with ``$/cancel_request`` unless
+        ``notify_cancel`` is false (a turn is ended with ``session/cancel`` instead).
+        """
         payload = params if isinstance(params, dict) or params is None else unstructure(params)
-        return await self.rpc.request(method, payload, on_response=on_response)
+        return await self.rpc.request(
+            method, payload, on_response=on_response, notify_cancel=notify_cancel
+        )
 
     async def notify(self, method: str, params: Any) -> None:
         """Send a notification."""
@@ -877,19 +964,31 @@ async def open_agent_on_stream(
     )
     conn = AgentConnection(name, rpc, options, services or ClientServices())
     conn.install_handlers(extensions)
+    # The read loop (and the agent's requests it serves) is shielded until the block is left:
+    # a turn whose caller is cancelled (Ctrl-C) must still hear the agent end it.
+    serving = trio.CancelScope(shield=True)
+
+    async def serve(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        with serving:
+            await rpc.serve(task_status=task_status)
+
     try:
         with single_error():
             async with trio.open_nursery() as nursery:
-                await nursery.start(rpc.serve)
+                await nursery.start(serve)
                 try:
-                    with trio.fail_after(options.init_timeout):
-                        await conn.initialize()
-                except trio.TooSlowError:
-                    raise AgentStartError(
-                        f"no answer to initialize within {options.init_timeout:g}s", agent=name
-                    ) from None
-                yield conn
-                nursery.cancel_scope.cancel()
+                    try:
+                        with trio.fail_after(options.init_timeout):
+                            await conn.initialize()
+                    except trio.TooSlowError:
+                        raise AgentStartError(
+                            f"no answer to initialize within {options.init_timeout:g}s",
+                            agent=name,
+                        ) from None
+                    yield conn
+                finally:
+                    serving.cancel()
+                    nursery.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):
             for session in list(conn.sessions.values()):

@@ -72,8 +72,10 @@ class ToolCallState:
 class TurnResult:
     """Everything one prompt turn produced, in arrival order where order matters."""
 
-    #: why the turn ended (end_turn, cancelled, ...); a value newer than the schema passes
-    stop_reason: str
+    #: why the turn ended (end_turn, cancelled, ...); a value newer than the schema passes.
+    #: None when the agent did not end it (the client gave up on it after session/cancel, or
+    #: it failed after its caller left): the rest is then what the turn did until that moment
+    stop_reason: str | None
     #: the agent's message text, chunks joined
     text: str
     #: the agent's thought text, chunks joined
@@ -190,8 +192,8 @@ class TurnAccumulator:
         elif isinstance(update, t.UnknownSessionUpdate):
             self.unknown_updates.append(update)
 
-    def result(self, stop_reason: str, response_usage: t.Usage | None = None) -> TurnResult:
-        """The turn's result, once its response has arrived."""
+    def result(self, stop_reason: str | None, response_usage: t.Usage | None = None) -> TurnResult:
+        """The turn's result, once its response has arrived (None: it never came)."""
         return TurnResult(
             stop_reason=stop_reason,
             text="".join(self.text),

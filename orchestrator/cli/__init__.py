@@ -152,9 +152,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _interruptible(handler: Callable[[argparse.Namespace], Any], args: Any) -> int:
-    """Run a command; Ctrl-C cancels it cleanly (agents shut down) and exits 130."""
+    """Run a command; Ctrl-C cancels it cleanly (agents shut down) and exits 130.
+
+    The first Ctrl-C (or SIGTERM) cancels the command: running turns get ``session/cancel``
+    and a short grace to end, what they did is recorded, then the agents are stopped. A
+    second one ends those graces at once: straight to the shutdown ladder.
+    """
+    import structlog
     import trio
 
+    from .._util import end_grace_periods
     from ..errors import (
         AgentStartError,
         CapabilityNotSupported,
@@ -184,29 +191,38 @@ async def _interruptible(handler: Callable[[argparse.Namespace], Any], args: Any
             )
         return exit_code
 
+    log = structlog.get_logger("orchestrator.cli")
     async with trio.open_nursery() as nursery:
+        work = trio.CancelScope()
 
+        # outside the command's scope, so that it still hears a second interrupt
         async def watch_signals() -> None:
             nonlocal interrupted
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for _ in signals:
+                    if interrupted:
+                        log.warning("interrupted again: stopping the agents now")
+                        end_grace_periods()
+                        continue
                     interrupted = True
-                    nursery.cancel_scope.cancel()
+                    log.warning("interrupted: ending the running turns (again to stop at once)")
+                    work.cancel()
 
         nursery.start_soon(watch_signals)
-        try:
-            code = await handler(args)
-        except UsageError as e:
-            code = fail(e, EXIT_USAGE)
-        except AgentStartError as e:
-            not_found = isinstance(e.__cause__, FileNotFoundError | PermissionError)
-            code = fail(e, EXIT_USAGE if not_found else EXIT_FAILED)
-        except CapabilityNotSupported as e:
-            code = fail(e, EXIT_USAGE)
-        except UnsettledConflicts as e:
-            code = fail(e, EXIT_MERGE_CONFLICTS)
-        except OrchestratorError as e:
-            code = fail(e, EXIT_FAILED)
+        with work:
+            try:
+                code = await handler(args)
+            except UsageError as e:
+                code = fail(e, EXIT_USAGE)
+            except AgentStartError as e:
+                not_found = isinstance(e.__cause__, FileNotFoundError | PermissionError)
+                code = fail(e, EXIT_USAGE if not_found else EXIT_FAILED)
+            except CapabilityNotSupported as e:
+                code = fail(e, EXIT_USAGE)
+            except UnsettledConflicts as e:
+                code = fail(e, EXIT_MERGE_CONFLICTS)
+            except OrchestratorError as e:
+                code = fail(e, EXIT_FAILED)
         nursery.cancel_scope.cancel()
     if interrupted and as_json:
         _emit_json(

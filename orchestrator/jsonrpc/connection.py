@@ -222,15 +222,21 @@ class JsonRpcConnection:
         )
 
     async def request(
-        self, method: str, params: Any = None, *, on_response: Callable[[], None] | None = None
+        self,
+        method: str,
+        params: Any = None,
+        *,
+        on_response: Callable[[], None] | None = None,
+        notify_cancel: bool = True,
     ) -> Any:
         """Send a request and wait for its result.
 
         An error response raises the matching :class:`~orchestrator.errors.JsonRpcError`
         subclass; a closed connection raises its close error (a ``ConnectionClosed``). If the
-        caller is cancelled while waiting, the peer is told with ``$/cancel_request``.
-        ``on_response`` runs in the read loop as the response arrives, before any message
-        behind it is handled (the caller itself resumes later).
+        caller is cancelled while waiting, the peer is told with ``$/cancel_request``, unless
+        ``notify_cancel`` is false (a protocol that ends the request its own way); the late
+        answer is dropped either way. ``on_response`` runs in the read loop as the response
+        arrives, before any message behind it is handled (the caller itself resumes later).
         """
         if self._closed:
             raise await self._get_close_error("connection closed")
@@ -249,7 +255,7 @@ class JsonRpcConnection:
             await waiter.event.wait()
         except trio.Cancelled:
             if sent and not waiter.event.is_set():
-                await self._cancel_outbound(request_id)
+                await self._cancel_outbound(request_id, notify=notify_cancel)
             raise
         finally:
             self._pending.pop(request_id, None)
@@ -262,13 +268,13 @@ class JsonRpcConnection:
         await self._send(encode_message(notification_obj(method, params)))
         self._notifications_sent += 1
 
-    async def _cancel_outbound(self, request_id: RequestId) -> None:
+    async def _cancel_outbound(self, request_id: RequestId, *, notify: bool) -> None:
         """Our caller gave up on ``request_id``: forget it and tell the peer (best effort)."""
         self._pending.pop(request_id, None)
         if len(self._cancelled_outbound) >= _MAX_REMEMBERED_CANCELLED:
             self._cancelled_outbound.clear()
         self._cancelled_outbound.add(request_id)
-        if self._closed:
+        if self._closed or not notify:
             return
         with trio.move_on_after(_CANCEL_NOTICE_TIMEOUT, shield=True):
             with suppress(ConnectionClosed):

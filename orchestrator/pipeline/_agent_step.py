@@ -11,9 +11,11 @@ from typing import Any
 import trio
 from attrs import define, field
 
-from ..agent.branch_services import open_branch_services
+from ..agent.branch_services import BranchServices, open_branch_services
+from ..agent.client import AcpSession
 from ..agent.permissions import Escalate
 from ..agent.services import ClientServices
+from ..agent.turn import TurnResult
 from ..agents import AgentSpec, label_agents
 from ..errors import UsageError
 from ..policy import PolicySet
@@ -24,7 +26,7 @@ from ._calls import jsonable, prompt_input, run_verify, update_event
 from ._recording import Recorder
 from ._state import AgentPool
 from .branches import change_kinds
-from .results import RunEvent, StepResult, agent_failure
+from .results import RunEvent, StepResult, StepStatus, VerifyResult, agent_failure
 from .spec import Pipeline, Step
 
 __all__ = ["AgentTurns", "label_run_agents"]
@@ -84,6 +86,8 @@ class AgentTurns:
     _policies: dict[str, PolicySet] = field(init=False, factory=dict)
     #: the policy of each (step, agent), narrowed once per run
     _scoped: dict[tuple[str, str], PolicySet] = field(init=False, factory=dict)
+    #: results of turns cut short by cancellation, by instance name (see take_interrupted)
+    _interrupted: dict[str, StepResult] = field(init=False, factory=dict)
 
     def use(self, names: Sequence[str]) -> list[str]:
         """The labels of the agents a step names."""
@@ -115,6 +119,16 @@ class AgentTurns:
             policy = self._policies[name] = self.load_policy(name)
         return policy
 
+    def take_interrupted(self, name: str) -> StepResult | None:
+        """The result of instance ``name``'s turn if cancellation cut it short, forgotten here.
+
+        When :meth:`turn` is cancelled (Ctrl-C) mid-turn, the session ends the turn the ACP
+        way first; then the branch directory is harvested and what the turn did (text, tool
+        calls, permission audit, changes) is kept as a result with status ``interrupted``,
+        before ``trio.Cancelled`` goes on. The caller that records the instance takes it here.
+        """
+        return self._interrupted.pop(name, None)
+
     async def turn(
         self,
         step: Step,
@@ -140,7 +154,6 @@ class AgentTurns:
             workdir, policy, escalate=self.escalate, replace=self.services
         ) as made:
             services = made.services
-            fs = made.fs
             async with self.pool.lease(
                 spec, cwd=workdir.root, services=services, step=name
             ) as lease:
@@ -175,30 +188,58 @@ class AgentTurns:
                 # updates are only for the listener and the token budget: without either,
                 # the turn need not call back at all
                 wants_updates = listener is not None or limit is not None or hook is not None
-                if limit is None:
-                    turn = await lease.prompt(
-                        prompt_input(prompt),
-                        timeout=timeout,
-                        idle_timeout=step.idle_timeout,
-                        on_update=on_update if wants_updates else None,
-                    )
-                else:
-                    async with trio.open_nursery() as nursery:
-
-                        async def cancel_on_budget() -> None:
-                            await exceeded.wait()
-                            await session.cancel()
-
-                        nursery.start_soon(cancel_on_budget)
+                try:
+                    if limit is None:
                         turn = await lease.prompt(
                             prompt_input(prompt),
                             timeout=timeout,
                             idle_timeout=step.idle_timeout,
-                            on_update=on_update,
+                            on_update=on_update if wants_updates else None,
                         )
-                        nursery.cancel_scope.cancel()
-                info = lease.session.connection.agent_info
+                    else:
+                        async with trio.open_nursery() as nursery:
+
+                            async def cancel_on_budget() -> None:
+                                await exceeded.wait()
+                                await session.cancel()
+
+                            nursery.start_soon(cancel_on_budget)
+                            turn = await lease.prompt(
+                                prompt_input(prompt),
+                                timeout=timeout,
+                                idle_timeout=step.idle_timeout,
+                                on_update=on_update,
+                            )
+                            nursery.cancel_scope.cancel()
+                except trio.Cancelled:
+                    cut_short = session.last_result
+                    if cut_short is not None:
+                        # the session ended the turn the ACP way: keep what it did
+                        with trio.CancelScope(shield=True):
+                            await self.dirs.harvest(workdir)
+                        self._permission_events(step, key, agent, cut_short)
+                        self._interrupted[name] = self._result(
+                            step, key, agent, item, cut_short, lease.session, made, started,
+                            attempt, status="interrupted",
+                        )  # fmt: skip
+                    raise
         await self.dirs.harvest(workdir)
+        self._permission_events(step, key, agent, turn)
+        verify = None
+        command = self.verify.get(step.name)
+        if command is not None:
+            verify = await run_verify(command, Path(workdir.root))
+        error: str | None
+        if over_budget:
+            error = f"budget exceeded: {over_budget[0]} tokens > {step.budget.max_tokens}"  # type: ignore[union-attr]
+        else:
+            error = agent_failure(turn.stop_reason, verify)
+        return self._result(
+            step, key, agent, item, turn, lease.session, made, started, attempt,
+            status="failed" if error else "succeeded", verify=verify, error=error,
+        )  # fmt: skip
+
+    def _permission_events(self, step: Step, key: str | None, agent: str, turn: TurnResult) -> None:
         for record in turn.permissions:
             self.recorder.emit(
                 RunEvent(
@@ -210,33 +251,41 @@ class AgentTurns:
                     {"verdict": record.verdict, "title": record.title, "rule": record.rule},
                 )
             )
-        verify = None
-        command = self.verify.get(step.name)
-        if command is not None:
-            verify = await run_verify(command, Path(workdir.root))
-        error: str | None
-        if over_budget:
-            error = f"budget exceeded: {over_budget[0]} tokens > {step.budget.max_tokens}"  # type: ignore[union-attr]
-        else:
-            error = agent_failure(turn.stop_reason, verify)
-        branch = fs.workdir.branch
+
+    def _result(
+        self,
+        step: Step,
+        key: str | None,
+        agent: str,
+        item: Any,
+        turn: TurnResult,
+        session: AcpSession,
+        made: BranchServices,
+        started: float,
+        attempt: int,
+        *,
+        status: StepStatus,
+        verify: VerifyResult | None = None,
+        error: str | None = None,
+    ) -> StepResult:
+        """The instance's result from its turn, once its branch is harvested."""
+        info = session.connection.agent_info
+        branch = made.fs.workdir.branch
         # computed once at the harvest and reused when the instance is recorded
         diffs = self.dirs.diffs(branch)
+        audit = made.permission.records if made.permission else turn.permissions
         return StepResult(
             step=step.name,
             key=key,
             agent=agent,
-            status="failed" if error else "succeeded",
+            status=status,
             text=turn.text,
             stop_reason=turn.stop_reason,
             item=jsonable(item),
             agent_info={"name": info.name, "version": info.version} if info else None,
-            session_id=lease.session.session_id,
+            session_id=session.session_id,
             tool_calls=tuple(c.to_json() for c in turn.tool_calls.values()),
-            permissions=tuple(
-                p.to_json()
-                for p in (made.permission.records if made.permission else turn.permissions)
-            ),
+            permissions=tuple(p.to_json() for p in audit),
             usage=turn.usage_json(),
             changes=change_kinds(branch.base, branch.changes),
             diff=diffs[2],

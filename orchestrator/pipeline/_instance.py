@@ -100,6 +100,10 @@ class InstanceExecutor:
         try:
             output = await self._attempt(state, branch, args, name, key, agent, item, attempt)
         except trio.Cancelled:
+            cut_short = self.turns.take_interrupted(name)
+            if cut_short is not None:  # an agent's turn, ended and harvested: keep what it did
+                diffs = self.dirs.take_diffs(branch)
+                recorder.finish(name, step, key, agent, cut_short, branch, attempt, started, diffs)
             raise
         except Exception as e:
             error = describe(e)

@@ -148,7 +148,7 @@ class Recorder:
         started: float,
         diffs: tuple[ChangeSet, str, str] | None,
     ) -> None:
-        """The instance ran to its end: close its branch, store its changes, record its outcome.
+        """The instance ended (or was interrupted): close its branch, store its changes and outcome.
 
         ``diffs`` are the branch's diffs if already computed (at its last harvest).
         """
@@ -185,6 +185,8 @@ class Recorder:
                 usage=result.usage if result else None,
             )
         )
+        if status == "interrupted":
+            return  # the run reports its interruption as a whole
         data: dict[str, Any] = {"status": status, "changes": len(branch.changes)}
         if result is not None:
             data.update(stopReason=result.stop_reason, wallSeconds=round(result.wall_seconds, 3))
