@@ -414,7 +414,7 @@ def resolve_agent(text: str, known: Mapping[str, AgentSpec] | None = None) -> Ag
         table["demo"] = builtin_agents()["demo"]
     text = text.strip()
     if not text:
-        raise UsageError("--agent needs a name or a command")
+        raise UsageError("an agent needs a name or a command")
     if text in table:
         return table[text]
     label, text = _split_label(text)
@@ -425,7 +425,7 @@ def resolve_agent(text: str, known: Mapping[str, AgentSpec] | None = None) -> Ag
     except ValueError as e:
         raise UsageError(f"cannot parse agent command {text!r}: {e}") from e
     if not argv:
-        raise UsageError("--agent needs a name or a command")
+        raise UsageError("an agent needs a name or a command")
     return AgentSpec(label or derive_label(argv), argv)
 
 

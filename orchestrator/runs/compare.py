@@ -75,7 +75,7 @@ async def compare(
     changes to write to the workspace, if that agent succeeded (else the status is failed).
     """
     if len(agents) < 1:
-        raise UsageError("compare needs at least one --agent")
+        raise UsageError("compare needs at least one agent")
     root = Path(cwd).absolute()
     cfg = config if config is not None else Config.load(root)
     specs = cfg.resolve_agents(agents, base=os.getcwd())
@@ -92,7 +92,7 @@ async def compare(
     table.update({s.name: s for s in specs})
     cfg = Config(agents=table, max_sessions=cfg.max_sessions, sources=cfg.sources)
     if apply is not None and apply not in names:
-        raise UsageError(f"--apply {apply}: not one of the agents ({', '.join(names)})")
+        raise UsageError(f"apply {apply!r}: not one of the agents ({', '.join(names)})")
     pipe = _compare_pipeline(task, names, timeout, idle_timeout)
     # recorded before the run starts, so an interrupted comparison can be resumed
     info = {
