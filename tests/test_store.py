@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -381,6 +382,7 @@ async def test_step_round_trip(store: RunStore) -> None:
         error="boom",
         cause="timeout",
         usage={"tokens": {"input": 3}},
+        traceback='Traceback (most recent call last):\n  File "p.py", line 1\nValueError: x\n',
     )
     await store.put_step(step)
     assert await store.steps("r1") == [step]
@@ -1113,6 +1115,45 @@ async def test_migration_keeps_earlier_applies_without_their_keys(tmp_path: Path
         assert [a.git_branch for a in await s.applies("old-run")] == [None, None, "agent/x"]
         await s.delete_run("old-run")
     assert sql(s, "SELECT count(*) FROM applies") == [(0,)]
+
+
+# Version 3 as that release created it: version 1, the run timeline (v2) and applies (v3).
+V3_SCHEMA = (
+    V1_SCHEMA.replace("PRAGMA user_version = 1;", "")
+    + """
+CREATE TABLE events (
+    id INTEGER PRIMARY KEY, run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    record TEXT NOT NULL);
+CREATE INDEX events_run ON events (run_id, id);
+CREATE INDEX runs_status_created ON runs (status, created);
+CREATE TABLE applies (
+    id INTEGER PRIMARY KEY, run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    keys TEXT, at REAL NOT NULL, git_branch TEXT, git_commit TEXT);
+CREATE INDEX applies_run ON applies (run_id, id);
+INSERT INTO steps (run_id, key, step, status, attempt, value_stored, error, cause)
+    VALUES ('old-run', 'boom', 'boom', 'failed', 2, 0, 'ValueError: no', 'raised');
+INSERT INTO events (run_id, record) VALUES ('old-run', '{"type":"step_failed"}');
+INSERT INTO applies (run_id, keys, at) VALUES ('old-run', '["(final)"]', 12.5);
+PRAGMA user_version = 3;
+"""
+)
+
+
+async def test_migrates_a_version_3_database(tmp_path: Path) -> None:
+    """A version-3 file gains step tracebacks on open; its rows are kept, with none."""
+    make_db(tmp_path / STORE_FILENAME, V3_SCHEMA)
+    async with open_run_store(tmp_path) as s:
+        assert s.migrated_from == 3
+        turn, boom = await s.steps("old-run")
+        assert (turn.key, turn.status, turn.traceback) == ("turn", "succeeded", None)
+        assert (boom.key, boom.status, boom.attempt) == ("boom", "failed", 2)
+        assert (boom.error, boom.cause, boom.traceback) == ("ValueError: no", "raised", None)
+        assert await s.events("old-run") == [{"type": "step_failed"}]
+        assert await s.applies("old-run") == [ApplyRecord("old-run", ("(final)",), 12.5)]
+        trace = "Traceback (most recent call last):\nValueError: no\n"
+        await s.put_step(attrs.evolve(boom, traceback=trace))
+        assert [st.traceback for st in await s.steps("old-run")] == [None, trace]
+    assert sql(s, "PRAGMA user_version") == [(SCHEMA_VERSION,)]
 
 
 async def test_migrates_a_version_0_database(tmp_path: Path) -> None:

@@ -40,7 +40,7 @@ RUN_COLUMNS = (
 #: the columns of the ``steps`` table, in the order of :func:`step_values`
 STEP_COLUMNS = (
     "run_id, key, step, instance, agent, status, attempt, started, finished, session_id, "
-    "result, value, value_stored, error, cause, usage"
+    "result, value, value_stored, error, cause, usage, traceback"
 )
 
 
@@ -117,13 +117,14 @@ def step_values(step: StepRecord) -> tuple[Any, ...]:
         step.error,
         step.cause,
         None if step.usage is None else dumps(dict(step.usage), f"{what} usage"),
+        step.traceback,
     )
 
 
 def step_from_row(row: Sequence[Any]) -> StepRecord:
     """The record of a row selected in ``STEP_COLUMNS`` order."""
     (run_id, key, step, instance, agent, status, attempt, started, finished) = row[:9]
-    session_id, result, value, value_stored, error, cause, usage = row[9:]
+    session_id, result, value, value_stored, error, cause, usage, traceback = row[9:]
     return StepRecord(
         run_id=run_id,
         key=key,
@@ -141,6 +142,7 @@ def step_from_row(row: Sequence[Any]) -> StepRecord:
         error=error,
         cause=cause,
         usage=loads(usage),
+        traceback=traceback,
     )
 
 

@@ -178,8 +178,11 @@ _V3 = _sql(
     "WHERE applied IS NOT NULL",
 )
 
+# v4: the traceback of a step that failed with a Python exception (NULL for older rows).
+_V4 = _sql("ALTER TABLE steps ADD COLUMN traceback TEXT")
+
 #: the migrations, in order: ``MIGRATIONS[i]`` takes a database from version i to i + 1
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3)
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4)
 #: the version this code writes
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -141,6 +141,9 @@ class StepRecord:
     cause: str | None = None
     #: token and cost figures the agent reported
     usage: Mapping[str, Any] | None = None
+    #: the formatted Python traceback of the exception that failed the step, when the pipeline's
+    #: own code raised it (a step function, a condition, a fan-out source); None otherwise
+    traceback: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The camelCase JSON object."""
@@ -161,6 +164,7 @@ class StepRecord:
             "error": self.error,
             "cause": self.cause,
             "usage": None if self.usage is None else dict(self.usage),
+            "traceback": self.traceback,
         }
 
 
