@@ -24,7 +24,7 @@ from ._recording import Recorder
 from ._state import StepState
 from .results import RunEvent, StepContext, StepResult
 
-__all__ = ["InstanceExecutor"]
+__all__ = ["InstanceExecutor", "fork_from"]
 
 
 @define(eq=False)
@@ -90,7 +90,7 @@ class InstanceExecutor:
         """One attempt of one instance, recorded; True when it failed and may be retried."""
         step = state.step
         recorder = self.recorder
-        branch = _fork(base, name)
+        branch = fork_from(base, name)
         self.dirs.forget(name)
         started = time.time()
         recorder.record(name, step, key, agent, "running", attempt, started=started)
@@ -181,7 +181,8 @@ class InstanceExecutor:
             self.dirs.remove(workdir)
 
 
-def _fork(base: Branch | MergeResult | Snapshot, name: str) -> Branch:
+def fork_from(base: Branch | MergeResult | Snapshot, name: str) -> Branch:
+    """A new branch ``name`` over what a step starts from (its parents' branch, merge or none)."""
     if isinstance(base, Branch):
         return base.fork(name)
     if isinstance(base, MergeResult):

@@ -106,6 +106,27 @@ class Recorder:
         )
         self.emit(RunEvent("step_failed", self.run_id, step, data={"error": error}))
 
+    def no_instances(self, step: str, started: float | None, finished: float) -> None:
+        """``step`` fanned out over nothing: it succeeded without any instance.
+
+        Its own record is all the store has of it (there is no instance to derive it from).
+        """
+        self.put_step(
+            StepRecord(
+                run_id=self.run_id,
+                key=step,
+                step=step,
+                instance=None,
+                agent=None,
+                status="succeeded",
+                started=started,
+                finished=finished,
+            )
+        )
+        self.emit(
+            RunEvent("step_finished", self.run_id, step, data={"status": "succeeded", "changes": 0})
+        )
+
     # ------------------------------------------------------------------ instances
 
     def record(

@@ -35,7 +35,7 @@ from ..vfs import Branch, MergeResult, Snapshot, merge_branches
 from ._agent_step import AgentTurns, label_run_agents
 from ._branchio import BranchDirs, BranchIO
 from ._calls import MISSING, call, describe, item_key
-from ._instance import InstanceExecutor
+from ._instance import InstanceExecutor, fork_from
 from ._recording import EventSink, Recorder
 from ._state import AgentPool, LeaseLike, StepState
 from ._writer import StoreWriter
@@ -215,6 +215,18 @@ class PipelineRunner:
         if base is None:
             return
         instances = self._instances(step, args)
+        if not instances:
+            # a fan-out over an empty source ran over nothing: done, and its dependents get
+            # an empty Results; its own record says so, as no instance record can
+            if not isinstance(base, Snapshot):
+                # what its parents changed still reaches its dependents and the run's result
+                passed = fork_from(base, step.name)
+                passed.close()
+                state.branches.append(passed)
+            state.status = "succeeded"
+            state.finished = time.time()
+            self._recorder.no_instances(step.name, state.started, state.finished)
+            return
         state.status = "running"
         # pending records first, so the store lists instances in fan-out order
         for key, agent, _ in instances:

@@ -58,6 +58,13 @@ async def get_run_json(
     steps = await store.steps(record.run_id)
     options = dict(record.options)
     graph = options.get("graph") or {"nodes": [], "edges": []}
+    # the steps whose instances are keyed (by agent or item): a record of such a step without
+    # an instance key is the step's own (skipped, failed while set up, or run over nothing)
+    fanning = {
+        node["name"]
+        for node in graph.get("nodes", [])
+        if node.get("over") is not None or len(node.get("agents") or ()) > 1
+    }
     by_step: dict[str, dict[str, Any]] = {}
     for node in graph.get("nodes", []):
         by_step[node["name"]] = {"status": "pending", "instances": {}, "error": None, "cause": None}
@@ -67,15 +74,13 @@ async def get_run_json(
         entry = by_step.setdefault(
             s.step, {"status": "pending", "instances": {}, "error": None, "cause": None}
         )
-        if (
-            s.instance is None
-            and s.agent is None
-            and s.status in ("skipped", "failed")
-            and s.result is None
-        ):
+        own = s.instance is None and s.agent is None and s.result is None
+        if own and s.status in ("skipped", "failed"):
             entry.update(status=s.status, error=s.error, cause=s.cause)
-            if s.key == s.step and s.status == "skipped":
-                continue
+        if own and s.key == s.step and (s.status == "skipped" or s.step in fanning):
+            if s.status not in ("skipped", "failed"):
+                entry["status"] = s.status
+            continue
         body = dict(s.result) if s.result is not None else {}
         body.update(status=s.status, agent=s.agent, error=s.error or body.get("error"))
         if s.result is None:
