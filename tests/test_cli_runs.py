@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -190,3 +191,52 @@ def test_compare_two_demo_agents(project: Path, tmp_path: Path, state_dir: Path)
     assert result["applied"] == "a"
     assert "color of the cart" in (project / "README.md").read_text()
     assert (tmp_path / "cmp" / "report.html").exists()
+
+
+def test_show_keeps_a_python_failures_traceback_and_an_empty_fan_out(
+    tmp_path: Path, project: Path, state_dir: Path
+) -> None:
+    """run, show and show --json give a Python step's traceback; a fan-out over [] succeeded."""
+    pipeline = tmp_path / "tb.py"
+    pipeline.write_text(
+        "from orchestrator import step\n"
+        "def parse(text):\n    return int(text)\n"
+        "@step()\ndef boom() -> int:\n    return parse('not a number')\n"
+        "@step()\ndef files() -> list:\n    return []\n"
+        "@step(over='files')\ndef each(item):\n    return item\n"
+        "@step()\ndef count(each) -> int:\n    return len(each)\n"
+    )
+    error = "ValueError: invalid literal for int() with base 10: 'not a number'"
+    done = cli("run", str(pipeline), "--cwd", str(project), state=state_dir)
+    assert done.returncode == 1, done.stderr
+    assert f'      File "{pipeline}", line 6, in boom\n' in done.stderr
+    run_id = as_json(cli("runs", "--json", state=state_dir))["runs"][0]["runId"]
+    shown = cli("show", run_id, state=state_dir)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.split()[:2] == ["boom", "failed"])
+    assert lines[at].endswith(error)
+    # the traceback follows, indented under its step (less the position markers, which
+    # depend on the Python version)
+    below = itertools.takewhile(lambda line: line.startswith("      "), lines[at + 1 :])
+    trace = [line for line in below if set(line.strip()) - set("^~")]
+    assert trace == [
+        "      Traceback (most recent call last):",
+        f'        File "{pipeline}", line 6, in boom',
+        "          return parse('not a number')",
+        f'        File "{pipeline}", line 3, in parse',
+        "          return int(text)",
+        f"      {error}",
+    ]
+    assert [line.split()[:2] for line in lines if line.split()[:1] in (["each"], ["count"])] == [
+        ["each", "succeeded"],
+        ["count", "succeeded"],
+    ]
+    steps = as_json(cli("show", run_id, "--json", state=state_dir))["steps"]
+    boom = steps["boom"]["instances"]["boom"]
+    assert (boom["status"], boom["error"], boom["attempt"]) == ("failed", error, 1)
+    assert boom["traceback"].startswith("Traceback (most recent call last):\n")
+    assert boom["traceback"].endswith(f"{error}\n")
+    assert steps["boom"]["traceback"] == boom["traceback"]
+    assert (steps["each"]["status"], steps["each"]["instances"]) == ("succeeded", {})
+    assert steps["count"]["instances"]["count"]["value"] == 0

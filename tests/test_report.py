@@ -329,7 +329,10 @@ def hostile_pipeline() -> dict[str, Any]:
                 "status": BREAKOUT,
                 "error": HOSTILE,
                 "cause": HOSTILE,
-                "instances": {HOSTILE: {"status": BREAKOUT, "value": {HOSTILE: HOSTILE}}},
+                "traceback": f"Traceback (most recent call last):\n{HOSTILE}\n",
+                "instances": {
+                    HOSTILE: {"status": BREAKOUT, "value": {HOSTILE: HOSTILE}, "traceback": HOSTILE}
+                },
             }
         },
         "conflicts": [
@@ -775,6 +778,61 @@ def test_steps_table_and_details() -> None:
     assert "agent exited with status 1" in text
     assert '"a.py"' in text, "a python step's value is shown as JSON"
     assert "5 (1 failed, 1 skipped, 3 succeeded)" in text
+
+
+TRACE_FILES = (
+    "Traceback (most recent call last):\n"
+    '  File "/abs/pipeline.py", line 9, in files\n'
+    "    return sorted(listing())\n"
+    "OSError: no listing\n"
+)
+TRACE_CAROL = (
+    'Traceback (most recent call last):\n  File "/abs/pipeline.py", line 12\nKeyError: 1\n'
+)
+TRACE_VERIFY = (
+    'Traceback (most recent call last):\n  File "/abs/pipeline.py", line 20, in ready\n'
+    "ZeroDivisionError: division by zero\n"
+)
+
+
+def traceback_result() -> dict[str, Any]:
+    """The pipeline result with Python tracebacks: of an instance, of a step's set-up."""
+    result = pipeline_result()
+    steps = result["steps"]
+    files = steps["files"]
+    files["status"] = files["instances"]["python"]["status"] = "failed"
+    files["error"] = files["instances"]["python"]["error"] = "OSError: no listing"
+    files["traceback"] = files["instances"]["python"]["traceback"] = TRACE_FILES
+    steps["implement"]["instances"]["carol"]["traceback"] = TRACE_CAROL
+    steps["implement"]["traceback"] = TRACE_CAROL
+    steps["verify"] = {
+        "status": "failed",
+        "error": "ZeroDivisionError: division by zero",
+        "traceback": TRACE_VERIFY,
+        "instances": {},
+    }
+    return result
+
+
+def test_tracebacks_are_collapsed_under_their_errors() -> None:
+    """Each traceback is a collapsed <details> under its error, once: an instance's or a step's."""
+    s = parse(render_html(traceback_result()))
+    blocks = s.find("details", class_="traceback")
+    assert len(blocks) == 3, "files' and implement's are their instances', shown with them"
+    assert all("open" not in attrs for attrs in blocks)
+    text = "".join(s.text)
+    for trace in (TRACE_FILES, TRACE_CAROL, TRACE_VERIFY):
+        assert text.count(trace) == 1
+    assert "in files\n    return sorted(listing())" in text, "the lines keep their indentation"
+
+
+def test_markdown_tracebacks_are_fenced_under_their_errors() -> None:
+    """In Markdown each traceback is a fenced pytb block after its error, once."""
+    md = render_markdown(traceback_result())
+    for trace in (TRACE_FILES, TRACE_CAROL, TRACE_VERIFY):
+        assert md.count(f"Traceback:\n\n```pytb\n{trace}```\n") == 1
+    step_verify = md.index("### Step verify")
+    assert md.index("Error: ZeroDivisionError", step_verify) < md.index(TRACE_VERIFY, step_verify)
 
 
 def test_conflicts_show_base_ours_theirs_side_by_side() -> None:

@@ -7,7 +7,7 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..pipeline.results import RunEvent
@@ -199,6 +199,14 @@ def _finish(args: argparse.Namespace, outcome: Any) -> int:
     return int(outcome.exit_code)
 
 
+def _print_traceback(text: Any, indent: str, out: IO[str] | None = None) -> None:
+    """A failure's Python traceback (if it has one), indented under the line it explains."""
+    if not isinstance(text, str) or not text:
+        return
+    for line in text.rstrip("\n").splitlines():
+        print(f"{indent}{line}", file=out or sys.stdout)
+
+
 def _summary(result: dict[str, Any], run_id: str) -> None:
     """The human ending of run, compare and resume (stderr; the diff on stdout)."""
     err = sys.stderr
@@ -209,6 +217,7 @@ def _summary(result: dict[str, Any], run_id: str) -> None:
         for name, step in (result.get("steps") or {}).items():
             extra = step.get("error") or step.get("cause") or ""
             print(f"  {name:<20} {step.get('status'):<10} {extra}", file=err)
+            _print_traceback(step.get("traceback"), "      ", err)
         for c in result.get("conflicts") or []:
             print(
                 f"  conflict in {c['path']} at {c['step']} ({c['kind']}): {c['resolution']}",
@@ -374,9 +383,13 @@ async def cmd_show(args: argparse.Namespace) -> int:
         for name, step in (result.get("steps") or {}).items():
             extra = step.get("error") or step.get("cause") or ""
             print(f"  {name:<20} {step.get('status'):<10} {extra}")
-            for key, inst in (step.get("instances") or {}).items():
-                if key != name:
-                    print(f"    [{key}] {inst.get('status')} {inst.get('error') or ''}")
+            shown = {k: i for k, i in (step.get("instances") or {}).items() if k != name}
+            # a fanned-out step's traceback is its first failed instance's: shown with it
+            if not any(i.get("traceback") == step.get("traceback") for i in shown.values()):
+                _print_traceback(step.get("traceback"), "      ")
+            for key, inst in shown.items():
+                print(f"    [{key}] {inst.get('status')} {inst.get('error') or ''}")
+                _print_traceback(inst.get("traceback"), "        ")
     for c in result.get("conflicts") or []:
         print(f"  conflict in {c['path']} at {c['step']} ({c['kind']}): {c['resolution']}")
     return EXIT_OK

@@ -7,6 +7,7 @@ import inspect
 import os
 import signal
 import subprocess
+import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,56 @@ def describe(e: BaseException) -> str:
     if isinstance(e, OrchestratorError):
         return str(e)
     return f"{type(e).__name__}: {e}"
+
+
+def fan_out_items(source: Any) -> list[tuple[str, Any]]:
+    """The (key, item) pairs of a fan-out over ``source``: a mapping's items or a sequence's.
+
+    Keys are the mapping's keys, or short items themselves, or positions when those would
+    not be unique.
+    """
+    mapping = isinstance(source, Mapping)
+    values = list(source.items()) if mapping else list(enumerate(source))
+    items = [(item_key(k, v, mapping), v) for k, v in values]
+    if len({k for k, _ in items}) != len(items):
+        items = [(str(i), v) for i, (_, v) in enumerate(items)]
+    return items
+
+
+#: the packages of the frames between the runner and the pipeline's code (a worker thread's)
+_CALLERS = ("orchestrator", "trio", "outcome")
+#: the functions through which the runner enters the pipeline's code
+_ENTRIES = frozenset({call.__code__, fan_out_items.__code__})
+
+
+def user_traceback(e: BaseException) -> str | None:
+    """The traceback of ``e`` from where the runner entered the pipeline's code; None if not.
+
+    The runner calls step functions and conditions through :func:`call` and iterates fan-out
+    sources in :func:`fan_out_items`: the frames down to there (and trio's, of the worker
+    thread) are the orchestrator's and are left out. An exception that the pipeline's code did
+    not raise (an agent's failure, a timeout, a merge conflict) has no traceback here: its
+    message says it all.
+    """
+    frames = [frame for frame, _ in traceback.walk_tb(e.__traceback__)]
+    entries = [i for i, frame in enumerate(frames) if frame.f_code in _ENTRIES]
+    if not entries:
+        return None
+    skip = entries[-1] + 1
+    while skip < len(frames) and _is_caller(frames[skip].f_globals.get("__name__")):
+        skip += 1
+    if skip == len(frames):
+        return None
+    formatted = traceback.TracebackException.from_exception(e)
+    # one entry per frame of the walk above, in the same order (unless sys.tracebacklimit
+    # cut it: then it is left as Python would print it)
+    if len(formatted.stack) == len(frames):
+        del formatted.stack[:skip]
+    return "".join(formatted.format())
+
+
+def _is_caller(module: Any) -> bool:
+    return isinstance(module, str) and module.partition(".")[0] in _CALLERS
 
 
 def jsonable(value: Any) -> Any:

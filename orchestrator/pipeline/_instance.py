@@ -19,7 +19,7 @@ from ..store import StepRecord
 from ..vfs import Branch, MergeResult, Snapshot
 from ._agent_step import AgentTurns
 from ._branchio import BranchDirs
-from ._calls import call, describe
+from ._calls import call, describe, user_traceback
 from ._recording import Recorder
 from ._state import StepState
 from .results import RunEvent, StepContext, StepResult
@@ -121,7 +121,17 @@ class InstanceExecutor:
                 return True
             state.failures[key] = error
             state.last[key] = e
-            recorder.record(name, step, key, agent, "failed", attempt, started=started, error=error)
+            recorder.record(
+                name,
+                step,
+                key,
+                agent,
+                "failed",
+                attempt,
+                started=started,
+                error=error,
+                traceback=user_traceback(e),
+            )
             recorder.emit(
                 RunEvent("step_failed", self.run_id, step.name, key, agent, {"error": error})
             )

@@ -89,7 +89,15 @@ class Recorder:
                 )
             )
 
-    def step_failed(self, step: str, error: str, started: float | None, finished: float) -> None:
+    def step_failed(
+        self,
+        step: str,
+        error: str,
+        started: float | None,
+        finished: float,
+        *,
+        traceback: str | None = None,
+    ) -> None:
         """``step`` failed as a whole (before any instance ran), with ``error``."""
         self.put_step(
             StepRecord(
@@ -102,6 +110,7 @@ class Recorder:
                 error=error,
                 started=started,
                 finished=finished,
+                traceback=traceback,
             )
         )
         self.emit(RunEvent("step_failed", self.run_id, step, data={"error": error}))
@@ -140,6 +149,7 @@ class Recorder:
         *,
         started: float | None = None,
         error: str | None = None,
+        traceback: str | None = None,
     ) -> None:
         """The instance ``name`` of ``step`` is in ``status`` (finished now unless running)."""
         self.put_step(
@@ -154,6 +164,7 @@ class Recorder:
                 started=started,
                 finished=time.time() if status not in ("running", "pending") else None,
                 error=error,
+                traceback=traceback,
             )
         )
 

@@ -34,7 +34,7 @@ from ..store import StepRecord
 from ..vfs import Branch, MergeResult, Snapshot, merge_branches
 from ._agent_step import AgentTurns, label_run_agents
 from ._branchio import BranchDirs, BranchIO
-from ._calls import MISSING, call, describe, item_key
+from ._calls import MISSING, call, describe, fan_out_items, user_traceback
 from ._instance import InstanceExecutor, fork_from
 from ._recording import EventSink, Recorder
 from ._state import AgentPool, LeaseLike, StepState
@@ -180,7 +180,11 @@ class PipelineRunner:
                 state.error = describe(e)
                 state.finished = time.time()
                 self._recorder.step_failed(
-                    state.step.name, state.error, state.started, state.finished
+                    state.step.name,
+                    state.error,
+                    state.started,
+                    state.finished,
+                    traceback=user_traceback(e),
                 )
         finally:
             state.done.set()
@@ -267,12 +271,7 @@ class PipelineRunner:
             source = args.get(step.over, MISSING)
             if source is MISSING:
                 raise UsageError(f"step {step.name}: nothing to fan out over ({step.over})")
-            values = (
-                list(source.items()) if isinstance(source, Mapping) else list(enumerate(source))
-            )
-            items = [(item_key(k, v, isinstance(source, Mapping)), v) for k, v in values]
-            if len({k for k, _ in items}) != len(items):
-                items = [(str(i), v) for i, (_, v) in enumerate(items)]
+            items = list(fan_out_items(source))
         out: list[tuple[str | None, str | None, Any]] = []
         for agent in agents:
             for ikey, item in items:

@@ -220,6 +220,13 @@ def _value(value: Any) -> Markup:
     return _pre(text)
 
 
+def _traceback(text: str | None) -> Markup | None:
+    """A Python traceback, collapsed under the error it explains."""
+    if not text:
+        return None
+    return el("details", el("summary", "Traceback"), el("pre", text), class_="traceback")
+
+
 def _empty(text: str) -> Markup:
     return el("p", text, class_="empty")
 
@@ -438,6 +445,7 @@ def _agent_card(a: AgentView, anchor: str) -> Markup:
         el("summary", a.name, " ", _badge_if(a.status)),
         facts,
         el("div", a.error, class_="error") if a.error else None,
+        _traceback(a.traceback),
         _pre(a.text) if a.text or not a.has_value else None,
         value,
         verify,
@@ -698,6 +706,7 @@ def _step_card(n: int, s: StepView) -> Markup:
             el("summary", i.name, " ", _badge_if(i.status)),
             _instance_facts(i),
             el("div", i.error, class_="error") if i.error else None,
+            _traceback(i.traceback),
             el("h4", "Message") if i.text else None,
             _pre(i.text) if i.text else None,
             join(el("h4", "Value"), _pre(json_text(i.value))) if i.has_value else None,
@@ -715,6 +724,7 @@ def _step_card(n: int, s: StepView) -> Markup:
         el("p", s.description, class_="muted") if s.description else None,
         facts,
         el("div", s.error, class_="error") if s.error else None,
+        _traceback(s.own_traceback),
         el("p", s.cause, class_="muted") if s.cause else None,
         instances,
         details,

@@ -125,6 +125,11 @@ def _diffs(files: Sequence[FileDiff], level: str, changes: AgentView | None = No
     return out
 
 
+def _traceback(text: str | None) -> list[str]:
+    """A Python traceback as a fenced block under the error it explains."""
+    return ["Traceback:", "", *fence(text, "pytb")] if text else []
+
+
 def _permissions(owners: Sequence[tuple[str, AgentView]], owner_label: str) -> list[str]:
     rows = []
     total = PermissionCounts()
@@ -230,6 +235,7 @@ def _compare(view: CompareView) -> list[str]:
             out += [f"#### {cell(a.name)}", ""]
             if a.error:
                 out += [f"Error: {cell(a.error)}", ""]
+            out += _traceback(a.traceback)
             out += fence(a.text, "text") if a.text else ["(no message)", ""]
             if a.verify is not None:
                 command = code(as_str(a.verify.get("command")))
@@ -354,6 +360,7 @@ def _step(s: StepView) -> list[str]:
     out += [" · ".join(facts), ""]
     if s.error:
         out += [f"Error: {cell(s.error)}", ""]
+    out += _traceback(s.own_traceback)
     if s.cause:
         out += [f"Cause: {cell(s.cause)}", ""]
     if not s.instances:
@@ -404,6 +411,7 @@ def _step(s: StepView) -> list[str]:
         out += [" · ".join(facts), ""]
         if i.error:
             out += [f"Error: {cell(i.error)}", ""]
+        out += _traceback(i.traceback)
         if i.text:
             out += fence(i.text, "text")
         if i.has_value:

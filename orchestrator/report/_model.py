@@ -143,6 +143,8 @@ class AgentView:
     #: the item a fan-out-over-items instance worked on (None when not such an instance)
     item: Any
     attempt: int | None
+    #: the Python traceback of the exception that failed it, when the pipeline's code raised it
+    traceback: str | None
 
     @classmethod
     def from_json(
@@ -186,6 +188,7 @@ class AgentView:
             has_value="value" in obj,
             item=obj.get("item"),
             attempt=None if attempt is None else int(attempt),
+            traceback=as_str(obj.get("traceback")),
         )
 
     @property
@@ -408,11 +411,20 @@ class StepView:
     wall_seconds: float | None
     error: str | None
     cause: str | None
+    #: the traceback of the failure, if Python: its set-up's or its first failed instance's
+    traceback: str | None
     agents: tuple[str, ...]
     over: str | None
     merge: str | None
     description: str | None
     instances: tuple[AgentView, ...]
+
+    @property
+    def own_traceback(self) -> str | None:
+        """The traceback to show with the step itself: None when an instance shows it."""
+        if any(i.traceback == self.traceback for i in self.instances):
+            return None
+        return self.traceback
 
 
 @frozen
@@ -551,6 +563,7 @@ def _step(name: str, node: Mapping[str, Any], outcome: Mapping[str, Any]) -> Ste
         wall_seconds=wall,
         error=_error_text(outcome.get("error")),
         cause=as_str(outcome.get("cause")),
+        traceback=as_str(outcome.get("traceback")),
         agents=as_strs(node.get("agents")),
         over=as_str(node.get("over")),
         merge=as_str(node.get("merge")),

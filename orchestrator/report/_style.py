@@ -101,6 +101,9 @@ details.card {
 }
 details.card > summary { font-weight: 600; }
 details.card[open] > summary { border-bottom: 1px solid var(--border); margin-bottom: 8px; }
+details.traceback { margin-top: -2px; }
+details.traceback > summary { color: var(--bad); font-size: 0.9em; }
+details.traceback pre { font-size: 0.85em; }
 .facts { display: flex; flex-wrap: wrap; gap: 4px 18px; margin: 6px 0; }
 .facts b { font-weight: 600; }
 /* diffs */

@@ -47,6 +47,11 @@ async def list_runs(
         return await store.list_runs(limit=limit)
 
 
+def _step_entry() -> dict[str, Any]:
+    """A step's entry in a run's ``--json`` object before any of its records is read."""
+    return {"status": "pending", "instances": {}, "error": None, "cause": None, "traceback": None}
+
+
 async def get_run_json(
     run_id: str, *, state_dir: str | os.PathLike[str] | None = None, store: RunStore | None = None
 ) -> dict[str, Any]:
@@ -67,22 +72,26 @@ async def get_run_json(
     }
     by_step: dict[str, dict[str, Any]] = {}
     for node in graph.get("nodes", []):
-        by_step[node["name"]] = {"status": "pending", "instances": {}, "error": None, "cause": None}
+        by_step[node["name"]] = _step_entry()
     final_diff = ""
     final_changes: list[dict[str, Any]] = []
     for s in steps:
-        entry = by_step.setdefault(
-            s.step, {"status": "pending", "instances": {}, "error": None, "cause": None}
-        )
+        entry = by_step.setdefault(s.step, _step_entry())
         own = s.instance is None and s.agent is None and s.result is None
         if own and s.status in ("skipped", "failed"):
-            entry.update(status=s.status, error=s.error, cause=s.cause)
+            entry.update(status=s.status, error=s.error, cause=s.cause, traceback=s.traceback)
         if own and s.key == s.step and (s.status == "skipped" or s.step in fanning):
             if s.status not in ("skipped", "failed"):
                 entry["status"] = s.status
             continue
         body = dict(s.result) if s.result is not None else {}
-        body.update(status=s.status, agent=s.agent, error=s.error or body.get("error"))
+        body.update(
+            status=s.status,
+            agent=s.agent,
+            error=s.error or body.get("error"),
+            traceback=s.traceback,
+            attempt=s.attempt,
+        )
         if s.result is None:
             body["value"] = s.value
             body["wallSeconds"] = (
@@ -93,10 +102,8 @@ async def get_run_json(
         statuses = [i["status"] for i in entry["instances"].values()]
         if statuses and entry["status"] not in ("failed", "skipped"):
             if "failed" in statuses:
-                entry["status"] = "failed"
-                entry["error"] = next(
-                    i["error"] for i in entry["instances"].values() if i["status"] == "failed"
-                )
+                failed = next(i for i in entry["instances"].values() if i["status"] == "failed")
+                entry.update(status="failed", error=failed["error"], traceback=failed["traceback"])
             elif "running" in statuses:
                 entry["status"] = "running"
             elif "interrupted" in statuses:
