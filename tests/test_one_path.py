@@ -99,6 +99,13 @@ async def test_prompt_resolves_agents_from_the_project_config(
     assert result["agent"]["name"] == "mine"
     assert result["changes"] == [{"path": "README.md", "change": "modified"}]
     assert prompts(script) == 1
+    # a prompt reads in runs and show like any run
+    listed = await run_cli("runs", cwd=project, state=state_dir)
+    assert f"{result['runId']}" in listed.stdout.decode()
+    assert "prompt" in listed.stdout.decode() and "go" in listed.stdout.decode()
+    shown = (await run_cli("show", result["runId"], cwd=project, state=state_dir)).stdout.decode()
+    assert "mine: end_turn" in shown
+    assert "modified README.md" in shown
 
 
 async def test_every_command_checks_the_store_before_an_agent_starts(

@@ -351,7 +351,8 @@ async def cmd_runs(args: argparse.Namespace) -> int:
         return EXIT_OK
     for r in runs:
         when = datetime.datetime.fromtimestamp(r.created).strftime("%Y-%m-%d %H:%M:%S")
-        what = r.pipeline or dict(r.inputs).get("task", "") or ""
+        inputs = dict(r.inputs)
+        what = r.pipeline or inputs.get("task") or inputs.get("text") or ""
         applied = " applied" if r.applied else ""
         print(f"{r.run_id}  {when}  {r.kind:<8} {r.status:<11}{applied}  {str(what)[:60]}")
     if not runs:
@@ -379,6 +380,14 @@ async def cmd_show(args: argparse.Namespace) -> int:
         print(f"task: {result.get('task')}")
         for line in _compare_lines(result):
             print(line)
+    elif result.get("kind") == "prompt" and "stopReason" in result:
+        agent = (result.get("agent") or {}).get("name")
+        print(
+            f"  {agent}: {result.get('stopReason')}, {len(result.get('permissions') or [])} "
+            f"permission requests, {len(result.get('toolCalls') or [])} tool calls"
+        )
+        for c in result.get("changes") or []:
+            print(f"  {c['change']:<8} {c['path']}")
     else:
         for name, step in (result.get("steps") or {}).items():
             extra = step.get("error") or step.get("cause") or ""
