@@ -39,6 +39,7 @@ __all__ = [
     "RequestCancelled",
     "ResourceNotFound",
     "ResumeConflict",
+    "RunBusy",
     "RunNotFound",
     "StoreError",
     "StoreVersionError",
@@ -307,13 +308,22 @@ class StoreVersionError(StoreError):
     """The run store was written by a newer orchestrator: its schema version is unknown here."""
 
 
+class RunBusy(OrchestratorError):
+    """The run is running in another process (it holds the run's lock)."""
+
+
 class ResumeConflict(OrchestratorError):
     """Files a stored run changed were changed in the workspace since the run."""
 
-    def __init__(self, paths: Sequence[str]):
+    def __init__(self, paths: Sequence[str], run_id: str | None = None):
         self.paths = tuple(paths)
+        #: the run's full id, when known
+        self.run_id = run_id
         listed = ", ".join(self.paths[:10]) + (" ..." if len(self.paths) > 10 else "")
         super().__init__(f"the workspace changed since the run, in files the run changed: {listed}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.paths, self.run_id))
 
 
 class ReportError(UsageError):

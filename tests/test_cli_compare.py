@@ -287,3 +287,22 @@ async def test_a_pipeline_agent_step_ending_refusal_fails_and_skips_descendants(
     assert steps["after"]["status"] == "skipped"
     assert steps["after"]["cause"] == "skipped because write failed"
     assert steps["unrelated"]["status"] == "succeeded"
+
+
+async def test_a_comparison_of_one_agent_names_its_instance_after_the_agent(
+    project: Project, state_dir: Path
+) -> None:
+    """compare with one --agent: its instance is compare[NAME], applied by that name."""
+    alice = project.agent("alice", Turn(steps=(WriteDisk("ok.txt", "ok\n"), Say("done"))))
+    done = await project.compare(state_dir, alice)
+    assert done.returncode == EXIT_OK, done.stderr.decode()
+    result = as_json(done)
+    assert [a["name"] for a in result["agents"]] == ["alice"]
+    assert (result["succeeded"], result["winner"]) == (["alice"], "alice")
+    applied = await run_cli(
+        "apply", result["runId"], "--step", "compare[alice]", "--json",
+        cwd=project.root, state=state_dir,
+    )  # fmt: skip
+    assert applied.returncode == EXIT_OK, applied.stderr.decode()
+    assert as_json(applied)["written"] == ["ok.txt"]
+    assert (project.workspace / "ok.txt").read_text() == "ok\n"

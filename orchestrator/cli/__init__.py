@@ -166,6 +166,7 @@ async def _interruptible(handler: Callable[[argparse.Namespace], Any], args: Any
         AgentStartError,
         CapabilityNotSupported,
         OrchestratorError,
+        ResumeConflict,
         UnsettledConflicts,
         UsageError,
     )
@@ -182,11 +183,13 @@ async def _interruptible(handler: Callable[[argparse.Namespace], Any], args: Any
     def fail(e: BaseException, exit_code: int) -> int:
         _error(str(e))
         if as_json:  # scripts still get one JSON object on stdout
+            paths = getattr(e, "paths", None)
             _emit_json(
                 {
                     "error": {"type": type(e).__name__, "message": str(e)},
                     "exitCode": exit_code,
                     **run_id(),
+                    **({"paths": list(paths)} if paths else {}),
                 }
             )
         return exit_code
@@ -221,6 +224,8 @@ async def _interruptible(handler: Callable[[argparse.Namespace], Any], args: Any
                 code = fail(e, EXIT_USAGE)
             except UnsettledConflicts as e:
                 code = fail(e, EXIT_MERGE_CONFLICTS)
+            except ResumeConflict as e:  # the workspace changed under files the run changed
+                code = fail(e, EXIT_WORKSPACE_CHANGED)
             except OrchestratorError as e:
                 code = fail(e, EXIT_FAILED)
         nursery.cancel_scope.cancel()

@@ -12,7 +12,7 @@ from typing import IO, TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..pipeline.results import RunEvent
 
-from . import EXIT_FAILED, EXIT_MERGE_CONFLICTS, EXIT_OK, EXIT_WORKSPACE_CHANGED
+from . import EXIT_FAILED, EXIT_MERGE_CONFLICTS, EXIT_OK
 
 RUN_EXAMPLES = """\
 examples:
@@ -25,6 +25,17 @@ examples:
   orchestrator compare --agent claude --agent codex --verify "pytest -q" "Fix the failing test"
   orchestrator compare --agent a=demo --agent b=demo --report out/ 'rename x to y in *.py'
 """
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def _shared(p: argparse.ArgumentParser, *, state_only: bool = False) -> None:
@@ -42,7 +53,9 @@ def _shared(p: argparse.ArgumentParser, *, state_only: bool = False) -> None:
     )
     p.add_argument("--transcript", help="append every wire frame to this ND-JSON file")
     p.add_argument("--report", metavar="DIR", help="write report.html and report.md into DIR")
-    p.add_argument("--max-sessions", type=int, help="live agent sessions at once (default: 8)")
+    p.add_argument(
+        "--max-sessions", type=positive_int, help="live agent sessions at once (default: 8)"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
 
 
@@ -83,7 +96,7 @@ def add_parsers(sub: Any) -> None:
     _shared(c)
 
     r = sub.add_parser("runs", help="list recorded runs", description="List runs, newest first.")
-    r.add_argument("--limit", type=int, default=20, help="how many (default: 20)")
+    r.add_argument("--limit", type=positive_int, default=20, help="how many (default: 20)")
     _shared(r, state_only=True)
 
     s = sub.add_parser("show", help="show a run", description="Show a recorded run's steps.")
@@ -102,7 +115,9 @@ def add_parsers(sub: Any) -> None:
         "--policy", help="permission policy: replaces the run's recorded one (default: restored)"
     )
     u.add_argument(
-        "--max-sessions", type=int, help="live agent sessions at once (default: as recorded)"
+        "--max-sessions",
+        type=positive_int,
+        help="live agent sessions at once (default: as recorded)",
     )
     u.add_argument("--report", metavar="DIR", help="write report.html and report.md into DIR")
     u.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
@@ -172,8 +187,23 @@ def track_run(
 
 @contextmanager
 def _view(args: argparse.Namespace, title: str) -> Iterator[Any]:
-    """The progress view of a run command (None when progress is off), closed on the way out."""
+    """The progress view of a run command (None when progress is off), closed on the way out.
+
+    A ``--report`` directory that cannot be made is a usage error before the run starts, not
+    after its work is done.
+    """
     from .live import open_view
+
+    report = getattr(args, "report", None)
+    if report:
+        from pathlib import Path
+
+        from ..errors import UsageError
+
+        try:
+            Path(report).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"--report {report}: {e.strerror or e}") from e
 
     view = open_view(title, enabled=not getattr(args, "no_progress", False) and not args.json)
     try:
@@ -195,8 +225,31 @@ def _finish(args: argparse.Namespace, outcome: Any) -> int:
     if args.json:
         _emit(result)
     else:
+        _restored_line(result.get("restored"))
         _summary(result, outcome.run_id)
     return int(outcome.exit_code)
+
+
+def _restored_line(restored: Any) -> None:
+    """What a resume restored from the record and what its options replaced (stderr)."""
+    if not isinstance(restored, dict):
+        return
+    said = []
+    if "policy" in restored.get("restored", []):
+        said.append(
+            f"policy {restored.get('policy') or '(default)'} ({restored.get('policyRules')})"
+        )
+    if "maxSessions" in restored.get("restored", []):
+        said.append(f"max sessions {restored.get('maxSessions')}")
+    if "agents" in restored.get("restored", []):
+        said.append("agents " + ", ".join(restored.get("agents") or []))
+    if said:
+        print("restored from the run: " + "; ".join(said), file=sys.stderr)
+    if restored.get("overridden"):
+        print("replaced by this resume: " + ", ".join(restored["overridden"]), file=sys.stderr)
+    if restored.get("missingSecrets"):
+        missing = ", ".join(restored["missingSecrets"])
+        print(f"not set now (recorded by name only): {missing}", file=sys.stderr)
 
 
 def _print_traceback(text: Any, indent: str, out: IO[str] | None = None) -> None:
@@ -227,18 +280,26 @@ def _summary(result: dict[str, Any], run_id: str) -> None:
             sys.stdout.write(result["diff"])
     status = result.get("status")
     print(f"run {run_id}: {status}", file=err)
-    if not result.get("applied"):
-        how = (
-            f"orchestrator apply {run_id} --step compare[{result.get('winner') or 'NAME'}]"
-            if result.get("kind") == "compare"
-            else f"orchestrator apply {run_id}"
-        )
-        if result.get("workspaceChanged"):
-            changed = ", ".join(result["workspaceChanged"])
-            print(f"NOT applied: changed in the workspace during the run: {changed}", file=err)
-            print(f"the changes are kept; settle those files, then: {how}", file=err)
-        else:
-            print(f"nothing was written to the workspace; to apply: {how}", file=err)
+    if result.get("applied"):
+        return
+    compare = result.get("kind") == "compare"
+    how = (
+        f"orchestrator apply {run_id} --step compare[{result.get('winner') or 'NAME'}]"
+        if compare
+        else f"orchestrator apply {run_id}"
+    )
+    if result.get("workspaceChanged"):
+        changed = ", ".join(result["workspaceChanged"])
+        print(f"NOT applied: changed in the workspace during the run: {changed}", file=err)
+        print(f"the changes are kept; settle those files, then: {how}", file=err)
+    elif status != "succeeded":
+        # nothing to offer: the run's final changes do not exist (finished steps can be applied
+        # one by one: orchestrator apply RUN --step STEP)
+        print(f"nothing was written to the workspace; see: orchestrator show {run_id}", file=err)
+    elif result.get("changes") or (compare and result.get("winner")):
+        print(f"nothing was written to the workspace; to apply: {how}", file=err)
+    else:
+        print("no file changed", file=err)
 
 
 def _compare_lines(result: dict[str, Any]) -> list[str]:
@@ -330,12 +391,10 @@ async def cmd_resume(args: argparse.Namespace) -> int:
                 on_event=track_run(args, view),
             )
         except ResumeConflict as e:
-            print(f"orchestrator: {e}", file=sys.stderr)
-            if args.json:
-                _emit(
-                    {"error": {"type": "ResumeConflict", "message": str(e)}, "paths": list(e.paths)}
-                )
-            return EXIT_WORKSPACE_CHANGED
+            # the command's error object names the run (and the files, below)
+            if e.run_id:
+                args.run_ids.append(e.run_id)
+            raise
     return _finish(args, outcome)
 
 
@@ -354,7 +413,8 @@ async def cmd_runs(args: argparse.Namespace) -> int:
         inputs = dict(r.inputs)
         what = r.pipeline or inputs.get("task") or inputs.get("text") or ""
         applied = " applied" if r.applied else ""
-        print(f"{r.run_id}  {when}  {r.kind:<8} {r.status:<11}{applied}  {str(what)[:60]}")
+        what = " ".join(str(what).split())  # one line per run, whatever the task holds
+        print(f"{r.run_id}  {when}  {r.kind:<8} {r.status:<11}{applied}  {what[:60]}")
     if not runs:
         print("no runs recorded", file=sys.stderr)
     return EXIT_OK
@@ -429,7 +489,13 @@ async def cmd_apply(args: argparse.Namespace) -> int:
             )
         return code
     if args.json:
-        _emit(outcome.to_json())
+        document = outcome.to_json()
+        if outcome.workspace_changed and not outcome.applied:
+            # a refusal reads like every command's error object, with the files it names
+            message = f"files changed since the run: {', '.join(outcome.workspace_changed)}"
+            document["error"] = {"type": "WorkspaceChanged", "message": message}
+            document["exitCode"] = int(outcome.exit_code)
+        _emit(document)
     else:
         _apply_summary(outcome)
     return int(outcome.exit_code)
@@ -463,10 +529,12 @@ def _apply_summary(outcome: Any) -> None:
 async def cmd_diff(args: argparse.Namespace) -> int:
     """``orchestrator diff``."""
     from ..runs import diff_run
+    from ..runs.recorded import full_run_id
 
     text = await diff_run(args.run, step=args.step, state_dir=args.state_dir)
     if args.json:
-        _emit({"runId": args.run, "step": args.step, "diff": text})
+        run_id = await full_run_id(args.run, state_dir=args.state_dir)
+        _emit({"runId": run_id, "step": args.step, "diff": text})
     else:
         sys.stdout.write(text)
     return EXIT_OK

@@ -97,6 +97,9 @@ class Step:
     description: str | None = None
     #: whether ``fn`` is a coroutine function (the runner awaits it)
     is_async: bool = False
+    #: key its instances by agent even when one agent runs it (a comparison of one agent
+    #: still names its instance after the agent)
+    keyed_by_agent: bool = False
 
     @classmethod
     def from_function(
@@ -223,7 +226,7 @@ class Step:
     @property
     def fans_out(self) -> bool:
         """Whether the step runs as several branches (several agents, or over items)."""
-        return len(self.agents) > 1 or self.over is not None
+        return len(self.agents) > 1 or self.over is not None or self.keyed_by_agent
 
     @property
     def wants_workdir(self) -> bool:

@@ -275,9 +275,10 @@ class PipelineRunner:
         out: list[tuple[str | None, str | None, Any]] = []
         for agent in agents:
             for ikey, item in items:
-                if len(agents) > 1 and ikey is not None:
+                by_agent = len(agents) > 1 or step.keyed_by_agent
+                if by_agent and ikey is not None:
                     key: str | None = f"{agent}/{ikey}"
-                elif len(agents) > 1:
+                elif by_agent:
                     key = agent
                 else:
                     key = ikey

@@ -72,7 +72,7 @@ def render_report(result: Mapping[str, Any], out_dir: str | os.PathLike[str]) ->
     view = load(result)
     html_text = html_page(view)
     md_text = markdown_document(view)
-    out = Path(out_dir)
+    out = Path(out_dir).absolute()  # absolute: the paths returned can become file:// URIs
     paths = ReportPaths(html=out / HTML_NAME, markdown=out / MARKDOWN_NAME)
     try:
         out.mkdir(parents=True, exist_ok=True)

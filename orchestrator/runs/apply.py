@@ -51,6 +51,7 @@ from ..vfs import (
     merge_branches,
     recover_applies,
 )
+from ._lock import hold_run_lock
 
 __all__ = ["ApplyOutcome", "apply_recorded", "apply_run", "apply_run_sync", "recover"]
 
@@ -381,7 +382,10 @@ async def apply_run(
     state = state_directory(state_dir)
     await recover(state)
     async with open_run_store(state) as store:
-        return await apply_recorded(store, run_id, state=state, step=step, git_branch=git_branch)
+        full = (await store.get_run(run_id)).run_id
+        # not while the run runs in another process (nor may it start while this applies)
+        with hold_run_lock(state / "runs" / full, full, doing="apply"):
+            return await apply_recorded(store, full, state=state, step=step, git_branch=git_branch)
 
 
 def apply_run_sync(run_id: str, **kwargs: Any) -> ApplyOutcome:

@@ -51,7 +51,8 @@ def _compare_pipeline(
     made: Step = step_decorator(agent=list(agents), timeout=timeout, idle_timeout=idle_timeout)(
         compare
     )
-    return Pipeline.from_steps([made], name="compare")
+    # one agent or many, each instance is named after its agent (compare[NAME])
+    return Pipeline.from_steps([attrs.evolve(made, keyed_by_agent=True)], name="compare")
 
 
 async def compare(

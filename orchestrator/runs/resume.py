@@ -9,7 +9,7 @@ import structlog
 import trio
 
 from ..config import Config
-from ..errors import UsageError
+from ..errors import ResumeConflict, UsageError
 from ..pipeline import load_pipeline
 from ..policy import PolicySet
 from ..state import state_directory
@@ -84,18 +84,21 @@ async def resume_run(
     said = restored.to_json()
     if restored.restored or restored.overridden:
         log.info("resume settings", **said)
-    return await run_pipeline(
-        pipe,
-        dict(record.inputs),
-        cwd=record.cwd,
-        state_dir=state,
-        config=base,
-        _kind=record.kind if record.kind in ("compare", "prompt") else "pipeline",
-        _resume=record.run_id,
-        _settings_restored=restored.settings,
-        _finish_result=lambda outcome: {**outcome.result, "restored": said},
-        **kwargs,
-    )
+    try:
+        return await run_pipeline(
+            pipe,
+            dict(record.inputs),
+            cwd=record.cwd,
+            state_dir=state,
+            config=base,
+            _kind=record.kind if record.kind in ("compare", "prompt") else "pipeline",
+            _resume=record.run_id,
+            _settings_restored=restored.settings,
+            _finish_result=lambda outcome: {**outcome.result, "restored": said},
+            **kwargs,
+        )
+    except ResumeConflict as e:
+        raise ResumeConflict(e.paths, record.run_id) from None
 
 
 def resume_run_sync(run_id: str, **kwargs: Any) -> RunOutcome:

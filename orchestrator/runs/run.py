@@ -57,6 +57,7 @@ from ..vfs import (
     Workspace,
     merge_branches,
 )
+from ._lock import hold_run_lock
 from .apply import apply_recorded, recover
 from .recorded import compare_verdict, get_run_json
 from .settings import RunSettings, policy_source
@@ -188,6 +189,7 @@ async def run_pipeline(
     :func:`~orchestrator.runs.apply_run`.
     """
     root = workspace_root(cwd)
+    check_transcript_path(transcript)
     pipe = pipeline if isinstance(pipeline, Pipeline) else load_pipeline(pipeline)
     values = pipe.check_inputs(inputs or {})
     cfg = config if config is not None else Config.load(root)
@@ -204,12 +206,49 @@ async def run_pipeline(
     cfg = settings.config(cfg)
     state = state_directory(state_dir)
     await recover(state)
+    run_id = _resume if _resume is not None else uuid.uuid4().hex[:12]
+    run_dir = state / "runs" / run_id
+    # one process per run: a resume of a run still running elsewhere is refused before the
+    # record is touched (the lock goes with the process: a crashed run's is free)
+    with hold_run_lock(run_dir, run_id, doing="resume"):
+        return await _run_locked(
+            pipe, values, root, cfg, settings, agents, state, run_id, run_dir, apply,
+            on_event, on_update, transcript, connector, pool, verify, options, services,
+            _kind, _resume, _extra_options, _finish_result, escalate,
+        )  # fmt: skip
+
+
+async def _run_locked(
+    pipe: Pipeline,
+    values: Mapping[str, Any],
+    root: Path,
+    cfg: Config,
+    settings: RunSettings,
+    agents: Mapping[str, AgentSpec],
+    state: Path,
+    run_id: str,
+    run_dir: Path,
+    apply: bool,
+    on_event: Callable[[RunEvent], None] | None,
+    on_update: Callable[[t.SessionUpdate], None] | None,
+    transcript: str | os.PathLike[str] | None,
+    connector: Connector | None,
+    pool: AgentPool | None,
+    verify: Mapping[str, str] | None,
+    options: ClientOptions | None,
+    services: ClientServices | None,
+    _kind: RunKind,
+    _resume: str | None,
+    _extra_options: Mapping[str, Any] | None,
+    _finish_result: Callable[[RunOutcome], Mapping[str, Any]] | None,
+    escalate: Escalate | None,
+) -> RunOutcome:
+    """The run, its lock held (see :func:`run_pipeline`)."""
     limit = settings.max_sessions
     async with open_run_store(state) as store:
         reused: dict[str, tuple[StepRecord, Branch]] = {}
         snapshot = await trio.to_thread.run_sync(Workspace.open(root).snapshot)
         if _resume is None:
-            run_id = uuid.uuid4().hex[:12]
             record = RunRecord(
                 run_id=run_id,
                 kind=_kind,
@@ -230,11 +269,8 @@ async def run_pipeline(
             )
             await store.create_run(record)
         else:
-            run_id = _resume
             reused = await _reusable(store, run_id, snapshot)
             await store.update_run(run_id, status="running", finished=None, error=None)
-        run_dir = state / "runs" / run_id
-        run_dir.mkdir(parents=True, exist_ok=True)
         log.info("run started", run=run_id, pipeline=pipe.name, steps=len(pipe.steps))
         started = time.monotonic()
         status: RunStatus = "interrupted"
@@ -410,8 +446,27 @@ async def _import_transcripts(
             with target.open("ab") as out:
                 out.write(b"".join(joined))
 
-        await trio.to_thread.run_sync(append)
+        try:
+            await trio.to_thread.run_sync(append)
+        except OSError as e:
+            # the run is recorded (the transcripts too, in the store): a copy that cannot be
+            # written must not turn a finished run into a failure
+            log.warning("cannot write the transcript copy", path=str(target), error=str(e))
     await trio.to_thread.run_sync(lambda: shutil.rmtree(directory, ignore_errors=True))
+
+
+def check_transcript_path(path: str | os.PathLike[str] | None) -> None:
+    """A usage error, before anything starts, for a transcript file that cannot be written."""
+    if path is None:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise UsageError(f"transcript {target}: is a directory")
+    parent = target.absolute().parent
+    if not parent.is_dir():
+        raise UsageError(f"transcript {target}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise UsageError(f"transcript {target}: not writable")
 
 
 def _json_inputs(values: Mapping[str, Any]) -> dict[str, Any]:
