@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
@@ -18,6 +19,7 @@ from structlog.testing import capture_logs
 
 from orchestrator._util import end_grace_periods
 from orchestrator.agent.client import AgentConnection, ClientOptions, Turn, open_agent_on_stream
+from orchestrator.agent.permissions import Escalation, PolicyPermissionService
 from orchestrator.agent.services import (
     ClientServices,
     NowaitFileSystemService,
@@ -36,6 +38,7 @@ from orchestrator.errors import (
     TurnTimeout,
     UsageError,
 )
+from orchestrator.policy import Answer, Policy, PolicySet, Rule
 from orchestrator.protocol import types as t
 from orchestrator.testing import (
     AgentRecord,
@@ -53,6 +56,7 @@ from orchestrator.testing import (
     PermissionToolCall,
     Plan,
     PlanEntry,
+    Raw,
     ReadFile,
     Replace,
     Request,
@@ -928,6 +932,99 @@ async def test_cancel_answers_a_pending_permission_request_cancelled(tmp_path: P
     [audit] = session.permissions
     assert (audit.verdict, audit.option_id, audit.tool_call_id) == ("cancelled", None, "t9")
     assert result.permissions == [audit]
+
+
+@define
+class SlowToWithdraw:
+    """An escalation nobody answers, slow to let go when withdrawn (as a question asked from
+    a worker thread is): it returns only once every other task waits, so the agent's answer
+    to the cancel has been read before the service records the cancellation."""
+
+    asked: trio.Event = field(factory=trio.Event)
+
+    async def __call__(self, escalation: Escalation) -> Answer | None:
+        """Wait forever; when cancelled, first wait for everything else to settle."""
+        self.asked.set()
+        try:
+            await trio.sleep_forever()
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.testing.wait_all_tasks_blocked()
+
+
+async def test_request_recorded_after_the_cancelled_response_is_in_the_turn(
+    tmp_path: Path,
+) -> None:
+    """A request pending at cancel, recorded after the prompt response was read, is the turn's."""
+    escalation = SlowToWithdraw()
+    policy = PolicySet(run=Policy([Rule("ask", name="ask to run", kinds="execute")]))
+    service = PolicyPermissionService(policy, escalate=escalation)
+    script = turns(Say("about to run"), ASK, Say(" ran it"))
+    async with connect(script, services=ClientServices(permission=service)) as (conn, record):
+        session = await conn.new_session(tmp_path)
+        async with session.open_turn("run it") as turn:
+            await escalation.asked.wait()
+            await session.cancel()
+        answer = await record.wait_for("response")
+    result = result_of(turn)
+    assert (result.stop_reason, result.cancel_requested) == ("cancelled", True)
+    assert [(r.tool_call_id, r.verdict, r.rule) for r in result.permissions] == [
+        ("t9", "cancelled", "cancelled")
+    ]
+    assert result.permissions == session.permissions == service.records
+    assert answer["result"] == {"outcome": {"outcome": "cancelled"}}
+
+
+async def test_request_read_with_the_cancelled_response_is_in_the_turn(tmp_path: Path) -> None:
+    """A request sent before the cancel but read together with the prompt response is the turn's,
+    though its handler only runs after the turn's end was read."""
+
+    def batch(stream: trio.abc.Stream) -> trio.abc.Stream:
+        return Batching(stream, start=b'"session/request_permission"', end=b'"stopReason"')
+
+    script = turns(Say("about to run"), ASK, Say(" ran it"))
+    services = ClientServices(permission=Undecided())
+    async with connect(script, services=services, agent_side=batch) as (conn, record):
+        session = await conn.new_session(tmp_path)
+        async with session.open_turn("run it") as turn:
+            await record.wait_for("prompt")
+            await trio.testing.wait_all_tasks_blocked()  # the agent waits for its answer
+            await session.cancel()
+        answer = await record.wait_for("response")
+    result = result_of(turn)
+    assert (result.stop_reason, result.text) == ("cancelled", "about to run")
+    [audit] = session.permissions
+    assert (audit.tool_call_id, audit.verdict, audit.option_id) == ("t9", "cancelled", None)
+    assert result.permissions == [audit]
+    assert answer["result"] == {"outcome": {"outcome": "cancelled"}}
+
+
+async def test_request_still_pending_at_the_turns_end_is_withdrawn(tmp_path: Path) -> None:
+    """A request the agent left unanswered when it ended its turn is answered cancelled, and
+    its record is in the turn's result."""
+    abandoned = {
+        "jsonrpc": "2.0",
+        "id": "abandoned",
+        "method": "session/request_permission",
+        "params": {
+            "sessionId": "sess-1",
+            "toolCall": {"toolCallId": "t7", "title": "rm -rf build", "kind": "execute"},
+            "options": [{"optionId": "allow", "name": "Allow", "kind": "allow_once"}],
+        },
+    }
+    script = turns(Raw(json.dumps(abandoned)), Say("done"))
+    undecided = Undecided()
+    async with connect(script, services=ClientServices(permission=undecided)) as (conn, record):
+        session = await conn.new_session(tmp_path)
+        result = await session.prompt("go")
+        late = await record.wait_for("unexpected_response")
+    assert (result.stop_reason, result.cancel_requested) == ("end_turn", False)
+    assert undecided.asked.is_set()
+    [audit] = session.permissions
+    assert (audit.tool_call_id, audit.verdict, audit.option_id) == ("t7", "cancelled", None)
+    assert result.permissions == [audit]
+    assert late["message"]["id"] == "abandoned"
+    assert late["message"]["result"] == {"outcome": {"outcome": "cancelled"}}
 
 
 async def test_end_turn_after_cancel_is_accepted(tmp_path: Path) -> None:

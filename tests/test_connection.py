@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Literal
 
@@ -384,6 +384,71 @@ async def test_inbound_cancel_request_cancels_the_handler(
         assert cancelled.is_set()
         assert answer["id"] == "a"
         assert answer["error"]["code"] == -32800
+        assert conn.statistics().running_inbound == 0
+
+
+async def test_cancel_request_read_with_its_request_cancels_the_handler(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A $/cancel_request read in the same chunk as its request still cancels its handler."""
+
+    async def slow(params: Any) -> Any:
+        await trio.sleep_forever()
+
+    async with connected() as (conn, peer):
+        conn.on_request("slow", slow)
+        cancel = note("$/cancel_request", {"requestId": "a"})
+        await peer.send_raw(encode_message(req("a", "slow")) + encode_message(cancel))
+        answer = await peer.receive()
+        assert (answer["id"], answer["error"]["code"]) == ("a", -32800)
+        assert conn.statistics().running_inbound == 0
+
+
+async def test_request_handler_is_called_in_wire_order(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A handler is called as its request is read: it sees what came before, not after."""
+    notes: list[Any] = []
+
+    def handler(params: Any) -> Awaitable[Any]:
+        seen = list(notes)  # called in the read loop; the answer is awaited in a task
+
+        async def answer() -> Any:
+            await trio.lowlevel.checkpoint()
+            return seen
+
+        return answer()
+
+    async with connected() as (conn, peer):
+        conn.on_notification("note", notes.append)
+        conn.on_request("snapshot", handler)
+        frames = [note("note", "before"), req(1, "snapshot"), note("note", "after")]
+        await peer.send_raw(b"".join(encode_message(f) for f in frames))
+        assert await peer.receive() == ok(1, ["before"])
+    assert notes == ["before", "after"]
+
+
+async def test_handler_failing_as_it_is_called_is_answered_with_its_error(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A handler raising before it returns an awaitable is answered as if it failed later."""
+
+    def refuse(params: Any) -> Awaitable[Any]:
+        raise InvalidParams("no such session")
+
+    def crash(params: Any) -> Awaitable[Any]:
+        raise RuntimeError("boom")
+
+    async with connected() as (conn, peer):
+        conn.on_request("refuse", refuse)
+        conn.on_request("crash", crash)
+        with capture_logs() as logs:
+            await peer.send(req(1, "refuse"))
+            assert await peer.receive() == err(1, -32602, "no such session")
+            await peer.send(req(2, "crash"))
+            answer = await peer.receive()
+        assert (answer["id"], answer["error"]["code"]) == (2, -32603)
+        assert any(e["event"] == "request handler failed" for e in logs)
         assert conn.statistics().running_inbound == 0
 
 

@@ -404,7 +404,7 @@ async def test_cancel_while_escalation_pending(scratch: Path) -> None:
 
 
 async def test_cancelled_audit_record_is_the_services_record(scratch: Path) -> None:
-    """The cancelled request's record in the session is the service's, paths included."""
+    """The cancelled request's record in session and turn is the service's, paths included."""
     escalator = Escalator(hang=True)
     ask_edits = Rule("ask", name="ask to edit", kinds="edit")
     service = PolicyPermissionService(PolicySet(run=Policy([ask_edits])), escalate=escalator)
@@ -412,13 +412,15 @@ async def test_cancelled_audit_record_is_the_services_record(scratch: Path) -> N
     with trio.fail_after(LIMIT):
         async with scripted(scratch, steps, service) as c:
             session = await c.new_session(scratch)
-            async with session.open_turn("go"):
+            async with session.open_turn("go") as turn:
                 await escalator.asked.wait()
                 await session.cancel()
                 await session.wait_turn_end()
     [record] = service.records
     assert record.paths == (f"{scratch}/a.py",)
     assert session.permissions == [record]
+    assert turn.result is not None
+    assert turn.result.permissions == [record]
 
 
 # --------------------------------------------------------------------------- terminals

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, cast
 
@@ -111,6 +111,10 @@ class Turn:
     _last_activity: float = 0.0
     #: set by an idle watchdog; reading the clock per update costs floods ~5%
     _track_activity: bool = False
+    #: cancel scopes of the permission requests that arrived during the turn and have no
+    #: record yet; the result waits for them
+    _open_permissions: set[trio.CancelScope] = field(factory=set)
+    _permissions_recorded: trio.Event | None = None
 
     def _add(self, update: t.SessionUpdate) -> None:
         self.accumulator.add(update)
@@ -122,6 +126,26 @@ class Turn:
             # unbounded on purpose: a bounded channel would stall the read loop, and a consumer
             # awaiting another request on this connection would then deadlock
             self._send.send_nowait(update)
+
+    def _withdraw_permissions(self) -> None:
+        # The agent ended the turn: nobody waits for an answer to what it still asked.
+        for scope in self._open_permissions:
+            scope.cancel()
+
+    def _permission_recorded(self, scope: trio.CancelScope) -> None:
+        self._open_permissions.discard(scope)
+        if not self._open_permissions and self._permissions_recorded is not None:
+            self._permissions_recorded.set()
+
+    async def _wait_permissions_recorded(self) -> None:
+        """Wait until every permission request of the turn has its record in the accumulator.
+
+        The prompt's response can be read before a handler has run at all, or while a service
+        still winds down a withdrawn request: their records belong in the result all the same.
+        """
+        if self._open_permissions:
+            self._permissions_recorded = trio.Event()
+            await self._permissions_recorded.wait()
 
     def _finish(self) -> None:
         if self._send is not None:
@@ -316,6 +340,7 @@ class AcpSession:
         # the prompt's response arrived: what follows it on the wire is outside the turn
         if self._turn is turn:
             self._turn = None
+        turn._withdraw_permissions()
 
     async def _run_turn(self, turn: Turn, params: t.PromptRequest) -> None:
         try:
@@ -331,6 +356,7 @@ class AcpSession:
                     notify_cancel=False,
                 )
                 response = structure(raw, t.PromptResponse)
+                await turn._wait_permissions_recorded()
                 turn.result = turn.accumulator.result(response.stop_reason, response.usage)
         except OrchestratorError as e:
             if not turn._left:
@@ -417,6 +443,9 @@ class AcpSession:
 
     async def cancel(self) -> None:
         """Send ``session/cancel``; pending permission requests are answered ``cancelled``.
+
+        Their ``cancelled`` records are in the turn's result, however late the services make
+        them. A request the agent leaves pending when it ends a turn is withdrawn the same way.
 
         The turn then ends with the agent's stop reason (``cancelled``, or ``end_turn`` from
         agents that ignore the hint); :meth:`prompt` waits at most the cancel grace for it.
@@ -799,19 +828,47 @@ class AgentConnection:
             raise InvalidParams(f"unknown session {session_id!r}")
         return session
 
-    async def _on_permission(self, params: Any) -> Any:
+    def _on_permission(self, params: Any) -> Awaitable[Any]:
+        # Called in the read loop as the request arrives (JsonRpcConnection.on_request), so
+        # the turn it belongs to, what that turn knows of its tool call and a cancel already
+        # sent are taken in wire order, however late the handler itself gets to run.
         request = structure(params, t.RequestPermissionRequest)
         session = self._session_for(params)
-        ctx = session.context
-        request = _completed_request(request, session)
-        with trio.CancelScope() as scope:
-            if session._cancelling:
-                scope.cancel()
-            session._pending_permissions.add(scope)
-            try:
-                decision = await session.services.permission.request_permission(request, ctx)
-            finally:
-                session._pending_permissions.discard(scope)
+        turn = session._turn
+        request = _completed_request(request, turn)
+        scope = trio.CancelScope()
+        if session._cancelling:
+            scope.cancel()
+        session._pending_permissions.add(scope)
+        if turn is not None:
+            turn._open_permissions.add(scope)
+        return self._serve_permission(request, session, session.context, turn, scope)
+
+    async def _serve_permission(
+        self,
+        request: t.RequestPermissionRequest,
+        session: AcpSession,
+        ctx: SessionContext,
+        turn: Turn | None,
+        scope: trio.CancelScope,
+    ) -> Any:
+        try:
+            return await self._decide_permission(request, session, ctx, turn, scope)
+        finally:
+            session._pending_permissions.discard(scope)
+            if turn is not None:
+                turn._permission_recorded(scope)
+
+    async def _decide_permission(
+        self,
+        request: t.RequestPermissionRequest,
+        session: AcpSession,
+        ctx: SessionContext,
+        turn: Turn | None,
+        scope: trio.CancelScope,
+    ) -> Any:
+        with scope:
+            decision = await session.services.permission.request_permission(request, ctx)
         service_record = None
         if scope.cancelled_caught:
             # the service's own record of the cancellation (with the paths and command it
@@ -832,8 +889,8 @@ class AgentConnection:
             if record.verdict == "reject" and isinstance(outcome, t.SelectedPermissionOutcome):
                 _check_not_allow(request, outcome.option_id)
         session.permissions.append(record)
-        if session._turn is not None:
-            session._turn.accumulator.permissions.append(record)
+        if turn is not None:
+            turn.accumulator.permissions.append(record)
         log.debug(  # the permission service logs its own decisions
             "permission decided",
             agent=ctx.agent,
@@ -910,7 +967,7 @@ class AgentConnection:
 
 
 def _completed_request(
-    request: t.RequestPermissionRequest, session: AcpSession
+    request: t.RequestPermissionRequest, turn: Turn | None
 ) -> t.RequestPermissionRequest:
     """The request with what the turn already knows of its tool call filled in.
 
@@ -919,7 +976,6 @@ def _completed_request(
     kind or path needs them.
     """
     call = request.tool_call
-    turn = session._turn
     if turn is None or (call.kind is not None and call.title is not None and call.locations):
         return request
     known = turn.accumulator.tool_calls.get(call.tool_call_id)

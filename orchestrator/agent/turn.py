@@ -101,7 +101,8 @@ class TurnResult:
     #: the updates in arrival order; message and thought chunks only when the accumulator
     #: was asked to keep them (their text is always in ``text`` and ``thoughts``)
     updates: list[t.SessionUpdate]
-    #: permission decisions taken during the turn
+    #: the records of the permission requests that arrived during the turn, cancelled ones
+    #: included
     permissions: list[PermissionRecord]
     #: True when the client sent session/cancel during the turn
     cancel_requested: bool

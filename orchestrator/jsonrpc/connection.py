@@ -1,10 +1,11 @@
 """A JSON-RPC 2.0 connection over any :class:`trio.abc.Stream`.
 
 Our requests are numbered 0, 1, 2, ... and responses are matched only against what we sent; the
-peer's requests each run in their own task (it may call us while our request is pending);
-notifications run inline in arrival order, so a response is delivered only after every
-notification that preceded it. The read loop is the hot path (agents stream thousands of
-``session/update`` per turn): big reads, orjson, and a few dict lookups per notification.
+peer's requests each run in their own task (it may call us while our request is pending), their
+handlers called as they arrive; notifications run inline in arrival order, so a response is
+delivered only after every notification that preceded it. The read loop is the hot path (agents
+stream thousands of ``session/update`` per turn): big reads, orjson, and a few dict lookups per
+notification.
 """
 
 from __future__ import annotations
@@ -164,9 +165,13 @@ class JsonRpcConnection:
     ) -> None:
         """Serve requests for ``method`` with ``handler`` (replacing any earlier one).
 
-        The handler gets the params and returns a JSON-able result. Raising a
+        The handler gets the params and returns an awaitable of a JSON-able result. Raising a
         :class:`~orchestrator.errors.JsonRpcError` answers that error; any other exception
-        answers -32603 and is logged with its traceback. Each request runs in a task of its own.
+        answers -32603 and is logged with its traceback. The handler is called in the read
+        loop as the request arrives, in wire order with the messages around it, and what it
+        returns is awaited in a task of its own: an ``async def`` handler runs wholly in that
+        task, while a plain function returning an awaitable can first note, without waiting,
+        what the request arrived into.
 
         ``nowait`` is tried first, in the read loop itself, and answers at once: no task, no
         scheduler pass. It must not block; it raises :class:`trio.WouldBlock` to leave the
@@ -468,8 +473,7 @@ class JsonRpcConnection:
             nowait = self._nowait_handlers.get(msg.method)
             if nowait is not None and self._serve_nowait(msg.id, msg.method, msg.params, nowait):
                 return
-            assert self._nursery is not None
-            self._nursery.start_soon(self._run_inbound, msg.id, msg.method, msg.params)
+            self._start_inbound(msg.id, msg.method, msg.params)
         elif isinstance(msg, Response | ErrorResponse):
             self._responses_received += 1
             self._deliver_response(msg)
@@ -534,8 +538,14 @@ class JsonRpcConnection:
         if scope is not None:
             scope.cancel()
 
-    async def _run_inbound(self, request_id: RequestId, method: str, params: Any) -> None:
-        """Serve one request of the peer and send its answer."""
+    def _start_inbound(self, request_id: RequestId, method: str, params: Any) -> None:
+        """Take one request of the peer as it is read: call its handler, await it in a task.
+
+        The handler is called (and its cancel scope registered) here in the read loop, so it
+        sees the connection as the wire had it when the request arrived, and a
+        ``$/cancel_request`` read right behind the request finds it.
+        """
+        assert self._nursery is not None
         scope = trio.CancelScope()
         if request_id in self._inbound:
             # A duplicate id from the peer: served, but $/cancel_request reaches the first.
@@ -544,13 +554,24 @@ class JsonRpcConnection:
             self._inbound[request_id] = scope
         self._running_inbound += 1
         try:
+            handler = self._request_handlers.get(method)
+            if handler is not None:
+                pending = handler(params)
+            else:
+                pending = (self._fallback_request or _method_not_found)(method, params)
+        except Exception as exc:
+            self._inbound_done(request_id, scope)
+            self._answer_nowait(self._failure_answer(request_id, method, exc))
+            return
+        self._nursery.start_soon(self._run_inbound, request_id, method, scope, pending)
+
+    async def _run_inbound(
+        self, request_id: RequestId, method: str, scope: trio.CancelScope, pending: Awaitable[Any]
+    ) -> None:
+        """Await one request's handler and send its answer."""
+        try:
             with scope:
-                handler = self._request_handlers.get(method)
-                if handler is not None:
-                    result = await handler(params)
-                else:
-                    fallback = self._fallback_request or _method_not_found
-                    result = await fallback(method, params)
+                result = await pending
             if scope.cancelled_caught:
                 answer = _encode_error(request_id, RequestCancelled())
             else:
@@ -558,10 +579,13 @@ class JsonRpcConnection:
         except Exception as exc:
             answer = self._failure_answer(request_id, method, exc)
         finally:
-            self._running_inbound -= 1
-            if self._inbound.get(request_id) is scope:
-                del self._inbound[request_id]
+            self._inbound_done(request_id, scope)
         await self._send_quietly(answer)
+
+    def _inbound_done(self, request_id: RequestId, scope: trio.CancelScope) -> None:
+        self._running_inbound -= 1
+        if self._inbound.get(request_id) is scope:
+            del self._inbound[request_id]
 
     def _serve_nowait(
         self, request_id: RequestId, method: str, params: Any, nowait: NowaitRequestHandler

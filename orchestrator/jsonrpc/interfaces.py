@@ -30,7 +30,8 @@ CANCEL_REQUEST_METHOD = "$/cancel_request"
 """The notification either side sends to cancel one of its requests: ``{"requestId": id}``."""
 
 RequestHandler: TypeAlias = Callable[[Any], Awaitable[Any]]
-"""Serves one request method: params -> JSON-able result (raise a JsonRpcError to refuse)."""
+"""Serves one request method: params -> awaitable JSON-able result (raise a JsonRpcError to
+refuse). Called in the read loop as the request arrives; the awaitable runs in a task."""
 NowaitRequestHandler: TypeAlias = Callable[[Any], Any]
 """Serves a request at once, in the read loop: params -> JSON-able result. It raises
 :class:`trio.WouldBlock` (before doing anything) when the request needs waiting for; the
