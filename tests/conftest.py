@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from schema_check import FrameValidator
 
-import orchestrator.agent.client as client_module
+import orchestrator.agent.launch as client_module
 from orchestrator.jsonrpc.connection import JsonRpcConnection
 
 #: every validator created during the session, for the summary line

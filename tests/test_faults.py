@@ -17,7 +17,7 @@ from conftest import pid_gone
 from run_helpers import timeline
 from structlog.testing import capture_logs
 
-import orchestrator.agent.client as client_module
+import orchestrator.agent.launch as client_module
 from orchestrator.agent.client import (
     AgentConnection,
     ClientOptions,

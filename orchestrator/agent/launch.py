@@ -1,0 +1,142 @@
+"""Starting an agent: a process (or any stream) and its initialized connection.
+
+:func:`open_agent` starts an agent process and completes ``initialize``;
+:func:`open_agent_on_stream` does the same over any :class:`trio.abc.Stream` (tests, or an agent
+reached another way). Leaving the block stops the agent (the shutdown ladder for a process).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import structlog
+import trio
+
+from .._util import single_error
+from ..errors import (
+    AgentExited,
+    AgentStartError,
+)
+from ..jsonrpc.connection import JsonRpcConnection
+from .connection import AgentConnection
+from .process import open_agent_process
+from .services import (
+    ClientServices,
+)
+from .session import ClientOptions
+from .transcript import TranscriptWriter
+
+__all__ = ["open_agent", "open_agent_on_stream"]
+
+log = structlog.get_logger(__name__)
+
+
+@asynccontextmanager
+async def open_agent_on_stream(
+    stream: trio.abc.Stream,
+    *,
+    name: str = "agent",
+    services: ClientServices | None = None,
+    options: ClientOptions | None = None,
+    transcript: TranscriptWriter | None = None,
+    extensions: Mapping[str, Callable[[Any], Any]] | None = None,
+    close_error: Callable[[str], Any] | None = None,
+    max_message_size: int = 64 * 2**20,
+) -> AsyncIterator[AgentConnection]:
+    """An initialized connection to an agent reached over ``stream``."""
+    options = options or ClientOptions()
+    rpc = JsonRpcConnection(
+        stream,
+        name=name,
+        max_message_size=max_message_size,
+        frame_observer=transcript,
+        close_error=close_error,
+    )
+    conn = AgentConnection(name, rpc, options, services or ClientServices())
+    conn.install_handlers(extensions)
+    # The read loop (and the agent's requests it serves) is shielded until the block is left:
+    # a turn whose caller is cancelled (Ctrl-C) must still hear the agent end it.
+    serving = trio.CancelScope(shield=True)
+
+    async def serve(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        with serving:
+            await rpc.serve(task_status=task_status)
+
+    try:
+        with single_error():
+            async with trio.open_nursery() as nursery:
+                await nursery.start(serve)
+                try:
+                    try:
+                        with trio.fail_after(options.init_timeout):
+                            await conn.initialize()
+                    except trio.TooSlowError:
+                        raise AgentStartError(
+                            f"no answer to initialize within {options.init_timeout:g}s",
+                            agent=name,
+                        ) from None
+                    yield conn
+                finally:
+                    serving.cancel()
+                    nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            for session in list(conn.sessions.values()):
+                await session.release()
+            await rpc.aclose()
+
+
+@asynccontextmanager
+async def open_agent(
+    command: Sequence[str] | str,
+    *,
+    name: str | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    services: ClientServices | None = None,
+    options: ClientOptions | None = None,
+    transcript: TranscriptWriter | None = None,
+    extensions: Mapping[str, Callable[[Any], Any]] | None = None,
+    term_grace: float = 2.0,
+    max_message_size: int = 64 * 2**20,
+) -> AsyncIterator[AgentConnection]:
+    """Start an agent process and yield its initialized connection.
+
+    On exit, normal or not, the agent gets the shutdown ladder (stdin closed, SIGTERM, SIGKILL
+    to its process group), so no process outlives the block.
+    """
+    label = name or _label(command)
+    async with open_agent_process(
+        command, name=label, env=env, cwd=cwd, stdin_close_grace=term_grace, term_grace=term_grace
+    ) as proc:
+        initialized = False
+        try:
+            async with open_agent_on_stream(
+                proc.stream,
+                name=label,
+                services=services,
+                options=options,
+                transcript=transcript,
+                extensions=extensions,
+                close_error=proc.exit_error,
+                max_message_size=max_message_size,
+            ) as conn:
+                initialized = True
+                conn.pid = proc.pid
+                conn.process = proc
+                yield conn
+        except AgentExited as e:
+            if initialized:
+                raise
+            raise AgentStartError(f"exited before completing initialize: {e}", agent=label) from e
+        finally:
+            if transcript is not None:
+                transcript.close()
+
+
+def _label(command: Sequence[str] | str) -> str:
+    first = command.split()[0] if isinstance(command, str) else command[0]
+    return os.path.basename(first) or "agent"
