@@ -121,3 +121,19 @@ async def run_cli(*args: str, cwd: Path, state: Path) -> subprocess.CompletedPro
 def as_json(done: subprocess.CompletedProcess[bytes]) -> Any:
     """The command's standard output, parsed as JSON."""
     return json.loads(done.stdout)
+
+
+def write_agent(path: Path, *turns: Turn) -> Path:
+    """A script file for one scripted agent playing ``turns``; its record goes beside it."""
+    record = path.with_suffix(".jsonl")
+    script = AgentScript(name=path.stem, turns=turns, record_path=str(record))
+    path.write_bytes(orjson.dumps(script.to_json()))
+    return path
+
+
+def configure(project: Path, **agents: Path) -> None:
+    """Name scripted agents (by their script files) in the project's ``.orchestrator.toml``."""
+    lines: list[str] = []
+    for name, script in agents.items():
+        lines += [f"[agents.{name}]", f"command = {json.dumps(agent_command(script))}", ""]
+    (project / ".orchestrator.toml").write_text("\n".join(lines))

@@ -7,21 +7,29 @@ was written.
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import signal
 from pathlib import Path
 
 import jsonschema
-import orjson
 import pytest
 import trio
-from run_helpers import CLI, CLI_LIMIT, agent_command, as_json, prompts, run_cli, snapshot
+from run_helpers import (
+    CLI,
+    CLI_LIMIT,
+    agent_command,
+    as_json,
+    configure,
+    prompts,
+    run_cli,
+    snapshot,
+    write_agent,
+)
 
 from orchestrator.cli.output import output_schema
 from orchestrator.report import render_report
-from orchestrator.testing import AgentScript, Crash, Say, Stall, Turn, WriteFile
+from orchestrator.testing import Crash, Say, Stall, Turn, WriteFile
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_WORKSPACE_CHANGED = 0, 1, 2, 3
 
@@ -29,13 +37,6 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not CLI.is_file(), reason=f"console script {CLI} not installed"),
 ]
-
-
-def write_agent(path: Path, *turns: Turn) -> Path:
-    """A script file for one scripted agent, its record beside it."""
-    script = AgentScript(name=path.stem, turns=turns, record_path=str(path.with_suffix(".jsonl")))
-    path.write_bytes(orjson.dumps(script.to_json()))
-    return path
 
 
 @pytest.fixture
@@ -122,14 +123,6 @@ def write(task: str) -> str:
 def check(write: object) -> str:
     return "check"
 """
-
-
-def configure(project: Path, **agents: Path) -> None:
-    """Name scripted agents in the project's ``.orchestrator.toml``."""
-    lines: list[str] = []
-    for name, script in agents.items():
-        lines += [f"[agents.{name}]", f"command = {json.dumps(agent_command(script))}", ""]
-    (project / ".orchestrator.toml").write_text("\n".join(lines))
 
 
 async def test_a_refused_resume_reads_like_every_error_object(

@@ -16,10 +16,19 @@ import sqlite3
 import termios
 from pathlib import Path
 
-import orjson
 import pytest
 import trio
-from run_helpers import CLI, CLI_LIMIT, agent_command, as_json, prompts, run_cli, snapshot
+from run_helpers import (
+    CLI,
+    CLI_LIMIT,
+    agent_command,
+    as_json,
+    configure,
+    prompts,
+    run_cli,
+    snapshot,
+    write_agent,
+)
 
 from orchestrator.agents import AgentSpec
 from orchestrator.config import Config
@@ -27,7 +36,6 @@ from orchestrator.policy import Policy, PolicySet, Rule
 from orchestrator.runs.settings import RunSettings, restore_settings
 from orchestrator.store import STORE_FILENAME
 from orchestrator.testing import (
-    AgentScript,
     AskPermission,
     Crash,
     Location,
@@ -59,14 +67,6 @@ def editing_turn(path: str = "README.md") -> Turn:
     )
 
 
-def write_agent(path: Path, *turns: Turn) -> Path:
-    """A script file for one scripted agent, its record beside it."""
-    record = path.with_suffix(".jsonl")
-    script = AgentScript(name=path.stem, turns=turns, record_path=str(record))
-    path.write_bytes(orjson.dumps(script.to_json()))
-    return path
-
-
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     """A workspace holding README.md."""
@@ -74,14 +74,6 @@ def project(tmp_path: Path) -> Path:
     root.mkdir()
     (root / "README.md").write_text("# project\n")
     return root
-
-
-def configure(project: Path, **agents: Path) -> None:
-    """Name scripted agents in the project's ``.orchestrator.toml``."""
-    lines: list[str] = []
-    for name, script in agents.items():
-        lines += [f"[agents.{name}]", f"command = {json.dumps(agent_command(script))}", ""]
-    (project / ".orchestrator.toml").write_text("\n".join(lines))
 
 
 async def test_prompt_resolves_agents_from_the_project_config(

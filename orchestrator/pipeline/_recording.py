@@ -62,18 +62,7 @@ class Recorder:
 
     def skipped(self, step: str, cause: str, finished: float) -> None:
         """``step`` was skipped, because of ``cause``."""
-        self.put_step(
-            StepRecord(
-                run_id=self.run_id,
-                key=step,
-                step=step,
-                instance=None,
-                agent=None,
-                status="skipped",
-                cause=cause,
-                finished=finished,
-            )
-        )
+        self._own_record(step, "skipped", cause=cause, finished=finished)
         self.emit(RunEvent("step_skipped", self.run_id, step, data={"cause": cause}))
 
     def conflicts(self, step: str, conflicts: list[dict[str, Any]]) -> None:
@@ -99,19 +88,8 @@ class Recorder:
         traceback: str | None = None,
     ) -> None:
         """``step`` failed as a whole (before any instance ran), with ``error``."""
-        self.put_step(
-            StepRecord(
-                run_id=self.run_id,
-                key=step,
-                step=step,
-                instance=None,
-                agent=None,
-                status="failed",
-                error=error,
-                started=started,
-                finished=finished,
-                traceback=traceback,
-            )
+        self._own_record(
+            step, "failed", error=error, started=started, finished=finished, traceback=traceback
         )
         self.emit(RunEvent("step_failed", self.run_id, step, data={"error": error}))
 
@@ -120,6 +98,10 @@ class Recorder:
 
         Its own record is all the store has of it (there is no instance to derive it from).
         """
+        self._own_record(step, "succeeded", started=started, finished=finished)
+
+    def _own_record(self, step: str, status: StepStatus, **fields: Any) -> None:
+        """The record of ``step`` itself (not of an instance of it)."""
         self.put_step(
             StepRecord(
                 run_id=self.run_id,
@@ -127,9 +109,8 @@ class Recorder:
                 step=step,
                 instance=None,
                 agent=None,
-                status="succeeded",
-                started=started,
-                finished=finished,
+                status=status,
+                **fields,
             )
         )
         self.emit(
