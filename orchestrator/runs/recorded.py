@@ -27,10 +27,12 @@ async def diff_run(
         record = await store.get_run(run_id)
         steps = await store.steps(record.run_id)
         if step is None:
+            # the final changes; before a run has them, what its instances did so far (an
+            # interrupted one's changes as far as it got)
             keys = (
                 [FINAL]
                 if FINAL in await store.change_keys(record.run_id)
-                else [s.key for s in steps if s.status == "succeeded"]
+                else [s.key for s in steps if s.status in ("succeeded", "interrupted")]
             )
         else:
             keys = [s.key for s in steps if s.key == step or s.step == step]
