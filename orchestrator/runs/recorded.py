@@ -112,6 +112,9 @@ async def get_run_json(
                 entry["status"] = "interrupted"
             elif all(x == "succeeded" for x in statuses):
                 entry["status"] = "succeeded"
+        elif entry["status"] == "pending" and record.status == "interrupted":
+            # never started: the run was interrupted before it got there (a resume runs it)
+            entry["status"] = "interrupted"
     if FINAL in await store.change_keys(record.run_id):
         final_diff = await store.diff(record.run_id, FINAL)
         final_changes = [
