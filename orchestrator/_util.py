@@ -12,10 +12,21 @@ __all__ = ["end_grace_periods", "grace_period", "grace_periods_ended", "single_e
 
 
 def _only(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
+    if group.split(trio.Cancelled)[1] is None:
+        # every task ended with Cancelled (a scope around the nursery was cancelled): that is
+        # one cancellation, which ``except trio.Cancelled`` above must see as such
+        return _first_leaf(group)
     exc: BaseException = group
     while isinstance(exc, BaseExceptionGroup):
         if len(exc.exceptions) != 1:
             return None
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
         exc = exc.exceptions[0]
     return exc
 
@@ -25,7 +36,8 @@ def single_error() -> Iterator[None]:
     """Let a nursery's lone exception out as itself rather than inside an exception group.
 
     Users of a context manager should see ``AgentExited``, not ``ExceptionGroup[AgentExited]``;
-    groups of several exceptions are left as they are.
+    a group of nothing but ``trio.Cancelled`` comes out as one ``Cancelled``; other groups of
+    several exceptions are left as they are.
     """
     try:
         yield

@@ -34,7 +34,18 @@ from run_helpers import (
 )
 
 from orchestrator.store import open_run_store
-from orchestrator.testing import Say, Stall, Turn, WriteDisk, WriteFile
+from orchestrator.testing import (
+    AskPermission,
+    PermissionToolCall,
+    Say,
+    Stall,
+    Terminal,
+    ToolCall,
+    ToolUpdate,
+    Turn,
+    WriteDisk,
+    WriteFile,
+)
 
 NAMES = ("a", "b", "c")
 EXIT_OK, EXIT_INTERRUPTED = 0, 130
@@ -59,6 +70,30 @@ def stalling_turn(name: str) -> Turn:
 def answering_turn(name: str) -> Turn:
     """A turn that writes ``NAME.txt`` through the client and ends."""
     return Turn(steps=(WriteFile(path=f"{name}.txt", content=f"from {name}\n"), Say(text="done")))
+
+
+def blocked_turn(name: str) -> Turn:
+    """A turn that says something, edits README.md on disk, then runs ``sleep 60`` in a
+    terminal (allowed by the ``trusted`` policy) and never ends, even when cancelled."""
+    return Turn(
+        steps=(
+            Say(text=f"partial from {name}"),
+            ToolCall(id="edit-1", title="Edit README.md", kind="edit", status="in_progress"),
+            WriteDisk(path="README.md", content=f"# edited by {name}\n"),
+            ToolUpdate(id="edit-1", status="completed"),
+            # announced before the terminal starts, so the client has it when the test sees
+            # the terminal running
+            ToolCall(id="run-1", title="sleep 60", kind="execute", status="in_progress"),
+            AskPermission(
+                tool_call=PermissionToolCall(
+                    id="run-1", title="sleep 60", kind="execute", raw_input={"command": "sleep 60"}
+                )
+            ),
+            Terminal(command="sleep", args=("60",)),
+            Stall(),
+        ),
+        ignore_cancel=True,
+    )
 
 
 def descendants(pid: int) -> set[int]:
@@ -92,6 +127,16 @@ def recorded(event: str) -> Callable[[Path], bool]:
 def prompted(script: Path) -> bool:
     """Whether the agent of ``script`` got its prompt."""
     return prompts(script) > 0
+
+
+def in_terminal(script: Path) -> bool:
+    """Whether the agent of ``script`` has a command running (the client created its terminal)."""
+    for e in events(script):
+        message = e.get("message") if e["event"] == "recv" else None
+        result = message.get("result") if isinstance(message, dict) else None
+        if isinstance(result, dict) and "terminalId" in result:
+            return True
+    return False
 
 
 async def interrupt(
@@ -178,13 +223,16 @@ def answer_now(scripts: list[Path]) -> None:
 # --------------------------------------------------------------------------- run PIPELINE
 
 
-def fan_out(path: Path, commands: Mapping[str, Sequence[str]]) -> Path:
-    """Write a pipeline fanning out over the agents (NAME=COMMAND), then a Python step."""
+def fan_out(path: Path, commands: Mapping[str, Sequence[str]], options: str = "") -> Path:
+    """Write a pipeline fanning out over the agents (NAME=COMMAND), then a Python step.
+
+    ``options`` are more arguments of the agent step's ``@step`` (``", budget=1000"``).
+    """
     agents = [f"{name}={shlex.join(command)}" for name, command in commands.items()]
     path.write_text(
         "from orchestrator import step\n\n"
         f"AGENTS = {agents!r}\n\n\n"
-        "@step(agent=AGENTS)\n"
+        f"@step(agent=AGENTS{options})\n"
         "def work(task: str) -> str:\n"
         "    return f'work on {task}'\n\n\n"
         "@step()\n"
@@ -230,7 +278,11 @@ async def test_sigint_interrupts_a_pipeline_then_resume_completes_it(
     assert {k: i["status"] for k, i in work["instances"].items()} == dict.fromkeys(
         NAMES, "interrupted"
     )
-    assert shown["steps"]["after"]["status"] in ("pending", "interrupted")
+    # never started: the run was interrupted before it got there
+    assert (shown["steps"]["after"]["status"], shown["steps"]["after"]["instances"]) == (
+        "interrupted",
+        {},
+    )
 
     answer_now(scripts)
     resumed = await run_cli(
@@ -336,6 +388,16 @@ async def test_sigint_records_what_each_interrupted_turn_did(
         assert instance["changes"] == [{"path": f"partial-{name}.txt", "change": "added"}]
         assert instance["sessionId"] == "sess-1"
     assert snapshot(project) == before
+    # before any final changes, the run's diff is what its instances did so far
+    diff = (await run_cli("diff", run_id, cwd=tmp_path, state=state_dir)).stdout.decode()
+    assert [f"+++ b/partial-{name}.txt" in diff for name in NAMES] == [True] * len(NAMES)
+    # the whole run is refused, naming the instances to apply instead; one of them applies
+    whole = await run_cli("apply", run_id, cwd=tmp_path, state=state_dir)
+    assert whole.returncode == 2
+    assert "work[a] interrupted" in whole.stderr.decode()
+    one = await run_cli("apply", run_id, "--step", "work[a]", cwd=tmp_path, state=state_dir)
+    assert one.returncode == EXIT_OK, one.stderr.decode()
+    assert snapshot(project) == {**before, "partial-a.txt": b"half done\n"}
 
 
 async def test_sigint_stops_an_agent_ignoring_session_cancel_after_the_grace(
@@ -365,6 +427,29 @@ async def test_sigint_stops_an_agent_ignoring_session_cancel_after_the_grace(
     shown = as_json(await run_cli("show", run_id, "--json", cwd=tmp_path, state=state_dir))
     [instance] = shown["steps"]["work"]["instances"].values()
     assert (instance["status"], instance["stopReason"]) == ("interrupted", None)
+    assert instance["changes"] == [{"path": "partial-a.txt", "change": "added"}]
+
+
+async def test_sigint_keeps_the_turn_of_a_step_with_a_token_budget(
+    tmp_path: Path, project: Path, state_dir: Path
+) -> None:
+    """A step with a token budget: its interrupted turn is kept as any other step's."""
+    script = write_script(tmp_path / "a.json", cancellable_turn("a"))
+    pipeline = fan_out(tmp_path / "budget.py", {"a": agent_command(script)}, ", budget=1000")
+    code, _, _, stderr = await interrupt(
+        run_argv(pipeline, project),
+        cwd=tmp_path,
+        state=state_dir,
+        scripts=[script],
+        out=tmp_path,
+        ready=recorded("disk_write"),
+    )
+    assert code == EXIT_INTERRUPTED, stderr
+    [run_id] = await run_ids(state_dir)
+    shown = as_json(await run_cli("show", run_id, "--json", cwd=tmp_path, state=state_dir))
+    [instance] = shown["steps"]["work"]["instances"].values()
+    assert (instance["status"], instance["stopReason"]) == ("interrupted", "cancelled")
+    assert instance["text"] == "partial from a"
     assert instance["changes"] == [{"path": "partial-a.txt", "change": "added"}]
 
 
@@ -406,15 +491,25 @@ def configured(project: Path, scripts: list[Path]) -> Path:
 
 
 async def interrupt_compare(
-    tmp_path: Path, project: Path, scripts: list[Path], state: Path
+    tmp_path: Path,
+    project: Path,
+    scripts: list[Path],
+    state: Path,
+    *,
+    ready: Callable[[Path], bool] = prompted,
 ) -> tuple[str, dict[str, bytes]]:
     """Interrupt a comparison of the configured agents a, b, c; check it; its id and workspace."""
     before = snapshot(project)
-    argv = ["compare", "--cwd", str(project), "--no-progress"]
+    argv = ["compare", "--cwd", str(project), "--no-progress", "--policy", "trusted"]
     for name in NAMES:
         argv += ["--agent", name]
     code, pids, _, stderr = await interrupt(
-        [*argv, "write your name"], cwd=tmp_path, state=state, scripts=scripts, out=tmp_path
+        [*argv, "write your name"],
+        cwd=tmp_path,
+        state=state,
+        scripts=scripts,
+        out=tmp_path,
+        ready=ready,
     )
     assert code == EXIT_INTERRUPTED, stderr
     assert "Traceback" not in stderr
@@ -437,6 +532,30 @@ async def test_sigint_interrupts_a_compare(
 ) -> None:
     """SIGINT during compare: 130, no agent left, all agents interrupted, workspace untouched."""
     await interrupt_compare(tmp_path, configured, scripts, state_dir)
+
+
+async def test_sigint_keeps_each_compared_agents_turn_to_apply_one(
+    tmp_path: Path, configured: Path, scripts: list[Path], state_dir: Path
+) -> None:
+    """Agents ignoring session/cancel in terminal commands: each keeps its turn; one applies."""
+    for name, script in zip(NAMES, scripts, strict=True):
+        write_script(script, blocked_turn(name))
+    run_id, before = await interrupt_compare(
+        tmp_path, configured, scripts, state_dir, ready=in_terminal
+    )
+    shown = as_json(await run_cli("show", run_id, "--json", cwd=tmp_path, state=state_dir))
+    for name, agent in zip(NAMES, shown["agents"], strict=True):
+        assert (agent["stopReason"], agent["text"]) == (None, f"partial from {name}")
+        assert [c["toolCallId"] for c in agent["toolCalls"]] == ["edit-1", "run-1"]
+        assert [p["verdict"] for p in agent["permissions"]] == ["allow"]
+        assert agent["changes"] == [{"path": "README.md", "change": "modified"}]
+    diff = await run_cli("diff", run_id, cwd=tmp_path, state=state_dir)
+    assert [f"+# edited by {n}" in diff.stdout.decode() for n in NAMES] == [True] * len(NAMES)
+    applied = await run_cli(
+        "apply", run_id, "--step", "compare[b]", "--json", cwd=tmp_path, state=state_dir
+    )
+    assert applied.returncode == EXIT_OK, applied.stderr.decode()
+    assert snapshot(configured) == {**before, "README.md": b"# edited by b\n"}
 
 
 async def test_resume_completes_an_interrupted_compare(
@@ -486,3 +605,49 @@ async def test_sigint_interrupts_a_prompt_and_it_is_recorded(
     resumed = await run_cli("resume", run_id, "--json", cwd=tmp_path, state=state_dir)
     assert resumed.returncode == EXIT_OK, resumed.stderr.decode()
     assert as_json(resumed)["status"] == "succeeded"
+
+
+async def test_sigint_keeps_a_prompt_turn_the_agent_never_ended(
+    tmp_path: Path, project: Path, state_dir: Path
+) -> None:
+    """An agent ignoring session/cancel in a terminal command: its turn is kept, to apply."""
+    before = snapshot(project)
+    script = write_script(tmp_path / "a.json", blocked_turn("a"))
+    argv = ["prompt", "--json", "--policy", "trusted", "--cwd", str(project)]
+    argv += ["--agent", f"a={shlex.join(agent_command(script))}", "go"]
+    code, _, out, err = await interrupt(
+        argv, cwd=tmp_path, state=state_dir, scripts=[script], out=tmp_path, ready=in_terminal
+    )
+    assert code == EXIT_INTERRUPTED, err
+    assert "Traceback" not in err
+    assert "turn_end" not in timeline(script.with_suffix(".jsonl"))  # it never ended the turn
+    run_id = json.loads(out)["runId"]
+    shown = as_json(await run_cli("show", run_id, "--json", cwd=tmp_path, state=state_dir))
+    assert (shown["status"], shown["steps"]["prompt"]["status"]) == ("interrupted", "interrupted")
+    instance = shown["steps"]["prompt"]["instances"]["prompt"]
+    assert (instance["status"], instance["stopReason"]) == ("interrupted", None)
+    assert instance["text"] == "partial from a"
+    assert [c["toolCallId"] for c in instance["toolCalls"]] == ["edit-1", "run-1"]
+    assert [(p["toolCallId"], p["verdict"]) for p in instance["permissions"]] == [
+        ("run-1", "allow")
+    ]
+    assert instance["changes"] == [{"path": "README.md", "change": "modified"}]
+    assert "+# edited by a" in instance["diff"]
+    # the run never had final changes: its diff is the interrupted instance's
+    for diff_argv in (["diff", run_id], ["diff", run_id, "--step", "prompt"]):
+        shown_diff = await run_cli(*diff_argv, cwd=tmp_path, state=state_dir)
+        assert shown_diff.returncode == EXIT_OK, shown_diff.stderr.decode()
+        assert shown_diff.stdout.decode() == instance["diff"]
+    assert snapshot(project) == before
+    # the whole run is refused (it never had final changes); its one step, asked by name, is
+    # applied as far as it got
+    whole = await run_cli("apply", run_id, cwd=tmp_path, state=state_dir)
+    assert whole.returncode == 2
+    assert "prompt interrupted" in whole.stderr.decode()
+    assert snapshot(project) == before
+    applied = await run_cli(
+        "apply", run_id, "--step", "prompt", "--json", cwd=tmp_path, state=state_dir
+    )
+    assert applied.returncode == EXIT_OK, applied.stderr.decode()
+    assert as_json(applied)["written"] == ["README.md"]
+    assert snapshot(project) == {**before, "README.md": b"# edited by a\n"}

@@ -11,8 +11,10 @@ from typing import Any
 import trio
 from attrs import define, field
 
+from .._util import single_error
 from ..agent.branch_services import BranchServices, open_branch_services
 from ..agent.client import AcpSession
+from ..agent.content import PromptInput
 from ..agent.permissions import Escalate
 from ..agent.services import ClientServices
 from ..agent.turn import TurnResult
@@ -24,7 +26,7 @@ from ..vfs import Workdir
 from ._branchio import BranchDirs
 from ._calls import jsonable, prompt_input, run_verify, update_event
 from ._recording import Recorder
-from ._state import AgentPool
+from ._state import AgentPool, LeaseLike
 from .branches import change_kinds
 from .results import RunEvent, StepResult, StepStatus, VerifyResult, agent_failure
 from .spec import Pipeline, Step
@@ -58,6 +60,32 @@ def label_run_agents(
                 )
             seen[label] = text
     return agents
+
+
+async def _within_budget(
+    lease: LeaseLike,
+    exceeded: trio.Event,
+    prompt: PromptInput,
+    *,
+    timeout: float | None,
+    idle_timeout: float | None,
+    on_update: Callable[[t.SessionUpdate], None],
+) -> TurnResult:
+    """One turn of ``lease``'s session, cancelled the ACP way once ``exceeded`` is set."""
+    # Ctrl-C cancels both tasks: the caller's ``except trio.Cancelled`` must see one Cancelled
+    with single_error():
+        async with trio.open_nursery() as nursery:
+
+            async def cancel_on_budget() -> None:
+                await exceeded.wait()
+                await lease.session.cancel()
+
+            nursery.start_soon(cancel_on_budget)
+            turn = await lease.prompt(
+                prompt, timeout=timeout, idle_timeout=idle_timeout, on_update=on_update
+            )
+            nursery.cancel_scope.cancel()
+    return turn
 
 
 @define(eq=False)
@@ -197,24 +225,19 @@ class AgentTurns:
                             on_update=on_update if wants_updates else None,
                         )
                     else:
-                        async with trio.open_nursery() as nursery:
-
-                            async def cancel_on_budget() -> None:
-                                await exceeded.wait()
-                                await session.cancel()
-
-                            nursery.start_soon(cancel_on_budget)
-                            turn = await lease.prompt(
-                                prompt_input(prompt),
-                                timeout=timeout,
-                                idle_timeout=step.idle_timeout,
-                                on_update=on_update,
-                            )
-                            nursery.cancel_scope.cancel()
+                        turn = await _within_budget(
+                            lease,
+                            exceeded,
+                            prompt_input(prompt),
+                            timeout=timeout,
+                            idle_timeout=step.idle_timeout,
+                            on_update=on_update,
+                        )
                 except trio.Cancelled:
+                    # what the turn did, whether the agent ended it after session/cancel or
+                    # not (stop reason None); None if the prompt was never sent
                     cut_short = session.last_result
                     if cut_short is not None:
-                        # the session ended the turn the ACP way: keep what it did
                         with trio.CancelScope(shield=True):
                             await self.dirs.harvest(workdir)
                         self._permission_events(step, key, agent, cut_short)

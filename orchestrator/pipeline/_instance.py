@@ -99,12 +99,6 @@ class InstanceExecutor:
         )
         try:
             output = await self._attempt(state, branch, args, name, key, agent, item, attempt)
-        except trio.Cancelled:
-            cut_short = self.turns.take_interrupted(name)
-            if cut_short is not None:  # an agent's turn, ended and harvested: keep what it did
-                diffs = self.dirs.take_diffs(branch)
-                recorder.finish(name, step, key, agent, cut_short, branch, attempt, started, diffs)
-            raise
         except Exception as e:
             error = describe(e)
             if attempt <= step.retries:
@@ -136,6 +130,14 @@ class InstanceExecutor:
                 RunEvent("step_failed", self.run_id, step.name, key, agent, {"error": error})
             )
             return False
+        except BaseException:
+            # Cancelled (Ctrl-C), alone or in a group with the clean-up's own: a turn it cut
+            # short was harvested, keep what it did
+            cut_short = self.turns.take_interrupted(name)
+            if cut_short is not None:
+                diffs = self.dirs.take_diffs(branch)
+                recorder.finish(name, step, key, agent, cut_short, branch, attempt, started, diffs)
+            raise
         state.last[key] = output
         if isinstance(output, StepResult) and not output.ok:
             state.failures[key] = output.error or "failed"

@@ -136,8 +136,14 @@ def _unfinished(steps: Sequence[StepRecord]) -> str:
 async def _select(store: RunStore, record: RunRecord, step: str | None) -> tuple[str, ...]:
     """The change-set keys that ``step`` names in the run (None: the run's final changes)."""
     run_id = record.run_id
-    if record.kind == "prompt" and step in (None, "prompt"):
-        step = None  # a prompt's one step is the whole run
+    # a prompt's one step is the whole run, once it has final changes; named, the step of a
+    # prompt that never got them (interrupted, failed) is its instance, as far as it got
+    if (
+        record.kind == "prompt"
+        and step in (None, "prompt")
+        and (step is None or FINAL in await store.change_keys(run_id))
+    ):
+        step = None
     steps = await store.steps(run_id)
     if record.kind == "compare" and step in (None, "compare"):
         # the agents' branches are alternatives, never merged
@@ -152,11 +158,11 @@ async def _select(store: RunStore, record: RunRecord, step: str | None) -> tuple
     if members:  # a fanned-out step: its instances merged
         unfinished = [s for s in members if s.status != "succeeded"]
         if unfinished:
-            finished = [s.key for s in members if s.status == "succeeded"]
+            offered = await _with_changes(store, run_id, members)
             raise UsageError(
                 f"step {step} of run {run_id} did not finish in every instance "
-                f"({_unfinished(unfinished)}); apply finished ones one at a time "
-                f"({', '.join(finished) or 'none'})"
+                f"({_unfinished(unfinished)}); apply its instances one at a time "
+                f"({offered or 'none'})"
             )
         return tuple(s.key for s in members)
     exact = [s for s in steps if s.key == step]
@@ -197,10 +203,21 @@ async def _whole_run(
         )
     if FINAL in await store.change_keys(run_id) or record.status == "succeeded":
         return (FINAL,)
-    finished = [s.key for s in steps if s.status == "succeeded"]
+    offered = await _with_changes(store, run_id, steps)
     raise UsageError(
-        f"run {run_id} {record.status} before it had final changes: apply a finished step "
-        f"instead ({', '.join(finished) or 'none'})"
+        f"run {run_id} {record.status} before it had final changes: apply a step instance "
+        f"instead ({offered or 'none'})"
+    )
+
+
+async def _with_changes(store: RunStore, run_id: str, steps: Sequence[StepRecord]) -> str:
+    """The step instances among ``steps`` that one can apply: finished ones, and the changes
+    that others (interrupted, failed) recorded as far as they got, with their status."""
+    keys = set(await store.change_keys(run_id))
+    return ", ".join(
+        s.key if s.status == "succeeded" else f"{s.key} {s.status}"
+        for s in steps
+        if s.key != FINAL and (s.status == "succeeded" or s.key in keys)
     )
 
 

@@ -28,10 +28,12 @@ async def diff_run(
         record = await store.get_run(run_id)
         steps = await store.steps(record.run_id)
         if step is None:
+            # the final changes; before a run has them, what its instances did so far (an
+            # interrupted one's changes as far as it got)
             keys = (
                 [FINAL]
                 if FINAL in await store.change_keys(record.run_id)
-                else [s.key for s in steps if s.status == "succeeded"]
+                else [s.key for s in steps if s.status in ("succeeded", "interrupted")]
             )
         else:
             keys = [s.key for s in steps if s.key == step or s.step == step]
@@ -111,6 +113,9 @@ async def get_run_json(
                 entry["status"] = "interrupted"
             elif all(x == "succeeded" for x in statuses):
                 entry["status"] = "succeeded"
+        elif entry["status"] == "pending" and record.status == "interrupted":
+            # never started: the run was interrupted before it got there (a resume runs it)
+            entry["status"] = "interrupted"
     if FINAL in await store.change_keys(record.run_id):
         final_diff = await store.diff(record.run_id, FINAL)
         final_changes = [
