@@ -34,15 +34,15 @@ def validate_client_frames(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     def factory(stream: Any, **kwargs: Any) -> JsonRpcConnection:
         validator = FrameValidator()
         VALIDATORS.append(validator)
-        chained: Callable[[str, bytes], None] | None = kwargs.pop("frame_observer", None)
+        chained: Callable[[str, bytes, bool], None] | None = kwargs.pop("frame_observer", None)
 
-        def observe(direction: Any, frame: bytes) -> None:
+        def observe(direction: Any, frame: bytes, valid: bool) -> None:
             try:
                 validator.feed(direction, frame)
             except AssertionError as e:
                 violations.append(str(e))
             if chained is not None:
-                chained(direction, frame)
+                chained(direction, frame, valid)
 
         return original(stream, frame_observer=observe, **kwargs)
 

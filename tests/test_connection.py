@@ -598,7 +598,7 @@ async def test_oversized_message_is_dropped_and_survived(
     async def echo(params: Any) -> Any:
         return params
 
-    def observe(direction: Literal["send", "recv"], line: bytes) -> None:
+    def observe(direction: Literal["send", "recv"], line: bytes, valid: bool) -> None:
         frames.append((direction, line))
 
     async with connected(max_message_size=200, frame_observer=observe) as (conn, peer):
@@ -855,11 +855,13 @@ async def test_open_connection_closes_the_stream(autojump_clock: trio.testing.Mo
 
 
 async def test_frame_observer_sees_both_directions(autojump_clock: trio.testing.MockClock) -> None:
-    """The frame observer gets every line sent and received, malformed ones included."""
+    """The frame observer gets every line sent and received, malformed ones marked invalid."""
     frames: list[tuple[str, bytes]] = []
+    validity: list[bool] = []
 
-    def observe(direction: Literal["send", "recv"], line: bytes) -> None:
+    def observe(direction: Literal["send", "recv"], line: bytes, valid: bool) -> None:
         frames.append((direction, line))
+        validity.append(valid)
 
     async def echo(params: Any) -> Any:
         return params
@@ -880,6 +882,7 @@ async def test_frame_observer_sees_both_directions(autojump_clock: trio.testing.
         ("send", frames[-1][1]),
     ]
     assert b'"code":-32700' in frames[-1][1]
+    assert validity == [True, True, True, False, True]
 
 
 async def test_failing_frame_observer_does_not_break_the_connection(
@@ -887,7 +890,7 @@ async def test_failing_frame_observer_does_not_break_the_connection(
 ) -> None:
     """An exception from the frame observer is logged; traffic goes on."""
 
-    def observe(direction: Literal["send", "recv"], line: bytes) -> None:
+    def observe(direction: Literal["send", "recv"], line: bytes, valid: bool) -> None:
         raise RuntimeError("disk full")
 
     async def echo(params: Any) -> Any:

@@ -16,6 +16,7 @@ import sqlite3
 import termios
 from pathlib import Path
 
+import orjson
 import pytest
 import trio
 from run_helpers import (
@@ -293,3 +294,29 @@ async def test_ask_rules_reach_the_terminal_under_every_command(
     body = shown["agents"][0] if command == "compare" else shown["steps"]["edit"]["instances"]
     instance = body if command == "compare" else next(iter(body.values()))
     assert [p["verdict"] for p in instance["permissions"]] == ["allow"]
+
+
+async def test_a_prompt_keeps_its_wire_transcript_only_when_asked(
+    tmp_path: Path, project: Path, state_dir: Path
+) -> None:
+    """prompt records no wire transcript in the store unless --transcript asks for one."""
+    from orchestrator.store import open_run_store
+
+    quiet = await run_cli(
+        "prompt", "--agent", "demo", "--json", "hello", cwd=project, state=state_dir
+    )
+    asked_file = tmp_path / "wire.ndjson"
+    asked = await run_cli(
+        "prompt", "--agent", "demo", "--json", "--transcript", str(asked_file), "hello",
+        cwd=project, state=state_dir,
+    )  # fmt: skip
+    assert quiet.returncode == asked.returncode == EXIT_OK
+    async with open_run_store(state_dir) as store:
+        assert await store.transcript_sources(as_json(quiet)["runId"]) == []
+        kept = await store.transcript(as_json(asked)["runId"])
+    frames = [orjson.loads(line) for line in asked_file.read_bytes().splitlines()]
+    assert [f["msg"].get("method") for f in frames if f["dir"] == "send"][:2] == [
+        "initialize",
+        "session/new",
+    ]
+    assert len(kept) == len(frames)

@@ -534,6 +534,17 @@ async def test_transcript_round_trip(store: RunStore) -> None:
     assert await store.transcript("r1", "gemini#1") == []
 
 
+async def test_a_flood_transcript_is_stored_in_few_rows(store: RunStore) -> None:
+    """200,000 lines in one item become a few rows of whole lines; they read back in order."""
+    await store.create_run(run())
+    data = b"".join(b'{"n":%d}\n' % i for i in range(200_000))
+    await store.add_transcript("r1", "flood", [data])
+    [(count,)] = sql(store, "SELECT count(*) FROM transcripts")
+    assert 1 <= count <= 4
+    lines = await store.transcript("r1", "flood")
+    assert [line["n"] for line in lines] == list(range(200_000))
+
+
 async def test_transcript_bad_line_is_kept_raw(store: RunStore) -> None:
     """A stored line that is not a JSON object comes back as {"raw": text}."""
     await store.create_run(run())

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import sys
-from importlib import resources
 from typing import Any
 
 __all__ = ["SCHEMA_VERSION", "emit_json", "output_schema"]
@@ -29,6 +28,8 @@ def emit_json(obj: Any) -> None:
 
 def output_schema() -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of every ``--json`` object."""
+    from importlib import resources  # not at import: the commands that print JSON need none
+
     text = resources.files("orchestrator").joinpath("schemas/output.schema.json").read_text()
     schema: dict[str, Any] = json.loads(text)
     return schema

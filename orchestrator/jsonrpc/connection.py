@@ -81,6 +81,9 @@ __all__ = [
 
 log = structlog.get_logger(__name__)
 
+#: a received line not parsed yet (or not JSON)
+_UNPARSED: Any = object()
+
 _RECEIVE_SIZE = 256 * 1024
 # How long a cancelled request may wait for the send lock to tell the peer about it.
 _CANCEL_NOTICE_TIMEOUT = 5.0
@@ -318,7 +321,7 @@ class JsonRpcConnection:
         A frame that fits in the stream goes out without a cancel scope or a scheduler pass.
         """
         if self._frame_observer is not None:
-            self._observe("send", data[:-1])
+            self._observe("send", data[:-1], True)
         if self._send_nowait is None:
             return data
         sent = self._send_nowait(data)
@@ -331,12 +334,49 @@ class JsonRpcConnection:
         except ConnectionClosed:
             self._log.debug("answer dropped: connection closed")
 
-    def _observe(self, direction: Literal["send", "recv"], line: bytes) -> None:
+    def _observe(self, direction: Literal["send", "recv"], line: bytes, valid: bool) -> None:
         assert self._frame_observer is not None
         try:
-            self._frame_observer(direction, line)
+            self._frame_observer(direction, line, valid)
         except Exception:
             self._log.exception("frame observer failed")
+
+    def _observe_received(self, lines: list[bytes | OversizedLine]) -> list[Any]:
+        """Show the frame observer a batch of received lines; their parsed values.
+
+        An oversized line is shown as ``{"oversized": <size>}``; a line that is not JSON is
+        shown as not valid and comes back as ``_UNPARSED``. An observer with a
+        ``recv_batch(frames, valid)`` method gets the batch in one call.
+        """
+        observer = self._frame_observer
+        assert observer is not None
+        loads = orjson.loads
+        parsed: list[Any] = []
+        frames: list[bytes] = []
+        for line in lines:
+            if isinstance(line, OversizedLine):
+                parsed.append(_UNPARSED)
+                frames.append(b'{"oversized": %d}' % line.size)
+                continue
+            frames.append(line)
+            try:
+                parsed.append(loads(line))
+            except orjson.JSONDecodeError:
+                parsed.append(_UNPARSED)
+        valid = [
+            obj is not _UNPARSED or isinstance(line, OversizedLine)
+            for obj, line in zip(parsed, lines, strict=True)
+        ]
+        try:
+            batch = getattr(observer, "recv_batch", None)
+            if batch is not None:
+                batch(frames, valid)
+            else:
+                for frame, ok in zip(frames, valid, strict=True):
+                    observer("recv", frame, ok)
+        except Exception:
+            self._log.exception("frame observer failed")
+        return parsed
 
     async def _get_close_error(self, reason: str) -> ConnectionClosed:
         """The one close error of this connection, built on first use."""
@@ -430,23 +470,26 @@ class JsonRpcConnection:
                 await self._handle_lines(lines)
 
     async def _handle_lines(self, lines: list[bytes | OversizedLine]) -> None:
-        observer = self._frame_observer
         handlers = self._notification_handlers
         loads = orjson.loads
-        for line in lines:
+        # an observer sees the batch before any of it is handled, so a transcript keeps the
+        # wire's order (what we answer comes after what it answers); the lines it parsed for
+        # that are not parsed again
+        parsed = self._observe_received(lines) if self._frame_observer is not None else None
+        for i, line in enumerate(lines):
             if isinstance(line, OversizedLine):
                 self._dropped_oversized(line.size)
                 continue
-            if observer is not None:
-                self._observe("recv", line)
-            try:
-                obj = loads(line)
-            except orjson.JSONDecodeError:
+            obj = parsed[i] if parsed is not None else _UNPARSED
+            if obj is _UNPARSED:
                 try:
-                    obj = decode_message(line)
-                except ParseError as exc:
-                    await self._answer_parse_error(exc)
-                    continue
+                    obj = loads(line)
+                except orjson.JSONDecodeError:
+                    try:
+                        obj = decode_message(line)
+                    except ParseError as exc:
+                        await self._answer_parse_error(exc)
+                        continue
             # Fast path for the flood: a well-formed notification is dispatched with a few
             # lookups, without building a message object.
             if obj.__class__ is dict:
@@ -657,8 +700,6 @@ class JsonRpcConnection:
 
     def _dropped_oversized(self, size: int) -> None:
         self._oversized_dropped += 1
-        if self._frame_observer is not None:
-            self._observe("recv", b'{"oversized": %d}' % size)
         self._log.error("oversized message dropped", size=size, limit=self.max_message_size)
 
 

@@ -42,8 +42,9 @@ FallbackRequestHandler: TypeAlias = Callable[[str, Any], Awaitable[Any]]
 """Serves requests for methods without a handler: (method, params) -> result."""
 FallbackNotificationHandler: TypeAlias = Callable[[str, Any], Awaitable[None] | None]
 """Handles notifications for methods without a handler: (method, params)."""
-FrameObserver: TypeAlias = Callable[[Literal["send", "recv"], bytes], None]
-"""Sees every frame (without its newline) in both directions, e.g. for a wire transcript."""
+FrameObserver: TypeAlias = Callable[[Literal["send", "recv"], bytes, bool], None]
+"""Sees every frame (without its newline) in both directions, e.g. for a wire transcript:
+(direction, frame, whether the frame is valid JSON, as the connection found parsing it)."""
 CloseErrorFactory: TypeAlias = Callable[[str], Awaitable[ConnectionClosed]]
 """Builds the error given to waiters when the stream ends, from a short reason."""
 

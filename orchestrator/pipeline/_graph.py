@@ -13,15 +13,17 @@ import hashlib
 import math
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import networkx as nx
 import structlog
-from attrs import frozen
+from attrs import field, frozen
 
 from ..errors import PipelineError, UsageError
 from ._step import Step
 from ._values import RESERVED_PARAMS, named_params
+
+if TYPE_CHECKING:  # networkx costs ~75 ms to import: a one-step run (a prompt) needs none
+    import networkx as nx
 
 __all__ = ["InputSpec", "Pipeline"]
 
@@ -74,11 +76,23 @@ class Pipeline:
     steps: Mapping[str, Step]
     #: the run inputs by name, in order of first use
     inputs: Mapping[str, InputSpec]
-    #: an edge ``a -> b`` for every step ``b`` that depends on step ``a``; node attribute
-    #: ``step`` holds the :class:`Step`
-    graph: nx.DiGraph[str]
+    #: an edge ``(a, b)`` for every step ``b`` that depends on step ``a``, in definition order
+    edges: tuple[tuple[str, str], ...]
     #: sha256 of the pipeline file's text (or of the step names when built from steps)
     digest: str
+    #: each step's parents, in definition order (built with the pipeline: O(1) lookups)
+    _parents: Mapping[str, tuple[str, ...]] = field(factory=dict, repr=False)
+    _children: Mapping[str, tuple[str, ...]] = field(factory=dict, repr=False)
+    _graph: Any = field(default=None, repr=False)
+
+    @property
+    def graph(self) -> nx.DiGraph[str]:
+        """The steps as a networkx graph: an edge ``a -> b`` for every step ``b`` that depends
+        on step ``a``; node attribute ``step`` holds the :class:`Step` (built on first use)."""
+        if self._graph is None:
+            object.__setattr__(self, "_graph", _digraph(self.steps, self.edges))
+        graph: nx.DiGraph[str] = self._graph
+        return graph
 
     @classmethod
     def from_steps(
@@ -116,14 +130,20 @@ class Pipeline:
             problems.extend(_step_problems(s))
 
         index = {step_name: i for i, step_name in enumerate(by_name)}
-        graph: nx.DiGraph[str] = nx.DiGraph()
+        parents: dict[str, list[str]] = {n: [] for n in by_name}
+        children: dict[str, list[str]] = {n: [] for n in by_name}
         for s in by_name.values():
-            graph.add_node(s.name, step=s)
-        for s in by_name.values():
-            for dep in s.dependencies:
+            for dep in dict.fromkeys(s.dependencies):
                 if dep in by_name and dep != s.name:
-                    graph.add_edge(dep, s.name)
-        problems.extend(_cycle_problems(graph, index))
+                    parents[s.name].append(dep)
+                    children[dep].append(s.name)
+        for names in (*parents.values(), *children.values()):
+            names.sort(key=index.__getitem__)
+        edges = tuple((a, b) for b in by_name for a in parents[b])
+        graph = None
+        if edges:  # a cycle needs an edge; without one, no graph is built (nor imported)
+            graph = _digraph(by_name, edges)
+            problems.extend(_cycle_problems(graph, index))
 
         inputs, input_problems = _collect_inputs(by_name)
         problems.extend(input_problems)
@@ -140,8 +160,11 @@ class Pipeline:
             path=path,
             steps=MappingProxyType(by_name),
             inputs=MappingProxyType(inputs),
-            graph=graph,
+            edges=edges,
             digest=hashlib.sha256(data).hexdigest(),
+            parents=MappingProxyType({n: tuple(p) for n, p in parents.items()}),
+            children=MappingProxyType({n: tuple(c) for n, c in children.items()}),
+            graph=graph,
         )
         log.debug("pipeline built", pipeline=name, steps=len(by_name), inputs=list(inputs))
         return pipeline
@@ -164,31 +187,46 @@ class Pipeline:
 
     def order(self) -> list[str]:
         """The steps in an order that runs every dependency first; ties in definition order."""
+        if not self.edges:
+            return list(self.steps)
+        import networkx as nx
+
         index = {n: i for i, n in enumerate(self.steps)}
         return list(nx.lexicographical_topological_sort(self.graph, key=index.__getitem__))
 
     def generations(self) -> list[list[str]]:
         """The steps in layers: each needs only steps of earlier layers (definition order)."""
+        if not self.edges:
+            return [list(self.steps)]
+        import networkx as nx
+
         return [self._in_definition_order(g) for g in nx.topological_generations(self.graph)]
 
     def parents(self, step_name: str) -> list[str]:
         """The steps that ``step_name`` depends on directly, in definition order."""
         self._require(step_name)
-        return self._in_definition_order(self.graph.predecessors(step_name))
+        return list(self._parents[step_name])
 
     def children(self, step_name: str) -> list[str]:
         """The steps that depend directly on ``step_name``, in definition order."""
         self._require(step_name)
-        return self._in_definition_order(self.graph.successors(step_name))
+        return list(self._children[step_name])
 
     def descendants(self, step_name: str) -> set[str]:
         """Every step that depends on ``step_name``, directly or not."""
         self._require(step_name)
-        return set(nx.descendants(self.graph, step_name))
+        seen: set[str] = set()
+        todo = list(self._children[step_name])
+        while todo:
+            name = todo.pop()
+            if name not in seen:
+                seen.add(name)
+                todo.extend(self._children[name])
+        return seen
 
     def sinks(self) -> list[str]:
         """The steps nothing depends on (the pipeline's final results), in definition order."""
-        return [n for n in self.steps if self.graph.out_degree(n) == 0]
+        return [n for n in self.steps if not self._children[n]]
 
     # ---------------------------------------------------------------- checks before a run
 
@@ -259,7 +297,7 @@ class Pipeline:
         An input default JSON cannot hold as it is appears as its ``repr``.
         """
         index = {n: i for i, n in enumerate(self.steps)}
-        edges = sorted(self.graph.edges, key=lambda e: (index[e[1]], index[e[0]]))
+        edges = sorted(self.edges, key=lambda e: (index[e[1]], index[e[0]]))
         return {
             "name": self.name,
             "nodes": [
@@ -302,8 +340,21 @@ def _step_problems(s: Step) -> list[str]:
     return problems
 
 
+def _digraph(steps: Mapping[str, Step], edges: Iterable[tuple[str, str]]) -> nx.DiGraph[str]:
+    """The steps and their edges as a networkx graph (node attribute ``step``)."""
+    import networkx as nx
+
+    graph: nx.DiGraph[str] = nx.DiGraph()
+    for s in steps.values():
+        graph.add_node(s.name, step=s)
+    graph.add_edges_from(edges)
+    return graph
+
+
 def _cycle_problems(graph: nx.DiGraph[str], index: Mapping[str, int]) -> list[str]:
     """One ``cycle: a -> b -> a`` problem per strongly connected group of steps."""
+    import networkx as nx
+
     problems: list[str] = []
     groups = [g for g in nx.strongly_connected_components(graph) if len(g) > 1]
     for group in sorted(groups, key=lambda g: min(index[n] for n in g)):

@@ -89,13 +89,7 @@ class PipelineRunner:
 
     def __attrs_post_init__(self) -> None:
         self.states = {name: StepState(s) for name, s in self.pipeline.steps.items()}
-        # once for all steps (Pipeline.parents walks every step on each call)
-        index = {name: i for i, name in enumerate(self.pipeline.steps)}
-        graph = self.pipeline.graph
-        self._parents = {
-            name: sorted((p for p in graph.predecessors(name) if p in index), key=index.__getitem__)
-            for name in self.pipeline.steps
-        }
+        self._parents = {name: self.pipeline.parents(name) for name in self.pipeline.steps}
         self._recorder = Recorder(self.run_id, self.writer, self.snapshot, self.on_event)
         self._dirs = BranchDirs(self.run_dir, self.io)
         self._turns = AgentTurns(

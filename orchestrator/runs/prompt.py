@@ -222,6 +222,9 @@ async def prompt(
         transcript=transcript,
         options=options,
         services=services,
+        # a prompt keeps its turn, audit and changes; its wire transcript only when asked
+        # (a flood of updates is tens of megabytes of frames)
+        record_transcripts=transcript is not None,
         _kind="prompt",
         # recorded before the run starts, so an interrupted prompt can be resumed
         _extra_options={

@@ -81,6 +81,8 @@ async def resume_run(
         pipe = load_pipeline(record.pipeline)
         if pipe.digest != record.pipeline_digest:
             log.warning("the pipeline file changed since the run", pipeline=record.pipeline)
+    # as the first attempt: a prompt keeps its wire transcript only when asked
+    kwargs.setdefault("record_transcripts", record.kind != "prompt")
     said = restored.to_json()
     if restored.restored or restored.overridden:
         log.info("resume settings", **said)

@@ -166,6 +166,7 @@ async def run_pipeline(
     verify: Mapping[str, str] | None = None,
     options: ClientOptions | None = None,
     services: ClientServices | None = None,
+    record_transcripts: bool = True,
     _kind: RunKind = "pipeline",
     _resume: str | None = None,
     _settings_restored: RunSettings | None = None,
@@ -183,6 +184,8 @@ async def run_pipeline(
     TOML file or a :class:`PolicySet`; default: reject everything), ``escalate`` answering its
     ``ask`` verdicts; ``services`` replaces the sessions' permission, terminal and elicitation
     services. ``on_event`` sees the run's events, ``on_update`` every session update.
+    ``record_transcripts`` keeps every agent process's wire transcript in the run store (always
+    when ``transcript`` names a file to copy them to).
 
     The run's changes are recorded before anything is applied. Nothing is written to ``cwd``
     unless ``apply`` is true and the run succeeded; the changes stay in the run store for
@@ -215,6 +218,7 @@ async def run_pipeline(
             pipe, values, root, cfg, settings, agents, state, run_id, run_dir, apply,
             on_event, on_update, transcript, connector, pool, verify, options, services,
             _kind, _resume, _extra_options, _finish_result, escalate,
+            record_transcripts or transcript is not None,
         )  # fmt: skip
 
 
@@ -242,6 +246,7 @@ async def _run_locked(
     _extra_options: Mapping[str, Any] | None,
     _finish_result: Callable[[RunOutcome], Mapping[str, Any]] | None,
     escalate: Escalate | None,
+    record_transcripts: bool,
 ) -> RunOutcome:
     """The run, its lock held (see :func:`run_pipeline`)."""
     limit = settings.max_sessions
@@ -283,7 +288,7 @@ async def _run_locked(
                     Limits(max_sessions=limit),
                     connector=connector,
                     options=options,
-                    transcripts=run_dir / "transcripts",
+                    transcripts=run_dir / "transcripts" if record_transcripts else None,
                     workdir=run_dir,
                 ) as supervisor,
             ):
@@ -436,8 +441,8 @@ async def _import_transcripts(
     joined: list[bytes] = []
     for path in files:
         data = await trio.to_thread.run_sync(path.read_bytes)
-        lines = [line for line in data.splitlines() if line.strip()]
-        await store.add_transcript(run_id, path.stem, lines)
+        # whole: the store splits it into lines in its own thread
+        await store.add_transcript(run_id, path.stem, [data])
         joined.append(data)
     if copy_to is not None and joined:
         target = Path(copy_to)

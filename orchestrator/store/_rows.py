@@ -27,6 +27,7 @@ __all__ = [
     "step_values",
     "transcript_line",
     "transcript_lines",
+    "transcript_rows",
 ]
 
 #: the run fields :meth:`~orchestrator.store.RunStore.update_run` may change
@@ -146,15 +147,39 @@ def step_from_row(row: Sequence[Any]) -> StepRecord:
     )
 
 
+#: about how many bytes of ND-JSON one stored transcript row holds
+TRANSCRIPT_CHUNK = 1 << 20
+
+
 def transcript_lines(lines: Sequence[bytes | Mapping[str, Any]]) -> list[bytes]:
-    """ND-JSON lines as stored: bytes items split at newlines (blank lines dropped)."""
+    """ND-JSON as stored: rows of whole lines, about :data:`TRANSCRIPT_CHUNK` bytes each.
+
+    A flood of a few hundred thousand frames is a few dozen rows, not a row per frame (an
+    insert per line cost more than the run it recorded); readers split rows at newlines.
+    Bytes items are cut at line ends only; mappings are encoded one per line.
+    """
     out: list[bytes] = []
     for item in lines:
-        if isinstance(item, bytes | bytearray | memoryview):
-            out.extend(line for line in bytes(item).split(b"\n") if line.strip())
-        else:
+        if not isinstance(item, bytes | bytearray | memoryview):
             out.append(orjson.dumps(dict(item)))
+            continue
+        data = bytes(item)
+        start = 0
+        while start < len(data):
+            end = data.find(b"\n", start + TRANSCRIPT_CHUNK)
+            end = len(data) if end < 0 else end
+            chunk = data[start:end].strip(b"\n")
+            if chunk.strip():
+                out.append(chunk)
+            start = end + 1
     return out
+
+
+def transcript_rows(rows: Sequence[bytes]) -> list[dict[str, Any]]:
+    """The lines of stored transcript rows, decoded (blank lines skipped)."""
+    return [
+        transcript_line(line) for row in rows for line in bytes(row).split(b"\n") if line.strip()
+    ]
 
 
 def transcript_line(line: bytes) -> dict[str, Any]:

@@ -117,6 +117,7 @@ _V1 = _sql(
     """,
     # finding whether a blob is still referenced, when a change set is replaced or deleted
     "CREATE INDEX changes_blob ON changes (blob)",
+    # a transcript row holds ND-JSON: one line, or a chunk of whole lines (readers split it)
     """
     CREATE TABLE transcripts (
         id     INTEGER PRIMARY KEY,

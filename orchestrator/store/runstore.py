@@ -36,8 +36,14 @@ from attrs import define
 from ..errors import StoreError, UsageError
 from . import _sql
 from ._db import Database
-from ._rows import RUN_COLUMNS, STEP_COLUMNS, run_from_row, run_values, step_from_row
-from ._rows import transcript_line as decode_transcript_line
+from ._rows import (
+    RUN_COLUMNS,
+    STEP_COLUMNS,
+    run_from_row,
+    run_values,
+    step_from_row,
+    transcript_rows,
+)
 from ._schema import SCHEMA_VERSION, connect
 from .ops import AddConflicts, AddEvent, AddPermissions, PutChanges, PutStep, StoreOp, UpdateRun
 from .records import RUN_KINDS, RUN_STATUSES, ApplyRecord, RunRecord, StepRecord, StoredChange
@@ -294,7 +300,7 @@ class RunStore(Database):
                     "SELECT line FROM transcripts WHERE run_id = ? AND source = ? ORDER BY id",
                     (run_id, source),
                 )
-            return [decode_transcript_line(row[0]) for row in rows]
+            return transcript_rows([row[0] for row in rows])
 
         return await self._read(select)
 
