@@ -43,6 +43,7 @@ __all__ = [
     "RunNotFound",
     "StoreError",
     "StoreVersionError",
+    "SymlinkRefused",
     "TurnTimeout",
     "UnsettledConflicts",
     "UsageError",
@@ -360,6 +361,18 @@ class AlreadyApplied(ApplyRefused):
 
 class UnsettledConflicts(ApplyRefused):
     """The changes asked for hold merge conflicts between branches (``paths``) to settle first."""
+
+    def __init__(self, run_id: str, message: str, paths: Iterable[str] = ()):
+        self.paths = tuple(paths)
+        super().__init__(run_id, message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.run_id, str(self), self.paths))
+
+
+class SymlinkRefused(ApplyRefused, UsageError):
+    """The changes would make symlinks (``paths``) leading outside the workspace: bad input,
+    never applied, whatever the workspace holds."""
 
     def __init__(self, run_id: str, message: str, paths: Iterable[str] = ()):
         self.paths = tuple(paths)

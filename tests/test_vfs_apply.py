@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
+import orchestrator.vfs as vfs
 from orchestrator.vfs.apply import apply_changes, apply_changes_async, recover_applies
 from orchestrator.vfs.branch import Branch
 from orchestrator.vfs.changes import Change, Delete, ModeChange, Write
-from orchestrator.vfs.errors import ApplyError, MergeConflictError
+from orchestrator.vfs.errors import ApplyError, MergeConflictError, VfsError
 from orchestrator.vfs.merge import merge_branches
 from orchestrator.vfs.snapshot import Snapshot, Workspace
 from orchestrator.vfs.testing import capture, make_tree
@@ -299,3 +300,59 @@ def test_interrupted_temp_files_are_cleaned(ws: Path, tmp_path: Path) -> None:
     assert report.action == "completed"
     assert (ws / "a.txt").read_text() == "A\n"
     assert not [n for n in os.listdir(ws) if n.endswith(".orch-tmp")]
+
+
+# --------------------------------------------------------------------------- symlinks
+
+
+@pytest.mark.parametrize(
+    ("link", "target"),
+    [
+        ("evil.md", "/etc/passwd"),  # absolute, outside
+        ("dir/evil.md", "../../outside/secret.txt"),  # relative, climbing out
+        ("via.md", "out-link/secret.txt"),  # through a link of the workspace that leads out
+        ("hop.md", "new-out"),  # through a link the same changes make, leading out
+        ("loop.md", "loop.md"),  # a loop: where it leads cannot be told
+    ],
+)
+def test_apply_refuses_a_symlink_leading_outside_and_writes_nothing(
+    ws: Path, tmp_path: Path, link: str, target: str
+) -> None:
+    """A symlink leading outside the workspace, however it gets there, refuses the whole apply
+    naming it; nothing is written, not even the other changes."""
+    ws = ws.resolve()
+    make_tree(tmp_path / "outside", {"secret.txt": "secret\n"})
+    (ws / "out-link").symlink_to(tmp_path / "outside")
+    before = capture(ws)
+    br = branch_of(ws)
+    br.write("a.txt", b"A\n")
+    br.write("dir/inside.md", b"c.txt", 0o120777)
+    br.write(link, target.encode(), 0o120777)
+    if link == "hop.md":
+        br.write("new-out", b"/etc", 0o120777)
+    with pytest.raises(VfsError, match=link) as refused:
+        apply_changes(br, state_dir=tmp_path / "state")
+    assert isinstance(refused.value, vfs.SymlinkOutside)
+    assert (link, target) in refused.value.links
+    assert ("dir/inside.md", "c.txt") not in refused.value.links
+    assert capture(ws) == before
+    assert journals(tmp_path / "state") == []
+
+
+def test_apply_writes_symlinks_within_the_workspace_as_links(ws: Path, tmp_path: Path) -> None:
+    """Links leading inside, relative (climbing and coming back in too) or absolute, and dangling
+    ones, are written as links."""
+    ws = ws.resolve()
+    br = branch_of(ws)
+    links = {
+        "rel.md": "a.txt",
+        "dir/up.md": "../b.txt",
+        "dir/round.md": "../../ws/a.txt",
+        "abs.md": str(ws / "dir" / "c.txt"),
+        "dangling.md": "not-yet.txt",
+    }
+    for path, target in links.items():
+        br.write(path, target.encode(), 0o120777)
+    assert apply_changes(br, state_dir=tmp_path / "state").ok
+    assert {path: os.readlink(ws / path) for path in links} == links
+    assert (ws / "dir/round.md").read_text() == "a\n"

@@ -179,3 +179,85 @@ def test_parallel_copy_gives_the_same_tree(
     report = wd.harvest(full=True)
     assert not report.changed and report.hashed == 0
     wd.close()
+
+
+# --------------------------------------------------------------------------- symlinks
+
+
+@pytest.fixture
+def linked(tmp_path: Path) -> Path:
+    """A workspace with links leading into it (in several ways), within it and out of it."""
+    ws = make_tree(
+        tmp_path / "ws",
+        {
+            "target.txt": "target\n",
+            "src/lib.py": "x = 1\n",
+            ".gitignore": "build/\n",
+            "build/out.txt": "out\n",
+        },
+    ).resolve()
+    outside = make_tree(tmp_path / "outside", {"secret.txt": "secret\n"}).resolve()
+    (tmp_path / "alias").symlink_to(ws)
+    (ws / "abs.txt").symlink_to(ws / "target.txt")  # absolute, into the workspace
+    (ws / "src/up.txt").symlink_to("../../ws/target.txt")  # relative, out and back in
+    (ws / "libdir").symlink_to(ws / "src")  # a directory
+    (ws / "via-alias.txt").symlink_to(tmp_path / "alias" / "target.txt")  # another way in
+    (ws / "within.txt").symlink_to("src/lib.py")  # relative, never leaving
+    (ws / "out-abs.txt").symlink_to(outside / "secret.txt")  # absolute, outside
+    (ws / "src/out-rel.txt").symlink_to("../../outside/secret.txt")  # relative, outside
+    (ws / "build/link").symlink_to(ws / "target.txt")  # ignored: copied only on request
+    return ws
+
+
+def test_links_into_the_workspace_lead_into_the_branch_directory(
+    linked: Path, tmp_path: Path
+) -> None:
+    """A link leading into the workspace leads to the branch's copy; one leading out, to the
+    same place as from the workspace; the branch keeps the workspace's targets."""
+    wd = materialize(Branch.from_tree(Workspace.open(linked).snapshot(), "a"), tmp_path / "a")
+    root = Path(wd.root)
+    assert os.readlink(root / "abs.txt") == str(root / "target.txt")
+    assert os.readlink(root / "src/up.txt") == "../target.txt"
+    assert os.readlink(root / "libdir") == str(root / "src")
+    assert os.readlink(root / "via-alias.txt") == str(root / "target.txt")
+    assert os.readlink(root / "within.txt") == "src/lib.py"
+    assert os.readlink(root / "out-abs.txt") == str(tmp_path / "outside/secret.txt")
+    assert os.readlink(root / "src/out-rel.txt") == str(tmp_path / "outside/secret.txt")
+    for name in ("abs.txt", "src/up.txt", "libdir", "via-alias.txt", "within.txt"):
+        assert os.path.realpath(root / name).startswith(f"{root}/"), name
+    assert (root / "src/out-rel.txt").read_text() == "secret\n"
+    report = wd.harvest(full=True)
+    assert not report.changed and not wd.branch.changes
+    assert wd.branch.read("abs.txt") == os.fsencode(linked / "target.txt")
+    assert wd.branch.read("src/up.txt") == b"../../ws/target.txt"
+
+
+def test_writes_through_links_into_the_workspace_stay_in_the_branch(
+    linked: Path, tmp_path: Path
+) -> None:
+    """Writing through such a link changes the branch's copy of its target, never the
+    workspace; the harvest records the target's change, not the link's."""
+    before = capture(linked)
+    wd = materialize(Branch.from_tree(Workspace.open(linked).snapshot(), "a"), tmp_path / "a")
+    root = Path(wd.root)
+    for link in ("abs.txt", "src/up.txt", "via-alias.txt"):
+        with (root / link).open("a") as f:
+            f.write(f"via {link}\n")
+    (root / "libdir" / "new.py").write_text("new\n")
+    assert capture(linked) == before
+    report = wd.harvest()
+    assert (report.modified, report.added) == (("target.txt",), ("src/new.py",))
+    written = b"target\nvia abs.txt\nvia src/up.txt\nvia via-alias.txt\n"
+    assert wd.branch.read("target.txt") == written
+    assert sorted(wd.branch.changes) == ["src/new.py", "target.txt"]
+
+
+def test_ignored_links_copied_on_request_lead_into_the_branch_directory(
+    linked: Path, tmp_path: Path
+) -> None:
+    """The ignored entries copied on request have their links mapped the same way."""
+    snap = Workspace.open(linked).snapshot()
+    wd = materialize(Branch.from_tree(snap, "a"), tmp_path / "a", include_ignored=True)
+    root = Path(wd.root)
+    assert os.readlink(root / "build/link") == str(root / "target.txt")
+    assert (root / "build/out.txt").read_text() == "out\n"

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.report._diff import parse_diff
 from orchestrator.vfs.branch import Branch
-from orchestrator.vfs.changes import Write
+from orchestrator.vfs.changes import Change, Delete, FileState, Write
 from orchestrator.vfs.errors import VfsError, WorkspaceChanged
 from orchestrator.vfs.export import (
     GitBranchRefused,
@@ -229,3 +230,41 @@ def test_unified_diff_shows_a_change_whose_base_is_gone_whole(tmp_path: Path) ->
     assert "+b2\n" in diff
     patch = git_patch(snap, changes, base_gone="omit")
     assert b"a.txt" not in patch and b"+b2" in patch
+
+
+def test_unified_diff_marks_symlinks_as_git_does(tmp_path: Path) -> None:
+    """A symlink added, deleted, retargeted or made from a file is marked with git's mode lines
+    under a diff --git line, and a report reads each as a file of its own."""
+    tree = MemoryTree.from_files(
+        {
+            "a.txt": b"a\n",
+            "old-link": FileState(b"a.txt", 0o120777),
+            "moved-link": FileState(b"a.txt", 0o120777),
+            "was-file": b"/etc/hosts",
+        }
+    )
+    changes: dict[str, Change] = {
+        "evil.md": Write(b"/etc/passwd", 0o120777),
+        "old-link": Delete(),
+        "moved-link": Write(b"b.txt", 0o120777),
+        "was-file": Write(b"/etc/hosts", 0o120777),
+        "a.txt": Write(b"A\n"),
+    }
+    diff = unified_diff(tree, changes)
+    assert (
+        "diff --git a/evil.md b/evil.md\nnew file mode 120000\n--- /dev/null\n+++ b/evil.md\n"
+        "@@ -0,0 +1 @@\n+/etc/passwd\n\\ No newline at end of file\n" in diff
+    )
+    assert "diff --git a/old-link b/old-link\ndeleted file mode 120000\n--- a/old-link\n" in diff
+    assert (
+        "diff --git a/moved-link b/moved-link\nold mode 120000\nnew mode 120000\n"
+        "--- a/moved-link\n+++ b/moved-link\n" in diff
+    )
+    assert "diff --git a/was-file b/was-file\nold mode 100644\nnew mode 120000\n" in diff
+    assert "--- a/a.txt\n+++ b/a.txt\n" in diff and "diff --git a/a.txt" not in diff
+    files = {f.path: f for f in parse_diff(diff)}
+    assert sorted(files) == ["a.txt", "evil.md", "moved-link", "old-link", "was-file"]
+    assert (files["evil.md"].change, files["old-link"].change) == ("added", "deleted")
+    assert [line.text for line in files["evil.md"].lines if line.kind == "meta"] == [
+        "new file mode 120000"
+    ]

@@ -70,3 +70,11 @@ def test_change_between_and_net_changes_drop_noops() -> None:
     assert change_between(root, "zz", FileState(b"n")) == Write(b"n")
     layer = Layer(root, ChangeSet.of({"a": Write(b"1"), "b": Write(b"3")}))
     assert dict(net_changes(layer.state, ["a", "b"], root)) == {"b": Write(b"3")}
+
+
+def test_a_file_become_a_link_to_its_own_text_is_a_write() -> None:
+    """A file replaced by a symlink whose target is the file's text is new content, not a mode
+    change (which only sets permission bits)."""
+    root = MemoryTree.from_files({"a": b"/etc/passwd"})
+    link = FileState(b"/etc/passwd", 0o120777)
+    assert change_between(root, "a", link) == Write(b"/etc/passwd", 0o120777)

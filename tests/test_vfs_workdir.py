@@ -16,7 +16,7 @@ from orchestrator.vfs.branch import Branch
 from orchestrator.vfs.changes import Delete, ModeChange, Write
 from orchestrator.vfs.checkout import materialize
 from orchestrator.vfs.errors import PathNotFound, PathRefused
-from orchestrator.vfs.snapshot import Workspace
+from orchestrator.vfs.snapshot import Snapshot, Workspace
 from orchestrator.vfs.testing import make_tree
 from orchestrator.vfs.workdir import Workdir, harvest
 
@@ -436,3 +436,70 @@ def test_nowait_methods_refuse_what_read_and_write_refuse(
     assert failure(lambda: wd.write_nowait(path, b"pwned\n")) is write_failure
     assert sorted(p.name for p in outside.iterdir()) == ["secret.txt"]
     assert (outside / "secret.txt").read_text() == "top secret\n"
+
+
+# --------------------------------------------------------------------------- workspace links
+
+
+@pytest.fixture(params=["inotify", "scan"])
+def linked_wd(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Workdir]:
+    """A materialized branch of a workspace whose ``abs.txt`` links to its ``target.txt`` by
+    absolute path (so the branch directory holds it leading to its own copy)."""
+    root = make_tree(tmp_path / "ws", {"target.txt": "target\n", "src/app.py": "x = 1\n"})
+    root = root.resolve()
+    (root / "abs.txt").symlink_to(root / "target.txt")
+    branch = Branch.from_tree(Workspace.open(root).snapshot(), "agent")
+    workdir = materialize(branch, tmp_path / "state" / "agent", watch=request.param == "inotify")
+    yield workdir
+    workdir.close()
+
+
+def ws_of(wd: Workdir) -> Path:
+    """The workspace the branch of ``wd`` was taken from."""
+    snapshot = wd.branch.root
+    assert isinstance(snapshot, Snapshot)
+    return Path(snapshot.root)
+
+
+def test_a_mapped_link_read_again_is_no_change(linked_wd: Workdir) -> None:
+    """A link written leading into the branch directory reads back as the workspace's target,
+    even when the harvest must read it (its stat changed) and through Workdir.read."""
+    wd = linked_wd
+    os.utime(Path(wd.root, "abs.txt"), ns=(1, 1), follow_symlinks=False)
+    report = wd.harvest(full=True)
+    assert not report.changed and report.hashed == 1
+    assert wd.read("abs.txt") == os.fsencode(ws_of(wd) / "target.txt")
+    assert not wd.branch.changes
+
+
+def test_a_mapped_link_retargeted_is_a_change(linked_wd: Workdir) -> None:
+    """A link the agent points elsewhere is recorded with the target it gave."""
+    wd = linked_wd
+    link = Path(wd.root, "abs.txt")
+    link.unlink()
+    link.symlink_to("src/app.py")
+    assert wd.harvest().modified == ("abs.txt",)
+    assert wd.branch.read("abs.txt") == b"src/app.py"
+
+
+def test_a_new_link_by_absolute_path_into_the_branch_names_the_workspace(
+    linked_wd: Workdir,
+) -> None:
+    """A link the agent makes by absolute path into its directory is recorded with the
+    workspace's same path, which is what it means once applied."""
+    wd = linked_wd
+    Path(wd.root, "new.txt").symlink_to(Path(wd.root, "src/app.py"))
+    assert wd.harvest().added == ("new.txt",)
+    assert wd.branch.read("new.txt") == os.fsencode(ws_of(wd) / "src/app.py")
+
+
+def test_workdir_write_of_a_link_into_the_workspace_leads_into_the_branch(
+    linked_wd: Workdir,
+) -> None:
+    """Workdir.write of such a link writes it leading here and records the given target."""
+    wd = linked_wd
+    target = os.fsencode(ws_of(wd) / "src/app.py")
+    wd.write("alias.py", target, 0o120777)
+    assert os.readlink(Path(wd.root, "alias.py")) == str(Path(wd.root, "src/app.py"))
+    assert wd.branch.read("alias.py") == target
+    assert not wd.harvest(full=True).changed

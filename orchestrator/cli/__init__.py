@@ -287,8 +287,10 @@ def _report_changes(run: Any) -> None:
     if not run.changes:
         print("no file changed", file=sys.stderr)
         return
+    links = dict(run.symlinks)
     for path, change in run.changes:
-        print(f"  {change:<8} {path}", file=sys.stderr)
+        link = f" -> {links[path]} (symlink)" if path in links else ""
+        print(f"  {change:<8} {path}{link}", file=sys.stderr)
     patch = f"{run.run_dir}/changes.patch"
     if run.applied:
         print(f"applied to the workspace ({len(run.changes)} files)", file=sys.stderr)

@@ -12,7 +12,7 @@ from typing import IO, TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..pipeline.results import RunEvent
 
-from . import EXIT_FAILED, EXIT_MERGE_CONFLICTS, EXIT_OK
+from . import EXIT_FAILED, EXIT_MERGE_CONFLICTS, EXIT_OK, EXIT_USAGE
 
 RUN_EXAMPLES = """\
 examples:
@@ -447,7 +447,8 @@ async def cmd_show(args: argparse.Namespace) -> int:
             f"permission requests, {len(result.get('toolCalls') or [])} tool calls"
         )
         for c in result.get("changes") or []:
-            print(f"  {c['change']:<8} {c['path']}")
+            link = f" -> {c['symlink']} (symlink)" if "symlink" in c else ""
+            print(f"  {c['change']:<8} {c['path']}{link}")
     else:
         for name, step in (result.get("steps") or {}).items():
             extra = step.get("error") or step.get("cause") or ""
@@ -466,7 +467,7 @@ async def cmd_show(args: argparse.Namespace) -> int:
 
 async def cmd_apply(args: argparse.Namespace) -> int:
     """``orchestrator apply``."""
-    from ..errors import ApplyRefused, UnsettledConflicts
+    from ..errors import ApplyRefused, UnsettledConflicts, UsageError
     from ..runs import apply_run
 
     try:
@@ -474,7 +475,12 @@ async def cmd_apply(args: argparse.Namespace) -> int:
             args.run, step=args.step, git_branch=args.git_branch, state_dir=args.state_dir
         )
     except ApplyRefused as e:
-        code = EXIT_MERGE_CONFLICTS if isinstance(e, UnsettledConflicts) else EXIT_FAILED
+        if isinstance(e, UnsettledConflicts):
+            code = EXIT_MERGE_CONFLICTS
+        elif isinstance(e, UsageError):  # symlinks out of the workspace: the changes are bad
+            code = EXIT_USAGE
+        else:
+            code = EXIT_FAILED
         print(f"orchestrator: error: {e}", file=sys.stderr)
         if args.json:
             error = {"type": type(e).__name__, "message": str(e)}

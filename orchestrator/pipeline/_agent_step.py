@@ -27,7 +27,7 @@ from ._branchio import BranchDirs
 from ._calls import jsonable, prompt_input, run_verify, update_event
 from ._recording import Recorder
 from ._state import AgentPool, LeaseLike
-from .branches import change_kinds
+from .branches import change_kinds, symlink_targets
 from .results import RunEvent, StepResult, StepStatus, VerifyResult, agent_failure
 from .spec import Pipeline, Step
 
@@ -297,6 +297,7 @@ class AgentTurns:
         # computed once at the harvest and reused when the instance is recorded
         diffs = self.dirs.diffs(branch)
         audit = made.permission.records if made.permission else turn.permissions
+        own = branch.changes
         return StepResult(
             step=step.name,
             key=key,
@@ -310,7 +311,8 @@ class AgentTurns:
             tool_calls=tuple(c.to_json() for c in turn.tool_calls.values()),
             permissions=tuple(p.to_json() for p in audit),
             usage=turn.usage_json(),
-            changes=change_kinds(branch.base, branch.changes),
+            changes=change_kinds(branch.base, own),
+            symlinks=symlink_targets(own),
             diff=diffs[2],
             verify=verify,
             error=error,

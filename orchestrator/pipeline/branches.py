@@ -6,6 +6,7 @@ that a prompt does not import the pipeline machinery (networkx alone costs ~0.15
 
 from __future__ import annotations
 
+import stat
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -41,6 +42,7 @@ __all__ = [
     "patch_of",
     "rebuild_branch",
     "stored_changes",
+    "symlink_targets",
 ]
 
 
@@ -57,6 +59,15 @@ def change_kinds(base: Tree, changes: Mapping[str, Change]) -> tuple[tuple[str, 
         else:
             out.append((path, "modified" if base.exists(path) else "added"))
     return tuple(out)
+
+
+def symlink_targets(changes: Mapping[str, Change]) -> tuple[tuple[str, str], ...]:
+    """``(path, target)`` for each change that leaves a symbolic link at its path."""
+    return tuple(
+        (path, change.data.decode("utf-8", "replace"))
+        for path, change in sorted(changes.items())
+        if isinstance(change, Write) and stat.S_ISLNK(change.mode)
+    )
 
 
 def diff_of(branch: Branch, changes: ChangeSet | None = None) -> str:

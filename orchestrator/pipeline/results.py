@@ -27,10 +27,37 @@ __all__ = [
     "StepStatus",
     "VerifyResult",
     "agent_failure",
+    "changes_from_json",
+    "changes_json",
 ]
 
 ChangeKind = Literal["added", "modified", "deleted"]
 StepStatus = Literal["pending", "running", "succeeded", "failed", "skipped", "interrupted"]
+
+
+def changes_json(
+    changes: tuple[tuple[str, ChangeKind], ...], symlinks: tuple[tuple[str, str], ...] = ()
+) -> list[dict[str, Any]]:
+    """Changed files as ``--json`` output shows them: ``{path, change}``, and ``symlink`` (its
+    target) for a path the change leaves a symbolic link."""
+    targets = dict(symlinks)
+    out: list[dict[str, Any]] = []
+    for path, change in changes:
+        entry: dict[str, Any] = {"path": path, "change": change}
+        if path in targets:
+            entry["symlink"] = targets[path]
+        out.append(entry)
+    return out
+
+
+def changes_from_json(
+    entries: Any,
+) -> tuple[tuple[tuple[str, ChangeKind], ...], tuple[tuple[str, str], ...]]:
+    """The changes and symlink targets of :func:`changes_json`'s entries, read back."""
+    entries = list(entries or ())
+    changes = tuple((str(c["path"]), c["change"]) for c in entries)
+    symlinks = tuple((str(c["path"]), str(c["symlink"])) for c in entries if "symlink" in c)
+    return changes, symlinks
 
 
 @frozen
@@ -112,6 +139,8 @@ class StepResult:
     usage: Mapping[str, Any] | None = None
     #: files changed by this instance, relative to where its branch forked
     changes: tuple[tuple[str, ChangeKind], ...] = ()
+    #: (path, target) of the changed paths that are symbolic links after the change
+    symlinks: tuple[tuple[str, str], ...] = ()
     #: the unified diff of those changes
     diff: str = ""
     verify: VerifyResult | None = None
@@ -144,7 +173,7 @@ class StepResult:
             "toolCalls": [dict(c) for c in self.tool_calls],
             "permissions": [dict(p) for p in self.permissions],
             "usage": dict(self.usage) if self.usage is not None else None,
-            "changes": [{"path": p, "change": c} for p, c in self.changes],
+            "changes": changes_json(self.changes, self.symlinks),
             "diff": self.diff,
             "verify": self.verify.to_json() if self.verify else None,
             "error": self.error,
@@ -156,6 +185,7 @@ class StepResult:
     def from_json(cls, data: Mapping[str, Any]) -> StepResult:
         """A result read back from the run store."""
         verify = data.get("verify")
+        changes, symlinks = changes_from_json(data.get("changes"))
         return cls(
             step=str(data["step"]),
             key=data.get("key"),
@@ -169,7 +199,8 @@ class StepResult:
             tool_calls=tuple(data.get("toolCalls") or ()),
             permissions=tuple(data.get("permissions") or ()),
             usage=data.get("usage"),
-            changes=tuple((c["path"], c["change"]) for c in data.get("changes") or ()),
+            changes=changes,
+            symlinks=symlinks,
             diff=str(data.get("diff") or ""),
             verify=VerifyResult.from_json(verify) if verify else None,
             error=data.get("error"),

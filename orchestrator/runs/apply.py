@@ -16,6 +16,9 @@ nothing. What it does not do, it says:
   ``compare[bob]`` after ``compare[alice]``, is an apply of its own, checked like any other);
 - files changed in the workspace since the run (for a git branch: ``HEAD`` holds them otherwise
   than the run's base): the outcome lists them in ``workspace_changed`` and nothing is written;
+- a symlink the changes would make that leads outside the workspace (absolute, climbing out
+  with ``..``, or through links that do): :class:`~orchestrator.errors.SymlinkRefused` names
+  them and nothing is written (nor committed), whatever the workspace holds;
 - there is nothing to apply: the outcome says ``applied=False`` with nothing listed.
 """
 
@@ -33,7 +36,7 @@ import structlog
 import trio
 from attrs import frozen
 
-from ..errors import AlreadyApplied, ApplyRefused, UnsettledConflicts, UsageError
+from ..errors import AlreadyApplied, ApplyRefused, SymlinkRefused, UnsettledConflicts, UsageError
 from ..pipeline.branches import FINAL, base_moved, rebuild_branch
 from ..state import state_directory
 from ..store import ApplyRecord, RunRecord, RunStore, StepRecord, StoredChange, open_run_store
@@ -42,10 +45,12 @@ from ..vfs import (
     GitBranchRefused,
     RecoveryReport,
     Snapshot,
+    SymlinkOutside,
     Tree,
     Workspace,
     apply_changes_async,
     check_git_branch,
+    check_symlinks,
     git_commit_async,
     git_head_tree,
     merge_branches,
@@ -347,6 +352,17 @@ async def apply_recorded(
     changes = await trio.to_thread.run_sync(_merged, record, step, base, stored)
     if not changes:
         return outcome
+    try:
+        # judged in the workspace, where the links will be (or be checked out from the branch)
+        await trio.to_thread.run_sync(check_symlinks, record.cwd, changes)
+    except SymlinkOutside as e:
+        links = ", ".join(f"{path} -> {target}" for path, target in e.links)
+        raise SymlinkRefused(
+            run_id,
+            f"run {run_id} would make symlinks leading outside the workspace: {links}; "
+            "nothing applied",
+            [path for path, _ in e.links],
+        ) from e
     # the write and its record go together: a Ctrl-C must not leave written files behind a
     # run recorded as not applied
     with trio.CancelScope(shield=True):

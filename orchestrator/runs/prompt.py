@@ -26,7 +26,7 @@ from ..config import Config
 from ..errors import OrchestratorError
 from ..pipeline import Pipeline, Step
 from ..pipeline import step as step_decorator
-from ..pipeline.results import RunEvent, StepResult
+from ..pipeline.results import RunEvent, StepResult, changes_from_json, changes_json
 from ..policy import PolicySet
 from ..protocol import types as t
 from .run import RunOutcome, launchable, run_pipeline, workspace_root
@@ -54,6 +54,8 @@ class PromptRun:
     wall_seconds: float
     #: the files the agent changed in its branch: (path relative to the workspace, change)
     changes: tuple[tuple[str, ChangeKind], ...] = ()
+    #: (path, target) of the changed paths that are symbolic links after the change
+    symlinks: tuple[tuple[str, str], ...] = ()
     #: the unified diff of those changes
     diff: str = ""
     #: whether the changes were written to the workspace (``apply=True`` and no conflict)
@@ -101,7 +103,7 @@ class PromptRun:
                 for p in self.turn.permissions
             ],
             "usage": self.turn.usage_json(),
-            "changes": [{"path": path, "change": change} for path, change in self.changes],
+            "changes": changes_json(self.changes, self.symlinks),
             "diff": self.diff,
             "applied": self.applied,
             "workspaceChanged": list(self.workspace_changed),
@@ -135,7 +137,7 @@ def _prompt_run(outcome: RunOutcome, last: Any, spec: AgentSpec, wall_seconds: f
     if not isinstance(last, StepResult) or last.turn is None:
         raise OrchestratorError(f"run {outcome.run_id}: the prompt's turn left no result")
     result = outcome.result
-    changes = tuple((str(c["path"]), c["change"]) for c in result.get("changes") or [])
+    changes, symlinks = changes_from_json(result.get("changes"))
     unapplied = tuple(result.get("workspaceChanged") or ())
     return PromptRun(
         run_id=outcome.run_id,
@@ -145,6 +147,7 @@ def _prompt_run(outcome: RunOutcome, last: Any, spec: AgentSpec, wall_seconds: f
         turn=last.turn,
         wall_seconds=wall_seconds,
         changes=changes,
+        symlinks=symlinks,
         diff=str(result.get("diff") or ""),
         applied=bool(result.get("applied")),
         workspace_changed=unapplied,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from typing import Any
 
 from ..errors import UsageError
@@ -118,15 +119,16 @@ async def get_run_json(
             entry["status"] = "interrupted"
     if FINAL in await store.change_keys(record.run_id):
         final_diff = await store.diff(record.run_id, FINAL)
-        final_changes = [
-            {
+        for c in await store.changes(record.run_id, FINAL):
+            listed: dict[str, Any] = {
                 "path": c.path,
                 "change": "deleted"
                 if c.kind == "delete"
                 else ("modified" if c.base_digest else "added"),
             }
-            for c in await store.changes(record.run_id, FINAL)
-        ]
+            if c.kind == "write" and c.data is not None and stat.S_ISLNK(c.mode or 0):
+                listed["symlink"] = c.data.decode("utf-8", "replace")
+            final_changes.append(listed)
     result: dict[str, Any] = {
         "kind": record.kind,
         "runId": record.run_id,

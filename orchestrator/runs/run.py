@@ -33,7 +33,7 @@ from ..agent.permissions import Escalate
 from ..agent.services import ClientServices
 from ..agents import AgentSpec
 from ..config import Config
-from ..errors import AlreadyApplied, UsageError
+from ..errors import AlreadyApplied, SymlinkRefused, UsageError
 from ..pipeline import Pipeline, load_pipeline
 from ..pipeline._writer import open_store_writer
 from ..pipeline.branches import (
@@ -189,7 +189,9 @@ async def run_pipeline(
 
     The run's changes are recorded before anything is applied. Nothing is written to ``cwd``
     unless ``apply`` is true and the run succeeded; the changes stay in the run store for
-    :func:`~orchestrator.runs.apply_run`.
+    :func:`~orchestrator.runs.apply_run`. An apply refused because the changes would make a
+    symlink leading outside the workspace raises :class:`~orchestrator.errors.SymlinkRefused`
+    once the run is recorded.
     """
     root = workspace_root(cwd)
     check_transcript_path(transcript)
@@ -280,6 +282,7 @@ async def _run_locked(
         started = time.monotonic()
         status: RunStatus = "interrupted"
         unapplied: tuple[str, ...] = ()
+        refused: SymlinkRefused | None = None
         crash: Exception | None = None
         try:
             async with (
@@ -315,7 +318,7 @@ async def _run_locked(
                 )
                 await runner.emit(RunEvent("run_started", run_id, data={"pipeline": pipe.name}))
                 await runner.run()
-            status, unapplied = await _conclude(store, runner, _kind, apply, state)
+            status, unapplied, refused = await _conclude(store, runner, _kind, apply, state)
         except Exception as e:
             crash = e  # not an interruption: recorded as a failure with its error
             raise
@@ -355,16 +358,20 @@ async def _run_locked(
         await store.update_run(run_id, result=dict(outcome.result))
         if on_event is not None:
             on_event(RunEvent("run_finished", run_id, data={"status": status}))
+        if refused is not None:
+            raise refused  # the run is recorded (its changes too); the apply is bad input
         return outcome
 
 
 async def _conclude(
     store: RunStore, runner: PipelineRunner, kind: str, apply: bool, state: Path
-) -> tuple[RunStatus, tuple[str, ...]]:
+) -> tuple[RunStatus, tuple[str, ...], SymlinkRefused | None]:
     """Merge the sinks, record the run's final changes, apply them when asked.
 
     Returns the status and, when the apply found files changed in the workspace during the
-    run, those files (the run still succeeded; its changes stay recorded, to apply later).
+    run, those files (the run still succeeded; its changes stay recorded, to apply later), and
+    the refusal of an apply that would have made symlinks leading out of the workspace (raised
+    once the run is recorded).
     """
     states = runner.states
     failed = [s for s in states.values() if s.status == "failed"]
@@ -401,18 +408,20 @@ async def _conclude(
         await trio.to_thread.run_sync((runner.run_dir / "changes.patch").write_bytes, patch)
     await store.update_run(runner.run_id, status=status, finished=time.time())
     if not (apply and status == "succeeded"):
-        return status, ()
+        return status, (), None
     try:
         outcome = await apply_recorded(store, runner.run_id, state=state)
     except AlreadyApplied as e:  # a resume of a run applied before
         log.warning("not applied again", run=runner.run_id, reason=str(e))
-        return status, ()
+        return status, (), None
+    except SymlinkRefused as e:
+        return status, (), e
     if outcome.workspace_changed:
         log.warning(
             "workspace changed during the run; nothing applied",
             files=list(outcome.workspace_changed),
         )
-    return status, outcome.workspace_changed
+    return status, outcome.workspace_changed, None
 
 
 async def _reusable(

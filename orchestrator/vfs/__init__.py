@@ -48,6 +48,7 @@ from .apply import (
     RecoveryReport,
     apply_changes,
     apply_changes_async,
+    check_symlinks,
     recover_applies,
 )
 from .branch import Branch
@@ -58,6 +59,7 @@ from .errors import (
     MergeConflictError,
     PathNotFound,
     PathRefused,
+    SymlinkOutside,
     VfsError,
     WorkspaceChanged,
 )
@@ -116,6 +118,7 @@ __all__ = [
     "Resolver",
     "Snapshot",
     "StatInfo",
+    "SymlinkOutside",
     "Tree",
     "VfsError",
     "Workdir",
@@ -125,6 +128,7 @@ __all__ = [
     "apply_changes",
     "apply_changes_async",
     "check_git_branch",
+    "check_symlinks",
     "git_commit",
     "git_commit_async",
     "git_head_tree",

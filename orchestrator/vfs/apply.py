@@ -1,6 +1,11 @@
 """Apply: the only write to the user's disk, all-or-nothing, with a journal.
 
-:func:`apply_changes` first checks every file it is about to touch: each must still be what the
+:func:`apply_changes` first refuses changes that would make a symlink leading outside the
+workspace (absolute, or relative climbing out with ``..``, or through other links that do, as
+they will be once written): :class:`~orchestrator.vfs.errors.SymlinkOutside` names them and
+NOTHING is written. Links within the workspace are written as links.
+
+Then it checks every file it is about to touch: each must still be what the
 snapshot saw (by hash when known, else by stat), and each new file must still be absent. If any
 differs it is reported as an :class:`OutsideChange` (a conflict with the outside world) and
 NOTHING is written.
@@ -42,8 +47,9 @@ import trio
 from attrs import frozen
 
 from ._fileio import digest, fsync_dir, normalize_mode, write_entry_atomic
+from ._links import escaping_links
 from .changes import Change, ChangeSet, Delete, ModeChange, Write
-from .errors import ApplyError, MergeConflictError, WorkspaceChanged
+from .errors import ApplyError, MergeConflictError, SymlinkOutside, WorkspaceChanged
 from .snapshot import Snapshot
 from .tree import ChangeSource
 
@@ -53,6 +59,7 @@ __all__ = [
     "RecoveryReport",
     "apply_changes",
     "apply_changes_async",
+    "check_symlinks",
     "recover_applies",
 ]
 
@@ -223,6 +230,16 @@ def _sources(
     return root, ChangeSet.of(changes) if changes is not None else source.net_changes()
 
 
+def check_symlinks(root: str | os.PathLike[str], changes: Mapping[str, Change]) -> None:
+    """Raise :class:`~orchestrator.vfs.errors.SymlinkOutside` if ``changes`` would make a symlink
+    in the workspace ``root`` that leads outside it (see the module docs). Blocking (it looks
+    at the links on disk that the new ones lead through)."""
+    escaping = escaping_links(os.path.realpath(root), changes)
+    if escaping:
+        log.warning("apply refused: symlinks out of the workspace", links=escaping)
+        raise SymlinkOutside(escaping)
+
+
 def apply_changes(
     source: ChangeSource | Snapshot,
     changes: Mapping[str, Change] | None = None,
@@ -237,10 +254,13 @@ def apply_changes(
     explicit ``changes`` relative to it. A merge result with conflicts raises
     :class:`MergeConflictError` unless ``allow_conflicts`` (then only the clean part is applied).
     ``on_file(path)`` is called after each file is changed on disk (a test hook: raising from it
-    rolls everything back). Blocking: from trio, use :func:`apply_changes_async`.
+    rolls everything back). A symlink leading outside the workspace raises
+    :class:`~orchestrator.vfs.errors.SymlinkOutside`. Blocking: from trio, use
+    :func:`apply_changes_async`.
     """
     snapshot, change_set = _sources(source, changes, allow_conflicts)
     root = snapshot.root
+    check_symlinks(root, change_set)
     deleted_paths = {p for p, c in change_set.items() if isinstance(c, Delete)}
     conflicts: list[OutsideChange] = []
     for path, _change in change_set.items():

@@ -8,6 +8,14 @@ filesystem allows — a reflink (``FICLONE``) where supported, else an in-kernel
 Every copied file is checked against the snapshot's stat, so the directory holds exactly the
 snapshot's content. Ignored files (``.gitignore``, VCS internals such as ``.git/``, extra globs)
 are skipped unless asked for. Modes and mtimes are preserved (like ``cp -a``).
+
+Symlinks stay symlinks, and the directory is self-contained: a link that would lead from it into
+the workspace (an absolute target there, or a relative one climbing out with ``..`` and back in)
+leads to the same path of this directory instead, so nothing done here reaches the workspace
+through a link. The branch keeps the link's recorded target; a harvest reads the rewritten one
+back as that (see :mod:`orchestrator.vfs._links`). A link leading outside the workspace leads to
+the same place from here as from the workspace: the agent process is not confined, only the fs
+requests it sends are.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import trio
 from attrs import field, frozen
 
 from ._fileio import copy_fd
+from ._links import LinkMap
 from .branch import Branch
 from .changes import Change, ModeChange, Write
 from .errors import PathRefused, WorkspaceChanged
@@ -111,10 +120,20 @@ _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
-def _create(job: _Job, name: str, src_dir: int, dst_dir: int, dst_dev: int) -> _Key:
+def _create(
+    job: _Job,
+    name: str,
+    src_dir: int,
+    dst_dir: int,
+    dst_dev: int,
+    links: LinkMap | None,
+    rewritten: dict[str, tuple[bytes, bytes]],
+) -> _Key:
     """Write one job's file as ``name`` in ``dst_dir`` (copying from ``src_dir``); its key.
 
-    Both are directory fds, so every call below looks up a single path component.
+    Both are directory fds, so every call below looks up a single path component. A symlink
+    that would lead into the workspace from here is written leading to the same path of this
+    directory (``links``), and recorded in ``rewritten`` with the target the branch holds.
     """
     if stat.S_ISLNK(job.mode):
         if job.data is not None:
@@ -125,6 +144,10 @@ def _create(job: _Job, name: str, src_dir: int, dst_dir: int, dst_dev: int) -> _
                 job.expected
             ):
                 raise WorkspaceChanged([job.rel])
+        mapped = links.to_branch(job.rel, target) if links is not None else None
+        if mapped is not None:
+            rewritten[job.rel] = (os.fsencode(mapped), os.fsencode(target))
+            target = mapped
         os.symlink(target, name, dir_fd=dst_dir)
         return _key(os.stat(name, dir_fd=dst_dir, follow_symlinks=False))
     perm, direct = job.perm, job.direct
@@ -169,7 +192,13 @@ def _create(job: _Job, name: str, src_dir: int, dst_dir: int, dst_dev: int) -> _
         os.close(src)
 
 
-def _run_batch(jobs: list[_Job], src_root: str, dst_root: str) -> list[tuple[str, _Key]]:
+def _run_batch(
+    jobs: list[_Job],
+    src_root: str,
+    dst_root: str,
+    links: LinkMap | None,
+    rewritten: dict[str, tuple[bytes, bytes]],
+) -> list[tuple[str, _Key]]:
     """Create a batch of jobs (sorted by path: one directory's files come together)."""
     dst_dev = os.stat(dst_root).st_dev
     out: list[tuple[str, _Key]] = []
@@ -188,7 +217,8 @@ def _run_batch(jobs: list[_Job], src_root: str, dst_root: str) -> list[tuple[str
             if src_dir < 0 and job.data is None:
                 # Only copies need the source directory (a new directory has none).
                 src_dir = os.open(f"{src_root}/{head}" if head else src_root, _DIR)
-            out.append((job.rel, _create(job, name, src_dir, dst_dir, dst_dev)))
+            key = _create(job, name, src_dir, dst_dir, dst_dev, links, rewritten)
+            out.append((job.rel, key))
     finally:
         for fd in (src_dir, dst_dir):
             if fd >= 0:
@@ -204,12 +234,18 @@ _SLOW_FILE_S = 250e-6
 
 
 def _run_jobs(
-    jobs: list[_Job], src_root: str, dst_root: str, workers: int | None
+    jobs: list[_Job],
+    src_root: str,
+    dst_root: str,
+    workers: int | None,
+    links: LinkMap | None,
+    rewritten: dict[str, tuple[bytes, bytes]],
 ) -> tuple[dict[str, _Key], int]:
     """Create every job's file; the records and the number of threads used at the end."""
 
     def run(batch: list[_Job]) -> list[tuple[str, _Key]]:
-        return _run_batch(batch, src_root, dst_root)
+        # each thread sets keys of its own paths in ``rewritten``: safe under the GIL
+        return _run_batch(batch, src_root, dst_root, links, rewritten)
 
     def parallel(rest: list[_Job], n: int) -> dict[str, _Key]:
         size = max(16, len(rest) // (n * 8))
@@ -240,9 +276,18 @@ def _run_jobs(
 
 
 def _copy_extras(
-    src_root: str, dst_root: str, matcher: IgnoreMatcher, *, ignored: bool, vcs: bool
+    src_root: str,
+    dst_root: str,
+    matcher: IgnoreMatcher,
+    links: LinkMap,
+    *,
+    ignored: bool,
+    vcs: bool,
 ) -> list[str]:
-    """Copy the ignored entries asked for; the non-ignored directories created on the way."""
+    """Copy the ignored entries asked for; the non-ignored directories created on the way.
+
+    Their symlinks are mapped as the branch's are (never harvested, so nothing maps them back).
+    """
     created: list[str] = []
     stack = [""]
     while stack:
@@ -267,12 +312,33 @@ def _copy_extras(
             if parent:
                 os.makedirs(os.path.join(dst_root, parent), exist_ok=True)
             if is_dir:
-                shutil.copytree(entry.path, dst, symlinks=True, copy_function=_copy_plain_file)
+                _copy_tree(entry.path, dst, rel, links)
             elif entry.is_symlink():
-                os.symlink(os.readlink(entry.path), dst)
+                _copy_link(entry.path, dst, rel, links)
             elif entry.is_file(follow_symlinks=False):
                 _copy_plain_file(entry.path, dst)
     return created
+
+
+def _copy_link(src: str, dst: str, rel: str, links: LinkMap) -> None:
+    target = os.readlink(src)
+    os.symlink(links.to_branch(rel, target) or target, dst)
+
+
+def _copy_tree(src: str, dst: str, rel: str, links: LinkMap) -> None:
+    """Copy a directory as ``cp -a`` would (other kinds of files skipped), links mapped."""
+    os.mkdir(dst)
+    with os.scandir(src) as it:
+        entries = list(it)
+    for entry in entries:
+        child, out = f"{rel}/{entry.name}", os.path.join(dst, entry.name)
+        if entry.is_dir(follow_symlinks=False):
+            _copy_tree(entry.path, out, child, links)
+        elif entry.is_symlink():
+            _copy_link(entry.path, out, child, links)
+        elif entry.is_file(follow_symlinks=False):
+            _copy_plain_file(entry.path, out)
+    shutil.copystat(src, dst, follow_symlinks=False)
 
 
 def _copy_plain_file(src: str, dst: str) -> str:
@@ -340,19 +406,23 @@ def materialize(
     _check_location(target, root)
     os.makedirs(target, exist_ok=True)
     snapshot = root if isinstance(root, Snapshot) else None
+    # a tree that is not on disk has no workspace its links could lead into
+    links = LinkMap(snapshot.root, target) if snapshot is not None else None
+    rewritten: dict[str, tuple[bytes, bytes]] = {}
     try:
         jobs, overrides = _plan(branch)
         dirs = sorted({j.rel.rpartition("/")[0] for j in jobs} - {""})
         _make_dirs(target, dirs)
-        records, n = _run_jobs(jobs, snapshot.root if snapshot else "", target, workers)
-        if snapshot is not None and (include_ignored or include_vcs):
+        src_root = snapshot.root if snapshot else ""
+        records, n = _run_jobs(jobs, src_root, target, workers, links, rewritten)
+        if links is not None and (include_ignored or include_vcs):
             dirs += _copy_extras(
-                snapshot.root, target, root.ignore, ignored=include_ignored, vcs=include_vcs
+                src_root, target, root.ignore, links, ignored=include_ignored, vcs=include_vcs
             )
     except BaseException:
         shutil.rmtree(target, ignore_errors=True)
         raise
-    workdir = Workdir.open(target, branch, root.ignore, records, overrides)
+    workdir = Workdir.open(target, branch, root.ignore, records, overrides, links, rewritten)
     if watch or (watch is None and len(jobs) >= WATCH_MIN_FILES):
         workdir._start_watching(["", *dirs])
     seconds = time.perf_counter() - started

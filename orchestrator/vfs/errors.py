@@ -19,6 +19,7 @@ __all__ = [
     "MergeConflictError",
     "PathNotFound",
     "PathRefused",
+    "SymlinkOutside",
     "VfsError",
     "WorkspaceChanged",
 ]
@@ -70,3 +71,17 @@ class MergeConflictError(VfsError):
 
 class ApplyError(VfsError):
     """Applying changes to the workspace failed; the workspace was rolled back (or left intact)."""
+
+
+class SymlinkOutside(VfsError):
+    """Changes would make symlinks leading outside the workspace (or round a loop of links);
+    nothing was written.
+
+    ``links`` holds ``(path, target)`` of each, paths relative to the workspace.
+    """
+
+    def __init__(self, links: Iterable[tuple[str, str]]):
+        self.links = tuple(links)
+        shown = ", ".join(f"{path} -> {target}" for path, target in self.links[:10])
+        more = " ..." if len(self.links) > 10 else ""
+        super().__init__(f"symlinks leading outside the workspace: {shown}{more}")

@@ -1,7 +1,9 @@
 """Exports of a change set: a unified diff, a git patch, or a git commit on a new branch.
 
 - :func:`unified_diff` is for people: a plain unified diff (``--- a/path`` / ``+++ b/path``), with
-  ``Binary files ... differ`` for binary files.
+  ``Binary files ... differ`` for binary files. A symlink (its content is its target) is marked
+  as git marks one: a ``diff --git`` line and ``new file mode 120000``, ``deleted file mode
+  120000``, or ``old mode``/``new mode`` lines when it is there before and after.
 - :func:`git_patch` is for ``git apply``: git's extended headers (new/deleted file modes, mode
   changes, full ``index`` lines), ``\\ No newline at end of file`` markers, and binary files as
   ``GIT binary patch`` literals. Paths with unusual characters are quoted as git quotes them.
@@ -32,7 +34,7 @@ from typing import Literal
 import structlog
 import trio
 
-from ._fileio import SYMLINK_MODE, git_mode, is_binary
+from ._fileio import SYMLINK_MODE, git_mode, is_binary, is_symlink
 from ._lines import LineMatcher
 from .changes import Change, ChangeSet, Delete, FileState, ModeChange, Write
 from .errors import VfsError, WorkspaceChanged
@@ -156,17 +158,43 @@ def _versions(
 BASE_GONE = b"base changed in the workspace during the run"
 
 
+def _links_header(path: str, old_mode: int | None, new_mode: int | None) -> bytes:
+    """The git header lines that mark a change involving a symlink; empty when none does.
+
+    The ``diff --git`` line opens the file (the mode lines come before its ``---``); the mode
+    lines are there even for a link that stays a link, to say it is one.
+    """
+    if not (is_symlink(old_mode or 0) or is_symlink(new_mode or 0)):
+        return b""
+    out = [b"diff --git %s %s\n" % (_quote("a/" + path).encode(), _quote("b/" + path).encode())]
+    if old_mode is None:
+        out.append(b"new file mode %s\n" % git_mode(new_mode or 0).encode())
+    elif new_mode is None:
+        out.append(b"deleted file mode %s\n" % git_mode(old_mode).encode())
+    else:
+        out.append(
+            b"old mode %s\nnew mode %s\n"
+            % (git_mode(old_mode).encode(), git_mode(new_mode).encode())
+        )
+    return b"".join(out)
+
+
 def _whole(path: str, change: Change, old_mode: int | None) -> bytes:
     """A change whose base content is gone, shown whole (no line of the base can be shown)."""
     name = path.encode("utf-8", "surrogateescape")
     if isinstance(change, ModeChange):
         return b"mode change %o -> %o %s\n" % (old_mode or 0, change.mode, name)
     if isinstance(change, Delete):
-        return b"--- a/%s\n+++ /dev/null\n@@ %s: deleted @@\n" % (name, BASE_GONE)
+        header = _links_header(path, old_mode, None)
+        return header + b"--- a/%s\n+++ /dev/null\n@@ %s: deleted @@\n" % (name, BASE_GONE)
     assert isinstance(change, Write)
+    header = _links_header(path, old_mode, change.mode)
     if is_binary(change.data):
-        return b"Binary files a/%s and b/%s differ\n" % (name, name)
-    out = [b"--- a/%s\n+++ b/%s\n@@ %s: the new version, whole @@\n" % (name, name, BASE_GONE)]
+        return header + b"Binary files a/%s and b/%s differ\n" % (name, name)
+    out = [
+        header,
+        b"--- a/%s\n+++ b/%s\n@@ %s: the new version, whole @@\n" % (name, name, BASE_GONE),
+    ]
     for line in _lines(change.data):
         out.append(b"+" + line)
         if not line.endswith(b"\n"):
@@ -199,9 +227,14 @@ def unified_diff(
             out.append(_whole(path, change_set[path], base.mode(path)))
             continue
         name = path.encode("utf-8", "surrogateescape")
-        if old == new:
+        header = _links_header(path, old_mode, new_mode)
+        if header:
+            out.append(header)
+        elif old == new:
             out.append(b"mode change %o -> %o %s\n" % (old_mode or 0, new_mode or 0, name))
             continue
+        if old == new:
+            continue  # a file become a link to the same text: the header says it
         a = b"a/" + name if old is not None else b"/dev/null"
         b = b"b/" + name if new is not None else b"/dev/null"
         if is_binary(old or b"") or is_binary(new or b""):

@@ -9,6 +9,7 @@ share and compare every side against it.
 
 from __future__ import annotations
 
+import stat
 from collections.abc import Callable, Iterable, Mapping, Set
 from typing import Protocol, runtime_checkable
 
@@ -130,7 +131,9 @@ def change_between(base: Tree, path: str, state: FileState | None) -> Change | N
         return None if base_mode is None else Delete()
     if base_mode is None:
         return Write.from_state(state)
-    if base.digest(path) == state.digest:
+    # a file that becomes a symlink (or back) is new content even when the bytes agree: a mode
+    # change only sets permission bits
+    if base.digest(path) == state.digest and stat.S_IFMT(base_mode) == stat.S_IFMT(state.mode):
         return None if base_mode == state.mode else ModeChange(state.mode)
     return Write.from_state(state)
 

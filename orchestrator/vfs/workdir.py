@@ -22,6 +22,12 @@ edits, mode changes and deletion still count even where a pattern now matches it
 
 Change a materialized branch through :meth:`Workdir.write` / :meth:`Workdir.delete` (the fs
 service does) or on disk: either way the directory and the branch stay in step.
+
+A symlink is harvested as its target text. A link the checkout wrote leading into this directory
+rather than into the workspace (see :mod:`orchestrator.vfs.checkout`) reads back as the target
+the branch records, so that rewrite is never a change; a write through it changes the file it
+leads to here. A link the agent makes with an absolute target into this directory is recorded
+with the workspace's same path, as it was meant.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from attrs import define, field, frozen
 
 from . import _inotify
 from ._fileio import DEFAULT_MODE, normalize_mode, normalize_path, write_entry_atomic
+from ._links import LinkMap
 from .branch import Branch
 from .changes import Change, Delete, FileState, Write
 from .errors import PathNotFound, PathRefused, WorkspaceChanged
@@ -177,6 +184,11 @@ class Workdir:
     #: files of the base deleted on disk: looked for again while the patterns have moved, since
     #: a walk does not enter the ignored directory one may come back in
     _gone: set[str] = field(factory=set, alias="_gone", repr=False)
+    #: how the workspace's links read here (None: the branch is not of a workspace on disk)
+    links: LinkMap | None = field(default=None, repr=False)
+    #: link path -> (target written here, target the branch records) for the links written
+    #: here leading to this directory instead of the workspace
+    _rewritten: dict[str, tuple[bytes, bytes]] = field(factory=dict, alias="_rewritten", repr=False)
 
     @classmethod
     def open(
@@ -186,12 +198,16 @@ class Workdir:
         ignore: IgnoreMatcher,
         records: dict[str, _Key],
         changed: Mapping[str, Change],
+        links: LinkMap | None = None,
+        rewritten: dict[str, tuple[bytes, bytes]] | None = None,
     ) -> Workdir:
         """The workdir of ``branch`` just written into ``root`` (``records``: what was written).
 
         ``ignore`` holds the workspace's rules, ``changed`` what the branch holds over the
         workspace (what earlier steps wrote and its own changes): the ``.gitignore`` files among
-        them replace the workspace's.
+        them replace the workspace's. ``links`` maps link targets between the workspace and this
+        directory; ``rewritten`` holds the links written here with another target than the
+        branch records (path -> (target here, recorded target)).
         """
         own = ignore.fork()
         moved = False
@@ -208,7 +224,15 @@ class Workdir:
                 elif isinstance(change, Write | Delete):  # gone, or a symlink (not followed)
                     own.remove_patterns(head)
                     moved = True
-        workdir = cls(root, branch, own, records, _rules_moved=moved)
+        workdir = cls(
+            root,
+            branch,
+            own,
+            records,
+            _rules_moved=moved,
+            links=links,
+            _rewritten=dict(rewritten or {}),
+        )
         if ignore.rules.use_gitignore:
             for rel, key in records.items():
                 if rel.endswith(_GITIGNORE) and stat.S_ISREG(key[3]):
@@ -532,6 +556,8 @@ class Workdir:
             state, key = _read_state(full)
         except (FileNotFoundError, NotADirectoryError):
             return self._check(rel, scan)
+        if stat.S_ISLNK(state.mode):
+            state = FileState(self._recorded_target(rel, state.data), state.mode)
         scan.hashed += 1
         try:
             old_digest, old_mode = self.branch.digest(rel), self.branch.mode(rel)
@@ -586,9 +612,10 @@ class Workdir:
             head, _, name = rel.rpartition("/")
             dir_fd = _open_dir(self.root, head, create=False)
             try:
-                return _read_at(dir_fd, name, rel)
+                data, link = _read_at(dir_fd, name, rel)
             finally:
                 os.close(dir_fd)
+            return self._recorded_target(rel, data) if link else data
 
     def read_nowait(self, path: str, max_bytes: int) -> bytes | None:
         """:meth:`read`, if that can be done at once: None (nothing read) while another thread
@@ -642,7 +669,14 @@ class Workdir:
                         mode = self.branch.mode(rel) or DEFAULT_MODE
                     if stat.S_ISLNK(mode):
                         mode = DEFAULT_MODE
-                write_entry_atomic(name, data, normalize_mode(mode), dir_fd=dir_fd)
+                self._rewritten.pop(rel, None)
+                on_disk = data
+                if stat.S_ISLNK(mode) and self.links is not None:
+                    mapped = self.links.to_branch(rel, os.fsdecode(data))
+                    if mapped is not None:
+                        on_disk = os.fsencode(mapped)
+                        self._rewritten[rel] = (on_disk, bytes(data))
+                write_entry_atomic(name, on_disk, normalize_mode(mode), dir_fd=dir_fd)
                 st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
             finally:
                 os.close(dir_fd)
@@ -669,11 +703,23 @@ class Workdir:
                 os.close(dir_fd)
             self._records.pop(rel, None)
             self._racy.discard(rel)
+            self._rewritten.pop(rel, None)
             if isinstance(self.branch.set_state(rel, None), Delete):
                 self._gone.add(rel)
             if name == _GITIGNORE and self._rule_files.pop(head, None) is not None:
                 self.ignore.remove_patterns(head)
                 self._rules_dirty = self._rules_moved = True
+
+    def _recorded_target(self, rel: str, target: bytes) -> bytes:
+        """The target the branch records for the link at ``rel`` that reads ``target`` here: the
+        recorded one for a link written here mapped, else the workspace's path for an absolute
+        path into this directory (see :class:`~orchestrator.vfs._links.LinkMap`)."""
+        known = self._rewritten.get(rel)
+        if known is not None and known[0] == target:
+            return known[1]
+        if self.links is None:
+            return target
+        return os.fsencode(self.links.to_recorded(os.fsdecode(target)))
 
     def _rules_written(self, head: str, text: str, st: os.stat_result) -> None:
         """Take the patterns of a ``.gitignore`` just written in directory ``head``."""
@@ -712,18 +758,19 @@ def _read_state(full: str) -> tuple[FileState, _Key]:
     return FileState(data, normalize_mode(after.st_mode)), _key(after)
 
 
-def _read_at(dir_fd: int, name: str, rel: str) -> bytes:
+def _read_at(dir_fd: int, name: str, rel: str) -> tuple[bytes, bool]:
+    """Content of ``name`` in ``dir_fd`` (a symlink's: its target) and whether it is a link."""
     try:
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
         raise PathNotFound(rel) from None
     if stat.S_ISLNK(st.st_mode):
-        return os.fsencode(os.readlink(name, dir_fd=dir_fd))
+        return os.fsencode(os.readlink(name, dir_fd=dir_fd)), True
     if not stat.S_ISREG(st.st_mode):
         raise IsADirectoryError(rel)
     fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     with open(fd, "rb") as f:
-        return f.read()
+        return f.read(), False
 
 
 def _open_dir(root: str, rel_dir: str, *, create: bool) -> int:
