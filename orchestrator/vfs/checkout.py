@@ -6,8 +6,11 @@ own tools and terminals see real files. Files from the workspace are copied as c
 filesystem allows — a reflink (``FICLONE``) where supported, else an in-kernel
 ``copy_file_range`` — and never hard linked: nothing writable is shared with the workspace.
 Every copied file is checked against the snapshot's stat, so the directory holds exactly the
-snapshot's content. Ignored files (``.gitignore``, VCS internals such as ``.git/``, extra globs)
-are skipped unless asked for. Modes and mtimes are preserved (like ``cp -a``).
+snapshot's content. A file's first copy from a snapshot is hashed as it is copied, so the
+snapshot knows the hash of the content the run started from even if the workspace file changes
+later: a change the run makes to it can be applied once the file is as it was. Ignored files
+(``.gitignore``, VCS internals such as ``.git/``, extra globs) are skipped unless asked for.
+Modes and mtimes are preserved (like ``cp -a``).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import structlog
 import trio
 from attrs import field, frozen
 
-from ._fileio import copy_fd
+from ._fileio import copy_fd, copy_fd_hashed, digest
 from .branch import Branch
 from .changes import Change, ModeChange, Write
 from .errors import PathRefused, WorkspaceChanged
@@ -58,6 +61,8 @@ class _Job:
     #: content to write, or None to copy the snapshot's file
     data: bytes | None = None
     expected: StatInfo | None = None
+    #: whether to hash the copied bytes (the snapshot does not know their digest yet)
+    hashed: bool = False
     #: permission bits to set
     perm: int = field(init=False)
     #: whether creating the file with ``perm`` already gives ``perm`` (no fchmod needed)
@@ -90,10 +95,12 @@ def _plan(branch: Branch) -> tuple[list[_Job], dict[str, Change]]:
         change = overrides.get(path)
         if change is not None and not isinstance(change, ModeChange):
             continue
-        if snapshot is not None and not snapshot.is_racy(path):
+        # copied by stat, unless the content is known: hashed at snapshot time (racy), or kept
+        # (the workspace file may have changed since)
+        if snapshot is not None and not snapshot.is_racy(path) and not snapshot.has_content(path):
             info = snapshot.stat(path)
             mode = change.mode if isinstance(change, ModeChange) else info.mode
-            jobs.append(_Job(path, mode, None, info))
+            jobs.append(_Job(path, mode, None, info, snapshot.known_digest(path) is None))
         else:
             state = root.state(path)
             assert state is not None
@@ -111,12 +118,16 @@ _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
-def _create(job: _Job, name: str, src_dir: int, dst_dir: int, dst_dev: int) -> _Key:
-    """Write one job's file as ``name`` in ``dst_dir`` (copying from ``src_dir``); its key.
+def _create(
+    job: _Job, name: str, src_dir: int, dst_dir: int, dst_dev: int
+) -> tuple[_Key, str | None]:
+    """Write one job's file as ``name`` in ``dst_dir`` (copying from ``src_dir``); its key, and
+    the digest of the copied content when the job asks for it.
 
     Both are directory fds, so every call below looks up a single path component.
     """
     if stat.S_ISLNK(job.mode):
+        hashed = None
         if job.data is not None:
             target = os.fsdecode(job.data)
         else:
@@ -125,8 +136,10 @@ def _create(job: _Job, name: str, src_dir: int, dst_dir: int, dst_dev: int) -> _
                 job.expected
             ):
                 raise WorkspaceChanged([job.rel])
+            if job.hashed:
+                hashed = digest(os.fsencode(target))
         os.symlink(target, name, dir_fd=dst_dir)
-        return _key(os.stat(name, dir_fd=dst_dir, follow_symlinks=False))
+        return _key(os.stat(name, dir_fd=dst_dir, follow_symlinks=False)), hashed
     perm, direct = job.perm, job.direct
     if job.data is not None:
         fd = os.open(name, _CREATE, perm, dir_fd=dst_dir)
@@ -136,7 +149,7 @@ def _create(job: _Job, name: str, src_dir: int, dst_dir: int, dst_dev: int) -> _
                 view = view[os.write(fd, view) :]
             if not direct:
                 os.fchmod(fd, perm)
-            return _key(os.fstat(fd))
+            return _key(os.fstat(fd)), None
         finally:
             os.close(fd)
     src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=src_dir)
@@ -152,8 +165,13 @@ def _create(job: _Job, name: str, src_dir: int, dst_dir: int, dst_dev: int) -> _
         ):
             raise WorkspaceChanged([job.rel])
         fd = os.open(name, _CREATE, perm, dir_fd=dst_dir)
+        hashed = None
         try:
-            copy_fd(src, fd, before.st_size, (before.st_dev, dst_dev))
+            devices = (before.st_dev, dst_dev)
+            if job.hashed:
+                hashed = copy_fd_hashed(src, fd, before.st_size, devices)
+            else:
+                copy_fd(src, fd, before.st_size, devices)
             if not direct:
                 os.fchmod(fd, perm)
             os.utime(fd, ns=(before.st_atime_ns, before.st_mtime_ns))
@@ -164,15 +182,19 @@ def _create(job: _Job, name: str, src_dir: int, dst_dir: int, dst_dev: int) -> _
         after = os.fstat(src)
         if after.st_mtime_ns != before.st_mtime_ns or after.st_ctime_ns != before.st_ctime_ns:
             raise WorkspaceChanged([job.rel])
-        return key
+        return key, hashed
     finally:
         os.close(src)
 
 
-def _run_batch(jobs: list[_Job], src_root: str, dst_root: str) -> list[tuple[str, _Key]]:
+#: what creating one file gives: its path, its key, the digest of its content if hashed
+_Made = tuple[str, tuple[_Key, str | None]]
+
+
+def _run_batch(jobs: list[_Job], src_root: str, dst_root: str) -> list[_Made]:
     """Create a batch of jobs (sorted by path: one directory's files come together)."""
     dst_dev = os.stat(dst_root).st_dev
-    out: list[tuple[str, _Key]] = []
+    out: list[_Made] = []
     current: str | None = None
     src_dir = dst_dir = -1
     try:
@@ -205,16 +227,16 @@ _SLOW_FILE_S = 250e-6
 
 def _run_jobs(
     jobs: list[_Job], src_root: str, dst_root: str, workers: int | None
-) -> tuple[dict[str, _Key], int]:
-    """Create every job's file; the records and the number of threads used at the end."""
+) -> tuple[dict[str, tuple[_Key, str | None]], int]:
+    """Create every job's file; what each gave and the number of threads used at the end."""
 
-    def run(batch: list[_Job]) -> list[tuple[str, _Key]]:
+    def run(batch: list[_Job]) -> list[_Made]:
         return _run_batch(batch, src_root, dst_root)
 
-    def parallel(rest: list[_Job], n: int) -> dict[str, _Key]:
+    def parallel(rest: list[_Job], n: int) -> dict[str, tuple[_Key, str | None]]:
         size = max(16, len(rest) // (n * 8))
         batches = [rest[i : i + size] for i in range(0, len(rest), size)]
-        out: dict[str, _Key] = {}
+        out: dict[str, tuple[_Key, str | None]] = {}
         with ThreadPoolExecutor(n, thread_name_prefix="vfs-materialize") as pool:
             for result in pool.map(run, batches):
                 out.update(result)
@@ -224,7 +246,7 @@ def _run_jobs(
         if workers <= 1 or len(jobs) < 64:
             return dict(run(jobs)), 1
         return parallel(jobs, workers), workers
-    records: dict[str, _Key] = {}
+    records: dict[str, tuple[_Key, str | None]] = {}
     done = 0
     while done < len(jobs):
         chunk = jobs[done : done + _PROBE]
@@ -344,7 +366,13 @@ def materialize(
         jobs, overrides = _plan(branch)
         dirs = sorted({j.rel.rpartition("/")[0] for j in jobs} - {""})
         _make_dirs(target, dirs)
-        records, n = _run_jobs(jobs, snapshot.root if snapshot else "", target, workers)
+        made, n = _run_jobs(jobs, snapshot.root if snapshot else "", target, workers)
+        records: dict[str, _Key] = {}
+        for rel, (key, hashed) in made.items():
+            records[rel] = key
+            if hashed is not None:
+                assert snapshot is not None
+                snapshot.record_digest(rel, hashed)
         if snapshot is not None and (include_ignored or include_vcs):
             dirs += _copy_extras(
                 snapshot.root, target, root.ignore, ignored=include_ignored, vcs=include_vcs
