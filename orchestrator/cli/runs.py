@@ -236,7 +236,11 @@ def _summary(result: dict[str, Any], run_id: str) -> None:
         if result.get("workspaceChanged"):
             changed = ", ".join(result["workspaceChanged"])
             print(f"NOT applied: changed in the workspace during the run: {changed}", file=err)
-            print(f"the changes are kept; settle those files, then: {how}", file=err)
+            print(
+                f"the changes are kept in the run store: orchestrator diff {run_id} shows them; "
+                f"once those files are as they were when the run started: {how}",
+                file=err,
+            )
         else:
             print(f"nothing was written to the workspace; to apply: {how}", file=err)
 
