@@ -191,11 +191,12 @@ async def test_prompt_json_reports_every_field(project: Path) -> None:
         "applied",
         "workspaceChanged",
         "patch",
+        "patchLeftOut",
         "wallSeconds",
     }
     # the demo's edit was refused by the default policy: nothing changed anywhere
     assert (result["changes"], result["diff"], result["applied"]) == ([], "", False)
-    assert (result["workspaceChanged"], result["patch"]) == ([], None)
+    assert (result["workspaceChanged"], result["patch"], result["patchLeftOut"]) == ([], None, [])
     assert re.fullmatch(r"[0-9a-f]{12}", result["runId"])
     assert result["sessionId"] == "demo-1"
     assert result["agent"] == {"name": "demo", "version": "1.0.0", "reportedName": "demo-agent"}

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
+import time
 from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
 
-from orchestrator.vfs import checkout
+from orchestrator.vfs import _fileio, checkout
 from orchestrator.vfs.branch import Branch
 from orchestrator.vfs.checkout import materialize, materialize_async
 from orchestrator.vfs.errors import PathRefused, WorkspaceChanged
@@ -150,6 +152,66 @@ def test_workspace_changed_since_snapshot_is_detected(snap: Snapshot, tmp_path: 
         materialize(Branch.from_tree(snap, "b"), tmp_path / "b")
 
 
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def aged_snapshot(root: Path, files: dict[str, str]) -> Snapshot:
+    """A snapshot of ``files`` (and ``link`` -> notes.txt) last modified an hour ago: nothing is
+    racily clean, so nothing is hashed when the snapshot is taken."""
+    make_tree(root, files)
+    os.symlink("notes.txt", root / "link")
+    old = time.time() - 3600
+    for path in [*files, "link"]:
+        os.utime(root / path, (old, old), follow_symlinks=False)
+    return Workspace.open(root).snapshot()
+
+
+def test_a_copied_file_keeps_its_digest_after_the_workspace_file_changes(tmp_path: Path) -> None:
+    """materialize hashes what it copies: the snapshot knows a copied file's digest after the
+    workspace file changed (and claims no content it no longer has)."""
+    snap = aged_snapshot(tmp_path / "ws", {"notes.txt": "one\ntwo\n", "src/a.py": "x = 1\n"})
+    assert snap.known_digest("notes.txt") is None
+    materialize(Branch.from_tree(snap, "a"), tmp_path / "a")
+    Path(snap.root, "notes.txt").write_text("someone else\n")
+    assert snap.digest("notes.txt") == sha256("one\ntwo\n")
+    assert snap.known_digest("src/a.py") == sha256("x = 1\n")
+    assert snap.known_digest("link") == sha256("notes.txt")  # a symlink's content: its target
+    with pytest.raises(WorkspaceChanged):
+        snap.read("notes.txt")
+
+
+def test_only_the_first_checkout_of_a_snapshot_hashes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file is hashed once per snapshot: later checkouts copy it without reading it."""
+    hashed: list[int] = []
+    real = _fileio.copy_fd_hashed
+
+    def counting(src: int, dst: int, size: int, devices: tuple[int, int]) -> str:
+        hashed.append(size)
+        return real(src, dst, size, devices)
+
+    monkeypatch.setattr(checkout, "copy_fd_hashed", counting)
+    snap = aged_snapshot(tmp_path / "ws", {"notes.txt": "one\n", "src/a.py": "x = 1\n"})
+    materialize(Branch.from_tree(snap, "a"), tmp_path / "a")
+    assert len(hashed) == 2
+    wd = materialize(Branch.from_tree(snap, "b"), tmp_path / "b")
+    assert len(hashed) == 2
+    assert Path(wd.root, "notes.txt").read_text() == "one\n"
+
+
+def test_kept_content_is_checked_out_after_the_workspace_file_changed(tmp_path: Path) -> None:
+    """A file whose content the snapshot keeps is written from it, not copied from the changed
+    workspace file: a later branch gets what the run started from."""
+    snap = aged_snapshot(tmp_path / "ws", {"notes.txt": "one\n", "src/a.py": "x = 1\n"})
+    assert snap.keep("notes.txt")
+    Path(snap.root, "notes.txt").write_text("someone else\n")
+    wd = materialize(Branch.from_tree(snap, "a"), tmp_path / "a")
+    assert Path(wd.root, "notes.txt").read_text() == "one\n"
+    assert not wd.harvest(full=True).changed
+
+
 async def test_materialize_async(snap: Snapshot, tmp_path: Path) -> None:
     """materialize_async runs the copy in a worker thread."""
     wd = await materialize_async(Branch.from_tree(snap, "a"), tmp_path / "a")
@@ -178,6 +240,7 @@ def test_parallel_copy_gives_the_same_tree(
     }
     report = wd.harvest(full=True)
     assert not report.changed and report.hashed == 0
+    assert all(snap.known_digest(rel) == sha256(v) for rel, v in files.items())  # every thread's
     wd.close()
 
 

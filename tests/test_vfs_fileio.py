@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import os
 import stat
 from pathlib import Path
@@ -65,6 +66,38 @@ def test_copy_fd_falls_back_when_methods_are_unsupported(
         _fileio.copy_fd(s.fileno(), d.fileno(), 70_000, (98, 99))
     assert dst.read_bytes() == b"x" * 70_000
     assert (98, 99) in _fileio._no_reflink and (98, 99) in _fileio._no_copy_range
+
+
+@pytest.mark.parametrize("size", [0, 9, 3 << 20])
+def test_copy_fd_hashed_copies_and_hashes_the_bytes(tmp_path: Path, size: int) -> None:
+    """copy_fd_hashed gives the same bytes and their SHA-256, for empty, small and large files."""
+    data = os.urandom(size)
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.write_bytes(data)
+    with open(src, "rb") as s, open(dst, "xb") as d:
+        got = _fileio.copy_fd_hashed(s.fileno(), d.fileno(), size, (1, 2))
+    assert got == hashlib.sha256(data).hexdigest()
+    assert dst.read_bytes() == data
+
+
+def test_copy_fd_hashed_reads_a_reflinked_file_back_to_hash_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reflink shares the bytes without reading them: they are read back for the hash."""
+
+    def clone(dst: int, request: int, src: int) -> int:
+        assert request == _fileio._FICLONE
+        os.pwrite(dst, os.pread(src, 1 << 22, 0), 0)
+        return 0
+
+    monkeypatch.setattr(fcntl, "ioctl", clone)
+    data = os.urandom(1_500_000)
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.write_bytes(data)
+    with open(src, "rb") as s, open(dst, "xb") as d:
+        got = _fileio.copy_fd_hashed(s.fileno(), d.fileno(), len(data), (96, 97))
+    assert got == hashlib.sha256(data).hexdigest()
+    assert dst.read_bytes() == data
 
 
 def test_write_entry_atomic_file_and_symlink(tmp_path: Path) -> None:

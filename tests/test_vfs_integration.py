@@ -602,7 +602,9 @@ async def test_prompt_apply_is_refused_when_the_workspace_changed(
         k: v for k, v in before.items() if k != "notes.txt"
     }
     patch = (Path(run.run_dir) / "changes.patch").read_text("utf-8")
-    assert "+# New" in patch  # the work is kept for later (notes.txt's base is gone)
+    assert "+# New" in patch  # the work is kept for later
+    # notes.txt was changed before the workspace file was: the run kept what it changed it from
+    assert "-two\n+TWO\n" in patch and run.patch_left_out == ()
 
 
 @pytest.mark.skipif(not CLI.is_file(), reason=f"console script {CLI} not installed")
@@ -670,3 +672,149 @@ async def test_cli_prompt_keeps_work_when_the_workspace_changed_during_the_run(
     assert refused["workspaceChanged"] == ["notes.txt"]
     assert (ws / "notes.txt").read_bytes() == b"someone else\n"
     assert not (ws / "docs").exists()
+
+
+NOTES = b"one\ntwo\nthree\n"
+ONE_STEP = """\
+from orchestrator import step
+
+
+@step(agent="scripted")
+def second(task: str) -> str:
+    return "go"
+"""
+
+
+def aged(root: Path) -> Path:
+    """Push every file's mtime an hour back, as for files not just written: the snapshot hashes
+    none of them up front (racily clean files it would)."""
+    old = 1_700_000_000
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            os.utime(os.path.join(dirpath, name), (old, old), follow_symlinks=False)
+    return root
+
+
+def outside_then_own_edit(ws: Path) -> tuple[Step, ...]:
+    """notes.txt changes in the workspace itself (an absolute path) before the run read it; then
+    the agent edits its own copy on disk, behind the client's back."""
+    return (
+        WriteDisk(str(ws / "notes.txt"), "someone else\n"),
+        WriteDisk("notes.txt", "one\nTWO\nthree\n"),
+    )
+
+
+async def console(*argv: str, state_dir: Path) -> subprocess.CompletedProcess[bytes]:
+    """The console script, to its end."""
+    with trio.fail_after(LIMIT):
+        return await trio.run_process(
+            [str(CLI), *argv, "--state-dir", str(state_dir)],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+
+
+@pytest.mark.skipif(not CLI.is_file(), reason=f"console script {CLI} not installed")
+async def test_cli_run_change_applies_once_the_workspace_file_is_restored(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    """run --apply: a file changed in the workspace before the run read it exits 3; once the
+    file is as it was, apply RUN writes the run's change (the base is what the run copied)."""
+    ws = project(tmp_path / "ws")
+    agents = tmp_path / "agents"
+    agents.mkdir()
+    command = scripted_agent_command(
+        agent_script(outside_then_own_edit(ws), agents / "record.jsonl"), agents
+    )
+    (ws / ".orchestrator.toml").write_text(
+        f"[agents.scripted]\ncommand = {orjson.dumps(command).decode()}\n"
+    )
+    aged(ws)
+    pipeline = tmp_path / "slow.py"
+    pipeline.write_text(ONE_STEP)
+    args = ("run", str(pipeline), "--cwd", str(ws), "--set", "task=x", "--policy", "trusted")
+    done = await console(*args, "--apply", "--no-progress", state_dir=state_dir)
+    assert done.returncode == EXIT_WORKSPACE_CHANGED, done.stderr.decode()
+    listed = await console("runs", "--json", state_dir=state_dir)
+    run_id = orjson.loads(listed.stdout)["runs"][0]["runId"]
+    assert (ws / "notes.txt").read_bytes() == b"someone else\n"
+
+    (ws / "notes.txt").write_bytes(NOTES)  # the user restores the file
+    applied = await console("apply", run_id, "--json", state_dir=state_dir)
+    assert applied.returncode == 0, applied.stderr.decode()
+    assert orjson.loads(applied.stdout)["written"] == ["notes.txt"]
+    assert (ws / "notes.txt").read_bytes() == b"one\nTWO\nthree\n"
+    err = done.stderr.decode()
+    assert "NOT applied: changed in the workspace during the run: notes.txt" in err
+    assert (
+        f"the changes are kept in the run store: orchestrator diff {run_id} shows them; "
+        f"once those files are as they were when the run started: orchestrator apply {run_id}"
+    ) in err
+
+
+@pytest.mark.skipif(not CLI.is_file(), reason=f"console script {CLI} not installed")
+async def test_cli_prompt_never_points_at_a_patch_that_lacks_the_change(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    """prompt --apply, the agent's copy edited after the workspace file changed: changes.patch
+    cannot hold that change, so the message sends to the run store, and --json says so."""
+    ws = project(tmp_path / "ws")
+    agents = tmp_path / "agents"
+    agents.mkdir()
+    command = scripted_agent_command(
+        agent_script(outside_then_own_edit(ws), agents / "record.jsonl"), agents
+    )
+    agent = "scripted=" + shlex.join(command)
+    aged(ws)
+    args = ("prompt", "--apply", "--policy", "trusted", "--agent", agent, "--cwd", str(ws))
+    done = await console(*args, "go", state_dir=state_dir)
+    assert done.returncode == EXIT_WORKSPACE_CHANGED, done.stderr.decode()
+    listed = await console("runs", "--json", state_dir=state_dir)
+    run_id = orjson.loads(listed.stdout)["runs"][0]["runId"]
+    patch = state_dir / "runs" / run_id / "changes.patch"
+    assert patch.read_bytes() == b""
+    err = done.stderr.decode()
+    assert f"the changes are kept in the run store ({patch} leaves out notes.txt): " in err
+    assert f"orchestrator diff {run_id} shows them" in err
+    assert f"orchestrator apply {run_id} writes them" in err
+
+    (ws / "notes.txt").write_bytes(NOTES)
+    aged(ws)
+    done = await console(*args, "--json", "go", state_dir=state_dir)
+    assert done.returncode == EXIT_WORKSPACE_CHANGED, done.stderr.decode()
+    data: dict[str, Any] = orjson.loads(done.stdout)
+    assert (data["workspaceChanged"], data["patchLeftOut"]) == (["notes.txt"], ["notes.txt"])
+
+
+@pytest.mark.skipif(not CLI.is_file(), reason=f"console script {CLI} not installed")
+async def test_cli_prompt_patch_holds_a_change_to_a_file_changed_in_the_workspace(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    """The workspace file changes, then the agent edits it through fs/*: the untouched copy it
+    read was the base, so changes.patch applies to the file as it was, diff RUN is a plain diff,
+    and the message names the patch."""
+    ws = project(tmp_path / "ws")
+    agents = tmp_path / "agents"
+    agents.mkdir()
+    steps = (
+        WriteDisk(str(ws / "notes.txt"), "someone else\n"),
+        ReadFile("notes.txt", then_write=Replace("two", "TWO")),
+    )
+    command = scripted_agent_command(agent_script(steps, agents / "record.jsonl"), agents)
+    agent = "scripted=" + shlex.join(command)
+    aged(ws)
+    args = ("prompt", "--apply", "--policy", "trusted", "--agent", agent, "--cwd", str(ws))
+    done = await console(*args, "go", state_dir=state_dir)
+    assert done.returncode == EXIT_WORKSPACE_CHANGED, done.stderr.decode()
+    listed = await console("runs", "--json", state_dir=state_dir)
+    run_id = orjson.loads(listed.stdout)["runs"][0]["runId"]
+    patch = state_dir / "runs" / run_id / "changes.patch"
+    diff = (await console("diff", run_id, state_dir=state_dir)).stdout.decode()
+    assert "@@ -1,3 +1,3 @@\n one\n-two\n+TWO\n three\n" in diff
+
+    (ws / "notes.txt").write_bytes(NOTES)  # as it was: the patch applies to it
+    with trio.fail_after(LIMIT):
+        await trio.run_process(["git", "apply", str(patch)], cwd=ws, capture_stderr=True)
+    assert (ws / "notes.txt").read_bytes() == b"one\nTWO\nthree\n"
+    assert f"the changes are kept in the run store and in {patch}: " in done.stderr.decode()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from pathlib import Path
@@ -118,6 +119,44 @@ def test_touch_only_change_passes_when_hash_known(ws: Workspace) -> None:
     snap.digest("README")
     os.utime(ws.path / "README")
     assert snap.disk_differs("README") is None
+
+
+def test_kept_content_outlives_the_workspace_file(ws: Workspace) -> None:
+    """Kept content is read from memory after the workspace file changed; a copy's content is
+    kept only when its hash is the one known for the file."""
+    snap = ws.snapshot()
+    assert snap.keep("README") and snap.has_content("README")
+    (ws.path / "README").write_text("changed\n")
+    assert snap.read("README") == b"hi\n"
+    assert snap.state("README") is not None
+    original = b"print('a')\n"
+    assert not snap.keep("src/a.py", original)  # no hash known to check it against
+    snap.record_digest("src/a.py", hashlib.sha256(original).hexdigest())
+    assert not snap.keep("src/a.py", b"print('edited')\n")
+    assert snap.keep("src/a.py", original)
+    (ws.path / "src/a.py").unlink()
+    assert snap.read("src/a.py") == original
+
+
+def test_content_gone_before_it_was_kept_is_not(ws: Workspace) -> None:
+    """keep() reads the workspace file now: once it changed, nothing is kept or claimed."""
+    snap = ws.snapshot()
+    (ws.path / "README").write_text("changed\n")
+    assert not snap.keep("README") and not snap.has_content("README")
+    with pytest.raises(WorkspaceChanged):
+        snap.read("README")
+
+
+def test_a_recorded_digest_is_known_and_checked(ws: Workspace) -> None:
+    """A digest recorded from a copy is the file's from then on; another one for the same stat is
+    a workspace change."""
+    snap = ws.snapshot()
+    good = hashlib.sha256(b"hi\n").hexdigest()
+    snap.record_digest("README", good)
+    (ws.path / "README").write_text("changed\n")
+    assert snap.digest("README") == good
+    with pytest.raises(WorkspaceChanged):
+        snap.record_digest("README", hashlib.sha256(b"other").hexdigest())
 
 
 def test_snapshot_never_writes(ws: Workspace) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ from orchestrator.vfs.branch import Branch
 from orchestrator.vfs.changes import Delete, ModeChange, Write
 from orchestrator.vfs.checkout import materialize
 from orchestrator.vfs.errors import PathNotFound, PathRefused
+from orchestrator.vfs.export import BASE_GONE, git_patch, unified_diff
 from orchestrator.vfs.snapshot import Snapshot, Workspace
 from orchestrator.vfs.testing import make_tree
 from orchestrator.vfs.workdir import Workdir, harvest
@@ -503,3 +505,50 @@ def test_workdir_write_of_a_link_into_the_workspace_leads_into_the_branch(
     assert os.readlink(Path(wd.root, "alias.py")) == str(Path(wd.root, "src/app.py"))
     assert wd.branch.read("alias.py") == target
     assert not wd.harvest(full=True).changed
+
+
+NOTES = b"one\ntwo\nthree\n"
+
+
+def notes_workdir(tmp_path: Path) -> tuple[Path, Workdir]:
+    """A workspace holding notes.txt (an hour old: not hashed by the snapshot), and a branch of
+    it materialized."""
+    root = make_tree(tmp_path / "ws", {"notes.txt": NOTES})
+    old = time.time() - 3600
+    os.utime(root / "notes.txt", (old, old))
+    branch = Branch.from_tree(Workspace.open(root).snapshot(), "agent")
+    return root, materialize(branch, tmp_path / "state" / "agent")
+
+
+def test_write_after_the_workspace_file_changed_diffs_against_the_copy(tmp_path: Path) -> None:
+    """The workspace file changes, then the branch's untouched copy is written over: that copy
+    held the base, so the diff and the patch show the change against it."""
+    root, wd = notes_workdir(tmp_path)
+    (root / "notes.txt").write_text("someone else\n")
+    wd.write("notes.txt", b"one\nTWO\nthree\n")
+    assert "-two\n+TWO\n" in unified_diff(wd.branch)
+    assert b"-two\n+TWO\n" in git_patch(wd.branch)
+
+
+def test_change_harvested_before_the_workspace_file_changed_keeps_its_base(tmp_path: Path) -> None:
+    """An edit on disk harvested while the workspace still holds the file: once the workspace
+    file changed, the diff still shows the edit against the base."""
+    root, wd = notes_workdir(tmp_path)
+    Path(wd.root, "notes.txt").write_bytes(b"one\nTWO\nthree\n")
+    assert wd.harvest().modified == ("notes.txt",)
+    (root / "notes.txt").write_text("someone else\n")
+    assert "-two\n+TWO\n" in unified_diff(wd.branch)
+
+
+def test_edit_on_disk_after_the_workspace_file_changed_keeps_the_base_digest(
+    tmp_path: Path,
+) -> None:
+    """The workspace file changes, then the agent edits its copy itself: the base's digest is
+    known (the change applies once the file is back), its lines are not (shown whole)."""
+    root, wd = notes_workdir(tmp_path)
+    (root / "notes.txt").write_text("someone else\n")
+    Path(wd.root, "notes.txt").write_bytes(b"one\nTWO\nthree\n")
+    assert wd.harvest().modified == ("notes.txt",)
+    assert isinstance(wd.branch.changes["notes.txt"], Write)
+    assert wd.branch.root.digest("notes.txt") == hashlib.sha256(NOTES).hexdigest()
+    assert BASE_GONE.decode() in unified_diff(wd.branch, base_gone="whole")

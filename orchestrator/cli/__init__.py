@@ -292,6 +292,7 @@ def _report_changes(run: Any) -> None:
         link = f" -> {links[path]} (symlink)" if path in links else ""
         print(f"  {change:<8} {path}{link}", file=sys.stderr)
     patch = f"{run.run_dir}/changes.patch"
+    left_out = ", ".join(run.patch_left_out)
     if run.applied:
         print(f"applied to the workspace ({len(run.changes)} files)", file=sys.stderr)
     elif run.workspace_changed:
@@ -300,7 +301,25 @@ def _report_changes(run: Any) -> None:
             + ", ".join(run.workspace_changed),
             file=sys.stderr,
         )
-        print(f"the changes are kept in {patch}", file=sys.stderr)
+        # the patch is named only if it holds every change
+        where = (
+            f"in the run store ({patch} leaves out {left_out})"
+            if left_out
+            else f"in the run store and in {patch}"
+        )
+        print(
+            f"the changes are kept {where}: orchestrator diff {run.run_id} shows them; "
+            f"once those files are as they were when the run started, "
+            f"orchestrator apply {run.run_id} writes them",
+            file=sys.stderr,
+        )
+    elif left_out:
+        print(
+            f"not applied; {patch} leaves out {left_out} (changed in the workspace during the "
+            f"run): orchestrator diff {run.run_id} shows every change; once those files are as "
+            f"they were when the run started, orchestrator apply {run.run_id} writes them",
+            file=sys.stderr,
+        )
     else:
         print(
             f"not applied; to apply: orchestrator apply {run.run_id} "

@@ -291,7 +291,11 @@ def _summary(result: dict[str, Any], run_id: str) -> None:
     if result.get("workspaceChanged"):
         changed = ", ".join(result["workspaceChanged"])
         print(f"NOT applied: changed in the workspace during the run: {changed}", file=err)
-        print(f"the changes are kept; settle those files, then: {how}", file=err)
+        print(
+            f"the changes are kept in the run store: orchestrator diff {run_id} shows them; "
+            f"once those files are as they were when the run started: {how}",
+            file=err,
+        )
     elif status != "succeeded":
         # nothing to offer: the run's final changes do not exist (finished steps can be applied
         # one by one: orchestrator apply RUN --step STEP)

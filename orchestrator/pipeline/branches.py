@@ -35,6 +35,7 @@ log = structlog.get_logger(__name__)
 __all__ = [
     "FINAL",
     "ResumeConflict",
+    "base_gone",
     "base_moved",
     "change_kinds",
     "conflict_json",
@@ -73,8 +74,8 @@ def symlink_targets(changes: Mapping[str, Change]) -> tuple[tuple[str, str], ...
 def diff_of(branch: Branch, changes: ChangeSet | None = None) -> str:
     """The diff of the branch's own changes, or of ``changes`` relative to the workspace snapshot.
 
-    A file changed in the workspace since the snapshot has lost its base content: its change is
-    shown whole, under a hunk header saying so (see :func:`~orchestrator.vfs.unified_diff`).
+    A file whose base content is gone (see :func:`base_gone`) has its change shown whole, under
+    a hunk header saying so (see :func:`~orchestrator.vfs.unified_diff`).
     """
     # the branch's own changes are against what it forked from, not the workspace
     source: Tree = branch.base if changes is None else branch.root
@@ -85,10 +86,24 @@ def diff_of(branch: Branch, changes: ChangeSet | None = None) -> str:
 def patch_of(root: Tree, changes: ChangeSet) -> bytes:
     """A ``git apply``-able patch of ``changes`` relative to ``root``.
 
-    A file changed in the workspace since the snapshot has no base to patch: it is left out
-    (with a warning); the run store keeps its change, and :func:`diff_of` shows it.
+    A file whose content at the start of the run is gone (see :func:`base_gone`) has no base to
+    patch: it is left out (with a warning); the run store keeps its change, and :func:`diff_of`
+    shows it.
     """
     return git_patch(root, changes, base_gone="omit")
+
+
+def base_gone(root: Tree, changes: Mapping[str, Change]) -> list[str]:
+    """The paths of ``changes`` whose content in ``root`` is gone: they changed in the workspace
+    before the run kept what they held (a patch leaves them out, a diff shows them whole)."""
+    gone: list[str] = []
+    for path in sorted(changes):
+        if root.exists(path):
+            try:
+                root.state(path)
+            except WorkspaceChanged:
+                gone.append(path)
+    return gone
 
 
 def stored_changes(root: Tree, changes: Mapping[str, Change]) -> list[StoredChange]:
@@ -96,7 +111,7 @@ def stored_changes(root: Tree, changes: Mapping[str, Change]) -> list[StoredChan
 
     Every change is kept with the digest of its base, so that an apply can check the workspace
     against it. A file the user changed in the workspace during the run keeps the digest the
-    run read it with; if the run never read it before it changed, its base is
+    run copied or read it with; if the run never did before it changed, its base is
     :data:`~orchestrator.store.BASE_UNKNOWN`, which no content matches (an apply refuses it).
     """
     out: list[StoredChange] = []
@@ -115,7 +130,7 @@ def stored_changes(root: Tree, changes: Mapping[str, Change]) -> list[StoredChan
         else:
             out.append(StoredChange(path, "delete", None, None, base))
     if unknown:
-        log.warning("changed in the workspace before the run read them", files=unknown)
+        log.warning("changed in the workspace before the run copied or read them", files=unknown)
     return out
 
 

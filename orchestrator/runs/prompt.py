@@ -63,6 +63,9 @@ class PromptRun:
     #: files changed in the workspace during the run, so the changes were not applied; they
     #: are kept in the run store (``orchestrator apply RUN`` once the workspace is settled)
     workspace_changed: tuple[str, ...] = ()
+    #: changed files that ``changes.patch`` leaves out: they changed in the workspace before the
+    #: run kept their content, so there is no base to patch (the run store keeps their changes)
+    patch_left_out: tuple[str, ...] = ()
     #: the run's directory in the state directory (it keeps ``changes.patch``)
     run_dir: str = ""
     #: the run's status: succeeded, failed, conflicts or interrupted
@@ -108,6 +111,7 @@ class PromptRun:
             "applied": self.applied,
             "workspaceChanged": list(self.workspace_changed),
             "patch": os.path.join(self.run_dir, "changes.patch") if self.changes else None,
+            "patchLeftOut": list(self.patch_left_out),
             "wallSeconds": round(self.wall_seconds, 3),
         }
 
@@ -151,6 +155,7 @@ def _prompt_run(outcome: RunOutcome, last: Any, spec: AgentSpec, wall_seconds: f
         diff=str(result.get("diff") or ""),
         applied=bool(result.get("applied")),
         workspace_changed=unapplied,
+        patch_left_out=tuple(result.get("patchLeftOut") or ()),
         run_dir=outcome.run_dir,
         status=outcome.status,
         exit_code=outcome.exit_code,

@@ -38,6 +38,7 @@ from ..pipeline import Pipeline, load_pipeline
 from ..pipeline._writer import open_store_writer
 from ..pipeline.branches import (
     FINAL,
+    base_gone,
     conflict_json,
     diff_of,
     patch_of,
@@ -283,6 +284,7 @@ async def _run_locked(
         status: RunStatus = "interrupted"
         unapplied: tuple[str, ...] = ()
         refused: SymlinkRefused | None = None
+        left_out: tuple[str, ...] = ()
         crash: Exception | None = None
         try:
             async with (
@@ -318,7 +320,9 @@ async def _run_locked(
                 )
                 await runner.emit(RunEvent("run_started", run_id, data={"pipeline": pipe.name}))
                 await runner.run()
-            status, unapplied, refused = await _conclude(store, runner, _kind, apply, state)
+            status, unapplied, left_out, refused = await _conclude(
+                store, runner, _kind, apply, state
+            )
         except Exception as e:
             crash = e  # not an interruption: recorded as a failure with its error
             raise
@@ -341,6 +345,9 @@ async def _run_locked(
             "reused": sorted(reused),
             # asked to apply: the files that changed in the workspace during the run
             "workspaceChanged": list(unapplied),
+            # changed files whose content at the start of the run is gone from the workspace:
+            # changes.patch leaves them out (the run store keeps their changes)
+            "patchLeftOut": list(left_out),
         }
         outcome = RunOutcome(
             run_id,
@@ -365,12 +372,13 @@ async def _run_locked(
 
 async def _conclude(
     store: RunStore, runner: PipelineRunner, kind: str, apply: bool, state: Path
-) -> tuple[RunStatus, tuple[str, ...], SymlinkRefused | None]:
+) -> tuple[RunStatus, tuple[str, ...], tuple[str, ...], SymlinkRefused | None]:
     """Merge the sinks, record the run's final changes, apply them when asked.
 
-    Returns the status and, when the apply found files changed in the workspace during the
-    run, those files (the run still succeeded; its changes stay recorded, to apply later), and
-    the refusal of an apply that would have made symlinks leading out of the workspace (raised
+    Returns the status; when the apply found files changed in the workspace during the run,
+    those files (the run still succeeded; its changes stay recorded, to apply later); the
+    changed files that ``changes.patch`` leaves out (their base content is gone); and the
+    refusal of an apply that would have made symlinks leading out of the workspace (raised
     once the run is recorded).
     """
     states = runner.states
@@ -383,6 +391,7 @@ async def _conclude(
         # a comparison exists to pick one: its status is its verdict's (runs/verdict.py)
         status = (await compare_verdict(runner.run_id, store=store)).status
     final: Branch | None = None
+    left_out: tuple[str, ...] = ()
     if kind != "compare":  # a comparison's branches are alternatives, never merged
         sinks = [b for name in runner.pipeline.sinks() for b in states[name].branches]
         if len(sinks) == 1:
@@ -404,24 +413,25 @@ async def _conclude(
         await store.put_changes(
             runner.run_id, FINAL, stored_changes(runner.snapshot, net), diff=diff_of(final, net)
         )
+        left_out = tuple(await trio.to_thread.run_sync(lambda: base_gone(final.root, net)))
         patch = await trio.to_thread.run_sync(lambda: patch_of(final.root, net))
         await trio.to_thread.run_sync((runner.run_dir / "changes.patch").write_bytes, patch)
     await store.update_run(runner.run_id, status=status, finished=time.time())
     if not (apply and status == "succeeded"):
-        return status, (), None
+        return status, (), left_out, None
     try:
         outcome = await apply_recorded(store, runner.run_id, state=state)
     except AlreadyApplied as e:  # a resume of a run applied before
         log.warning("not applied again", run=runner.run_id, reason=str(e))
-        return status, (), None
+        return status, (), left_out, None
     except SymlinkRefused as e:
-        return status, (), e
+        return status, (), left_out, e
     if outcome.workspace_changed:
         log.warning(
             "workspace changed during the run; nothing applied",
             files=list(outcome.workspace_changed),
         )
-    return status, outcome.workspace_changed, None
+    return status, outcome.workspace_changed, left_out, None
 
 
 async def _reusable(

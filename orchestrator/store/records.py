@@ -42,7 +42,7 @@ STEP_STATUSES: frozenset[str] = frozenset(
 #: what a stored change does to its path
 CHANGE_KINDS: frozenset[str] = frozenset({"write", "delete", "mode"})
 #: the ``base_digest`` of a change to a file that changed in the workspace before the run ever
-#: read it: its base content is unknown, so no workspace content matches it
+#: copied or read it: its base content is unknown, so no workspace content matches it
 BASE_UNKNOWN = "unknown"
 
 
@@ -175,8 +175,8 @@ class StoredChange:
     ``write`` carries ``data`` (and the new ``mode``, None meaning a regular 0o644 file);
     ``mode`` carries only the new ``mode``; ``delete`` carries neither. ``base_digest`` is the
     SHA-256 (hex) of the file in the run's base snapshot, None if it did not exist there, or
-    :data:`BASE_UNKNOWN` if it changed in the workspace before the run read it: apply checks it
-    against the workspace.
+    :data:`BASE_UNKNOWN` if it changed in the workspace before the run copied or read it: apply
+    checks it against the workspace.
     """
 
     path: str

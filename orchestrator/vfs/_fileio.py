@@ -21,6 +21,7 @@ __all__ = [
     "DEFAULT_MODE",
     "SYMLINK_MODE",
     "copy_fd",
+    "copy_fd_hashed",
     "digest",
     "fsync_dir",
     "git_mode",
@@ -168,6 +169,49 @@ def copy_fd(src: int, dst: int, size: int, devices: tuple[int, int]) -> None:
                 # catch a file that changed meanwhile.
                 return
     _copy_plain(src, dst, done)
+
+
+def copy_fd_hashed(src: int, dst: int, size: int, devices: tuple[int, int]) -> str:
+    """:func:`copy_fd`, and the digest of the ``size`` bytes copied.
+
+    The bytes are read once: reflinked, they are read back from ``src`` to be hashed; else
+    they go through here (``pread``, hash, ``pwrite``) instead of an in-kernel copy, which
+    would leave them to be read a second time.
+    """
+    if devices not in _no_reflink:
+        try:
+            fcntl.ioctl(dst, _FICLONE, src)
+        except OSError as e:
+            if e.errno not in _UNSUPPORTED:
+                raise
+            _no_reflink.add(devices)
+        else:
+            hasher = hashlib.sha256()
+            done = 0
+            while done < size and (chunk := os.pread(src, min(size - done, 1 << 20), done)):
+                hasher.update(chunk)
+                done += len(chunk)
+            return hasher.hexdigest()
+    if size <= 1 << 20:
+        # one read and one write: most files of a source tree
+        data = os.pread(src, size, 0)
+        view = memoryview(data)
+        done = 0
+        while view:
+            n = os.pwrite(dst, view, done)
+            view = view[n:]
+            done += n
+        return digest(data)
+    hasher = hashlib.sha256()
+    done = 0
+    while done < size and (chunk := os.pread(src, min(size - done, 1 << 20), done)):
+        hasher.update(chunk)
+        view = memoryview(chunk)
+        while view:
+            n = os.pwrite(dst, view, done)
+            view = view[n:]
+            done += n
+    return hasher.hexdigest()
 
 
 @contextmanager

@@ -23,6 +23,7 @@ from attrs import define, field
 from ._fileio import DEFAULT_MODE, normalize_mode, normalize_path
 from .changes import Change, ChangeSet, Delete, FileState, ModeChange, Write
 from .errors import PathNotFound, WorkspaceChanged
+from .snapshot import Snapshot
 from .tree import Layer, Tree, change_between, compose, net_changes, root_of
 from .watch import ConflictWatch
 
@@ -201,6 +202,16 @@ class Branch:
             # The base content is gone from the workspace: keep the new state as a full write;
             # apply will report the outside change.
             change = Delete() if state is None else Write.from_state(state)
+        root = root_of(self.base)
+        if (
+            isinstance(change, Write | ModeChange)
+            and isinstance(root, Snapshot)
+            and root.exists(path)
+        ):
+            # the run's diffs and patch show this change against the workspace's version: keep
+            # it while the workspace still holds it (if it already changed, they show the new
+            # version whole). Not for a deletion: all old lines, and possibly a whole directory.
+            root.keep(path)
         with self._lock:
             if self._closed:
                 log.warning("change recorded on a closed branch", branch=self.name, path=path)

@@ -6,8 +6,11 @@ own tools and terminals see real files. Files from the workspace are copied as c
 filesystem allows — a reflink (``FICLONE``) where supported, else an in-kernel
 ``copy_file_range`` — and never hard linked: nothing writable is shared with the workspace.
 Every copied file is checked against the snapshot's stat, so the directory holds exactly the
-snapshot's content. Ignored files (``.gitignore``, VCS internals such as ``.git/``, extra globs)
-are skipped unless asked for. Modes and mtimes are preserved (like ``cp -a``).
+snapshot's content. A file's first copy from a snapshot is hashed as it is copied, so the
+snapshot knows the hash of the content the run started from even if the workspace file changes
+later: a change the run makes to it can be applied once the file is as it was. Ignored files
+(``.gitignore``, VCS internals such as ``.git/``, extra globs) are skipped unless asked for.
+Modes and mtimes are preserved (like ``cp -a``).
 
 Symlinks stay symlinks, and the directory is self-contained: a link that would lead from it into
 the workspace (an absolute target there, or a relative one climbing out with ``..`` and back in)
@@ -31,7 +34,7 @@ import structlog
 import trio
 from attrs import field, frozen
 
-from ._fileio import copy_fd
+from ._fileio import copy_fd, copy_fd_hashed, digest
 from ._links import LinkMap
 from .branch import Branch
 from .changes import Change, ModeChange, Write
@@ -67,6 +70,8 @@ class _Job:
     #: content to write, or None to copy the snapshot's file
     data: bytes | None = None
     expected: StatInfo | None = None
+    #: whether to hash the copied bytes (the snapshot does not know their digest yet)
+    hashed: bool = False
     #: permission bits to set
     perm: int = field(init=False)
     #: whether creating the file with ``perm`` already gives ``perm`` (no fchmod needed)
@@ -99,10 +104,12 @@ def _plan(branch: Branch) -> tuple[list[_Job], dict[str, Change]]:
         change = overrides.get(path)
         if change is not None and not isinstance(change, ModeChange):
             continue
-        if snapshot is not None and not snapshot.is_racy(path):
+        # copied by stat, unless the content is known: hashed at snapshot time (racy), or kept
+        # (the workspace file may have changed since)
+        if snapshot is not None and not snapshot.is_racy(path) and not snapshot.has_content(path):
             info = snapshot.stat(path)
             mode = change.mode if isinstance(change, ModeChange) else info.mode
-            jobs.append(_Job(path, mode, None, info))
+            jobs.append(_Job(path, mode, None, info, snapshot.known_digest(path) is None))
         else:
             state = root.state(path)
             assert state is not None
@@ -128,14 +135,16 @@ def _create(
     dst_dev: int,
     links: LinkMap | None,
     rewritten: dict[str, tuple[bytes, bytes]],
-) -> _Key:
-    """Write one job's file as ``name`` in ``dst_dir`` (copying from ``src_dir``); its key.
+) -> tuple[_Key, str | None]:
+    """Write one job's file as ``name`` in ``dst_dir`` (copying from ``src_dir``); its key, and
+    the digest of the copied content when the job asks for it.
 
     Both are directory fds, so every call below looks up a single path component. A symlink
     that would lead into the workspace from here is written leading to the same path of this
     directory (``links``), and recorded in ``rewritten`` with the target the branch holds.
     """
     if stat.S_ISLNK(job.mode):
+        hashed = None
         if job.data is not None:
             target = os.fsdecode(job.data)
         else:
@@ -144,12 +153,14 @@ def _create(
                 job.expected
             ):
                 raise WorkspaceChanged([job.rel])
+            if job.hashed:
+                hashed = digest(os.fsencode(target))
         mapped = links.to_branch(job.rel, target) if links is not None else None
         if mapped is not None:
             rewritten[job.rel] = (os.fsencode(mapped), os.fsencode(target))
             target = mapped
         os.symlink(target, name, dir_fd=dst_dir)
-        return _key(os.stat(name, dir_fd=dst_dir, follow_symlinks=False))
+        return _key(os.stat(name, dir_fd=dst_dir, follow_symlinks=False)), hashed
     perm, direct = job.perm, job.direct
     if job.data is not None:
         fd = os.open(name, _CREATE, perm, dir_fd=dst_dir)
@@ -159,7 +170,7 @@ def _create(
                 view = view[os.write(fd, view) :]
             if not direct:
                 os.fchmod(fd, perm)
-            return _key(os.fstat(fd))
+            return _key(os.fstat(fd)), None
         finally:
             os.close(fd)
     src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=src_dir)
@@ -175,8 +186,13 @@ def _create(
         ):
             raise WorkspaceChanged([job.rel])
         fd = os.open(name, _CREATE, perm, dir_fd=dst_dir)
+        hashed = None
         try:
-            copy_fd(src, fd, before.st_size, (before.st_dev, dst_dev))
+            devices = (before.st_dev, dst_dev)
+            if job.hashed:
+                hashed = copy_fd_hashed(src, fd, before.st_size, devices)
+            else:
+                copy_fd(src, fd, before.st_size, devices)
             if not direct:
                 os.fchmod(fd, perm)
             os.utime(fd, ns=(before.st_atime_ns, before.st_mtime_ns))
@@ -187,9 +203,13 @@ def _create(
         after = os.fstat(src)
         if after.st_mtime_ns != before.st_mtime_ns or after.st_ctime_ns != before.st_ctime_ns:
             raise WorkspaceChanged([job.rel])
-        return key
+        return key, hashed
     finally:
         os.close(src)
+
+
+#: what creating one file gives: its path, its key, the digest of its content if hashed
+_Made = tuple[str, tuple[_Key, str | None]]
 
 
 def _run_batch(
@@ -198,10 +218,10 @@ def _run_batch(
     dst_root: str,
     links: LinkMap | None,
     rewritten: dict[str, tuple[bytes, bytes]],
-) -> list[tuple[str, _Key]]:
+) -> list[_Made]:
     """Create a batch of jobs (sorted by path: one directory's files come together)."""
     dst_dev = os.stat(dst_root).st_dev
-    out: list[tuple[str, _Key]] = []
+    out: list[_Made] = []
     current: str | None = None
     src_dir = dst_dir = -1
     try:
@@ -217,8 +237,7 @@ def _run_batch(
             if src_dir < 0 and job.data is None:
                 # Only copies need the source directory (a new directory has none).
                 src_dir = os.open(f"{src_root}/{head}" if head else src_root, _DIR)
-            key = _create(job, name, src_dir, dst_dir, dst_dev, links, rewritten)
-            out.append((job.rel, key))
+            out.append((job.rel, _create(job, name, src_dir, dst_dir, dst_dev, links, rewritten)))
     finally:
         for fd in (src_dir, dst_dir):
             if fd >= 0:
@@ -240,17 +259,17 @@ def _run_jobs(
     workers: int | None,
     links: LinkMap | None,
     rewritten: dict[str, tuple[bytes, bytes]],
-) -> tuple[dict[str, _Key], int]:
-    """Create every job's file; the records and the number of threads used at the end."""
+) -> tuple[dict[str, tuple[_Key, str | None]], int]:
+    """Create every job's file; what each gave and the number of threads used at the end."""
 
-    def run(batch: list[_Job]) -> list[tuple[str, _Key]]:
+    def run(batch: list[_Job]) -> list[_Made]:
         # each thread sets keys of its own paths in ``rewritten``: safe under the GIL
         return _run_batch(batch, src_root, dst_root, links, rewritten)
 
-    def parallel(rest: list[_Job], n: int) -> dict[str, _Key]:
+    def parallel(rest: list[_Job], n: int) -> dict[str, tuple[_Key, str | None]]:
         size = max(16, len(rest) // (n * 8))
         batches = [rest[i : i + size] for i in range(0, len(rest), size)]
-        out: dict[str, _Key] = {}
+        out: dict[str, tuple[_Key, str | None]] = {}
         with ThreadPoolExecutor(n, thread_name_prefix="vfs-materialize") as pool:
             for result in pool.map(run, batches):
                 out.update(result)
@@ -260,7 +279,7 @@ def _run_jobs(
         if workers <= 1 or len(jobs) < 64:
             return dict(run(jobs)), 1
         return parallel(jobs, workers), workers
-    records: dict[str, _Key] = {}
+    records: dict[str, tuple[_Key, str | None]] = {}
     done = 0
     while done < len(jobs):
         chunk = jobs[done : done + _PROBE]
@@ -414,7 +433,13 @@ def materialize(
         dirs = sorted({j.rel.rpartition("/")[0] for j in jobs} - {""})
         _make_dirs(target, dirs)
         src_root = snapshot.root if snapshot else ""
-        records, n = _run_jobs(jobs, src_root, target, workers, links, rewritten)
+        made, n = _run_jobs(jobs, src_root, target, workers, links, rewritten)
+        records: dict[str, _Key] = {}
+        for rel, (key, hashed) in made.items():
+            records[rel] = key
+            if hashed is not None:
+                assert snapshot is not None
+                snapshot.record_digest(rel, hashed)
         if links is not None and (include_ignored or include_vcs):
             dirs += _copy_extras(
                 src_root, target, root.ignore, links, ignored=include_ignored, vcs=include_vcs

@@ -211,10 +211,11 @@ def unified_diff(
 ) -> str:
     """A unified diff of the changes (text; undecodable bytes shown as U+FFFD).
 
-    A file whose base content changed in the workspace since the snapshot cannot be diffed:
-    :class:`WorkspaceChanged` is raised, or with ``base_gone="whole"`` its new version is shown
-    whole under the hunk header ``@@ base changed in the workspace during the run: ... @@``
-    (which ``patch`` and ``git apply`` refuse, rather than apply it to another base).
+    A file whose base content is gone (it changed in the workspace since the snapshot, which did
+    not keep it) cannot be diffed: :class:`WorkspaceChanged` is raised, or with
+    ``base_gone="whole"`` its new version is shown whole under the hunk header
+    ``@@ base changed in the workspace during the run: ... @@`` (which ``patch`` and
+    ``git apply`` refuse, rather than apply it to another base).
     """
     base, change_set = _resolve(source, changes)
     out: list[bytes] = []
@@ -254,7 +255,7 @@ def git_patch(
 ) -> bytes:
     """A patch ``git apply`` accepts (run at the workspace root), binary files included.
 
-    A file whose base content changed in the workspace since the snapshot has no base to patch:
+    A file whose base content is gone (as for :func:`unified_diff`) has no base to patch:
     :class:`WorkspaceChanged` is raised, or with ``base_gone="omit"`` it is left out (logged).
     """
     base, change_set = _resolve(source, changes)

@@ -9,6 +9,12 @@ says so. Files modified within :data:`RACY_WINDOW_NS` of the snapshot (their mti
 later change made in the same clock tick) are hashed at snapshot time instead, and are always
 compared by content afterwards.
 
+What the run learns of a file while the workspace still holds it stays known when the workspace
+file changes later: a checkout that copies a file records the hash of the bytes it copied
+(:meth:`Snapshot.record_digest`), and the content of a file a branch writes is kept
+(:meth:`Snapshot.keep`: read from the workspace, or from a branch's untouched copy), so diffs and
+patches show the change against it. What is kept is of the size of what the run writes.
+
 Nothing here writes to the workspace: the only writer is :func:`orchestrator.vfs.apply_changes`.
 """
 
@@ -169,7 +175,8 @@ class Snapshot:
     """The state of a workspace at one moment, as stat records plus lazily computed hashes.
 
     A snapshot is a root :class:`~orchestrator.vfs.tree.Tree`. Reading content re-checks the
-    file's stat (and, once known, its hash), so a snapshot never hands out content it did not see.
+    file's stat (and, once known, its hash), so a snapshot never hands out content it did not see;
+    content kept (:meth:`keep`) is read from memory (see the module docs).
     """
 
     workspace: Workspace
@@ -179,6 +186,8 @@ class Snapshot:
     taken_ns: int = 0
     _digests: dict[str, str] = field(factory=dict, alias="_digests", repr=False)
     _racy: set[str] = field(factory=set, alias="_racy", repr=False)
+    #: content seen while the workspace held it, verified against the hash
+    _contents: dict[str, bytes] = field(factory=dict, alias="_contents", repr=False)
 
     @property
     def parent(self) -> None:
@@ -217,6 +226,42 @@ class Snapshot:
         """The hash of ``path`` if it was computed already (never reads)."""
         return self._digests.get(path)
 
+    def has_content(self, path: str) -> bool:
+        """Whether the content of ``path`` is kept (a read needs no workspace file)."""
+        return path in self._contents
+
+    def record_digest(self, path: str, digest: str) -> None:
+        """Record the hash of ``path``'s content, read elsewhere under its recorded stat.
+
+        A checkout that copies the file hashes what it copied: the snapshot then knows the
+        file's hash even if the workspace file changes before anything else reads it. Raises
+        :class:`WorkspaceChanged` when another hash is known (other content under the same stat).
+        """
+        if self._digests.setdefault(path, digest) != digest:
+            raise WorkspaceChanged([path])
+
+    def keep(self, path: str, data: bytes | None = None) -> bool:
+        """Keep the content of ``path`` in memory: reads no longer need the workspace file.
+
+        ``data`` is a copy's content (a branch's untouched copy), kept if its hash is the one
+        known for ``path``; without it the workspace file is read now, unless it changed. For
+        the files a branch writes: diffs and patches show the change against their content
+        even once the workspace file changed. Returns whether the content is kept.
+        """
+        if path in self._contents:
+            return True
+        if data is None:
+            try:
+                data = self.read(path)
+            except WorkspaceChanged:
+                return False
+        else:
+            known = self._digests.get(path)
+            if known is None or digest(data) != known:
+                return False
+        self._contents[path] = data
+        return True
+
     def is_racy(self, path: str) -> bool:
         """Whether ``path`` must be compared by content (it changed too close to the snapshot)."""
         return path in self._racy
@@ -232,8 +277,12 @@ class Snapshot:
         return self._digests[path]
 
     def read(self, path: str) -> bytes:
-        """Content of ``path`` at snapshot time, from the workspace, stat- and hash-checked."""
+        """Content of ``path`` at snapshot time: kept, or from the workspace, stat- and
+        hash-checked."""
         info = self.stat(path)
+        kept = self._contents.get(path)
+        if kept is not None:
+            return kept
         try:
             data, before, after = _read_disk(os.path.join(self.root, path), info.mode)
         except OSError as e:

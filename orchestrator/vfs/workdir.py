@@ -50,7 +50,7 @@ from .branch import Branch
 from .changes import Change, Delete, FileState, Write
 from .errors import PathNotFound, PathRefused, WorkspaceChanged
 from .ignore import IgnoreMatcher
-from .snapshot import RACY_WINDOW_NS
+from .snapshot import RACY_WINDOW_NS, Snapshot
 
 __all__ = ["HarvestReport", "Workdir", "harvest"]
 
@@ -669,6 +669,7 @@ class Workdir:
                         mode = self.branch.mode(rel) or DEFAULT_MODE
                     if stat.S_ISLNK(mode):
                         mode = DEFAULT_MODE
+                self._keep_base(rel, name, dir_fd)
                 self._rewritten.pop(rel, None)
                 on_disk = data
                 if stat.S_ISLNK(mode) and self.links is not None:
@@ -720,6 +721,27 @@ class Workdir:
         if self.links is None:
             return target
         return os.fsencode(self.links.to_recorded(os.fsdecode(target)))
+
+    def _keep_base(self, rel: str, name: str, dir_fd: int) -> None:
+        """Before the copy of a workspace file is written over: give its content to the snapshot.
+
+        While the branch holds the workspace's version, the copy is the content the run started
+        from, which the workspace file may no longer have (changed meanwhile): kept, diffs and
+        patches can show the branch's change against it. Read once per file, on its first change.
+        """
+        root = self.branch.root
+        if not isinstance(root, Snapshot) or not root.exists(rel) or root.has_content(rel):
+            return
+        known = root.known_digest(rel)
+        if known is None or self.branch.digest(rel) != known:
+            return
+        try:
+            data, is_link = _read_at(dir_fd, name, rel)
+        except (PathNotFound, OSError):
+            return
+        if is_link:  # the branch's copy of a link may lead into this directory: its recorded
+            data = self._recorded_target(rel, data)  # target is the workspace's
+        root.keep(rel, data)  # only if it is that content (the copy may be changed on disk)
 
     def _rules_written(self, head: str, text: str, st: os.stat_result) -> None:
         """Take the patterns of a ``.gitignore`` just written in directory ``head``."""
