@@ -312,6 +312,14 @@ class StoreVersionError(StoreError):
 class RunBusy(OrchestratorError):
     """The run is running in another process (it holds the run's lock)."""
 
+    def __init__(self, message: str, run_id: str | None = None):
+        #: the run's full id
+        self.run_id = run_id
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.run_id))
+
 
 class ResumeConflict(OrchestratorError):
     """Files a stored run changed were changed in the workspace since the run."""

@@ -103,11 +103,16 @@ async def test_a_report_directory_that_cannot_be_made_is_refused_before_the_run(
 async def test_counts_below_one_are_usage_errors(
     tmp_path: Path, state_dir: Path, argv: list[str]
 ) -> None:
-    """--limit and --max-sessions below 1: exit 2 with one line, no traceback."""
+    """--limit and --max-sessions below 1: exit 2 with one line, no traceback; JSON if asked."""
     done = await run_cli(*argv, cwd=tmp_path, state=state_dir)
     assert done.returncode == EXIT_USAGE
     assert "must be at least 1" in done.stderr.decode()
     assert "Traceback" not in done.stderr.decode()
+    scripted = await run_cli(*argv, "--json", cwd=tmp_path, state=state_dir)
+    assert scripted.returncode == EXIT_USAGE
+    error = as_json(scripted)
+    valid(error)
+    assert (error["error"]["type"], error["exitCode"]) == ("UsageError", EXIT_USAGE)
 
 
 TWO_STEPS = """\
@@ -174,9 +179,14 @@ async def test_a_running_run_is_neither_resumed_nor_applied_elsewhere(
             assert resumed.returncode == EXIT_FAILED, resumed.stderr.decode()
             assert "running in another process" in as_json(resumed)["error"]["message"]
             applied = await run_cli(
-                "apply", run["runId"], "--step", "compare[staller]", cwd=tmp_path, state=state_dir
-            )
+                "apply", run["runId"][:5], "--step", "compare[staller]", "--json",
+                cwd=tmp_path, state=state_dir,
+            )  # fmt: skip
             assert applied.returncode == EXIT_FAILED, applied.stderr.decode()
+            refusal = as_json(applied)
+            valid(refusal)
+            assert (refusal["runId"], refusal["applied"]) == (run["runId"], False)
+            assert refusal["error"]["type"] == "RunBusy"
             assert prompts(staller) == 1  # the resume started no agent
         finally:
             running.send_signal(signal.SIGINT)

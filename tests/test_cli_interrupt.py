@@ -9,6 +9,7 @@ Each agent records every frame it receives (``NAME.jsonl`` beside its script): t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -604,6 +605,42 @@ async def test_sigint_interrupts_a_prompt_and_it_is_recorded(
     answer_now(scripts)
     resumed = await run_cli("resume", run_id, "--json", cwd=tmp_path, state=state_dir)
     assert resumed.returncode == EXIT_OK, resumed.stderr.decode()
+    assert as_json(resumed)["status"] == "succeeded"
+    # a resumed prompt reads like a prompt
+    assert (as_json(resumed)["kind"], as_json(resumed)["stopReason"]) == ("prompt", "end_turn")
+    assert as_json(resumed)["text"] == "done"
+
+
+async def test_a_run_whose_process_was_killed_resumes(
+    tmp_path: Path, project: Path, scripts: list[Path], state_dir: Path
+) -> None:
+    """SIGKILL of the command mid-turn: the run stays "running"; resume ends it all the same."""
+    env = {**os.environ, "ORCHESTRATOR_STATE_DIR": str(state_dir)}
+    argv = [str(CLI), "prompt", "--json", "--cwd", str(project)]
+    argv += ["--agent", f"a={shlex.join(agent_command(scripts[0]))}", "go"]
+    with trio.fail_after(CLI_LIMIT):
+        cli = await trio.lowlevel.open_process(argv, cwd=tmp_path, env=env)
+        try:
+            while not prompts(scripts[0]):
+                assert cli.poll() is None
+                await trio.sleep(0.05)
+            pids = descendants(cli.pid)
+            cli.kill()
+            await cli.wait()
+        finally:
+            # nothing ends the agent of a killed command yet: this test does
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+    [run_id] = await run_ids(state_dir)
+    shown = await run_cli("show", run_id, "--json", cwd=tmp_path, state=state_dir)
+    assert as_json(shown)["status"] == "running"
+    # its branch directory is still there: the resume must not trip over it
+    assert list((state_dir / "runs" / run_id).glob("branches/*"))
+    answer_now(scripts)
+    resumed = await run_cli("resume", run_id, "--json", cwd=tmp_path, state=state_dir)
+    assert resumed.returncode == EXIT_OK, resumed.stderr.decode()
+    assert "process is gone" in resumed.stderr.decode()
     assert as_json(resumed)["status"] == "succeeded"
 
 

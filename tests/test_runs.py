@@ -487,6 +487,8 @@ async def test_compare_runs_each_agent_on_its_branch_and_applies_only_the_chosen
         )
     assert outcome.status == "succeeded"
     assert outcome.result["applied"] == "a"
+    # the store says the same: the agent applied, by name
+    assert (await get_run_json(outcome.run_id))["applied"] == "a"
     agents = {one["name"]: one for one in outcome.result["agents"]}
     assert set(agents) == {"a", "b"}
     assert agents["a"]["text"] == "a finished"

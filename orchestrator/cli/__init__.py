@@ -48,8 +48,19 @@ exit codes:
 """
 
 
+#: whether the command line being parsed asked for --json (its usage errors are JSON too)
+_json_errors = False
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
+        if _json_errors:
+            # a script asked for one JSON object: bad usage is one too (and one line on stderr)
+            _error(f"{message} (see {self.prog} --help)")
+            _emit_json(
+                {"error": {"type": "UsageError", "message": message}, "exitCode": EXIT_USAGE}
+            )
+            self.exit(EXIT_USAGE)
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
@@ -137,6 +148,8 @@ def configure_logging(verbosity: int, as_json: bool) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
+    global _json_errors
+    _json_errors = "--json" in (sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     configure_logging(args.verbose, args.log_json)
     from .runs import HANDLERS
@@ -177,8 +190,11 @@ async def _interruptible(handler: Callable[[argparse.Namespace], Any], args: Any
 
     args.run_ids = []  # filled by the run commands as their runs start
 
-    def run_id() -> dict[str, str]:
-        return {"runId": args.run_ids[-1]} if args.run_ids else {}
+    def run_id(e: BaseException | None = None) -> dict[str, str]:
+        if args.run_ids:
+            return {"runId": args.run_ids[-1]}
+        known = getattr(e, "run_id", None)  # a refusal names the run it refused
+        return {"runId": known} if isinstance(known, str) and known else {}
 
     def fail(e: BaseException, exit_code: int) -> int:
         _error(str(e))
@@ -188,7 +204,7 @@ async def _interruptible(handler: Callable[[argparse.Namespace], Any], args: Any
                 {
                     "error": {"type": type(e).__name__, "message": str(e)},
                     "exitCode": exit_code,
-                    **run_id(),
+                    **run_id(e),
                     **({"paths": list(paths)} if paths else {}),
                 }
             )
@@ -320,6 +336,9 @@ def _report_changes(run: Any) -> None:
             f"they were when the run started, orchestrator apply {run.run_id} writes them",
             file=sys.stderr,
         )
+    elif links:
+        # git apply would write a symlink wherever it leads; orchestrator apply checks each
+        print(f"not applied; to apply: orchestrator apply {run.run_id}", file=sys.stderr)
     else:
         print(
             f"not applied; to apply: orchestrator apply {run.run_id} "

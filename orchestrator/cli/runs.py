@@ -471,14 +471,14 @@ async def cmd_show(args: argparse.Namespace) -> int:
 
 async def cmd_apply(args: argparse.Namespace) -> int:
     """``orchestrator apply``."""
-    from ..errors import ApplyRefused, UnsettledConflicts, UsageError
+    from ..errors import ApplyRefused, RunBusy, UnsettledConflicts, UsageError
     from ..runs import apply_run
 
     try:
         outcome = await apply_run(
             args.run, step=args.step, git_branch=args.git_branch, state_dir=args.state_dir
         )
-    except ApplyRefused as e:
+    except (ApplyRefused, RunBusy) as e:
         if isinstance(e, UnsettledConflicts):
             code = EXIT_MERGE_CONFLICTS
         elif isinstance(e, UsageError):  # symlinks out of the workspace: the changes are bad

@@ -33,7 +33,7 @@ def hold_run_lock(run_dir: Path, run_id: str, *, doing: str) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise RunBusy(
-                f"run {run_id} is running in another process: cannot {doing} it now"
+                f"run {run_id} is running in another process: cannot {doing} it now", run_id
             ) from None
         yield
     finally:

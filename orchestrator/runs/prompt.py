@@ -33,7 +33,7 @@ from .run import RunOutcome, launchable, run_pipeline, workspace_root
 
 ChangeKind = Literal["added", "modified", "deleted"]
 
-__all__ = ["PromptRun", "prompt", "prompt_sync"]
+__all__ = ["PromptRun", "prompt", "prompt_result", "prompt_sync"]
 
 
 @frozen
@@ -160,6 +160,15 @@ def _prompt_run(outcome: RunOutcome, last: Any, spec: AgentSpec, wall_seconds: f
         status=outcome.status,
         exit_code=outcome.exit_code,
     )
+
+
+def prompt_result(outcome: RunOutcome, spec: AgentSpec, wall_seconds: float) -> dict[str, Any]:
+    """A prompt run's ``--json`` object: the run's, with the prompt's fields when its turn ran
+    (a resumed prompt reads like a prompt; one that never got a turn, like a one-step run)."""
+    last = outcome.outcomes.get("prompt", {}).get(None)
+    if not isinstance(last, StepResult) or last.turn is None:
+        return dict(outcome.result)
+    return {**outcome.result, **_prompt_run(outcome, last, spec, wall_seconds).to_json()}
 
 
 async def prompt(

@@ -152,9 +152,19 @@ async def get_run_json(
             if verify and not one.get("verify"):
                 one["verify"] = None
             agents.append(one)
+        # a comparison's agents are alternatives: ``applied`` names the one written to the
+        # workspace (the latest, if several were), or is null
+        written = [
+            key[len("compare[") : -1]
+            for apply in await store.applies(record.run_id)
+            if apply.git_branch is None
+            for key in apply.keys or ()
+            if key.startswith("compare[") and key.endswith("]")
+        ]
         result.update(
             task=compare_info.get("task") or record.inputs.get("task"),
             agents=agents,
+            applied=written[-1] if written else None,
             **judge(agents).to_json(),
         )
     else:

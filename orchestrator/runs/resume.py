@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Mapping
 from typing import Any
 
 import structlog
 import trio
 
+from ..agents import AgentSpec
 from ..config import Config
 from ..errors import ResumeConflict, UsageError
 from ..pipeline import load_pipeline
@@ -15,7 +18,7 @@ from ..policy import PolicySet
 from ..state import state_directory
 from ..store import open_run_store
 from .compare import _compare_config, _compare_pipeline
-from .prompt import prompt_pipeline
+from .prompt import prompt_pipeline, prompt_result
 from .run import RunOutcome, run_pipeline
 from .settings import restore_settings
 
@@ -47,13 +50,12 @@ async def resume_run(
     state = state_directory(state_dir)
     async with open_run_store(state) as store:
         record = await store.get_run(run_id)
-    if record.status == "running":
-        log.warning("resuming a run still marked running", run=record.run_id)
     options = dict(record.options)
     base = config if config is not None else await trio.to_thread.run_sync(Config.load, record.cwd)
     restored = restore_settings(
         options.get("settings"), base, policy=policy, max_sessions=max_sessions
     )
+    spec: AgentSpec | None = None  # a prompt's agent
     if record.kind == "compare":
         info = options.get("compare") or {}
         names = list(info.get("agents") or [])
@@ -74,7 +76,9 @@ async def resume_run(
         info = options.get("prompt") or {}
         if not info.get("agent"):
             raise UsageError(f"run {record.run_id} does not record its agent")
-        pipe = prompt_pipeline(str(info["agent"]), info.get("timeout"), info.get("idleTimeout"))
+        agent = str(info["agent"])
+        pipe = prompt_pipeline(agent, info.get("timeout"), info.get("idleTimeout"))
+        spec = restored.settings.agents.get(agent) or base.resolve_agent(agent)
     else:
         if not record.pipeline:
             raise UsageError(f"run {record.run_id} has no pipeline to resume")
@@ -84,6 +88,14 @@ async def resume_run(
     # as the first attempt: a prompt keeps its wire transcript only when asked
     kwargs.setdefault("record_transcripts", record.kind != "prompt")
     said = restored.to_json()
+    started = time.monotonic()
+
+    def finish(outcome: RunOutcome) -> Mapping[str, Any]:
+        result = dict(outcome.result)
+        if spec is not None:  # a prompt reads like a prompt again
+            result = prompt_result(outcome, spec, time.monotonic() - started)
+        return {**result, "restored": said}
+
     if restored.restored or restored.overridden:
         log.info("resume settings", **said)
     try:
@@ -96,7 +108,7 @@ async def resume_run(
             _kind=record.kind if record.kind in ("compare", "prompt") else "pipeline",
             _resume=record.run_id,
             _settings_restored=restored.settings,
-            _finish_result=lambda outcome: {**outcome.result, "restored": said},
+            _finish_result=finish,
             **kwargs,
         )
     except ResumeConflict as e:

@@ -277,6 +277,14 @@ async def _run_locked(
             )
             await store.create_run(record)
         else:
+            if (await store.get_run(run_id)).status == "running":
+                # its lock was free: the process that ran it is gone (killed, crashed)
+                log.warning("the run's process is gone; resuming it", run=run_id)
+            # what an earlier attempt left in the run directory is nobody's now (the lock is
+            # ours): branch directories of a killed process would block the steps' new ones
+            await trio.to_thread.run_sync(
+                lambda: shutil.rmtree(run_dir / "branches", ignore_errors=True)
+            )
             reused = await _reusable(store, run_id, snapshot)
             await store.update_run(run_id, status="running", finished=None, error=None)
         log.info("run started", run=run_id, pipeline=pipe.name, steps=len(pipe.steps))
@@ -487,6 +495,8 @@ def check_transcript_path(path: str | os.PathLike[str] | None) -> None:
     if target.is_dir():
         raise UsageError(f"transcript {target}: is a directory")
     parent = target.absolute().parent
+    if parent.exists() and not parent.is_dir():
+        raise UsageError(f"transcript {target}: {parent} is not a directory")
     if not parent.is_dir():
         raise UsageError(f"transcript {target}: directory {parent} does not exist")
     if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
