@@ -133,10 +133,8 @@ def edit(task: str) -> str:
 """
 
 
-async def test_resume_restores_the_policy_the_run_started_with(
-    tmp_path: Path, project: Path, state_dir: Path
-) -> None:
-    """A run started with --policy edit, resumed without it, still allows the edit."""
+async def failed_edit_run(tmp_path: Path, project: Path, state_dir: Path) -> str:
+    """A pipeline run under --policy edit whose agent crashes; the editor then fixed. Its id."""
     crashing = write_agent(tmp_path / "crashing.json", Turn(steps=(Crash(exit_code=3),)))
     configure(project, editor=crashing)
     pipeline = tmp_path / "edit.py"
@@ -146,10 +144,16 @@ async def test_resume_restores_the_policy_the_run_started_with(
         "--cwd", str(project), cwd=tmp_path, state=state_dir,
     )  # fmt: skip
     assert first.returncode == EXIT_FAILED, first.stderr.decode()
-    run_id = as_json(first)["runId"]
-    # the user fixes the agent's command, and resumes without saying the policy again
-    fixed = write_agent(tmp_path / "fixed.json", editing_turn())
-    configure(project, editor=fixed)
+    # the user fixes the agent's command, and resumes
+    configure(project, editor=write_agent(tmp_path / "fixed.json", editing_turn()))
+    return str(as_json(first)["runId"])
+
+
+async def test_resume_restores_the_policy_the_run_started_with(
+    tmp_path: Path, project: Path, state_dir: Path
+) -> None:
+    """A run started with --policy edit, resumed without it, still allows the edit."""
+    run_id = await failed_edit_run(tmp_path, project, state_dir)  # resumed without --policy
     resumed = await run_cli("resume", run_id, "--json", cwd=tmp_path, state=state_dir)
     assert resumed.returncode == EXIT_OK, resumed.stderr.decode()
     result = as_json(resumed)
@@ -171,16 +175,7 @@ async def test_resume_policy_option_overrides_the_recorded_one(
     tmp_path: Path, project: Path, state_dir: Path
 ) -> None:
     """resume --policy deny-all replaces the recorded policy: the edit is rejected."""
-    crashing = write_agent(tmp_path / "crashing.json", Turn(steps=(Crash(exit_code=3),)))
-    configure(project, editor=crashing)
-    pipeline = tmp_path / "edit.py"
-    pipeline.write_text(PIPELINE)
-    first = await run_cli(
-        "run", str(pipeline), "--set", "task=go", "--policy", "edit", "--json",
-        "--cwd", str(project), cwd=tmp_path, state=state_dir,
-    )  # fmt: skip
-    run_id = as_json(first)["runId"]
-    configure(project, editor=write_agent(tmp_path / "fixed.json", editing_turn()))
+    run_id = await failed_edit_run(tmp_path, project, state_dir)
     resumed = await run_cli(
         "resume", run_id, "--policy", "deny-all", "--json", cwd=tmp_path, state=state_dir
     )
