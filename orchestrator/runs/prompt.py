@@ -168,7 +168,17 @@ def prompt_result(outcome: RunOutcome, spec: AgentSpec, wall_seconds: float) -> 
     last = outcome.outcomes.get("prompt", {}).get(None)
     if not isinstance(last, StepResult) or last.turn is None:
         return dict(outcome.result)
-    return {**outcome.result, **_prompt_run(outcome, last, spec, wall_seconds).to_json()}
+    return _as_prompt(outcome, _prompt_run(outcome, last, spec, wall_seconds))
+
+
+#: what a one-step run's object holds that a prompt's does not (its step holds the turn again)
+_RUN_ONLY = frozenset({"steps", "graph", "inputs", "pipeline", "name"})
+
+
+def _as_prompt(outcome: RunOutcome, run: PromptRun) -> dict[str, Any]:
+    """The run's object as a prompt's: the prompt's fields, without the one-step run's."""
+    shared = {k: v for k, v in outcome.result.items() if k not in _RUN_ONLY}
+    return {**shared, **run.to_json()}
 
 
 async def prompt(
@@ -223,7 +233,7 @@ async def prompt(
         last = outcome.outcomes.get("prompt", {}).get(None)
         run = _prompt_run(outcome, last, spec, time.monotonic() - started)
         made.append(run)
-        return {**outcome.result, **run.to_json()}
+        return _as_prompt(outcome, run)
 
     await run_pipeline(
         prompt_pipeline(spec.name, timeout, idle_timeout),
