@@ -139,6 +139,20 @@ def _copy_plain(src: int, dst: int, done: int) -> None:
             done += n
 
 
+def _reflink(src: int, dst: int, devices: tuple[int, int]) -> bool:
+    """Clone ``src`` into ``dst`` (``FICLONE``); False where the pair of devices cannot."""
+    if devices in _no_reflink:
+        return False
+    try:
+        fcntl.ioctl(dst, _FICLONE, src)
+    except OSError as e:
+        if e.errno not in _UNSUPPORTED:
+            raise
+        _no_reflink.add(devices)
+        return False
+    return True
+
+
 def copy_fd(src: int, dst: int, size: int, devices: tuple[int, int]) -> None:
     """Copy ``size`` bytes from ``src`` to the empty file ``dst`` as cheaply as the system allows.
 
@@ -146,15 +160,8 @@ def copy_fd(src: int, dst: int, size: int, devices: tuple[int, int]) -> None:
     some filesystems), then ``pread``/``pwrite``. A method that fails as unsupported is not tried
     again for the same pair of devices. Never a hard link.
     """
-    if devices not in _no_reflink:
-        try:
-            fcntl.ioctl(dst, _FICLONE, src)
-        except OSError as e:
-            if e.errno not in _UNSUPPORTED:
-                raise
-            _no_reflink.add(devices)
-        else:
-            return
+    if _reflink(src, dst, devices):
+        return
     done = 0
     if devices not in _no_copy_range:
         try:
@@ -178,20 +185,13 @@ def copy_fd_hashed(src: int, dst: int, size: int, devices: tuple[int, int]) -> s
     they go through here (``pread``, hash, ``pwrite``) instead of an in-kernel copy, which
     would leave them to be read a second time.
     """
-    if devices not in _no_reflink:
-        try:
-            fcntl.ioctl(dst, _FICLONE, src)
-        except OSError as e:
-            if e.errno not in _UNSUPPORTED:
-                raise
-            _no_reflink.add(devices)
-        else:
-            hasher = hashlib.sha256()
-            done = 0
-            while done < size and (chunk := os.pread(src, min(size - done, 1 << 20), done)):
-                hasher.update(chunk)
-                done += len(chunk)
-            return hasher.hexdigest()
+    if _reflink(src, dst, devices):
+        hasher = hashlib.sha256()
+        done = 0
+        while done < size and (chunk := os.pread(src, min(size - done, 1 << 20), done)):
+            hasher.update(chunk)
+            done += len(chunk)
+        return hasher.hexdigest()
     if size <= 1 << 20:
         # one read and one write: most files of a source tree
         data = os.pread(src, size, 0)
