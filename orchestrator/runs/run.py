@@ -216,166 +216,132 @@ async def run_pipeline(
     run_dir = state / "runs" / run_id
     # one process per run: a resume of a run still running elsewhere is refused before the
     # record is touched (the lock goes with the process: a crashed run's is free)
-    with hold_run_lock(run_dir, run_id, doing="resume"):
-        return await _run_locked(
-            pipe, values, root, cfg, settings, agents, state, run_id, run_dir, apply,
-            on_event, on_update, transcript, connector, pool, verify, options, services,
-            _kind, _resume, _extra_options, _finish_result, escalate,
-            record_transcripts or transcript is not None,
-        )  # fmt: skip
-
-
-async def _run_locked(
-    pipe: Pipeline,
-    values: Mapping[str, Any],
-    root: Path,
-    cfg: Config,
-    settings: RunSettings,
-    agents: Mapping[str, AgentSpec],
-    state: Path,
-    run_id: str,
-    run_dir: Path,
-    apply: bool,
-    on_event: Callable[[RunEvent], None] | None,
-    on_update: Callable[[t.SessionUpdate], None] | None,
-    transcript: str | os.PathLike[str] | None,
-    connector: Connector | None,
-    pool: AgentPool | None,
-    verify: Mapping[str, str] | None,
-    options: ClientOptions | None,
-    services: ClientServices | None,
-    _kind: RunKind,
-    _resume: str | None,
-    _extra_options: Mapping[str, Any] | None,
-    _finish_result: Callable[[RunOutcome], Mapping[str, Any]] | None,
-    escalate: Escalate | None,
-    record_transcripts: bool,
-) -> RunOutcome:
-    """The run, its lock held (see :func:`run_pipeline`)."""
+    record_transcripts = record_transcripts or transcript is not None
     limit = settings.max_sessions
-    async with open_run_store(state) as store:
-        reused: dict[str, tuple[StepRecord, Branch]] = {}
-        snapshot = await trio.to_thread.run_sync(Workspace.open(root).snapshot)
-        if _resume is None:
-            record = RunRecord(
-                run_id=run_id,
-                kind=_kind,
-                status="running",
-                created=time.time(),
-                cwd=str(root),
-                pipeline=pipe.path,
-                pipeline_digest=pipe.digest,
-                inputs=_json_inputs(values),
-                options={
-                    "graph": pipe.to_json(),
-                    "policy": settings.policy_source,
-                    "verify": dict(verify or {}),
-                    "maxSessions": limit,
-                    "settings": settings.to_json(),
-                    **dict(_extra_options or {}),
-                },
-            )
-            await store.create_run(record)
-        else:
-            if (await store.get_run(run_id)).status == "running":
-                # its lock was free: the process that ran it is gone (killed, crashed)
-                log.warning("the run's process is gone; resuming it", run=run_id)
-            # what an earlier attempt left in the run directory is nobody's now (the lock is
-            # ours): branch directories of a killed process would block the steps' new ones
-            await trio.to_thread.run_sync(
-                lambda: shutil.rmtree(run_dir / "branches", ignore_errors=True)
-            )
-            reused = await _reusable(store, run_id, snapshot)
-            await store.update_run(run_id, status="running", finished=None, error=None)
-        log.info("run started", run=run_id, pipeline=pipe.name, steps=len(pipe.steps))
-        started = time.monotonic()
-        status: RunStatus = "interrupted"
-        unapplied: tuple[str, ...] = ()
-        refused: SymlinkRefused | None = None
-        left_out: tuple[str, ...] = ()
-        crash: Exception | None = None
-        try:
-            async with (
-                open_store_writer(store) as writer,
-                open_supervisor(
-                    Limits(max_sessions=limit),
-                    connector=connector,
-                    options=options,
-                    transcripts=run_dir / "transcripts" if record_transcripts else None,
-                    workdir=run_dir,
-                ) as supervisor,
-            ):
-                runner = PipelineRunner(
-                    pipeline=pipe,
-                    inputs=values,
+    with hold_run_lock(run_dir, run_id, doing="resume"):
+        async with open_run_store(state) as store:
+            reused: dict[str, tuple[StepRecord, Branch]] = {}
+            snapshot = await trio.to_thread.run_sync(Workspace.open(root).snapshot)
+            if _resume is None:
+                record = RunRecord(
                     run_id=run_id,
-                    workspace=root,
-                    snapshot=snapshot,
-                    writer=writer,
-                    pool=pool or supervisor,
-                    resolve_agent=cfg.resolve_agent,
-                    run_dir=run_dir,
-                    policy=settings.policy,
-                    load_policy=settings.load_policy,
-                    escalate=escalate,
-                    on_event=on_event,
-                    on_update=on_update,
-                    services=services,
-                    verify=dict(verify or {}),
-                    reused=reused,
-                    parallel=limit,
-                    agents=agents,
+                    kind=_kind,
+                    status="running",
+                    created=time.time(),
+                    cwd=str(root),
+                    pipeline=pipe.path,
+                    pipeline_digest=pipe.digest,
+                    inputs=_json_inputs(values),
+                    options={
+                        "graph": pipe.to_json(),
+                        "policy": settings.policy_source,
+                        "verify": dict(verify or {}),
+                        "maxSessions": limit,
+                        "settings": settings.to_json(),
+                        **dict(_extra_options or {}),
+                    },
                 )
-                await runner.emit(RunEvent("run_started", run_id, data={"pipeline": pipe.name}))
-                await runner.run()
-            status, unapplied, left_out, refused = await _conclude(
-                store, runner, _kind, apply, state
+                await store.create_run(record)
+            else:
+                if (await store.get_run(run_id)).status == "running":
+                    # its lock was free: the process that ran it is gone (killed, crashed)
+                    log.warning("the run's process is gone; resuming it", run=run_id)
+                # what an earlier attempt left in the run directory is nobody's now (the lock is
+                # ours): branch directories of a killed process would block the steps' new ones
+                await trio.to_thread.run_sync(
+                    lambda: shutil.rmtree(run_dir / "branches", ignore_errors=True)
+                )
+                reused = await _reusable(store, run_id, snapshot)
+                await store.update_run(run_id, status="running", finished=None, error=None)
+            log.info("run started", run=run_id, pipeline=pipe.name, steps=len(pipe.steps))
+            started = time.monotonic()
+            status: RunStatus = "interrupted"
+            unapplied: tuple[str, ...] = ()
+            refused: SymlinkRefused | None = None
+            left_out: tuple[str, ...] = ()
+            crash: Exception | None = None
+            try:
+                async with (
+                    open_store_writer(store) as writer,
+                    open_supervisor(
+                        Limits(max_sessions=limit),
+                        connector=connector,
+                        options=options,
+                        transcripts=run_dir / "transcripts" if record_transcripts else None,
+                        workdir=run_dir,
+                    ) as supervisor,
+                ):
+                    runner = PipelineRunner(
+                        pipeline=pipe,
+                        inputs=values,
+                        run_id=run_id,
+                        workspace=root,
+                        snapshot=snapshot,
+                        writer=writer,
+                        pool=pool or supervisor,
+                        resolve_agent=cfg.resolve_agent,
+                        run_dir=run_dir,
+                        policy=settings.policy,
+                        load_policy=settings.load_policy,
+                        escalate=escalate,
+                        on_event=on_event,
+                        on_update=on_update,
+                        services=services,
+                        verify=dict(verify or {}),
+                        reused=reused,
+                        parallel=limit,
+                        agents=agents,
+                    )
+                    await runner.emit(RunEvent("run_started", run_id, data={"pipeline": pipe.name}))
+                    await runner.run()
+                status, unapplied, left_out, refused = await _conclude(
+                    store, runner, _kind, apply, state
+                )
+            except Exception as e:
+                crash = e  # not an interruption: recorded as a failure with its error
+                raise
+            finally:
+                with trio.CancelScope(shield=True):
+                    await _import_transcripts(store, run_id, run_dir, transcript)
+                    if status == "interrupted":
+                        await store.mark_interrupted(run_id)
+                        if crash is not None:
+                            error = f"{type(crash).__name__}: {crash}"
+                            await store.update_run(run_id, status="failed", error=error)
+                            log.error("run failed", run=run_id, error=error)
+                        else:
+                            log.warning("run interrupted", run=run_id)
+            result = await get_run_json(run_id, store=store)
+            result = {
+                **result,
+                "wallSeconds": round(time.monotonic() - started, 3),
+                # instances finished in an earlier attempt and reused by this resume
+                "reused": sorted(reused),
+                # asked to apply: the files that changed in the workspace during the run
+                "workspaceChanged": list(unapplied),
+                # changed files whose content at the start of the run is gone from the workspace:
+                # changes.patch leaves them out (the run store keeps their changes)
+                "patchLeftOut": list(left_out),
+            }
+            outcome = RunOutcome(
+                run_id,
+                status,
+                result,
+                str(run_dir),
+                unapplied,
+                values={
+                    name: s.value() for name, s in runner.states.items() if s.status == "succeeded"
+                },
+                outcomes={name: dict(s.last) for name, s in runner.states.items()},
             )
-        except Exception as e:
-            crash = e  # not an interruption: recorded as a failure with its error
-            raise
-        finally:
-            with trio.CancelScope(shield=True):
-                await _import_transcripts(store, run_id, run_dir, transcript)
-                if status == "interrupted":
-                    await store.mark_interrupted(run_id)
-                    if crash is not None:
-                        error = f"{type(crash).__name__}: {crash}"
-                        await store.update_run(run_id, status="failed", error=error)
-                        log.error("run failed", run=run_id, error=error)
-                    else:
-                        log.warning("run interrupted", run=run_id)
-        result = await get_run_json(run_id, store=store)
-        result = {
-            **result,
-            "wallSeconds": round(time.monotonic() - started, 3),
-            # instances finished in an earlier attempt and reused by this resume
-            "reused": sorted(reused),
-            # asked to apply: the files that changed in the workspace during the run
-            "workspaceChanged": list(unapplied),
-            # changed files whose content at the start of the run is gone from the workspace:
-            # changes.patch leaves them out (the run store keeps their changes)
-            "patchLeftOut": list(left_out),
-        }
-        outcome = RunOutcome(
-            run_id,
-            status,
-            result,
-            str(run_dir),
-            unapplied,
-            values={
-                name: s.value() for name, s in runner.states.items() if s.status == "succeeded"
-            },
-            outcomes={name: dict(s.last) for name, s in runner.states.items()},
-        )
-        if _finish_result is not None:
-            outcome = attrs.evolve(outcome, result=_finish_result(outcome))
-        await store.update_run(run_id, result=dict(outcome.result))
-        if on_event is not None:
-            on_event(RunEvent("run_finished", run_id, data={"status": status}))
-        if refused is not None:
-            raise refused  # the run is recorded (its changes too); the apply is bad input
-        return outcome
+            if _finish_result is not None:
+                outcome = attrs.evolve(outcome, result=_finish_result(outcome))
+            await store.update_run(run_id, result=dict(outcome.result))
+            if on_event is not None:
+                on_event(RunEvent("run_finished", run_id, data={"status": status}))
+            if refused is not None:
+                raise refused  # the run is recorded (its changes too); the apply is bad input
+            return outcome
 
 
 async def _conclude(
@@ -510,12 +476,6 @@ def _json_inputs(values: Mapping[str, Any]) -> dict[str, Any]:
         return dict(orjson.loads(orjson.dumps(dict(values))))
     except TypeError:
         return {k: repr(v) for k, v in values.items()}
-
-
-def _policy_name(policy: str | os.PathLike[str] | PolicySet | None) -> str | None:
-    if policy is None or isinstance(policy, PolicySet):
-        return None
-    return os.fspath(policy)
 
 
 def run_pipeline_sync(

@@ -16,19 +16,16 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-import attrs
 import structlog
 from attrs import field, frozen
 
-from ..agents import AgentSpec
+from ..agents import _REDACTED, AgentSpec  # the marker AgentSpec.to_json writes for secrets
 from ..config import Config
 from ..policy import PolicySet
 
-__all__ = ["RunSettings", "restore_settings"]
+__all__ = ["Restored", "RunSettings", "policy_source", "restore_settings"]
 
 log = structlog.get_logger(__name__)
-
-_REDACTED = "<redacted>"
 
 
 @frozen
@@ -195,8 +192,3 @@ def policy_source(policy: str | os.PathLike[str] | PolicySet | None) -> str | No
     if isinstance(policy, PolicySet):
         return "library"
     return os.fspath(policy)
-
-
-def with_agents(settings: RunSettings, agents: Mapping[str, AgentSpec]) -> RunSettings:
-    """``settings`` with ``agents`` added to its table."""
-    return attrs.evolve(settings, agents={**settings.agents, **agents})
