@@ -191,6 +191,10 @@ class Config:
             agents[name] = layer.agent(name, table, agents.get(name))
         return cls(agents, max_sessions, (*start.sources, source))
 
+    def with_agents(self, agents: Mapping[str, AgentSpec]) -> Config:
+        """This config with ``agents`` added to (or replacing entries of) its table."""
+        return attrs.evolve(self, agents={**self.agents, **agents})
+
     def resolve_agent(self, text: str) -> AgentSpec:
         """An agent from ``--agent`` (a name in this table, ``NAME=COMMAND`` or a command)."""
         return resolve_agent(text, self.agents)

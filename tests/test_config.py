@@ -387,3 +387,12 @@ def test_a_failed_layer_changes_nothing() -> None:
         Config.from_toml("[agents.claude]\nmax_sessions = 0\n", base, source="project")
     assert base.max_sessions == 2
     assert base.agents["claude"] == KNOWN_AGENTS["claude"]
+
+
+def test_with_agents_adds_to_the_table_and_keeps_the_rest() -> None:
+    """with_agents adds or replaces entries; limits, sources and other agents stay."""
+    base = Config(agents={"a": AgentSpec("a", ("a",))}, max_sessions=3, sources=("x.toml",))
+    more = base.with_agents({"b": AgentSpec("b", ("b",)), "a": AgentSpec("a", ("a2",))})
+    assert {n: s.command for n, s in more.agents.items()} == {"a": ("a2",), "b": ("b",)}
+    assert (more.max_sessions, more.sources) == (3, ("x.toml",))
+    assert base.agents["a"].command == ("a",)

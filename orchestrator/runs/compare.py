@@ -27,16 +27,16 @@ __all__ = ["compare", "compare_sync"]
 def _compare_config(cwd: str, names: Sequence[str], commands: Mapping[str, Any]) -> Config:
     """The agent table of a recorded comparison: each label with the command it ran."""
     base = Config.load(cwd)
-    table = dict(base.agents)
+    ran: dict[str, AgentSpec] = {}
     for name in names:
         argv = tuple(commands.get(name) or ())
-        known = table.get(name)
+        known = base.agents.get(name)
         if known is not None and (not argv or known.command == argv):
             continue
         if not argv:
             raise UsageError(f"the comparison does not record how to start agent {name!r}")
-        table[name] = attrs.evolve(known, command=argv) if known else AgentSpec(name, argv)
-    return Config(agents=table, max_sessions=base.max_sessions, sources=base.sources)
+        ran[name] = attrs.evolve(known, command=argv) if known else AgentSpec(name, argv)
+    return base.with_agents(ran)
 
 
 def _compare_pipeline(
@@ -89,9 +89,7 @@ async def compare(
                 f" ({name}); label them with NAME=COMMAND to compare it with itself"
             )
     # the comparison's step names its agents by label: the table maps each to its spec
-    table = dict(cfg.agents)
-    table.update({s.name: s for s in specs})
-    cfg = Config(agents=table, max_sessions=cfg.max_sessions, sources=cfg.sources)
+    cfg = cfg.with_agents({s.name: s for s in specs})
     if apply is not None and apply not in names:
         raise UsageError(f"apply {apply!r}: not one of the agents ({', '.join(names)})")
     pipe = _compare_pipeline(task, names, timeout, idle_timeout)
@@ -99,7 +97,7 @@ async def compare(
     info = {
         "task": task,
         "agents": names,
-        "commands": {s.name: list(table[s.name].command) for s in specs},
+        "commands": {s.name: list(s.command) for s in specs},
         "timeout": timeout,
         "idle_timeout": idle_timeout,
     }

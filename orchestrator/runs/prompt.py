@@ -223,9 +223,7 @@ async def prompt(
     spec = cfg.resolve_agent(agent) if isinstance(agent, str) else agent
     spec = spec.resolved(os.getcwd())  # the agent runs elsewhere: its branch directory
     launchable(spec)  # as every run checks its agents: before anything starts
-    cfg = Config(
-        agents={**cfg.agents, spec.name: spec}, max_sessions=cfg.max_sessions, sources=cfg.sources
-    )
+    cfg = cfg.with_agents({spec.name: spec})
     started = time.monotonic()
     made: list[PromptRun] = []
 

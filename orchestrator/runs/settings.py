@@ -60,11 +60,7 @@ class RunSettings:
 
     def config(self, base: Config) -> Config:
         """``base`` with this run's agent table on top."""
-        return Config(
-            agents={**base.agents, **self.agents},
-            max_sessions=base.max_sessions,
-            sources=base.sources,
-        )
+        return base.with_agents(self.agents)
 
 
 def _spec_from_json(
