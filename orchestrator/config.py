@@ -7,7 +7,11 @@ the user file < the project file.
   ``$XDG_CONFIG_HOME/acp-orchestrator/config.toml``, else
   ``~/.config/acp-orchestrator/config.toml`` (a missing default file is no error).
 - The project file is ``.orchestrator.toml`` in the project directory given, and only there:
-  no parent directory is searched.
+  no parent directory is searched. It comes with the project (a cloned repository can carry
+  one), so its keys that start programs or widen what an agent may do (``command``, ``env``,
+  ``cwd``, ``policy``: :data:`~orchestrator.trust.NEEDS_TRUST`) are used only when the user
+  trusted that file (:class:`~orchestrator.trust.TrustStore`, by path and digest); otherwise
+  they are ignored, an agent the file defines is left out, and :attr:`Config.ignored` says so.
 
 The format::
 
@@ -44,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-from attrs import field, frozen
+from attrs import define, field, frozen
 
 from .agents import (
     WRITE_MODES,
@@ -57,6 +61,7 @@ from .agents import (
 )
 from .errors import UsageError
 from .policy import PRESETS
+from .trust import NEEDS_TRUST, TrustStore
 
 __all__ = [
     "CONFIG_ENV",
@@ -117,6 +122,11 @@ class Config:
     max_sessions: int | None = None
     #: the files read, in layering order (user, then project)
     sources: tuple[str, ...] = ()
+    #: what an untrusted project file said and was not used, as ``FILE: KEY`` (e.g.
+    #: ``/p/.orchestrator.toml: agents.demo.command``)
+    ignored: tuple[str, ...] = ()
+    #: agents that only an untrusted project file defines: name -> that file
+    untrusted_agents: Mapping[str, str] = field(factory=dict)
 
     @classmethod
     def builtin(cls) -> Config:
@@ -129,12 +139,16 @@ class Config:
         project: str | os.PathLike[str] | None = None,
         *,
         environ: Mapping[str, str] | None = None,
+        trusted: bool | None = None,
+        state_dir: str | os.PathLike[str] | None = None,
     ) -> Config:
         """Built-in < user file < ``<project>/.orchestrator.toml`` (see the module doc).
 
         ``environ`` (default: ``os.environ``) is where ``ORCHESTRATOR_CONFIG``,
-        ``XDG_CONFIG_HOME`` and ``HOME`` are looked up. Reads files: call it from a thread in
-        trio code that must not block.
+        ``XDG_CONFIG_HOME`` and ``HOME`` are looked up. ``trusted`` says whether the project
+        file may start programs; None (the default) asks the trust record in ``state_dir``
+        (default: the state directory). Reads files: call it from a thread in trio code that
+        must not block.
         """
         env = os.environ if environ is None else environ
         config = cls.builtin()
@@ -146,18 +160,30 @@ class Config:
         if project is not None:
             path = Path(project) / PROJECT_FILE
             if path.is_file():
-                config = cls.from_file(path, base=config)
+                data = _read(path)
+                # the digest is of the very bytes parsed below: no window for a swap
+                ok = trusted
+                if ok is None:
+                    ok = TrustStore.at(state_dir).status(path, data) == "trusted"
+                config = cls.from_toml(
+                    _decode(path, data),
+                    config,
+                    source=str(path),
+                    root=path.absolute().parent,
+                    trusted=ok,
+                )
         return config
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike[str], *, base: Config | None = None) -> Config:
+    def from_file(
+        cls, path: str | os.PathLike[str], *, base: Config | None = None, trusted: bool = True
+    ) -> Config:
         """One file layered over ``base`` (default: built-in); its paths are relative to it."""
         where = Path(path)
-        try:
-            text = where.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise UsageError(f"cannot read config file {where}: {e}") from e
-        return cls.from_toml(text, base, source=str(where), root=where.absolute().parent)
+        text = _decode(where, _read(where))
+        return cls.from_toml(
+            text, base, source=str(where), root=where.absolute().parent, trusted=trusted
+        )
 
     @classmethod
     def from_toml(
@@ -167,18 +193,21 @@ class Config:
         source: str = "<config>",
         *,
         root: str | os.PathLike[str] | None = None,
+        trusted: bool = True,
     ) -> Config:
         """One layer, from TOML text, over ``base`` (default: built-in).
 
         ``source`` names the layer in errors and in :attr:`sources`. Relative paths resolve
         against ``root`` when given (:meth:`from_file` passes the file's directory), else
-        they are kept as written.
+        they are kept as written. An untrusted layer is checked whole, but its keys in
+        :data:`~orchestrator.trust.NEEDS_TRUST` are not used (see :attr:`ignored`), nor are
+        the agents it alone defines.
         """
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise UsageError(f"{source}: invalid TOML: {e}") from e
-        layer = _Layer(source, None if root is None else os.fspath(root))
+        layer = _Layer(source, None if root is None else os.fspath(root), trusted)
         start = cls.builtin() if base is None else base
         _check_keys(data, _TOP_KEYS, source, "")
         max_sessions = start.max_sessions
@@ -187,9 +216,20 @@ class Config:
         if "max_sessions" in limits:
             max_sessions = layer.integer(limits["max_sessions"], "limits.max_sessions", 1)
         agents = dict(start.agents)
+        untrusted = dict(start.untrusted_agents)
         for name, table in layer.table(data.get("agents", {}), "agents").items():
-            agents[name] = layer.agent(name, table, agents.get(name))
-        return cls(agents, max_sessions, (*start.sources, source))
+            spec = layer.agent(name, table, agents.get(name))
+            if spec is None:
+                untrusted[name] = source
+            else:
+                agents[name] = spec
+        return cls(
+            agents,
+            max_sessions,
+            (*start.sources, source),
+            (*start.ignored, *(f"{source}: {key}" for key in layer.ignored)),
+            untrusted,
+        )
 
     def with_agents(self, agents: Mapping[str, AgentSpec]) -> Config:
         """This config with ``agents`` added to (or replacing entries of) its table."""
@@ -197,6 +237,12 @@ class Config:
 
     def resolve_agent(self, text: str) -> AgentSpec:
         """An agent from ``--agent`` (a name in this table, ``NAME=COMMAND`` or a command)."""
+        source = self.untrusted_agents.get(text)
+        if source is not None and text not in self.agents:
+            # never taken for a command line either: the name is the untrusted file's
+            raise UsageError(
+                f"agent {text!r} is defined in {source}, which is not trusted to start programs"
+            )
         return resolve_agent(text, self.agents)
 
     def resolve_agents(
@@ -210,12 +256,15 @@ class Config:
         return label_agents(agents, self.resolve_agent, base=base)
 
 
-@frozen
+@define
 class _Layer:
     """Validation of one file's values, naming the file and the key in every error."""
 
     source: str
     root: str | None = field(default=None)
+    trusted: bool = True
+    #: keys left unused because the layer is not trusted
+    ignored: list[str] = field(factory=list)
 
     def fail(self, key: str, message: str) -> UsageError:
         return UsageError(f"{self.source}: {key}: {message}")
@@ -293,8 +342,11 @@ class _Layer:
             raise self.fail(key, f"must be one of {', '.join(WRITE_MODES)}, got {text!r}")
         return text
 
-    def agent(self, name: str, value: Any, base: AgentSpec | None) -> AgentSpec:
-        """Agent ``name`` from its table, field-wise over ``base`` (None: a new agent)."""
+    def agent(self, name: str, value: Any, base: AgentSpec | None) -> AgentSpec | None:
+        """Agent ``name`` from its table, field-wise over ``base`` (None: a new agent).
+
+        None when the layer is untrusted and the agent is new: it could only run its command.
+        """
         where = f"agents.{_toml_key(name)}"
         if not _AGENT_NAME.fullmatch(name):
             raise self.fail(
@@ -328,10 +380,31 @@ class _Layer:
                 fields[key] = self.writes(item, at)
         if base is None and "command" not in fields:
             raise self.fail(where, "a new agent needs a command")
+        if not self.trusted:
+            if base is None:
+                self.ignored.append(where)
+                return None
+            for key in NEEDS_TRUST:
+                if fields.pop(key, None) is not None:
+                    self.ignored.append(f"{where}.{key}")
         try:
             return AgentSpec(name, **fields) if base is None else attrs.evolve(base, **fields)
         except UsageError as e:  # the spec's own checks, should they disagree with ours
             raise self.fail(where, str(e)) from e
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise UsageError(f"cannot read config file {path}: {e.strerror or e}") from e
+
+
+def _decode(path: Path, data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"cannot read config file {path}: {e}") from e
 
 
 def _check_keys(table: Mapping[str, Any], allowed: tuple[str, ...], source: str, at: str) -> None:

@@ -18,6 +18,7 @@ import trio
 from orchestrator.agents import AgentSpec
 from orchestrator.config import Config
 from orchestrator.testing import AgentScript, Turn, scripted_agent_command
+from orchestrator.trust import TrustStore
 
 #: the installed console script (tests that need it skip when it is missing)
 CLI = Path(sys.executable).parent / "orchestrator"
@@ -131,9 +132,15 @@ def write_agent(path: Path, *turns: Turn) -> Path:
     return path
 
 
+def project_config(project: Path, text: str) -> None:
+    """Write the project's ``.orchestrator.toml`` and trust it, as its user would."""
+    (project / ".orchestrator.toml").write_text(text)
+    TrustStore.at().trust(project / ".orchestrator.toml")
+
+
 def configure(project: Path, **agents: Path) -> None:
     """Name scripted agents (by their script files) in the project's ``.orchestrator.toml``."""
     lines: list[str] = []
     for name, script in agents.items():
         lines += [f"[agents.{name}]", f"command = {json.dumps(agent_command(script))}", ""]
-    (project / ".orchestrator.toml").write_text("\n".join(lines))
+    project_config(project, "\n".join(lines))

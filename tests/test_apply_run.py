@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from run_helpers import CLI, agent_command, as_json, run_cli, snapshot, write_script
+from run_helpers import (
+    CLI,
+    agent_command,
+    as_json,
+    project_config,
+    run_cli,
+    snapshot,
+    write_script,
+)
 
 from orchestrator.store import open_run_store
 from orchestrator.testing import DeleteDisk, Say, Turn, WriteDisk, WriteFile
@@ -78,7 +86,7 @@ class Project:
         for name, turn in turns.items():
             script = write_script(self.root / "agents" / f"{name}.json", turn)
             lines += [f"[agents.{name}]", f"command = {json.dumps(agent_command(script))}", ""]
-        (self.path / ".orchestrator.toml").write_text("\n".join(lines))
+        project_config(self.path, "\n".join(lines))
 
     def pipeline(self, text: str) -> str:
         """A pipeline file beside the workspace."""

@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from run_helpers import CLI, agent_command, as_json, run_cli, snapshot, write_script
+from run_helpers import (
+    CLI,
+    agent_command,
+    as_json,
+    project_config,
+    run_cli,
+    snapshot,
+    write_script,
+)
 
 from orchestrator.testing import Say, Turn, WriteDisk
 from orchestrator.testing.script import StopReason
@@ -270,7 +278,7 @@ async def test_a_pipeline_agent_step_ending_refusal_fails_and_skips_descendants(
         Turn(steps=(WriteDisk(path="x.txt", content="x\n"),), stop_reason="refusal"),
     )
     command = json.dumps(agent_command(script))
-    (project.workspace / ".orchestrator.toml").write_text(f"[agents.writer]\ncommand = {command}\n")
+    project_config(project.workspace, f"[agents.writer]\ncommand = {command}\n")
     pipeline = project.root / "refuse.py"
     pipeline.write_text(PIPELINE)
     done = await run_cli(

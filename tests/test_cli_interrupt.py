@@ -26,6 +26,7 @@ from run_helpers import (
     CLI_LIMIT,
     agent_command,
     as_json,
+    project_config,
     prompts,
     record_events,
     run_cli,
@@ -487,7 +488,7 @@ def configured(project: Path, scripts: list[Path]) -> Path:
     lines = []
     for name, script in zip(NAMES, scripts, strict=True):
         lines += [f"[agents.{name}]", f"command = {json.dumps(agent_command(script))}", ""]
-    (project / ".orchestrator.toml").write_text("\n".join(lines))
+    project_config(project, "\n".join(lines))
     return project
 
 

@@ -15,7 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from run_helpers import CLI, agent_command, as_json, prompts, run_cli, snapshot, write_script
+from run_helpers import (
+    CLI,
+    agent_command,
+    as_json,
+    project_config,
+    prompts,
+    run_cli,
+    snapshot,
+    write_script,
+)
 
 from orchestrator.store import RunRecord, open_run_store
 from orchestrator.testing import Crash, Say, Turn, WriteFile
@@ -64,7 +73,7 @@ def configure(project: Path, agents: dict[str, Path]) -> None:
     lines = []
     for name, script in agents.items():
         lines += [f"[agents.{name}]", f"command = {json.dumps(agent_command(script))}", ""]
-    (project / ".orchestrator.toml").write_text("\n".join(lines))
+    project_config(project, "\n".join(lines))
 
 
 def statuses(result: dict[str, Any]) -> dict[str, str]:

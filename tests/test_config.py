@@ -226,7 +226,7 @@ def test_project_beats_user_beats_builtin(tmp_path: Path, home: Path) -> None:
         "[agents.claude]\nmax_sessions = 3\n"
         '[agents.mine]\ncommand = "mine --project"\n',
     )
-    config = Config.load(project, environ=env_for(home))
+    config = Config.load(project, environ=env_for(home), trusted=True)
     assert config.sources == (str(user), str(project / PROJECT_FILE))
     assert config.max_sessions == 6
     claude = config.agents["claude"]

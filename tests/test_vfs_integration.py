@@ -26,6 +26,7 @@ import pytest
 import trio
 from attrs import define, field
 from conftest import pid_gone
+from run_helpers import project_config
 
 from orchestrator.agent.branchfs import BranchFileSystem
 from orchestrator.agent.client import open_agent
@@ -727,9 +728,7 @@ async def test_cli_run_change_applies_once_the_workspace_file_is_restored(
     command = scripted_agent_command(
         agent_script(outside_then_own_edit(ws), agents / "record.jsonl"), agents
     )
-    (ws / ".orchestrator.toml").write_text(
-        f"[agents.scripted]\ncommand = {orjson.dumps(command).decode()}\n"
-    )
+    project_config(ws, f"[agents.scripted]\ncommand = {orjson.dumps(command).decode()}\n")
     aged(ws)
     pipeline = tmp_path / "slow.py"
     pipeline.write_text(ONE_STEP)

@@ -36,6 +36,7 @@ examples:
   orchestrator runs; orchestrator show RUN; orchestrator apply RUN
   orchestrator apply RUN --git-branch agent/result
   orchestrator agents --check
+  orchestrator trust    # let this project's .orchestrator.toml start its agents
 
 exit codes:
   0    done
@@ -119,6 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--check", action="store_true", help="start each installed agent and handshake")
     a.add_argument("--json", action="store_true", help="print one JSON object")
     a.add_argument("names", nargs="*", help="only these agents (known names or commands)")
+
+    from .trust import add_parser as add_trust_parser
+
+    add_trust_parser(sub)
     return parser
 
 
@@ -153,10 +158,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(args.verbose, args.log_json)
     from .runs import HANDLERS
+    from .trust import cmd_trust
 
     handler: Callable[[argparse.Namespace], Any] = {
         "prompt": _cmd_prompt,
         "agents": _cmd_agents,
+        "trust": cmd_trust,
         **HANDLERS,
     }[args.command]
     import trio
@@ -270,10 +277,12 @@ async def _cmd_prompt(args: argparse.Namespace) -> int:
     from ..runs.prompt import prompt
     from .escalation import choose_escalation
     from .runs import track_run
+    from .trust import project_config
 
     run = await prompt(
         args.agent,
         args.text,
+        config=await project_config(args.cwd, args.state_dir),
         cwd=args.cwd,
         policy=args.policy,
         escalate=choose_escalation(),
@@ -364,9 +373,9 @@ def _print_update(update: t.SessionUpdate) -> None:
 
 
 async def _cmd_agents(args: argparse.Namespace) -> int:
-    from ..config import Config
+    from .trust import project_config
 
-    config = Config.load(".")
+    config = await project_config(".", None)
     specs = [config.resolve_agent(name) for name in (args.names or list(config.agents))]
     rows: list[dict[str, Any]] = []
     for spec in specs:

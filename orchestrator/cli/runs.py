@@ -336,12 +336,15 @@ async def cmd_run(args: argparse.Namespace) -> int:
     """``orchestrator run``."""
     from ..runs import run_pipeline
     from .escalation import choose_escalation
+    from .trust import project_config
 
+    config = await project_config(args.cwd, args.state_dir)
     with _view(args, f"pipeline {args.pipeline}") as view:
         outcome = await run_pipeline(
             args.pipeline,
             _inputs(args.set),
             cwd=args.cwd,
+            config=config,
             policy=args.policy,
             escalate=choose_escalation(),
             apply=args.apply,
@@ -357,11 +360,14 @@ async def cmd_compare(args: argparse.Namespace) -> int:
     """``orchestrator compare``."""
     from ..runs import compare
     from .escalation import choose_escalation
+    from .trust import project_config
 
+    config = await project_config(args.cwd, args.state_dir)
     with _view(args, "compare") as view:
         outcome = await compare(
             args.agent,
             args.text,
+            config=config,
             verify=args.verify,
             apply=args.apply,
             cwd=args.cwd,

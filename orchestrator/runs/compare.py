@@ -24,9 +24,15 @@ log = structlog.get_logger(__name__)
 __all__ = ["compare", "compare_sync"]
 
 
-def _compare_config(cwd: str, names: Sequence[str], commands: Mapping[str, Any]) -> Config:
+def _compare_config(
+    cwd: str,
+    names: Sequence[str],
+    commands: Mapping[str, Any],
+    *,
+    state_dir: str | os.PathLike[str] | None = None,
+) -> Config:
     """The agent table of a recorded comparison: each label with the command it ran."""
-    base = Config.load(cwd)
+    base = Config.load(cwd, state_dir=state_dir)
     ran: dict[str, AgentSpec] = {}
     for name in names:
         argv = tuple(commands.get(name) or ())
@@ -78,7 +84,7 @@ async def compare(
     if len(agents) < 1:
         raise UsageError("compare needs at least one agent")
     root = Path(cwd).absolute()
-    cfg = config if config is not None else Config.load(root)
+    cfg = config if config is not None else Config.load(root, state_dir=kwargs.get("state_dir"))
     specs = cfg.resolve_agents(agents, base=os.getcwd())
     names = [s.name for s in specs]
     for i, name in enumerate(names):

@@ -9,6 +9,7 @@ Every function has an ``async`` form for trio code and a synchronous twin for sc
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -219,7 +220,13 @@ async def prompt(
     turn fails, the error is raised after the run is recorded as failed.
     """
     root = workspace_root(cwd)
-    cfg = config if config is not None else await trio.to_thread.run_sync(Config.load, root)
+    cfg = (
+        config
+        if config is not None
+        else await trio.to_thread.run_sync(
+            functools.partial(Config.load, root, state_dir=state_dir)
+        )
+    )
     spec = cfg.resolve_agent(agent) if isinstance(agent, str) else agent
     spec = spec.resolved(os.getcwd())  # the agent runs elsewhere: its branch directory
     launchable(spec)  # as every run checks its agents: before anything starts

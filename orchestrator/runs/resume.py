@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Mapping
@@ -51,7 +52,13 @@ async def resume_run(
     async with open_run_store(state) as store:
         record = await store.get_run(run_id)
     options = dict(record.options)
-    base = config if config is not None else await trio.to_thread.run_sync(Config.load, record.cwd)
+    base = (
+        config
+        if config is not None
+        else await trio.to_thread.run_sync(
+            functools.partial(Config.load, record.cwd, state_dir=state)
+        )
+    )
     restored = restore_settings(
         options.get("settings"), base, policy=policy, max_sessions=max_sessions
     )
@@ -71,7 +78,7 @@ async def resume_run(
         )
         kwargs.setdefault("verify", options.get("verify") or {})
         if "settings" not in options:  # recorded before settings were kept
-            base = _compare_config(record.cwd, names, info.get("commands") or {})
+            base = _compare_config(record.cwd, names, info.get("commands") or {}, state_dir=state)
     elif record.kind == "prompt":
         info = options.get("prompt") or {}
         if not info.get("agent"):

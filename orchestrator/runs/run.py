@@ -198,7 +198,7 @@ async def run_pipeline(
     check_transcript_path(transcript)
     pipe = pipeline if isinstance(pipeline, Pipeline) else load_pipeline(pipeline)
     values = pipe.check_inputs(inputs or {})
-    cfg = config if config is not None else Config.load(root)
+    cfg = config if config is not None else Config.load(root, state_dir=state_dir)
     if _settings_restored is not None:
         cfg = _settings_restored.config(cfg)
     if pool is None and connector is None:
