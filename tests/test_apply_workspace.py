@@ -1,17 +1,23 @@
-"""What an apply leaves in the workspace: modes.
+"""What an apply leaves in the workspace: modes, and type changes in ``changes.patch``.
 
 Through the console script, with the demo agent editing files and running shell commands: a
-mode the user set after the run stays unless the run set one.
+mode the user set after the run stays unless the run set one; a file become a symlink (and the
+reverse) makes a ``changes.patch`` that ``git apply`` takes and that gives the tree ``apply``
+gives.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import stat
 import subprocess
 from pathlib import Path
 
 import pytest
 from run_helpers import CLI, as_json, run_cli
+
+from orchestrator.vfs.testing import capture, git
 
 EXIT_OK, EXIT_FAILED = 0, 1
 
@@ -87,3 +93,34 @@ async def test_a_mode_the_run_set_is_applied(project: Path, state_dir: Path) -> 
     assert mode_of(project / "run.sh") == 0o755
     assert (project / "f1.txt").read_text() == "old 1\nmore\n"
     assert mode_of(project / "f1.txt") == 0o700
+
+
+# --------------------------------------------------------------------------- type changes
+
+
+async def test_changes_patch_of_type_changes_applies_with_git_as_apply_does(
+    project: Path, state_dir: Path, tmp_path: Path
+) -> None:
+    """A symlink become a file and a file become a symlink: changes.patch passes git apply
+    --check, and git apply gives the tree that orchestrator apply gives."""
+    git(project, "init", "-q", "-b", "main")
+    git(project, "add", "-A")
+    git(project, "commit", "-q", "-m", "initial")
+    run_id = await prompt(
+        project, state_dir, "run rm link", "create link with 'now a file'",
+        "run rm file && ln -s f2.txt file",
+    )  # fmt: skip
+    patch = state_dir / "runs" / run_id / "changes.patch"
+    by_git = tmp_path / "by-git"
+    shutil.copytree(project, by_git, symlinks=True)
+    git(by_git, "apply", "--check", str(patch))
+    git(by_git, "apply", str(patch))
+    done = await cli(project, state_dir, "apply", run_id)
+    assert done.returncode == EXIT_OK, done.stderr.decode()
+    assert (project / "link").read_text() == "now a file"
+    assert os.readlink(project / "file") == "f2.txt"
+
+    def tree(root: Path) -> dict[str, tuple[bytes, int]]:
+        return {k: v for k, v in capture(root).items() if not k.startswith(".git")}
+
+    assert tree(by_git) == tree(project)
