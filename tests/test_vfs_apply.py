@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 
 import orchestrator.vfs as vfs
-from orchestrator.vfs.apply import apply_changes, apply_changes_async, recover_applies
+from orchestrator.vfs.apply import (
+    _locked,
+    apply_changes,
+    apply_changes_async,
+    interrupted_applies,
+    recover_applies,
+)
 from orchestrator.vfs.branch import Branch
 from orchestrator.vfs.changes import Change, Delete, ModeChange, Write
 from orchestrator.vfs.errors import ApplyError, MergeConflictError, VfsError
@@ -190,7 +196,7 @@ def pause(path):
         f.write(path + "\n")
     time.sleep(120)
 
-apply_changes(br, state_dir=state, on_file=pause)
+apply_changes(br, state_dir=state, on_file=pause, origin={"by": "child"})
 """
 
 
@@ -247,6 +253,27 @@ def test_sigkill_mid_apply_with_lost_content_is_rolled_back(tmp_path: Path) -> N
     assert report.action == "rolled back" and not report.problems
     assert capture(ws) == before
     assert journals(state) == []
+
+
+def test_interrupted_applies_name_a_crashed_apply_without_touching_it(tmp_path: Path) -> None:
+    """A crashed apply is listed with its workspace, origin and files (and those edited since),
+    nothing is written; an apply under way is not listed; recovery reports the same apply."""
+    ws, state, _before = killed_mid_apply(tmp_path)
+    half = capture(ws)
+    (found,) = interrupted_applies(state)
+    assert (found.workspace, found.origin) == (str(ws.resolve()), {"by": "child"})
+    assert found.written == (*(f"f{i}.txt" for i in range(5)), "sub/added.txt")
+    assert (found.deleted, found.paths[0], found.edited) == (("gone.txt",), "f0.txt", ())
+    assert found.started is not None and Path(found.journal).is_dir()
+    assert capture(ws) == half and len(journals(state)) == 1
+    (ws / "f3.txt").write_text("edited after the crash\n")
+    assert interrupted_applies(state)[0].edited == ("f3.txt",)
+    with _locked(state):  # as an apply in another process holds it
+        assert interrupted_applies(state) == []
+    (report,) = recover_applies(state)
+    assert report.problems == ("f3.txt",)
+    assert report.apply is not None and report.apply.origin == {"by": "child"}
+    assert interrupted_applies(tmp_path / "no-state") == []
 
 
 def test_recovery_discards_an_unfinished_journal(tmp_path: Path) -> None:

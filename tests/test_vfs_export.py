@@ -268,3 +268,34 @@ def test_unified_diff_marks_symlinks_as_git_does(tmp_path: Path) -> None:
     assert [line.text for line in files["evil.md"].lines if line.kind == "meta"] == [
         "new file mode 120000"
     ]
+
+
+def test_git_patch_of_type_changes_is_what_git_diff_writes(tmp_path: Path) -> None:
+    """A file become a symlink, a symlink become a file, a directory become a file and a file
+    become a directory: the patch is git diff's own (a deletion, then a creation, in git's
+    order), git apply takes it, and it makes the tree that apply_changes makes."""
+    root = git_repo(tmp_path / "ws", {"f": "hello\n", "g": "y\n", "d/x": "x\n", "k": "k\n"})
+    (root / "l").symlink_to("target")
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "a link")
+    br = Branch.from_tree(Workspace.open(root).snapshot(), "agent")
+    br.write("f", b"f-target", 0o120777)
+    br.write("l", b"now a file\n", 0o100644)
+    br.delete("d/x")
+    br.write("d", b"dfile\n")
+    br.delete("g")
+    br.write("g/in", b"in\n")
+    patch = git_patch(br)
+    by_git, by_apply = tmp_path / "by-git", tmp_path / "by-apply"
+    shutil.copytree(root, by_git, symlinks=True)
+    shutil.copytree(root, by_apply, symlinks=True)
+    (tmp_path / "p.diff").write_bytes(patch)
+    git(by_git, "apply", "--check", str(tmp_path / "p.diff"))
+    git(by_git, "apply", str(tmp_path / "p.diff"))
+    from orchestrator.vfs.apply import apply_changes
+
+    snap = Workspace.open(by_apply).snapshot()
+    assert apply_changes(snap, br.net_changes(), state_dir=tmp_path / "state").ok
+    assert without_git(capture(by_git)) == without_git(capture(by_apply))
+    git(by_apply, "add", "-A")
+    assert patch.decode() == git(by_apply, "diff", "--cached", "--full-index", "--binary")

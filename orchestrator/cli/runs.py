@@ -408,6 +408,61 @@ async def cmd_resume(args: argparse.Namespace) -> int:
     return _finish(args, outcome)
 
 
+async def _interrupted(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The applies a crash interrupted, as ``--json`` shows them, each with ``finish``: the
+    command that finishes it (an apply first finishes every interrupted one, so any does for
+    an apply no run is named in)."""
+    import shlex
+
+    from ..runs.apply import interrupted_applies, interrupted_json
+
+    found = []
+    for apply in await interrupted_applies(args.state_dir):
+        shown = interrupted_json(apply)
+        run_id, step = shown["runId"], shown["step"]
+        finish = f"orchestrator apply {run_id}" if run_id else None
+        if finish and step:
+            finish += f" --step {shlex.quote(step)}"
+        found.append({**shown, "finish": finish})
+    return found
+
+
+def _interrupted_of(found: list[dict[str, Any]], run_id: str) -> dict[str, Any] | None:
+    """The interrupted apply of run ``run_id`` (its ``applyInterrupted`` field), if any."""
+    return next((a for a in found if a["runId"] == run_id), None)
+
+
+def _warn_interrupted(found: list[dict[str, Any]], run_id: str | None, cwd: str | None) -> None:
+    """One line on stderr per interrupted apply: of run ``run_id``, or in its workspace ``cwd``
+    (all of them when both are None), and how to finish it."""
+    import os
+
+    for a in found:
+        ws = a["workspace"]
+        here = cwd is not None and os.path.realpath(cwd) == os.path.realpath(ws)
+        if run_id is not None and a["runId"] != run_id and not here:
+            continue
+        whose = f"run {a['runId']}'s changes are" if a["runId"] else "changes are"
+        if a["edited"]:
+            # recovery leaves such files alone: they must be settled first
+            finish = (
+                f"{', '.join(a['edited'])} changed since: make each hold what it held before "
+                f"or after that apply (or remove the journal {a['journal']}), then finish it"
+                + (f": {a['finish']}" if a["finish"] else "")
+            )
+        elif a["finish"]:
+            finish = (
+                "to finish it (completed from its journal, or rolled back and applied again): "
+                + a["finish"]
+            )
+        else:
+            finish = f"the next orchestrator apply, run or prompt finishes it ({a['journal']})"
+        print(
+            f"interrupted apply: {whose} half written to {ws} ({len(a['files'])} files); {finish}",
+            file=sys.stderr,
+        )
+
+
 async def cmd_runs(args: argparse.Namespace) -> int:
     """``orchestrator runs``."""
     import datetime
@@ -415,18 +470,29 @@ async def cmd_runs(args: argparse.Namespace) -> int:
     from ..runs import list_runs
 
     runs = await list_runs(state_dir=args.state_dir, limit=args.limit)
+    interrupted = await _interrupted(args)
     if args.json:
-        _emit({"runs": [r.to_json() for r in runs]})
+        _emit(
+            {
+                "runs": [
+                    {**r.to_json(), "applyInterrupted": _interrupted_of(interrupted, r.run_id)}
+                    for r in runs
+                ]
+            }
+        )
         return EXIT_OK
     for r in runs:
         when = datetime.datetime.fromtimestamp(r.created).strftime("%Y-%m-%d %H:%M:%S")
         inputs = dict(r.inputs)
         what = r.pipeline or inputs.get("task") or inputs.get("text") or ""
         applied = " applied" if r.applied else ""
+        if _interrupted_of(interrupted, r.run_id):
+            applied = " apply-interrupted"
         what = " ".join(str(what).split())  # one line per run, whatever the task holds
         print(f"{r.run_id}  {when}  {r.kind:<8} {r.status:<11}{applied}  {what[:60]}")
     if not runs:
         print("no runs recorded", file=sys.stderr)
+    _warn_interrupted(interrupted, None, None)
     return EXIT_OK
 
 
@@ -435,6 +501,8 @@ async def cmd_show(args: argparse.Namespace) -> int:
     from ..runs import get_run_json
 
     result = await get_run_json(args.run, state_dir=args.state_dir)
+    interrupted = await _interrupted(args)
+    result["applyInterrupted"] = _interrupted_of(interrupted, result["runId"])
     if args.report:
         from ..report import render_report
 
@@ -472,6 +540,7 @@ async def cmd_show(args: argparse.Namespace) -> int:
                 _print_traceback(inst.get("traceback"), "        ")
     for c in result.get("conflicts") or []:
         print(f"  conflict in {c['path']} at {c['step']} ({c['kind']}): {c['resolution']}")
+    _warn_interrupted(interrupted, result["runId"], result.get("cwd"))
     return EXIT_OK
 
 
@@ -519,6 +588,23 @@ async def cmd_apply(args: argparse.Namespace) -> int:
 
 def _apply_summary(outcome: Any) -> None:
     """What ``orchestrator apply`` did, for people (stderr)."""
+    for report in outcome.recovered:
+        apply = report.apply
+        of = dict(apply.origin or {}).get("runId") if apply is not None else None
+        what = f"apply of run {of}" if of else "apply"
+        where = f" to {apply.workspace}" if apply is not None else ""
+        if report.problems:
+            print(
+                f"could not finish the interrupted {what}{where}: "
+                f"{', '.join(report.problems)} changed since (journal {report.journal} kept)",
+                file=sys.stderr,
+            )
+        else:
+            print(
+                f"finished the interrupted {what}{where} first: {report.action} "
+                f"({len(report.paths)} files)",
+                file=sys.stderr,
+            )
     what = f"run {outcome.run_id}"
     if outcome.step is not None:
         what = f"{outcome.step} of {what}"
@@ -545,14 +631,23 @@ def _apply_summary(outcome: Any) -> None:
 async def cmd_diff(args: argparse.Namespace) -> int:
     """``orchestrator diff``."""
     from ..runs import diff_run
-    from ..runs.recorded import full_run_id
+    from ..runs.recorded import get_run
 
     text = await diff_run(args.run, step=args.step, state_dir=args.state_dir)
+    record = await get_run(args.run, state_dir=args.state_dir)
+    interrupted = await _interrupted(args)
     if args.json:
-        run_id = await full_run_id(args.run, state_dir=args.state_dir)
-        _emit({"runId": run_id, "step": args.step, "diff": text})
+        _emit(
+            {
+                "runId": record.run_id,
+                "step": args.step,
+                "diff": text,
+                "applyInterrupted": _interrupted_of(interrupted, record.run_id),
+            }
+        )
     else:
         sys.stdout.write(text)
+        _warn_interrupted(interrupted, record.run_id, record.cwd)
     return EXIT_OK
 
 

@@ -113,6 +113,9 @@ def stored_changes(root: Tree, changes: Mapping[str, Change]) -> list[StoredChan
     against it. A file the user changed in the workspace during the run keeps the digest the
     run copied or read it with; if the run never did before it changed, its base is
     :data:`~orchestrator.store.BASE_UNKNOWN`, which no content matches (an apply refuses it).
+    A write that leaves a file's mode as it was records no mode (None): an apply then keeps the
+    mode the file has when it is applied (a ``chmod`` made since the run stays); a mode the
+    run set is recorded, and applied.
     """
     out: list[StoredChange] = []
     unknown: list[str] = []
@@ -124,7 +127,9 @@ def stored_changes(root: Tree, changes: Mapping[str, Change]) -> list[StoredChan
             base = BASE_UNKNOWN
             unknown.append(path)
         if isinstance(change, Write):
-            out.append(StoredChange(path, "write", change.data, change.mode, base))
+            out.append(
+                StoredChange(path, "write", change.data, _new_mode(root, path, change), base)
+            )
         elif isinstance(change, ModeChange):
             out.append(StoredChange(path, "mode", None, change.mode, base))
         else:
@@ -132,6 +137,13 @@ def stored_changes(root: Tree, changes: Mapping[str, Change]) -> list[StoredChan
     if unknown:
         log.warning("changed in the workspace before the run copied or read them", files=unknown)
     return out
+
+
+def _new_mode(root: Tree, path: str, change: Write) -> int | None:
+    """The mode a write records: None when it keeps the regular file's mode it started from."""
+    if stat.S_ISREG(change.mode) and root.exists(path) and root.mode(path) == change.mode:
+        return None
+    return change.mode
 
 
 def base_moved(tree: Tree, changes: Sequence[StoredChange]) -> list[str]:
@@ -155,6 +167,7 @@ def rebuild_branch(snapshot: Tree, name: str, changes: Sequence[StoredChange]) -
     """A branch of ``snapshot`` holding ``changes``; refuses if their base files moved on.
 
     ``snapshot`` is the workspace now (or another tree to check the recorded bases against).
+    A write that recorded no mode keeps the file's mode in ``snapshot``.
     """
     moved = base_moved(snapshot, changes)
     if moved:
@@ -163,7 +176,11 @@ def rebuild_branch(snapshot: Tree, name: str, changes: Sequence[StoredChange]) -
     for c in changes:
         if c.kind == "write":
             assert c.data is not None
-            branch.write(c.path, c.data, c.mode)
+            mode = c.mode
+            if mode is None and not stat.S_ISREG(snapshot.mode(c.path) or stat.S_IFREG):
+                # the run wrote a regular file; what took its place since is not one
+                mode = stat.S_IFREG | 0o644
+            branch.write(c.path, c.data, mode)
         elif c.kind == "mode":
             assert c.mode is not None
             branch.chmod(c.path, c.mode)

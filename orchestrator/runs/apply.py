@@ -19,7 +19,14 @@ nothing. What it does not do, it says:
 - a symlink the changes would make that leads outside the workspace (absolute, climbing out
   with ``..``, or through links that do): :class:`~orchestrator.errors.SymlinkRefused` names
   them and nothing is written (nor committed), whatever the workspace holds;
-- there is nothing to apply: the outcome says ``applied=False`` with nothing listed.
+- there is nothing to apply: the outcome says ``applied=False`` with nothing listed;
+- a crash interrupted an earlier apply: every apply first finishes it from its journal
+  (:func:`recover`: completed, or rolled back when its journal is incomplete; a completed one
+  is recorded as the apply of its run) and says so in ``recovered``; an apply of the run whose
+  apply was interrupted is then done. One that cannot be finished (a file it touches was
+  edited since the crash) keeps its journal, and an apply to the same workspace is refused
+  (:class:`~orchestrator.errors.ApplyRefused`) until it is settled.
+  :func:`interrupted_applies` lists them without touching anything.
 """
 
 from __future__ import annotations
@@ -36,13 +43,21 @@ import structlog
 import trio
 from attrs import frozen
 
-from ..errors import AlreadyApplied, ApplyRefused, SymlinkRefused, UnsettledConflicts, UsageError
+from ..errors import (
+    AlreadyApplied,
+    ApplyRefused,
+    RunNotFound,
+    SymlinkRefused,
+    UnsettledConflicts,
+    UsageError,
+)
 from ..pipeline.branches import FINAL, base_moved, rebuild_branch
 from ..state import state_directory
 from ..store import ApplyRecord, RunRecord, RunStore, StepRecord, StoredChange, open_run_store
 from ..vfs import (
     ChangeSet,
     GitBranchRefused,
+    InterruptedApply,
     RecoveryReport,
     Snapshot,
     SymlinkOutside,
@@ -56,9 +71,18 @@ from ..vfs import (
     merge_branches,
     recover_applies,
 )
+from ..vfs import interrupted_applies as _interrupted_applies
 from ._lock import hold_run_lock
 
-__all__ = ["ApplyOutcome", "apply_recorded", "apply_run", "apply_run_sync", "recover"]
+__all__ = [
+    "ApplyOutcome",
+    "apply_recorded",
+    "apply_run",
+    "apply_run_sync",
+    "interrupted_applies",
+    "interrupted_json",
+    "recover",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -66,17 +90,75 @@ log = structlog.get_logger(__name__)
 EXIT_WORKSPACE_CHANGED = 3
 
 
+def _origin(apply: InterruptedApply | None) -> tuple[str | None, str | None, tuple[str, ...]]:
+    """The run, step and change-set keys an interrupted apply was writing (None: unknown)."""
+    origin = dict(apply.origin or {}) if apply is not None else {}
+    run_id, step, keys = origin.get("runId"), origin.get("step"), origin.get("keys")
+    return (
+        run_id if isinstance(run_id, str) else None,
+        step if isinstance(step, str) else None,
+        tuple(str(k) for k in keys) if isinstance(keys, list) else (),
+    )
+
+
 async def recover(state_dir: str | os.PathLike[str] | None = None) -> list[RecoveryReport]:
-    """Complete or roll back applies that a crash interrupted (run before any new work)."""
-    reports = await trio.to_thread.run_sync(recover_applies, state_directory(state_dir))
+    """Complete or roll back applies that a crash interrupted (run before any new work).
+
+    An apply of a run that is completed is recorded in the run store as that run's apply (the
+    crash came before the record was written).
+    """
+    state = state_directory(state_dir)
+    reports = await trio.to_thread.run_sync(recover_applies, state)
+    completed: list[tuple[str, tuple[str, ...]]] = []
     for report in reports:
+        run_id, _step, keys = _origin(report.apply)
         log.warning(
             "interrupted apply recovered",
             action=report.action,
             journal=report.journal,
+            run_id=run_id,
             paths=list(report.paths),
         )
+        if run_id is not None and keys and report.action == "completed" and not report.problems:
+            completed.append((run_id, keys))
+    if completed:
+        async with open_run_store(state) as store:
+            for run_id, keys in completed:
+                try:
+                    await store.add_apply(ApplyRecord(run_id, keys, time.time()))
+                except RunNotFound:
+                    log.warning("the run of a recovered apply is no longer recorded", run=run_id)
     return reports
+
+
+async def interrupted_applies(
+    state_dir: str | os.PathLike[str] | None = None,
+) -> list[InterruptedApply]:
+    """The applies a crash interrupted, oldest first, as their journals hold them: their
+    workspaces may be half written. Touches nothing (see :func:`recover`); empty while an apply
+    is under way in another process."""
+    return await trio.to_thread.run_sync(_interrupted_applies, state_directory(state_dir))
+
+
+def interrupted_json(apply: InterruptedApply) -> dict[str, Any]:
+    """An interrupted apply as ``--json`` objects show it."""
+    run_id, step, keys = _origin(apply)
+    return {
+        "runId": run_id,
+        "step": step,
+        "keys": list(keys),
+        "workspace": apply.workspace,
+        "journal": apply.journal,
+        "started": apply.started,
+        "files": list(apply.paths),
+        "edited": list(apply.edited),
+    }
+
+
+def _same_place(a: str, b: str) -> bool:
+    """Whether two directories are one, or one holds the other."""
+    a, b = os.path.realpath(a), os.path.realpath(b)
+    return os.path.commonpath([a, b]) in (a, b)
 
 
 @frozen
@@ -102,6 +184,8 @@ class ApplyOutcome:
     git_commit: str | None = None
     #: when the changes were applied (seconds since the epoch)
     at: float | None = None
+    #: interrupted applies finished first (see :func:`recover`), whichever run they were of
+    recovered: tuple[RecoveryReport, ...] = ()
 
     @property
     def nothing_to_apply(self) -> bool:
@@ -127,6 +211,15 @@ class ApplyOutcome:
             "gitBranch": self.git_branch,
             "gitCommit": self.git_commit,
             "at": self.at,
+            "recovered": [
+                {
+                    **(interrupted_json(r.apply) if r.apply is not None else {}),
+                    "journal": r.journal,
+                    "action": r.action,
+                    "problems": list(r.problems),
+                }
+                for r in self.recovered
+            ],
         }
 
 
@@ -383,7 +476,9 @@ async def apply_recorded(
                 at=at,
             )
         assert isinstance(base, Snapshot)
-        result = await apply_changes_async(base, changes, state_dir=state)
+        # named in the journal, so that a crash midway leaves an apply one can trace to the run
+        origin = {"runId": run_id, "step": step, "keys": list(keys)}
+        result = await apply_changes_async(base, changes, state_dir=state, origin=origin)
         if not result.applied:
             return attrs.evolve(outcome, workspace_changed=tuple(c.path for c in result.conflicts))
         at = time.time()
@@ -413,12 +508,62 @@ async def apply_run(
     See :func:`apply_recorded` for what is checked and refused.
     """
     state = state_directory(state_dir)
-    await recover(state)
+    reports = tuple(r for r in await recover(state) if r.action != "discarded")
     async with open_run_store(state) as store:
-        full = (await store.get_run(run_id)).run_id
+        record = await store.get_run(run_id)
+        full = record.run_id
         # not while the run runs in another process (nor may it start while this applies)
         with hold_run_lock(state / "runs" / full, full, doing="apply"):
-            return await apply_recorded(store, full, state=state, step=step, git_branch=git_branch)
+            if git_branch is None:
+                _refuse_unfinished(full, record.cwd, reports)
+                done = await _finished_by_recovery(store, record, step, reports)
+                if done is not None:
+                    return attrs.evolve(done, recovered=reports)
+            outcome = await apply_recorded(
+                store, full, state=state, step=step, git_branch=git_branch
+            )
+            return attrs.evolve(outcome, recovered=reports)
+
+
+async def _finished_by_recovery(
+    store: RunStore, record: RunRecord, step: str | None, reports: Sequence[RecoveryReport]
+) -> ApplyOutcome | None:
+    """The outcome of this very apply (``step`` of the run), if recovery just completed it."""
+    for report in reports:
+        run_id, _step, keys = _origin(report.apply)
+        if report.apply is None or report.action != "completed" or report.problems:
+            continue
+        if run_id == record.run_id and keys == await _select(store, record, step):
+            at = [a.at for a in await store.applies(record.run_id) if a.keys == keys]
+            return ApplyOutcome(
+                record.run_id,
+                step,
+                keys,
+                applied=True,
+                written=report.apply.written,
+                deleted=report.apply.deleted,
+                mode_changed=report.apply.mode_changed,
+                at=at[-1] if at else None,
+            )
+    return None
+
+
+def _refuse_unfinished(run_id: str, cwd: str, reports: Sequence[RecoveryReport]) -> None:
+    """Refuse to write ``cwd`` while an interrupted apply there could not be finished."""
+    for stuck in reports:
+        if not stuck.problems or stuck.apply is None:
+            continue
+        if not _same_place(stuck.apply.workspace, cwd):
+            continue
+        of, _step, _keys = _origin(stuck.apply)
+        raise ApplyRefused(
+            run_id,
+            f"the workspace {stuck.apply.workspace} holds an interrupted apply"
+            f"{f' of run {of}' if of else ''} that cannot be finished: "
+            f"{', '.join(stuck.problems)} changed since; make each hold what it held before "
+            f"or after that apply, or remove its journal {stuck.journal}, then apply again; "
+            "nothing applied",
+        )
 
 
 def apply_run_sync(run_id: str, **kwargs: Any) -> ApplyOutcome:

@@ -15,7 +15,7 @@ from .verdict import Verdict, judge
 __all__ = [
     "compare_verdict",
     "diff_run",
-    "full_run_id",
+    "get_run",
     "get_run_json",
     "list_runs",
 ]
@@ -186,7 +186,7 @@ async def compare_verdict(run_id: str, *, store: RunStore) -> Verdict:
     return judge((await get_run_json(run_id, store=store)).get("agents") or [])
 
 
-async def full_run_id(run_id: str, *, state_dir: str | os.PathLike[str] | None = None) -> str:
-    """The full id of the run that ``run_id`` (a unique prefix is enough) names."""
+async def get_run(run_id: str, *, state_dir: str | os.PathLike[str] | None = None) -> RunRecord:
+    """The record of the run that ``run_id`` (a unique prefix is enough) names."""
     async with open_run_store(state_directory(state_dir)) as store:
-        return (await store.get_run(run_id)).run_id
+        return await store.get_run(run_id)

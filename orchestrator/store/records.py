@@ -172,7 +172,8 @@ class StepRecord:
 class StoredChange:
     """One path's change in a step's change set, as the store keeps it.
 
-    ``write`` carries ``data`` (and the new ``mode``, None meaning a regular 0o644 file);
+    ``write`` carries ``data`` and the new ``mode``: None when the write leaves the mode alone
+    (an existing file keeps the mode it has when applied; a new file is a regular 0o644 one);
     ``mode`` carries only the new ``mode``; ``delete`` carries neither. ``base_digest`` is the
     SHA-256 (hex) of the file in the run's base snapshot, None if it did not exist there, or
     :data:`BASE_UNKNOWN` if it changed in the workspace before the run copied or read it: apply

@@ -15,7 +15,8 @@ Agents change files in two ways: through the client (``fs/write_text_file``) and
   and resolving them only as the :class:`ConflictStrategy` says; a :class:`ConflictWatch` emits an
   :class:`EarlyWarning` as soon as two live branches touch the same path;
 - :func:`apply_changes` is the only write to the user's disk, all-or-nothing with a journal
-  (:func:`recover_applies` finishes or undoes an interrupted one); :func:`unified_diff`,
+  (:func:`recover_applies` finishes or undoes an interrupted one, :func:`interrupted_applies`
+  lists them without touching anything); :func:`unified_diff`,
   :func:`git_patch` and :func:`git_commit` export instead.
 
 Typical use::
@@ -44,11 +45,13 @@ from __future__ import annotations
 
 from .apply import (
     ApplyResult,
+    InterruptedApply,
     OutsideChange,
     RecoveryReport,
     apply_changes,
     apply_changes_async,
     check_symlinks,
+    interrupted_applies,
     recover_applies,
 )
 from .branch import Branch
@@ -106,6 +109,7 @@ __all__ = [
     "HarvestReport",
     "Hunk",
     "IgnoreRules",
+    "InterruptedApply",
     "Layer",
     "MemoryTree",
     "MergeConflictError",
@@ -134,6 +138,7 @@ __all__ = [
     "git_head_tree",
     "git_patch",
     "harvest",
+    "interrupted_applies",
     "materialize",
     "materialize_async",
     "merge_branches",

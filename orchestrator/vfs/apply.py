@@ -27,6 +27,10 @@ Recovery (:func:`recover_applies`, to run on the next start) decides per journal
 
 A file that is neither its old nor its new version (edited by someone after the crash) is never
 overwritten: it is reported and the journal kept for inspection.
+
+The journal also keeps what the caller says the changes are (``origin``: the run they come from,
+say), and :func:`interrupted_applies` lists the journals a crash left behind, without touching
+anything, so that a half-applied workspace can be named before it is recovered.
 """
 
 from __future__ import annotations
@@ -55,11 +59,13 @@ from .tree import ChangeSource
 
 __all__ = [
     "ApplyResult",
+    "InterruptedApply",
     "OutsideChange",
     "RecoveryReport",
     "apply_changes",
     "apply_changes_async",
     "check_symlinks",
+    "interrupted_applies",
     "recover_applies",
 ]
 
@@ -96,6 +102,31 @@ class ApplyResult:
 
 
 @frozen
+class InterruptedApply:
+    """An apply a crash interrupted, as its journal holds it: the workspace may be half written."""
+
+    #: the journal directory
+    journal: str
+    #: the workspace it writes
+    workspace: str
+    #: what the caller said the changes are (``apply_changes(origin=...)``), if it did
+    origin: Mapping[str, Any] | None = None
+    #: when the apply started (seconds since the epoch)
+    started: float | None = None
+    written: tuple[str, ...] = ()
+    deleted: tuple[str, ...] = ()
+    mode_changed: tuple[str, ...] = ()
+    #: files that are neither their version before the apply nor after it (edited since the
+    #: crash): recovery leaves them alone and keeps the journal until they are settled
+    edited: tuple[str, ...] = ()
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """Every path the apply touches, sorted."""
+        return tuple(sorted((*self.written, *self.deleted, *self.mode_changed)))
+
+
+@frozen
 class RecoveryReport:
     """What :func:`recover_applies` did with one interrupted apply."""
 
@@ -106,6 +137,8 @@ class RecoveryReport:
     paths: tuple[str, ...] = ()
     #: files left alone because they were neither version (the journal is then kept)
     problems: tuple[str, ...] = ()
+    #: the apply as journaled; None when the journal was discarded (nothing had been written)
+    apply: InterruptedApply | None = None
 
 
 def _applies_dir(state_dir: str | os.PathLike[str]) -> str:
@@ -247,6 +280,7 @@ def apply_changes(
     state_dir: str | os.PathLike[str],
     on_file: Callable[[str], None] | None = None,
     allow_conflicts: bool = False,
+    origin: Mapping[str, Any] | None = None,
 ) -> ApplyResult:
     """Write changes to the workspace, all or nothing (see the module docs).
 
@@ -255,8 +289,9 @@ def apply_changes(
     :class:`MergeConflictError` unless ``allow_conflicts`` (then only the clean part is applied).
     ``on_file(path)`` is called after each file is changed on disk (a test hook: raising from it
     rolls everything back). A symlink leading outside the workspace raises
-    :class:`~orchestrator.vfs.errors.SymlinkOutside`. Blocking: from trio, use
-    :func:`apply_changes_async`.
+    :class:`~orchestrator.vfs.errors.SymlinkOutside`. ``origin`` (JSON values) is kept in the
+    journal: if a crash interrupts the apply, :func:`interrupted_applies` and the recovery
+    report give it back. Blocking: from trio, use :func:`apply_changes_async`.
     """
     snapshot, change_set = _sources(source, changes, allow_conflicts)
     root = snapshot.root
@@ -280,7 +315,7 @@ def apply_changes(
             applies, f"{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(4)}"
         )
         try:
-            entries = _prepare(journal_dir, snapshot, change_set)
+            entries = _prepare(journal_dir, snapshot, change_set, origin)
         except WorkspaceChanged as e:
             shutil.rmtree(journal_dir, ignore_errors=True)
             found = tuple(
@@ -321,14 +356,22 @@ async def apply_changes_async(
     *,
     state_dir: str | os.PathLike[str],
     allow_conflicts: bool = False,
+    origin: Mapping[str, Any] | None = None,
 ) -> ApplyResult:
     """:func:`apply_changes` in a worker thread (not cancellable once writing has started)."""
     return await trio.to_thread.run_sync(
-        lambda: apply_changes(source, changes, state_dir=state_dir, allow_conflicts=allow_conflicts)
+        lambda: apply_changes(
+            source, changes, state_dir=state_dir, allow_conflicts=allow_conflicts, origin=origin
+        )
     )
 
 
-def _prepare(journal_dir: str, snapshot: Snapshot, change_set: ChangeSet) -> list[dict[str, Any]]:
+def _prepare(
+    journal_dir: str,
+    snapshot: Snapshot,
+    change_set: ChangeSet,
+    origin: Mapping[str, Any] | None = None,
+) -> list[dict[str, Any]]:
     """Write new contents and backups, then ``journal.json`` (the commit point)."""
     os.makedirs(os.path.join(journal_dir, "new"))
     os.makedirs(os.path.join(journal_dir, "old"))
@@ -351,7 +394,13 @@ def _prepare(journal_dir: str, snapshot: Snapshot, change_set: ChangeSet) -> lis
         entries.append(entry)
     fsync_dir(os.path.join(journal_dir, "new"))
     fsync_dir(os.path.join(journal_dir, "old"))
-    body = {"version": 1, "workspace": snapshot.root, "created": time.time(), "entries": entries}
+    body = {
+        "version": 1,
+        "workspace": snapshot.root,
+        "created": time.time(),
+        "origin": None if origin is None else dict(origin),
+        "entries": entries,
+    }
     tmp = os.path.join(journal_dir, _JOURNAL + ".tmp")
     _write_blob(tmp, json.dumps(body, indent=1).encode())
     os.replace(tmp, os.path.join(journal_dir, _JOURNAL))
@@ -377,12 +426,7 @@ def _roll(
     for entry in ordered:
         path = entry["path"]
         now_digest, now_mode = _disk(root, path)
-        old = (entry.get("old_digest"), entry.get("old_mode"))
-        new = (
-            (None, None)
-            if entry["action"] == "delete"
-            else (entry.get("new_digest") or entry.get("old_digest"), entry.get("new_mode"))
-        )
+        old, new = _old_and_new(entry)
         want, other = (new, old) if direction == "forward" else (old, new)
         if (now_digest, now_mode) == want:
             continue
@@ -397,6 +441,14 @@ def _roll(
         with contextlib.suppress(OSError):
             fsync_dir(directory)
     return problems
+
+
+def _old_and_new(entry: Mapping[str, Any]) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
+    """A journal entry's path before and after the apply, as :func:`_disk` sees it."""
+    old = (entry.get("old_digest"), entry.get("old_mode"))
+    if entry["action"] == "delete":
+        return old, (None, None)
+    return old, (entry.get("new_digest") or entry.get("old_digest"), entry.get("new_mode"))
 
 
 def _set(
@@ -441,6 +493,71 @@ def _remove_temp_files(root: str, entries: list[dict[str, Any]]) -> None:
                     os.unlink(found.path)
 
 
+def _journaled(journal_dir: str, body: Mapping[str, Any], *, look: bool) -> InterruptedApply:
+    """The apply a ``journal.json`` body describes; with ``look``, the files edited since are
+    found (each touched file is read)."""
+    entries: list[dict[str, Any]] = body["entries"]
+    edited: list[str] = []
+    for entry in entries if look else ():
+        try:
+            now = _disk(body["workspace"], entry["path"])
+        except OSError:  # unreadable: neither version as far as anyone can tell
+            now = ("unreadable", None)
+        if now not in _old_and_new(entry):
+            edited.append(entry["path"])
+
+    def paths(action: str) -> tuple[str, ...]:
+        return tuple(sorted(e["path"] for e in entries if e["action"] == action))
+
+    origin = body.get("origin")
+    return InterruptedApply(
+        journal_dir,
+        body["workspace"],
+        origin if isinstance(origin, dict) else None,
+        body.get("created"),
+        paths("write"),
+        paths("delete"),
+        paths("chmod"),
+        tuple(sorted(edited)),
+    )
+
+
+def interrupted_applies(state_dir: str | os.PathLike[str]) -> list[InterruptedApply]:
+    """The applies journaled in ``state_dir`` that a crash interrupted, oldest first.
+
+    Reads only (nothing is recovered, nothing created; each file an apply touches is read, to
+    tell those edited since). An apply under way in another process is not an interrupted
+    one: while one holds the lock, nothing is listed. A journal without ``journal.json`` (the
+    crash came before anything was written) is not listed either.
+    """
+    applies = _applies_dir(state_dir)
+    try:
+        names = sorted(os.listdir(applies))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    with contextlib.ExitStack() as stack:
+        with contextlib.suppress(OSError):
+            fd = os.open(os.path.join(applies, ".lock"), os.O_RDONLY | os.O_CLOEXEC)
+            stack.callback(os.close, fd)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return []  # an apply or a recovery is under way: its journal is not a crash's
+        found: list[InterruptedApply] = []
+        for name in names:
+            journal_dir = os.path.join(applies, name)
+            if name.startswith("."):
+                continue
+            try:
+                with open(os.path.join(journal_dir, _JOURNAL), "rb") as f:
+                    body = json.load(f)
+                found.append(_journaled(journal_dir, body, look=True))
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                if not isinstance(e, (FileNotFoundError, NotADirectoryError)):
+                    log.warning("unreadable apply journal", journal=journal_dir, error=str(e))
+        return found
+
+
 def recover_applies(state_dir: str | os.PathLike[str]) -> list[RecoveryReport]:
     """Finish or undo every interrupted apply journaled in ``state_dir`` (see module docs)."""
     reports: list[RecoveryReport] = []
@@ -479,4 +596,6 @@ def _recover_one(journal_dir: str) -> RecoveryReport:
     else:
         shutil.rmtree(journal_dir)
     log.warning("recovered an interrupted apply", journal=journal_dir, action=action, root=root)
-    return RecoveryReport(journal_dir, action, paths, tuple(problems))
+    return RecoveryReport(
+        journal_dir, action, paths, tuple(problems), _journaled(journal_dir, body, look=False)
+    )

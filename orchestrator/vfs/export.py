@@ -6,7 +6,9 @@
   120000``, or ``old mode``/``new mode`` lines when it is there before and after.
 - :func:`git_patch` is for ``git apply``: git's extended headers (new/deleted file modes, mode
   changes, full ``index`` lines), ``\\ No newline at end of file`` markers, and binary files as
-  ``GIT binary patch`` literals. Paths with unusual characters are quoted as git quotes them.
+  ``GIT binary patch`` literals. Paths with unusual characters are quoted as git quotes them. A
+  path whose type changes (a file become a symlink, or the reverse) is, as ``git diff`` writes
+  it, a deletion of the old entry followed by a creation of the new one.
 - :func:`git_commit` records the changes as a commit on a new branch of the workspace's git
   repository with plumbing only (``hash-object -w``, ``read-tree``/``update-index`` into a
   temporary index named by ``GIT_INDEX_FILE``, ``write-tree``, ``commit-tree``, ``update-ref``):
@@ -25,6 +27,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import stat
 import subprocess
 import tempfile
 import zlib
@@ -269,37 +272,62 @@ def git_patch(
                 raise
             gone.append(path)
             continue
-        a, b = _quote("a/" + path).encode(), _quote("b/" + path).encode()
-        out.append(b"diff --git %s %s\n" % (a, b))
-        if old is None:
-            out.append(b"new file mode %s\n" % git_mode(new_mode or 0).encode())
-        elif new is None:
-            out.append(b"deleted file mode %s\n" % git_mode(old_mode or 0).encode())
-        elif git_mode(old_mode or 0) != git_mode(new_mode or 0):
-            out.append(
-                b"old mode %s\nnew mode %s\n"
-                % (git_mode(old_mode or 0).encode(), git_mode(new_mode or 0).encode())
-            )
-        if old == new:
-            continue
-        old_id = _git_blob_id(old) if old is not None else _ZERO
-        new_id = _git_blob_id(new) if new is not None else _ZERO
-        same_mode = old is not None and new is not None and old_mode == new_mode
-        suffix = b" %s" % git_mode(old_mode or 0).encode() if same_mode else b""
-        out.append(b"index %s..%s%s\n" % (old_id.encode(), new_id.encode(), suffix))
-        if is_binary(old or b"") or is_binary(new or b""):
-            out.append(b"GIT binary patch\n")
-            out.append(_binary_literal(new or b""))
-            out.append(_binary_literal(old or b""))
-            continue
-        if not old and not new:
-            continue
-        out.append(b"--- %s\n" % (a if old is not None else b"/dev/null"))
-        out.append(b"+++ %s\n" % (b if new is not None else b"/dev/null"))
-        out.extend(_hunks(old or b"", new or b"", context))
+        if _type_changed(old_mode, new_mode):
+            # git cannot change an entry's type in place ("new mode 120000" under "old mode
+            # 100644" is refused): like git diff, delete the old entry, then create the new one
+            out.extend(_patch_entry(path, old, old_mode, None, None, context))
+            out.extend(_patch_entry(path, None, None, new, new_mode, context))
+        else:
+            out.extend(_patch_entry(path, old, old_mode, new, new_mode, context))
     if gone:
         log.warning("base changed in the workspace; left out of the patch", files=gone)
     return b"".join(out)
+
+
+def _type_changed(old_mode: int | None, new_mode: int | None) -> bool:
+    """Whether a path that exists before and after changes its type (a file become a link)."""
+    if old_mode is None or new_mode is None:
+        return False
+    return stat.S_IFMT(old_mode) != stat.S_IFMT(new_mode)
+
+
+def _patch_entry(
+    path: str,
+    old: bytes | None,
+    old_mode: int | None,
+    new: bytes | None,
+    new_mode: int | None,
+    context: int,
+) -> Iterator[bytes]:
+    """One ``diff --git`` section of a git patch: ``old`` (None: absent) becomes ``new``."""
+    a, b = _quote("a/" + path).encode(), _quote("b/" + path).encode()
+    yield b"diff --git %s %s\n" % (a, b)
+    if old is None:
+        yield b"new file mode %s\n" % git_mode(new_mode or 0).encode()
+    elif new is None:
+        yield b"deleted file mode %s\n" % git_mode(old_mode or 0).encode()
+    elif git_mode(old_mode or 0) != git_mode(new_mode or 0):
+        yield b"old mode %s\nnew mode %s\n" % (
+            git_mode(old_mode or 0).encode(),
+            git_mode(new_mode or 0).encode(),
+        )
+    if old == new:
+        return
+    old_id = _git_blob_id(old) if old is not None else _ZERO
+    new_id = _git_blob_id(new) if new is not None else _ZERO
+    same_mode = old is not None and new is not None and old_mode == new_mode
+    suffix = b" %s" % git_mode(old_mode or 0).encode() if same_mode else b""
+    yield b"index %s..%s%s\n" % (old_id.encode(), new_id.encode(), suffix)
+    if is_binary(old or b"") or is_binary(new or b""):
+        yield b"GIT binary patch\n"
+        yield _binary_literal(new or b"")
+        yield _binary_literal(old or b"")
+        return
+    if not old and not new:
+        return
+    yield b"--- %s\n" % (a if old is not None else b"/dev/null")
+    yield b"+++ %s\n" % (b if new is not None else b"/dev/null")
+    yield from _hunks(old or b"", new or b"", context)
 
 
 def _git(args: list[str], cwd: str, env: Mapping[str, str], stdin: bytes | None = None) -> str:

@@ -1,0 +1,292 @@
+"""What an apply leaves in the workspace: modes, type changes in ``changes.patch``, and a crash.
+
+Through the console script, with the demo agent editing files and running shell commands: a
+mode the user set after the run stays unless the run set one; a file become a symlink (and the
+reverse) makes a ``changes.patch`` that ``git apply`` takes and that gives the tree ``apply``
+gives; an ``apply`` killed midway is named by ``runs``, ``show`` and ``diff`` until it is
+finished, and the command they name finishes it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from run_helpers import CLI, as_json, run_cli
+
+from orchestrator.cli.output import output_schema
+from orchestrator.vfs.testing import capture, git
+
+EXIT_OK, EXIT_FAILED = 0, 1
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not CLI.is_file(), reason=f"console script {CLI} not installed"),
+]
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A project holding a few text files, a script and a symlink."""
+    root = (tmp_path / "P").resolve()
+    root.mkdir()
+    for i in range(4):
+        (root / f"f{i}.txt").write_text(f"old {i}\n")
+    (root / "secret.txt").write_text("token\n")
+    (root / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    (root / "file").write_text("a file\n")
+    (root / "link").symlink_to("f0.txt")
+    return root
+
+
+async def prompt(project: Path, state: Path, *instructions: str) -> str:
+    """``orchestrator prompt --json`` of the demo agent given ``instructions``; the run id."""
+    done = await run_cli(
+        "prompt", "--agent", "demo", "--policy", "trusted", "--json", "--cwd", str(project),
+        "\n".join(instructions), cwd=project.parent, state=state,
+    )  # fmt: skip
+    assert done.returncode == EXIT_OK, done.stderr.decode()
+    result = as_json(done)
+    assert not result["applied"]
+    return str(result["runId"])
+
+
+async def cli(project: Path, state: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
+    """The console script, beside the project."""
+    return await run_cli(*args, cwd=project.parent, state=state)
+
+
+def mode_of(path: Path) -> int:
+    """The permission bits of ``path``."""
+    return stat.S_IMODE(path.lstat().st_mode)
+
+
+# --------------------------------------------------------------------------- modes
+
+
+async def test_a_content_change_keeps_the_mode_the_user_set_after_the_run(
+    project: Path, state_dir: Path
+) -> None:
+    """chmod 600 after the run, then apply a change of the file's content: it stays 600."""
+    run_id = await prompt(project, state_dir, 'append "second" to secret.txt')
+    (project / "secret.txt").chmod(0o600)
+    done = await cli(project, state_dir, "apply", run_id)
+    assert done.returncode == EXIT_OK, done.stderr.decode()
+    assert (project / "secret.txt").read_text() == "token\nsecond\n"
+    assert mode_of(project / "secret.txt") == 0o600
+
+
+async def test_a_mode_the_run_set_is_applied(project: Path, state_dir: Path) -> None:
+    """A mode the run set (alone, or with new content) is applied over the user's later one."""
+    run_id = await prompt(
+        project, state_dir, "run chmod 755 run.sh", "run chmod 700 f1.txt",
+        'append "more" to f1.txt',
+    )  # fmt: skip
+    (project / "run.sh").chmod(0o600)
+    (project / "f1.txt").chmod(0o640)
+    done = await cli(project, state_dir, "apply", run_id)
+    assert done.returncode == EXIT_OK, done.stderr.decode()
+    assert mode_of(project / "run.sh") == 0o755
+    assert (project / "f1.txt").read_text() == "old 1\nmore\n"
+    assert mode_of(project / "f1.txt") == 0o700
+
+
+# --------------------------------------------------------------------------- type changes
+
+
+async def test_changes_patch_of_type_changes_applies_with_git_as_apply_does(
+    project: Path, state_dir: Path, tmp_path: Path
+) -> None:
+    """A symlink become a file and a file become a symlink: changes.patch passes git apply
+    --check, and git apply gives the tree that orchestrator apply gives."""
+    git(project, "init", "-q", "-b", "main")
+    git(project, "add", "-A")
+    git(project, "commit", "-q", "-m", "initial")
+    run_id = await prompt(
+        project, state_dir, "run rm link", "create link with 'now a file'",
+        "run rm file && ln -s f2.txt file",
+    )  # fmt: skip
+    patch = state_dir / "runs" / run_id / "changes.patch"
+    by_git = tmp_path / "by-git"
+    shutil.copytree(project, by_git, symlinks=True)
+    git(by_git, "apply", "--check", str(patch))
+    git(by_git, "apply", str(patch))
+    done = await cli(project, state_dir, "apply", run_id)
+    assert done.returncode == EXIT_OK, done.stderr.decode()
+    assert (project / "link").read_text() == "now a file"
+    assert os.readlink(project / "file") == "f2.txt"
+
+    def tree(root: Path) -> dict[str, tuple[bytes, int]]:
+        return {k: v for k, v in capture(root).items() if not k.startswith(".git")}
+
+    assert tree(by_git) == tree(project)
+
+
+# --------------------------------------------------------------------------- a crash mid-apply
+
+# The console script's `apply`, paused after its first file (the apply's own test hook), so
+# that the test can SIGKILL it there.
+PAUSED_APPLY = r"""
+import sys, time
+import trio
+import orchestrator.runs.apply as runs_apply
+from orchestrator.cli import main
+from orchestrator.vfs import apply_changes
+
+marker = sys.argv[1]
+
+def pause(path):
+    with open(marker, "a") as f:
+        f.write(path + "\n")
+    time.sleep(120)
+
+async def paused(source, changes=None, **options):
+    return await trio.to_thread.run_sync(
+        lambda: apply_changes(source, changes, on_file=pause, **options)
+    )
+
+runs_apply.apply_changes_async = paused
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def kill_apply_midway(project: Path, state: Path, run_id: str, marker: Path) -> None:
+    """Run ``orchestrator apply RUN`` and SIGKILL it once its first file is written."""
+    env = {**os.environ, "ORCHESTRATOR_STATE_DIR": str(state)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", PAUSED_APPLY, str(marker), "apply", run_id], cwd=REPO, env=env
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (marker.exists() and marker.read_text().strip()):
+            assert child.poll() is None, "the apply exited before its first file"
+            assert time.monotonic() < deadline, "the apply never reached its first file"
+            time.sleep(0.05)
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=30)
+    assert child.returncode == -signal.SIGKILL
+
+
+async def interrupted(project: Path, state: Path, run_id: str) -> dict[str, Any]:
+    """Check that runs, show and diff (text and --json) name the interrupted apply of
+    ``run_id``; its ``applyInterrupted`` object."""
+    line = f"interrupted apply: run {run_id}'s changes are half written to {project}"
+    finish = f"orchestrator apply {run_id}"
+    for args in (("runs",), ("show", run_id), ("diff", run_id)):
+        done = await cli(project, state, *args)
+        assert done.returncode == EXIT_OK, done.stderr.decode()
+        assert line in done.stderr.decode() and finish in done.stderr.decode()
+    listed = await cli(project, state, "runs")
+    assert f"{run_id}  " in listed.stdout.decode()
+    assert "apply-interrupted" in listed.stdout.decode()
+    diff = await cli(project, state, "diff", run_id)
+    assert diff.stdout.decode().startswith("--- a/f0.txt")  # the diff on stdout, untouched
+    objects = []
+    for args in (("runs",), ("show", run_id), ("diff", run_id)):
+        done = await cli(project, state, *args, "--json")
+        assert done.returncode == EXIT_OK, done.stderr.decode()
+        document = as_json(done)
+        jsonschema.Draft202012Validator(output_schema()).validate(document)
+        if "runs" in document:
+            (document,) = [r for r in document["runs"] if r["runId"] == run_id]
+        objects.append(document)
+    found = [o["applyInterrupted"] for o in objects]
+    assert found[0] == found[1] == found[2]
+    shown = found[0]
+    assert (shown["runId"], shown["workspace"], shown["finish"]) == (run_id, str(project), finish)
+    assert shown["files"] == [f"f{i}.txt" for i in range(4)]
+    assert Path(shown["journal"]).is_dir()
+    return dict(shown)
+
+
+async def test_a_crash_during_apply_is_named_until_the_named_command_finishes_it(
+    project: Path, state_dir: Path, tmp_path: Path
+) -> None:
+    """apply killed after its first file: runs, show and diff say the workspace is half
+    written and name `orchestrator apply RUN`, which finishes it; then they say nothing."""
+    run_id = await prompt(project, state_dir, "replace 'old' with 'new' in f*.txt")
+    kill_apply_midway(project, state_dir, run_id, tmp_path / "marker")
+    assert (project / "f0.txt").read_text() == "new 0\n"
+    assert (project / "f3.txt").read_text() == "old 3\n"  # half written
+    assert (await interrupted(project, state_dir, run_id))["edited"] == []
+
+    done = await cli(project, state_dir, "apply", run_id)
+    assert done.returncode == EXIT_OK, done.stderr.decode()
+    said = done.stderr.decode()
+    assert f"finished the interrupted apply of run {run_id} to {project} first: completed" in said
+    assert f"applied run {run_id}: 4 files" in said
+    assert [(project / f"f{i}.txt").read_text() for i in range(4)] == [
+        f"new {i}\n" for i in range(4)
+    ]
+    for args in (("runs",), ("show", run_id), ("diff", run_id)):
+        done = await cli(project, state_dir, *args)
+        assert "interrupted apply" not in done.stderr.decode()
+        shown = as_json(await cli(project, state_dir, *args, "--json"))
+        assert (shown["runs"][0] if "runs" in shown else shown)["applyInterrupted"] is None
+    assert as_json(await cli(project, state_dir, "show", run_id, "--json"))["applied"] is True
+    again = await cli(project, state_dir, "apply", run_id)
+    assert again.returncode == EXIT_FAILED and "already applied" in again.stderr.decode()
+
+
+async def test_an_apply_of_another_run_finishes_the_interrupted_one_first(
+    project: Path, state_dir: Path, tmp_path: Path
+) -> None:
+    """While a crash left run A half applied, apply of run B completes A's first, says so,
+    records it as A's apply, then applies B."""
+    first = await prompt(project, state_dir, "replace 'old' with 'new' in f*.txt")
+    second = await prompt(project, state_dir, 'append "more" to secret.txt')
+    kill_apply_midway(project, state_dir, first, tmp_path / "marker")
+    await interrupted(project, state_dir, first)
+    shown = await cli(project, state_dir, "show", second)  # the other run, same workspace
+    assert f"interrupted apply: run {first}'s changes are half written" in shown.stderr.decode()
+    done = await cli(project, state_dir, "apply", second, "--json")
+    assert done.returncode == EXIT_OK, done.stderr.decode()
+    result = as_json(done)
+    jsonschema.Draft202012Validator(output_schema()).validate(result)
+    assert result["applied"] and result["written"] == ["secret.txt"]
+    (recovered,) = result["recovered"]
+    assert (recovered["runId"], recovered["action"], recovered["problems"]) == (
+        first,
+        "completed",
+        [],
+    )
+    assert [(project / f"f{i}.txt").read_text() for i in range(4)] == [
+        f"new {i}\n" for i in range(4)
+    ]
+    assert (project / "secret.txt").read_text() == "token\nmore\n"
+    assert as_json(await cli(project, state_dir, "show", first, "--json"))["applied"] is True
+
+
+async def test_an_interrupted_apply_that_cannot_be_finished_refuses_applies_there(
+    project: Path, state_dir: Path, tmp_path: Path
+) -> None:
+    """A file of the interrupted apply edited after the crash: it is left alone, and an apply
+    to that workspace is refused, naming the file and the journal."""
+    first = await prompt(project, state_dir, "replace 'old' with 'new' in f*.txt")
+    second = await prompt(project, state_dir, 'append "more" to secret.txt')
+    kill_apply_midway(project, state_dir, first, tmp_path / "marker")
+    journal = (await interrupted(project, state_dir, first))["journal"]
+    (project / "f3.txt").write_text("edited after the crash\n")
+    done = await cli(project, state_dir, "apply", second)
+    assert done.returncode == EXIT_FAILED
+    said = done.stderr.decode()
+    assert f"holds an interrupted apply of run {first} that cannot be finished" in said
+    assert "f3.txt changed since" in said and journal in said
+    assert (project / "f3.txt").read_text() == "edited after the crash\n"
+    assert (project / "secret.txt").read_text() == "token\n"
+    shown = await interrupted(project, state_dir, first)  # still named, to be settled
+    assert shown["edited"] == ["f3.txt"]
+    listed = await cli(project, state_dir, "runs")
+    assert "f3.txt changed since: make each hold what it held before" in listed.stderr.decode()
