@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
+from ._names import display_names
+
 __all__ = [
     "AgentError",
     "AgentExited",
@@ -328,7 +330,8 @@ class ResumeConflict(OrchestratorError):
         self.paths = tuple(paths)
         #: the run's full id, when known
         self.run_id = run_id
-        listed = ", ".join(self.paths[:10]) + (" ..." if len(self.paths) > 10 else "")
+        shown = display_names(self.paths[:10])
+        listed = ", ".join(shown) + (" ..." if len(self.paths) > 10 else "")
         super().__init__(f"the workspace changed since the run, in files the run changed: {listed}")
 
     def __reduce__(self) -> tuple[Any, ...]:

@@ -26,6 +26,7 @@ import structlog
 import trio
 from attrs import define, field
 
+from .._names import display_name, parse_name
 from ..errors import InvalidParams, JsonRpcError, ResourceNotFound
 from ..vfs.errors import PathNotFound, PathRefused
 from ..vfs.workdir import HarvestReport, Workdir
@@ -82,7 +83,16 @@ class BranchFileSystem:
         return self.workdir.branch.name
 
     def resolve(self, path: str) -> str:
-        """The branch path for the absolute ``path``, or :class:`PathRefused`."""
+        """The branch path for the absolute ``path``, or :class:`PathRefused`.
+
+        ``path`` is read in the display form of names (:func:`~orchestrator._names.parse_name`):
+        ``\\xHH`` stands for a byte that is not UTF-8, so the agent reaches a file by the
+        text it was shown for it.
+        """
+        try:
+            path = parse_name(path)
+        except ValueError as e:
+            raise PathRefused(path, "not valid Unicode") from e
         if not os.path.isabs(path):
             raise PathRefused(path, "not an absolute path")
         root = os.path.realpath(self.workdir.root)
@@ -103,13 +113,14 @@ class BranchFileSystem:
         log.warning(
             "fs request refused",
             method=method,
-            path=e.path,
+            path=display_name(e.path),
             reason=e.reason,
             branch=self.branch_name,
             agent=ctx.agent,
             session=ctx.session_id,
         )
-        return InvalidParams(f"{e.path}: {e.reason}", {"path": e.path})
+        shown = display_name(e.path)
+        return InvalidParams(f"{shown}: {e.reason}", {"path": shown})
 
     def _read(
         self, request: t.ReadTextFileRequest, ctx: SessionContext, *, nowait: bool = False
@@ -155,7 +166,7 @@ class BranchFileSystem:
             raise InvalidParams(f"content for {request.path} is not valid Unicode") from e
         except IsADirectoryError as e:
             raise InvalidParams(f"{request.path} is a directory", {"path": request.path}) from e
-        log.debug("fs write", path=rel, bytes=len(data), branch=self.branch_name)
+        log.debug("fs write", path=display_name(rel), bytes=len(data), branch=self.branch_name)
 
     async def read_text_file(
         self, request: t.ReadTextFileRequest, ctx: SessionContext

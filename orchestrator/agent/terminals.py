@@ -34,6 +34,7 @@ import structlog
 import trio
 from attrs import define, field
 
+from orchestrator._names import decode_text, parse_name
 from orchestrator._util import single_error
 from orchestrator.errors import InternalError, InvalidParams, InvalidRequest, ResourceNotFound
 
@@ -121,9 +122,11 @@ class OutputBuffer:
             data = _skip_continuation(data)
         if not final:
             data = data[: len(data) - _incomplete_tail(data)]
-        text = data.decode("utf-8", errors="replace")
+        # a byte that is not UTF-8 reads \xHH, as names are shown: a name the agent reads in
+        # the output (``ls``) is one it can send back (see orchestrator._names)
+        text = decode_text(data)
         encoded = text.encode("utf-8")
-        if len(encoded) > self.limit:  # replacement characters can make invalid input grow
+        if len(encoded) > self.limit:  # escaped bytes make invalid input grow
             text = _skip_continuation(encoded[len(encoded) - self.limit :]).decode("utf-8")
             truncated = True
         return text, truncated
@@ -496,7 +499,8 @@ def _pidfd(pid: int) -> int | None:
 
 def _resolve_cwd(requested: str | None, session_cwd: str) -> str:
     root = os.path.realpath(session_cwd)
-    target = os.path.realpath(os.path.join(root, requested)) if requested else root
+    # named as the agent was shown it (``\xHH`` for a byte that is not UTF-8)
+    target = os.path.realpath(os.path.join(root, parse_name(requested))) if requested else root
     if target != root and not target.startswith(root.rstrip(os.sep) + os.sep):
         raise InvalidParams(f"cwd {requested!r} is outside the session directory {session_cwd}")
     if not os.path.isdir(target):

@@ -206,13 +206,15 @@ async def _interruptible(handler: Callable[[argparse.Namespace], Any], args: Any
     def fail(e: BaseException, exit_code: int) -> int:
         _error(str(e))
         if as_json:  # scripts still get one JSON object on stdout
+            from .._names import display_names
+
             paths = getattr(e, "paths", None)
             _emit_json(
                 {
                     "error": {"type": type(e).__name__, "message": str(e)},
                     "exitCode": exit_code,
                     **run_id(e),
-                    **({"paths": list(paths)} if paths else {}),
+                    **({"paths": display_names(paths)} if paths else {}),
                 }
             )
         return exit_code
@@ -309,21 +311,23 @@ async def _cmd_prompt(args: argparse.Namespace) -> int:
 
 def _report_changes(run: Any) -> None:
     """What the agent changed, and whether it reached the workspace (human output, stderr)."""
+    from .._names import display_name, display_names
+
     if not run.changes:
         print("no file changed", file=sys.stderr)
         return
     links = dict(run.symlinks)
     for path, change in run.changes:
-        link = f" -> {links[path]} (symlink)" if path in links else ""
-        print(f"  {change:<8} {path}{link}", file=sys.stderr)
+        link = f" -> {display_name(links[path])} (symlink)" if path in links else ""
+        print(f"  {change:<8} {display_name(path)}{link}", file=sys.stderr)
     patch = f"{run.run_dir}/changes.patch"
-    left_out = ", ".join(run.patch_left_out)
+    left_out = ", ".join(display_names(run.patch_left_out))
     if run.applied:
         print(f"applied to the workspace ({len(run.changes)} files)", file=sys.stderr)
     elif run.workspace_changed:
         print(
             "NOT applied: changed in the workspace during the run: "
-            + ", ".join(run.workspace_changed),
+            + ", ".join(display_names(run.workspace_changed)),
             file=sys.stderr,
         )
         # the patch is named only if it holds every change

@@ -12,6 +12,7 @@ from typing import IO, TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..pipeline.results import RunEvent
 
+from .._names import display_names
 from . import EXIT_FAILED, EXIT_MERGE_CONFLICTS, EXIT_OK, EXIT_USAGE
 
 RUN_EXAMPLES = """\
@@ -577,7 +578,8 @@ async def cmd_apply(args: argparse.Namespace) -> int:
         document = outcome.to_json()
         if outcome.workspace_changed and not outcome.applied:
             # a refusal reads like every command's error object, with the files it names
-            message = f"files changed since the run: {', '.join(outcome.workspace_changed)}"
+            changed = ", ".join(display_names(outcome.workspace_changed))
+            message = f"files changed since the run: {changed}"
             document["error"] = {"type": "WorkspaceChanged", "message": message}
             document["exitCode"] = int(outcome.exit_code)
         _emit(document)
@@ -620,7 +622,8 @@ def _apply_summary(outcome: Any) -> None:
     elif outcome.workspace_changed:
         where = "differ at HEAD from" if outcome.git_branch else "changed in the workspace since"
         print(
-            f"NOT applied: files {where} the run: {', '.join(outcome.workspace_changed)}; "
+            f"NOT applied: files {where} the run: "
+            f"{', '.join(display_names(outcome.workspace_changed))}; "
             "nothing was written",
             file=sys.stderr,
         )

@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 import trio
 
+from .._names import decode_text
 from ..agent.content import PromptInput
 from ..errors import OrchestratorError, UsageError
 from ..protocol import types as t
@@ -184,7 +185,7 @@ async def run_verify(command: str, directory: Path, *, timeout: float = 600.0) -
             _signal_group(proc.pid, signal.SIGKILL)
     if scope.cancelled_caught or not done:
         return VerifyResult(command, 124, f"timed out after {timeout:g}s", timed_out=True)
-    output = done[0].stdout.decode("utf-8", "replace")
+    output = decode_text(done[0].stdout)
     tail = "\n".join(output.splitlines()[-40:])
     return VerifyResult(command, done[0].returncode, tail)
 

@@ -74,7 +74,11 @@ class Recorder:
                     "conflict",
                     self.run_id,
                     step,
-                    data={k: c[k] for k in ("path", "kind", "branches", "resolution")},
+                    data={
+                        k: c[k]
+                        for k in ("path", "pathBytes", "kind", "branches", "resolution")
+                        if k in c
+                    },
                 )
             )
 

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import structlog
 
+from .._names import name_json, name_of
 from ..errors import ResumeConflict
 from ..store import BASE_UNKNOWN, StoredChange
 from ..vfs import (
@@ -65,7 +66,7 @@ def change_kinds(base: Tree, changes: Mapping[str, Change]) -> tuple[tuple[str, 
 def symlink_targets(changes: Mapping[str, Change]) -> tuple[tuple[str, str], ...]:
     """``(path, target)`` for each change that leaves a symbolic link at its path."""
     return tuple(
-        (path, change.data.decode("utf-8", "replace"))
+        (path, name_of(change.data))
         for path, change in sorted(changes.items())
         if isinstance(change, Write) and stat.S_ISLNK(change.mode)
     )
@@ -199,7 +200,7 @@ def conflict_json(step: str, conflict: Conflict, resolution: str) -> dict[str, A
     """A conflict as ``--json`` output, reports and the run store show it."""
     return {
         "step": step,
-        "path": conflict.path,
+        **name_json(conflict.path),
         "kind": conflict.kind,
         "branches": [conflict.ours_name, conflict.theirs_name],
         "base": _text(conflict.base),

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from attrs import field, frozen
 
+from .._names import name_from_json, name_json
+
 if TYPE_CHECKING:
     from ..agent.turn import TurnResult
 
@@ -39,13 +41,14 @@ def changes_json(
     changes: tuple[tuple[str, ChangeKind], ...], symlinks: tuple[tuple[str, str], ...] = ()
 ) -> list[dict[str, Any]]:
     """Changed files as ``--json`` output shows them: ``{path, change}``, and ``symlink`` (its
-    target) for a path the change leaves a symbolic link."""
+    target) for a path the change leaves a symbolic link; a name that is not plain UTF-8 comes
+    with ``pathBytes`` (``symlinkBytes``), see :mod:`orchestrator._names`."""
     targets = dict(symlinks)
     out: list[dict[str, Any]] = []
     for path, change in changes:
-        entry: dict[str, Any] = {"path": path, "change": change}
+        entry: dict[str, Any] = {**name_json(path), "change": change}
         if path in targets:
-            entry["symlink"] = targets[path]
+            entry.update(name_json(targets[path], "symlink"))
         out.append(entry)
     return out
 
@@ -55,8 +58,10 @@ def changes_from_json(
 ) -> tuple[tuple[tuple[str, ChangeKind], ...], tuple[tuple[str, str], ...]]:
     """The changes and symlink targets of :func:`changes_json`'s entries, read back."""
     entries = list(entries or ())
-    changes = tuple((str(c["path"]), c["change"]) for c in entries)
-    symlinks = tuple((str(c["path"]), str(c["symlink"])) for c in entries if "symlink" in c)
+    changes = tuple((name_from_json(c), c["change"]) for c in entries)
+    symlinks = tuple(
+        (name_from_json(c), name_from_json(c, "symlink")) for c in entries if "symlink" in c
+    )
     return changes, symlinks
 
 

@@ -24,6 +24,7 @@ from typing import Any
 import trio
 from attrs import define, field
 
+from .._names import display_names
 from ..agent.permissions import Escalate
 from ..agent.services import ClientServices
 from ..agents import AgentSpec
@@ -297,7 +298,7 @@ class PipelineRunner:
         if state.conflicts:
             self._recorder.conflicts(step.name, state.conflicts)
         if merged.conflicts:
-            paths = ", ".join(sorted({c.path for c in merged.conflicts}))
+            paths = ", ".join(display_names(sorted({c.path for c in merged.conflicts})))
             state.status = "failed"
             state.error = f"merge conflict in {paths} (merge={step.merge!r})"
             state.finished = time.time()

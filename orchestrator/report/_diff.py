@@ -15,6 +15,8 @@ from typing import Literal
 
 from attrs import define, field, frozen
 
+from .._names import display_name, git_unquote
+
 __all__ = ["DiffLine", "FileDiff", "LineKind", "count_lines", "parse_diff"]
 
 LineKind = Literal["meta", "hunk", "add", "del", "ctx", "note"]
@@ -106,13 +108,10 @@ class _Builder:
 
 
 def _unquote(path: str) -> str:
-    """A path as git prints it: C-quoted with octal escapes when it has unusual bytes."""
+    """A path as git prints it (C-quoted with octal escapes when it has unusual bytes) in the
+    display form that ``--json`` objects give it (see :mod:`orchestrator._names`)."""
     if len(path) >= 2 and path[0] == '"' and path[-1] == '"':
-        try:
-            raw = path[1:-1].encode("latin-1").decode("unicode_escape").encode("latin-1")
-            return raw.decode("utf-8", "replace")
-        except (UnicodeError, ValueError):
-            return path[1:-1]
+        return display_name(git_unquote(path))
     return path
 
 

@@ -43,6 +43,7 @@ import structlog
 import trio
 from attrs import frozen
 
+from .._names import display_name, display_names, name_from_json
 from ..errors import (
     AlreadyApplied,
     ApplyRefused,
@@ -204,10 +205,10 @@ class ApplyOutcome:
             "step": self.step,
             "keys": list(self.keys),
             "applied": self.applied,
-            "written": list(self.written),
-            "deleted": list(self.deleted),
-            "modeChanged": list(self.mode_changed),
-            "workspaceChanged": list(self.workspace_changed),
+            "written": display_names(self.written),
+            "deleted": display_names(self.deleted),
+            "modeChanged": display_names(self.mode_changed),
+            "workspaceChanged": display_names(self.workspace_changed),
             "gitBranch": self.git_branch,
             "gitCommit": self.git_commit,
             "at": self.at,
@@ -290,7 +291,7 @@ async def _whole_run(
     # workspace that changed during the run, which the apply checks below as always
     if record.status == "conflicts" and record.kind != "prompt":
         unsettled = [c for c in await store.conflicts(run_id) if c.get("resolution") == "fail"]
-        paths = sorted({str(c.get("path")) for c in unsettled})
+        paths = sorted({name_from_json(c) for c in unsettled})
         where = "; ".join(f"{c.get('path')} at {c.get('step')}" for c in unsettled)
         raise UnsettledConflicts(
             run_id,
@@ -357,7 +358,7 @@ def _merged(
         raise UnsettledConflicts(
             record.run_id,
             f"the instances of step {step} of run {record.run_id} conflict in "
-            f"{', '.join(paths)}: apply one of them ({', '.join(stored)})",
+            f"{', '.join(display_names(paths))}: apply one of them ({', '.join(stored)})",
             paths,
         )
     return merged.net_changes()
@@ -449,7 +450,9 @@ async def apply_recorded(
         # judged in the workspace, where the links will be (or be checked out from the branch)
         await trio.to_thread.run_sync(check_symlinks, record.cwd, changes)
     except SymlinkOutside as e:
-        links = ", ".join(f"{path} -> {target}" for path, target in e.links)
+        links = ", ".join(
+            f"{display_name(path)} -> {display_name(target)}" for path, target in e.links
+        )
         raise SymlinkRefused(
             run_id,
             f"run {run_id} would make symlinks leading outside the workspace: {links}; "

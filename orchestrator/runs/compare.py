@@ -11,6 +11,7 @@ import attrs
 import structlog
 import trio
 
+from .._names import display_names
 from ..agents import AgentSpec
 from ..config import Config
 from ..errors import UsageError
@@ -130,7 +131,7 @@ async def compare(
         result = {
             **outcome.result,
             "applied": apply if applied.applied else None,
-            "workspaceChanged": list(changed),
+            "workspaceChanged": display_names(changed),
         }
         return RunOutcome(outcome.run_id, outcome.status, result, outcome.run_dir, changed)
     return outcome

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import trio
 from attrs import frozen
 
+from .._names import display_names, parse_name
 from ..agent.client import ClientOptions
 from ..agent.permissions import Escalate
 from ..agent.services import ClientServices, PermissionRecord
@@ -110,9 +111,9 @@ class PromptRun:
             "changes": changes_json(self.changes, self.symlinks),
             "diff": self.diff,
             "applied": self.applied,
-            "workspaceChanged": list(self.workspace_changed),
+            "workspaceChanged": display_names(self.workspace_changed),
             "patch": os.path.join(self.run_dir, "changes.patch") if self.changes else None,
-            "patchLeftOut": list(self.patch_left_out),
+            "patchLeftOut": display_names(self.patch_left_out),
             "wallSeconds": round(self.wall_seconds, 3),
         }
 
@@ -143,7 +144,7 @@ def _prompt_run(outcome: RunOutcome, last: Any, spec: AgentSpec, wall_seconds: f
         raise OrchestratorError(f"run {outcome.run_id}: the prompt's turn left no result")
     result = outcome.result
     changes, symlinks = changes_from_json(result.get("changes"))
-    unapplied = tuple(result.get("workspaceChanged") or ())
+    unapplied = tuple(parse_name(p) for p in result.get("workspaceChanged") or ())
     return PromptRun(
         run_id=outcome.run_id,
         agent=spec,
@@ -156,7 +157,7 @@ def _prompt_run(outcome: RunOutcome, last: Any, spec: AgentSpec, wall_seconds: f
         diff=str(result.get("diff") or ""),
         applied=bool(result.get("applied")),
         workspace_changed=unapplied,
-        patch_left_out=tuple(result.get("patchLeftOut") or ()),
+        patch_left_out=tuple(parse_name(p) for p in result.get("patchLeftOut") or ()),
         run_dir=outcome.run_dir,
         status=outcome.status,
         exit_code=outcome.exit_code,

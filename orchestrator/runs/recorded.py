@@ -6,6 +6,7 @@ import os
 import stat
 from typing import Any
 
+from .._names import name_json
 from ..errors import UsageError
 from ..pipeline.branches import FINAL
 from ..state import state_directory
@@ -121,13 +122,13 @@ async def get_run_json(
         final_diff = await store.diff(record.run_id, FINAL)
         for c in await store.changes(record.run_id, FINAL):
             listed: dict[str, Any] = {
-                "path": c.path,
+                **name_json(c.path),
                 "change": "deleted"
                 if c.kind == "delete"
                 else ("modified" if c.base_digest else "added"),
             }
             if c.kind == "write" and c.data is not None and stat.S_ISLNK(c.mode or 0):
-                listed["symlink"] = c.data.decode("utf-8", "replace")
+                listed.update(name_json(c.data, "symlink"))
             final_changes.append(listed)
     result: dict[str, Any] = {
         "kind": record.kind,

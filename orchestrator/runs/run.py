@@ -28,6 +28,7 @@ import structlog
 import trio
 from attrs import field, frozen
 
+from .._names import display_names
 from ..agent.client import ClientOptions
 from ..agent.permissions import Escalate
 from ..agent.services import ClientServices
@@ -318,10 +319,10 @@ async def run_pipeline(
                 # instances finished in an earlier attempt and reused by this resume
                 "reused": sorted(reused),
                 # asked to apply: the files that changed in the workspace during the run
-                "workspaceChanged": list(unapplied),
+                "workspaceChanged": display_names(unapplied),
                 # changed files whose content at the start of the run is gone from the workspace:
                 # changes.patch leaves them out (the run store keeps their changes)
-                "patchLeftOut": list(left_out),
+                "patchLeftOut": display_names(left_out),
             }
             outcome = RunOutcome(
                 run_id,
@@ -403,7 +404,7 @@ async def _conclude(
     if outcome.workspace_changed:
         log.warning(
             "workspace changed during the run; nothing applied",
-            files=list(outcome.workspace_changed),
+            files=display_names(outcome.workspace_changed),
         )
     return status, outcome.workspace_changed, left_out, None
 

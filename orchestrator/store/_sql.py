@@ -16,6 +16,7 @@ from typing import Any
 
 import attrs
 
+from .._names import name_column
 from ..errors import RunNotFound
 from ._db import Apply, Staged
 from ._rows import RUN_COLUMNS, STEP_COLUMNS, dumps, run_from_row, run_values, step_values
@@ -165,7 +166,7 @@ def _stage_put_changes(op: PutChanges) -> Staged[None]:
                         run_id,
                         key,
                         seq,
-                        change.path,
+                        name_column(change.path),  # text, or the bytes of a non-UTF-8 name
                         change.kind,
                         digest,
                         change.mode,

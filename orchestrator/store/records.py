@@ -12,6 +12,8 @@ from typing import Any, Literal, TypeAlias
 
 from attrs import field, frozen
 
+from .._names import name_json
+
 __all__ = [
     "BASE_UNKNOWN",
     "CHANGE_KINDS",
@@ -177,7 +179,9 @@ class StoredChange:
     ``mode`` carries only the new ``mode``; ``delete`` carries neither. ``base_digest`` is the
     SHA-256 (hex) of the file in the run's base snapshot, None if it did not exist there, or
     :data:`BASE_UNKNOWN` if it changed in the workspace before the run copied or read it: apply
-    checks it against the workspace.
+    checks it against the workspace. ``path`` is the name as the ``os`` module gives it (a name
+    that is not UTF-8 holds lone surrogates, see :mod:`orchestrator._names`); the store keeps
+    its exact bytes, and :meth:`to_json` gives it as ``path`` + ``pathBytes``.
     """
 
     path: str
@@ -206,7 +210,7 @@ class StoredChange:
     def to_json(self) -> dict[str, Any]:
         """The camelCase JSON object (the content as its size and digest, not the bytes)."""
         return {
-            "path": self.path,
+            **name_json(self.path),
             "kind": self.kind,
             "mode": self.mode,
             "baseDigest": self.base_digest,

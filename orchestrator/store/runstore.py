@@ -33,6 +33,7 @@ import structlog
 import trio
 from attrs import define
 
+from .._names import name_from_column
 from ..errors import StoreError, UsageError
 from . import _sql
 from ._db import Database
@@ -237,7 +238,7 @@ class RunStore(Database):
                 (run_id, key),
             )
             return [
-                StoredChange(path, kind, data, mode, base_digest)
+                StoredChange(name_from_column(path), kind, data, mode, base_digest)
                 for path, kind, data, mode, base_digest in rows
             ]
 

@@ -15,6 +15,7 @@ import orjson
 import trio
 from attrs import define, field
 
+from orchestrator._names import display_name, parse_name
 from orchestrator.errors import JsonRpcError
 from orchestrator.testing._wire import AgentRecord, Wire, outcome_of
 from orchestrator.testing.script import (
@@ -85,6 +86,11 @@ class Session:
     def resolve(self, path: str) -> str:
         """``path`` joined to the session cwd (an absolute path stays as is)."""
         return os.path.join(self.cwd, path)
+
+    def on_disk(self, path: str) -> trio.Path:
+        """The file the agent itself touches for ``path``, a name in the display form (``\\xHH``
+        is a byte that is not UTF-8, see :mod:`orchestrator._names`), joined to the cwd."""
+        return trio.Path(self.resolve(parse_name(path)))
 
 
 @define
@@ -170,13 +176,13 @@ class StepRunner:
             case WriteDisk():
                 await self._write_disk(session, step)
             case DeleteDisk():
-                target = trio.Path(session.resolve(step.path))
+                target = session.on_disk(step.path)
                 try:
                     await target.unlink()
                 except FileNotFoundError:
-                    self.record.add("disk_delete", path=str(target), existed=False)
+                    self.record.add("disk_delete", path=display_name(str(target)), existed=False)
                 else:
-                    self.record.add("disk_delete", path=str(target), existed=True)
+                    self.record.add("disk_delete", path=display_name(str(target)), existed=True)
             case Terminal():
                 await self._terminal(session, step, state)
             case Request():
@@ -287,14 +293,15 @@ class StepRunner:
         )
 
     async def _write_disk(self, session: Session, step: WriteDisk) -> None:
-        target = trio.Path(session.resolve(step.path))
+        target = session.on_disk(step.path)
+        shown = display_name(str(target))
         try:
             await target.parent.mkdir(parents=True, exist_ok=True)
             await target.write_bytes(step.content.encode())
         except OSError as exc:
-            self.record.add("disk_write", path=str(target), error=str(exc))
+            self.record.add("disk_write", path=shown, error=str(exc))
         else:
-            self.record.add("disk_write", path=str(target))
+            self.record.add("disk_write", path=shown)
 
     async def _terminal(self, session: Session, step: Terminal, state: TurnState) -> None:
         params: JsonObject = {"sessionId": session.id, "command": step.command}

@@ -87,6 +87,8 @@ Steps (``{"op": ..., fields}``)
 ``write_file``  ``path``, ``content``: ``fs/write_text_file``.
 ``write_disk``  ``path``, ``content``: writes the file itself under the session cwd.
 ``delete_disk``  ``path``: deletes the file itself.
+    Their ``path`` is a name in the display form of :mod:`orchestrator._names`: ``\\xHH`` is
+    a byte that is not UTF-8 (``caf\\xe9.txt``), so a script can make such names.
 ``terminal``  ``command``, ``args`` (null: not sent), ``cwd`` (null), ``env`` ({}),
     ``output_byte_limit`` (null), ``tool_call_id`` (null: when set, a ``tool_call``
     embedding the terminal is sent, then completed), ``timeout`` (null: seconds before

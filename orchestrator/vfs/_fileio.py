@@ -15,6 +15,7 @@ import stat
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
+from .._names import name_bytes, name_of
 from .errors import PathRefused
 
 __all__ = [
@@ -110,7 +111,7 @@ def read_entry(path: str) -> tuple[bytes, int, os.stat_result]:
     """Content, normalized mode and ``lstat`` of a file or symlink (a link's: its target)."""
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode):
-        return os.fsencode(os.readlink(path)), SYMLINK_MODE, st
+        return name_bytes(os.readlink(path)), SYMLINK_MODE, st
     if not stat.S_ISREG(st.st_mode):
         raise IsADirectoryError(errno.EISDIR, "not a regular file", path)
     with open(path, "rb") as f:
@@ -241,7 +242,7 @@ def write_entry_atomic(
     head, name = os.path.split(path)
     tmp = os.path.join(head, temp_name(name))
     if stat.S_ISLNK(mode):
-        os.symlink(os.fsdecode(data), tmp, dir_fd=dir_fd)
+        os.symlink(name_of(data), tmp, dir_fd=dir_fd)
         with _cleanup_on_error(tmp, dir_fd):
             os.replace(tmp, path, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         return

@@ -19,6 +19,8 @@ import weakref
 
 from attrs import define, field
 
+from .._names import name_bytes, name_of
+
 __all__ = ["Event", "Inotify"]
 
 IN_MODIFY = 0x00000002
@@ -108,7 +110,7 @@ class Inotify:
         if rel_dir in self._by_dir or _LIBC is None:
             return True
         path = os.path.join(self.root, rel_dir) if rel_dir else self.root
-        wd = _LIBC.inotify_add_watch(self.fd, os.fsencode(path), _MASK)
+        wd = _LIBC.inotify_add_watch(self.fd, name_bytes(path), _MASK)
         if wd < 0:
             err = ctypes.get_errno()
             # A directory that vanished (or was replaced) in the meantime needs no watch.
@@ -131,7 +133,7 @@ class Inotify:
             while offset + _HEADER.size <= len(buf):
                 wd, mask, _cookie, length = _HEADER.unpack_from(buf, offset)
                 offset += _HEADER.size
-                name = os.fsdecode(buf[offset : offset + length].rstrip(b"\0"))
+                name = name_of(buf[offset : offset + length].rstrip(b"\0"))
                 offset += length
                 if mask & IN_Q_OVERFLOW:
                     self.overflowed = True

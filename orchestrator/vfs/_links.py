@@ -27,6 +27,7 @@ from collections.abc import Mapping
 
 from attrs import frozen
 
+from .._names import name_of
 from .changes import Change, Write
 
 __all__ = ["LinkMap", "escaping_links", "inside"]
@@ -155,7 +156,7 @@ def escaping_links(root: str, changes: Mapping[str, Change]) -> list[tuple[str, 
     disk), so a link through another link that leads out is caught too.
     """
     links = {
-        path: os.fsdecode(change.data)
+        path: name_of(change.data)
         for path, change in changes.items()
         if isinstance(change, Write) and stat.S_ISLNK(change.mode)
     }

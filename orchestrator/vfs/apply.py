@@ -50,6 +50,7 @@ import structlog
 import trio
 from attrs import frozen
 
+from .._names import display_name, name_bytes
 from ._fileio import digest, fsync_dir, normalize_mode, write_entry_atomic
 from ._links import escaping_links
 from .changes import Change, ChangeSet, Delete, ModeChange, Write
@@ -183,7 +184,7 @@ def _disk(root: str, path: str) -> tuple[str | None, int | None]:
     try:
         st = os.lstat(full)
         if stat.S_ISLNK(st.st_mode):
-            return digest(os.fsencode(os.readlink(full))), normalize_mode(st.st_mode)
+            return digest(name_bytes(os.readlink(full))), normalize_mode(st.st_mode)
         with open(full, "rb") as f:
             return digest(f.read()), normalize_mode(st.st_mode)
     except (FileNotFoundError, NotADirectoryError):
@@ -237,7 +238,7 @@ def _put(root: str, path: str, data: bytes, mode: int) -> None:
         full_head = os.path.join(root, head)
         os.makedirs(full_head, exist_ok=True)
         if os.path.realpath(full_head) != os.path.join(os.path.realpath(root), head):
-            raise ApplyError(f"{head} resolves outside its place in the workspace")
+            raise ApplyError(f"{display_name(head)} resolves outside its place in the workspace")
     write_entry_atomic(os.path.join(root, path), data, mode, fsync=True)
 
 
@@ -467,7 +468,7 @@ def _set(
         else:
             data = _read_blob(os.path.join(journal_dir, entry["new"]))
             if data is None or digest(data) != entry["new_digest"]:
-                raise ApplyError(f"journaled content of {path} is missing or corrupt")
+                raise ApplyError(f"journaled content of {display_name(path)} is missing or corrupt")
             _put(root, path, data, entry["new_mode"])
         return
     if "old" not in entry:
@@ -478,7 +479,7 @@ def _set(
         return
     data = _read_blob(os.path.join(journal_dir, entry["old"]))
     if data is None or digest(data) != entry["old_digest"]:
-        raise ApplyError(f"backup of {path} is missing or corrupt")
+        raise ApplyError(f"backup of {display_name(path)} is missing or corrupt")
     _put(root, path, data, entry["old_mode"])
 
 

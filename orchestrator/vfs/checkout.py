@@ -34,6 +34,7 @@ import structlog
 import trio
 from attrs import field, frozen
 
+from .._names import name_bytes, name_of
 from ._fileio import copy_fd, copy_fd_hashed, digest
 from ._links import LinkMap
 from .branch import Branch
@@ -146,7 +147,7 @@ def _create(
     if stat.S_ISLNK(job.mode):
         hashed = None
         if job.data is not None:
-            target = os.fsdecode(job.data)
+            target = name_of(job.data)
         else:
             target = os.readlink(name, dir_fd=src_dir)
             if StatInfo.from_stat(os.stat(name, dir_fd=src_dir, follow_symlinks=False)) != (
@@ -154,10 +155,10 @@ def _create(
             ):
                 raise WorkspaceChanged([job.rel])
             if job.hashed:
-                hashed = digest(os.fsencode(target))
+                hashed = digest(name_bytes(target))
         mapped = links.to_branch(job.rel, target) if links is not None else None
         if mapped is not None:
-            rewritten[job.rel] = (os.fsencode(mapped), os.fsencode(target))
+            rewritten[job.rel] = (name_bytes(mapped), name_bytes(target))
             target = mapped
         os.symlink(target, name, dir_fd=dst_dir)
         return _key(os.stat(name, dir_fd=dst_dir, follow_symlinks=False)), hashed

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from .._names import display_name, display_names
 from ..errors import OrchestratorError
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ class PathNotFound(VfsError, LookupError):
 
     def __init__(self, path: str):
         self.path = path
-        super().__init__(f"no such file: {path}")
+        super().__init__(f"no such file: {display_name(path)}")
 
 
 class PathRefused(VfsError):
@@ -43,7 +44,7 @@ class PathRefused(VfsError):
     def __init__(self, path: str, reason: str):
         self.path = path
         self.reason = reason
-        super().__init__(f"{path}: {reason}")
+        super().__init__(f"{display_name(path)}: {reason}")
 
 
 class WorkspaceChanged(VfsError):
@@ -56,7 +57,7 @@ class WorkspaceChanged(VfsError):
 
     def __init__(self, paths: Iterable[str]):
         self.paths = tuple(sorted(paths))
-        shown = ", ".join(self.paths[:10]) + (" ..." if len(self.paths) > 10 else "")
+        shown = ", ".join(display_names(self.paths[:10])) + (" ..." if len(self.paths) > 10 else "")
         super().__init__(f"changed in the workspace after the snapshot: {shown}")
 
 
@@ -65,8 +66,8 @@ class MergeConflictError(VfsError):
 
     def __init__(self, conflicts: Iterable[Conflict]):
         self.conflicts = tuple(conflicts)
-        paths = sorted({c.path for c in self.conflicts})
-        super().__init__(f"{len(self.conflicts)} unresolved conflict(s): {', '.join(paths[:10])}")
+        paths = display_names(sorted({c.path for c in self.conflicts})[:10])
+        super().__init__(f"{len(self.conflicts)} unresolved conflict(s): {', '.join(paths)}")
 
 
 class ApplyError(VfsError):
@@ -82,6 +83,8 @@ class SymlinkOutside(VfsError):
 
     def __init__(self, links: Iterable[tuple[str, str]]):
         self.links = tuple(links)
-        shown = ", ".join(f"{path} -> {target}" for path, target in self.links[:10])
+        shown = ", ".join(
+            f"{display_name(path)} -> {display_name(target)}" for path, target in self.links[:10]
+        )
         more = " ..." if len(self.links) > 10 else ""
         super().__init__(f"symlinks leading outside the workspace: {shown}{more}")

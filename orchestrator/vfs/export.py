@@ -37,6 +37,7 @@ from typing import Literal
 import structlog
 import trio
 
+from .._names import decode_text, git_quote, name_bytes, name_of
 from ._fileio import SYMLINK_MODE, git_mode, is_binary, is_symlink
 from ._lines import LineMatcher
 from .changes import Change, ChangeSet, Delete, FileState, ModeChange, Write
@@ -109,23 +110,22 @@ def _hunks(old: bytes, new: bytes, context: int) -> Iterator[bytes]:
                     yield b"\n\\ No newline at end of file\n"
 
 
-def _quote(name: str) -> str:
-    """A path as git writes it in headers: C-quoted when it has special characters."""
-    raw = name.encode("utf-8", "surrogateescape")
-    if not any(c < 0x20 or c >= 0x7F or c in b'"\\' for c in raw):
-        return name
-    escapes = {7: "\\a", 8: "\\b", 9: "\\t", 10: "\\n", 11: "\\v", 12: "\\f", 13: "\\r"}
-    out = []
-    for c in raw:
-        if c in escapes:
-            out.append(escapes[c])
-        elif c in b'"\\':
-            out.append("\\" + chr(c))
-        elif c < 0x20 or c >= 0x7F:
-            out.append(f"\\{c:03o}")
-        else:
-            out.append(chr(c))
-    return '"' + "".join(out) + '"'
+def _quote(name: str) -> bytes:
+    """A path as git writes it in a patch: C-quoted with octal escapes when it needs it."""
+    return git_quote(name).encode("ascii")
+
+
+def _shown(name: str) -> bytes:
+    """A path in a diff for people: UTF-8 text as it is, quoted as git quotes it only when it
+    is not UTF-8 or holds a character that would break the line (a control, ``"``, ``\\``)."""
+    raw = name_bytes(name)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return _quote(name)
+    if any(c < " " or c in '"\\\x7f' for c in text):
+        return _quote(name)
+    return raw
 
 
 def _git_blob_id(data: bytes) -> str:
@@ -169,7 +169,7 @@ def _links_header(path: str, old_mode: int | None, new_mode: int | None) -> byte
     """
     if not (is_symlink(old_mode or 0) or is_symlink(new_mode or 0)):
         return b""
-    out = [b"diff --git %s %s\n" % (_quote("a/" + path).encode(), _quote("b/" + path).encode())]
+    out = [b"diff --git %s %s\n" % (_shown("a/" + path), _shown("b/" + path))]
     if old_mode is None:
         out.append(b"new file mode %s\n" % git_mode(new_mode or 0).encode())
     elif new_mode is None:
@@ -184,19 +184,19 @@ def _links_header(path: str, old_mode: int | None, new_mode: int | None) -> byte
 
 def _whole(path: str, change: Change, old_mode: int | None) -> bytes:
     """A change whose base content is gone, shown whole (no line of the base can be shown)."""
-    name = path.encode("utf-8", "surrogateescape")
+    a, b = _shown("a/" + path), _shown("b/" + path)
     if isinstance(change, ModeChange):
-        return b"mode change %o -> %o %s\n" % (old_mode or 0, change.mode, name)
+        return b"mode change %o -> %o %s\n" % (old_mode or 0, change.mode, _shown(path))
     if isinstance(change, Delete):
         header = _links_header(path, old_mode, None)
-        return header + b"--- a/%s\n+++ /dev/null\n@@ %s: deleted @@\n" % (name, BASE_GONE)
+        return header + b"--- %s\n+++ /dev/null\n@@ %s: deleted @@\n" % (a, BASE_GONE)
     assert isinstance(change, Write)
     header = _links_header(path, old_mode, change.mode)
     if is_binary(change.data):
-        return header + b"Binary files a/%s and b/%s differ\n" % (name, name)
+        return header + b"Binary files %s and %s differ\n" % (a, b)
     out = [
         header,
-        b"--- a/%s\n+++ b/%s\n@@ %s: the new version, whole @@\n" % (name, name, BASE_GONE),
+        b"--- %s\n+++ %s\n@@ %s: the new version, whole @@\n" % (a, b, BASE_GONE),
     ]
     for line in _lines(change.data):
         out.append(b"+" + line)
@@ -212,7 +212,10 @@ def unified_diff(
     context: int = 3,
     base_gone: Literal["raise", "whole"] = "raise",
 ) -> str:
-    """A unified diff of the changes (text; undecodable bytes shown as U+FFFD).
+    """A unified diff of the changes (text; undecodable bytes of content shown as U+FFFD).
+
+    A name that is not UTF-8, or holds a control character, ``"`` or ``\\``, is quoted as git
+    quotes it (``"a/caf\\351.txt"``); other names are shown as they are.
 
     A file whose base content is gone (it changed in the workspace since the snapshot, which did
     not keep it) cannot be diffed: :class:`WorkspaceChanged` is raised, or with
@@ -230,17 +233,16 @@ def unified_diff(
                 raise
             out.append(_whole(path, change_set[path], base.mode(path)))
             continue
-        name = path.encode("utf-8", "surrogateescape")
         header = _links_header(path, old_mode, new_mode)
         if header:
             out.append(header)
         elif old == new:
-            out.append(b"mode change %o -> %o %s\n" % (old_mode or 0, new_mode or 0, name))
+            out.append(b"mode change %o -> %o %s\n" % (old_mode or 0, new_mode or 0, _shown(path)))
             continue
         if old == new:
             continue  # a file become a link to the same text: the header says it
-        a = b"a/" + name if old is not None else b"/dev/null"
-        b = b"b/" + name if new is not None else b"/dev/null"
+        a = _shown("a/" + path) if old is not None else b"/dev/null"
+        b = _shown("b/" + path) if new is not None else b"/dev/null"
         if is_binary(old or b"") or is_binary(new or b""):
             out.append(b"Binary files %s and %s differ\n" % (a, b))
             continue
@@ -300,7 +302,7 @@ def _patch_entry(
     context: int,
 ) -> Iterator[bytes]:
     """One ``diff --git`` section of a git patch: ``old`` (None: absent) becomes ``new``."""
-    a, b = _quote("a/" + path).encode(), _quote("b/" + path).encode()
+    a, b = _quote("a/" + path), _quote("b/" + path)
     yield b"diff --git %s %s\n" % (a, b)
     if old is None:
         yield b"new file mode %s\n" % git_mode(new_mode or 0).encode()
@@ -335,8 +337,8 @@ def _git(args: list[str], cwd: str, env: Mapping[str, str], stdin: bytes | None 
         ["git", *args], cwd=cwd, env=dict(env), input=stdin, capture_output=True, check=False
     )
     if proc.returncode != 0:
-        raise VfsError(f"git {args[0]} failed: {proc.stderr.decode(errors='replace').strip()}")
-    return proc.stdout.decode("utf-8", "surrogateescape").strip()
+        raise VfsError(f"git {args[0]} failed: {decode_text(proc.stderr).strip()}")
+    return name_of(proc.stdout).strip()
 
 
 class GitBranchRefused(VfsError):
@@ -424,13 +426,13 @@ def git_head_tree(root: str | os.PathLike[str], paths: Iterable[str]) -> MemoryT
             check=False,
         )
         if listing.returncode != 0:
-            raise VfsError(f"git ls-tree failed: {listing.stderr.decode(errors='replace')}")
+            raise VfsError(f"git ls-tree failed: {decode_text(listing.stderr)}")
         for record in listing.stdout.split(b"\0"):
             if not record:
                 continue
             meta, _, name = record.partition(b"\t")
             tree_mode, kind, blob = meta.decode().split(" ")
-            path = name.decode("utf-8", "surrogateescape")
+            path = name_of(name)
             if kind == "blob" and tree_mode in _GIT_MODES and path.startswith(prefix):
                 entries.append((path[len(prefix) :], _GIT_MODES[tree_mode], blob))
     files: dict[str, FileState] = {}
@@ -444,7 +446,7 @@ def git_head_tree(root: str | os.PathLike[str], paths: Iterable[str]) -> MemoryT
             check=False,
         )
         if batch.returncode != 0:
-            raise VfsError(f"git cat-file failed: {batch.stderr.decode(errors='replace')}")
+            raise VfsError(f"git cat-file failed: {decode_text(batch.stderr)}")
         out, at = batch.stdout, 0
         for rel, mode, _blob in entries:
             end = out.index(b"\n", at)
@@ -506,10 +508,7 @@ def git_commit(
         for path in change_set:
             change = change_set[path]
             if isinstance(change, Delete):
-                records.append(
-                    b"0 %s\t%s\0"
-                    % (_ZERO.encode(), (prefix + path).encode("utf-8", "surrogateescape"))
-                )
+                records.append(b"0 %s\t%s\0" % (_ZERO.encode(), name_bytes(prefix + path)))
                 continue
             data = change.data if isinstance(change, Write) else base.read(path)
             blobs.append((path, change.mode, data))
@@ -532,7 +531,7 @@ def git_commit(
                     % (
                         git_mode(mode).encode(),
                         blob_id.encode(),
-                        (prefix + path).encode("utf-8", "surrogateescape"),
+                        name_bytes(prefix + path),
                     )
                 )
         _git(["update-index", "-z", "--index-info"], cwd, env, b"".join(records))

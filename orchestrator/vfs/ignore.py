@@ -21,6 +21,8 @@ import re
 
 from attrs import define, field, frozen
 
+from .._names import name_of
+
 __all__ = ["VCS_DIRS", "IgnoreMatcher", "IgnoreRules"]
 
 #: version-control internals, never part of a branch (at any depth)
@@ -213,8 +215,8 @@ class IgnoreMatcher:
             return
         path = os.path.join(root, base, ".gitignore") if base else os.path.join(root, ".gitignore")
         try:
-            with open(path, encoding="utf-8", errors="surrogateescape") as f:
-                text = f.read()
+            with open(path, "rb") as f:
+                text = name_of(f.read())  # patterns match names: decoded as names are
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError):
             return
         self.add_patterns(base, text)

@@ -30,6 +30,7 @@ from pathlib import Path
 import structlog
 from attrs import define, field, frozen
 
+from .._names import name_bytes
 from ._fileio import SYMLINK_MODE, digest, normalize_mode
 from .changes import FileState
 from .errors import PathNotFound, WorkspaceChanged
@@ -369,7 +370,7 @@ def _read_disk(full: str, mode: int) -> tuple[bytes, os.stat_result, os.stat_res
         before = os.lstat(full)
         if not stat.S_ISLNK(before.st_mode):
             raise OSError(errno.EINVAL, "not a symlink any more", full)
-        data = os.fsencode(os.readlink(full))
+        data = name_bytes(os.readlink(full))
         return data, before, os.lstat(full)
     fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:

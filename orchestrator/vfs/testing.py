@@ -9,6 +9,8 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
+from .._names import name_bytes
+
 __all__ = ["Captured", "capture", "git", "git_repo", "make_tree"]
 
 #: what :func:`capture` records per path: content (a symlink's: its target) and st_mode
@@ -36,7 +38,7 @@ def capture(root: Path) -> Captured:
             rel = os.path.relpath(full, root)
             st = os.lstat(full)
             if stat.S_ISLNK(st.st_mode):
-                out[rel] = (os.fsencode(os.readlink(full)), st.st_mode)
+                out[rel] = (name_bytes(os.readlink(full)), st.st_mode)
             elif stat.S_ISDIR(st.st_mode):
                 out[rel + "/"] = (b"", st.st_mode)
             else:

@@ -43,6 +43,7 @@ import structlog
 import trio
 from attrs import define, field, frozen
 
+from .._names import name_bytes, name_of
 from . import _inotify
 from ._fileio import DEFAULT_MODE, normalize_mode, normalize_path, write_entry_atomic
 from ._links import LinkMap
@@ -136,7 +137,7 @@ def _read_rules(dir_fd: int) -> tuple[str, _Key] | None:
         return None
     finally:
         os.close(fd)
-    return b"".join(chunks).decode("utf-8", "surrogateescape"), _key(st)
+    return name_of(b"".join(chunks)), _key(st)
 
 
 def _settled(key: _Key) -> _Key | None:
@@ -219,7 +220,7 @@ class Workdir:
                 if name != _GITIGNORE:
                     continue
                 if isinstance(change, Write) and stat.S_ISREG(change.mode):
-                    own.add_patterns(head, change.data.decode("utf-8", "surrogateescape"))
+                    own.add_patterns(head, name_of(change.data))
                     moved = True
                 elif isinstance(change, Write | Delete):  # gone, or a symlink (not followed)
                     own.remove_patterns(head)
@@ -673,16 +674,16 @@ class Workdir:
                 self._rewritten.pop(rel, None)
                 on_disk = data
                 if stat.S_ISLNK(mode) and self.links is not None:
-                    mapped = self.links.to_branch(rel, os.fsdecode(data))
+                    mapped = self.links.to_branch(rel, name_of(data))
                     if mapped is not None:
-                        on_disk = os.fsencode(mapped)
+                        on_disk = name_bytes(mapped)
                         self._rewritten[rel] = (on_disk, bytes(data))
                 write_entry_atomic(name, on_disk, normalize_mode(mode), dir_fd=dir_fd)
                 st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
             finally:
                 os.close(dir_fd)
             if name == _GITIGNORE and stat.S_ISREG(st.st_mode):
-                self._rules_written(head, bytes(data).decode("utf-8", "surrogateescape"), st)
+                self._rules_written(head, name_of(bytes(data)), st)
             if self._left_out(rel):
                 return
             self._records[rel] = _key(st)
@@ -720,7 +721,7 @@ class Workdir:
             return known[1]
         if self.links is None:
             return target
-        return os.fsencode(self.links.to_recorded(os.fsdecode(target)))
+        return name_bytes(self.links.to_recorded(name_of(target)))
 
     def _keep_base(self, rel: str, name: str, dir_fd: int) -> None:
         """Before the copy of a workspace file is written over: give its content to the snapshot.
@@ -759,7 +760,7 @@ def _read_state(full: str) -> tuple[FileState, _Key]:
     for _ in range(5):
         before = os.lstat(full)
         if stat.S_ISLNK(before.st_mode):
-            data = os.fsencode(os.readlink(full))
+            data = name_bytes(os.readlink(full))
             after = os.lstat(full)
         elif stat.S_ISREG(before.st_mode):
             fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -787,7 +788,7 @@ def _read_at(dir_fd: int, name: str, rel: str) -> tuple[bytes, bool]:
     except FileNotFoundError:
         raise PathNotFound(rel) from None
     if stat.S_ISLNK(st.st_mode):
-        return os.fsencode(os.readlink(name, dir_fd=dir_fd)), True
+        return name_bytes(os.readlink(name, dir_fd=dir_fd)), True
     if not stat.S_ISREG(st.st_mode):
         raise IsADirectoryError(rel)
     fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
