@@ -22,7 +22,7 @@ from orchestrator.agent.terminals import (
     open_terminal_service,
     scrubbed_environment,
 )
-from orchestrator.errors import InvalidParams, InvalidRequest, ResourceNotFound
+from orchestrator.errors import CommandRefused, InvalidParams, InvalidRequest, ResourceNotFound
 from orchestrator.protocol import types as t
 
 PY = sys.executable
@@ -401,16 +401,18 @@ async def test_command_check_and_unknown_things(ctx: SessionContext) -> None:
     """The policy hook can refuse a command; unknown terminals and programs are not found."""
     seen: list[str] = []
 
-    def check(line: str, context: SessionContext) -> Any:
+    def check(line: str, env: Any, context: SessionContext) -> Any:
         seen.append(line)
         return "reject" if "rm" in line else "allow"
 
     other = SessionContext(agent="tester", session_id="s2", cwd=ctx.cwd)
     async with service(command_check=check) as terminals:
-        with pytest.raises(InvalidParams, match="rejected by policy"):
+        with pytest.raises(CommandRefused, match="rejected by policy"):
             await create(terminals, ctx, "rm -rf /tmp/x")
         tid = await create(terminals, ctx, "echo", ["a b"])
-        assert seen == ["rm -rf /tmp/x", "echo 'a b'"]
+        with pytest.raises(ResourceNotFound):  # a program of that name: quoted for the check
+            await create(terminals, ctx, "FOO=1", ["ls"])
+        assert seen == ["rm -rf /tmp/x", "echo 'a b'", "'FOO=1' ls"]
         with pytest.raises(ResourceNotFound):
             await output(terminals, other, tid)  # another session's terminal
         with pytest.raises(ResourceNotFound, match="command not found"):
@@ -419,6 +421,25 @@ async def test_command_check_and_unknown_things(ctx: SessionContext) -> None:
         assert (await wait(terminals, ctx, no_such)).exit_code == 127
         with pytest.raises(InvalidParams):
             await create(terminals, ctx, "  ")
+
+
+async def test_command_check_sees_the_env_the_process_gets(ctx: SessionContext) -> None:
+    """The check gets the request's env as it will be set; a bad name is refused before it."""
+    seen: list[dict[str, str]] = []
+
+    def check(line: str, env: Any, context: SessionContext) -> Any:
+        seen.append(dict(env))
+        return "reject" if "PATH" in env else "allow"
+
+    twice = [t.EnvVariable(name="A", value="1"), t.EnvVariable(name="A", value="2")]
+    async with service(command_check=check) as terminals:
+        assert await run(terminals, ctx, 'echo "$A"', env=twice) == "2\n"
+        with pytest.raises(CommandRefused):
+            await create(terminals, ctx, "ls", env=[t.EnvVariable(name="PATH", value="/x")])
+        with pytest.raises(InvalidParams, match="bad environment variable"):
+            await create(terminals, ctx, "ls", env=[t.EnvVariable(name="A=B", value="x")])
+        assert terminals.terminal_ids() == ["term-1"]
+    assert seen == [{"A": "2"}, {"PATH": "/x"}]
 
 
 async def test_on_exit_hook(ctx: SessionContext) -> None:
