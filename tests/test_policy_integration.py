@@ -632,6 +632,45 @@ async def test_api_prompt_terminal_runs_what_the_escalation_approved(scratch: Pa
     assert event.get("output") == "approved\n", event
 
 
+SECRETS = {
+    "MYSQL_PWD": "secret-mysql",
+    "MY_DB_PASS": "secret-db",
+    "SLACK_WEBHOOK_URL": "https://hooks.slack.com/services/secret-hook",
+    "HTTPS_PROXY": "http://user:secret-proxy@proxy.example:3128",
+    "OPENAI_API_KEY": "secret-key",
+    "GITHUB_TOKEN": "secret-token",
+}
+
+
+async def test_api_prompt_terminal_gets_no_secrets(
+    scratch: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A terminal starts from the basic variables plus those passed by name, nothing else; the
+    run records no secret of the agent's own environment either."""
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("ORCH_PASSED", "passed-by-name")
+    state = tmp_path / "state"
+    command = agent_command(scratch, (Terminal("env"),))
+    spec = AgentSpec(
+        "scripted",
+        tuple(command),
+        {"ALL_PROXY": "socks5://user:secret-agent-proxy@proxy.example:1080"},
+        terminal_env=("ORCH_PASSED",),
+    )
+    with trio.fail_after(LIMIT):
+        await prompt(spec, "go", cwd=scratch, policy="trusted", state_dir=state)
+    [event] = agent_record(scratch).of("terminal")
+    variables = dict(line.split("=", 1) for line in event["output"].splitlines() if "=" in line)
+    assert variables["ORCH_PASSED"] == "passed-by-name"
+    assert variables["PATH"] == os.environ["PATH"]
+    assert "secret" not in event["output"]
+    assert not set(SECRETS) & set(variables)
+    recorded = [p.read_bytes() for p in state.rglob("*") if p.is_file()]
+    assert recorded  # the run store, its transcripts
+    assert not [data for data in recorded if b"secret" in data]
+
+
 # --------------------------------------------------------------------------- TypeScript SDK agent
 
 # The example agent asks about this path; a session rooted at its project keeps it inside.

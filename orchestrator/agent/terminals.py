@@ -8,10 +8,12 @@ Each terminal runs ``command`` with ``args``, or a whole shell line through ``/b
 there are no args, in a new session (so its whole process group can be signalled), stdin from
 ``/dev/null``, stdout and stderr interleaved into one buffer that keeps the last
 ``outputByteLimit`` bytes (default 1 MiB), cut at a UTF-8 character boundary. The working
-directory defaults to the session's and must lie inside it. The environment is the
-orchestrator's own with credentials scrubbed (see :func:`scrubbed_environment`), then the
-service's ``extra_env``, then the request's ``env``. The command check sees the command line and
-the request's ``env`` exactly as they will reach the process.
+directory defaults to the session's and must lie inside it. The environment starts from an
+allowlist of the orchestrator's own (:data:`~orchestrator._env.TERMINAL_ENV`: ``PATH``,
+``HOME``, ``LANG``, ``LC_*``, ``TERM``, ``TMPDIR``, ``USER``, ``SHELL``, ...) plus the variables
+named in ``env_passthrough``, then the service's ``extra_env``, then the request's ``env``. The
+command check sees the command line and the request's ``env`` exactly as they will reach the
+process.
 
 The command's exit is noticed without reaping it (a pidfd and ``waitid(WNOWAIT)`` on Linux), so
 the process group id stays reserved and background children it left can still be killed safely
@@ -21,7 +23,6 @@ pidfds are missing the leader is reaped at once and its leftovers are killed rig
 
 from __future__ import annotations
 
-import fnmatch
 import itertools
 import os
 import shlex
@@ -35,6 +36,7 @@ import structlog
 import trio
 from attrs import define, field
 
+from orchestrator._env import TERMINAL_ENV, terminal_environment
 from orchestrator._util import single_error
 from orchestrator.errors import (
     CommandRefused,
@@ -49,25 +51,19 @@ from .services import SessionContext
 
 __all__ = [
     "DEFAULT_OUTPUT_BYTE_LIMIT",
-    "SCRUBBED_PATTERNS",
+    "TERMINAL_ENV",
     "CommandCheck",
     "OnExit",
     "OutputBuffer",
     "ProcessTerminalService",
     "open_terminal_service",
-    "scrubbed_environment",
+    "terminal_environment",
 ]
 
 log = structlog.get_logger(__name__)
 
 #: Output kept per terminal when the request gives no ``outputByteLimit``.
 DEFAULT_OUTPUT_BYTE_LIMIT = 1 << 20
-#: Environment variables dropped from the inherited environment (globs, case-insensitive).
-SCRUBBED_PATTERNS = (
-    "*KEY*", "*TOKEN*", "*SECRET*", "*PASSWORD*", "*PASSWD*", "*PASSPHRASE*", "*CREDENTIAL*",
-    "*PRIVATE*", "*AUTH*", "*COOKIE*", "*_PAT", "*_DSN", "DATABASE_URL", "AWS_*", "AZURE_*",
-    "GCP_*", "GOOGLE_*", "OPENAI_*", "ANTHROPIC_*", "GEMINI_*", "HF_*", "NPM_CONFIG_*",
-)  # fmt: skip
 # Seconds to wait for a leader to die after SIGKILL, and to reap it.
 _KILL_WAIT = 5.0
 # After the command exits, how long to wait for its output to reach EOF (a background child may
@@ -81,25 +77,6 @@ _READ_SIZE = 64 * 1024
 CommandCheck = Callable[[str, Mapping[str, str], SessionContext], Literal["allow", "reject"]]
 #: Called after every terminal command exits, before ``wait_for_exit`` returns (ctx, id, status).
 OnExit = Callable[[SessionContext, str, t.TerminalExitStatus], Awaitable[None]]
-
-
-def scrubbed_environment(
-    environ: Mapping[str, str], *, passthrough: Iterable[str] = ()
-) -> dict[str, str]:
-    """``environ`` without variables matching :data:`SCRUBBED_PATTERNS`.
-
-    ``passthrough`` names (globs) are kept even when they match. PATH, HOME, LANG, LC_*, TERM,
-    USER, SHELL, TMPDIR and the like match no pattern and are kept.
-    """
-    keep = tuple(p.upper() for p in passthrough)
-
-    def allowed(name: str) -> bool:
-        upper = name.upper()
-        if any(fnmatch.fnmatchcase(upper, p) for p in keep):
-            return True
-        return not any(fnmatch.fnmatchcase(upper, p) for p in SCRUBBED_PATTERNS)
-
-    return {name: value for name, value in environ.items() if allowed(name)}
 
 
 def _request_env(variables: Iterable[t.EnvVariable]) -> dict[str, str]:
@@ -319,7 +296,7 @@ class ProcessTerminalService:
         self._starting[session_id] = self._starting.get(session_id, 0) + 1
         try:
             cwd = await trio.to_thread.run_sync(_resolve_cwd, request.cwd, ctx.cwd)
-            env = scrubbed_environment(os.environ, passthrough=self.env_passthrough)
+            env = terminal_environment(os.environ, passthrough=self.env_passthrough)
             env.update(self.extra_env)
             env.update(requested)  # what the check saw, and nothing else from the agent
             process = await self._spawn(argv, cwd, env, line)
@@ -545,7 +522,8 @@ async def open_terminal_service(
     """A terminal service for the duration of the block; leaving it kills every terminal.
 
     ``max_per_session`` bounds the terminals a session holds (until released).
-    ``env_passthrough`` keeps matching variables the scrub would drop; ``extra_env`` is added to
+    ``env_passthrough`` names (globs, case-insensitive) variables of the orchestrator's
+    environment passed to terminals beyond :data:`TERMINAL_ENV`; ``extra_env`` is added to
     every terminal's environment. ``command_check`` (see
     :func:`orchestrator.agent.permissions.policy_command_check`) vets each command line before it
     starts; ``on_exit`` runs after each command exits. ``kill_grace`` is the time between
