@@ -1,7 +1,8 @@
 """Shell command lines as the permission policy sees them (a pure leaf: standard library only).
 
 :func:`parse_command` splits a line (or an argv, unwrapping ``bash -lc LINE``) into simple
-commands and redirection targets, and flags what it cannot see through; :func:`prefix_matches`
+commands, the variables the line sets for them and redirection targets, and flags what it
+cannot see through; :func:`prefix_matches`
 matches one simple command against an argv prefix of globs; :func:`command_of` finds the command
 line in a tool call's raw input. The rules built on these are documented in
 :mod:`orchestrator.policy`, which re-exports :class:`CommandLine` and :func:`parse_command`.
@@ -10,7 +11,9 @@ line in a tool call's raw input. The rules built on these are documented in
 from __future__ import annotations
 
 import fnmatch
+import io
 import posixpath
+import re
 import shlex
 from collections.abc import Sequence
 from typing import Any
@@ -23,6 +26,11 @@ _SHELLS = frozenset(("sh", "bash", "zsh", "dash", "ksh", "fish"))
 _BIN_DIRS = frozenset(("/bin", "/usr/bin", "/usr/local/bin", "/sbin", "/usr/sbin"))
 _OPERATOR_CHARS = frozenset("();<>|&")
 _OPAQUE = ("\n", "\r", "`", "$(", "<(", ">(")
+# NAME=value, NAME+=value: an assignment when unquoted and before the command word
+_ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\+?=")
+# builtins whose arguments set, export or unset variables for the commands after them
+_DECLARING = frozenset(("export", "declare", "typeset", "readonly", "local", "unset"))
+_WORD_BOUNDARY = frozenset(" \t;&|()<>")
 
 
 @frozen
@@ -37,6 +45,10 @@ class CommandLine:
     opaque: bool = False
     #: redirection targets that are files
     redirects: tuple[str, ...] = ()
+    #: names of the variables the line sets for its commands, in first-seen order:
+    #: ``NAME=value`` before a command or alone, ``export``/``declare``/``unset`` and the like,
+    #: ``env NAME=value``
+    variables: tuple[str, ...] = ()
 
 
 def parse_command(command: str | Sequence[str]) -> CommandLine:
@@ -51,7 +63,56 @@ def parse_command(command: str | Sequence[str]) -> CommandLine:
             index += 1
         if saw_c and index < len(argv):
             return _parse_shell(argv[index])
-    return CommandLine(shlex.join(argv), (tuple(argv),) if argv else ())
+    segments = (tuple(argv),) if argv else ()
+    return CommandLine(shlex.join(argv), segments, variables=_variables(segments, []))
+
+
+def _variables(segments: Sequence[tuple[str, ...]], assigned: list[str]) -> tuple[str, ...]:
+    """``assigned`` and the names ``export``-like builtins and ``env`` set, without repeats."""
+    names = list(assigned)
+    for argv in segments:
+        program = posixpath.basename(argv[0])
+        if program in _DECLARING:
+            words = [a for a in argv[1:] if not a.startswith(("-", "+"))]
+        elif program == "env":  # env [-i] NAME=value ... command
+            words = []
+            for arg in argv[1:]:
+                if not arg.startswith("-") and _ASSIGNMENT.match(arg) is None:
+                    break
+                words.append(arg)
+        else:
+            continue
+        for word in words:
+            name = word.split("=", 1)[0].rstrip("+")
+            if _ASSIGNMENT.fullmatch(name + "="):
+                names.append(name)
+    return tuple(dict.fromkeys(names))
+
+
+def _words(text: str) -> list[tuple[str, bool]]:
+    """The shell words and operators of ``text``, each with whether it is written as an
+    unquoted assignment (``NAME=...``, the name not quoted nor escaped).
+
+    ``"PATH=/x" ls`` runs a program named ``PATH=/x``: only the source text tells it from
+    ``PATH=/x ls``, so each word is traced back to its span of ``text``.
+    """
+    stream = io.StringIO(text)
+    lexer = shlex.shlex(stream, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    lexer.commenters = ""
+    words: list[tuple[str, bool]] = []
+    end = 0
+    while (token := lexer.get_token()) != lexer.eof:
+        assert token is not None  # posix mode: eof is None, handled by the loop condition
+        # characters read ahead and pushed back belong to the next word (a miscount could only
+        # misplace a word's start, and then the boundary check below fails: no assignment)
+        stop = stream.tell() - len(getattr(lexer, "_pushback_chars", ()))
+        raw = text[end:stop]
+        start = end + len(raw) - len(raw.lstrip(" \t"))
+        end = stop
+        bounded = start == 0 or text[start - 1] in _WORD_BOUNDARY
+        words.append((token, bounded and _ASSIGNMENT.match(text, start) is not None))
+    return words
 
 
 def _parse_shell(line: str) -> CommandLine:
@@ -59,18 +120,17 @@ def _parse_shell(line: str) -> CommandLine:
     lenient = line
     for marker in _OPAQUE:  # let eager (reject/ask) rules still see what hides behind them
         lenient = lenient.replace(marker, " ; ")
-    lexer = shlex.shlex(lenient, posix=True, punctuation_chars=True)
-    lexer.whitespace_split = True
-    lexer.commenters = ""
     try:
-        tokens = list(lexer)
+        tokens = _words(lenient)
     except ValueError:
-        opaque, tokens = True, lenient.split()
+        opaque = True
+        tokens = [(word, _ASSIGNMENT.match(word) is not None) for word in lenient.split()]
     segments: list[tuple[str, ...]] = []
     redirects: list[str] = []
+    assigned: list[str] = []
     current: list[str] = []
     redirect: str | None = None
-    for token in tokens:
+    for token, assignment in tokens:
         if redirect is not None:
             if redirect != "<<<" and not token.isdigit() and token != "-":
                 redirects.append(token)
@@ -83,11 +143,14 @@ def _parse_shell(line: str) -> CommandLine:
             if current:
                 segments.append(tuple(current))
             current = []
+        elif assignment and not current:
+            assigned.append(token.split("=", 1)[0].rstrip("+"))
         else:
             current.append(token)
     if current:
         segments.append(tuple(current))
-    return CommandLine(line, tuple(segments), opaque, tuple(redirects))
+    variables = _variables(segments, assigned)
+    return CommandLine(line, tuple(segments), opaque, tuple(redirects), variables)
 
 
 def prefix_matches(prefix: tuple[str, ...], argv: tuple[str, ...]) -> bool:

@@ -14,7 +14,6 @@ table; :mod:`orchestrator.config` layers the user's and the project's config fil
 
 from __future__ import annotations
 
-import fnmatch
 import math
 import os
 import shlex
@@ -27,6 +26,7 @@ import attrs
 from attrs import field, frozen
 
 from ._agentlabels import derive_label
+from ._env import is_secret
 from .errors import UsageError
 
 __all__ = [
@@ -49,12 +49,8 @@ WriteMode = Literal["fs", "disk", "both", "unknown"]
 #: The values of :data:`WriteMode`, in the order they are documented.
 WRITE_MODES: tuple[WriteMode, ...] = ("fs", "disk", "both", "unknown")
 
-# Environment variable names whose values `to_json` hides (globs, case-insensitive): the
-# listing is printed and logged, and config files often carry API keys.
-_SECRET_NAMES = (
-    "*KEY*", "*TOKEN*", "*SECRET*", "*PASSWORD*", "*PASSWD*", "*PASSPHRASE*", "*CREDENTIAL*",
-    "*PRIVATE*", "*AUTH*", "*COOKIE*", "*_PAT", "*_DSN",
-)  # fmt: skip
+# What `to_json` shows instead of a secret value (orchestrator._env.is_secret): the listing is
+# printed, logged and recorded with runs, and config files often carry API keys.
 _REDACTED = "<redacted>"
 
 #: What makes two specs the same agent (:attr:`AgentSpec.identity`): the command, the extra
@@ -63,6 +59,10 @@ AgentIdentity = tuple[tuple[str, ...], tuple[tuple[str, str], ...], str | None]
 
 
 def _argv(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+def _names(value: Iterable[str]) -> tuple[str, ...]:
     return tuple(value)
 
 
@@ -139,6 +139,9 @@ class AgentSpec:
     writes: WriteMode = field(default="unknown", kw_only=True, validator=_check_writes)
     #: its quirks, in a sentence or two (shown by ``orchestrator agents``)
     notes: str = field(default="", kw_only=True)
+    #: names (globs, case-insensitive) of the orchestrator's environment variables its
+    #: terminals get beyond the basic set (``PATH``, ``HOME``, ``LANG``, ...); never values
+    terminal_env: tuple[str, ...] = field(default=(), kw_only=True, converter=_names)
 
     def resolved(self, base: str | os.PathLike[str]) -> AgentSpec:
         """The spec with relative paths in its command, ``cwd`` and ``policy`` made absolute.
@@ -183,14 +186,15 @@ class AgentSpec:
         """The spec as JSON values (``orchestrator agents --json``).
 
         Keys are camelCase like the rest of the CLI's JSON. With ``redact`` (the default), the
-        values of environment variables whose names look secret (``*KEY*``, ``*TOKEN*``, ...)
-        are replaced by ``"<redacted>"``.
+        values of environment variables whose names look secret (``*KEY*``, ``*TOKEN*``,
+        ``*_PASS``, ...) or that hold URL credentials (``http://user:pass@proxy``) are replaced
+        by ``"<redacted>"``.
         """
         return {
             "name": self.name,
             "command": list(self.command),
             "env": {
-                key: _REDACTED if redact and _is_secret(key) else value
+                key: _REDACTED if redact and is_secret(key, value) else value
                 for key, value in self.env.items()
             },
             "description": self.description,
@@ -204,6 +208,7 @@ class AgentSpec:
             "cwd": self.cwd,
             "writes": self.writes,
             "notes": self.notes,
+            "terminalEnv": list(self.terminal_env),
         }
 
 
@@ -234,11 +239,6 @@ def is_policy_path(policy: str) -> bool:
 def _join(root: str, path: str) -> str:
     expanded = os.path.expanduser(path)
     return expanded if os.path.isabs(expanded) else os.path.join(root, expanded)
-
-
-def _is_secret(name: str) -> bool:
-    upper = name.upper()
-    return any(fnmatch.fnmatchcase(upper, pattern) for pattern in _SECRET_NAMES)
 
 
 def _demo_command() -> tuple[str, ...]:

@@ -8,10 +8,11 @@ the user file < the project file.
   ``~/.config/acp-orchestrator/config.toml`` (a missing default file is no error).
 - The project file is ``.orchestrator.toml`` in the project directory given, and only there:
   no parent directory is searched. It comes with the project (a cloned repository can carry
-  one), so its keys that start programs or widen what an agent may do (``command``, ``env``,
-  ``cwd``, ``policy``: :data:`~orchestrator.trust.NEEDS_TRUST`) are used only when the user
-  trusted that file (:class:`~orchestrator.trust.TrustStore`, by path and digest); otherwise
-  they are ignored, an agent the file defines is left out, and :attr:`Config.ignored` says so.
+  one), so its keys that start programs, widen what an agent may do or pass secrets on
+  (``command``, ``env``, ``cwd``, ``policy``, ``terminal_env``:
+  :data:`~orchestrator.trust.NEEDS_TRUST`) are used only when the user trusted that file
+  (:class:`~orchestrator.trust.TrustStore`, by path and digest); otherwise they are ignored,
+  an agent the file defines is left out, and :attr:`Config.ignored` says so.
 
 The format::
 
@@ -20,6 +21,7 @@ The format::
 
     [agents.claude]           # override part of a known agent: unspecified fields keep theirs
     env = { ANTHROPIC_BASE_URL = "http://127.0.0.1:8080" }   # merged into its env
+    terminal_env = ["NPM_TOKEN"]   # passed from the environment to its terminals, by name
 
     [agents.mine]             # a new agent (it needs a command)
     command = "python my_agent.py --acp"   # a string (split like a shell would) or a list
@@ -28,11 +30,12 @@ The format::
 
 An agent table takes the fields of :class:`~orchestrator.agents.AgentSpec`: ``command``,
 ``env``, ``description``, ``install``, ``sessions_per_process``, ``startup_timeout``,
-``auth_method``, ``policy``, ``max_sessions``, ``max_restarts``, ``cwd``, ``writes`` and
-``notes``. Relative paths in a file (in ``command``, ``cwd``, and a ``policy`` that names a
-``.toml`` file) are taken relative to the directory of that file, so a project file's paths
-resolve against the project. Anything else (unknown keys, wrong types, negative numbers, bad
-TOML) is a :class:`~orchestrator.errors.UsageError` naming the file and the key.
+``auth_method``, ``policy``, ``max_sessions``, ``max_restarts``, ``cwd``, ``writes``,
+``notes`` and ``terminal_env``. Relative paths in a file (in ``command``, ``cwd``, and a
+``policy`` that names a ``.toml`` file) are taken relative to the directory of that file, so a
+project file's paths resolve against the project. Anything else (unknown keys, wrong types,
+negative numbers, bad TOML) is a :class:`~orchestrator.errors.UsageError` naming the file and
+the key.
 """
 
 from __future__ import annotations
@@ -92,6 +95,7 @@ _AGENT_KEYS = (
     "cwd",
     "writes",
     "notes",
+    "terminal_env",
 )
 # an agent name must survive `--agent NAME` and `--agent LABEL=NAME` unchanged
 _AGENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -326,6 +330,11 @@ class _Layer:
                 raise self.fail(f"{key}.{_toml_key(name)}", f"must be a string, got {_kind(item)}")
         return dict(table)
 
+    def names(self, value: Any, key: str) -> tuple[str, ...]:
+        if not isinstance(value, list) or not all(isinstance(n, str) and n for n in value):
+            raise self.fail(key, f"must be a list of variable names, got {_kind(value)}")
+        return tuple(value)
+
     def policy(self, value: Any, key: str) -> str:
         text = self.nonempty(value, key)
         if text in PRESETS:
@@ -376,6 +385,8 @@ class _Layer:
                 fields[key] = self.policy(item, at)
             elif key == "cwd":
                 fields[key] = self.path(self.nonempty(item, at))
+            elif key == "terminal_env":
+                fields[key] = self.names(item, at)
             else:  # writes: _check_keys admits nothing else
                 fields[key] = self.writes(item, at)
         if base is None and "command" not in fields:

@@ -25,6 +25,7 @@ __all__ = [
     "AuthRequired",
     "AuthenticationError",
     "CapabilityNotSupported",
+    "CommandRefused",
     "ConnectionClosed",
     "InternalError",
     "InvalidParams",
@@ -155,6 +156,19 @@ class InvalidParams(JsonRpcError):
 
     code = -32602
     default_message = "Invalid params"
+
+
+class CommandRefused(InvalidParams):
+    """-32602: the permission policy refused to start a terminal command.
+
+    ``record`` is the audit record of the refusal (a
+    :class:`~orchestrator.agent.services.PermissionRecord`) when the check made one; the
+    client adds it to the session's and the turn's permission decisions.
+    """
+
+    def __init__(self, message: str, *, record: Any = None):
+        super().__init__(message)
+        self.record = record
 
 
 class InternalError(JsonRpcError):

@@ -26,11 +26,24 @@ A rule matches when every condition it sets holds (unset conditions match anythi
   each simple command of the line: the line is split at ``;``, ``&&``, ``||``, ``|``, ``&`` and
   parentheses, redirections are removed, and ``bash -lc "..."`` wrappers are unwrapped (a
   reject or ask rule with only a regex also tries the whole line);
-- ``agents``, ``steps``: globs on the agent name and the pipeline step.
+- ``agents``, ``steps``: globs on the agent name and the pipeline step;
+- ``env``: globs (case-insensitive) on the names of the variables a command sets: in the
+  request's ``env`` (``terminal/create``, or an ``env`` in the raw input), as ``NAME=value``
+  before a command or alone, with ``export`` and the like, or with ``env NAME=value``. On an
+  allow rule they are permissions, not a condition (see below); a reject or ask rule with
+  ``env`` matches a command that sets one of them.
 
 Allow verdicts are strict, reject and ask are eager: an allow rule needs *every* path and *every*
 simple command to match and never matches a line it cannot see through (newlines, backticks,
 ``$(...)``, unbalanced quotes); a reject or ask rule needs only one.
+
+Command environment: a variable that changes which program a command runs or what it loads
+(:data:`LOADER_ENV`: ``PATH``, ``LD_*``, ``PYTHON*``, ``NODE_OPTIONS``, ``BASH_ENV``, ``GIT_SSH``
+and the like; case-insensitive) is refused unless the deciding rule allows it. When the first
+rule that matches says allow or ask, every such variable the command sets must match the
+rule's ``env``; otherwise the request is rejected with rule ``command-environment: NAMES not
+allowed by <scope>/<rule>``. Other variables (``FOO=1 ls``) need no mention. The ``trusted``
+preset's execute rule allows any (``env = ["*"]``).
 
 Verdicts: ``allow``, ``allow_always``, ``reject``, ``reject_always``, ``ask`` (escalate to a
 callback; no answer in ``ask_timeout`` seconds rejects). Option choice (:func:`choose_option`):
@@ -41,7 +54,8 @@ any allow option offered becomes a reject; a reject with no reject option is ans
 ``cancelled`` outcome. An allow option is never chosen for a reject.
 
 Presets: ``read-only`` (allow read, search, think, fetch; reject the rest), ``edit`` (also edit,
-delete and move with every path inside the workspace), ``trusted`` (also execute), ``deny-all``.
+delete and move with every path inside the workspace), ``trusted`` (also execute, with any
+environment), ``deny-all``.
 A preset ends with a catch-all reject, so a scope with a preset never falls through to a wider
 scope; rules added to a preset (:meth:`Policy.extend`) come before it.
 
@@ -55,6 +69,7 @@ The TOML format (examples in ``examples/policies/``)::
     verdict = "allow"
     kinds = ["execute"]
     commands = ["pytest", ["npm", "test"]]   # several prefixes; `command = "git status"` for one
+    env = ["NODE_OPTIONS"]       # variables that change what runs, allowed to these commands
 
     [[rules]]
     name = "secrets"
@@ -90,12 +105,15 @@ from typing import Any, Literal, get_args
 import attrs
 from attrs import field, frozen
 
+from orchestrator._env import LOADER_ENV, is_loader
 from orchestrator._paths import compile_glob, raw_paths, resolve
 from orchestrator._shell import CommandLine, command_of, parse_command, prefix_matches
 from orchestrator.errors import UsageError
 
 __all__ = [
+    "COMMAND_ENVIRONMENT",
     "DEFAULT_RULE",
+    "LOADER_ENV",
     "OUTSIDE_WORKSPACE",
     "PRESETS",
     "Answer",
@@ -123,6 +141,9 @@ Answer = Literal["allow", "allow_always", "reject", "reject_always"]
 OUTSIDE_WORKSPACE = "outside-workspace"
 #: rule name of the decision when no rule matches
 DEFAULT_RULE = "default"
+#: rule name (followed by ``: NAMES not allowed by RULE``) of the rejection of a command that
+#: sets a variable of :data:`LOADER_ENV` the deciding rule does not allow
+COMMAND_ENVIRONMENT = "command-environment"
 #: names accepted by :meth:`Policy.preset`
 PRESETS = ("read-only", "edit", "trusted", "deny-all")
 
@@ -160,6 +181,8 @@ class PermissionQuery:
     locations: tuple[str, ...] = ()
     #: the tool call's ``rawInput`` (any JSON value)
     raw_input: Any = None
+    #: names of the variables the request sets for its command (``terminal/create``'s ``env``)
+    env: tuple[str, ...] = ()
 
 
 # --------------------------------------------------------------------------- names
@@ -186,18 +209,40 @@ class Facts:
     #: each path relative to the root (``.`` for the root itself), None when outside it
     relative: tuple[str | None, ...]
     command: CommandLine | None
+    #: names of the variables the command sets (the request's ``env``, an ``env`` in the raw
+    #: input, and the line's own assignments), in first-seen order
+    env: tuple[str, ...] = ()
 
     @property
     def outside(self) -> tuple[str, ...]:
         """The paths that lie outside the session root."""
         return tuple(p for p, rel in zip(self.paths, self.relative, strict=True) if rel is None)
 
+    @property
+    def loader_env(self) -> tuple[str, ...]:
+        """The variables set that change what the command runs or loads (:data:`LOADER_ENV`)."""
+        return tuple(name for name in self.env if is_loader(name))
+
+
+def _raw_env(raw: Any) -> list[str]:
+    """Variable names of an ``env`` in a tool call's raw input: a table of names, or a list of
+    ``{"name": ..., "value": ...}`` (the ACP form)."""
+    env = raw.get("env") if isinstance(raw, dict) else None
+    if isinstance(env, dict):
+        return [str(name) for name in env]
+    if isinstance(env, list):
+        return [str(v["name"]) for v in env if isinstance(v, dict) and "name" in v]
+    return []
+
 
 def analyze(query: PermissionQuery) -> Facts:
-    """Extract the kind, title, paths and command line of a request."""
+    """Extract the kind, title, paths, command line and command environment of a request."""
     kind = query.kind or "other"
     raw = command_of(kind, query.raw_input, query.title)
     command = parse_command(raw) if raw is not None else None
+    env = list(query.env)
+    if command is not None:
+        env += [*_raw_env(query.raw_input), *command.variables]
     candidates = [*query.locations, *raw_paths(query.raw_input)]
     if command is not None:
         candidates += [p for p in command.redirects if p not in _HARMLESS_TARGETS]
@@ -214,13 +259,18 @@ def analyze(query: PermissionQuery) -> Facts:
         paths=tuple(paths),
         relative=tuple(paths.values()),
         command=command,
+        env=tuple(dict.fromkeys(env)),
     )
 
 
 def memory_key(facts: Facts) -> tuple[str, str | None]:
-    """What an "always" answer is remembered by: the kind, and the command line for execute."""
-    line = facts.command.line if facts.command is not None and facts.kind == "execute" else None
-    return facts.kind, line
+    """What an "always" answer is remembered by: the kind, and for execute the command line
+    with the names of the variables it sets from outside the line."""
+    if facts.command is None or facts.kind != "execute":
+        return facts.kind, None
+    line = facts.command.line
+    outside = [name for name in facts.env if name not in facts.command.variables]
+    return facts.kind, " ".join([*(f"{name}=" for name in outside), line])
 
 
 # --------------------------------------------------------------------------- rules
@@ -266,6 +316,7 @@ class Rule:
     command_regex: str | None = None
     agents: tuple[str, ...] = field(default=(), converter=_strings)
     steps: tuple[str, ...] = field(default=(), converter=_strings)
+    env: tuple[str, ...] = field(default=(), converter=_strings)
     _title_re: re.Pattern[str] | None = field(init=False, eq=False, repr=False)
     _command_re: re.Pattern[str] | None = field(init=False, eq=False, repr=False)
     _path_res: tuple[tuple[bool, re.Pattern[str]], ...] = field(init=False, eq=False, repr=False)
@@ -291,8 +342,21 @@ class Rule:
         return " ".join(parts)
 
     def _conditions(self) -> dict[str, object]:
-        names = ("kinds", "title", "title_regex", "paths", "command", "command_regex")
-        return {n: getattr(self, n) for n in (*names, "agents", "steps") if getattr(self, n)}
+        names: tuple[str, ...] = ("kinds", "title", "title_regex", "paths", "command")
+        names += ("command_regex", "agents", "steps", "env")
+        return {n: getattr(self, n) for n in names if getattr(self, n)}
+
+    def allows_env(self, name: str) -> bool:
+        """Whether ``name`` matches one of this rule's ``env`` globs (case-insensitive)."""
+        upper = name.upper()
+        return any(fnmatch.fnmatchcase(upper, glob.upper()) for glob in self.env)
+
+    def refused_env(self, facts: Facts) -> tuple[str, ...]:
+        """The variables of :data:`LOADER_ENV` the command sets that this rule, deciding it,
+        does not allow (none for a reject rule, whose verdict stands)."""
+        if self.verdict in ("reject", "reject_always"):
+            return ()
+        return tuple(name for name in facts.loader_env if not self.allows_env(name))
 
     def matches(self, facts: Facts) -> bool:
         """Whether every condition of this rule holds for ``facts``."""
@@ -305,6 +369,9 @@ class Rule:
             self._title_re is None or self._title_re.search(title) is not None,
         )
         if not all(checks):
+            return False
+        # allow: `env` lists permissions (see refused_env); reject and ask: a condition
+        if self.env and not strict and not any(self.allows_env(n) for n in facts.env):
             return False
         if self._path_res and not self._paths_match(facts, strict):
             return False
@@ -362,7 +429,8 @@ def _preset_rules(name: str) -> tuple[Rule, ...]:
             Rule("allow", name=f"{name}: edit in workspace", kinds=_EDIT_KINDS, paths="**")
         )
     if name == "trusted":
-        rules.append(Rule("allow", name=f"{name}: execute", kinds="execute"))
+        # any command may run, so a command may set any variable too
+        rules.append(Rule("allow", name=f"{name}: execute", kinds="execute", env="*"))
     rules.append(Rule("reject", name=f"{name}: everything else"))
     return tuple(rules)
 
@@ -423,7 +491,12 @@ class PolicySet:
         for scope, policy in self.scopes(query.agent, query.step):
             rule = policy.first_match(facts)
             if rule is not None:
-                return Evaluation(rule.verdict, f"{scope}/{rule.label}", facts)
+                label = f"{scope}/{rule.label}"
+                refused = rule.refused_env(facts)
+                if refused:
+                    reason = f"{', '.join(refused)} not allowed by {label}"
+                    return Evaluation("reject", f"{COMMAND_ENVIRONMENT}: {reason}", facts)
+                return Evaluation(rule.verdict, label, facts)
         return Evaluation("reject", DEFAULT_RULE, facts)
 
     @classmethod
@@ -473,12 +546,23 @@ class PolicySet:
         return out
 
     def describe(self) -> str:
-        """One line on the policy: its rule count and scopes, for messages."""
+        """One line on the policy: its rule count, scopes, and the command environment its
+        rules allow, for messages."""
         parts = [f"{len(self.run.rules)} run rules"]
         if self.agents:
             parts.append(f"{len(self.agents)} agent scopes")
         if self.steps:
             parts.append(f"{len(self.steps)} step scopes")
+        policies = [self.run, *self.agents.values(), *self.steps.values()]
+        allowed = [
+            glob
+            for policy in policies
+            for rule in policy.rules
+            if rule.verdict not in ("reject", "reject_always")
+            for glob in rule.env
+        ]
+        if allowed:
+            parts.append(f"commands may set {', '.join(dict.fromkeys(allowed))}")
         return ", ".join(parts)
 
     @classmethod
@@ -537,7 +621,7 @@ class PolicySet:
 
 
 _RULE_KEYS = {"name", "verdict", "kinds", "title", "title_regex", "paths", "command", "commands"}
-_RULE_KEYS |= {"command_regex", "agents", "steps"}
+_RULE_KEYS |= {"command_regex", "agents", "steps", "env"}
 
 
 def _check_keys(table: Any, allowed: set[str], where: str) -> None:
@@ -568,7 +652,7 @@ def _rule_table(rule: Rule) -> dict[str, Any]:
     table: dict[str, Any] = {"verdict": rule.verdict}
     if rule.name:
         table["name"] = rule.name
-    for key in ("kinds", "paths", "agents", "steps"):
+    for key in ("kinds", "paths", "agents", "steps", "env"):
         value = getattr(rule, key)
         if value:
             table[key] = list(value)
@@ -593,7 +677,9 @@ def _rule(table: Any, where: str) -> Rule:
         raise UsageError(f"{where}: a rule needs a verdict ({', '.join(get_args(RuleVerdict))})")
     values = dict(table)
     for key, value in values.items():
-        if key in ("kinds", "paths", "agents", "steps", "command") and isinstance(value, list):
+        if key in ("kinds", "paths", "agents", "steps", "env", "command") and isinstance(
+            value, list
+        ):
             ok = all(isinstance(item, str) for item in value)
         elif key == "commands":
             ok = isinstance(value, list) and all(_is_prefix(item) for item in value)

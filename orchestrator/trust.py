@@ -27,8 +27,9 @@ from .state import state_directory
 
 __all__ = ["NEEDS_TRUST", "TRUST_FILE", "TrustEntry", "TrustStatus", "TrustStore", "file_digest"]
 
-#: The keys of an agent table that start programs or widen what the agent may do.
-NEEDS_TRUST = ("command", "env", "cwd", "policy")
+#: The keys of an agent table that start programs, widen what the agent may do, or pass
+#: the user's secrets on (``terminal_env``).
+NEEDS_TRUST = ("command", "env", "cwd", "policy", "terminal_env")
 #: The file, in the state directory, that records the trusted project files.
 TRUST_FILE = "trusted.json"
 

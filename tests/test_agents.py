@@ -247,6 +247,7 @@ def test_to_json_has_every_field_in_camel_case() -> None:
         max_sessions=4,
         writes="disk",
         notes="quirky",
+        terminal_env=["NPM_TOKEN"],
     )
     data = spec.to_json()
     assert data == {
@@ -264,6 +265,7 @@ def test_to_json_has_every_field_in_camel_case() -> None:
         "cwd": None,
         "writes": "disk",
         "notes": "quirky",
+        "terminalEnv": ["NPM_TOKEN"],
     }
     assert json.loads(json.dumps(data)) == data
 
@@ -277,6 +279,24 @@ def test_to_json_redacts_secret_looking_env_values() -> None:
         "MODEL": "m",
     }
     assert spec.to_json(redact=False)["env"]["OPENAI_API_KEY"] == "sk-1"
+
+
+def test_to_json_redacts_passwords_and_url_credentials() -> None:
+    """Passwords by other names and URLs holding credentials are hidden; plain URLs are not."""
+    env = {
+        "MYSQL_PWD": "p",
+        "MY_DB_PASS": "p",
+        "SLACK_WEBHOOK_URL": "https://hooks.slack.com/services/T/B/x",
+        "HTTPS_PROXY": "http://user:pass@proxy:3128",
+        "ALL_PROXY": "socks5://tok@proxy:1080",
+        "HTTP_PROXY": "http://proxy:3128",
+        "BASE_URL": "http://127.0.0.1:1/v1",
+        "PWD": "/work",
+    }
+    shown = AgentSpec("x", ("x",), env).to_json()["env"]
+    hidden = {"MYSQL_PWD", "MY_DB_PASS", "SLACK_WEBHOOK_URL", "HTTPS_PROXY", "ALL_PROXY"}
+    assert {k for k, v in shown.items() if v == "<redacted>"} == hidden
+    assert "pass" not in json.dumps(shown)
 
 
 def test_every_known_agent_serializes() -> None:

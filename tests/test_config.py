@@ -108,6 +108,7 @@ def test_every_field_can_be_set() -> None:
     cwd = "/srv/agent"
     writes = "disk"
     notes = "n"
+    terminal_env = ["NPM_TOKEN", "JAVA_*"]
     """
     spec = Config.from_toml(text).agents["full"]
     assert spec == AgentSpec(
@@ -125,6 +126,7 @@ def test_every_field_can_be_set() -> None:
         cwd="/srv/agent",
         writes="disk",
         notes="n",
+        terminal_env=("NPM_TOKEN", "JAVA_*"),
     )
 
 
@@ -337,6 +339,8 @@ def test_user_file_paths_resolve_against_its_directory(tmp_path: Path, home: Pat
         ('[agents.claude]\ncommand = "a \'b"\n', "agents.claude.command", "cannot split"),
         ('[agents.claude]\npolicy = "readonly"\n', "agents.claude.policy", "neither a preset"),
         ('[agents.claude]\ncwd = ""\n', "agents.claude.cwd", "empty"),
+        ('[agents.claude]\nterminal_env = "A"\n', "agents.claude.terminal_env", "list of"),
+        ('[agents.claude]\nterminal_env = [""]\n', "agents.claude.terminal_env", "names"),
         ('[agents.mine]\ndescription = "no command"\n', "agents.mine", "needs a command"),
         ('[agents."a b"]\ncommand = "x"\n', 'agents."a b"', "agent name"),
         ('[agents."x=y"]\ncommand = "x"\n', 'agents."x=y"', "agent name"),

@@ -19,6 +19,7 @@ from orchestrator.agent.permissions import (
 )
 from orchestrator.agent.services import ClientServices, SessionContext
 from orchestrator.cli.escalation import terminal_prompt_escalation
+from orchestrator.errors import CommandRefused
 from orchestrator.policy import Answer, Policy, PolicySet, Rule
 from orchestrator.protocol import types as t
 
@@ -40,12 +41,15 @@ POLICY = PolicySet(
 )
 
 
-def bash(command: str, call_id: str = "call-1") -> t.RequestPermissionRequest:
+def bash(command: str, call_id: str = "call-1", **raw: Any) -> t.RequestPermissionRequest:
     """A Claude-like Bash permission request."""
     return t.RequestPermissionRequest(
         session_id=CTX.session_id,
         tool_call=t.ToolCallUpdate(
-            tool_call_id=call_id, kind="execute", title="Bash", raw_input={"command": command}
+            tool_call_id=call_id,
+            kind="execute",
+            title="Bash",
+            raw_input={"command": command, **raw},
         ),
         options=OPTIONS,
     )
@@ -60,6 +64,14 @@ def edit(path: str, call_id: str = "call-1") -> t.RequestPermissionRequest:
         ),
         options=OPTIONS,
     )
+
+
+def checked(check: Any, line: str, ctx: SessionContext = CTX, **env: str) -> str:
+    """A terminal command check's verdict: ``allow``, or ``reject`` when it refused."""
+    try:
+        return str(check(line, env, ctx))
+    except CommandRefused:
+        return "reject"
 
 
 def selected(outcome: t.RequestPermissionOutcome) -> str | None:
@@ -283,20 +295,55 @@ async def test_check_command_honours_approvals() -> None:
     """Commands allowed by a permission answer may start in a terminal: once, or always."""
     calls: list[Escalation] = []
     service = PolicyPermissionService(POLICY, escalate=answering("allow", calls))
+    check = service.check_command
     other = SessionContext(agent="claude", session_id="s2", cwd=ROOT)
-    assert service.check_command("pytest -q", CTX) == "allow"  # the policy alone allows
-    assert service.check_command("make all", CTX) == "reject"  # ask counts as reject
+    assert checked(check, "pytest -q") == "allow"  # the policy alone allows
+    assert checked(check, "make all") == "reject"  # ask counts as reject
     await service.request_permission(bash("make  all"), CTX)
-    assert service.check_command("make all", other) == "reject"
+    assert checked(check, "make all", other) == "reject"
     with capture_logs() as logs:
-        assert service.check_command("bash -lc 'make all'", CTX) == "allow"
+        assert checked(check, "bash -lc 'make all'") == "allow"
     assert logs[0]["rule"] == "approved once in this session"
-    assert service.check_command("make all", CTX) == "reject"
+    assert checked(check, "make all") == "reject"
     service.escalate = answering("allow_always", calls)
     await service.request_permission(bash("make dist"), CTX)
-    assert [service.check_command("make dist", CTX) for _ in range(3)] == ["allow"] * 3
+    assert [checked(check, "make dist") for _ in range(3)] == ["allow"] * 3
     service.forget_session("s1")
-    assert service.check_command("make dist", CTX) == "reject"
+    assert checked(check, "make dist") == "reject"
+
+
+async def test_an_approval_never_covers_what_the_request_env_changes() -> None:
+    """An approved command line may not start with a PATH or LD_PRELOAD no rule allows."""
+    service = PolicyPermissionService(POLICY, escalate=answering("allow_always", []))
+    await service.request_permission(bash("make all"), CTX)
+    assert checked(service.check_command, "make all", PATH="/tmp/x") == "reject"
+    assert checked(service.check_command, "make all", LD_PRELOAD="/tmp/x.so") == "reject"
+    assert checked(service.check_command, "make all", CFLAGS="-O2") == "allow"
+    assert [r.rule for r in service.records[1:]] == [
+        "command-environment: PATH not allowed by run/ask to run",
+        "command-environment: LD_PRELOAD not allowed by run/ask to run",
+    ]
+
+
+def test_a_refused_terminal_command_is_audited() -> None:
+    """A refusal raises CommandRefused with its audit record, kept in the service's records."""
+    service = PolicyPermissionService(POLICY)
+    with pytest.raises(CommandRefused) as caught:
+        service.check_command("ls", {"PATH": "/tmp/evil"}, CTX)
+    assert caught.value.message == "terminal command rejected by policy: ls"
+    assert caught.value.code == -32602
+    [record] = service.records
+    assert record is caught.value.record
+    assert (record.tool_call_id, record.kind, record.verdict, record.option_id) == (
+        "terminal/create",
+        "execute",
+        "reject",
+        None,
+    )
+    assert (record.agent, record.session_id, record.step) == ("claude", "s1", "build")
+    assert record.command == "ls"
+    assert record.rule == "command-environment: PATH not allowed by run/ask to run"
+    assert "/tmp/evil" not in str(record.to_json())  # names, never values
 
 
 def test_command_key() -> None:
@@ -309,19 +356,25 @@ def test_command_key() -> None:
 def test_policy_command_check() -> None:
     """The terminal command check allows what the policy allows; ask counts as reject."""
     check = policy_command_check(POLICY)
-    assert check("pytest -q", CTX) == "allow"
-    assert check("git push", CTX) == "reject"
-    assert check("make", CTX) == "reject"
-    assert check("bash -lc 'pytest -x'", CTX) == "allow"
-    assert check("pytest && git push", CTX) == "reject"
+    assert checked(check, "pytest -q") == "allow"
+    assert checked(check, "git push") == "reject"
+    assert checked(check, "make") == "reject"
+    assert checked(check, "bash -lc 'pytest -x'") == "allow"
+    assert checked(check, "pytest && git push") == "reject"
+    assert checked(check, "pytest", PYTHONPATH="/tmp/x") == "reject"
+    with pytest.raises(CommandRefused) as caught:
+        check("PYTHONSTARTUP=/tmp/x.py pytest", {}, CTX)
+    assert caught.value.record.rule == (
+        "command-environment: PYTHONSTARTUP not allowed by run/tests"
+    )
 
 
 # --------------------------------------------------------------------------- terminal prompt
 
 
-async def escalation_for(command: str) -> Escalation:
+async def escalation_for(command: str, **raw: Any) -> Escalation:
     """An Escalation for a bash command under POLICY."""
-    q = query_from_request(bash(command), CTX)
+    q = query_from_request(bash(command, **raw), CTX)
     return Escalation(q, POLICY.evaluate(q), CTX)
 
 
@@ -339,7 +392,7 @@ async def test_terminal_prompt_asks_on_the_tty() -> None:
     master, slave = os.openpty()
     try:
         os.set_blocking(master, False)
-        escalation = await escalation_for("make all")
+        escalation = await escalation_for("CFLAGS=-O2 make all", env={"CC": "clang"})
         with trio.fail_after(10):
             async with trio.open_nursery() as nursery:
                 answers: list[Answer | None] = []
@@ -351,7 +404,8 @@ async def test_terminal_prompt_asks_on_the_tty() -> None:
 
                 nursery.start_soon(ask)
                 shown = await read_until(master, b"Allow?")
-                assert b"command: make all" in shown
+                assert b"command: CFLAGS=-O2 make all" in shown
+                assert b"sets: CC, CFLAGS" in shown  # what the request sets, seen by the human
                 os.write(master, b"what\n")
                 await read_until(master, b"Allow?")
                 os.write(master, b"a\n")

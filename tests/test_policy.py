@@ -482,3 +482,169 @@ def test_toml_errors(tmp_path: Path, text: str, message: str) -> None:
     path.write_text(text, encoding="utf-8")
     with pytest.raises(UsageError, match=message):
         PolicySet.from_toml(path)
+
+
+# --------------------------------------------------------------------------- command environment
+
+ECHO_LS = PolicySet(
+    run=Policy.preset(
+        "edit", Rule("allow", name="echo and ls", kinds="execute", command=[["echo"], ["ls"]])
+    )
+)
+
+
+def terminal(line: str, *env: str, raw: Any = None) -> PermissionQuery:
+    """A terminal/create-shaped execute query: a shell line and the names its request sets."""
+    return PermissionQuery(
+        tool_call_id="terminal/create",
+        kind="execute",
+        title=line,
+        root=ROOT,
+        raw_input=raw if raw is not None else {"command": line},
+        env=env,
+    )
+
+
+def test_parse_command_finds_the_variables_a_line_sets() -> None:
+    """Assignments before a command or alone, export-like builtins and env count; quoted not."""
+    assert parse_command("PATH=/x ls -l").variables == ("PATH",)
+    assert parse_command("PATH=/x ls -l").segments == (("ls", "-l"),)
+    assert parse_command("A=1 B+=2 >log make && C=3; ls").variables == ("A", "B", "C")
+    assert parse_command("PATH=/x; ls").segments == (("ls",),)
+    assert parse_command("export PATH=/x LD_PRELOAD; unset IFS").variables == (
+        "PATH",
+        "LD_PRELOAD",
+        "IFS",
+    )
+    assert parse_command(["env", "-i", "PATH=/x", "ls", "A=1"]).variables == ("PATH",)
+    assert parse_command(["bash", "-lc", "NODE_OPTIONS=-r ls"]).variables == ("NODE_OPTIONS",)
+    assert parse_command("echo PATH=/x").variables == ()  # an argument, not an assignment
+    for quoted in ('"PATH=/x" ls', "'PATH'=/x ls", "\\PATH=/x ls", 'ls;"PATH=/x" ls'):
+        line = parse_command(quoted)  # the shell runs a program named PATH=/x
+        assert line.variables == (), quoted
+        assert line.segments[-1] == ("PATH=/x", "ls"), quoted
+
+
+def test_analyze_collects_the_command_environment() -> None:
+    """Names come from the request, an env in the raw input (both shapes) and the line."""
+    facts = analyze(terminal("FOO=1 LD_PRELOAD=/x.so ls", "PATH", "FOO"))
+    assert facts.env == ("PATH", "FOO", "LD_PRELOAD")
+    assert facts.loader_env == ("PATH", "LD_PRELOAD")
+    acp = {"command": "make", "env": [{"name": "PYTHONPATH", "value": "/x"}]}
+    assert analyze(terminal("make", raw=acp)).loader_env == ("PYTHONPATH",)
+    table = {"command": ["make"], "env": {"GIT_SSH_COMMAND": "x", "CC": "gcc"}}
+    assert analyze(terminal("make", raw=table)).env == ("GIT_SSH_COMMAND", "CC")
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "PATH", "LD_PRELOAD", "LD_LIBRARY_PATH", "ld_preload", "DYLD_INSERT_LIBRARIES",
+        "PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME", "NODE_OPTIONS", "NODE_PATH", "BASH_ENV",
+        "ENV", "SHELLOPTS", "BASHOPTS", "PS4", "PROMPT_COMMAND", "IFS", "BASH_FUNC_ls%%",
+        "PERL5LIB", "PERL5OPT", "PERLLIB", "RUBYOPT", "RUBYLIB", "JAVA_TOOL_OPTIONS",
+        "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS", "GIT_EXEC_PATH", "GIT_SSH", "GIT_SSH_COMMAND",
+        "GIT_CONFIG_GLOBAL", "GIT_CONFIG_COUNT", "GIT_EDITOR", "GIT_PAGER", "GIT_ASKPASS",
+        "GIT_EXTERNAL_DIFF", "GIT_PROXY_COMMAND", "GIT_TEMPLATE_DIR", "GIT_DIR",
+        "GIT_WORK_TREE", "LESSOPEN", "EDITOR", "VISUAL", "PAGER", "HOME", "NPM_CONFIG_PREFIX",
+    ],
+)  # fmt: skip
+def test_loader_variables_are_refused_under_an_allow_rule(name: str) -> None:
+    """An allowed command that sets a variable changing what runs is rejected, either way."""
+    queries = [terminal("ls", name)]
+    if name.isidentifier():  # BASH_FUNC_ls%% can only come in the request's env
+        queries.append(terminal(f"{name}=/x ls"))
+    for query_ in queries:
+        evaluation = ECHO_LS.evaluate(query_)
+        assert evaluation.verdict == "reject"
+        assert evaluation.rule == f"command-environment: {name} not allowed by run/echo and ls"
+
+
+def test_other_variables_need_no_rule() -> None:
+    """Variables that change nothing about what runs pass with the command."""
+    for query_ in (terminal("ls", "FOO", "LANG"), terminal("FOO=1 ls && CFLAGS=-O2 echo x")):
+        assert ECHO_LS.evaluate(query_).verdict == "allow"
+    assert ECHO_LS.evaluate(terminal("rm x", "FOO")).rule == "run/edit: everything else"
+
+
+def test_a_rule_allows_variables_by_name() -> None:
+    """env on an allow rule lets its commands set those variables (globs, any case)."""
+    node = Rule("allow", name="node", kinds="execute", command="node", env=["node_*", "PATH"])
+    policy = PolicySet(run=Policy.preset("edit", node))
+    for query_ in (
+        terminal("node x.js"),
+        terminal("node x.js", "NODE_OPTIONS", "PATH"),
+        terminal("NODE_PATH=lib node x.js"),
+    ):
+        assert policy.evaluate(query_).rule == "run/node"
+    refused = policy.evaluate(terminal("node x.js", "NODE_OPTIONS", "LD_PRELOAD"))
+    assert refused.rule == "command-environment: LD_PRELOAD not allowed by run/node"
+    assert PolicySet.from_preset("trusted").evaluate(terminal("x", "LD_PRELOAD")).verdict == (
+        "allow"
+    )
+
+
+def test_reject_and_ask_rules_match_on_env() -> None:
+    """On reject and ask rules env is a condition; an ask rule must also allow what is set."""
+    policy = PolicySet(
+        run=Policy(
+            [
+                Rule("reject", name="no git hooks", env="GIT_*"),
+                Rule("ask", name="ask path", kinds="execute", env="PATH"),
+                Rule("ask", name="ask", kinds="execute"),
+            ]
+        )
+    )
+    assert policy.evaluate(terminal("ls", "GIT_AUTHOR_NAME")).rule == "run/no git hooks"
+    asked = policy.evaluate(terminal("ls", "PATH"))
+    assert (asked.verdict, asked.rule) == ("ask", "run/ask path")
+    assert policy.evaluate(terminal("ls")).rule == "run/ask"
+    refused = policy.evaluate(terminal("ls", "LD_PRELOAD"))
+    assert (refused.verdict, refused.rule) == (
+        "reject",
+        "command-environment: LD_PRELOAD not allowed by run/ask",
+    )
+
+
+def test_outside_workspace_comes_before_the_command_environment() -> None:
+    """A path outside the workspace is reported as such, whatever the command sets."""
+    evaluation = ECHO_LS.evaluate(terminal("ls > /etc/x", "PATH"))
+    assert evaluation.rule == OUTSIDE_WORKSPACE
+
+
+def test_memory_key_holds_the_variables_set_from_outside_the_line() -> None:
+    """An "always" answer for a command does not cover it with a PATH of the request's."""
+    assert memory_key(analyze(terminal("ls"))) == ("execute", "ls")
+    assert memory_key(analyze(terminal("ls", "PATH"))) == ("execute", "PATH= ls")
+    assert memory_key(analyze(terminal("PATH=/x ls"))) == ("execute", "PATH=/x ls")
+
+
+def test_env_round_trips_through_toml_and_mapping(tmp_path: Path) -> None:
+    """env is a rule key of the TOML format, kept by to_mapping, shown in labels and describe."""
+    path = tmp_path / "p.toml"
+    path.write_text(
+        """
+[[rules]]
+name = "node"
+verdict = "allow"
+commands = ["node"]
+env = ["NODE_OPTIONS", "PATH"]
+
+[[agents.codex.rules]]
+verdict = "reject"
+env = ["LD_*"]
+""",
+        encoding="utf-8",
+    )
+    policy = PolicySet.from_toml(path)
+    assert policy.run.rules[0].env == ("NODE_OPTIONS", "PATH")
+    mapping = policy.to_mapping()
+    assert mapping["rules"][0]["env"] == ["NODE_OPTIONS", "PATH"]
+    assert PolicySet.from_mapping(mapping) == policy
+    trusted = PolicySet.from_preset("trusted")
+    assert PolicySet.from_mapping(trusted.to_mapping()) == trusted
+    assert Rule("reject", env="LD_*").label == "reject env=('LD_*',)"
+    assert policy.describe() == "1 run rules, 1 agent scopes, commands may set NODE_OPTIONS, PATH"
+    assert trusted.describe() == "4 run rules, commands may set *"
+    with pytest.raises(UsageError, match="bad value for env"):
+        PolicySet.from_mapping({"rules": [{"verdict": "allow", "env": [1]}]})

@@ -442,7 +442,72 @@ async def test_terminal_command_vetted_by_policy(scratch: Path, preset: str) -> 
         assert event["stage"] == "create"
         assert event["error"]["code"] == -32602
         assert event["error"]["message"] == "terminal command rejected by policy: echo policy-ok"
-    assert service.records == []  # a terminal command is not a permission request
+    # a refused terminal command is audited like a rejected permission request
+    assert audit(service.records) == (
+        []
+        if preset == "trusted"
+        else [("terminal/create", "reject", None, "run/edit: everything else")]
+    )
+
+
+ECHO_LS_TOML = """
+preset = "edit"
+
+[[rules]]
+name = "echo and ls"
+verdict = "allow"
+kinds = ["execute"]
+commands = ["echo", "ls"]
+"""
+
+
+def own_program(directory: Path, marker: Path) -> Path:
+    """The agent's own ``ls`` in ``directory``: it leaves ``marker`` behind if it ever runs."""
+    directory.mkdir()
+    program = directory / "ls"
+    program.write_text(f"#!/bin/sh\necho owned > {marker}\n", encoding="utf-8")
+    program.chmod(0o755)
+    return directory
+
+
+async def test_terminal_env_cannot_change_what_an_allowed_command_runs(
+    scratch: Path, tmp_path: Path
+) -> None:
+    """Under an echo/ls policy, a PATH or LD_PRELOAD set for ls is refused and nothing runs."""
+    policy_file = tmp_path / "echo-ls.toml"
+    policy_file.write_text(ECHO_LS_TOML, encoding="utf-8")
+    service = PolicyPermissionService(PolicySet.load(policy_file))
+    marker = tmp_path / "owned"
+    evil = own_program(tmp_path / "evil", marker)
+    steps = (
+        Terminal("ls", env={"PATH": f"{evil}:/usr/bin:/bin"}),
+        Terminal(f"PATH={evil} ls"),
+        Terminal("ls", args=("-a",), env={"PATH": str(evil)}),
+        Terminal("echo hi", env={"LD_PRELOAD": f"{evil}/x.so"}),
+        Terminal("ls", env={"LS_MARKER": "harmless"}),  # other variables pass with the command
+    )
+    with trio.fail_after(LIMIT):
+        async with scripted(scratch, steps, service, terminals=True) as c:
+            session = await c.new_session(scratch)
+            result = await session.prompt("go")
+    assert not marker.exists()
+    *refused, ran = agent_record(scratch).of("terminal")
+    assert [(e["error"]["code"], e["error"]["message"]) for e in refused] == [
+        (-32602, "terminal command rejected by policy: ls"),
+        (-32602, f"terminal command rejected by policy: PATH={evil} ls"),
+        (-32602, "terminal command rejected by policy: ls -a"),
+        (-32602, "terminal command rejected by policy: echo hi"),
+    ]
+    assert ran["exitStatus"]["exitCode"] == 0
+    rule = "command-environment: {} not allowed by run/echo and ls"
+    expected = [
+        ("terminal/create", "reject", None, rule.format("PATH")),
+        ("terminal/create", "reject", None, rule.format("PATH")),
+        ("terminal/create", "reject", None, rule.format("PATH")),
+        ("terminal/create", "reject", None, rule.format("LD_PRELOAD")),
+    ]
+    assert audit(service.records) == expected
+    assert audit(session.permissions) == audit(result.permissions) == expected
 
 
 async def test_terminal_runs_a_command_a_human_approved_once(scratch: Path) -> None:
@@ -460,7 +525,8 @@ async def test_terminal_runs_a_command_a_human_approved_once(scratch: Path) -> N
             session = await conn.new_session(scratch)
             result = await session.prompt("go")
     assert audit(result.permissions) == [
-        ("exec-1", "allow", "allow", "run/ask to run (ask: allow)")
+        ("exec-1", "allow", "allow", "run/ask to run (ask: allow)"),
+        ("terminal/create", "reject", None, "run/ask to run"),  # the second start
     ]
     first, second = agent_record(scratch).of("terminal")
     assert (first["exitStatus"]["exitCode"], first["output"]) == (0, "approved\n")
@@ -497,7 +563,9 @@ async def test_outside_workspace_rejected_even_when_trusted(scratch: Path, tmp_p
         ("edit-up", "reject", "cancel", "outside-workspace"),
         ("exec-cwd", "reject", "abort", "outside-workspace"),
         ("exec-redirect", "reject", "abort", "outside-workspace"),
+        ("terminal/create", "reject", None, "outside-workspace"),  # the redirect's terminal
     ]
+    assert result.permissions[-1].paths == (str(outside),)
     assert result.permissions[2].paths == (str(scratch.parent / "x.py"),)
     redirect, up = agent_record(scratch).of("terminal")
     assert redirect["error"]["message"].startswith("terminal command rejected by policy")
@@ -562,6 +630,45 @@ async def test_api_prompt_terminal_runs_what_the_escalation_approved(scratch: Pa
     assert [p.verdict for p in run.permissions] == ["allow"]
     [event] = agent_record(scratch).of("terminal")
     assert event.get("output") == "approved\n", event
+
+
+SECRETS = {
+    "MYSQL_PWD": "secret-mysql",
+    "MY_DB_PASS": "secret-db",
+    "SLACK_WEBHOOK_URL": "https://hooks.slack.com/services/secret-hook",
+    "HTTPS_PROXY": "http://user:secret-proxy@proxy.example:3128",
+    "OPENAI_API_KEY": "secret-key",
+    "GITHUB_TOKEN": "secret-token",
+}
+
+
+async def test_api_prompt_terminal_gets_no_secrets(
+    scratch: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A terminal starts from the basic variables plus those passed by name, nothing else; the
+    run records no secret of the agent's own environment either."""
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("ORCH_PASSED", "passed-by-name")
+    state = tmp_path / "state"
+    command = agent_command(scratch, (Terminal("env"),))
+    spec = AgentSpec(
+        "scripted",
+        tuple(command),
+        {"ALL_PROXY": "socks5://user:secret-agent-proxy@proxy.example:1080"},
+        terminal_env=("ORCH_PASSED",),
+    )
+    with trio.fail_after(LIMIT):
+        await prompt(spec, "go", cwd=scratch, policy="trusted", state_dir=state)
+    [event] = agent_record(scratch).of("terminal")
+    variables = dict(line.split("=", 1) for line in event["output"].splitlines() if "=" in line)
+    assert variables["ORCH_PASSED"] == "passed-by-name"
+    assert variables["PATH"] == os.environ["PATH"]
+    assert "secret" not in event["output"]
+    assert not set(SECRETS) & set(variables)
+    recorded = [p.read_bytes() for p in state.rglob("*") if p.is_file()]
+    assert recorded  # the run store, its transcripts
+    assert not [data for data in recorded if b"secret" in data]
 
 
 # --------------------------------------------------------------------------- TypeScript SDK agent

@@ -20,9 +20,9 @@ from orchestrator.agent.terminals import (
     OutputBuffer,
     ProcessTerminalService,
     open_terminal_service,
-    scrubbed_environment,
+    terminal_environment,
 )
-from orchestrator.errors import InvalidParams, InvalidRequest, ResourceNotFound
+from orchestrator.errors import CommandRefused, InvalidParams, InvalidRequest, ResourceNotFound
 from orchestrator.protocol import types as t
 
 PY = sys.executable
@@ -178,22 +178,30 @@ def test_output_buffer_invalid_bytes_stay_within_the_limit() -> None:
     assert truncated
 
 
-def test_scrubbed_environment() -> None:
-    """Credentials go, ordinary variables stay, passthrough keeps chosen ones."""
+def test_terminal_environment_is_an_allowlist() -> None:
+    """Only the basic variables get in, whatever the others are called; passthrough adds."""
     environ = {
         "PATH": "/bin",
         "HOME": "/h",
         "LANG": "C.UTF-8",
+        "LC_ALL": "C",
+        "TERM": "xterm",
+        "TMPDIR": "/tmp",
+        "USER": "u",
         "OPENAI_API_KEY": "x",
         "GITHUB_TOKEN": "x",
-        "db_password": "x",
+        "MYSQL_PWD": "x",
+        "MY_DB_PASS": "x",
+        "SLACK_WEBHOOK_URL": "https://hooks.slack.com/x",
+        "HTTPS_PROXY": "http://user:pass@proxy:3128",
         "AWS_REGION": "eu",
-        "MY_SECRET": "x",
         "SSH_AUTH_SOCK": "/s",
         "EDITOR": "vi",
     }
-    kept = scrubbed_environment(environ, passthrough=["aws_region"])
-    assert sorted(kept) == ["AWS_REGION", "EDITOR", "HOME", "LANG", "PATH"]
+    kept = terminal_environment(environ, passthrough=["aws_region", "MY_DB_*"])
+    basic = ["HOME", "LANG", "LC_ALL", "PATH", "TERM", "TMPDIR", "USER"]
+    assert sorted(kept) == sorted([*basic, "AWS_REGION", "MY_DB_PASS"])
+    assert sorted(terminal_environment(environ)) == basic
 
 
 # --------------------------------------------------------------------------- commands
@@ -325,14 +333,18 @@ async def test_cwd_must_lie_inside_the_session(ctx: SessionContext, tmp_path: Pa
         assert terminals.terminal_ids() == ["term-1"]
 
 
-async def test_env_is_scrubbed_and_merged(
+async def test_env_is_an_allowlist_merged_with_the_request(
     ctx: SessionContext, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The orchestrator's credentials stay out; configured and requested variables get in."""
+    """The orchestrator's other variables stay out; passed, configured and requested get in."""
     monkeypatch.setenv("ORCH_TEST_API_KEY", "leak")
     monkeypatch.setenv("ORCH_TEST_TOKEN", "leak")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "leak")
-    monkeypatch.setenv("ORCH_TEST_PLAIN", "plain")
+    monkeypatch.setenv("MYSQL_PWD", "leak")
+    monkeypatch.setenv("MY_DB_PASS", "leak")
+    monkeypatch.setenv("SLACK_WEBHOOK_URL", "https://hooks.slack.com/services/leak")
+    monkeypatch.setenv("HTTPS_PROXY", "http://user:leak@proxy:3128")
+    monkeypatch.setenv("ORCH_TEST_PLAIN", "leak")
     monkeypatch.setenv("ORCH_TEST_PASS_TOKEN", "allowed")
     env = [
         t.EnvVariable(name="FROM_AGENT", value="agent"),
@@ -341,8 +353,7 @@ async def test_env_is_scrubbed_and_merged(
     async with service(env_passthrough=["ORCH_TEST_PASS_*"], extra_env={"EXTRA": "1"}) as terminals:
         text = await run(terminals, ctx, "env", env=env)
     variables = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
-    assert "leak" not in variables.values()
-    assert variables["ORCH_TEST_PLAIN"] == "plain"
+    assert "leak" not in text
     assert variables["ORCH_TEST_PASS_TOKEN"] == "allowed"
     assert (variables["EXTRA"], variables["FROM_AGENT"], variables["X_TOKEN"]) == (
         "1",
@@ -401,16 +412,18 @@ async def test_command_check_and_unknown_things(ctx: SessionContext) -> None:
     """The policy hook can refuse a command; unknown terminals and programs are not found."""
     seen: list[str] = []
 
-    def check(line: str, context: SessionContext) -> Any:
+    def check(line: str, env: Any, context: SessionContext) -> Any:
         seen.append(line)
         return "reject" if "rm" in line else "allow"
 
     other = SessionContext(agent="tester", session_id="s2", cwd=ctx.cwd)
     async with service(command_check=check) as terminals:
-        with pytest.raises(InvalidParams, match="rejected by policy"):
+        with pytest.raises(CommandRefused, match="rejected by policy"):
             await create(terminals, ctx, "rm -rf /tmp/x")
         tid = await create(terminals, ctx, "echo", ["a b"])
-        assert seen == ["rm -rf /tmp/x", "echo 'a b'"]
+        with pytest.raises(ResourceNotFound):  # a program of that name: quoted for the check
+            await create(terminals, ctx, "FOO=1", ["ls"])
+        assert seen == ["rm -rf /tmp/x", "echo 'a b'", "'FOO=1' ls"]
         with pytest.raises(ResourceNotFound):
             await output(terminals, other, tid)  # another session's terminal
         with pytest.raises(ResourceNotFound, match="command not found"):
@@ -419,6 +432,25 @@ async def test_command_check_and_unknown_things(ctx: SessionContext) -> None:
         assert (await wait(terminals, ctx, no_such)).exit_code == 127
         with pytest.raises(InvalidParams):
             await create(terminals, ctx, "  ")
+
+
+async def test_command_check_sees_the_env_the_process_gets(ctx: SessionContext) -> None:
+    """The check gets the request's env as it will be set; a bad name is refused before it."""
+    seen: list[dict[str, str]] = []
+
+    def check(line: str, env: Any, context: SessionContext) -> Any:
+        seen.append(dict(env))
+        return "reject" if "PATH" in env else "allow"
+
+    twice = [t.EnvVariable(name="A", value="1"), t.EnvVariable(name="A", value="2")]
+    async with service(command_check=check) as terminals:
+        assert await run(terminals, ctx, 'echo "$A"', env=twice) == "2\n"
+        with pytest.raises(CommandRefused):
+            await create(terminals, ctx, "ls", env=[t.EnvVariable(name="PATH", value="/x")])
+        with pytest.raises(InvalidParams, match="bad environment variable"):
+            await create(terminals, ctx, "ls", env=[t.EnvVariable(name="A=B", value="x")])
+        assert terminals.terminal_ids() == ["term-1"]
+    assert seen == [{"A": "2"}, {"PATH": "/x"}]
 
 
 async def test_on_exit_hook(ctx: SessionContext) -> None:

@@ -79,22 +79,23 @@ def test_untrusted_project_keys_are_ignored(tmp_path: Path, cloned: Path) -> Non
     """Untrusted: command, env, cwd and policy are not used; harmless keys are."""
     (cloned / PROJECT_FILE).write_text(
         '[limits]\nmax_sessions = 3\n[agents.demo]\ncommand = "evil"\nenv = { X = "1" }\n'
-        'cwd = "/"\npolicy = "trusted"\nmax_sessions = 2\nnotes = "ours"\n'
+        'cwd = "/"\npolicy = "trusted"\nterminal_env = ["MYSQL_PWD"]\nmax_sessions = 2\n'
+        'notes = "ours"\n'
     )
     builtin = Config.builtin().agents["demo"]
     config = Config.load(cloned, environ={"HOME": str(tmp_path)})
     demo = config.agents["demo"]
-    assert (demo.command, demo.env, demo.cwd, demo.policy) == (
+    assert (demo.command, demo.env, demo.cwd, demo.policy, demo.terminal_env) == (
         builtin.command,
         builtin.env,
         builtin.cwd,
         builtin.policy,
+        builtin.terminal_env,
     )
     assert (demo.max_sessions, demo.notes, config.max_sessions) == (2, "ours", 3)
     source = str(cloned / PROJECT_FILE)
-    assert config.ignored == tuple(
-        f"{source}: agents.demo.{key}" for key in ("command", "env", "cwd", "policy")
-    )
+    keys = ("command", "env", "cwd", "policy", "terminal_env")
+    assert config.ignored == tuple(f"{source}: agents.demo.{key}" for key in keys)
 
 
 def test_an_agent_only_an_untrusted_file_defines_is_refused(tmp_path: Path, cloned: Path) -> None:

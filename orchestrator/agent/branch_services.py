@@ -8,7 +8,7 @@ started the run.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 
 from attrs import frozen
@@ -44,18 +44,23 @@ async def open_branch_services(
     *,
     escalate: Escalate | None = None,
     replace: ClientServices | None = None,
+    env_passthrough: Iterable[str] = (),
 ) -> AsyncIterator[BranchServices]:
     """The services of a session on ``workdir``'s branch, under ``policy``.
 
-    Terminals run in the branch directory, their commands vetted by the same permission
-    service, and what a command changed on disk is harvested into the branch when it exits.
-    ``replace`` swaps in the caller's permission, terminal and elicitation services (the
-    branch's fs service is always installed). The terminals are killed on the way out.
+    Terminals run in the branch directory, their commands (and the variables a request sets
+    for them) vetted by the same permission service, with the basic environment plus the
+    variables named by ``env_passthrough``; what a command changed on disk is harvested into
+    the branch when it exits. ``replace`` swaps in the caller's permission, terminal and
+    elicitation services (the branch's fs service is always installed). The terminals are
+    killed on the way out.
     """
     fs = BranchFileSystem(workdir)
     permission = PolicyPermissionService(policy, escalate=escalate)
     async with open_terminal_service(
-        command_check=permission.check_command, on_exit=fs.on_terminal_exit
+        command_check=permission.check_command,
+        on_exit=fs.on_terminal_exit,
+        env_passthrough=env_passthrough,
     ) as terminals:
         base = replace or ClientServices(
             terminal=terminals,

@@ -22,6 +22,7 @@ from ..errors import (
     AuthenticationError,
     AuthRequired,
     CapabilityNotSupported,
+    CommandRefused,
     ConnectionClosed,
     InvalidParams,
     MethodNotFound,
@@ -455,7 +456,15 @@ class AgentConnection:
             if service is None:
                 raise MethodNotFound(f"terminal/{name} is not offered by this client")
             request = structure(params, request_types[name])
-            return unstructure(await getattr(service, name)(request, session.context))
+            try:
+                return unstructure(await getattr(service, name)(request, session.context))
+            except CommandRefused as refused:
+                # the policy's refusal is a permission decision like the others: audited
+                if isinstance(refused.record, PermissionRecord):
+                    session.permissions.append(refused.record)
+                    if session._turn is not None:
+                        session._turn.accumulator.permissions.append(refused.record)
+                raise
 
         return handle
 

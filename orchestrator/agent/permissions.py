@@ -11,7 +11,8 @@ The command line's escalation (the question asked at the terminal) lives with th
 (:mod:`orchestrator.cli.escalation`). For the terminal service's optional command check use
 :meth:`PolicyPermissionService.check_command` (the policy, plus the commands this service
 allowed in the session, so a command a human approved can run) or :func:`policy_command_check`
-(the policy alone).
+(the policy alone). Both decide on the command line and the variables the request sets, and
+refuse with :class:`~orchestrator.errors.CommandRefused` carrying the refusal's audit record.
 """
 
 from __future__ import annotations
@@ -19,14 +20,17 @@ from __future__ import annotations
 import shlex
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Literal, get_args
 
 import structlog
 import trio
 from attrs import define, field, frozen
 
+from orchestrator._env import is_loader
+from orchestrator.errors import CommandRefused
 from orchestrator.policy import (
+    COMMAND_ENVIRONMENT,
     OUTSIDE_WORKSPACE,
     Answer,
     Evaluation,
@@ -42,6 +46,7 @@ from ..protocol import types as t
 from .services import PermissionDecision, PermissionRecord, SessionContext, Verdict
 
 __all__ = [
+    "TERMINAL_CREATE",
     "CommandVerdict",
     "Escalate",
     "Escalation",
@@ -77,6 +82,11 @@ class Escalation:
         """The command line, when there is one."""
         command = self.evaluation.facts.command
         return command.line if command is not None else None
+
+    @property
+    def env(self) -> tuple[str, ...]:
+        """Names of the variables the command sets (in the request or in its line)."""
+        return self.evaluation.facts.env
 
 
 #: An escalation callback: answer ``allow``, ``allow_always``, ``reject``, ``reject_always``, or
@@ -175,25 +185,38 @@ class PolicyPermissionService:
         self._approved_once.pop(session_id, None)
         self._approved_always.pop(session_id, None)
 
-    def check_command(self, command_line: str, ctx: SessionContext) -> CommandVerdict:
+    def check_command(
+        self, command_line: str, env: Mapping[str, str], ctx: SessionContext
+    ) -> CommandVerdict:
         """The terminal service's command check: the policy, or an approval given here.
 
-        A command this service allowed in a permission request of the same session (by a rule,
-        an escalation or from memory) may start: once per "allow once", any number of times
-        after "allow always". Install with ``open_terminal_service(command_check=...)``.
+        ``env`` is what the request sets on top of the terminal's environment. A command this
+        service allowed in a permission request of the same session (by a rule, an escalation
+        or from memory) may start: once per "allow once", any number of times after "allow
+        always"; an approval never lets a command set a variable of
+        :data:`~orchestrator.policy.LOADER_ENV` that no rule allows. Returns ``"allow"``; a
+        refusal raises :class:`~orchestrator.errors.CommandRefused` with its audit record,
+        also kept in :attr:`records`. Install with ``open_terminal_service(command_check=...)``.
         """
-        evaluation = _evaluate_command(self.policy, command_line, ctx)
+        evaluation = _evaluate_command(self.policy, command_line, env, ctx)
         verdict: CommandVerdict = "allow" if evaluation.verdict.startswith("allow") else "reject"
         rule = evaluation.rule
         key, session = command_key(command_line), ctx.session_id
         once = self._approved_once.get(session, Counter())
-        if verdict == "reject" and rule != OUTSIDE_WORKSPACE:
+        # an approval was given for the command line alone: not for what the request's env
+        # changes, nor beyond the workspace
+        binding = rule == OUTSIDE_WORKSPACE or rule.startswith(COMMAND_ENVIRONMENT)
+        if verdict == "reject" and not binding and not any(is_loader(name) for name in env):
             if key in self._approved_always.get(session, ()):
                 verdict, rule = "allow", "approved always in this session"
             elif once[key] > 0:
                 once[key] -= 1
                 verdict, rule = "allow", "approved once in this session"
         _log_check(command_line, ctx, verdict, rule)
+        if verdict == "reject":
+            record = _refusal_record(evaluation, ctx, rule)
+            self.records.append(record)
+            raise CommandRefused(_refused_message(command_line), record=record)
         return verdict
 
     def audit_json(self) -> list[dict[str, object]]:
@@ -265,6 +288,8 @@ class PolicyPermissionService:
 # --------------------------------------------------------------------------- terminal check
 
 CommandVerdict = Literal["allow", "reject"]
+#: the tool call id of the audit record of a refused terminal command
+TERMINAL_CREATE = "terminal/create"
 
 
 def _split(line: str) -> list[str] | None:
@@ -283,13 +308,15 @@ def command_key(line: str) -> str:
     return inner if inner == shlex.join(argv) else command_key(inner)
 
 
-def _evaluate_command(policy: PolicySet, line: str, ctx: SessionContext) -> Evaluation:
+def _evaluate_command(
+    policy: PolicySet, line: str, env: Mapping[str, str], ctx: SessionContext
+) -> Evaluation:
     argv = _split(line)
     # A wrapper (``bash -lc "..."``) as argv so the policy sees the inner line; anything else
     # stays a shell line, whose operators the policy understands.
     wrapped = argv is not None and parse_command(argv).line != shlex.join(argv)
     query = PermissionQuery(
-        tool_call_id="terminal/create",
+        tool_call_id=TERMINAL_CREATE,
         kind="execute",
         title=line,
         root=ctx.cwd,
@@ -297,8 +324,32 @@ def _evaluate_command(policy: PolicySet, line: str, ctx: SessionContext) -> Eval
         session_id=ctx.session_id,
         step=ctx.step,
         raw_input={"command": argv if wrapped else line},
+        env=tuple(env),
     )
     return policy.evaluate(query)
+
+
+def _refused_message(line: str) -> str:
+    return f"terminal command rejected by policy: {line}"
+
+
+def _refusal_record(evaluation: Evaluation, ctx: SessionContext, rule: str) -> PermissionRecord:
+    """The audit record of a terminal command the check refused."""
+    facts = evaluation.facts
+    return PermissionRecord(
+        time=time.time(),
+        agent=ctx.agent,
+        session_id=ctx.session_id,
+        step=ctx.step,
+        tool_call_id=TERMINAL_CREATE,
+        kind="execute",
+        title=facts.title,
+        verdict="reject",
+        option_id=None,
+        rule=rule,
+        paths=facts.paths,
+        command=facts.command.line if facts.command is not None else None,
+    )
 
 
 def _log_check(line: str, ctx: SessionContext, verdict: CommandVerdict, rule: str) -> None:
@@ -312,17 +363,23 @@ def _log_check(line: str, ctx: SessionContext, verdict: CommandVerdict, rule: st
     )
 
 
-def policy_command_check(policy: PolicySet) -> Callable[[str, SessionContext], CommandVerdict]:
+def policy_command_check(
+    policy: PolicySet,
+) -> Callable[[str, Mapping[str, str], SessionContext], CommandVerdict]:
     """A command check for the terminal service: the policy's verdict on an ``execute``.
 
-    ``ask`` counts as reject here (the check is synchronous). Prefer
+    ``ask`` counts as reject here (the check is synchronous); a refusal raises
+    :class:`~orchestrator.errors.CommandRefused` with its audit record. Prefer
     :meth:`PolicyPermissionService.check_command`, which also honours what a human approved.
     """
 
-    def check(command_line: str, ctx: SessionContext) -> CommandVerdict:
-        evaluation = _evaluate_command(policy, command_line, ctx)
+    def check(command_line: str, env: Mapping[str, str], ctx: SessionContext) -> CommandVerdict:
+        evaluation = _evaluate_command(policy, command_line, env, ctx)
         verdict: CommandVerdict = "allow" if evaluation.verdict.startswith("allow") else "reject"
         _log_check(command_line, ctx, verdict, evaluation.rule)
+        if verdict == "reject":
+            record = _refusal_record(evaluation, ctx, evaluation.rule)
+            raise CommandRefused(_refused_message(command_line), record=record)
         return verdict
 
     return check

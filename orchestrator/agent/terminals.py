@@ -8,9 +8,12 @@ Each terminal runs ``command`` with ``args``, or a whole shell line through ``/b
 there are no args, in a new session (so its whole process group can be signalled), stdin from
 ``/dev/null``, stdout and stderr interleaved into one buffer that keeps the last
 ``outputByteLimit`` bytes (default 1 MiB), cut at a UTF-8 character boundary. The working
-directory defaults to the session's and must lie inside it. The environment is the
-orchestrator's own with credentials scrubbed (see :func:`scrubbed_environment`), then the
-service's ``extra_env``, then the request's ``env``.
+directory defaults to the session's and must lie inside it. The environment starts from an
+allowlist of the orchestrator's own (:data:`~orchestrator._env.TERMINAL_ENV`: ``PATH``,
+``HOME``, ``LANG``, ``LC_*``, ``TERM``, ``TMPDIR``, ``USER``, ``SHELL``, ...) plus the variables
+named in ``env_passthrough``, then the service's ``extra_env``, then the request's ``env``. The
+command check sees the command line and the request's ``env`` exactly as they will reach the
+process.
 
 The command's exit is noticed without reaping it (a pidfd and ``waitid(WNOWAIT)`` on Linux), so
 the process group id stays reserved and background children it left can still be killed safely
@@ -20,7 +23,6 @@ pidfds are missing the leader is reaped at once and its leftovers are killed rig
 
 from __future__ import annotations
 
-import fnmatch
 import itertools
 import os
 import shlex
@@ -34,34 +36,35 @@ import structlog
 import trio
 from attrs import define, field
 
+from orchestrator._env import TERMINAL_ENV, terminal_environment
 from orchestrator._names import decode_text, parse_name
 from orchestrator._util import single_error
-from orchestrator.errors import InternalError, InvalidParams, InvalidRequest, ResourceNotFound
+from orchestrator.errors import (
+    CommandRefused,
+    InternalError,
+    InvalidParams,
+    InvalidRequest,
+    ResourceNotFound,
+)
 
 from ..protocol import types as t
 from .services import SessionContext
 
 __all__ = [
     "DEFAULT_OUTPUT_BYTE_LIMIT",
-    "SCRUBBED_PATTERNS",
+    "TERMINAL_ENV",
     "CommandCheck",
     "OnExit",
     "OutputBuffer",
     "ProcessTerminalService",
     "open_terminal_service",
-    "scrubbed_environment",
+    "terminal_environment",
 ]
 
 log = structlog.get_logger(__name__)
 
 #: Output kept per terminal when the request gives no ``outputByteLimit``.
 DEFAULT_OUTPUT_BYTE_LIMIT = 1 << 20
-#: Environment variables dropped from the inherited environment (globs, case-insensitive).
-SCRUBBED_PATTERNS = (
-    "*KEY*", "*TOKEN*", "*SECRET*", "*PASSWORD*", "*PASSWD*", "*PASSPHRASE*", "*CREDENTIAL*",
-    "*PRIVATE*", "*AUTH*", "*COOKIE*", "*_PAT", "*_DSN", "DATABASE_URL", "AWS_*", "AZURE_*",
-    "GCP_*", "GOOGLE_*", "OPENAI_*", "ANTHROPIC_*", "GEMINI_*", "HF_*", "NPM_CONFIG_*",
-)  # fmt: skip
 # Seconds to wait for a leader to die after SIGKILL, and to reap it.
 _KILL_WAIT = 5.0
 # After the command exits, how long to wait for its output to reach EOF (a background child may
@@ -69,29 +72,31 @@ _KILL_WAIT = 5.0
 _DRAIN_GRACE = 0.5
 _READ_SIZE = 64 * 1024
 
-#: A synchronous check of a command line before it starts: ``"allow"`` or ``"reject"``.
-CommandCheck = Callable[[str, SessionContext], Literal["allow", "reject"]]
+#: A synchronous check of a command before it starts, given its line, the variables the
+#: request sets (as they will reach the process) and the session: ``"allow"`` or ``"reject"``;
+#: a check may also refuse by raising :class:`~orchestrator.errors.CommandRefused` itself.
+CommandCheck = Callable[[str, Mapping[str, str], SessionContext], Literal["allow", "reject"]]
 #: Called after every terminal command exits, before ``wait_for_exit`` returns (ctx, id, status).
 OnExit = Callable[[SessionContext, str, t.TerminalExitStatus], Awaitable[None]]
 
 
-def scrubbed_environment(
-    environ: Mapping[str, str], *, passthrough: Iterable[str] = ()
-) -> dict[str, str]:
-    """``environ`` without variables matching :data:`SCRUBBED_PATTERNS`.
+def _request_env(variables: Iterable[t.EnvVariable]) -> dict[str, str]:
+    """The request's ``env`` as it will be set (a later duplicate wins), checked."""
+    env: dict[str, str] = {}
+    for var in variables:
+        if not var.name or "=" in var.name or "\0" in var.name + var.value:
+            raise InvalidParams(f"bad environment variable {var.name!r}")
+        env[var.name] = var.value
+    return env
 
-    ``passthrough`` names (globs) are kept even when they match. PATH, HOME, LANG, LC_*, TERM,
-    USER, SHELL, TMPDIR and the like match no pattern and are kept.
-    """
-    keep = tuple(p.upper() for p in passthrough)
 
-    def allowed(name: str) -> bool:
-        upper = name.upper()
-        if any(fnmatch.fnmatchcase(upper, p) for p in keep):
-            return True
-        return not any(fnmatch.fnmatchcase(upper, p) for p in SCRUBBED_PATTERNS)
-
-    return {name: value for name, value in environ.items() if allowed(name)}
+def _argv_line(argv: tuple[str, ...]) -> str:
+    """An argv as the shell line that runs the same: a program named like an assignment
+    (``FOO=1``) is quoted, or a shell would read it as one."""
+    words = [shlex.quote(arg) for arg in argv]
+    if words[0] == argv[0] and "=" in argv[0]:  # left unquoted: only characters safe in ''
+        words[0] = f"'{argv[0]}'"
+    return " ".join(words)
 
 
 @define
@@ -275,7 +280,8 @@ class ProcessTerminalService:
             raise InvalidParams("empty command")
         args = list(request.args or ())
         argv = (request.command, *args) if args else ("/bin/sh", "-c", request.command)
-        line = shlex.join(argv) if args else request.command
+        line = _argv_line(argv) if args else request.command
+        requested = _request_env(request.env or ())
         limit = request.output_byte_limit
         if limit is not None and limit < 0:
             raise InvalidParams("outputByteLimit must not be negative")
@@ -287,18 +293,15 @@ class ProcessTerminalService:
                 f"too many terminals in this session (limit {self.max_per_session}); "
                 "release some first"
             )
-        if self.command_check is not None and self.command_check(line, ctx) != "allow":
-            raise InvalidParams(f"terminal command rejected by policy: {line}")
+        if self.command_check is not None and self.command_check(line, requested, ctx) != "allow":
+            raise CommandRefused(f"terminal command rejected by policy: {line}")
         # Hold the slot while the process starts, so concurrent creates respect the limit.
         self._starting[session_id] = self._starting.get(session_id, 0) + 1
         try:
             cwd = await trio.to_thread.run_sync(_resolve_cwd, request.cwd, ctx.cwd)
-            env = scrubbed_environment(os.environ, passthrough=self.env_passthrough)
+            env = terminal_environment(os.environ, passthrough=self.env_passthrough)
             env.update(self.extra_env)
-            for var in request.env or ():
-                if not var.name or "=" in var.name or "\0" in var.name + var.value:
-                    raise InvalidParams(f"bad environment variable {var.name!r}")
-                env[var.name] = var.value
+            env.update(requested)  # what the check saw, and nothing else from the agent
             process = await self._spawn(argv, cwd, env, line)
         finally:
             self._starting[session_id] -= 1
@@ -523,7 +526,8 @@ async def open_terminal_service(
     """A terminal service for the duration of the block; leaving it kills every terminal.
 
     ``max_per_session`` bounds the terminals a session holds (until released).
-    ``env_passthrough`` keeps matching variables the scrub would drop; ``extra_env`` is added to
+    ``env_passthrough`` names (globs, case-insensitive) variables of the orchestrator's
+    environment passed to terminals beyond :data:`TERMINAL_ENV`; ``extra_env`` is added to
     every terminal's environment. ``command_check`` (see
     :func:`orchestrator.agent.permissions.policy_command_check`) vets each command line before it
     starts; ``on_exit`` runs after each command exits. ``kill_grace`` is the time between

@@ -59,6 +59,8 @@ def _describe(escalation: Escalation) -> str:
     ]
     if escalation.command is not None:
         lines.append(f"  command: {escalation.command}")
+    if escalation.env:
+        lines.append(f"  sets: {', '.join(escalation.env)}")
     lines += [f"  path: {path}" for path in escalation.paths]
     lines.append(f"  rule: {escalation.rule}")
     return "\n".join(lines) + "\n" + _QUESTION

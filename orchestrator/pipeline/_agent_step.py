@@ -179,7 +179,11 @@ class AgentTurns:
         limit = budget.max_tokens if budget is not None else None
         over_budget: list[int] = []
         async with open_branch_services(
-            workdir, policy, escalate=self.escalate, replace=self.services
+            workdir,
+            policy,
+            escalate=self.escalate,
+            replace=self.services,
+            env_passthrough=spec.terminal_env,
         ) as made:
             services = made.services
             async with self.pool.lease(

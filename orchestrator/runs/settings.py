@@ -93,6 +93,7 @@ def _spec_from_json(
         cwd=data.get("cwd"),
         writes=data.get("writes") or "unknown",
         notes=str(data.get("notes") or ""),
+        terminal_env=tuple(data.get("terminalEnv") or ()),
     )
     return spec, missing
 
