@@ -28,6 +28,7 @@ from attrs import field, frozen
 
 from ._agentlabels import derive_label
 from .errors import UsageError
+from .sandbox import Sandbox, SandboxChoice
 
 __all__ = [
     "KNOWN_AGENTS",
@@ -97,6 +98,13 @@ def _check_timeout(instance: AgentSpec, attribute: attrs.Attribute[Any], value: 
         )
 
 
+def _check_sandbox(instance: AgentSpec, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and not isinstance(value, bool | Sandbox):
+        raise UsageError(
+            f"agent {instance.name!r}: sandbox must be true, false or a Sandbox, got {value!r}"
+        )
+
+
 def _check_writes(instance: AgentSpec, attribute: attrs.Attribute[Any], value: Any) -> None:
     if value not in WRITE_MODES:
         raise UsageError(
@@ -139,6 +147,9 @@ class AgentSpec:
     writes: WriteMode = field(default="unknown", kw_only=True, validator=_check_writes)
     #: its quirks, in a sentence or two (shown by ``orchestrator agents``)
     notes: str = field(default="", kw_only=True)
+    #: run it confined by Landlock (:mod:`orchestrator.sandbox`) with these rules, or ``True``
+    #: with the run's rules; ``False``/None: only when the run or the step asks
+    sandbox: SandboxChoice = field(default=None, kw_only=True, validator=_check_sandbox)
 
     def resolved(self, base: str | os.PathLike[str]) -> AgentSpec:
         """The spec with relative paths in its command, ``cwd`` and ``policy`` made absolute.
@@ -204,6 +215,9 @@ class AgentSpec:
             "cwd": self.cwd,
             "writes": self.writes,
             "notes": self.notes,
+            "sandbox": (
+                self.sandbox.to_json() if isinstance(self.sandbox, Sandbox) else self.sandbox
+            ),
         }
 
 

@@ -18,6 +18,7 @@ from orchestrator.agents import (
     resolve_agent,
 )
 from orchestrator.errors import UsageError
+from orchestrator.sandbox import Sandbox
 
 
 def test_known_name_gives_its_spec() -> None:
@@ -247,6 +248,7 @@ def test_to_json_has_every_field_in_camel_case() -> None:
         max_sessions=4,
         writes="disk",
         notes="quirky",
+        sandbox=Sandbox(ports=(443,)),
     )
     data = spec.to_json()
     assert data == {
@@ -264,6 +266,7 @@ def test_to_json_has_every_field_in_camel_case() -> None:
         "cwd": None,
         "writes": "disk",
         "notes": "quirky",
+        "sandbox": {"read": ["/"], "write": [], "ports": [443], "home": None},
     }
     assert json.loads(json.dumps(data)) == data
 

@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from attrs import frozen
 
 from ..policy import PolicySet
+from ..sandbox import Sandbox
 from ..vfs import Workdir
 from .branchfs import BranchFileSystem
 from .elicitation import PolicyElicitationService
@@ -44,18 +45,20 @@ async def open_branch_services(
     *,
     escalate: Escalate | None = None,
     replace: ClientServices | None = None,
+    sandbox: Sandbox | None = None,
 ) -> AsyncIterator[BranchServices]:
     """The services of a session on ``workdir``'s branch, under ``policy``.
 
     Terminals run in the branch directory, their commands vetted by the same permission
     service, and what a command changed on disk is harvested into the branch when it exits.
     ``replace`` swaps in the caller's permission, terminal and elicitation services (the
-    branch's fs service is always installed). The terminals are killed on the way out.
+    branch's fs service is always installed). The terminals are killed on the way out. With
+    ``sandbox``, terminal commands run confined by Landlock to the branch directory.
     """
     fs = BranchFileSystem(workdir)
     permission = PolicyPermissionService(policy, escalate=escalate)
     async with open_terminal_service(
-        command_check=permission.check_command, on_exit=fs.on_terminal_exit
+        command_check=permission.check_command, on_exit=fs.on_terminal_exit, sandbox=sandbox
     ) as terminals:
         base = replace or ClientServices(
             terminal=terminals,
