@@ -12,7 +12,7 @@ from typing import IO, TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..pipeline.results import RunEvent
 
-from . import EXIT_FAILED, EXIT_MERGE_CONFLICTS, EXIT_OK, EXIT_USAGE
+from . import EXIT_FAILED, EXIT_MERGE_CONFLICTS, EXIT_OK, EXIT_USAGE, SANDBOX_HELP
 
 RUN_EXAMPLES = """\
 examples:
@@ -57,6 +57,7 @@ def _shared(p: argparse.ArgumentParser, *, state_only: bool = False) -> None:
         "--max-sessions", type=positive_int, help="live agent sessions at once (default: 8)"
     )
     p.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
+    p.add_argument("--sandbox", action="store_true", help=SANDBOX_HELP)
 
 
 def add_parsers(sub: Any) -> None:
@@ -121,6 +122,11 @@ def add_parsers(sub: Any) -> None:
     )
     u.add_argument("--report", metavar="DIR", help="write report.html and report.md into DIR")
     u.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
+    u.add_argument(
+        "--sandbox",
+        action="store_true",
+        help="confine the agents with Landlock (a confined run stays confined; see the README)",
+    )
     _shared(u, state_only=True)
 
     a = sub.add_parser(
@@ -243,6 +249,8 @@ def _restored_line(restored: Any) -> None:
         said.append(f"max sessions {restored.get('maxSessions')}")
     if "agents" in restored.get("restored", []):
         said.append("agents " + ", ".join(restored.get("agents") or []))
+    if "sandbox" in restored.get("restored", []):
+        said.append("the sandbox")
     if said:
         print("restored from the run: " + "; ".join(said), file=sys.stderr)
     if restored.get("overridden"):
@@ -250,6 +258,25 @@ def _restored_line(restored: Any) -> None:
     if restored.get("missingSecrets"):
         missing = ", ".join(restored["missingSecrets"])
         print(f"not set now (recorded by name only): {missing}", file=sys.stderr)
+
+
+def sandbox_lines(sandbox: Any) -> list[str]:
+    """What confined a run's agents (its ``sandbox`` object), for people; [] when nothing."""
+    if not isinstance(sandbox, dict) or not sandbox.get("confined"):
+        return []
+    lines = [f"sandbox: Landlock ABI {sandbox.get('landlockAbi')}"]
+    for step, agents in (sandbox.get("confined") or {}).items():
+        for agent, rules in (agents or {}).items():
+            ports = rules.get("ports")
+            if ports is None:
+                net = "any TCP port"
+            else:
+                net = "TCP ports " + ",".join(map(str, ports)) if ports else "no TCP connection"
+            writes = ", ".join(["its branch", f"home {rules.get('home')}", "a private temp"])
+            writes += "".join(f", {p}" for p in rules.get("write") or [])
+            reads = ", ".join(rules.get("read") or []) or "nothing"
+            lines.append(f"  {step}/{agent}: writes {writes}; reads {reads}; {net}")
+    return lines
 
 
 def _print_traceback(text: Any, indent: str, out: IO[str] | None = None) -> None:
@@ -278,6 +305,8 @@ def _summary(result: dict[str, Any], run_id: str) -> None:
             )
         if result.get("diff"):
             sys.stdout.write(result["diff"])
+    for line in sandbox_lines(result.get("sandbox")):
+        print(line, file=err)
     status = result.get("status")
     print(f"run {run_id}: {status}", file=err)
     if result.get("applied"):
@@ -349,6 +378,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
             state_dir=args.state_dir,
             transcript=args.transcript,
             max_sessions=args.max_sessions,
+            sandbox=args.sandbox or None,
         )
     return _finish(args, outcome)
 
@@ -373,6 +403,7 @@ async def cmd_compare(args: argparse.Namespace) -> int:
             max_sessions=args.max_sessions,
             timeout=args.timeout,
             idle_timeout=args.idle_timeout,
+            sandbox=args.sandbox or None,
         )
     return _finish(args, outcome)
 
@@ -393,6 +424,7 @@ async def cmd_resume(args: argparse.Namespace) -> int:
                 escalate=choose_escalation(),
                 apply=args.apply,
                 on_event=track_run(args, view),
+                sandbox=args.sandbox or None,
             )
         except ResumeConflict as e:
             # the command's error object names the run (and the files, below)
@@ -466,6 +498,8 @@ async def cmd_show(args: argparse.Namespace) -> int:
                 _print_traceback(inst.get("traceback"), "        ")
     for c in result.get("conflicts") or []:
         print(f"  conflict in {c['path']} at {c['step']} ({c['kind']}): {c['resolution']}")
+    for line in sandbox_lines(result.get("sandbox")):
+        print(line)
     return EXIT_OK
 
 
