@@ -46,6 +46,7 @@ _EXPORTS: dict[str, str] = {
     "StepContext": "orchestrator.pipeline.results",
     "StepResult": "orchestrator.pipeline.results",
     "render_report": "orchestrator.report",
+    "Sandbox": "orchestrator.sandbox",
     "ApplyOutcome": "orchestrator.runs",
     "RunOutcome": "orchestrator.runs",
     "apply_run": "orchestrator.runs",
@@ -133,6 +134,7 @@ if TYPE_CHECKING:
     from .runs import resume_run_sync as resume_run_sync
     from .runs import run_pipeline as run_pipeline
     from .runs import run_pipeline_sync as run_pipeline_sync
+    from .sandbox import Sandbox as Sandbox
     from .store import RunStore as RunStore
     from .store import open_run_store as open_run_store
     from .supervisor import Limits as Limits

@@ -28,6 +28,7 @@ from attrs import field, frozen
 from ._agentlabels import derive_label
 from ._env import is_secret
 from .errors import UsageError
+from .sandbox import Sandbox, SandboxChoice
 
 __all__ = [
     "KNOWN_AGENTS",
@@ -97,6 +98,13 @@ def _check_timeout(instance: AgentSpec, attribute: attrs.Attribute[Any], value: 
         )
 
 
+def _check_sandbox(instance: AgentSpec, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and not isinstance(value, bool | Sandbox):
+        raise UsageError(
+            f"agent {instance.name!r}: sandbox must be true, false or a Sandbox, got {value!r}"
+        )
+
+
 def _check_writes(instance: AgentSpec, attribute: attrs.Attribute[Any], value: Any) -> None:
     if value not in WRITE_MODES:
         raise UsageError(
@@ -142,6 +150,9 @@ class AgentSpec:
     #: names (globs, case-insensitive) of the orchestrator's environment variables its
     #: terminals get beyond the basic set (``PATH``, ``HOME``, ``LANG``, ...); never values
     terminal_env: tuple[str, ...] = field(default=(), kw_only=True, converter=_names)
+    #: run it confined by Landlock (:mod:`orchestrator.sandbox`) with these rules, or ``True``
+    #: with the run's rules; ``False``/None: only when the run or the step asks
+    sandbox: SandboxChoice = field(default=None, kw_only=True, validator=_check_sandbox)
 
     def resolved(self, base: str | os.PathLike[str]) -> AgentSpec:
         """The spec with relative paths in its command, ``cwd`` and ``policy`` made absolute.
@@ -209,6 +220,9 @@ class AgentSpec:
             "writes": self.writes,
             "notes": self.notes,
             "terminalEnv": list(self.terminal_env),
+            "sandbox": (
+                self.sandbox.to_json() if isinstance(self.sandbox, Sandbox) else self.sandbox
+            ),
         }
 
 

@@ -28,14 +28,27 @@ The format::
     sessions_per_process = 1
     policy = "read-only"
 
+    [sandbox]                 # runs confine their agents with Landlock (orchestrator.sandbox)
+    enabled = true            # default true; false: these rules only when a run asks
+    read = ["/usr", "/etc", "~/.nvm"]   # trees they may read (default: everything)
+    write = ["~/.cache/pip"]  # more trees they may write (the branch, home and temp always)
+    ports = [443]             # the only TCP ports they may connect to (default: any)
+    home = "~/agent-home"     # their HOME (default: a private one per agent)
+
+    [agents.codex.sandbox]    # this agent always runs confined, with its own rules
+    ports = [443]
+
 An agent table takes the fields of :class:`~orchestrator.agents.AgentSpec`: ``command``,
 ``env``, ``description``, ``install``, ``sessions_per_process``, ``startup_timeout``,
 ``auth_method``, ``policy``, ``max_sessions``, ``max_restarts``, ``cwd``, ``writes``,
-``notes`` and ``terminal_env``. Relative paths in a file (in ``command``, ``cwd``, and a
-``policy`` that names a ``.toml`` file) are taken relative to the directory of that file, so a
-project file's paths resolve against the project. Anything else (unknown keys, wrong types,
-negative numbers, bad TOML) is a :class:`~orchestrator.errors.UsageError` naming the file and
-the key.
+``notes``, ``terminal_env`` and ``sandbox`` (``true``, ``false`` or a table of rules as above,
+without ``enabled``). No file turns off a sandbox an earlier file turned on, for the runs or for
+an agent; a later file's rules replace an earlier one's.
+
+Relative paths in a file (in ``command``, ``cwd``, a ``policy`` that names a ``.toml`` file,
+and sandbox paths) are taken relative to the directory of that file, so a project file's paths
+resolve against the project. Anything else (unknown keys, wrong types, negative numbers, bad
+TOML) is a :class:`~orchestrator.errors.UsageError` naming the file and the key.
 """
 
 from __future__ import annotations
@@ -64,6 +77,7 @@ from .agents import (
 )
 from .errors import UsageError
 from .policy import PRESETS
+from .sandbox import Sandbox
 from .trust import NEEDS_TRUST, TrustStore
 
 __all__ = [
@@ -79,7 +93,8 @@ CONFIG_ENV = "ORCHESTRATOR_CONFIG"
 PROJECT_FILE = ".orchestrator.toml"
 _APP_DIR = "acp-orchestrator"
 
-_TOP_KEYS = ("limits", "agents")
+_TOP_KEYS = ("limits", "agents", "sandbox")
+_SANDBOX_KEYS = ("enabled", "read", "write", "ports", "home")
 _LIMIT_KEYS = ("max_sessions",)
 _AGENT_KEYS = (
     "command",
@@ -96,6 +111,7 @@ _AGENT_KEYS = (
     "writes",
     "notes",
     "terminal_env",
+    "sandbox",
 )
 # an agent name must survive `--agent NAME` and `--agent LABEL=NAME` unchanged
 _AGENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -131,6 +147,10 @@ class Config:
     ignored: tuple[str, ...] = ()
     #: agents that only an untrusted project file defines: name -> that file
     untrusted_agents: Mapping[str, str] = field(factory=dict)
+    #: the rules of a run's sandbox (None: the defaults of :class:`~orchestrator.sandbox.Sandbox`)
+    sandbox: Sandbox | None = field(default=None, kw_only=True)
+    #: whether runs confine their agents when they do not ask themselves
+    sandboxed: bool = field(default=False, kw_only=True)
 
     @classmethod
     def builtin(cls) -> Config:
@@ -227,12 +247,22 @@ class Config:
                 untrusted[name] = source
             else:
                 agents[name] = spec
+        sandboxed, rules = start.sandboxed, start.sandbox
+        if "sandbox" in data:
+            on, given = layer.sandbox(data["sandbox"], "sandbox", top=True)
+            if not trusted:  # its rules could open paths and ports to every agent
+                layer.ignored.append("sandbox")
+            else:
+                sandboxed = sandboxed or on  # a later file does not turn it off
+                rules = given if given is not None else rules
         return cls(
             agents,
             max_sessions,
             (*start.sources, source),
             (*start.ignored, *(f"{source}: {key}" for key in layer.ignored)),
             untrusted,
+            sandbox=rules,
+            sandboxed=sandboxed,
         )
 
     def with_agents(self, agents: Mapping[str, AgentSpec]) -> Config:
@@ -351,6 +381,37 @@ class _Layer:
             raise self.fail(key, f"must be one of {', '.join(WRITE_MODES)}, got {text!r}")
         return text
 
+    def sandbox(self, value: Any, key: str, *, top: bool) -> tuple[bool, Sandbox | None]:
+        """``true``/``false``, or a table of rules: whether it is on, and its rules if given."""
+        if isinstance(value, bool):
+            return value, None
+        if not isinstance(value, dict):
+            raise self.fail(key, f"must be true, false or a table, got {_kind(value)}")
+        _check_keys(value, _SANDBOX_KEYS if top else _SANDBOX_KEYS[1:], self.source, key)
+        enabled = value.get("enabled", True)
+        if not isinstance(enabled, bool):
+            raise self.fail(f"{key}.enabled", f"must be true or false, got {_kind(enabled)}")
+        fields: dict[str, Any] = {}
+        for name in ("read", "write"):
+            if name in value:
+                items = value[name]
+                if not isinstance(items, list):
+                    raise self.fail(f"{key}.{name}", f"must be an array, got {_kind(items)}")
+                fields[name] = tuple(
+                    self.path(self.nonempty(item, f"{key}.{name}")) for item in items
+                )
+        if "ports" in value:
+            ports = value["ports"]
+            if not isinstance(ports, list):
+                raise self.fail(f"{key}.ports", f"must be an array, got {_kind(ports)}")
+            fields["ports"] = tuple(self.integer(p, f"{key}.ports", 1) for p in ports)
+        if "home" in value:
+            fields["home"] = self.path(self.nonempty(value["home"], f"{key}.home"))
+        try:
+            return enabled, Sandbox(**fields)
+        except UsageError as e:
+            raise self.fail(key, str(e)) from e
+
     def agent(self, name: str, value: Any, base: AgentSpec | None) -> AgentSpec | None:
         """Agent ``name`` from its table, field-wise over ``base`` (None: a new agent).
 
@@ -387,6 +448,10 @@ class _Layer:
                 fields[key] = self.path(self.nonempty(item, at))
             elif key == "terminal_env":
                 fields[key] = self.names(item, at)
+            elif key == "sandbox":
+                on, rules = self.sandbox(item, at, top=False)
+                if on or not (base and base.sandbox):  # a later file does not turn it off
+                    fields[key] = rules if rules is not None else on
             else:  # writes: _check_keys admits nothing else
                 fields[key] = self.writes(item, at)
         if base is None and "command" not in fields:

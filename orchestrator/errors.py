@@ -44,6 +44,7 @@ __all__ = [
     "ResumeConflict",
     "RunBusy",
     "RunNotFound",
+    "SandboxUnavailable",
     "StoreError",
     "StoreVersionError",
     "SymlinkRefused",
@@ -308,6 +309,15 @@ class CapabilityNotSupported(AgentError):
 
 class AuthenticationError(AgentError):
     """Authentication was required and could not be performed."""
+
+
+class SandboxUnavailable(UsageError):
+    """Agents were to run confined, and this kernel cannot confine them as asked.
+
+    Raised before any agent starts: the kernel has no Landlock, has it disabled, or its
+    Landlock version lacks what a rule needs (TCP port rules need ABI 4). Nothing then runs
+    unconfined in its place.
+    """
 
 
 # --------------------------------------------------------------------------- run store

@@ -42,6 +42,7 @@ from .agent.turn import TurnResult
 from .agents import AgentIdentity, AgentSpec
 from .errors import AgentError, AgentHung, AgentStartError, OrchestratorError, ResourceNotFound
 from .protocol import types as t
+from .sandbox import Sandbox
 
 __all__ = [
     "ConnectArgs",
@@ -72,9 +73,14 @@ class ConnectArgs:
     options: ClientOptions
     #: where to record the wire transcript, if anywhere
     transcript: TranscriptWriter | None
+    #: the Landlock sandbox to start the process in (its session's branch directory among its
+    #: writable paths), or None
+    sandbox: Sandbox | None = None
 
 
-#: Starts one agent and yields its initialized connection (the block's end stops it).
+#: Starts one agent and yields its initialized connection (the block's end stops it). A
+#: connector that cannot start the agent in ``args.sandbox`` must refuse
+#: (:class:`~orchestrator.errors.SandboxUnavailable`), never start it unconfined.
 Connector = Callable[[AgentSpec, ConnectArgs], AbstractAsyncContextManager[AgentConnection]]
 
 
@@ -90,6 +96,7 @@ def subprocess_connector(
         services=args.services,
         options=args.options,
         transcript=args.transcript,
+        sandbox=args.sandbox,
     )
 
 
@@ -154,7 +161,7 @@ class _Process:
         return name if self.index == 1 else f"{name}#{self.index}"
 
     def has_room(self) -> bool:
-        limit = self.pool.spec.sessions_per_process
+        limit = self.pool.per_process
         if self.dead or self.retiring:
             return False
         if self.conn is not None and self.conn.rpc.closed:
@@ -180,6 +187,11 @@ class _Pool:
     sessions: int = 0
     turns: int = 0
     turns_total: int = 0
+
+    @property
+    def per_process(self) -> int | None:
+        """Sessions one process serves: one when sandboxed, its rules being its branch's."""
+        return 1 if self.spec.sandbox else self.spec.sessions_per_process
 
 
 @frozen(eq=False)
@@ -246,7 +258,7 @@ class Supervisor:
     transcripts: Path | None = None
     #: the directory agent processes run in when their spec names none and sessions are shared
     workdir: str = "."
-    _pools: dict[tuple[str, AgentIdentity], _Pool] = field(factory=dict)
+    _pools: dict[tuple[str, AgentIdentity, Any], _Pool] = field(factory=dict)
     #: the last process number given per label: process labels (and transcript files) stay
     #: distinct even when two different agents share a label
     _numbers: dict[str, int] = field(factory=dict)
@@ -274,7 +286,9 @@ class Supervisor:
     ) -> AsyncIterator[Lease]:
         """A new session of ``spec`` in ``cwd``, on a pooled process, for the block's duration.
 
-        Waits for room under the global and the agent's limits. The session is closed (or its
+        Waits for room under the global and the agent's limits. A spec with a
+        :attr:`~orchestrator.agents.AgentSpec.sandbox` gets a process per session, confined to
+        ``cwd`` (its branch directory) from its start. The session is closed (or its
         process retired) at the end; if the process died or hung meanwhile, it is replaced on a
         later lease. Errors: :class:`~orchestrator.errors.AgentStartError` when the agent cannot
         start, :class:`~orchestrator.errors.AgentError` when its restart budget is spent.
@@ -313,8 +327,9 @@ class Supervisor:
     def _pool(self, spec: AgentSpec) -> _Pool:
         # One pool per agent: what runs (its identity) under its label. Two different agents
         # that share a label get a pool each (a label never makes them one); two labels of one
-        # agent (alice=demo, bob=demo) keep their own limits, statistics and audit names.
-        key = (spec.name, spec.identity)
+        # agent (alice=demo, bob=demo) keep their own limits, statistics and audit names. Its
+        # processes are started in one sandbox (or none): another makes another pool.
+        key = (spec.name, spec.identity, spec.sandbox)
         pool = self._pools.get(key)
         if pool is None:
             slots = trio.Semaphore(spec.max_sessions) if spec.max_sessions else None
@@ -407,13 +422,15 @@ class Supervisor:
             transcript = TranscriptWriter(
                 self.transcripts / f"{proc.label}.jsonl", agent=proc.label
             )
+        sandbox = _sandbox_of(spec, session_cwd)
         args = ConnectArgs(
             label=proc.label,
             # a one-session agent runs where its session does; a shared one somewhere neutral
-            cwd=spec.cwd or (session_cwd if spec.sessions_per_process == 1 else self.workdir),
+            cwd=spec.cwd or (session_cwd if proc.pool.per_process == 1 else self.workdir),
             services=ClientServices(fs=_UNROUTED, terminal=_UNROUTED),
             options=options,
             transcript=transcript,
+            sandbox=sandbox,
         )
         started = False
         try:
@@ -476,7 +493,7 @@ class Supervisor:
                 return
             last = session.last_result
             hung = last is not None and last.stop_reason is None
-            if proc.pool.spec.sessions_per_process == 1 or hung:
+            if proc.pool.per_process == 1 or hung:
                 # one session per process, or an agent that did not end its turn (it ignored
                 # session/cancel): the process goes, and the session with it
                 await session.release()
@@ -548,6 +565,17 @@ class Supervisor:
             for proc in procs:
                 if not proc.starting:
                     await proc.exited.wait()
+
+
+def _sandbox_of(spec: AgentSpec, session_cwd: str) -> Sandbox | None:
+    """The sandbox of a process of ``spec`` serving the session in ``session_cwd``."""
+    if not spec.sandbox:
+        return None
+    sandbox = spec.sandbox if isinstance(spec.sandbox, Sandbox) else Sandbox()
+    if spec.cwd is None:
+        return sandbox
+    # it runs elsewhere, and its session's branch directory is where it must write
+    return attrs.evolve(sandbox, write=(session_cwd, *sandbox.write))
 
 
 @asynccontextmanager

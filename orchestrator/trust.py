@@ -28,8 +28,8 @@ from .state import state_directory
 __all__ = ["NEEDS_TRUST", "TRUST_FILE", "TrustEntry", "TrustStatus", "TrustStore", "file_digest"]
 
 #: The keys of an agent table that start programs, widen what the agent may do, or pass
-#: the user's secrets on (``terminal_env``).
-NEEDS_TRUST = ("command", "env", "cwd", "policy", "terminal_env")
+#: the user's secrets on (``terminal_env``), or open paths and ports (``sandbox`` rules).
+NEEDS_TRUST = ("command", "env", "cwd", "policy", "terminal_env", "sandbox")
 #: The file, in the state directory, that records the trusted project files.
 TRUST_FILE = "trusted.json"
 

@@ -18,6 +18,7 @@ from orchestrator.agents import (
     resolve_agent,
 )
 from orchestrator.errors import UsageError
+from orchestrator.sandbox import Sandbox
 
 
 def test_known_name_gives_its_spec() -> None:
@@ -248,6 +249,7 @@ def test_to_json_has_every_field_in_camel_case() -> None:
         writes="disk",
         notes="quirky",
         terminal_env=["NPM_TOKEN"],
+        sandbox=Sandbox(ports=(443,)),
     )
     data = spec.to_json()
     assert data == {
@@ -266,6 +268,7 @@ def test_to_json_has_every_field_in_camel_case() -> None:
         "writes": "disk",
         "notes": "quirky",
         "terminalEnv": ["NPM_TOKEN"],
+        "sandbox": {"read": ["/"], "write": [], "ports": [443], "home": None},
     }
     assert json.loads(json.dumps(data)) == data
 

@@ -193,7 +193,9 @@ async def test_prompt_json_reports_every_field(project: Path) -> None:
         "patch",
         "patchLeftOut",
         "wallSeconds",
+        "sandbox",
     }
+    assert result["sandbox"] is None  # not confined unless asked
     # the demo's edit was refused by the default policy: nothing changed anywhere
     assert (result["changes"], result["diff"], result["applied"]) == ([], "", False)
     assert (result["workspaceChanged"], result["patch"], result["patchLeftOut"]) == ([], None, [])

@@ -25,6 +25,7 @@ EXPECTED = [
     "RunEvent",
     "RunOutcome",
     "RunStore",
+    "Sandbox",
     "SessionContext",
     "Step",
     "StepContext",

@@ -200,3 +200,15 @@ async def test_trust_without_a_config_is_bad_usage(tmp_path: Path, state_dir: Pa
     done = await run_cli("trust", cwd=tmp_path, state=state_dir)
     assert done.returncode == EXIT_USAGE
     assert done.stderr.decode().strip() == f"orchestrator: error: no {PROJECT_FILE} in ."
+
+
+def test_untrusted_sandbox_rules_are_ignored(tmp_path: Path, cloned: Path) -> None:
+    """An untrusted file cannot open paths or ports of the sandbox, for the run or an agent."""
+    (cloned / PROJECT_FILE).write_text(
+        '[sandbox]\nwrite = ["/"]\nports = [22]\n[agents.demo]\nsandbox = { write = ["/etc"] }\n'
+    )
+    config = Config.load(cloned, environ={"HOME": str(tmp_path)})
+    assert (config.sandbox, config.sandboxed) == (None, False)
+    assert config.agents["demo"].sandbox == Config.builtin().agents["demo"].sandbox
+    source = str(cloned / PROJECT_FILE)
+    assert set(config.ignored) == {f"{source}: sandbox", f"{source}: agents.demo.sandbox"}

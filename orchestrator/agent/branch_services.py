@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from attrs import frozen
 
 from ..policy import PolicySet
+from ..sandbox import Sandbox
 from ..vfs import Workdir
 from .branchfs import BranchFileSystem
 from .elicitation import PolicyElicitationService
@@ -45,6 +46,7 @@ async def open_branch_services(
     escalate: Escalate | None = None,
     replace: ClientServices | None = None,
     env_passthrough: Iterable[str] = (),
+    sandbox: Sandbox | None = None,
 ) -> AsyncIterator[BranchServices]:
     """The services of a session on ``workdir``'s branch, under ``policy``.
 
@@ -53,7 +55,8 @@ async def open_branch_services(
     variables named by ``env_passthrough``; what a command changed on disk is harvested into
     the branch when it exits. ``replace`` swaps in the caller's permission, terminal and
     elicitation services (the branch's fs service is always installed). The terminals are
-    killed on the way out.
+    killed on the way out. With ``sandbox``, terminal commands run confined by Landlock to the
+    branch directory.
     """
     fs = BranchFileSystem(workdir)
     permission = PolicyPermissionService(policy, escalate=escalate)
@@ -61,6 +64,7 @@ async def open_branch_services(
         command_check=permission.check_command,
         on_exit=fs.on_terminal_exit,
         env_passthrough=env_passthrough,
+        sandbox=sandbox,
     ) as terminals:
         base = replace or ClientServices(
             terminal=terminals,

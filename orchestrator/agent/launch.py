@@ -21,6 +21,7 @@ from ..errors import (
     AgentStartError,
 )
 from ..jsonrpc.connection import JsonRpcConnection
+from ..sandbox import Sandbox
 from .connection import AgentConnection
 from .process import open_agent_process
 from .services import (
@@ -102,15 +103,23 @@ async def open_agent(
     extensions: Mapping[str, Callable[[Any], Any]] | None = None,
     term_grace: float = 2.0,
     max_message_size: int = 64 * 2**20,
+    sandbox: Sandbox | None = None,
 ) -> AsyncIterator[AgentConnection]:
     """Start an agent process and yield its initialized connection.
 
     On exit, normal or not, the agent gets the shutdown ladder (stdin closed, SIGTERM, SIGKILL
-    to its process group), so no process outlives the block.
+    to its process group), so no process outlives the block. With ``sandbox`` the process runs
+    confined by Landlock (see :func:`~orchestrator.agent.process.open_agent_process`).
     """
     label = name or _label(command)
     async with open_agent_process(
-        command, name=label, env=env, cwd=cwd, stdin_close_grace=term_grace, term_grace=term_grace
+        command,
+        name=label,
+        env=env,
+        cwd=cwd,
+        stdin_close_grace=term_grace,
+        term_grace=term_grace,
+        sandbox=sandbox,
     ) as proc:
         initialized = False
         try:

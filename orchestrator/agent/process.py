@@ -7,6 +7,10 @@ and on the way out always runs the shutdown ladder: close stdin, SIGTERM the gro
 group, each rung bounded by a grace period. Whatever the leader leaves behind in its process group
 is killed as soon as the leader is reaped.
 
+With a :class:`~orchestrator.sandbox.Sandbox`, the agent starts confined by Landlock (see
+:mod:`orchestrator.agent.confine`): the rules hold before its program runs, for it and every
+process it starts.
+
 Limits: a descendant that moves itself to another process group or session (``setsid``,
 ``setpgid``) escapes the group signals; only a cgroup could contain it.
 """
@@ -28,6 +32,9 @@ from attrs import define, field
 
 from orchestrator.errors import AgentExited, AgentStartError
 from orchestrator.jsonrpc.pipes import PipeStream
+from orchestrator.sandbox import Ruleset, Sandbox
+
+from .confine import Confined, confine, which
 
 __all__ = [
     "KILL_WAIT",
@@ -146,6 +153,8 @@ class AgentProcess:
     """The command line that was executed."""
     stream: PipeStream
     """The child's stdin (send side) and stdout (receive side), for the JSON-RPC layer."""
+    ruleset: Ruleset | None = field(default=None, kw_only=True)
+    """The Landlock rules it runs under, or None when it is not confined."""
     _process: trio.Process = field(alias="process", repr=False)
     _tail: _StderrTail = field(alias="tail", repr=False)
     _stdin_close_grace: float = field(alias="stdin_close_grace", repr=False)
@@ -172,6 +181,7 @@ class AgentProcess:
         stderr_tail_bytes: int,
         stdin_close_grace: float,
         term_grace: float,
+        ruleset: Ruleset | None,
     ) -> AgentProcess:
         assert isinstance(process.stdin, trio.lowlevel.FdStream)
         assert isinstance(process.stdout, trio.lowlevel.FdStream)
@@ -184,6 +194,7 @@ class AgentProcess:
             tail=_StderrTail(stderr_tail_bytes),
             stdin_close_grace=stdin_close_grace,
             term_grace=term_grace,
+            ruleset=ruleset,
         )
 
     @property
@@ -341,6 +352,7 @@ async def open_agent_process(
     stderr_tail_bytes: int = 64 * 1024,
     stdin_close_grace: float = 2.0,
     term_grace: float = 2.0,
+    sandbox: Sandbox | None = None,
 ) -> AsyncIterator[AgentProcess]:
     """Run an agent process for the duration of the block.
 
@@ -348,6 +360,12 @@ async def open_agent_process(
     ``os.environ`` when ``inherit_env``, else used alone. The process runs in a new session; on
     leaving the block (normally, by exception or by cancellation) :meth:`AgentProcess.aclose` runs
     shielded, and no member of its process group survives.
+
+    With ``sandbox``, the process is confined by Landlock: it may write only beneath ``cwd``
+    (default: the current directory), its home and a private temp directory (``HOME``,
+    ``TMPDIR`` and the XDG directories point there, unless ``env`` sets them: those it sets are
+    writable), and what the sandbox adds. Raises
+    :class:`~orchestrator.errors.SandboxUnavailable` where the kernel cannot confine it.
 
     Raises :class:`~orchestrator.errors.AgentStartError` if the command cannot be started.
     Exceptions from the block come out as they are, never wrapped in an exception group.
@@ -362,19 +380,81 @@ async def open_agent_process(
         child_env = dict(env or {})
     elif env:
         child_env = {**os.environ, **env}
+    confined: Confined | None = None
+    run = argv
+    if sandbox is not None:
+        confined = await trio.to_thread.run_sync(
+            _confine, name, argv, sandbox, cwd, child_env, dict(env or {})
+        )
+        run, child_env = confined.argv, dict(confined.env)
+    try:
+        async with _spawned(
+            argv,
+            run,
+            name=name,
+            env=child_env,
+            cwd=cwd,
+            stderr_tail_bytes=stderr_tail_bytes,
+            stdin_close_grace=stdin_close_grace,
+            term_grace=term_grace,
+            ruleset=confined.ruleset if confined is not None else None,
+        ) as agent:
+            yield agent
+    finally:
+        if confined is not None:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(confined.release)
+
+
+def _confine(
+    name: str,
+    argv: tuple[str, ...],
+    sandbox: Sandbox,
+    cwd: str | os.PathLike[str] | None,
+    env: Mapping[str, str] | None,
+    explicit: Mapping[str, str],
+) -> Confined:
+    """The agent's confinement; a missing program fails here, as it would unconfined."""
+    where = os.fspath(cwd) if cwd is not None else os.getcwd()
+    environ = os.environ if env is None else env
+    # the launcher would only find out after the fork: say it the way an unconfined start does
+    if which(argv[0], environ, where) is None:
+        error = FileNotFoundError(2, "No such file or directory", argv[0])
+        raise AgentStartError(f"cannot start {shlex.join(argv)}: {error}", agent=name) from error
+    # the variables the agent's own settings name are its own: kept, and writable when they are
+    # directories (XDG_CONFIG_HOME=..., say)
+    writable = [v for k, v in explicit.items() if k.startswith("XDG_") and os.path.isabs(v)]
+    return confine(argv, sandbox, cwd=where, environ=environ, keep=explicit, writable=writable)
+
+
+@asynccontextmanager
+async def _spawned(
+    argv: tuple[str, ...],
+    run: tuple[str, ...],
+    *,
+    name: str,
+    env: dict[str, str] | None,
+    cwd: str | os.PathLike[str] | None,
+    stderr_tail_bytes: int,
+    stdin_close_grace: float,
+    term_grace: float,
+    ruleset: Ruleset | None,
+) -> AsyncIterator[AgentProcess]:
     try:
         process = await trio.lowlevel.open_process(
-            list(argv),
+            list(run),
             stdin=PIPE,
             stdout=PIPE,
             stderr=PIPE,
-            env=child_env,
+            env=env,
             cwd=cwd,
             start_new_session=True,
         )
     except OSError as exc:
         raise AgentStartError(f"cannot start {shlex.join(argv)}: {exc}", agent=name) from exc
-    log.info("agent process started", agent=name, pid=process.pid, argv=argv)
+    log.info(
+        "agent process started", agent=name, pid=process.pid, argv=argv, sandboxed=bool(ruleset)
+    )
     # No checkpoint between the spawn and the try below, so a cancel cannot leak the process.
     agent = AgentProcess._from_process(
         process,
@@ -383,6 +463,7 @@ async def open_agent_process(
         stderr_tail_bytes=stderr_tail_bytes,
         stdin_close_grace=stdin_close_grace,
         term_grace=term_grace,
+        ruleset=ruleset,
     )
     stderr = process.stderr
     assert stderr is not None

@@ -15,6 +15,11 @@ named in ``env_passthrough``, then the service's ``extra_env``, then the request
 command check sees the command line and the request's ``env`` exactly as they will reach the
 process.
 
+A service given a :class:`~orchestrator.sandbox.Sandbox` starts every command confined by
+Landlock (see :mod:`orchestrator.agent.confine`): it may write only beneath the session's
+directory, the sandbox's home, a private temp directory of its own (removed when the terminal
+is released) and what the sandbox adds, whatever the request asks for.
+
 The command's exit is noticed without reaping it (a pidfd and ``waitid(WNOWAIT)`` on Linux), so
 the process group id stays reserved and background children it left can still be killed safely
 on ``kill``, ``release``, :meth:`~ProcessTerminalService.release_session` and service exit. Where
@@ -48,6 +53,8 @@ from orchestrator.errors import (
 )
 
 from ..protocol import types as t
+from ..sandbox import Sandbox
+from .confine import Confined, confine, which
 from .services import SessionContext
 
 __all__ = [
@@ -180,6 +187,8 @@ class _Terminal:
     done: trio.Event = field(factory=trio.Event)
     status: t.TerminalExitStatus | None = None
     reaped: bool = False
+    #: its confinement, whose temp directory goes when the terminal does
+    confined: Confined | None = None
 
     def signal_group(self, sig: signal.Signals) -> None:
         # Safe while the leader is unreaped: its pid, the group id, cannot be reused.
@@ -247,6 +256,8 @@ class _Terminal:
                 await self.process.stdout.aclose()
             if not self.exited.is_set():
                 self.exited.set()  # waiters see status None: released before it exited
+            if self.confined is not None:
+                await trio.to_thread.run_sync(self.confined.release)
             self.done.set()
 
 
@@ -263,6 +274,8 @@ class ProcessTerminalService:
     command_check: CommandCheck | None = None
     on_exit: OnExit | None = None
     kill_grace: float = 1.0
+    #: confines every command (None: unconfined)
+    sandbox: Sandbox | None = None
     _terminals: dict[str, _Terminal] = field(factory=dict, init=False)
     _ids: itertools.count[int] = field(factory=lambda: itertools.count(1), init=False)
     _closing: bool = field(default=False, init=False)
@@ -297,12 +310,25 @@ class ProcessTerminalService:
             raise CommandRefused(f"terminal command rejected by policy: {line}")
         # Hold the slot while the process starts, so concurrent creates respect the limit.
         self._starting[session_id] = self._starting.get(session_id, 0) + 1
+        confined: Confined | None = None
         try:
             cwd = await trio.to_thread.run_sync(_resolve_cwd, request.cwd, ctx.cwd)
             env = terminal_environment(os.environ, passthrough=self.env_passthrough)
             env.update(self.extra_env)
             env.update(requested)  # what the check saw, and nothing else from the agent
-            process = await self._spawn(argv, cwd, env, line)
+            run = argv
+            if self.sandbox is not None:
+                confined = await trio.to_thread.run_sync(
+                    self._confine, argv, ctx.cwd, cwd, env, list(requested)
+                )
+                run, env = confined.argv, dict(confined.env)
+            try:
+                process = await self._spawn(run, cwd, env, line, argv[0])
+            except BaseException:
+                if confined is not None:
+                    with trio.CancelScope(shield=True):
+                        await trio.to_thread.run_sync(confined.release)
+                raise
         finally:
             self._starting[session_id] -= 1
         # No checkpoint from the spawn to start_soon, so a cancel cannot leak the process.
@@ -313,6 +339,7 @@ class ProcessTerminalService:
             process=process,
             pidfd=_pidfd(process.pid),
             output=OutputBuffer(limit),
+            confined=confined,
         )
         self._terminals[term.id] = term
         self._nursery.start_soon(self._supervise, term)
@@ -324,6 +351,7 @@ class ProcessTerminalService:
             pid=process.pid,
             command=line,
             cwd=cwd,
+            sandboxed=confined is not None,
         )
         return t.CreateTerminalResponse(terminal_id=term.id)
 
@@ -399,8 +427,18 @@ class ProcessTerminalService:
 
     # ----------------------------------------------------------------------- internals
 
+    def _confine(
+        self, argv: tuple[str, ...], root: str, cwd: str, env: dict[str, str], keep: list[str]
+    ) -> Confined:
+        """A command's confinement: the session's directory is its writable tree (blocking)."""
+        assert self.sandbox is not None
+        # the launcher would find a missing program only after the fork: refuse it as unconfined
+        if which(argv[0], env, cwd) is None:
+            raise ResourceNotFound(f"command not found: {argv[0]}")
+        return confine(argv, self.sandbox, cwd=os.path.realpath(root), environ=env, keep=keep)
+
     async def _spawn(
-        self, argv: tuple[str, ...], cwd: str, env: dict[str, str], line: str
+        self, argv: tuple[str, ...], cwd: str, env: dict[str, str], line: str, program: str
     ) -> trio.Process:
         try:
             process = await trio.lowlevel.open_process(
@@ -413,7 +451,7 @@ class ProcessTerminalService:
                 start_new_session=True,
             )
         except FileNotFoundError as exc:
-            raise ResourceNotFound(f"command not found: {argv[0]}") from exc
+            raise ResourceNotFound(f"command not found: {program}") from exc
         except OSError as exc:
             raise InternalError(f"cannot start {line}: {exc}") from exc
         if self._closing:  # the service began shutting down while the process started
@@ -522,6 +560,7 @@ async def open_terminal_service(
     command_check: CommandCheck | None = None,
     on_exit: OnExit | None = None,
     kill_grace: float = 1.0,
+    sandbox: Sandbox | None = None,
 ) -> AsyncIterator[ProcessTerminalService]:
     """A terminal service for the duration of the block; leaving it kills every terminal.
 
@@ -531,7 +570,8 @@ async def open_terminal_service(
     every terminal's environment. ``command_check`` (see
     :func:`orchestrator.agent.permissions.policy_command_check`) vets each command line before it
     starts; ``on_exit`` runs after each command exits. ``kill_grace`` is the time between
-    SIGTERM and SIGKILL when a terminal is killed (0: SIGKILL at once).
+    SIGTERM and SIGKILL when a terminal is killed (0: SIGKILL at once). ``sandbox`` confines
+    every command (see the module doc).
     """
     with single_error():
         async with trio.open_nursery() as nursery:
@@ -545,6 +585,7 @@ async def open_terminal_service(
                 command_check=command_check,
                 on_exit=on_exit,
                 kill_grace=kill_grace,
+                sandbox=sandbox,
             )
             try:
                 yield service

@@ -49,6 +49,12 @@ exit codes:
 """
 
 
+#: the help of every command's --sandbox
+SANDBOX_HELP = (
+    "confine each agent and its commands with Landlock: writes only to its branch, its home "
+    "and a private temp directory (rules: [sandbox] in the config; see the README)"
+)
+
 #: whether the command line being parsed asked for --json (its usage errors are JSON too)
 _json_errors = False
 
@@ -106,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON result object")
     p.add_argument("--timeout", type=float, help="seconds allowed for the whole turn")
     p.add_argument("--idle-timeout", type=float, help="seconds allowed without any update")
+    p.add_argument("--sandbox", action="store_true", help=SANDBOX_HELP)
     p.add_argument("text", help="the prompt")
 
     from .runs import add_parsers
@@ -296,6 +303,7 @@ async def _cmd_prompt(args: argparse.Namespace) -> int:
         on_event=track_run(args, None),
         apply=args.apply,
         state_dir=args.state_dir,
+        sandbox=args.sandbox or None,
     )
     if args.json:
         _emit_json(run.to_json())

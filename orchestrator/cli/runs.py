@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from ..pipeline.results import RunEvent
 
 from .._names import display_names
-from . import EXIT_FAILED, EXIT_MERGE_CONFLICTS, EXIT_OK, EXIT_USAGE
+from . import EXIT_FAILED, EXIT_MERGE_CONFLICTS, EXIT_OK, EXIT_USAGE, SANDBOX_HELP
 
 RUN_EXAMPLES = """\
 examples:
@@ -58,6 +58,7 @@ def _shared(p: argparse.ArgumentParser, *, state_only: bool = False) -> None:
         "--max-sessions", type=positive_int, help="live agent sessions at once (default: 8)"
     )
     p.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
+    p.add_argument("--sandbox", action="store_true", help=SANDBOX_HELP)
 
 
 def add_parsers(sub: Any) -> None:
@@ -122,6 +123,11 @@ def add_parsers(sub: Any) -> None:
     )
     u.add_argument("--report", metavar="DIR", help="write report.html and report.md into DIR")
     u.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
+    u.add_argument(
+        "--sandbox",
+        action="store_true",
+        help="confine the agents with Landlock (a confined run stays confined; see the README)",
+    )
     _shared(u, state_only=True)
 
     a = sub.add_parser(
@@ -244,6 +250,8 @@ def _restored_line(restored: Any) -> None:
         said.append(f"max sessions {restored.get('maxSessions')}")
     if "agents" in restored.get("restored", []):
         said.append("agents " + ", ".join(restored.get("agents") or []))
+    if "sandbox" in restored.get("restored", []):
+        said.append("the sandbox")
     if said:
         print("restored from the run: " + "; ".join(said), file=sys.stderr)
     if restored.get("overridden"):
@@ -251,6 +259,25 @@ def _restored_line(restored: Any) -> None:
     if restored.get("missingSecrets"):
         missing = ", ".join(restored["missingSecrets"])
         print(f"not set now (recorded by name only): {missing}", file=sys.stderr)
+
+
+def sandbox_lines(sandbox: Any) -> list[str]:
+    """What confined a run's agents (its ``sandbox`` object), for people; [] when nothing."""
+    if not isinstance(sandbox, dict) or not sandbox.get("confined"):
+        return []
+    lines = [f"sandbox: Landlock ABI {sandbox.get('landlockAbi')}"]
+    for step, agents in (sandbox.get("confined") or {}).items():
+        for agent, rules in (agents or {}).items():
+            ports = rules.get("ports")
+            if ports is None:
+                net = "any TCP port"
+            else:
+                net = "TCP ports " + ",".join(map(str, ports)) if ports else "no TCP connection"
+            writes = ", ".join(["its branch", f"home {rules.get('home')}", "a private temp"])
+            writes += "".join(f", {p}" for p in rules.get("write") or [])
+            reads = ", ".join(rules.get("read") or []) or "nothing"
+            lines.append(f"  {step}/{agent}: writes {writes}; reads {reads}; {net}")
+    return lines
 
 
 def _print_traceback(text: Any, indent: str, out: IO[str] | None = None) -> None:
@@ -279,6 +306,8 @@ def _summary(result: dict[str, Any], run_id: str) -> None:
             )
         if result.get("diff"):
             sys.stdout.write(result["diff"])
+    for line in sandbox_lines(result.get("sandbox")):
+        print(line, file=err)
     status = result.get("status")
     print(f"run {run_id}: {status}", file=err)
     if result.get("applied"):
@@ -353,6 +382,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
             state_dir=args.state_dir,
             transcript=args.transcript,
             max_sessions=args.max_sessions,
+            sandbox=args.sandbox or None,
         )
     return _finish(args, outcome)
 
@@ -380,6 +410,7 @@ async def cmd_compare(args: argparse.Namespace) -> int:
             max_sessions=args.max_sessions,
             timeout=args.timeout,
             idle_timeout=args.idle_timeout,
+            sandbox=args.sandbox or None,
         )
     return _finish(args, outcome)
 
@@ -400,6 +431,7 @@ async def cmd_resume(args: argparse.Namespace) -> int:
                 escalate=choose_escalation(),
                 apply=args.apply,
                 on_event=track_run(args, view),
+                sandbox=args.sandbox or None,
             )
         except ResumeConflict as e:
             # the command's error object names the run (and the files, below)
@@ -542,6 +574,8 @@ async def cmd_show(args: argparse.Namespace) -> int:
     for c in result.get("conflicts") or []:
         print(f"  conflict in {c['path']} at {c['step']} ({c['kind']}): {c['resolution']}")
     _warn_interrupted(interrupted, result["runId"], result.get("cwd"))
+    for line in sandbox_lines(result.get("sandbox")):
+        print(line)
     return EXIT_OK
 
 

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import trio
 from attrs import define, field
 
@@ -22,6 +23,7 @@ from ..agents import AgentSpec, label_agents
 from ..errors import UsageError
 from ..policy import PolicySet
 from ..protocol import types as t
+from ..sandbox import Sandbox
 from ..vfs import Workdir
 from ._branchio import BranchDirs
 from ._calls import jsonable, prompt_input, run_verify, update_event
@@ -110,6 +112,8 @@ class AgentTurns:
     on_update: Callable[[t.SessionUpdate], None] | None = None
     #: the session services' replacement (permission, terminal, elicitation), if any
     services: ClientServices | None = None
+    #: the sandbox of each (step, agent label) whose agent runs confined
+    sandboxes: Mapping[tuple[str, str], Sandbox] = field(factory=dict)
     #: policies by name, loaded once per run
     _policies: dict[str, PolicySet] = field(init=False, factory=dict)
     #: the policy of each (step, agent), narrowed once per run
@@ -171,6 +175,10 @@ class AgentTurns:
         """One turn of ``agent`` (a label from :meth:`use`) in ``workdir``, harvested after."""
         spec = self.specs[agent]
         policy = self.policy_for(step, spec)
+        sandbox = self.sandboxes.get((step.name, agent))
+        if sandbox is not None:
+            # the agent's processes start in it (a pool of their own), as do its terminals
+            spec = attrs.evolve(spec, sandbox=sandbox)
         started = time.monotonic()
         budget = step.budget
         timeout = step.timeout
@@ -184,6 +192,7 @@ class AgentTurns:
             escalate=self.escalate,
             replace=self.services,
             env_passthrough=spec.terminal_env,
+            sandbox=sandbox,
         ) as made:
             services = made.services
             async with self.pool.lease(
@@ -255,7 +264,7 @@ class AgentTurns:
         verify = None
         command = self.verify.get(step.name)
         if command is not None:
-            verify = await run_verify(command, Path(workdir.root))
+            verify = await run_verify(command, Path(workdir.root), sandbox=sandbox)
         error: str | None
         if over_budget:
             error = f"budget exceeded: {over_budget[0]} tokens > {step.budget.max_tokens}"  # type: ignore[union-attr]

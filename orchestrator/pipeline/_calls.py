@@ -16,9 +16,11 @@ import orjson
 import trio
 
 from .._names import decode_text
+from ..agent.confine import Confined, confine
 from ..agent.content import PromptInput
 from ..errors import OrchestratorError, UsageError
 from ..protocol import types as t
+from ..sandbox import Sandbox
 from .results import RunEvent, StepResult, VerifyResult
 
 MISSING = object()
@@ -146,12 +148,35 @@ def update_event(
     return RunEvent("update", run_id, step, key, agent, data)
 
 
-async def run_verify(command: str, directory: Path, *, timeout: float = 600.0) -> VerifyResult:
+async def run_verify(
+    command: str, directory: Path, *, timeout: float = 600.0, sandbox: Sandbox | None = None
+) -> VerifyResult:
     """Run shell ``command`` in ``directory``; keep its exit code and the tail of its output.
 
     The command runs in its own process group, which is killed when it times out, when the run
     is cancelled, and after it exits (so nothing it started in the background outlives it).
+    With ``sandbox`` it runs confined by Landlock to ``directory`` (it runs what the agent
+    wrote there: its tests, its build scripts).
     """
+    if sandbox is None:
+        return await _verify(command, command, None, directory, timeout)
+    confined: Confined = await trio.to_thread.run_sync(
+        lambda: confine(("/bin/sh", "-c", command), sandbox, cwd=str(directory), environ=os.environ)
+    )
+    try:
+        return await _verify(command, list(confined.argv), confined.env, directory, timeout)
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(confined.release)
+
+
+async def _verify(
+    command: str,
+    args: str | list[str],
+    env: Mapping[str, str] | None,
+    directory: Path,
+    timeout: float,
+) -> VerifyResult:
     done: list[subprocess.CompletedProcess[bytes]] = []
 
     async def kill_group(proc: trio.Process) -> None:
@@ -163,8 +188,9 @@ async def run_verify(command: str, directory: Path, *, timeout: float = 600.0) -
     async def run(*, task_status: trio.TaskStatus[trio.Process]) -> None:
         done.append(
             await trio.run_process(
-                command,
-                shell=True,
+                args,
+                shell=isinstance(args, str),  # the line itself, or the confined launcher's argv
+                env=env,
                 cwd=directory,
                 capture_stdout=True,
                 stderr=subprocess.STDOUT,

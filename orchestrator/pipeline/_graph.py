@@ -19,6 +19,7 @@ import structlog
 from attrs import field, frozen
 
 from ..errors import PipelineError, UsageError
+from ..sandbox import Sandbox
 from ._step import Step
 from ._values import RESERVED_PARAMS, named_params
 
@@ -300,23 +301,27 @@ class Pipeline:
         edges = sorted(self.edges, key=lambda e: (index[e[1]], index[e[0]]))
         return {
             "name": self.name,
-            "nodes": [
-                {
-                    "name": s.name,
-                    "kind": "agent" if s.is_agent_step else "python",
-                    "agents": list(s.agents),
-                    "over": s.over,
-                    "merge": s.merge,
-                    "description": s.description,
-                }
-                for s in self.steps.values()
-            ],
+            "nodes": [_node_json(s) for s in self.steps.values()],
             "edges": [[a, b] for a, b in edges],
             "inputs": {
                 spec.name: _jsonable(spec.default) if spec.has_default else None
                 for spec in self.inputs.values()
             },
         }
+
+
+def _node_json(s: Step) -> dict[str, Any]:
+    node: dict[str, Any] = {
+        "name": s.name,
+        "kind": "agent" if s.is_agent_step else "python",
+        "agents": list(s.agents),
+        "over": s.over,
+        "merge": s.merge,
+        "description": s.description,
+    }
+    if s.sandbox:  # only a step that asks says so
+        node["sandbox"] = s.sandbox.to_json() if isinstance(s.sandbox, Sandbox) else True
+    return node
 
 
 def _step_problems(s: Step) -> list[str]:

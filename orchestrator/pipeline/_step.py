@@ -17,6 +17,7 @@ from typing import Any, cast, overload
 from attrs import field, frozen
 
 from ..errors import UsageError
+from ..sandbox import SandboxChoice, sandbox_choice
 from ._values import (
     MERGE_STRATEGIES,
     RESERVED_PARAMS,
@@ -100,6 +101,9 @@ class Step:
     #: key its instances by agent even when one agent runs it (a comparison of one agent
     #: still names its instance after the agent)
     keyed_by_agent: bool = False
+    #: confine its agents (and their terminal and verify commands) with Landlock: these rules,
+    #: or ``True`` for the agent's or the run's rules; ``False``/None: only if they ask
+    sandbox: SandboxChoice = None
 
     @classmethod
     def from_function(
@@ -118,6 +122,7 @@ class Step:
         mode: str | None = None,
         model: str | None = None,
         description: str | None = None,
+        sandbox: SandboxChoice = None,
     ) -> Step:
         """A step wrapping ``fn``, with every argument checked now (see :func:`step`).
 
@@ -166,6 +171,7 @@ class Step:
         checked_idle = check_timeout(idle_timeout, "idle_timeout", what)
         checked_mode = check_text(mode, "mode", what)
         checked_model = check_text(model, "model", what)
+        checked_sandbox = sandbox_choice(sandbox, what)
         if not agents:
             agent_only = {
                 "policy": checked_policy,
@@ -173,6 +179,8 @@ class Step:
                 "budget": checked_budget,
                 "mode": checked_mode,
                 "model": checked_model,
+                # a Python step runs in this process: nothing to confine
+                "sandbox": checked_sandbox or None,
             }
             given = [option for option, value in agent_only.items() if value is not None]
             if given:
@@ -202,6 +210,7 @@ class Step:
                 else first_doc_line(fn)
             ),
             is_async=inspect.iscoroutinefunction(fn),
+            sandbox=checked_sandbox,
         )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -261,6 +270,7 @@ def step(
     mode: str | None = None,
     model: str | None = None,
     description: str | None = None,
+    sandbox: SandboxChoice = None,
 ) -> Callable[[Callable[..., Any]], Step]: ...
 
 
@@ -280,6 +290,7 @@ def step(
     mode: str | None = None,
     model: str | None = None,
     description: str | None = None,
+    sandbox: SandboxChoice = None,
 ) -> Step | Callable[[Callable[..., Any]], Step]:
     """Declare a pipeline step; use as ``@step`` or ``@step(...)``.
 
@@ -300,6 +311,10 @@ def step(
     - ``when``: a predicate over dependencies and run inputs (named by its parameters); the
       step (and so everything after it) is skipped unless it returns true.
     - ``description``: one line for reports (default: the docstring's first line).
+    - ``sandbox``: confine the step's agents, their terminal commands and the run's verify
+      command with Landlock (:class:`~orchestrator.sandbox.Sandbox` rules, or ``True`` for the
+      agent's or the run's rules). ``False`` does not turn off a sandbox the run or the agent
+      asks for.
 
     Arguments are checked at once (TypeError or UsageError naming the step).
     """
@@ -316,6 +331,7 @@ def step(
         "mode": mode,
         "model": model,
         "description": description,
+        "sandbox": sandbox,
     }
 
     def decorate(function: Callable[..., Any]) -> Step:

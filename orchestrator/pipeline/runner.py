@@ -31,6 +31,7 @@ from ..agents import AgentSpec
 from ..errors import UsageError
 from ..policy import PolicySet
 from ..protocol import types as t
+from ..sandbox import Sandbox
 from ..store import StepRecord
 from ..vfs import Branch, MergeResult, Snapshot, merge_branches
 from ._agent_step import AgentTurns, label_run_agents
@@ -77,6 +78,8 @@ class PipelineRunner:
     #: the run's agents under their labels, by how steps name them; None: resolved here
     #: with :attr:`resolve_agent` (see :func:`label_run_agents`)
     agents: Mapping[str, AgentSpec] | None = None
+    #: the sandbox of each (step, agent label) whose agent runs confined
+    sandboxes: Mapping[tuple[str, str], Sandbox] = field(factory=dict)
     states: dict[str, StepState] = field(factory=dict)
     #: what branch directories cost this run (see :meth:`statistics`)
     io: BranchIO = field(init=False, factory=BranchIO)
@@ -109,6 +112,7 @@ class PipelineRunner:
             verify=self.verify,
             on_update=self.on_update,
             services=self.services,
+            sandboxes=self.sandboxes,
         )
         self._executor = InstanceExecutor(
             run_id=self.run_id,

@@ -81,6 +81,8 @@ async def compare(
     succeeds when at least one agent did; its result names them (``succeeded``) and the
     ``winner`` (see :mod:`orchestrator.runs.verdict`). ``apply`` names the agent whose
     changes to write to the workspace, if that agent succeeded (else the status is failed).
+    Other keyword arguments are :func:`~orchestrator.runs.run_pipeline`'s (``policy``,
+    ``sandbox``, ``state_dir``, ...); under a sandbox the verify command runs confined too.
     """
     if len(agents) < 1:
         raise UsageError("compare needs at least one agent")

@@ -31,6 +31,7 @@ from ..pipeline import step as step_decorator
 from ..pipeline.results import RunEvent, StepResult, changes_from_json, changes_json
 from ..policy import PolicySet
 from ..protocol import types as t
+from ..sandbox import SandboxChoice
 from .run import RunOutcome, launchable, run_pipeline, workspace_root
 
 ChangeKind = Literal["added", "modified", "deleted"]
@@ -74,6 +75,8 @@ class PromptRun:
     status: str = "succeeded"
     #: the command line's exit code for this run (see the README)
     exit_code: int = 0
+    #: what confined the agent (Landlock ABI, rights, rules), or None when it ran unconfined
+    sandbox: Mapping[str, Any] | None = None
 
     @property
     def permissions(self) -> list[PermissionRecord]:
@@ -115,6 +118,7 @@ class PromptRun:
             "patch": os.path.join(self.run_dir, "changes.patch") if self.changes else None,
             "patchLeftOut": display_names(self.patch_left_out),
             "wallSeconds": round(self.wall_seconds, 3),
+            "sandbox": dict(self.sandbox) if self.sandbox is not None else None,
         }
 
 
@@ -161,6 +165,7 @@ def _prompt_run(outcome: RunOutcome, last: Any, spec: AgentSpec, wall_seconds: f
         run_dir=outcome.run_dir,
         status=outcome.status,
         exit_code=outcome.exit_code,
+        sandbox=result.get("sandbox"),
     )
 
 
@@ -200,6 +205,7 @@ async def prompt(
     apply: bool = False,
     state_dir: str | os.PathLike[str] | None = None,
     config: Config | None = None,
+    sandbox: SandboxChoice = None,
 ) -> PromptRun:
     """Run one turn of ``agent`` with ``text`` on a branch of ``cwd``: a one-step run.
 
@@ -219,6 +225,9 @@ async def prompt(
     policy vets. Passing ``services`` replaces the permission, terminal and elicitation services
     (the fs service of the branch is always installed). If the agent cannot be started or its
     turn fails, the error is raised after the run is recorded as failed.
+
+    ``sandbox`` (``True`` or :class:`~orchestrator.sandbox.Sandbox` rules) runs the agent and
+    its terminal commands confined by Landlock (see :func:`~orchestrator.runs.run_pipeline`).
     """
     root = workspace_root(cwd)
     cfg = (
@@ -255,6 +264,7 @@ async def prompt(
         transcript=transcript,
         options=options,
         services=services,
+        sandbox=sandbox,
         # a prompt keeps its turn, audit and changes; its wire transcript only when asked
         # (a flood of updates is tens of megabytes of frames)
         record_transcripts=transcript is not None,

@@ -138,6 +138,8 @@ async def get_run_json(
         "created": record.created,
         "finished": record.finished,
         "applied": record.applied is not None,
+        # what confined its agents (Landlock), or null
+        "sandbox": options.get("sandbox"),
     }
     if record.kind == "prompt" and record.result:
         # a finished prompt's result is its --json object, kept whole; an unfinished one (a

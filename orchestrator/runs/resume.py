@@ -16,6 +16,7 @@ from ..config import Config
 from ..errors import ResumeConflict, UsageError
 from ..pipeline import load_pipeline
 from ..policy import PolicySet
+from ..sandbox import SandboxChoice
 from ..state import state_directory
 from ..store import open_run_store
 from .compare import _compare_config, _compare_pipeline
@@ -35,6 +36,7 @@ async def resume_run(
     policy: str | os.PathLike[str] | PolicySet | None = None,
     max_sessions: int | None = None,
     config: Config | None = None,
+    sandbox: SandboxChoice = None,
     **kwargs: Any,
 ) -> RunOutcome:
     """Run ``run_id`` again: finished instances are reused with their branches, the rest re-run.
@@ -43,6 +45,8 @@ async def resume_run(
     again), session limit and agent table are restored (secret environment values are read
     again from the config or the environment). ``policy`` and ``max_sessions`` replace the
     recorded ones; the result's ``restored`` says what was restored and what was replaced.
+    A run that was confined (``sandbox``) stays confined; ``sandbox`` confines one that was
+    not, or gives it other rules.
     Refused (:class:`~orchestrator.errors.ResumeConflict`) if the workspace changed since in
     files the finished steps changed.
     ``apply=True`` applies the run's final changes at its end (not for a comparison: apply
@@ -60,7 +64,7 @@ async def resume_run(
         )
     )
     restored = restore_settings(
-        options.get("settings"), base, policy=policy, max_sessions=max_sessions
+        options.get("settings"), base, policy=policy, max_sessions=max_sessions, sandbox=sandbox
     )
     spec: AgentSpec | None = None  # a prompt's agent
     if record.kind == "compare":

@@ -36,6 +36,7 @@ from ..agents import AgentSpec
 from ..config import Config
 from ..errors import AlreadyApplied, SymlinkRefused, UsageError
 from ..pipeline import Pipeline, load_pipeline
+from ..pipeline._calls import safe
 from ..pipeline._writer import open_store_writer
 from ..pipeline.branches import (
     FINAL,
@@ -50,6 +51,15 @@ from ..pipeline.results import RunEvent
 from ..pipeline.runner import AgentPool, PipelineRunner, label_run_agents
 from ..policy import PolicySet
 from ..protocol import types as t
+from ..sandbox import (
+    DEVICES,
+    Sandbox,
+    SandboxChoice,
+    build_ruleset,
+    choose_sandbox,
+    kernel_abi,
+    rights_json,
+)
 from ..state import state_directory
 from ..store import RunRecord, RunStore, StepRecord, open_run_store
 from ..supervisor import Connector, Limits, open_supervisor
@@ -131,15 +141,18 @@ def _settings(
     policy: str | os.PathLike[str] | PolicySet | None,
     max_sessions: int | None,
     restored: RunSettings | None,
-    default_sessions: int | None,
+    cfg: Config,
+    sandbox: SandboxChoice,
 ) -> RunSettings:
     """The run's settings, resolved once before any agent starts (or as a resume restored
-    them): the policy, the policies its steps and agents name, the limit, the agent table."""
+    them): the policy, the policies its steps and agents name, the limit, the agent table,
+    the run's sandbox."""
     if restored is None:
         base = RunSettings(
             policy=PolicySet.resolve(policy),
             policy_source=policy_source(policy),
-            max_sessions=max_sessions or default_sessions or 8,
+            max_sessions=max_sessions or cfg.max_sessions or 8,
+            sandbox=choose_sandbox(sandbox, cfg.sandboxed, rules=cfg.sandbox),
         )
     else:
         base = restored
@@ -147,6 +160,47 @@ def _settings(
     names += [spec.policy for spec in agents.values() if spec.policy]
     named = {name: base.load_policy(name) for name in dict.fromkeys(names)}
     return attrs.evolve(base, named_policies=named, agents={**base.agents, **agents})
+
+
+def _confinement(
+    pipe: Pipeline,
+    agents: Mapping[str, AgentSpec],
+    settings: RunSettings,
+    rules: Sandbox | None,
+    state: Path,
+) -> dict[tuple[str, str], Sandbox]:
+    """The sandbox of each (step, agent label) whose agent runs confined, home included.
+
+    The step's word first, then the agent's, then the run's (:func:`choose_sandbox`). An agent
+    whose rules name no home keeps the ``HOME`` its settings give it, else gets one of its own
+    under the state directory, kept between runs (its caches, its logins).
+    """
+    out: dict[tuple[str, str], Sandbox] = {}
+    for s in pipe.steps.values():
+        for text in s.agents:
+            spec = agents[text]
+            chosen = choose_sandbox(s.sandbox, spec.sandbox, settings.sandbox, rules=rules)
+            if chosen is None:
+                continue
+            if chosen.home is None:
+                home = spec.env.get("HOME") or ""
+                if not os.path.isabs(home):
+                    home = str(state / "sandbox" / safe(spec.name) / "home")
+                chosen = chosen.with_home(home)
+            out[(s.name, spec.name)] = chosen
+    return out
+
+
+def _check_sandboxes(sandboxes: Mapping[tuple[str, str], Sandbox]) -> dict[str, Any] | None:
+    """What confines the run's agents, as recorded; SandboxUnavailable if the kernel cannot."""
+    if not sandboxes:
+        return None
+    abi = kernel_abi()
+    confined: dict[str, dict[str, Any]] = {}
+    for (step, agent), sandbox in sandboxes.items():
+        build_ruleset(sandbox, abi=abi, writable=())  # the rules this kernel cannot enforce
+        confined.setdefault(step, {})[agent] = sandbox.to_json()
+    return {**rights_json(abi), "devices": list(DEVICES), "confined": confined}
 
 
 async def run_pipeline(
@@ -172,6 +226,7 @@ async def run_pipeline(
     _kind: RunKind = "pipeline",
     _resume: str | None = None,
     _settings_restored: RunSettings | None = None,
+    sandbox: SandboxChoice = None,
     _extra_options: Mapping[str, Any] | None = None,
     _finish_result: Callable[[RunOutcome], Mapping[str, Any]] | None = None,
 ) -> RunOutcome:
@@ -188,6 +243,15 @@ async def run_pipeline(
     services. ``on_event`` sees the run's events, ``on_update`` every session update.
     ``record_transcripts`` keeps every agent process's wire transcript in the run store (always
     when ``transcript`` names a file to copy them to).
+
+    ``sandbox`` (``True``, or :class:`~orchestrator.sandbox.Sandbox` rules) runs every agent,
+    its terminal commands and the verify commands confined by Landlock: each agent process
+    serves one session and may write only to its branch directory, its home and a private
+    temp directory (see :mod:`orchestrator.sandbox`). The config, an agent's spec or a step may
+    ask for it too; nothing turns off what one of them asked for. Where the kernel cannot
+    confine them, the run is refused before it is recorded and any agent starts
+    (:class:`~orchestrator.errors.SandboxUnavailable`); the result's ``sandbox`` says what
+    confined which agent.
 
     The run's changes are recorded before anything is applied. Nothing is written to ``cwd``
     unless ``apply`` is true and the run succeeded; the changes stay in the run store for
@@ -209,9 +273,17 @@ async def run_pipeline(
     # labels for the whole run, before anything starts: relative paths as typed here, like
     # prompt and compare; different agents never share a label
     agents = label_run_agents(pipe, cfg.resolve_agent, base=os.getcwd())
-    settings = _settings(pipe, agents, policy, max_sessions, _settings_restored, cfg.max_sessions)
+    settings = _settings(pipe, agents, policy, max_sessions, _settings_restored, cfg, sandbox)
     cfg = settings.config(cfg)
     state = state_directory(state_dir)
+    sandboxes = _confinement(pipe, agents, settings, cfg.sandbox, state)
+    if sandboxes and services is not None and services.terminal is not None:
+        raise UsageError(
+            "a confined run starts its terminal commands itself, confined: the services given "
+            "must not replace the terminal service"
+        )
+    # before anything is recorded or started: a kernel that cannot confine refuses the run
+    confinement = await trio.to_thread.run_sync(_check_sandboxes, sandboxes)
     await recover(state)
     run_id = _resume if _resume is not None else uuid.uuid4().hex[:12]
     run_dir = state / "runs" / run_id
@@ -239,6 +311,7 @@ async def run_pipeline(
                         "verify": dict(verify or {}),
                         "maxSessions": limit,
                         "settings": settings.to_json(),
+                        "sandbox": confinement,
                         **dict(_extra_options or {}),
                     },
                 )
@@ -253,7 +326,16 @@ async def run_pipeline(
                     lambda: shutil.rmtree(run_dir / "branches", ignore_errors=True)
                 )
                 reused = await _reusable(store, run_id, snapshot)
-                await store.update_run(run_id, status="running", finished=None, error=None)
+                recorded = dict((await store.get_run(run_id)).options)
+                # what confines this attempt, and what a later resume keeps
+                recorded["sandbox"] = confinement
+                recorded["settings"] = {
+                    **dict(recorded.get("settings") or {}),
+                    "sandbox": settings.to_json()["sandbox"],
+                }
+                await store.update_run(
+                    run_id, status="running", finished=None, error=None, options=recorded
+                )
             log.info("run started", run=run_id, pipeline=pipe.name, steps=len(pipe.steps))
             started = time.monotonic()
             status: RunStatus = "interrupted"
@@ -292,6 +374,7 @@ async def run_pipeline(
                         reused=reused,
                         parallel=limit,
                         agents=agents,
+                        sandboxes=sandboxes,
                     )
                     await runner.emit(RunEvent("run_started", run_id, data={"pipeline": pipe.name}))
                     await runner.run()

@@ -2,12 +2,12 @@
 
 A run records its :class:`RunSettings` before any agent starts: the resolved policy's rules
 (presets spelled out; policies named by steps and agents too), the session limit, the turn
-limits and the agent table. Environment values whose names look secret are never stored: the
-name is, and the value is read again (from the config, else the environment) when the run is
-resumed. :func:`restore_settings` rebuilds the settings from the record; options given to the
-resume replace what they name, an agent that the config files now define otherwise is taken
-from the config (that is how a user fixes an agent's command before resuming), and the result
-says what was restored and what was overridden.
+limits, the agent table and the run's sandbox. Environment values whose names look secret are
+never stored: the name is, and the value is read again (from the config, else the environment)
+when the run is resumed. :func:`restore_settings` rebuilds the settings from the record;
+options given to the resume replace what they name, an agent that the config files now define
+otherwise is taken from the config (that is how a user fixes an agent's command before
+resuming), and the result says what was restored and what was overridden.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from attrs import field, frozen
 from ..agents import _REDACTED, AgentSpec  # the marker AgentSpec.to_json writes for secrets
 from ..config import Config
 from ..policy import PolicySet
+from ..sandbox import Sandbox, SandboxChoice, choose_sandbox
 
 __all__ = ["Restored", "RunSettings", "policy_source", "restore_settings"]
 
@@ -42,6 +43,9 @@ class RunSettings:
     max_sessions: int = 8
     #: the agent table the run resolves its agents from (labels and names as steps give them)
     agents: Mapping[str, AgentSpec] = field(factory=dict)
+    #: the run's own sandbox, confining every agent of the run (None: only the agents and
+    #: steps that ask are confined)
+    sandbox: Sandbox | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The settings as the run store keeps them (no secret values)."""
@@ -51,6 +55,7 @@ class RunSettings:
             "namedPolicies": {k: p.to_mapping() for k, p in self.named_policies.items()},
             "maxSessions": self.max_sessions,
             "agents": {name: spec.to_json(redact=True) for name, spec in self.agents.items()},
+            "sandbox": self.sandbox.to_json() if self.sandbox is not None else None,
         }
 
     def load_policy(self, name: str) -> PolicySet:
@@ -94,8 +99,16 @@ def _spec_from_json(
         writes=data.get("writes") or "unknown",
         notes=str(data.get("notes") or ""),
         terminal_env=tuple(data.get("terminalEnv") or ()),
+        sandbox=_sandbox_from_json(data.get("sandbox")),
     )
     return spec, missing
+
+
+def _sandbox_from_json(value: Any) -> SandboxChoice:
+    """A recorded sandbox: its rules, or the true or false an agent was given."""
+    if isinstance(value, Mapping):
+        return Sandbox.from_json(value)
+    return bool(value) if value is not None else None
 
 
 @frozen
@@ -103,7 +116,7 @@ class Restored:
     """What :func:`restore_settings` restored, for the user to see."""
 
     settings: RunSettings
-    #: what came from the record: ``policy``, ``maxSessions``, ``agents``
+    #: what came from the record: ``policy``, ``maxSessions``, ``agents``, ``sandbox``
     restored: tuple[str, ...] = ()
     #: what the resume's own options replaced
     overridden: tuple[str, ...] = ()
@@ -120,6 +133,7 @@ class Restored:
             "maxSessions": s.max_sessions,
             "agents": sorted(s.agents),
             "missingSecrets": list(self.missing_secrets),
+            "sandbox": s.sandbox.to_json() if s.sandbox is not None else None,
         }
 
 
@@ -130,11 +144,14 @@ def restore_settings(
     policy: str | os.PathLike[str] | PolicySet | None = None,
     max_sessions: int | None = None,
     environ: Mapping[str, str] | None = None,
+    sandbox: SandboxChoice = None,
 ) -> Restored:
     """The settings of a recorded run, with ``policy`` and ``max_sessions`` replacing theirs.
 
-    A run recorded before settings were kept (no ``recorded``) restores nothing: the resume's
-    options and the config decide, as for a new run.
+    A recorded sandbox is kept (a resume does not turn it off); ``sandbox`` confines a run
+    that was not, or gives it other rules. A run recorded before settings were kept (no
+    ``recorded``) restores nothing: the resume's options and the config decide, as for a new
+    run.
     """
     env = os.environ if environ is None else environ
     restored: list[str] = []
@@ -178,7 +195,17 @@ def restore_settings(
         restored.append("agents")
     if missing:
         log.warning("secret variables of the recorded agents are not set", names=missing)
-    settings = RunSettings(policy_set, source, named, sessions, agents)
+    kept = data.get("sandbox")
+    run_sandbox: Sandbox | None
+    if isinstance(sandbox, Sandbox) or (sandbox is True and not kept):
+        run_sandbox = choose_sandbox(sandbox, rules=config.sandbox)
+        overridden.append("sandbox")
+    elif kept:
+        run_sandbox = Sandbox.from_json(kept)
+        restored.append("sandbox")
+    else:  # as a new run: the config may confine it
+        run_sandbox = choose_sandbox(config.sandboxed, rules=config.sandbox)
+    settings = RunSettings(policy_set, source, named, sessions, agents, run_sandbox)
     return Restored(settings, tuple(restored), tuple(overridden), tuple(sorted(set(missing))))
 
 

@@ -1,7 +1,8 @@
 """Connectors for the supervisor that run scripted agents in memory (no subprocess).
 
 ``memory_connector(script_for)`` starts, for each agent process the supervisor asks for, a
-scripted agent on an in-memory stream pair, with the script ``script_for(spec)`` returns. It
+scripted agent on an in-memory stream pair, with the script ``script_for(spec)`` returns (an
+agent to be confined by a sandbox is refused: it would run in this process). It
 is what the pipeline benchmark and fast unit tests use; integration tests use real
 subprocesses (:func:`~orchestrator.testing.scripted_agent_command`).
 """
@@ -16,6 +17,7 @@ import trio
 import trio.testing
 
 from orchestrator.agent.client import AgentConnection, open_agent_on_stream
+from orchestrator.errors import SandboxUnavailable
 from orchestrator.testing.script import AgentScript
 from orchestrator.testing.scripted_agent import AgentRecord, serve_scripted_agent
 
@@ -35,6 +37,8 @@ def memory_connector(
 
     @asynccontextmanager
     async def connect(spec: AgentSpec, args: ConnectArgs) -> AsyncIterator[AgentConnection]:
+        if args.sandbox is not None:
+            raise SandboxUnavailable("an agent served in memory cannot be confined")
         ours, theirs = trio.testing.memory_stream_pair()
         record = AgentRecord()
         if records is not None:
