@@ -43,6 +43,7 @@ from ..store import ApplyRecord, RunRecord, RunStore, StepRecord, StoredChange, 
 from ..vfs import (
     ChangeSet,
     GitBranchRefused,
+    PathRefused,
     RecoveryReport,
     Snapshot,
     SymlinkOutside,
@@ -284,6 +285,8 @@ def _workspace(cwd: str) -> Snapshot:
         return Workspace.open(cwd).snapshot()
     except NotADirectoryError as e:
         raise UsageError(f"the run's workspace {cwd} is not a directory any more") from e
+    except PathRefused as e:  # a path in it too long for the system to look up
+        raise UsageError(f"the run's workspace {cwd}: {e}") from e
 
 
 def _commit_message(record: RunRecord, keys: tuple[str, ...], changes: ChangeSet) -> str:
