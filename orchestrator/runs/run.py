@@ -211,7 +211,7 @@ async def run_pipeline(
     agents = label_run_agents(pipe, cfg.resolve_agent, base=os.getcwd())
     settings = _settings(pipe, agents, policy, max_sessions, _settings_restored, cfg.max_sessions)
     cfg = settings.config(cfg)
-    state = state_directory(state_dir)
+    state = state_directory(state_dir, workspace=root)
     await recover(state)
     run_id = _resume if _resume is not None else uuid.uuid4().hex[:12]
     run_dir = state / "runs" / run_id
