@@ -28,8 +28,10 @@ _PATH_CONTAINERS = frozenset(("changes", "edits", "files", "operations"))
 def compile_glob(pattern: str) -> re.Pattern[str]:
     """A path glob as a regex to ``fullmatch`` against a ``/``-separated path.
 
-    The syntax is that of a rule's ``paths`` (see :mod:`orchestrator.policy`).
+    The syntax is that of a rule's ``paths`` (see :mod:`orchestrator.policy`). ``ValueError``
+    for a glob that makes no regex (a character class such as ``[z-a]``).
     """
+    given = pattern
     if pattern.endswith("/"):
         pattern += "**"
     if "/" not in pattern.lstrip("/"):
@@ -42,7 +44,10 @@ def compile_glob(pattern: str) -> re.Pattern[str]:
             out.append(".*" if last else "(?:.*/)?")
         else:
             out.append(_glob_segment(part) + ("" if last else "/"))
-    return re.compile("".join(out), re.DOTALL)
+    try:
+        return re.compile("".join(out), re.DOTALL)
+    except re.error as e:
+        raise ValueError(f"bad path glob {given!r}: {e.msg}") from e
 
 
 def _glob_segment(part: str) -> str:

@@ -231,6 +231,8 @@ class Config:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise UsageError(f"{source}: invalid TOML: {e}") from e
+        except RecursionError:  # the parser recurses once per level of arrays and tables
+            raise UsageError(f"{source}: invalid TOML: values nested too deeply") from None
         layer = _Layer(source, None if root is None else os.fspath(root), trusted)
         start = cls.builtin() if base is None else base
         _check_keys(data, _TOP_KEYS, source, "")

@@ -45,6 +45,8 @@ __all__ = [
     "RunBusy",
     "RunNotFound",
     "SandboxUnavailable",
+    "StateDirectoryError",
+    "StepAborted",
     "StoreError",
     "StoreVersionError",
     "SymlinkRefused",
@@ -331,6 +333,11 @@ class RunNotFound(StoreError, UsageError):
     """No recorded run matches the id (or id prefix) given, or the prefix names several runs."""
 
 
+class StateDirectoryError(StoreError, UsageError):
+    """The state directory cannot be used: not a directory, not writable, or inside the
+    workspace of the run. Nothing was created in it."""
+
+
 class StoreVersionError(StoreError):
     """The run store was written by a newer orchestrator: its schema version is unknown here."""
 
@@ -364,6 +371,14 @@ class ResumeConflict(OrchestratorError):
 
 class ReportError(UsageError):
     """The result cannot be rendered (not a result object) or the report cannot be written."""
+
+
+# --------------------------------------------------------------------------- pipelines
+
+
+class StepAborted(OrchestratorError):
+    """A step's own code raised ``SystemExit`` or ``KeyboardInterrupt``: that fails the step
+    (as any exception it raises would), it does not end the run."""
 
 
 # --------------------------------------------------------------------------- apply

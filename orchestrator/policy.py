@@ -94,6 +94,7 @@ The TOML format (examples in ``examples/policies/``)::
 from __future__ import annotations
 
 import fnmatch
+import math
 import os
 import re
 import shlex
@@ -587,6 +588,8 @@ class PolicySet:
             data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise UsageError(f"cannot read policy {path}: {exc}") from exc
+        except RecursionError:  # the parser recurses once per level of arrays and tables
+            raise UsageError(f"cannot read policy {path}: values nested too deeply") from None
         return cls.from_mapping(data, source=str(path))
 
     @classmethod
@@ -606,8 +609,16 @@ class PolicySet:
         if not isinstance(elicitation, list) or not all(isinstance(t, dict) for t in elicitation):
             raise UsageError(f"{source}: elicitation must be an array of tables")
         timeout = data.get("ask_timeout", 120.0)
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0:
-            raise UsageError(f"{source}: ask_timeout must be a non-negative number of seconds")
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not math.isfinite(timeout)
+            or timeout < 0
+        ):
+            raise UsageError(
+                f"{source}: ask_timeout must be a finite, non-negative number of seconds, "
+                f"got {timeout!r}"
+            )
         return cls(
             run=_policy(data, source, top=True),
             agents=scoped["agents"],
@@ -673,6 +684,8 @@ def _is_prefix(item: Any) -> bool:
 
 def _rule(table: Any, where: str) -> Rule:
     _check_keys(table, _RULE_KEYS, where)
+    if isinstance(table.get("name"), str) and table["name"]:
+        where = f"{where} ({table['name']!r})"
     if "verdict" not in table:
         raise UsageError(f"{where}: a rule needs a verdict ({', '.join(get_args(RuleVerdict))})")
     values = dict(table)

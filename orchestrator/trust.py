@@ -23,7 +23,7 @@ from typing import Any, Literal
 from attrs import frozen
 
 from .errors import UsageError
-from .state import state_directory
+from .state import state_directory, state_path
 
 __all__ = ["NEEDS_TRUST", "TRUST_FILE", "TrustEntry", "TrustStatus", "TrustStore", "file_digest"]
 
@@ -64,8 +64,11 @@ class TrustStore:
 
     @classmethod
     def at(cls, state_dir: str | os.PathLike[str] | None = None) -> TrustStore:
-        """The record in ``state_dir`` (default: the state directory, see :mod:`.state`)."""
-        return cls(state_directory(state_dir) / TRUST_FILE)
+        """The record in ``state_dir`` (default: the state directory, see :mod:`.state`).
+
+        Reading it makes nothing: a command refused for its state directory leaves none.
+        """
+        return cls(state_path(state_dir) / TRUST_FILE)
 
     def status(self, file: str | os.PathLike[str], data: bytes) -> TrustStatus:
         """Whether ``file``, holding ``data`` (the bytes about to be used), is trusted."""
@@ -119,6 +122,7 @@ class TrustStore:
     @contextlib.contextmanager
     def _locked(self) -> Iterator[dict[str, dict[str, Any]]]:
         """The entries, written back (atomically) when the block ends without error."""
+        state_directory(self.path.parent)  # made, and checked usable, only to write
         lock_path = self.path.with_name(self.path.name + ".lock")
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:

@@ -13,6 +13,7 @@ import trio
 from fakes import lock_held_by_another_thread
 from structlog.testing import capture_logs
 
+from orchestrator._names import display_name
 from orchestrator.agent.branchfs import (
     NOWAIT_MAX_BYTES,
     BranchFileSystem,
@@ -408,3 +409,42 @@ async def test_router_delegates_nowait_requests(wd: Workdir) -> None:
         read_nowait(router, wd, os.path.join(wd.root, "notes.txt"))
     with pytest.raises(InvalidParams, match="no branch"):
         write_nowait(router, wd, os.path.join(wd.root, "r.txt"), "x")
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param("a\0b.txt", id="nul-byte"),
+        pytest.param("x" * 256, id="name-over-NAME_MAX"),
+        pytest.param("/".join(["p" * 200] * 21), id="path-over-PATH_MAX"),
+        pytest.param("bad\ud800.txt", id="lone-surrogate"),
+    ],
+)
+async def test_paths_that_can_name_no_file_are_invalid_params(wd: Workdir, name: str) -> None:
+    """A path no system call could take is refused (-32602, logged) before any is made."""
+    fs = BranchFileSystem(wd)
+    path = os.path.join(wd.root, name)
+    with capture_logs() as logs:
+        with pytest.raises(InvalidParams) as info:
+            await write(fs, wd, path, "x\n")
+        with pytest.raises(InvalidParams):
+            await read(fs, wd, path)
+    assert info.value.data == {"path": display_name(path)}  # the form the agent is shown
+    assert len(info.value.message) < 600  # a long path is cut in the message, whole in data
+    assert [e["event"] for e in logs] == ["fs request refused"] * 2
+    assert not wd.branch.changes
+
+
+async def test_a_path_resolving_past_the_system_limit_is_invalid_params(wd: Workdir) -> None:
+    """A short path that a symlink makes too long once resolved is refused like a long one."""
+    fd = os.open(wd.root, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(20):  # 4,020 bytes below the branch directory: made one level at a time
+        os.mkdir("p" * 200, dir_fd=fd)
+        deeper = os.open("p" * 200, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = deeper
+    os.close(fd)
+    os.symlink("/".join(["p" * 200] * 20), Path(wd.root, "short"))
+    fs = BranchFileSystem(wd)
+    with pytest.raises(InvalidParams, match="once resolved, a path of"):
+        await write(fs, wd, os.path.join(wd.root, "short", "q" * 200), "x\n")

@@ -134,7 +134,7 @@ async def test_prompt_help_lists_its_options(tmp_path: Path) -> None:
         (["prompt", "--agent", "demo", "--bogus", "hi"], "unrecognized arguments: --bogus"),
         (["prompt", "hi"], "the following arguments are required: --agent"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
-        (["prompt", "--agent", "demo", "--timeout", "soon", "hi"], "invalid float value"),
+        (["prompt", "--agent", "demo", "--timeout", "soon", "hi"], "expected a number of seconds"),
         (["prompt", "--agent", "demo", "--policy", "nonsense", "hi"], "policy nonsense: neither"),
     ],
 )

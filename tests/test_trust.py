@@ -212,3 +212,13 @@ def test_untrusted_sandbox_rules_are_ignored(tmp_path: Path, cloned: Path) -> No
     assert config.agents["demo"].sandbox == Config.builtin().agents["demo"].sandbox
     source = str(cloned / PROJECT_FILE)
     assert set(config.ignored) == {f"{source}: sandbox", f"{source}: agents.demo.sandbox"}
+
+
+async def test_a_refused_state_directory_is_not_made_by_the_trust_lookup(
+    cloned: Path, tmp_path: Path
+) -> None:
+    """A state directory inside the workspace is refused before the config's trust is read."""
+    hostile_config(cloned, tmp_path / "ran")
+    done = await run_cli("prompt", "--agent", "demo", "hi", cwd=cloned, state=cloned / ".state")
+    assert done.returncode == EXIT_USAGE, done.stderr.decode()
+    assert not (cloned / ".state").exists()

@@ -7,6 +7,7 @@ import fcntl
 import hashlib
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,91 @@ def test_read_entry(tmp_path: Path) -> None:
     os.symlink("f", tmp_path / "l")
     assert _fileio.read_entry(str(tmp_path / "f"))[:2] == (b"abc", _fileio.DEFAULT_MODE)
     assert _fileio.read_entry(str(tmp_path / "l"))[:2] == (b"f", _fileio.SYMLINK_MODE)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["x" * 256, "d/" + "é" * 128, "/".join(["p" * 200] * 21), "a/\ud800"],
+    ids=["name-over-NAME_MAX", "name-over-NAME_MAX-in-bytes", "path-over-PATH_MAX", "surrogate"],
+)
+def test_paths_that_can_name_no_file_are_refused(bad: str) -> None:
+    """A name over 255 bytes, 4,096 bytes in all, a character no file name can hold: refused."""
+    with pytest.raises(PathRefused):
+        _fileio.check_path_limits(bad)
+    with pytest.raises(PathRefused):
+        _fileio.normalize_path(bad)
+
+
+def test_paths_up_to_the_limits_are_fine() -> None:
+    """255-byte names and 4,095-byte paths, nested as deep as that allows, are branch paths."""
+    longest = "/".join(["n" * 255] * 15) + "/" + "x" * 255  # 4,095 bytes
+    deepest = "/".join(["d"] * 2047) + "x"  # 4,095 bytes too
+    for path in ("é" * 127, longest, deepest):
+        assert _fileio.normalize_path(path) == path
+
+
+def chain(root: Path, depth: int, name: str = "d") -> None:
+    """``depth`` directories one in another under ``root``, a file at the bottom (made through
+    directory fds: the whole path may be too long to name at once)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(depth):
+            os.mkdir(name, dir_fd=fd)
+            deeper = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = deeper
+        os.close(os.open("f", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def deep_tmp(tmp_path: Path) -> Iterator[Path]:
+    """``tmp_path``, removed after the test: pytest's own clean-up recurses once per level."""
+    yield tmp_path
+    _fileio.remove_tree(str(tmp_path))
+
+
+@pytest.mark.parametrize(("depth", "name"), [(1500, "d"), (25, "p" * 200)], ids=["deep", "long"])
+def test_remove_tree_removes_any_depth(deep_tmp: Path, depth: int, name: str) -> None:
+    """A chain of 1,500 directories, or one longer than PATH_MAX, is removed whole."""
+    top = deep_tmp / "top"
+    top.mkdir()
+    chain(top, depth, name)
+    (top / "wide").mkdir()
+    for i in range(50):
+        (top / "wide" / str(i)).mkdir()
+        (top / "wide" / str(i) / "f").write_text("x")
+    _fileio.remove_tree(str(top))
+    assert not top.exists()
+
+
+def test_remove_tree_never_follows_a_symlink(tmp_path: Path) -> None:
+    """A link to a directory elsewhere is removed as a link; what it leads to stays."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("keep\n")
+    top = tmp_path / "top"
+    (top / "a").mkdir(parents=True)
+    (top / "a" / "link").symlink_to(outside)
+    _fileio.remove_tree(str(top))
+    _fileio.remove_tree(str(tmp_path / "missing"))  # nothing there: nothing done
+    assert not top.exists()
+    assert (outside / "keep").read_text() == "keep\n"
+
+
+def test_make_dirs_and_walk_files_at_any_depth(deep_tmp: Path) -> None:
+    """make_dirs makes a chain of 1,500 directories (or finds it made); walk_files lists what
+    the tree holds, the links among it not followed."""
+    tmp_path = deep_tmp
+    bottom = os.path.join(tmp_path, *["d"] * 1500)
+    _fileio.make_dirs(bottom)
+    _fileio.make_dirs(bottom)
+    Path(bottom, "f").write_text("x")
+    os.symlink(tmp_path, tmp_path / "d" / "loop")
+    assert sorted(_fileio.walk_files(str(tmp_path))) == sorted(
+        [os.path.join(bottom, "f"), str(tmp_path / "d" / "loop")]
+    )
+    (tmp_path / "file").write_text("")
+    with pytest.raises(FileExistsError):
+        _fileio.make_dirs(str(tmp_path / "file" / "sub"))

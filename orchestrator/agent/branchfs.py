@@ -7,8 +7,10 @@ construct it per branch and install it for the session(s) working on that branch
 to its branch by construction. Where one service must serve a whole connection, a
 :class:`BranchRouter` maps session ids to branch services.
 
-Paths must be absolute and resolve (after ``..`` and symlinks) inside the branch directory;
-anything else is refused with ``InvalidParams`` (-32602) and logged, and nothing is written. A
+Paths must be absolute and resolve (after ``..`` and symlinks) inside the branch directory,
+and be paths the system can look up: no NUL byte, no name over 255 bytes (``NAME_MAX``), under
+4,096 bytes in all (``PATH_MAX``), resolved or not; directories may nest as deep as that allows.
+Anything else is refused with ``InvalidParams`` (-32602) and logged, and nothing is written. A
 missing file is ``ResourceNotFound`` (-32002); content that is not UTF-8 is refused, never
 mangled. Reads harvest the file first, so they see what the agent wrote on disk; writes create
 parent directories, replace the file atomically and record the change in the branch. Files of
@@ -28,6 +30,7 @@ from attrs import define, field
 
 from .._names import display_name, parse_name
 from ..errors import InvalidParams, JsonRpcError, ResourceNotFound
+from ..vfs import check_path_limits
 from ..vfs.errors import PathNotFound, PathRefused
 from ..vfs.workdir import HarvestReport, Workdir
 
@@ -93,6 +96,7 @@ class BranchFileSystem:
             path = parse_name(path)
         except ValueError as e:
             raise PathRefused(path, "not valid Unicode") from e
+        check_path_limits(path)  # before any system call: they fail on such paths
         if not os.path.isabs(path):
             raise PathRefused(path, "not an absolute path")
         root = os.path.realpath(self.workdir.root)
@@ -104,6 +108,11 @@ class BranchFileSystem:
         real = os.path.realpath(path)
         if not _within(real, root):
             raise PathRefused(path, "resolves outside the branch directory (through a symlink)")
+        if real != path:
+            try:
+                check_path_limits(real)
+            except PathRefused as e:
+                raise PathRefused(path, f"once resolved, {e.reason}") from None
         rel = os.path.relpath(real, root)
         if rel == ".":
             raise PathRefused(path, "is the branch directory itself")
@@ -119,8 +128,7 @@ class BranchFileSystem:
             agent=ctx.agent,
             session=ctx.session_id,
         )
-        shown = display_name(e.path)
-        return InvalidParams(f"{shown}: {e.reason}", {"path": shown})
+        return InvalidParams(str(e), {"path": display_name(e.path)})
 
     def _read(
         self, request: t.ReadTextFileRequest, ctx: SessionContext, *, nowait: bool = False

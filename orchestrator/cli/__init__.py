@@ -83,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
     parser.add_argument("--log-json", action="store_true", help="logs as JSON lines on stderr")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    from .runs import add_parsers, positive_seconds
 
     p = sub.add_parser(
         "prompt",
@@ -110,12 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--transcript", help="write every wire frame to this ND-JSON file")
     p.add_argument("--json", action="store_true", help="print one JSON result object")
-    p.add_argument("--timeout", type=float, help="seconds allowed for the whole turn")
-    p.add_argument("--idle-timeout", type=float, help="seconds allowed without any update")
+    p.add_argument("--timeout", type=positive_seconds, help="seconds allowed for the whole turn")
+    p.add_argument(
+        "--idle-timeout", type=positive_seconds, help="seconds allowed without any update"
+    )
     p.add_argument("--sandbox", action="store_true", help=SANDBOX_HELP)
     p.add_argument("text", help="the prompt")
-
-    from .runs import add_parsers
 
     add_parsers(sub)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -37,6 +38,26 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds above 0 (``nan``, ``inf``, 0 and negative
+    numbers mean no duration; leaving the option out means no limit)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(
+            f"must be a finite number of seconds, got {text!r} (leave it out for no limit)"
+        )
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text!r}")
+    return value
+
+
+#: how deep the JSON of a ``--set`` value may nest (values are recorded with the run as JSON)
+MAX_SET_DEPTH = 100
 
 
 def _shared(p: argparse.ArgumentParser, *, state_only: bool = False) -> None:
@@ -77,7 +98,8 @@ def add_parsers(sub: Any) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="a run input (VALUE is JSON if it parses, else a string); repeatable",
+        help="a run input (VALUE is JSON if it parses, else a string; JSON nested at most "
+        f"{MAX_SET_DEPTH} levels); repeatable",
     )
     p.add_argument("--apply", action="store_true", help="write the run's changes to --cwd")
     _shared(p)
@@ -92,8 +114,10 @@ def add_parsers(sub: Any) -> None:
     c.add_argument("--agent", action="append", required=True, help="repeat for each agent")
     c.add_argument("--verify", metavar="CMD", help="a command run in each agent's branch after it")
     c.add_argument("--apply", metavar="NAME", help="write this agent's changes to --cwd")
-    c.add_argument("--timeout", type=float, help="seconds allowed for each agent's turn")
-    c.add_argument("--idle-timeout", type=float, help="seconds allowed without any update")
+    c.add_argument("--timeout", type=positive_seconds, help="seconds allowed for each agent's turn")
+    c.add_argument(
+        "--idle-timeout", type=positive_seconds, help="seconds allowed without any update"
+    )
     c.add_argument("text", help="the task")
     _shared(c)
 
@@ -163,9 +187,36 @@ def _inputs(pairs: list[str]) -> dict[str, Any]:
             raise UsageError(f"--set {pair!r}: expected KEY=VALUE")
         try:
             out[key] = json.loads(value)
+            deep = _depth(out[key]) > MAX_SET_DEPTH
         except ValueError:
             out[key] = value
+            deep = False
+        except RecursionError:  # the decoder recurses once per level: deeper still
+            deep = True
+        if deep:
+            raise UsageError(
+                f"--set {key}: the JSON value is nested more than {MAX_SET_DEPTH} levels deep"
+            )
     return out
+
+
+def _depth(value: Any) -> int:
+    """How many levels of arrays and objects ``value`` nests (0 for a scalar)."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            children = list(item.values())
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, level)
+        if level > MAX_SET_DEPTH:
+            break
+        stack.extend((child, level + 1) for child in children)
+    return deepest
 
 
 def _emit(obj: Any) -> None:

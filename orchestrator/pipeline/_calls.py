@@ -18,7 +18,7 @@ import trio
 from .._names import decode_text
 from ..agent.confine import Confined, confine
 from ..agent.content import PromptInput
-from ..errors import OrchestratorError, UsageError
+from ..errors import OrchestratorError, StepAborted, UsageError
 from ..protocol import types as t
 from ..sandbox import Sandbox
 from .results import RunEvent, StepResult, VerifyResult
@@ -30,17 +30,48 @@ async def call(fn: Callable[..., Any], kwargs: Mapping[str, Any], *, inline: boo
     """Call a step function: coroutine functions on the loop, plain ones in a worker thread.
 
     ``inline`` calls a plain function on the loop itself (agent steps' prompt builders, which
-    only format text: a thread hop would cost more than the call).
+    only format text: a thread hop would cost more than the call). A ``SystemExit`` or
+    ``KeyboardInterrupt`` the function raises becomes :class:`StepAborted` (see
+    :func:`_aborted`).
     """
-    if inspect.iscoroutinefunction(fn):
-        return await fn(**kwargs)
-    if inline:
-        result = fn(**kwargs)
-    else:
-        result = await trio.to_thread.run_sync(lambda: fn(**kwargs))
-    if inspect.isawaitable(result):
-        return await result
-    return result
+    try:
+        if inspect.iscoroutinefunction(fn):
+            return await fn(**kwargs)
+        if inline:
+            result = fn(**kwargs)
+        else:
+            result = await trio.to_thread.run_sync(lambda: fn(**kwargs))
+        if inspect.isawaitable(result):
+            return await result
+        return result
+    except (SystemExit, KeyboardInterrupt) as e:
+        raise _aborted(e) from None
+
+
+def _aborted(e: SystemExit | KeyboardInterrupt) -> BaseException:
+    """What a ``SystemExit`` or ``KeyboardInterrupt`` out of the pipeline's code means.
+
+    The pipeline's code is the user's: ``sys.exit()`` in a step fails the step (with the place
+    it was called from in the message), it does not end the orchestrator half-way through a run;
+    so does a ``KeyboardInterrupt`` it raises itself. One that a real Ctrl-C raised (trio's
+    SIGINT handler interrupting code on the loop) is returned as it is, to interrupt the run.
+    """
+    frames = list(traceback.walk_tb(e.__traceback__))
+    if (
+        isinstance(e, KeyboardInterrupt)
+        and frames
+        and _is_caller(frames[-1][0].f_globals.get("__name__"))
+    ):
+        return e
+    what = type(e).__name__
+    if isinstance(e, SystemExit) and e.code is not None:
+        what += f"({e.code!r})"
+    users = [(f, n) for f, n in frames if not _is_caller(f.f_globals.get("__name__"))]
+    where = ""
+    if users:
+        frame, line = users[-1]
+        where = f" at {frame.f_code.co_filename}:{line} in {frame.f_code.co_name}"
+    return StepAborted(f"{what} raised{where} (it fails the step, not the run)")
 
 
 def prompt_input(prompt: Any) -> PromptInput:
@@ -76,7 +107,10 @@ def fan_out_items(source: Any) -> list[tuple[str, Any]]:
     not be unique.
     """
     mapping = isinstance(source, Mapping)
-    values = list(source.items()) if mapping else list(enumerate(source))
+    try:  # the source may be the pipeline's own iterable
+        values = list(source.items()) if mapping else list(enumerate(source))
+    except (SystemExit, KeyboardInterrupt) as e:
+        raise _aborted(e) from None
     items = [(item_key(k, v, mapping), v) for k, v in values]
     if len({k for k, _ in items}) != len(items):
         items = [(str(i), v) for i, (_, v) in enumerate(items)]

@@ -59,6 +59,7 @@ from ..vfs import (
     ChangeSet,
     GitBranchRefused,
     InterruptedApply,
+    PathRefused,
     RecoveryReport,
     Snapshot,
     SymlinkOutside,
@@ -378,6 +379,8 @@ def _workspace(cwd: str) -> Snapshot:
         return Workspace.open(cwd).snapshot()
     except NotADirectoryError as e:
         raise UsageError(f"the run's workspace {cwd} is not a directory any more") from e
+    except PathRefused as e:  # a path in it too long for the system to look up
+        raise UsageError(f"the run's workspace {cwd}: {e}") from e
 
 
 def _commit_message(record: RunRecord, keys: tuple[str, ...], changes: ChangeSet) -> str:

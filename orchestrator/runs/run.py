@@ -16,7 +16,6 @@ Every run is recorded in the run store under the state directory: ``list_runs``,
 from __future__ import annotations
 
 import os
-import shutil
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -65,9 +64,11 @@ from ..store import RunRecord, RunStore, StepRecord, open_run_store
 from ..supervisor import Connector, Limits, open_supervisor
 from ..vfs import (
     Branch,
+    PathRefused,
     Snapshot,
     Workspace,
     merge_branches,
+    remove_tree,
 )
 from ._lock import hold_run_lock
 from .apply import apply_recorded, recover
@@ -275,7 +276,7 @@ async def run_pipeline(
     agents = label_run_agents(pipe, cfg.resolve_agent, base=os.getcwd())
     settings = _settings(pipe, agents, policy, max_sessions, _settings_restored, cfg, sandbox)
     cfg = settings.config(cfg)
-    state = state_directory(state_dir)
+    state = state_directory(state_dir, workspace=root)
     sandboxes = _confinement(pipe, agents, settings, cfg.sandbox, state)
     if sandboxes and services is not None and services.terminal is not None:
         raise UsageError(
@@ -294,7 +295,12 @@ async def run_pipeline(
     with hold_run_lock(run_dir, run_id, doing="resume"):
         async with open_run_store(state) as store:
             reused: dict[str, tuple[StepRecord, Branch]] = {}
-            snapshot = await trio.to_thread.run_sync(Workspace.open(root).snapshot)
+            try:
+                snapshot = await trio.to_thread.run_sync(Workspace.open(root).snapshot)
+            except PathRefused as e:
+                if _resume is None:  # nothing of the new run is left behind
+                    await trio.to_thread.run_sync(remove_tree, str(run_dir))
+                raise UsageError(f"workspace {root}: {e}") from e
             if _resume is None:
                 record = RunRecord(
                     run_id=run_id,
@@ -322,9 +328,7 @@ async def run_pipeline(
                     log.warning("the run's process is gone; resuming it", run=run_id)
                 # what an earlier attempt left in the run directory is nobody's now (the lock is
                 # ours): branch directories of a killed process would block the steps' new ones
-                await trio.to_thread.run_sync(
-                    lambda: shutil.rmtree(run_dir / "branches", ignore_errors=True)
-                )
+                await trio.to_thread.run_sync(lambda: remove_tree(str(run_dir / "branches")))
                 reused = await _reusable(store, run_id, snapshot)
                 recorded = dict((await store.get_run(run_id)).options)
                 # what confines this attempt, and what a later resume keeps
@@ -534,7 +538,7 @@ async def _import_transcripts(
             # the run is recorded (the transcripts too, in the store): a copy that cannot be
             # written must not turn a finished run into a failure
             log.warning("cannot write the transcript copy", path=str(target), error=str(e))
-    await trio.to_thread.run_sync(lambda: shutil.rmtree(directory, ignore_errors=True))
+    await trio.to_thread.run_sync(remove_tree, str(directory))
 
 
 def check_transcript_path(path: str | os.PathLike[str] | None) -> None:

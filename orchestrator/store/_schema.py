@@ -13,7 +13,9 @@ commit the open transaction halfway).
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +23,7 @@ from typing import TypeAlias
 
 import structlog
 
-from ..errors import StoreError, StoreVersionError
+from ..errors import StateDirectoryError, StoreError, StoreVersionError
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "connect", "schema_version"]
 
@@ -249,12 +251,28 @@ def _enable_wal(conn: sqlite3.Connection) -> str:
         delay = min(delay * 2, 0.1)
 
 
+def _check_usable(path: Path) -> None:
+    """Refuse a store file that is there but cannot be the store: SQLite's own errors for it
+    ("unable to open database file", "attempt to write a readonly database") do not say why."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise StateDirectoryError(f"the run store {path} cannot be used: {e.strerror}") from e
+    if not stat.S_ISREG(st.st_mode):
+        raise StateDirectoryError(f"the run store {path} is not a file")
+    if not os.access(path, os.R_OK | os.W_OK):
+        raise StateDirectoryError(f"the run store {path} is not writable")
+
+
 def connect(path: Path, opened: list[sqlite3.Connection]) -> int:
     """Open (creating and migrating as needed) the database at ``path``; blocking.
 
     The connection is appended to ``opened`` as soon as it exists, so a caller whose thread
     call was cancelled can still close it. Returns the version the file had before.
     """
+    _check_usable(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE for writes)

@@ -43,6 +43,7 @@ interrupted. A pipeline step forks from its parents' merge: ``merge_branches(par
 
 from __future__ import annotations
 
+from ._fileio import NAME_MAX, PATH_MAX, check_path_limits, remove_tree
 from .apply import (
     ApplyResult,
     InterruptedApply,
@@ -94,6 +95,8 @@ from .workdir import HarvestReport, Workdir, harvest
 
 __all__ = [
     "DELETE",
+    "NAME_MAX",
+    "PATH_MAX",
     "ApplyError",
     "ApplyResult",
     "Branch",
@@ -132,6 +135,7 @@ __all__ = [
     "apply_changes",
     "apply_changes_async",
     "check_git_branch",
+    "check_path_limits",
     "check_symlinks",
     "git_commit",
     "git_commit_async",
@@ -145,5 +149,6 @@ __all__ = [
     "merge_branches_async",
     "merge_file",
     "recover_applies",
+    "remove_tree",
     "unified_diff",
 ]

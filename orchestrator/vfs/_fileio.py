@@ -20,7 +20,10 @@ from .errors import PathRefused
 
 __all__ = [
     "DEFAULT_MODE",
+    "NAME_MAX",
+    "PATH_MAX",
     "SYMLINK_MODE",
+    "check_path_limits",
     "copy_fd",
     "copy_fd_hashed",
     "digest",
@@ -28,10 +31,13 @@ __all__ = [
     "git_mode",
     "is_binary",
     "is_symlink",
+    "make_dirs",
     "normalize_mode",
     "normalize_path",
     "read_entry",
+    "remove_tree",
     "temp_name",
+    "walk_files",
     "write_entry_atomic",
 ]
 
@@ -39,6 +45,11 @@ __all__ = [
 DEFAULT_MODE = stat.S_IFREG | 0o644
 #: mode of a symbolic link (its content is the link target)
 SYMLINK_MODE = stat.S_IFLNK | 0o777
+#: bytes in one file name (Linux's ``NAME_MAX``)
+NAME_MAX = 255
+#: bytes in a path, its terminating NUL included (Linux's ``PATH_MAX``): longer ones can never
+#: be looked up at once
+PATH_MAX = 4096
 
 # The Linux ioctl that shares extents between two files (btrfs, XFS, bcachefs, ...).
 _FICLONE = 0x40049409
@@ -51,13 +62,34 @@ _no_reflink: set[tuple[int, int]] = set()
 _no_copy_range: set[tuple[int, int]] = set()
 
 
+def check_path_limits(path: str) -> None:
+    """Raise :class:`PathRefused` if ``path`` can name no file: a NUL byte in it, a character
+    the filesystem encoding cannot hold, a name longer than :data:`NAME_MAX` bytes, or
+    :data:`PATH_MAX` bytes or more in all."""
+    if "\0" in path:
+        raise PathRefused(path, "NUL byte in path")
+    # a character is at most 4 bytes: shorter strings need no encoding to be within the limits
+    if len(path) >= PATH_MAX // 4 or not path.isascii():
+        try:
+            size = len(os.fsencode(path))
+        except UnicodeEncodeError as e:
+            raise PathRefused(path, f"character {path[e.start]!r} cannot be in a file name") from e
+        if size >= PATH_MAX:
+            raise PathRefused(path, f"a path of {size} bytes (the limit is {PATH_MAX - 1})")
+    if len(path) > NAME_MAX // 4:
+        for name in path.split("/"):
+            if len(name) > NAME_MAX // 4 and (size := len(os.fsencode(name))) > NAME_MAX:
+                raise PathRefused(path, f"a name of {size} bytes (the limit is {NAME_MAX})")
+
+
 def normalize_path(path: str) -> str:
     """A branch path in canonical form: relative, ``/``-separated, no ``.``/``..``/empty parts.
 
-    Raises :class:`PathRefused` for absolute paths, ``..`` components, NUL bytes or an empty path.
+    Raises :class:`PathRefused` for absolute paths, ``..`` components, an empty path, or one that
+    can name no file (see :func:`check_path_limits`).
     """
-    if "\0" in path:
-        raise PathRefused(path, "NUL byte in path")
+    if "\0" in path or len(path) > NAME_MAX // 4 or not path.isascii():
+        check_path_limits(path)  # short ASCII paths (most) are within the limits
     if path.startswith("/"):
         raise PathRefused(path, "absolute path where a branch-relative one is needed")
     parts = []
@@ -267,5 +299,110 @@ def fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# Trees of any depth: the standard library's os.makedirs, os.walk and shutil.rmtree recurse once
+# per directory level (before Python 3.12/3.13) and a chain of a thousand directories, which
+# an agent can make, exhausts the interpreter's stack.
+
+_DIR_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def make_dirs(path: str) -> None:
+    """Create directory ``path`` and its missing parents (an existing one is fine), at any
+    depth; ``FileExistsError`` if ``path`` or a parent is something else."""
+    missing: list[str] = []
+    current = os.path.normpath(path)
+    while not os.path.isdir(current):
+        missing.append(current)
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        current = parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory)
+        except FileExistsError:
+            if not os.path.isdir(directory):  # made by someone else meanwhile: fine
+                raise
+
+
+def walk_files(top: str) -> Iterator[str]:
+    """The paths of everything under directory ``top`` that is not a directory, at any depth
+    (symlinks are listed, never followed; unreadable directories are skipped)."""
+    stack = [top]
+    while stack:
+        directory = stack.pop()
+        try:
+            with os.scandir(directory) as it:
+                entries = list(it)
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                stack.append(entry.path)
+            else:
+                yield entry.path
+
+
+def _empty_files(fd: int, name: str) -> tuple[tuple[int, int], str, list[str]]:
+    """Unlink what directory ``fd`` holds but subdirectories; its identity, ``name`` and the
+    names of those subdirectories."""
+    st = os.fstat(fd)
+    subdirs: list[str] = []
+    with suppress(OSError), os.scandir(fd) as it:
+        for entry in it:
+            if entry.is_dir(follow_symlinks=False):
+                subdirs.append(entry.name)
+            else:
+                with suppress(OSError):
+                    os.unlink(entry.name, dir_fd=fd)
+    return (st.st_dev, st.st_ino), name, subdirs
+
+
+def remove_tree(path: str) -> None:
+    """Remove directory ``path`` and everything in it, at any depth; errors are ignored (what
+    cannot be removed stays), as with ``shutil.rmtree(path, ignore_errors=True)``.
+
+    One directory is open at a time, entered without following symlinks and left through
+    ``..`` only if that is still the directory it was entered from (else the removal stops): a
+    tree rearranged meanwhile, by a process still running in it, never leads it elsewhere.
+    """
+    try:
+        fd = os.open(path, _DIR_NOFOLLOW)
+    except OSError:
+        return
+    try:
+        # the directories entered, outermost first: identity, name, subdirectories left
+        stack = [_empty_files(fd, "")]
+        while True:
+            _, name, pending = stack[-1]
+            if pending:
+                child = pending.pop()
+                try:
+                    child_fd = os.open(child, _DIR_NOFOLLOW, dir_fd=fd)
+                except OSError:
+                    continue
+                os.close(fd)
+                fd = child_fd
+                stack.append(_empty_files(fd, child))
+                continue
+            stack.pop()
+            if not stack:
+                break
+            up = os.open("..", _DIR_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = up
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != stack[-1][0]:
+                return  # moved meanwhile: what is left there is not ours to find
+            with suppress(OSError):
+                os.rmdir(name, dir_fd=fd)
+        with suppress(OSError):
+            os.rmdir(path)
+    except OSError:
+        return
     finally:
         os.close(fd)

@@ -51,7 +51,14 @@ import trio
 from attrs import frozen
 
 from .._names import display_name, name_bytes
-from ._fileio import digest, fsync_dir, normalize_mode, write_entry_atomic
+from ._fileio import (
+    digest,
+    fsync_dir,
+    make_dirs,
+    normalize_mode,
+    walk_files,
+    write_entry_atomic,
+)
 from ._links import escaping_links
 from .changes import Change, ChangeSet, Delete, ModeChange, Write
 from .errors import ApplyError, MergeConflictError, SymlinkOutside, WorkspaceChanged
@@ -213,11 +220,10 @@ def _dir_goes_away(snapshot: Snapshot, path: str, deleted: set[str]) -> str | No
     full = os.path.join(snapshot.root, path)
     if snapshot.exists(path) or os.path.islink(full) or not os.path.isdir(full):
         return "not a directory being emptied"
-    for dirpath, _dirs, files in os.walk(full):
-        for name in files:
-            rel = os.path.relpath(os.path.join(dirpath, name), snapshot.root).replace(os.sep, "/")
-            if rel not in deleted:
-                return f"{rel} is in the way"
+    for found in walk_files(full):
+        rel = os.path.relpath(found, snapshot.root).replace(os.sep, "/")
+        if rel not in deleted:
+            return f"{rel} is in the way"
     return None
 
 
@@ -236,7 +242,7 @@ def _put(root: str, path: str, data: bytes, mode: int) -> None:
     head = path.rpartition("/")[0]
     if head:
         full_head = os.path.join(root, head)
-        os.makedirs(full_head, exist_ok=True)
+        make_dirs(full_head)
         if os.path.realpath(full_head) != os.path.join(os.path.realpath(root), head):
             raise ApplyError(f"{display_name(head)} resolves outside its place in the workspace")
     write_entry_atomic(os.path.join(root, path), data, mode, fsync=True)

@@ -35,7 +35,7 @@ import trio
 from attrs import field, frozen
 
 from .._names import name_bytes, name_of
-from ._fileio import copy_fd, copy_fd_hashed, digest
+from ._fileio import PATH_MAX, copy_fd, copy_fd_hashed, digest, make_dirs, remove_tree
 from ._links import LinkMap
 from .branch import Branch
 from .changes import Change, ModeChange, Write
@@ -330,7 +330,7 @@ def _copy_extras(
                 created.append(missing)
                 missing = missing.rpartition("/")[0]
             if parent:
-                os.makedirs(os.path.join(dst_root, parent), exist_ok=True)
+                make_dirs(os.path.join(dst_root, parent))
             if is_dir:
                 _copy_tree(entry.path, dst, rel, links)
             elif entry.is_symlink():
@@ -347,18 +347,25 @@ def _copy_link(src: str, dst: str, rel: str, links: LinkMap) -> None:
 
 def _copy_tree(src: str, dst: str, rel: str, links: LinkMap) -> None:
     """Copy a directory as ``cp -a`` would (other kinds of files skipped), links mapped."""
-    os.mkdir(dst)
-    with os.scandir(src) as it:
-        entries = list(it)
-    for entry in entries:
-        child, out = f"{rel}/{entry.name}", os.path.join(dst, entry.name)
-        if entry.is_dir(follow_symlinks=False):
-            _copy_tree(entry.path, out, child, links)
-        elif entry.is_symlink():
-            _copy_link(entry.path, out, child, links)
-        elif entry.is_file(follow_symlinks=False):
-            _copy_plain_file(entry.path, out)
-    shutil.copystat(src, dst, follow_symlinks=False)
+    copied: list[tuple[str, str]] = []  # parents first; their stats are copied last
+    stack = [(src, dst, rel)]
+    while stack:
+        src_dir, dst_dir, rel_dir = stack.pop()
+        os.mkdir(dst_dir)
+        copied.append((src_dir, dst_dir))
+        with os.scandir(src_dir) as it:
+            entries = list(it)
+        for entry in entries:
+            child, out = f"{rel_dir}/{entry.name}", os.path.join(dst_dir, entry.name)
+            if entry.is_dir(follow_symlinks=False):
+                stack.append((entry.path, out, child))
+            elif entry.is_symlink():
+                _copy_link(entry.path, out, child, links)
+            elif entry.is_file(follow_symlinks=False):
+                _copy_plain_file(entry.path, out)
+    # children before their parents: filling a directory changes its mtime
+    for src_dir, dst_dir in reversed(copied):
+        shutil.copystat(src_dir, dst_dir, follow_symlinks=False)
 
 
 def _copy_plain_file(src: str, dst: str) -> str:
@@ -373,16 +380,33 @@ def _copy_plain_file(src: str, dst: str) -> str:
 
 
 def _make_dirs(root: str, dirs: list[str]) -> None:
-    """Create ``dirs`` (sorted, so parents come first) under ``root``."""
+    """Create ``dirs`` and their parents under ``root``."""
     made: set[str] = {""}
     for rel_dir in dirs:
-        parent = rel_dir.rpartition("/")[0]
-        if parent not in made:
-            _make_dirs(root, [parent])
-            made.add(parent)
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(f"{root}/{rel_dir}")
-        made.add(rel_dir)
+        # the parents not made yet, nearest first (a loop: a chain may be thousands deep)
+        missing = []
+        while rel_dir not in made:
+            missing.append(rel_dir)
+            rel_dir = rel_dir.rpartition("/")[0]
+        for rel in reversed(missing):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(f"{root}/{rel}")
+            made.add(rel)
+
+
+def _check_lengths(jobs: list[_Job], *roots: str) -> None:
+    """Refuse (:class:`PathRefused`) a file whose path under one of ``roots`` would be too long
+    for the system to look up (:data:`~orchestrator.vfs._fileio.PATH_MAX`)."""
+    longest = max(len(os.fsencode(root)) for root in roots)
+    room = PATH_MAX - 2 - longest  # the separator and the terminating NUL
+    for job in jobs:
+        # a character is at most 4 bytes: shorter paths need no encoding
+        if len(job.rel) > room // 4 and (size := len(os.fsencode(job.rel))) > room:
+            raise PathRefused(
+                job.rel,
+                f"a path of {size} bytes, too long to check out: under {roots[0]} there is "
+                f"room for {room} (the system's limit is {PATH_MAX - 1} bytes in all)",
+            )
 
 
 def _check_location(directory: str, root: Tree) -> None:
@@ -424,16 +448,17 @@ def materialize(
     root = branch.root
     target = os.path.realpath(directory)
     _check_location(target, root)
-    os.makedirs(target, exist_ok=True)
+    make_dirs(target)
     snapshot = root if isinstance(root, Snapshot) else None
     # a tree that is not on disk has no workspace its links could lead into
     links = LinkMap(snapshot.root, target) if snapshot is not None else None
     rewritten: dict[str, tuple[bytes, bytes]] = {}
     try:
         jobs, overrides = _plan(branch)
+        src_root = snapshot.root if snapshot else ""
+        _check_lengths(jobs, target, src_root)
         dirs = sorted({j.rel.rpartition("/")[0] for j in jobs} - {""})
         _make_dirs(target, dirs)
-        src_root = snapshot.root if snapshot else ""
         made, n = _run_jobs(jobs, src_root, target, workers, links, rewritten)
         records: dict[str, _Key] = {}
         for rel, (key, hashed) in made.items():
@@ -446,7 +471,7 @@ def materialize(
                 src_root, target, root.ignore, links, ignored=include_ignored, vcs=include_vcs
             )
     except BaseException:
-        shutil.rmtree(target, ignore_errors=True)
+        remove_tree(target)
         raise
     workdir = Workdir.open(target, branch, root.ignore, records, overrides, links, rewritten)
     if watch or (watch is None and len(jobs) >= WATCH_MIN_FILES):

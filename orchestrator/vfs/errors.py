@@ -38,13 +38,25 @@ class PathNotFound(VfsError, LookupError):
         super().__init__(f"no such file: {display_name(path)}")
 
 
+def shown_path(path: str, limit: int = 200) -> str:
+    """``path`` for a message: a long one is cut in its middle (the whole is kept elsewhere)."""
+    path = display_name(path).replace("\0", "\\0")  # a NUL byte would end some readers' line
+    if len(path) <= limit:
+        return path
+    return f"{path[: limit // 2]}...({len(path) - limit} characters)...{path[-limit // 2 :]}"
+
+
 class PathRefused(VfsError):
-    """A path that is not a usable branch path: absolute, ``..``, outside the root, a directory."""
+    """A path that is not a usable branch path: absolute, ``..``, outside the root, a directory,
+    one that can name no file. ``path`` is the path whole; the message cuts a long one."""
 
     def __init__(self, path: str, reason: str):
         self.path = path
         self.reason = reason
-        super().__init__(f"{display_name(path)}: {reason}")
+        super().__init__(f"{shown_path(path)}: {reason}")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.path, self.reason))
 
 
 class WorkspaceChanged(VfsError):

@@ -233,22 +233,29 @@ class IgnoreMatcher:
 
     def _chain(self, parent: str) -> tuple[_RuleFile, ...]:
         chain = self._chains.get(parent)
-        if chain is None:
-            found: list[_RuleFile] = []
-            if self._extra is not None:
-                found.append(self._extra)
-            base = parent
-            while True:
-                rule_file = self._files.get(base)
-                if rule_file is not None:
-                    found.append(rule_file)
-                if not base:
-                    break
-                base = base.rpartition("/")[0]
-            if self._exclude is not None:
-                found.append(self._exclude)
-            chain = tuple(found)
-            self._chains[parent] = chain
+        if chain is not None:
+            return chain
+        # the rule files from ``parent`` up, nearest first, until a directory whose chain is
+        # known (walks go down: usually the parent's), so a deep tree costs no more per level
+        own: list[_RuleFile] = []
+        above: tuple[_RuleFile, ...] | None = None
+        base = parent
+        while True:
+            rule_file = self._files.get(base)
+            if rule_file is not None:
+                own.append(rule_file)
+            if not base:
+                break
+            base = base.rpartition("/")[0]
+            above = self._chains.get(base)
+            if above is not None:
+                break
+        head = (self._extra,) if self._extra is not None else ()
+        if above is None:
+            chain = (*head, *own, *((self._exclude,) if self._exclude is not None else ()))
+        else:  # ``above`` is the extra globs, the rule files from ``base`` up, the excludes
+            chain = (*head, *own, *above[len(head) :])
+        self._chains[parent] = chain
         return chain
 
     def has_rules(self, parent: str) -> bool:

@@ -31,9 +31,9 @@ import structlog
 from attrs import define, field, frozen
 
 from .._names import name_bytes
-from ._fileio import SYMLINK_MODE, digest, normalize_mode
+from ._fileio import PATH_MAX, SYMLINK_MODE, digest, normalize_mode
 from .changes import FileState
-from .errors import PathNotFound, WorkspaceChanged
+from .errors import PathNotFound, PathRefused, WorkspaceChanged
 from .ignore import IgnoreMatcher, IgnoreRules
 
 __all__ = ["RACY_WINDOW_NS", "Snapshot", "StatInfo", "Workspace", "walk"]
@@ -69,7 +69,9 @@ def walk(
     """Every non-ignored regular file and symlink under ``root`` as ``(rel_path, lstat)``.
 
     With ``load_rules`` each directory's ``.gitignore`` is added to ``matcher`` before its entries
-    are judged. Ignored directories are not descended into; other file types are skipped.
+    are judged. Ignored directories are not descended into; other file types are skipped, and so
+    are directories that cannot be opened, but one whose path is too long for the system to look
+    up (:data:`~orchestrator.vfs._fileio.PATH_MAX`) raises :class:`PathRefused`.
     """
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     root_fd = os.open(root, flags)
@@ -81,6 +83,11 @@ def walk(
                 # Through a directory fd, each entry's stat is a one-component fstatat.
                 fd = os.open(parent, flags, dir_fd=root_fd) if parent else os.dup(root_fd)
             except OSError as e:
+                if e.errno == errno.ENAMETOOLONG:
+                    # nothing could read, copy or apply what it holds: refused, not left out
+                    raise PathRefused(
+                        parent, f"a directory path too long for the system ({PATH_MAX - 1} bytes)"
+                    ) from e
                 log.warning("directory skipped", path=parent, error=str(e))
                 continue
             try:

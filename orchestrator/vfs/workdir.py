@@ -32,8 +32,8 @@ with the workspace's same path, as it was meant.
 
 from __future__ import annotations
 
+import errno
 import os
-import shutil
 import stat
 import threading
 import time
@@ -45,7 +45,13 @@ from attrs import define, field, frozen
 
 from .._names import name_bytes, name_of
 from . import _inotify
-from ._fileio import DEFAULT_MODE, normalize_mode, normalize_path, write_entry_atomic
+from ._fileio import (
+    DEFAULT_MODE,
+    normalize_mode,
+    normalize_path,
+    remove_tree,
+    write_entry_atomic,
+)
 from ._links import LinkMap
 from .branch import Branch
 from .changes import Change, Delete, FileState, Write
@@ -263,7 +269,7 @@ class Workdir:
     def remove(self) -> None:
         """Close and delete the directory."""
         self.close()
-        shutil.rmtree(self.root, ignore_errors=True)
+        remove_tree(self.root)
 
     def path_of(self, path: str) -> str:
         """The absolute on-disk path of branch path ``path``."""
@@ -341,7 +347,8 @@ class Workdir:
                     # Listing through a directory fd makes each entry's stat a one-component
                     # fstatat instead of a full path lookup.
                     fd = os.open(parent, flags, dir_fd=root_fd) if parent else os.dup(root_fd)
-                except OSError:
+                except OSError as e:
+                    _refuse_too_long(e, parent)
                     continue  # vanished or replaced meanwhile: its files count as missing
                 prefix = f"{parent}/" if parent else ""
                 # Directories and unknown files are judged once the whole listing is seen: the
@@ -541,6 +548,9 @@ class Workdir:
             st = os.lstat(full)
         except (FileNotFoundError, NotADirectoryError):
             st = None
+        except OSError as e:
+            _refuse_too_long(e, rel)
+            raise
         if st is None or not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
             if known is not None:
                 del self._records[rel]
@@ -753,6 +763,13 @@ class Workdir:
         if known is None or known[1] != text:
             self.ignore.add_patterns(head, text)
             self._rules_dirty = self._rules_moved = True
+
+
+def _refuse_too_long(error: OSError, rel: str) -> None:
+    """Raise :class:`PathRefused` if ``error`` says the path of ``rel`` is too long to look up:
+    made on disk in the branch directory (by the agent's own tools), it cannot be harvested."""
+    if error.errno == errno.ENAMETOOLONG:
+        raise PathRefused(rel, "a path too long for the system to look up") from error
 
 
 def _read_state(full: str) -> tuple[FileState, _Key]:
