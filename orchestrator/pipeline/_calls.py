@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 import trio
 
+from ..agent import reaper
 from ..agent.content import PromptInput
 from ..errors import OrchestratorError, UsageError
 from ..protocol import types as t
@@ -149,9 +150,11 @@ async def run_verify(command: str, directory: Path, *, timeout: float = 600.0) -
     """Run shell ``command`` in ``directory``; keep its exit code and the tail of its output.
 
     The command runs in its own process group, which is killed when it times out, when the run
-    is cancelled, and after it exits (so nothing it started in the background outlives it).
+    is cancelled, and after it exits; then so are its descendants that left the group (see
+    :mod:`orchestrator.agent.reaper`): nothing it started in the background outlives it.
     """
     done: list[subprocess.CompletedProcess[bytes]] = []
+    tree = reaper.open_tree()
 
     async def kill_group(proc: trio.Process) -> None:
         _signal_group(proc.pid, signal.SIGTERM)
@@ -165,6 +168,7 @@ async def run_verify(command: str, directory: Path, *, timeout: float = 600.0) -
                 command,
                 shell=True,
                 cwd=directory,
+                env=tree.environment(os.environ),
                 capture_stdout=True,
                 stderr=subprocess.STDOUT,
                 check=False,
@@ -182,6 +186,9 @@ async def run_verify(command: str, directory: Path, *, timeout: float = 600.0) -
     finally:
         if proc is not None:
             _signal_group(proc.pid, signal.SIGKILL)
+            await reaper.release_tree(tree)
+        else:
+            reaper.close_tree(tree)
     if scope.cancelled_caught or not done:
         return VerifyResult(command, 124, f"timed out after {timeout:g}s", timed_out=True)
     output = done[0].stdout.decode("utf-8", "replace")
