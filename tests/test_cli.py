@@ -83,16 +83,17 @@ def stalling_agent(directory: Path, *, ignore_cancel: bool = False) -> str:
 
 
 def children_of(pid: int) -> list[int]:
-    """The pids whose parent is ``pid`` (from /proc)."""
+    """The pids whose parent is ``pid`` (from /proc), leaving out its process watchdog."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"_sweep.py" not in cmdline:
             found.append(int(entry.name))
     return found
 

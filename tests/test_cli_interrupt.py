@@ -629,7 +629,7 @@ async def test_a_run_whose_process_was_killed_resumes(
             cli.kill()
             await cli.wait()
         finally:
-            # nothing ends the agent of a killed command yet: this test does
+            # the killed command's watchdog ends them; this keeps a failure from leaving them
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)

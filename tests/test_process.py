@@ -198,14 +198,14 @@ async def test_env_is_merged_over_the_environment_and_cwd_is_used(tmp_path: Path
 
 
 async def test_env_alone_without_inheritance() -> None:
-    """With inherit_env=False the child sees only the given env."""
+    """With inherit_env=False the child sees only the given env, and its tree marker."""
     script = "import os; print(sorted(k for k in os.environ if k != 'LC_CTYPE'))"
     with trio.fail_after(10):
         async with open_agent_process(
             [PY, "-c", script], name="env", env={"ONLY": "1"}, inherit_env=False
         ) as agent:
             out = await read_all(agent)
-    assert out.strip() == b"['ONLY']"
+    assert out.strip() == b"['ONLY', 'ORCHESTRATOR_TREE']"
 
 
 async def test_exit_status_after_a_crash() -> None:

@@ -4,15 +4,25 @@
 process group can be signalled), hands its stdin/stdout to the caller as one
 :class:`trio.abc.Stream` for the JSON-RPC layer, drains its stderr into the log and a bounded tail,
 and on the way out always runs the shutdown ladder: close stdin, SIGTERM the group, SIGKILL the
-group, each rung bounded by a grace period. Whatever the leader leaves behind in its process group
-is killed as soon as the leader is reaped.
+group, each rung bounded by a grace period.
 
 With a :class:`~orchestrator.sandbox.Sandbox`, the agent starts confined by Landlock (see
 :mod:`orchestrator.agent.confine`): the rules hold before its program runs, for it and every
 process it starts.
 
-Limits: a descendant that moves itself to another process group or session (``setsid``,
-``setpgid``) escapes the group signals; only a cgroup could contain it.
+As soon as the leader exits (noticed through a pidfd before it is reaped, so its pid, the group
+and session id, stays reserved meanwhile), whatever it leaves behind is killed: its process
+group, then its descendants that left the group (``setsid``, ``setpgid``, a double fork), found
+by the ``ORCHESTRATOR_TREE`` marker in their environment or by their session (see
+:mod:`orchestrator.agent.reaper`). Only then is the leader reaped and :meth:`AgentProcess.wait`
+answered. If the orchestrator itself dies, even by ``SIGKILL``, the reaper's watchdog kills
+every process of the agent's tree.
+
+Limits (Linux; elsewhere only the group is signalled): a descendant that leaves the agent's
+session and also runs a program with an environment lacking the marker (``env -i``) is found
+only while it stays in a session led by a marked process; one that outruns the sweep by forking
+and exiting in a loop, or one running as another user, is not found. Only a cgroup could
+contain those.
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ from orchestrator.errors import AgentExited, AgentStartError
 from orchestrator.jsonrpc.pipes import PipeStream
 from orchestrator.sandbox import Ruleset, Sandbox
 
+from . import reaper
 from .confine import Confined, confine, which
 
 __all__ = [
@@ -141,8 +152,8 @@ class AgentProcess:
     """One running agent process, as yielded by :func:`open_agent_process`.
 
     Only the tasks of :func:`open_agent_process` wait on and reap the underlying process, so that
-    the leftovers of its process group are killed the moment the leader is reaped (before its pid
-    can be reused).
+    the leftovers of its process group and tree are killed before the leader is reaped (while its
+    pid cannot be reused).
     """
 
     name: str
@@ -156,6 +167,8 @@ class AgentProcess:
     ruleset: Ruleset | None = field(default=None, kw_only=True)
     """The Landlock rules it runs under, or None when it is not confined."""
     _process: trio.Process = field(alias="process", repr=False)
+    _tree: reaper.ProcessTree = field(alias="tree", repr=False)
+    _pidfd: int | None = field(alias="pidfd", repr=False)
     _tail: _StderrTail = field(alias="tail", repr=False)
     _stdin_close_grace: float = field(alias="stdin_close_grace", repr=False)
     _term_grace: float = field(alias="term_grace", repr=False)
@@ -178,6 +191,8 @@ class AgentProcess:
         *,
         name: str,
         argv: tuple[str, ...],
+        tree: reaper.ProcessTree,
+        pidfd: int | None,
         stderr_tail_bytes: int,
         stdin_close_grace: float,
         term_grace: float,
@@ -191,6 +206,8 @@ class AgentProcess:
             argv=argv,
             stream=PipeStream(process.stdin, process.stdout),
             process=process,
+            tree=tree,
+            pidfd=pidfd,
             tail=_StderrTail(stderr_tail_bytes),
             stdin_close_grace=stdin_close_grace,
             term_grace=term_grace,
@@ -275,21 +292,35 @@ class AgentProcess:
         return True
 
     async def _watch_exit(self) -> None:
-        """Reap the leader, then at once kill whatever is left of its group."""
-        with self._watch_scope:
-            returncode = await self._process.wait()
-            # The group id is the leader's pid; it cannot be reused while members remain, and we
-            # get here right after the reap, so this hits only the agent's own leftovers.
-            leftovers = self._signal_group(signal.SIGKILL)
-            self._returncode = returncode
-            self._exited.set()
-            log.info(
-                "agent process exited",
-                agent=self.name,
-                pid=self.pid,
-                returncode=returncode,
-                killed_leftovers=leftovers,
-            )
+        """When the leader exits, kill whatever is left of its group and its tree, then reap it."""
+        try:
+            with self._watch_scope:
+                if self._pidfd is not None:
+                    # Readable once the leader has exited; it stays unreaped (a zombie) until
+                    # wait() below, so its pid, the group and session id, cannot be reused
+                    # while its leftovers are killed.
+                    await trio.lowlevel.wait_readable(self._pidfd)
+                    self._signal_group(signal.SIGKILL)
+                    await reaper.release_tree(self._tree, session=self.pid)
+                    returncode = await self._process.wait()
+                else:
+                    returncode = await self._process.wait()
+                    # Reaped: the group id cannot be reused while members remain, and we get
+                    # here right after the reap, so this hits only the agent's own leftovers.
+                    self._signal_group(signal.SIGKILL)
+                    await reaper.release_tree(self._tree)
+                self._returncode = returncode
+                self._exited.set()
+                log.info(
+                    "agent process exited",
+                    agent=self.name,
+                    pid=self.pid,
+                    returncode=returncode,
+                )
+        finally:
+            if self._pidfd is not None:
+                os.close(self._pidfd)
+                self._pidfd = None
 
     async def _drain_stderr(self, stderr: trio.abc.ReceiveStream) -> None:
         """Log stderr line by line and keep its tail, until EOF or told to stop."""
@@ -335,6 +366,13 @@ class AgentProcess:
                 self._watch_scope.cancel()
 
 
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
 def _argv(command: Sequence[str] | str) -> tuple[str, ...]:
     if isinstance(command, str):
         return ("/bin/sh", "-c", command)
@@ -357,9 +395,10 @@ async def open_agent_process(
     """Run an agent process for the duration of the block.
 
     ``command`` is an argv, or a shell line run with ``/bin/sh -c``. ``env`` is merged over
-    ``os.environ`` when ``inherit_env``, else used alone. The process runs in a new session; on
-    leaving the block (normally, by exception or by cancellation) :meth:`AgentProcess.aclose` runs
-    shielded, and no member of its process group survives.
+    ``os.environ`` when ``inherit_env``, else used alone; either way the process's tree marker
+    (``ORCHESTRATOR_TREE``) is added. The process runs in a new session; on leaving the block
+    (normally, by exception or by cancellation) :meth:`AgentProcess.aclose` runs shielded, and
+    no member of its process group survives, nor any descendant found by its marker or session.
 
     With ``sandbox``, the process is confined by Landlock: it may write only beneath ``cwd``
     (default: the current directory), its home and a private temp directory (``HOME``,
@@ -440,18 +479,24 @@ async def _spawned(
     term_grace: float,
     ruleset: Ruleset | None,
 ) -> AsyncIterator[AgentProcess]:
+    tree = reaper.open_tree()
     try:
-        process = await trio.lowlevel.open_process(
-            list(run),
-            stdin=PIPE,
-            stdout=PIPE,
-            stderr=PIPE,
-            env=env,
-            cwd=cwd,
-            start_new_session=True,
-        )
-    except OSError as exc:
-        raise AgentStartError(f"cannot start {shlex.join(argv)}: {exc}", agent=name) from exc
+        try:
+            process = await trio.lowlevel.open_process(
+                list(run),
+                stdin=PIPE,
+                stdout=PIPE,
+                stderr=PIPE,
+                # the marker goes last, over anything the caller's environment says
+                env=tree.environment(dict(os.environ) if env is None else env),
+                cwd=cwd,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise AgentStartError(f"cannot start {shlex.join(argv)}: {exc}", agent=name) from exc
+    except BaseException:
+        reaper.close_tree(tree)
+        raise
     log.info(
         "agent process started", agent=name, pid=process.pid, argv=argv, sandboxed=bool(ruleset)
     )
@@ -460,6 +505,8 @@ async def _spawned(
         process,
         name=name,
         argv=argv,
+        tree=tree,
+        pidfd=_pidfd(process.pid),
         stderr_tail_bytes=stderr_tail_bytes,
         stdin_close_grace=stdin_close_grace,
         term_grace=term_grace,

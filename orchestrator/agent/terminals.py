@@ -23,7 +23,11 @@ is released) and what the sandbox adds, whatever the request asks for.
 The command's exit is noticed without reaping it (a pidfd and ``waitid(WNOWAIT)`` on Linux), so
 the process group id stays reserved and background children it left can still be killed safely
 on ``kill``, ``release``, :meth:`~ProcessTerminalService.release_session` and service exit. Where
-pidfds are missing the leader is reaped at once and its leftovers are killed right then.
+pidfds are missing the leader is reaped at once and its leftovers are killed right then. The
+descendants that left the group (``setsid``, a double fork) live on like background children
+until ``kill``, ``release`` or service exit, and are killed then, found by the
+``ORCHESTRATOR_TREE`` marker every terminal's environment gets or by its session (see
+:mod:`orchestrator.agent.reaper`).
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ from orchestrator.errors import (
 
 from ..protocol import types as t
 from ..sandbox import Sandbox
+from . import reaper
 from .confine import Confined, confine, which
 from .services import SessionContext
 
@@ -178,6 +183,7 @@ class _Terminal:
     ctx: SessionContext
     argv: tuple[str, ...]
     process: trio.Process
+    tree: reaper.ProcessTree
     pidfd: int | None
     output: OutputBuffer
     scope: trio.CancelScope = field(factory=trio.CancelScope)
@@ -189,6 +195,7 @@ class _Terminal:
     reaped: bool = False
     #: its confinement, whose temp directory goes when the terminal does
     confined: Confined | None = None
+    swept: bool = False
 
     def signal_group(self, sig: signal.Signals) -> None:
         # Safe while the leader is unreaped: its pid, the group id, cannot be reused.
@@ -234,15 +241,25 @@ class _Terminal:
             with trio.move_on_after(grace):
                 await self.leader_gone.wait()
         self.signal_group(signal.SIGKILL)
+        await self.sweep()
         with trio.move_on_after(_KILL_WAIT):
             await self.leader_gone.wait()
         if not self.leader_gone.is_set():
             log.error("terminal survived SIGKILL", terminal=self.id, pid=self.process.pid)
 
+    async def sweep(self) -> None:
+        """Once the group is killed: kill the descendants that left it (setsid, double fork)."""
+        if self.swept:
+            return
+        self.swept = True
+        # The session id is the leader's pid: only while the leader is unreaped is it ours.
+        await reaper.release_tree(self.tree, session=None if self.reaped else self.process.pid)
+
     async def cleanup(self) -> None:
         """Shielded end of the terminal's task: kill what is left, reap, close."""
         with trio.CancelScope(shield=True):
             self.signal_group(signal.SIGKILL)
+            await self.sweep()
             with trio.move_on_after(_KILL_WAIT):
                 await self.process.wait()
             self.reaped = self.process.returncode is not None
@@ -323,7 +340,7 @@ class ProcessTerminalService:
                 )
                 run, env = confined.argv, dict(confined.env)
             try:
-                process = await self._spawn(run, cwd, env, line, argv[0])
+                process, tree = await self._spawn(run, cwd, env, line, argv[0])
             except BaseException:
                 if confined is not None:
                     with trio.CancelScope(shield=True):
@@ -337,6 +354,7 @@ class ProcessTerminalService:
             ctx=ctx,
             argv=argv,
             process=process,
+            tree=tree,
             pidfd=_pidfd(process.pid),
             output=OutputBuffer(limit),
             confined=confined,
@@ -439,31 +457,37 @@ class ProcessTerminalService:
 
     async def _spawn(
         self, argv: tuple[str, ...], cwd: str, env: dict[str, str], line: str, program: str
-    ) -> trio.Process:
+    ) -> tuple[trio.Process, reaper.ProcessTree]:
+        tree = reaper.open_tree()
         try:
-            process = await trio.lowlevel.open_process(
-                list(argv),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                cwd=cwd,
-                env=env,
-                start_new_session=True,
-            )
-        except FileNotFoundError as exc:
-            raise ResourceNotFound(f"command not found: {program}") from exc
-        except OSError as exc:
-            raise InternalError(f"cannot start {line}: {exc}") from exc
+            try:
+                process = await trio.lowlevel.open_process(
+                    list(argv),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    cwd=cwd,
+                    env=tree.environment(env),
+                    start_new_session=True,
+                )
+            except FileNotFoundError as exc:
+                raise ResourceNotFound(f"command not found: {program}") from exc
+            except OSError as exc:
+                raise InternalError(f"cannot start {line}: {exc}") from exc
+        except BaseException:
+            reaper.close_tree(tree)
+            raise
         if self._closing:  # the service began shutting down while the process started
             with trio.CancelScope(shield=True):
                 with suppress(ProcessLookupError, PermissionError):
                     os.killpg(process.pid, signal.SIGKILL)
+                await reaper.release_tree(tree, session=process.pid)
                 with trio.move_on_after(_KILL_WAIT):
                     await process.wait()
                 if process.stdout is not None:
                     await process.stdout.aclose()
             raise InternalError("the terminal service is shutting down")
-        return process
+        return process, tree
 
     def _get(self, terminal_id: str, ctx: SessionContext) -> _Terminal:
         term = self._terminals.get(terminal_id)

@@ -462,6 +462,9 @@ def entry() -> NoReturn:
     joined), so only the standard streams and logging handlers are left to flush.
     """
     code = main()
+    reaper = sys.modules.get("orchestrator.agent.reaper")
+    if reaper is not None:  # atexit handlers do not run on os._exit
+        reaper.stop_watchdog()
     try:
         sys.stdout.flush()
         sys.stderr.flush()

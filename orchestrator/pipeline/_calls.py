@@ -16,6 +16,7 @@ import orjson
 import trio
 
 from .._names import decode_text
+from ..agent import reaper
 from ..agent.confine import Confined, confine
 from ..agent.content import PromptInput
 from ..errors import OrchestratorError, StepAborted, UsageError
@@ -188,7 +189,8 @@ async def run_verify(
     """Run shell ``command`` in ``directory``; keep its exit code and the tail of its output.
 
     The command runs in its own process group, which is killed when it times out, when the run
-    is cancelled, and after it exits (so nothing it started in the background outlives it).
+    is cancelled, and after it exits; then so are its descendants that left the group (see
+    :mod:`orchestrator.agent.reaper`): nothing it started in the background outlives it.
     With ``sandbox`` it runs confined by Landlock to ``directory`` (it runs what the agent
     wrote there: its tests, its build scripts).
     """
@@ -212,6 +214,7 @@ async def _verify(
     timeout: float,
 ) -> VerifyResult:
     done: list[subprocess.CompletedProcess[bytes]] = []
+    tree = reaper.open_tree()
 
     async def kill_group(proc: trio.Process) -> None:
         _signal_group(proc.pid, signal.SIGTERM)
@@ -224,8 +227,8 @@ async def _verify(
             await trio.run_process(
                 args,
                 shell=isinstance(args, str),  # the line itself, or the confined launcher's argv
-                env=env,
                 cwd=directory,
+                env=tree.environment(os.environ if env is None else env),
                 capture_stdout=True,
                 stderr=subprocess.STDOUT,
                 check=False,
@@ -243,6 +246,9 @@ async def _verify(
     finally:
         if proc is not None:
             _signal_group(proc.pid, signal.SIGKILL)
+            await reaper.release_tree(tree)
+        else:
+            reaper.close_tree(tree)
     if scope.cancelled_caught or not done:
         return VerifyResult(command, 124, f"timed out after {timeout:g}s", timed_out=True)
     output = decode_text(done[0].stdout)
