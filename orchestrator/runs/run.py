@@ -34,7 +34,7 @@ from ..agent.permissions import Escalate
 from ..agent.services import ClientServices
 from ..agents import AgentSpec
 from ..config import Config
-from ..errors import AlreadyApplied, SymlinkRefused, UsageError
+from ..errors import AlreadyApplied, StoreError, SymlinkRefused, UsageError
 from ..pipeline import Pipeline, load_pipeline
 from ..pipeline._calls import safe
 from ..pipeline._writer import open_store_writer
@@ -264,10 +264,12 @@ async def run_pipeline(
     over it is refused to the agent (-32602) before anything is written.
 
     The run's changes are recorded before anything is applied. Nothing is written to ``cwd``
-    unless ``apply`` is true and the run succeeded; the changes stay in the run store for
-    :func:`~orchestrator.runs.apply_run`. An apply refused because the changes would make a
-    symlink leading outside the workspace raises :class:`~orchestrator.errors.SymlinkRefused`
-    once the run is recorded.
+    unless ``apply`` is true and the run succeeded, which it never does when recording its
+    changes failed: the run is then recorded failed with the reason (if the store still takes
+    that) and the :class:`~orchestrator.errors.StoreError` is raised. The changes stay in the
+    run store for :func:`~orchestrator.runs.apply_run`. An apply refused because the changes
+    would make a symlink leading outside the workspace raises
+    :class:`~orchestrator.errors.SymlinkRefused` once the run is recorded.
     """
     root = workspace_root(cwd)
     check_transcript_path(transcript)
@@ -359,6 +361,7 @@ async def run_pipeline(
             refused: SymlinkRefused | None = None
             left_out: tuple[str, ...] = ()
             crash: Exception | None = None
+            imported = False
             try:
                 async with (
                     open_store_writer(store) as writer,
@@ -395,6 +398,10 @@ async def run_pipeline(
                     )
                     await runner.emit(RunEvent("run_started", run_id, data={"pipeline": pipe.name}))
                     await runner.run()
+                # the run's record is whole, its transcripts too, before anything is applied
+                with trio.CancelScope(shield=True):
+                    imported = True
+                    await _import_transcripts(store, run_id, run_dir, transcript)
                 status, unapplied, left_out, refused = await _conclude(
                     store, runner, _kind, apply, state
                 )
@@ -403,7 +410,6 @@ async def run_pipeline(
                 raise
             finally:
                 with trio.CancelScope(shield=True):
-                    await _import_transcripts(store, run_id, run_dir, transcript)
                     if status == "interrupted":
                         await store.mark_interrupted(run_id)
                         if crash is not None:
@@ -412,6 +418,8 @@ async def run_pipeline(
                             log.error("run failed", run=run_id, error=error)
                         else:
                             log.warning("run interrupted", run=run_id)
+                    if not imported:
+                        await _import_transcripts(store, run_id, run_dir, transcript)
             result = await get_run_json(run_id, store=store)
             result = {
                 **result,
@@ -484,10 +492,17 @@ async def _conclude(
             final = merged.fork(FINAL, allow_conflicts=True)
     if final is not None:
         net = final.net_changes()
-        # recorded before anything is applied: the apply reads them from the store
-        await store.put_changes(
-            runner.run_id, FINAL, stored_changes(runner.snapshot, net), diff=diff_of(final, net)
-        )
+        # recorded before anything is applied: the apply reads them from the store, and a run
+        # whose changes could not be recorded fails (raised: recorded as failed with it)
+        try:
+            await store.put_changes(
+                runner.run_id,
+                FINAL,
+                stored_changes(runner.snapshot, net),
+                diff=diff_of(final, net),
+            )
+        except StoreError as e:
+            raise StoreError(f"recording the run's changes failed: {e}") from e
         left_out = tuple(await trio.to_thread.run_sync(lambda: patch_left_out(final.root, net)))
         patch = await trio.to_thread.run_sync(lambda: patch_of(final.root, net))
         await trio.to_thread.run_sync((runner.run_dir / "changes.patch").write_bytes, patch)
