@@ -18,6 +18,8 @@ The format::
 
     [limits]
     max_sessions = 8          # global limit of live sessions
+    max_file_size = "100M"    # the largest file a run records as changed (bytes, or K/M/G;
+                              # an untrusted project file may only lower it)
 
     [agents.claude]           # override part of a known agent: unspecified fields keep theirs
     env = { ANTHROPIC_BASE_URL = "http://127.0.0.1:8080" }   # merged into its env
@@ -66,6 +68,7 @@ from typing import Any
 import attrs
 from attrs import define, field, frozen
 
+from ._sizes import DEFAULT_MAX_FILE_SIZE, parse_size
 from .agents import (
     WRITE_MODES,
     AgentSpec,
@@ -95,7 +98,7 @@ _APP_DIR = "acp-orchestrator"
 
 _TOP_KEYS = ("limits", "agents", "sandbox")
 _SANDBOX_KEYS = ("enabled", "read", "write", "ports", "home")
-_LIMIT_KEYS = ("max_sessions",)
+_LIMIT_KEYS = ("max_sessions", "max_file_size")
 _AGENT_KEYS = (
     "command",
     "env",
@@ -151,6 +154,8 @@ class Config:
     sandbox: Sandbox | None = field(default=None, kw_only=True)
     #: whether runs confine their agents when they do not ask themselves
     sandboxed: bool = field(default=False, kw_only=True)
+    #: the largest content (bytes) a run records for a changed file (None = the default)
+    max_file_size: int | None = field(default=None, kw_only=True)
 
     @classmethod
     def builtin(cls) -> Config:
@@ -237,10 +242,17 @@ class Config:
         start = cls.builtin() if base is None else base
         _check_keys(data, _TOP_KEYS, source, "")
         max_sessions = start.max_sessions
+        max_file_size = start.max_file_size
         limits = layer.table(data.get("limits", {}), "limits")
         _check_keys(limits, _LIMIT_KEYS, source, "limits")
         if "max_sessions" in limits:
             max_sessions = layer.integer(limits["max_sessions"], "limits.max_sessions", 1)
+        if "max_file_size" in limits:
+            size = layer.size(limits["max_file_size"], "limits.max_file_size")
+            if trusted or size <= (max_file_size or DEFAULT_MAX_FILE_SIZE):
+                max_file_size = size
+            else:  # it bounds what a hostile agent can make: an untrusted file only lowers it
+                layer.ignored.append("limits.max_file_size")
         agents = dict(start.agents)
         untrusted = dict(start.untrusted_agents)
         for name, table in layer.table(data.get("agents", {}), "agents").items():
@@ -265,6 +277,7 @@ class Config:
             untrusted,
             sandbox=rules,
             sandboxed=sandboxed,
+            max_file_size=max_file_size,
         )
 
     def with_agents(self, agents: Mapping[str, AgentSpec]) -> Config:
@@ -327,6 +340,12 @@ class _Layer:
         if value < minimum:
             raise self.fail(key, f"must be an integer >= {minimum}, got {value}")
         return value
+
+    def size(self, value: Any, key: str) -> int:
+        try:
+            return parse_size(value)
+        except (TypeError, ValueError) as e:
+            raise self.fail(key, str(e)) from e
 
     def seconds(self, value: Any, key: str) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float):

@@ -190,13 +190,14 @@ def test_settings_round_trip_without_secret_values() -> None:
     """Recorded settings keep rules and limits; secret values are stored by name and read again."""
     policy = PolicySet(run=Policy.preset("edit", Rule("ask", name="ask net", kinds="fetch")))
     spec = AgentSpec("a", ("agent", "--acp"), {"API_KEY": "s3cret", "MODE": "fast"})
-    recorded = RunSettings(policy, "custom.toml", {}, 3, {"a": spec}).to_json()
+    recorded = RunSettings(policy, "custom.toml", {}, 3, {"a": spec}, max_file_size=2048).to_json()
     assert "s3cret" not in json.dumps(recorded)
     back = restore_settings(recorded, Config.builtin(), environ={"API_KEY": "again"})
     assert back.settings.policy == policy
     assert back.settings.max_sessions == 3
+    assert back.settings.max_file_size == 2048
     assert back.settings.agents["a"].env == {"API_KEY": "again", "MODE": "fast"}
-    assert back.restored == ("policy", "maxSessions", "agents")
+    assert back.restored == ("policy", "maxSessions", "maxFileSize", "agents")
     lost = restore_settings(recorded, Config.builtin(), environ={})
     assert lost.missing_secrets == ("API_KEY",)
 

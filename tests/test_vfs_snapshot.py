@@ -46,13 +46,18 @@ def test_snapshot_records_stats_without_reading(
 ) -> None:
     """A snapshot lists non-ignored files with their stat and reads none of them."""
     reads: list[str] = []
-    real = snapshot_module._read_disk
+    real, real_hash = snapshot_module._read_disk, snapshot_module._hash_disk
 
     def counting(full: str, mode: int) -> tuple[bytes, os.stat_result, os.stat_result]:
         reads.append(full)
         return real(full, mode)
 
+    def counting_hash(full: str, mode: int) -> tuple[str, os.stat_result, os.stat_result]:
+        reads.append(full)
+        return real_hash(full, mode)
+
     monkeypatch.setattr(snapshot_module, "_read_disk", counting)
+    monkeypatch.setattr(snapshot_module, "_hash_disk", counting_hash)
     snap = ws.snapshot()
     assert sorted(snap.paths()) == [".gitignore", "README", "link", "src/a.py"]
     assert reads == []

@@ -12,11 +12,12 @@ and be paths the system can look up: no NUL byte, no name over 255 bytes (``NAME
 4,096 bytes in all (``PATH_MAX``), resolved or not; directories may nest as deep as that allows.
 Anything else is refused with ``InvalidParams`` (-32602) and logged, and nothing is written. A
 missing file is ``ResourceNotFound`` (-32002); content that is not UTF-8 is refused, never
-mangled. Reads harvest the file first, so they see what the agent wrote on disk; writes create
-parent directories, replace the file atomically and record the change in the branch. Files of
-up to :data:`NOWAIT_MAX_BYTES` are served at once, in the connection's read loop (the
-``*_nowait`` methods); larger ones, or any request while a harvest holds the directory, in a
-worker thread.
+mangled; content over the workdir's limit on a changed file is refused (-32602, with ``path``,
+``size`` and ``limit`` in the error's data) before anything is written, and the turn goes on.
+Reads harvest the file first, so they see what the agent wrote on disk; writes create parent
+directories, replace the file atomically and record the change in the branch. Files of up to
+:data:`NOWAIT_MAX_BYTES` are served at once, in the connection's read loop (the ``*_nowait``
+methods); larger ones, or any request while a harvest holds the directory, in a worker thread.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ import trio
 from attrs import define, field
 
 from .._names import display_name, parse_name
+from .._sizes import format_size
 from ..errors import InvalidParams, JsonRpcError, ResourceNotFound
 from ..vfs import check_path_limits
-from ..vfs.errors import PathNotFound, PathRefused
+from ..vfs.errors import FileTooLarge, PathNotFound, PathRefused
 from ..vfs.workdir import HarvestReport, Workdir
 
 if TYPE_CHECKING:
@@ -172,6 +174,22 @@ class BranchFileSystem:
             raise self._refused("fs/write_text_file", e, ctx) from e
         except UnicodeEncodeError as e:
             raise InvalidParams(f"content for {request.path} is not valid Unicode") from e
+        except FileTooLarge as e:
+            size = e.files[0][1]
+            log.warning(
+                "fs write refused: over the limit on a changed file",
+                path=request.path,
+                size=size,
+                limit=e.limit,
+                branch=self.branch_name,
+                agent=ctx.agent,
+                session=ctx.session_id,
+            )
+            raise InvalidParams(
+                f"{request.path}: {format_size(size)} ({size} bytes) is over the limit of "
+                f"{format_size(e.limit)} ({e.limit} bytes) on a changed file; nothing was written",
+                {"path": request.path, "size": size, "limit": e.limit},
+            ) from e
         except IsADirectoryError as e:
             raise InvalidParams(f"{request.path} is a directory", {"path": request.path}) from e
         log.debug("fs write", path=display_name(rel), bytes=len(data), branch=self.branch_name)

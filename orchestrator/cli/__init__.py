@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
     parser.add_argument("--log-json", action="store_true", help="logs as JSON lines on stderr")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    from .runs import add_parsers, positive_seconds
+    from .runs import FILE_SIZE_HELP, add_parsers, file_size, positive_seconds
 
     p = sub.add_parser(
         "prompt",
@@ -116,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--idle-timeout", type=positive_seconds, help="seconds allowed without any update"
     )
     p.add_argument("--sandbox", action="store_true", help=SANDBOX_HELP)
+    p.add_argument("--max-file-size", type=file_size, metavar="SIZE", help=FILE_SIZE_HELP)
     p.add_argument("text", help="the prompt")
 
     add_parsers(sub)
@@ -305,6 +306,7 @@ async def _cmd_prompt(args: argparse.Namespace) -> int:
         apply=args.apply,
         state_dir=args.state_dir,
         sandbox=args.sandbox or None,
+        max_file_size=args.max_file_size,
     )
     if args.json:
         _emit_json(run.to_json())

@@ -60,6 +60,23 @@ def positive_seconds(text: str) -> float:
 MAX_SET_DEPTH = 100
 
 
+def file_size(text: str) -> int:
+    """An argparse type: a size in bytes, or a number with K, M or G (powers of 1024)."""
+    from .._sizes import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+#: the help of ``--max-file-size``
+FILE_SIZE_HELP = (
+    "the largest file a step may change, in bytes or with K, M, G (default: the config's, "
+    "else 100M); a step leaving a larger file fails"
+)
+
+
 def _shared(p: argparse.ArgumentParser, *, state_only: bool = False) -> None:
     p.add_argument(
         "--state-dir",
@@ -78,6 +95,7 @@ def _shared(p: argparse.ArgumentParser, *, state_only: bool = False) -> None:
     p.add_argument(
         "--max-sessions", type=positive_int, help="live agent sessions at once (default: 8)"
     )
+    p.add_argument("--max-file-size", type=file_size, metavar="SIZE", help=FILE_SIZE_HELP)
     p.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
     p.add_argument("--sandbox", action="store_true", help=SANDBOX_HELP)
 
@@ -144,6 +162,12 @@ def add_parsers(sub: Any) -> None:
         "--max-sessions",
         type=positive_int,
         help="live agent sessions at once (default: as recorded)",
+    )
+    u.add_argument(
+        "--max-file-size",
+        type=file_size,
+        metavar="SIZE",
+        help="the largest file a step may change, in bytes or with K, M, G (default: as recorded)",
     )
     u.add_argument("--report", metavar="DIR", help="write report.html and report.md into DIR")
     u.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
@@ -299,6 +323,8 @@ def _restored_line(restored: Any) -> None:
         )
     if "maxSessions" in restored.get("restored", []):
         said.append(f"max sessions {restored.get('maxSessions')}")
+    if "maxFileSize" in restored.get("restored", []):
+        said.append(f"max file size {restored.get('maxFileSize')} bytes")
     if "agents" in restored.get("restored", []):
         said.append("agents " + ", ".join(restored.get("agents") or []))
     if "sandbox" in restored.get("restored", []):
@@ -434,6 +460,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
             transcript=args.transcript,
             max_sessions=args.max_sessions,
             sandbox=args.sandbox or None,
+            max_file_size=args.max_file_size,
         )
     return _finish(args, outcome)
 
@@ -459,6 +486,7 @@ async def cmd_compare(args: argparse.Namespace) -> int:
             state_dir=args.state_dir,
             transcript=args.transcript,
             max_sessions=args.max_sessions,
+            max_file_size=args.max_file_size,
             timeout=args.timeout,
             idle_timeout=args.idle_timeout,
             sandbox=args.sandbox or None,
@@ -479,6 +507,7 @@ async def cmd_resume(args: argparse.Namespace) -> int:
                 state_dir=args.state_dir,
                 policy=args.policy,
                 max_sessions=args.max_sessions,
+                max_file_size=args.max_file_size,
                 escalate=choose_escalation(),
                 apply=args.apply,
                 on_event=track_run(args, view),

@@ -252,7 +252,8 @@ class AgentTurns:
                     cut_short = session.last_result
                     if cut_short is not None:
                         with trio.CancelScope(shield=True):
-                            await self.dirs.harvest(workdir)
+                            # what fits is kept; the cancellation goes on whatever is left
+                            await self.dirs.harvest(workdir, enforce=False)
                         self._permission_events(step, key, agent, cut_short)
                         self._interrupted[name] = self._result(
                             step, key, agent, item, cut_short, lease.session, made, started,

@@ -242,6 +242,9 @@ class BranchDirs:
 
     run_dir: Path
     io: BranchIO
+    #: the limit on a changed file of the run's branches (None: none); see
+    #: :attr:`Workdir.max_file_size <orchestrator.vfs.Workdir.max_file_size>`
+    max_file_size: int | None = None
     _reaper: Reaper = field(init=False)
     #: directory names taken in this run (names are made unique)
     _names: set[str] = field(init=False, factory=set)
@@ -262,11 +265,17 @@ class BranchDirs:
         self._names.add(unique)
         return self.run_dir / "branches" / unique
 
-    async def materialize(self, branch: Branch, name: str, attempt: int) -> Workdir:
-        """Write ``branch`` out into a fresh directory for attempt ``attempt`` of ``name``."""
+    async def materialize(
+        self, branch: Branch, name: str, attempt: int, *, max_file_size: int | None = None
+    ) -> Workdir:
+        """Write ``branch`` out into a fresh directory for attempt ``attempt`` of ``name``.
+
+        ``max_file_size`` replaces the run's limit on a changed file for this directory.
+        """
+        limit = max_file_size if max_file_size is not None else self.max_file_size
         result, _ = await self.run_then(
             "materialize",
-            lambda: materialize(branch, self.directory(name, attempt)),
+            lambda: materialize(branch, self.directory(name, attempt), max_file_size=limit),
             lambda: None,
             inline=is_small(branch),
         )
@@ -337,11 +346,14 @@ class BranchDirs:
         self.io.critical_seconds -= other
         return result, after
 
-    async def harvest(self, workdir: Workdir) -> None:
+    async def harvest(self, workdir: Workdir, *, enforce: bool = True) -> None:
         """Harvest the branch directory, and compute the branch's diffs in the same thread hop.
 
         The diffs are kept for the instance's record (and the agent step's result): nothing
         changes the branch after its last harvest. Only the harvest counts as directory I/O.
+        Files left on disk over the limit on a changed file raise
+        :class:`~orchestrator.vfs.FileTooLarge` naming them (unless ``enforce`` is false: they
+        are left out of the branch, as every harvest leaves them out).
         """
         branch = workdir.branch
         _, diffs = await self.run_then(
@@ -350,6 +362,8 @@ class BranchDirs:
             lambda: branch_diffs(branch),
             inline=is_small(branch),
         )
+        if enforce and (too_large := workdir.too_large_error()) is not None:
+            raise too_large  # the instance fails: its diffs are of no use
         self._diffs[branch.name] = diffs
 
     def diffs(self, branch: Branch) -> tuple[ChangeSet, str, str]:

@@ -321,6 +321,8 @@ def _node_json(s: Step) -> dict[str, Any]:
     }
     if s.sandbox:  # only a step that asks says so
         node["sandbox"] = s.sandbox.to_json() if isinstance(s.sandbox, Sandbox) else True
+    if s.max_file_size is not None:
+        node["maxFileSize"] = s.max_file_size
     return node
 
 

@@ -178,7 +178,9 @@ class InstanceExecutor:
         needs_dir = agent is not None or step.wants_workdir
         if not needs_dir:
             return await call(step.fn, call_args)
-        workdir = await self.dirs.materialize(branch, name, attempt)
+        workdir = await self.dirs.materialize(
+            branch, name, attempt, max_file_size=step.max_file_size
+        )
         try:
             if "workdir" in step.params:
                 call_args["workdir"] = Path(workdir.root)

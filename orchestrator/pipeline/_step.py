@@ -24,6 +24,7 @@ from ._values import (
     Budget,
     MergeStrategy,
     agents_from,
+    check_size,
     check_text,
     check_timeout,
     first_doc_line,
@@ -104,6 +105,8 @@ class Step:
     #: confine its agents (and their terminal and verify commands) with Landlock: these rules,
     #: or ``True`` for the agent's or the run's rules; ``False``/None: only if they ask
     sandbox: SandboxChoice = None
+    #: the largest content (bytes) a file its branch changes may have; None: the run's limit
+    max_file_size: int | None = None
 
     @classmethod
     def from_function(
@@ -123,6 +126,7 @@ class Step:
         model: str | None = None,
         description: str | None = None,
         sandbox: SandboxChoice = None,
+        max_file_size: int | str | None = None,
     ) -> Step:
         """A step wrapping ``fn``, with every argument checked now (see :func:`step`).
 
@@ -167,6 +171,7 @@ class Step:
             checked_budget = None if budget is None else Budget.from_value(budget)
         except (TypeError, UsageError) as e:
             raise type(e)(f"{what}: {e}") from None
+        checked_size = check_size(max_file_size, "max_file_size", what)
         checked_policy = check_text(policy, "policy", what)
         checked_idle = check_timeout(idle_timeout, "idle_timeout", what)
         checked_mode = check_text(mode, "mode", what)
@@ -211,6 +216,7 @@ class Step:
             ),
             is_async=inspect.iscoroutinefunction(fn),
             sandbox=checked_sandbox,
+            max_file_size=checked_size,
         )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -271,6 +277,7 @@ def step(
     model: str | None = None,
     description: str | None = None,
     sandbox: SandboxChoice = None,
+    max_file_size: int | str | None = None,
 ) -> Callable[[Callable[..., Any]], Step]: ...
 
 
@@ -291,6 +298,7 @@ def step(
     model: str | None = None,
     description: str | None = None,
     sandbox: SandboxChoice = None,
+    max_file_size: int | str | None = None,
 ) -> Step | Callable[[Callable[..., Any]], Step]:
     """Declare a pipeline step; use as ``@step`` or ``@step(...)``.
 
@@ -315,6 +323,9 @@ def step(
       command with Landlock (:class:`~orchestrator.sandbox.Sandbox` rules, or ``True`` for the
       agent's or the run's rules). ``False`` does not turn off a sandbox the run or the agent
       asks for.
+    - ``max_file_size``: the largest file the step's branch may change, in bytes or as
+      ``"500M"``; replaces the run's limit (default 100 MiB) for this step. A file over it
+      fails the instance (see the README, "Limits").
 
     Arguments are checked at once (TypeError or UsageError naming the step).
     """
@@ -332,6 +343,7 @@ def step(
         "model": model,
         "description": description,
         "sandbox": sandbox,
+        "max_file_size": max_file_size,
     }
 
     def decorate(function: Callable[..., Any]) -> Step:

@@ -14,6 +14,7 @@ from typing import Any, Literal, get_args
 
 from attrs import field, frozen
 
+from .._sizes import parse_size
 from ..errors import UsageError
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "Budget",
     "MergeStrategy",
     "agents_from",
+    "check_size",
     "check_text",
     "check_timeout",
     "first_doc_line",
@@ -137,6 +139,18 @@ def check_timeout(value: object, name: str, what: str) -> float | None:
     if not value > 0:
         raise UsageError(f"{what}: {name} must be positive, not {value}")
     return float(value)
+
+
+def check_size(value: object, name: str, what: str) -> int | None:
+    """A size in bytes from an int or a string such as ``"500M"`` (None stays None)."""
+    if value is None:
+        return None
+    try:
+        return parse_size(value)
+    except TypeError as e:
+        raise TypeError(f"{what}: {name}: {e}") from None
+    except ValueError as e:
+        raise UsageError(f"{what}: {name}: {e}") from None
 
 
 def check_text(value: object, name: str, what: str) -> str | None:

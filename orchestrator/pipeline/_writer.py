@@ -8,6 +8,10 @@ going from pending to running to finished within one batch) takes the queued one
 instead of being written twice: the store keeps only the last record of a step anyway, listed
 where it was first recorded. Leaving :func:`open_store_writer` (also on cancellation or Ctrl-C)
 writes what is still queued, so nothing recorded is lost.
+
+A batch the store refuses (a content it cannot hold, a full disk) ends the block with a
+:class:`~orchestrator.errors.StoreError` saying what it held: work that could not be recorded
+must not count as done (the run fails and applies nothing).
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ from contextlib import asynccontextmanager
 import trio
 from attrs import define, field
 
-from ..store import PutStep, RunStore, StoreOp
+from .._util import single_error
+from ..errors import StoreError
+from ..store import PutChanges, PutStep, RunStore, StoreOp
 
 __all__ = ["StoreWriter", "open_store_writer"]
 
@@ -74,6 +80,10 @@ class StoreWriter:
             # a batch in flight always completes: half a step's records would mislead resume
             with trio.CancelScope(shield=True):
                 await self.store.write_many(batch)
+        except StoreError as e:
+            steps = sorted({op.key for op in batch if isinstance(op, PutChanges)})
+            what = f"the changes of {', '.join(steps)}" if steps else "the run's progress"
+            raise StoreError(f"recording {what} failed: {e}") from e
         finally:
             self._writing -= 1
         self.batches += 1
@@ -106,12 +116,14 @@ async def open_store_writer(store: RunStore) -> AsyncIterator[StoreWriter]:
     """A writer for ``store`` for the block; what is queued at the end is written then."""
     writer = StoreWriter(store)
     try:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(writer.serve)
-            try:
-                yield writer
-            finally:
-                nursery.cancel_scope.cancel()
+        # a refused batch comes out as its StoreError, not inside an exception group
+        with single_error():
+            async with trio.open_nursery() as nursery:
+                await nursery.start(writer.serve)
+                try:
+                    yield writer
+                finally:
+                    nursery.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):
             await writer._write_pending()

@@ -26,6 +26,7 @@ from ..vfs import (
     WorkspaceChanged,
     Write,
     git_patch,
+    large_paths,
     unified_diff,
 )
 
@@ -41,6 +42,7 @@ __all__ = [
     "change_kinds",
     "conflict_json",
     "diff_of",
+    "patch_left_out",
     "patch_of",
     "rebuild_branch",
     "stored_changes",
@@ -88,10 +90,20 @@ def patch_of(root: Tree, changes: ChangeSet) -> bytes:
     """A ``git apply``-able patch of ``changes`` relative to ``root``.
 
     A file whose content at the start of the run is gone (see :func:`base_gone`) has no base to
-    patch: it is left out (with a warning); the run store keeps its change, and :func:`diff_of`
-    shows it.
+    patch, and a large file would be held whole in it: they are left out (with a warning,
+    :func:`patch_left_out` names them); the run store keeps their changes, and :func:`diff_of`
+    shows them (a large one by its sizes).
     """
     return git_patch(root, changes, base_gone="omit")
+
+
+def patch_left_out(root: Tree, changes: Mapping[str, Change]) -> list[str]:
+    """The paths of ``changes`` that :func:`patch_of` leaves out: a version is too large to
+    patch (see :func:`~orchestrator.vfs.large_paths`), or their base content is gone (see
+    :func:`base_gone`)."""
+    large = set(large_paths(root, changes))
+    small = {path: change for path, change in changes.items() if path not in large}
+    return sorted(large.union(base_gone(root, small)))
 
 
 def base_gone(root: Tree, changes: Mapping[str, Change]) -> list[str]:

@@ -25,6 +25,7 @@ import trio
 from attrs import define, field
 
 from .._names import display_names
+from .._sizes import DEFAULT_MAX_FILE_SIZE
 from ..agent.permissions import Escalate
 from ..agent.services import ClientServices
 from ..agents import AgentSpec
@@ -80,6 +81,9 @@ class PipelineRunner:
     agents: Mapping[str, AgentSpec] | None = None
     #: the sandbox of each (step, agent label) whose agent runs confined
     sandboxes: Mapping[tuple[str, str], Sandbox] = field(factory=dict)
+    #: the largest content (bytes) a changed file of a step's branch may have; a step's own
+    #: ``max_file_size`` replaces it; None: no limit
+    max_file_size: int | None = DEFAULT_MAX_FILE_SIZE
     states: dict[str, StepState] = field(factory=dict)
     #: what branch directories cost this run (see :meth:`statistics`)
     io: BranchIO = field(init=False, factory=BranchIO)
@@ -95,7 +99,7 @@ class PipelineRunner:
         self.states = {name: StepState(s) for name, s in self.pipeline.steps.items()}
         self._parents = {name: self.pipeline.parents(name) for name in self.pipeline.steps}
         self._recorder = Recorder(self.run_id, self.writer, self.snapshot, self.on_event)
-        self._dirs = BranchDirs(self.run_dir, self.io)
+        self._dirs = BranchDirs(self.run_dir, self.io, self.max_file_size)
         self._turns = AgentTurns(
             run_id=self.run_id,
             pool=self.pool,

@@ -206,6 +206,7 @@ async def prompt(
     state_dir: str | os.PathLike[str] | None = None,
     config: Config | None = None,
     sandbox: SandboxChoice = None,
+    max_file_size: int | str | None = None,
 ) -> PromptRun:
     """Run one turn of ``agent`` with ``text`` on a branch of ``cwd``: a one-step run.
 
@@ -224,7 +225,9 @@ async def prompt(
     verdicts. The agent gets real terminals (in its branch directory) whose commands the same
     policy vets. Passing ``services`` replaces the permission, terminal and elicitation services
     (the fs service of the branch is always installed). If the agent cannot be started or its
-    turn fails, the error is raised after the run is recorded as failed.
+    turn fails, the error is raised after the run is recorded as failed. A file changed to
+    more than ``max_file_size`` bytes (default: the config's, else 100 MiB) fails the run,
+    naming the file (see :func:`~orchestrator.runs.run_pipeline`).
 
     ``sandbox`` (``True`` or :class:`~orchestrator.sandbox.Sandbox` rules) runs the agent and
     its terminal commands confined by Landlock (see :func:`~orchestrator.runs.run_pipeline`).
@@ -265,6 +268,7 @@ async def prompt(
         options=options,
         services=services,
         sandbox=sandbox,
+        max_file_size=max_file_size,
         # a prompt keeps its turn, audit and changes; its wire transcript only when asked
         # (a flood of updates is tens of megabytes of frames)
         record_transcripts=transcript is not None,

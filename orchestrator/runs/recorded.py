@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import stat
 from typing import Any
 
 from .._names import name_json
@@ -120,15 +119,15 @@ async def get_run_json(
             entry["status"] = "interrupted"
     if FINAL in await store.change_keys(record.run_id):
         final_diff = await store.diff(record.run_id, FINAL)
-        for c in await store.changes(record.run_id, FINAL):
+        for c in await store.change_entries(record.run_id, FINAL):
             listed: dict[str, Any] = {
                 **name_json(c.path),
                 "change": "deleted"
                 if c.kind == "delete"
                 else ("modified" if c.base_digest else "added"),
             }
-            if c.kind == "write" and c.data is not None and stat.S_ISLNK(c.mode or 0):
-                listed.update(name_json(c.data, "symlink"))
+            if c.kind == "write" and c.target is not None:
+                listed.update(name_json(c.target, "symlink"))
             final_changes.append(listed)
     result: dict[str, Any] = {
         "kind": record.kind,

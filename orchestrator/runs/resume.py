@@ -22,7 +22,7 @@ from ..store import open_run_store
 from .compare import _compare_config, _compare_pipeline
 from .prompt import prompt_pipeline, prompt_result
 from .run import RunOutcome, run_pipeline
-from .settings import restore_settings
+from .settings import file_size_option, restore_settings
 
 log = structlog.get_logger(__name__)
 
@@ -35,6 +35,7 @@ async def resume_run(
     state_dir: str | os.PathLike[str] | None = None,
     policy: str | os.PathLike[str] | PolicySet | None = None,
     max_sessions: int | None = None,
+    max_file_size: int | str | None = None,
     config: Config | None = None,
     sandbox: SandboxChoice = None,
     **kwargs: Any,
@@ -43,10 +44,10 @@ async def resume_run(
 
     The run goes on as it was started: its recorded policy (rules, not a name to look up
     again), session limit and agent table are restored (secret environment values are read
-    again from the config or the environment). ``policy`` and ``max_sessions`` replace the
-    recorded ones; the result's ``restored`` says what was restored and what was replaced.
-    A run that was confined (``sandbox``) stays confined; ``sandbox`` confines one that was
-    not, or gives it other rules.
+    again from the config or the environment). ``policy``, ``max_sessions`` and
+    ``max_file_size`` replace the recorded ones; the result's ``restored`` says what was
+    restored and what was replaced. A run that was confined (``sandbox``) stays confined;
+    ``sandbox`` confines one that was not, or gives it other rules.
     Refused (:class:`~orchestrator.errors.ResumeConflict`) if the workspace changed since in
     files the finished steps changed.
     ``apply=True`` applies the run's final changes at its end (not for a comparison: apply
@@ -64,7 +65,12 @@ async def resume_run(
         )
     )
     restored = restore_settings(
-        options.get("settings"), base, policy=policy, max_sessions=max_sessions, sandbox=sandbox
+        options.get("settings"),
+        base,
+        policy=policy,
+        max_sessions=max_sessions,
+        max_file_size=file_size_option(max_file_size),
+        sandbox=sandbox,
     )
     spec: AgentSpec | None = None  # a prompt's agent
     if record.kind == "compare":

@@ -28,20 +28,21 @@ import trio
 from attrs import field, frozen
 
 from .._names import display_names
+from .._sizes import DEFAULT_MAX_FILE_SIZE
 from ..agent.client import ClientOptions
 from ..agent.permissions import Escalate
 from ..agent.services import ClientServices
 from ..agents import AgentSpec
 from ..config import Config
-from ..errors import AlreadyApplied, SymlinkRefused, UsageError
+from ..errors import AlreadyApplied, StoreError, SymlinkRefused, UsageError
 from ..pipeline import Pipeline, load_pipeline
 from ..pipeline._calls import safe
 from ..pipeline._writer import open_store_writer
 from ..pipeline.branches import (
     FINAL,
-    base_gone,
     conflict_json,
     diff_of,
+    patch_left_out,
     patch_of,
     rebuild_branch,
     stored_changes,
@@ -73,7 +74,7 @@ from ..vfs import (
 from ._lock import hold_run_lock
 from .apply import apply_recorded, recover
 from .recorded import compare_verdict, get_run_json
-from .settings import RunSettings, policy_source
+from .settings import RunSettings, file_size_option, policy_source
 
 __all__ = ["RunOutcome", "run_pipeline", "run_pipeline_sync", "workspace_root"]
 
@@ -141,18 +142,20 @@ def _settings(
     agents: Mapping[str, AgentSpec],
     policy: str | os.PathLike[str] | PolicySet | None,
     max_sessions: int | None,
+    max_file_size: int | None,
     restored: RunSettings | None,
     cfg: Config,
     sandbox: SandboxChoice,
 ) -> RunSettings:
     """The run's settings, resolved once before any agent starts (or as a resume restored
-    them): the policy, the policies its steps and agents name, the limit, the agent table,
+    them): the policy, the policies its steps and agents name, the limits, the agent table,
     the run's sandbox."""
     if restored is None:
         base = RunSettings(
             policy=PolicySet.resolve(policy),
             policy_source=policy_source(policy),
             max_sessions=max_sessions or cfg.max_sessions or 8,
+            max_file_size=max_file_size or cfg.max_file_size or DEFAULT_MAX_FILE_SIZE,
             sandbox=choose_sandbox(sandbox, cfg.sandboxed, rules=cfg.sandbox),
         )
     else:
@@ -213,6 +216,7 @@ async def run_pipeline(
     escalate: Escalate | None = None,
     config: Config | None = None,
     max_sessions: int | None = None,
+    max_file_size: int | str | None = None,
     apply: bool = False,
     on_event: Callable[[RunEvent], None] | None = None,
     on_update: Callable[[t.SessionUpdate], None] | None = None,
@@ -254,11 +258,18 @@ async def run_pipeline(
     (:class:`~orchestrator.errors.SandboxUnavailable`); the result's ``sandbox`` says what
     confined which agent.
 
+    A step instance that leaves a file larger than ``max_file_size`` bytes in its branch (an
+    int, or ``"100M"``; default: the config's, else 100 MiB; a step's own ``max_file_size``
+    replaces it) fails, naming the file, its size and the limit; an ``fs/write_text_file``
+    over it is refused to the agent (-32602) before anything is written.
+
     The run's changes are recorded before anything is applied. Nothing is written to ``cwd``
-    unless ``apply`` is true and the run succeeded; the changes stay in the run store for
-    :func:`~orchestrator.runs.apply_run`. An apply refused because the changes would make a
-    symlink leading outside the workspace raises :class:`~orchestrator.errors.SymlinkRefused`
-    once the run is recorded.
+    unless ``apply`` is true and the run succeeded, which it never does when recording its
+    changes failed: the run is then recorded failed with the reason (if the store still takes
+    that) and the :class:`~orchestrator.errors.StoreError` is raised. The changes stay in the
+    run store for :func:`~orchestrator.runs.apply_run`. An apply refused because the changes
+    would make a symlink leading outside the workspace raises
+    :class:`~orchestrator.errors.SymlinkRefused` once the run is recorded.
     """
     root = workspace_root(cwd)
     check_transcript_path(transcript)
@@ -274,7 +285,10 @@ async def run_pipeline(
     # labels for the whole run, before anything starts: relative paths as typed here, like
     # prompt and compare; different agents never share a label
     agents = label_run_agents(pipe, cfg.resolve_agent, base=os.getcwd())
-    settings = _settings(pipe, agents, policy, max_sessions, _settings_restored, cfg, sandbox)
+    file_limit = file_size_option(max_file_size)
+    settings = _settings(
+        pipe, agents, policy, max_sessions, file_limit, _settings_restored, cfg, sandbox
+    )
     cfg = settings.config(cfg)
     state = state_directory(state_dir, workspace=root)
     sandboxes = _confinement(pipe, agents, settings, cfg.sandbox, state)
@@ -347,6 +361,7 @@ async def run_pipeline(
             refused: SymlinkRefused | None = None
             left_out: tuple[str, ...] = ()
             crash: Exception | None = None
+            imported = False
             try:
                 async with (
                     open_store_writer(store) as writer,
@@ -379,9 +394,14 @@ async def run_pipeline(
                         parallel=limit,
                         agents=agents,
                         sandboxes=sandboxes,
+                        max_file_size=settings.max_file_size,
                     )
                     await runner.emit(RunEvent("run_started", run_id, data={"pipeline": pipe.name}))
                     await runner.run()
+                # the run's record is whole, its transcripts too, before anything is applied
+                with trio.CancelScope(shield=True):
+                    imported = True
+                    await _import_transcripts(store, run_id, run_dir, transcript)
                 status, unapplied, left_out, refused = await _conclude(
                     store, runner, _kind, apply, state
                 )
@@ -390,7 +410,6 @@ async def run_pipeline(
                 raise
             finally:
                 with trio.CancelScope(shield=True):
-                    await _import_transcripts(store, run_id, run_dir, transcript)
                     if status == "interrupted":
                         await store.mark_interrupted(run_id)
                         if crash is not None:
@@ -399,6 +418,8 @@ async def run_pipeline(
                             log.error("run failed", run=run_id, error=error)
                         else:
                             log.warning("run interrupted", run=run_id)
+                    if not imported:
+                        await _import_transcripts(store, run_id, run_dir, transcript)
             result = await get_run_json(run_id, store=store)
             result = {
                 **result,
@@ -471,11 +492,18 @@ async def _conclude(
             final = merged.fork(FINAL, allow_conflicts=True)
     if final is not None:
         net = final.net_changes()
-        # recorded before anything is applied: the apply reads them from the store
-        await store.put_changes(
-            runner.run_id, FINAL, stored_changes(runner.snapshot, net), diff=diff_of(final, net)
-        )
-        left_out = tuple(await trio.to_thread.run_sync(lambda: base_gone(final.root, net)))
+        # recorded before anything is applied: the apply reads them from the store, and a run
+        # whose changes could not be recorded fails (raised: recorded as failed with it)
+        try:
+            await store.put_changes(
+                runner.run_id,
+                FINAL,
+                stored_changes(runner.snapshot, net),
+                diff=diff_of(final, net),
+            )
+        except StoreError as e:
+            raise StoreError(f"recording the run's changes failed: {e}") from e
+        left_out = tuple(await trio.to_thread.run_sync(lambda: patch_left_out(final.root, net)))
         patch = await trio.to_thread.run_sync(lambda: patch_of(final.root, net))
         await trio.to_thread.run_sync((runner.run_dir / "changes.patch").write_bytes, patch)
     await store.update_run(runner.run_id, status=status, finished=time.time())

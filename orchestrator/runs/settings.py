@@ -2,12 +2,13 @@
 
 A run records its :class:`RunSettings` before any agent starts: the resolved policy's rules
 (presets spelled out; policies named by steps and agents too), the session limit, the turn
-limits, the agent table and the run's sandbox. Environment values whose names look secret are
-never stored: the name is, and the value is read again (from the config, else the environment)
-when the run is resumed. :func:`restore_settings` rebuilds the settings from the record;
-options given to the resume replace what they name, an agent that the config files now define
-otherwise is taken from the config (that is how a user fixes an agent's command before
-resuming), and the result says what was restored and what was overridden.
+limits, the limit on a changed file, the agent table and the run's sandbox. Environment values
+whose names look secret are never stored: the name is, and the value is read again (from the
+config, else the environment) when the run is resumed. :func:`restore_settings` rebuilds the
+settings from the record; options given to the resume replace what they name, an agent that
+the config files now define otherwise is taken from the config (that is how a user fixes an
+agent's command before resuming), and the result says what was restored and what was
+overridden.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ from typing import Any
 import structlog
 from attrs import field, frozen
 
+from .._sizes import DEFAULT_MAX_FILE_SIZE, parse_size
 from ..agents import _REDACTED, AgentSpec  # the marker AgentSpec.to_json writes for secrets
 from ..config import Config
+from ..errors import UsageError
 from ..policy import PolicySet
 from ..sandbox import Sandbox, SandboxChoice, choose_sandbox
 
-__all__ = ["Restored", "RunSettings", "policy_source", "restore_settings"]
+__all__ = ["Restored", "RunSettings", "file_size_option", "policy_source", "restore_settings"]
 
 log = structlog.get_logger(__name__)
 
@@ -46,6 +49,8 @@ class RunSettings:
     #: the run's own sandbox, confining every agent of the run (None: only the agents and
     #: steps that ask are confined)
     sandbox: Sandbox | None = None
+    #: the largest content (bytes) a changed file may have
+    max_file_size: int = DEFAULT_MAX_FILE_SIZE
 
     def to_json(self) -> dict[str, Any]:
         """The settings as the run store keeps them (no secret values)."""
@@ -54,6 +59,7 @@ class RunSettings:
             "policySource": self.policy_source,
             "namedPolicies": {k: p.to_mapping() for k, p in self.named_policies.items()},
             "maxSessions": self.max_sessions,
+            "maxFileSize": self.max_file_size,
             "agents": {name: spec.to_json(redact=True) for name, spec in self.agents.items()},
             "sandbox": self.sandbox.to_json() if self.sandbox is not None else None,
         }
@@ -116,7 +122,8 @@ class Restored:
     """What :func:`restore_settings` restored, for the user to see."""
 
     settings: RunSettings
-    #: what came from the record: ``policy``, ``maxSessions``, ``agents``, ``sandbox``
+    #: what came from the record: ``policy``, ``maxSessions``, ``maxFileSize``, ``agents``,
+    #: ``sandbox``
     restored: tuple[str, ...] = ()
     #: what the resume's own options replaced
     overridden: tuple[str, ...] = ()
@@ -131,6 +138,7 @@ class Restored:
             "policy": s.policy_source,
             "policyRules": s.policy.describe(),
             "maxSessions": s.max_sessions,
+            "maxFileSize": s.max_file_size,
             "agents": sorted(s.agents),
             "missingSecrets": list(self.missing_secrets),
             "sandbox": s.sandbox.to_json() if s.sandbox is not None else None,
@@ -143,10 +151,12 @@ def restore_settings(
     *,
     policy: str | os.PathLike[str] | PolicySet | None = None,
     max_sessions: int | None = None,
+    max_file_size: int | None = None,
     environ: Mapping[str, str] | None = None,
     sandbox: SandboxChoice = None,
 ) -> Restored:
-    """The settings of a recorded run, with ``policy`` and ``max_sessions`` replacing theirs.
+    """The settings of a recorded run, with ``policy``, ``max_sessions`` and ``max_file_size``
+    replacing theirs.
 
     A recorded sandbox is kept (a resume does not turn it off); ``sandbox`` confines a run
     that was not, or gives it other rules. A run recorded before settings were kept (no
@@ -178,6 +188,14 @@ def restore_settings(
         restored.append("maxSessions")
     else:
         sessions = config.max_sessions or 8
+    if max_file_size is not None:
+        file_size = max_file_size
+        overridden.append("maxFileSize")
+    elif "maxFileSize" in data:
+        file_size = int(data["maxFileSize"])
+        restored.append("maxFileSize")
+    else:  # recorded before the limit was kept
+        file_size = config.max_file_size or DEFAULT_MAX_FILE_SIZE
     agents: dict[str, AgentSpec] = {}
     missing: list[str] = []
     builtin = Config.builtin().agents
@@ -205,7 +223,7 @@ def restore_settings(
         restored.append("sandbox")
     else:  # as a new run: the config may confine it
         run_sandbox = choose_sandbox(config.sandboxed, rules=config.sandbox)
-    settings = RunSettings(policy_set, source, named, sessions, agents, run_sandbox)
+    settings = RunSettings(policy_set, source, named, sessions, agents, run_sandbox, file_size)
     return Restored(settings, tuple(restored), tuple(overridden), tuple(sorted(set(missing))))
 
 
@@ -216,3 +234,14 @@ def policy_source(policy: str | os.PathLike[str] | PolicySet | None) -> str | No
     if isinstance(policy, PolicySet):
         return "library"
     return os.fspath(policy)
+
+
+def file_size_option(value: int | str | None) -> int | None:
+    """``max_file_size`` as given to a run or a resume, in bytes (``"100M"`` too); a
+    :class:`~orchestrator.errors.UsageError` when it is no size."""
+    if value is None:
+        return None
+    try:
+        return parse_size(value)
+    except (TypeError, ValueError) as e:
+        raise UsageError(f"max_file_size: {e}") from None

@@ -28,6 +28,7 @@ __all__ = [
     "change_set_blobs",
     "drop_unreferenced_blobs",
     "find_run",
+    "read_blob",
     "require_run",
     "stage",
     "stage_add_transcript",
@@ -91,12 +92,35 @@ def find_run(conn: sqlite3.Connection, path: Path, id_or_prefix: str) -> RunReco
     return run_from_row(rows[0])
 
 
+#: content larger than this is written and read in pieces of this size, through an incremental
+#: blob handle: bound or selected whole, SQLite would make a copy of all of it
+BLOB_PIECE = 1 << 20
+
+
 def store_blob(conn: sqlite3.Connection, digest: str, data: bytes) -> None:
-    """Keep ``data`` under ``digest`` unless it is already there."""
-    conn.execute(
-        "INSERT OR IGNORE INTO blobs (digest, size, data) VALUES (?, ?, ?)",
-        (digest, len(data), data),
+    """Keep ``data`` under ``digest`` unless it is already there (then it is not copied)."""
+    if conn.execute("SELECT 1 FROM blobs WHERE digest = ?", (digest,)).fetchone() is not None:
+        return
+    size = len(data)
+    if size <= BLOB_PIECE:
+        conn.execute(
+            "INSERT INTO blobs (digest, size, data) VALUES (?, ?, ?)", (digest, size, data)
+        )
+        return
+    cursor = conn.execute(
+        "INSERT INTO blobs (digest, size, data) VALUES (?, ?, zeroblob(?))", (digest, size, size)
     )
+    assert cursor.lastrowid is not None
+    view = memoryview(data)
+    with conn.blobopen("blobs", "data", cursor.lastrowid) as blob:
+        for at in range(0, size, BLOB_PIECE):
+            blob.write(view[at : at + BLOB_PIECE])
+
+
+def read_blob(conn: sqlite3.Connection, rowid: int) -> bytes:
+    """The content of the blob in row ``rowid``, read straight into one ``bytes``."""
+    with conn.blobopen("blobs", "data", rowid, readonly=True) as blob:
+        return blob.read()
 
 
 def drop_unreferenced_blobs(conn: sqlite3.Connection, digests: Iterable[str]) -> None:

@@ -21,6 +21,7 @@ __all__ = [
     "RUN_STATUSES",
     "STEP_STATUSES",
     "ApplyRecord",
+    "ChangeEntry",
     "ChangeKind",
     "RunKind",
     "RunRecord",
@@ -217,6 +218,20 @@ class StoredChange:
             "size": None if self.data is None else len(self.data),
             "digest": self.digest,
         }
+
+
+@frozen
+class ChangeEntry:
+    """A stored change as a listing shows it: what it does to its path, not its content."""
+
+    path: str
+    kind: ChangeKind
+    mode: int | None = None
+    base_digest: str | None = None
+    #: the size of the new content (a ``write``), None otherwise
+    size: int | None = None
+    #: a symlink's target: the content of a ``write`` that leaves a symlink, None otherwise
+    target: bytes | None = None
 
 
 @frozen

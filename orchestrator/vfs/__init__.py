@@ -60,6 +60,7 @@ from .changes import Change, ChangeSet, Delete, FileState, ModeChange, Write
 from .checkout import materialize, materialize_async
 from .errors import (
     ApplyError,
+    FileTooLarge,
     MergeConflictError,
     PathNotFound,
     PathRefused,
@@ -74,6 +75,7 @@ from .export import (
     git_commit_async,
     git_head_tree,
     git_patch,
+    large_paths,
     unified_diff,
 )
 from .ignore import IgnoreRules
@@ -108,6 +110,7 @@ __all__ = [
     "Delete",
     "EarlyWarning",
     "FileState",
+    "FileTooLarge",
     "GitBranchRefused",
     "HarvestReport",
     "Hunk",
@@ -143,6 +146,7 @@ __all__ = [
     "git_patch",
     "harvest",
     "interrupted_applies",
+    "large_paths",
     "materialize",
     "materialize_async",
     "merge_branches",

@@ -20,6 +20,7 @@ from .errors import PathRefused
 
 __all__ = [
     "DEFAULT_MODE",
+    "LARGE_FILE_SIZE",
     "NAME_MAX",
     "PATH_MAX",
     "SYMLINK_MODE",
@@ -27,6 +28,7 @@ __all__ = [
     "copy_fd",
     "copy_fd_hashed",
     "digest",
+    "digest_fd",
     "fsync_dir",
     "git_mode",
     "is_binary",
@@ -50,6 +52,9 @@ NAME_MAX = 255
 #: bytes in a path, its terminating NUL included (Linux's ``PATH_MAX``): longer ones can never
 #: be looked up at once
 PATH_MAX = 4096
+#: a file larger than this (8 MiB) is not diffed line by line: diffs give its sizes, patches
+#: leave it out, and a snapshot does not keep its content for them
+LARGE_FILE_SIZE = 8 * 2**20
 
 # The Linux ioctl that shares extents between two files (btrfs, XFS, bcachefs, ...).
 _FICLONE = 0x40049409
@@ -127,6 +132,13 @@ def git_mode(mode: int) -> str:
 def digest(data: bytes) -> str:
     """The content hash used throughout the VFS (SHA-256, hex)."""
     return hashlib.sha256(data).hexdigest()
+
+
+def digest_fd(fd: int) -> str:
+    """:func:`digest` of what an open file holds from its current offset on, read in pieces
+    (a file of any size is hashed in constant memory). The fd stays open."""
+    with open(fd, "rb", closefd=False) as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def is_binary(data: bytes) -> bool:

@@ -52,10 +52,13 @@ from attrs import frozen
 
 from .._names import display_name, name_bytes
 from ._fileio import (
+    copy_fd_hashed,
     digest,
+    digest_fd,
     fsync_dir,
     make_dirs,
     normalize_mode,
+    temp_name,
     walk_files,
     write_entry_atomic,
 )
@@ -185,15 +188,33 @@ def _read_blob(path: str) -> bytes | None:
         return None
 
 
+def _blob_digest(path: str) -> str | None:
+    """The digest of a journaled content, streamed (None if it cannot be read)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return digest_fd(fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def _disk(root: str, path: str) -> tuple[str | None, int | None]:
-    """Digest and mode of a workspace path as it is now (None, None if absent)."""
+    """Digest and mode of a workspace path as it is now (None, None if absent); a file is
+    hashed as it streams by, never held."""
     full = os.path.join(root, path)
     try:
         st = os.lstat(full)
         if stat.S_ISLNK(st.st_mode):
             return digest(name_bytes(os.readlink(full))), normalize_mode(st.st_mode)
-        with open(full, "rb") as f:
-            return digest(f.read()), normalize_mode(st.st_mode)
+        fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            return digest_fd(fd), normalize_mode(st.st_mode)
+        finally:
+            os.close(fd)
     except (FileNotFoundError, NotADirectoryError):
         return None, None
     except IsADirectoryError:
@@ -237,15 +258,63 @@ def _remove_empty_parents(root: str, path: str) -> None:
         parent = parent.rpartition("/")[0]
 
 
-def _put(root: str, path: str, data: bytes, mode: int) -> None:
-    """Write a workspace file atomically (parents created, never through a symlink)."""
+def _parents(root: str, path: str) -> None:
+    """Make the directories of a workspace path, refusing one that leads elsewhere."""
     head = path.rpartition("/")[0]
     if head:
         full_head = os.path.join(root, head)
         make_dirs(full_head)
         if os.path.realpath(full_head) != os.path.join(os.path.realpath(root), head):
             raise ApplyError(f"{display_name(head)} resolves outside its place in the workspace")
+
+
+def _put(root: str, path: str, data: bytes, mode: int) -> None:
+    """Write a workspace file atomically (parents created, never through a symlink)."""
+    _parents(root, path)
     write_entry_atomic(os.path.join(root, path), data, mode, fsync=True)
+
+
+def _put_journaled(root: str, path: str, blob: str, want: str, mode: int, what: str) -> None:
+    """Write a workspace file atomically from a journaled content, copied as it streams by (a
+    reflink where the filesystem can) and checked against its digest ``want`` on the way.
+
+    A symlink's content (its target) is read: it is small.
+    """
+    if stat.S_ISLNK(mode):
+        data = _read_blob(blob)
+        if data is None or digest(data) != want:
+            raise ApplyError(f"{what} is missing or corrupt")
+        _put(root, path, data, mode)
+        return
+    _parents(root, path)
+    full = os.path.join(root, path)
+    head, name = os.path.split(full)
+    tmp = os.path.join(head, temp_name(name))
+    try:
+        src = os.open(blob, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        raise ApplyError(f"{what} is missing or corrupt") from e
+    try:
+        dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            size, devices = os.fstat(src).st_size, (os.fstat(src).st_dev, os.fstat(dst).st_dev)
+            intact = copy_fd_hashed(src, dst, size, devices) == want
+            if intact:
+                os.fchmod(dst, stat.S_IMODE(mode))
+                os.fsync(dst)
+        except BaseException:
+            intact = False
+            raise
+        finally:
+            os.close(dst)
+            if not intact:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+        if not intact:
+            raise ApplyError(f"{what} is missing or corrupt")
+        os.replace(tmp, full)
+    finally:
+        os.close(src)
 
 
 def _remove(root: str, path: str) -> None:
@@ -472,10 +541,9 @@ def _set(
         elif entry["action"] == "chmod":
             os.chmod(os.path.join(root, path), stat.S_IMODE(entry["new_mode"]))
         else:
-            data = _read_blob(os.path.join(journal_dir, entry["new"]))
-            if data is None or digest(data) != entry["new_digest"]:
-                raise ApplyError(f"journaled content of {display_name(path)} is missing or corrupt")
-            _put(root, path, data, entry["new_mode"])
+            blob = os.path.join(journal_dir, entry["new"])
+            what = f"journaled content of {display_name(path)}"
+            _put_journaled(root, path, blob, entry["new_digest"], entry["new_mode"], what)
         return
     if "old" not in entry:
         _remove(root, path)
@@ -483,10 +551,10 @@ def _set(
     if entry["action"] == "chmod" and now_digest == entry["old_digest"]:
         os.chmod(os.path.join(root, path), stat.S_IMODE(entry["old_mode"]))
         return
-    data = _read_blob(os.path.join(journal_dir, entry["old"]))
-    if data is None or digest(data) != entry["old_digest"]:
-        raise ApplyError(f"backup of {display_name(path)} is missing or corrupt")
-    _put(root, path, data, entry["old_mode"])
+    blob = os.path.join(journal_dir, entry["old"])
+    _put_journaled(
+        root, path, blob, entry["old_digest"], entry["old_mode"], f"backup of {display_name(path)}"
+    )
 
 
 def _remove_temp_files(root: str, entries: list[dict[str, Any]]) -> None:
@@ -588,8 +656,7 @@ def _recover_one(journal_dir: str) -> RecoveryReport:
     root: str = body["workspace"]
     entries: list[dict[str, Any]] = body["entries"]
     complete = all(
-        (data := _read_blob(os.path.join(journal_dir, e["new"]))) is not None
-        and digest(data) == e["new_digest"]
+        _blob_digest(os.path.join(journal_dir, e["new"])) == e["new_digest"]
         for e in entries
         if e["action"] == "write"
     )

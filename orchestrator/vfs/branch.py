@@ -14,6 +14,7 @@ step.
 
 from __future__ import annotations
 
+import stat
 import threading
 from collections.abc import Set
 
@@ -186,6 +187,24 @@ class Branch:
         kind = mode & 0o170000 or state.mode & 0o170000
         return self.set_state(path, FileState(state.data, kind | (mode & 0o7777), state.digest))
 
+    def set_mode(self, path: str, mode: int) -> Change | None:
+        """Give ``path`` the mode ``mode`` (same kind of file), its content unchanged.
+
+        Unlike :meth:`chmod`, the content is never read: only hashes and modes are compared.
+        """
+        path = normalize_path(path)
+        mode = normalize_mode(mode)
+        with self._lock:
+            own = self._changes.get(path)
+        if isinstance(own, Write):
+            return self.set_state(path, FileState(own.data, mode, own.digest))
+        base_mode = None if isinstance(own, Delete) else self.base.mode(path)
+        if base_mode is None:
+            raise PathNotFound(path)
+        if stat.S_IFMT(base_mode) != stat.S_IFMT(mode):
+            raise ValueError(f"{path}: a new mode of another kind of file is new content")
+        return self._record(path, None if mode == base_mode else ModeChange(mode))
+
     def revert(self, path: str) -> None:
         """Drop this branch's change to ``path`` (back to the base version)."""
         path = normalize_path(path)
@@ -202,6 +221,10 @@ class Branch:
             # The base content is gone from the workspace: keep the new state as a full write;
             # apply will report the outside change.
             change = Delete() if state is None else Write.from_state(state)
+        return self._record(path, change)
+
+    def _record(self, path: str, change: Change | None) -> Change | None:
+        """Record ``change`` (None: none) as this branch's change to ``path``."""
         root = root_of(self.base)
         if (
             isinstance(change, Write | ModeChange)

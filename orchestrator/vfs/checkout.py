@@ -431,6 +431,7 @@ def materialize(
     include_vcs: bool = False,
     workers: int | None = None,
     watch: bool | None = None,
+    max_file_size: int | None = None,
 ) -> Workdir:
     """Write ``branch`` into the new or empty ``directory`` and return its :class:`Workdir`.
 
@@ -442,6 +443,8 @@ def materialize(
     ``watch`` enables the inotify accelerator for harvests; by default (None) it is on for trees
     of :data:`WATCH_MIN_FILES` files or more: below that a full stat scan is cheaper than setting
     up a watch and tearing it down (closing an inotify instance alone takes milliseconds).
+    ``max_file_size`` is the workdir's limit on a changed file (see
+    :attr:`Workdir.max_file_size <orchestrator.vfs.workdir.Workdir.max_file_size>`).
     Blocking: from trio, use :func:`materialize_async`.
     """
     started = time.perf_counter()
@@ -473,7 +476,16 @@ def materialize(
     except BaseException:
         remove_tree(target)
         raise
-    workdir = Workdir.open(target, branch, root.ignore, records, overrides, links, rewritten)
+    workdir = Workdir.open(
+        target,
+        branch,
+        root.ignore,
+        records,
+        overrides,
+        links,
+        rewritten,
+        max_file_size=max_file_size,
+    )
     if watch or (watch is None and len(jobs) >= WATCH_MIN_FILES):
         workdir._start_watching(["", *dirs])
     seconds = time.perf_counter() - started
@@ -497,6 +509,7 @@ async def materialize_async(
     include_vcs: bool = False,
     workers: int | None = None,
     watch: bool | None = None,
+    max_file_size: int | None = None,
 ) -> Workdir:
     """:func:`materialize` in a worker thread."""
     return await trio.to_thread.run_sync(
@@ -507,5 +520,6 @@ async def materialize_async(
             include_vcs=include_vcs,
             workers=workers,
             watch=watch,
+            max_file_size=max_file_size,
         )
     )

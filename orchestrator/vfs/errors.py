@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from .._names import display_name, display_names
+from .._sizes import format_size
 from ..errors import OrchestratorError
 
 if TYPE_CHECKING:
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ApplyError",
+    "FileTooLarge",
     "MergeConflictError",
     "PathNotFound",
     "PathRefused",
@@ -57,6 +59,35 @@ class PathRefused(VfsError):
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (self.path, self.reason))
+
+
+class FileTooLarge(VfsError):
+    """A changed file is larger than the limit on a changed file: it is not recorded.
+
+    ``files`` holds ``(path, size)`` of each, ``limit`` the limit in bytes.
+    """
+
+    def __init__(self, files: Iterable[tuple[str, int]], limit: int):
+        self.files = files = tuple(sorted(files))
+        self.limit = limit
+        shown = [
+            f"{display_name(path)} ({format_size(size)}, {size} bytes)" for path, size in files
+        ]
+        over = f"over the limit of {format_size(limit)} ({limit} bytes) on a changed file"
+        if len(shown) == 1:
+            path, size = files[0]
+            text = f"{display_name(path)} is {format_size(size)} ({size} bytes), {over}"
+        else:
+            text = f"{len(shown)} files are {over}: {', '.join(shown)}"
+        super().__init__(f"{text}; not recorded")
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """The paths of the files."""
+        return tuple(path for path, _ in self.files)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.files, self.limit))
 
 
 class WorkspaceChanged(VfsError):

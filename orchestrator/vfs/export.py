@@ -1,7 +1,9 @@
 """Exports of a change set: a unified diff, a git patch, or a git commit on a new branch.
 
 - :func:`unified_diff` is for people: a plain unified diff (``--- a/path`` / ``+++ b/path``), with
-  ``Binary files ... differ`` for binary files. A symlink (its content is its target) is marked
+  ``Binary files ... differ`` for binary files and ``Large files ... differ (OLD -> NEW; ...)``
+  with both sizes for a file over :data:`~orchestrator.vfs._fileio.LARGE_FILE_SIZE` (8 MiB),
+  whose lines are not compared (nor read). A symlink (its content is its target) is marked
   as git marks one: a ``diff --git`` line and ``new file mode 120000``, ``deleted file mode
   120000``, or ``old mode``/``new mode`` lines when it is there before and after.
 - :func:`git_patch` is for ``git apply``: git's extended headers (new/deleted file modes, mode
@@ -9,6 +11,8 @@
   ``GIT binary patch`` literals. Paths with unusual characters are quoted as git quotes them. A
   path whose type changes (a file become a symlink, or the reverse) is, as ``git diff`` writes
   it, a deletion of the old entry followed by a creation of the new one.
+  A file over 8 MiB is left out (:func:`large_paths` names them): its patch would hold it
+  whole, base85-encoded.
 - :func:`git_commit` records the changes as a commit on a new branch of the workspace's git
   repository with plumbing only (``hash-object -w``, ``read-tree``/``update-index`` into a
   temporary index named by ``GIT_INDEX_FILE``, ``write-tree``, ``commit-tree``, ``update-ref``):
@@ -38,12 +42,13 @@ import structlog
 import trio
 
 from .._names import decode_text, git_quote, name_bytes, name_of
-from ._fileio import SYMLINK_MODE, git_mode, is_binary, is_symlink
+from .._sizes import format_size
+from ._fileio import LARGE_FILE_SIZE, SYMLINK_MODE, git_mode, is_binary, is_symlink
 from ._lines import LineMatcher
 from .changes import Change, ChangeSet, Delete, FileState, ModeChange, Write
 from .errors import VfsError, WorkspaceChanged
 from .snapshot import Snapshot
-from .tree import ChangeSource, MemoryTree, Tree
+from .tree import ChangeSource, Layer, MemoryTree, Tree
 
 __all__ = [
     "GitBranchRefused",
@@ -52,6 +57,7 @@ __all__ = [
     "git_commit_async",
     "git_head_tree",
     "git_patch",
+    "large_paths",
     "unified_diff",
 ]
 
@@ -157,6 +163,74 @@ def _versions(
     return old_data, old_mode, None, None
 
 
+def _size(tree: Tree, path: str) -> int | None:
+    """The size of ``path``'s content in ``tree``, found without reading it; None when absent,
+    or for a kind of tree that cannot tell."""
+    current: Tree | None = tree
+    while isinstance(current, Layer):
+        change = current.changes.get(path)
+        if isinstance(change, Write):
+            return len(change.data)
+        if isinstance(change, Delete):
+            return None
+        current = current.parent
+    if isinstance(current, Snapshot):
+        return current.stat(path).size if current.exists(path) else None
+    if isinstance(current, MemoryTree):
+        state = current.state(path)
+        return None if state is None else len(state.data)
+    return None
+
+
+def _sizes(base: Tree, path: str, change: Change) -> tuple[int | None, int | None]:
+    """The sizes of ``path`` before and after ``change`` (None: absent or unknown), unread."""
+    old = _size(base, path)
+    if isinstance(change, Write):
+        return old, len(change.data)
+    if isinstance(change, ModeChange):
+        return old, old
+    return old, None
+
+
+def _is_large(sizes: tuple[int | None, int | None]) -> bool:
+    return any(size is not None and size > LARGE_FILE_SIZE for size in sizes)
+
+
+def large_paths(
+    source: ChangeSource | Tree, changes: Mapping[str, Change] | None = None
+) -> tuple[str, ...]:
+    """The paths whose change writes or deletes a file over ``LARGE_FILE_SIZE`` (8 MiB), either
+    version: :func:`unified_diff` gives their sizes instead of lines and :func:`git_patch`
+    leaves them out. A mode change is never one (its patch holds no content)."""
+    base, change_set = _resolve(source, changes)
+    return tuple(
+        path
+        for path, change in change_set.items()
+        if not isinstance(change, ModeChange) and _is_large(_sizes(base, path, change))
+    )
+
+
+def _large_note(
+    path: str, change: Change, old_mode: int | None, sizes: tuple[int | None, int | None]
+) -> bytes:
+    """What a diff says of a change to a large file: its sizes, not its lines (never read)."""
+    new_mode = None if isinstance(change, Delete) else change.mode
+    header = _links_header(path, old_mode, new_mode)
+    if isinstance(change, ModeChange):
+        return header or b"mode change %o -> %o %s\n" % (old_mode or 0, change.mode, _shown(path))
+    a = _shown("a/" + path) if old_mode is not None else b"/dev/null"
+    b = _shown("b/" + path) if new_mode is not None else b"/dev/null"
+    shown = [("none" if size is None else format_size(size)).encode() for size in sizes]
+    limit = format_size(LARGE_FILE_SIZE).encode()
+    return header + b"Large files %s and %s differ (%s -> %s; files over %s are not diffed)\n" % (
+        a,
+        b,
+        shown[0],
+        shown[1],
+        limit,
+    )
+
+
 #: the hunk header of a change whose base content is gone (see :func:`unified_diff`)
 BASE_GONE = b"base changed in the workspace during the run"
 
@@ -221,11 +295,16 @@ def unified_diff(
     not keep it) cannot be diffed: :class:`WorkspaceChanged` is raised, or with
     ``base_gone="whole"`` its new version is shown whole under the hunk header
     ``@@ base changed in the workspace during the run: ... @@`` (which ``patch`` and
-    ``git apply`` refuse, rather than apply it to another base).
+    ``git apply`` refuse, rather than apply it to another base). A large file (see
+    :func:`large_paths`) is given by its sizes, never read.
     """
     base, change_set = _resolve(source, changes)
     out: list[bytes] = []
     for path in change_set:
+        sizes = _sizes(base, path, change_set[path])
+        if _is_large(sizes):
+            out.append(_large_note(path, change_set[path], base.mode(path), sizes))
+            continue
         try:
             old, old_mode, new, new_mode = _versions(base, path, change_set[path])
         except WorkspaceChanged:
@@ -262,11 +341,22 @@ def git_patch(
 
     A file whose base content is gone (as for :func:`unified_diff`) has no base to patch:
     :class:`WorkspaceChanged` is raised, or with ``base_gone="omit"`` it is left out (logged).
+    A large file (see :func:`large_paths`) is left out (logged), never read; a mode change of
+    one is kept (it holds no content).
     """
     base, change_set = _resolve(source, changes)
     out: list[bytes] = []
     gone: list[str] = []
+    large: list[str] = []
     for path in change_set:
+        change = change_set[path]
+        if _is_large(_sizes(base, path, change)):
+            if not isinstance(change, ModeChange):
+                large.append(path)
+                continue
+            # the same content on both sides: its headers only, the content never read
+            out.extend(_patch_entry(path, b"", base.mode(path), b"", change.mode, context))
+            continue
         try:
             old, old_mode, new, new_mode = _versions(base, path, change_set[path])
         except WorkspaceChanged:
@@ -283,6 +373,8 @@ def git_patch(
             out.extend(_patch_entry(path, old, old_mode, new, new_mode, context))
     if gone:
         log.warning("base changed in the workspace; left out of the patch", files=gone)
+    if large:
+        log.warning("files too large to patch; left out of the patch", files=large)
     return b"".join(out)
 
 

@@ -13,7 +13,10 @@ What the run learns of a file while the workspace still holds it stays known whe
 file changes later: a checkout that copies a file records the hash of the bytes it copied
 (:meth:`Snapshot.record_digest`), and the content of a file a branch writes is kept
 (:meth:`Snapshot.keep`: read from the workspace, or from a branch's untouched copy), so diffs and
-patches show the change against it. What is kept is of the size of what the run writes.
+patches show the change against it. What is kept is of the size of what the run writes, and
+never a file over :data:`~orchestrator.vfs._fileio.LARGE_FILE_SIZE` (diffs and patches do not
+show such a file's lines). A hash is taken as the file streams by: a file of any size is hashed
+without being held.
 
 Nothing here writes to the workspace: the only writer is :func:`orchestrator.vfs.apply_changes`.
 """
@@ -31,7 +34,7 @@ import structlog
 from attrs import define, field, frozen
 
 from .._names import name_bytes
-from ._fileio import PATH_MAX, SYMLINK_MODE, digest, normalize_mode
+from ._fileio import LARGE_FILE_SIZE, PATH_MAX, SYMLINK_MODE, digest, digest_fd, normalize_mode
 from .changes import FileState
 from .errors import PathNotFound, PathRefused, WorkspaceChanged
 from .ignore import IgnoreMatcher, IgnoreRules
@@ -258,6 +261,9 @@ class Snapshot:
         """
         if path in self._contents:
             return True
+        info = self._stats.get(path)
+        if info is None or info.size > LARGE_FILE_SIZE:
+            return False
         if data is None:
             try:
                 data = self.read(path)
@@ -281,8 +287,14 @@ class Snapshot:
         known = self._digests.get(path)
         if known is not None:
             return known
-        self.read(path)
-        return self._digests[path]
+        info = self._stats[path]
+        try:
+            got, before, after = _hash_disk(os.path.join(self.root, path), info.mode)
+        except OSError as e:
+            raise WorkspaceChanged([path]) from e
+        if not _held_still(before, after) or StatInfo.from_stat(before) != info:
+            raise WorkspaceChanged([path])
+        return self._digests.setdefault(path, got)
 
     def read(self, path: str) -> bytes:
         """Content of ``path`` at snapshot time: kept, or from the workspace, stat- and
@@ -317,12 +329,12 @@ class Snapshot:
         for _ in range(3):
             try:
                 mode = self._stats[path].mode
-                data, before, after = _read_disk(full, mode)
+                hashed, before, after = _hash_disk(full, mode)
             except OSError:
                 break
             if _held_still(before, after):
                 self._stats[path] = StatInfo.from_stat(before)
-                self._digests[path] = digest(data)
+                self._digests[path] = hashed
                 self._racy.add(path)
                 return
         # Still changing: leave it out rather than record a state that never existed.
@@ -351,10 +363,10 @@ class Snapshot:
         if normalize_mode(st.st_mode) != info.mode:
             return "mode changed in the workspace after the snapshot"
         try:
-            data, _, _ = _read_disk(full, info.mode)
+            hashed, _, _ = _hash_disk(full, info.mode)
         except OSError:
             return "unreadable in the workspace"
-        return None if digest(data) == known else "changed in the workspace after the snapshot"
+        return None if hashed == known else "changed in the workspace after the snapshot"
 
 
 def _held_still(before: os.stat_result, after: os.stat_result) -> bool:
@@ -366,6 +378,23 @@ def _held_still(before: os.stat_result, after: os.stat_result) -> bool:
         and before.st_ino == after.st_ino
         and before.st_mode == after.st_mode
     )
+
+
+def _hash_disk(full: str, mode: int) -> tuple[str, os.stat_result, os.stat_result]:
+    """:func:`_read_disk`, the content hashed as it streams by instead of returned."""
+    if mode == SYMLINK_MODE:
+        data, before, after = _read_disk(full, mode)
+        return digest(data), before, after
+    fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        before = os.fstat(fd)
+        if not stat.S_ISREG(before.st_mode):
+            raise OSError(errno.EISDIR, "not a regular file", full)
+        hashed = digest_fd(fd)
+        after = os.fstat(fd)
+    finally:
+        os.close(fd)
+    return hashed, before, after
 
 
 def _read_disk(full: str, mode: int) -> tuple[bytes, os.stat_result, os.stat_result]:

@@ -23,6 +23,15 @@ edits, mode changes and deletion still count even where a pattern now matches it
 Change a materialized branch through :meth:`Workdir.write` / :meth:`Workdir.delete` (the fs
 service does) or on disk: either way the directory and the branch stay in step.
 
+With a limit on a changed file (:attr:`Workdir.max_file_size`), a write larger than it is
+refused before anything is written (:class:`~orchestrator.vfs.errors.FileTooLarge`), and a
+harvest never reads a file on disk larger than it: the file is left out of the branch and
+listed in :attr:`Workdir.too_large` (and the report's ``too_large``) until it is deleted or
+shrinks, so the caller can fail the work that made it. Only its size is looked at, unless it is
+a file of the branch whose stat changed: then it is hashed as it streams by (never held), and a
+file whose content is what the branch holds (touched, or only its mode changed) is no change of
+content.
+
 A symlink is harvested as its target text. A link the checkout wrote leading into this directory
 rather than into the workspace (see :mod:`orchestrator.vfs.checkout`) reads back as the target
 the branch records, so that rewrite is never a change; a write through it changes the file it
@@ -47,6 +56,8 @@ from .._names import name_bytes, name_of
 from . import _inotify
 from ._fileio import (
     DEFAULT_MODE,
+    LARGE_FILE_SIZE,
+    digest_fd,
     normalize_mode,
     normalize_path,
     remove_tree,
@@ -55,7 +66,7 @@ from ._fileio import (
 from ._links import LinkMap
 from .branch import Branch
 from .changes import Change, Delete, FileState, Write
-from .errors import PathNotFound, PathRefused, WorkspaceChanged
+from .errors import FileTooLarge, PathNotFound, PathRefused, WorkspaceChanged
 from .ignore import IgnoreMatcher
 from .snapshot import RACY_WINDOW_NS, Snapshot
 
@@ -96,6 +107,9 @@ class HarvestReport:
     full_scan: bool = True
     #: wall-clock duration
     seconds: float = 0.0
+    #: files on disk larger than the limit on a changed file after the harvest: not recorded
+    #: (see :attr:`Workdir.too_large`)
+    too_large: tuple[str, ...] = ()
 
     @property
     def changed(self) -> bool:
@@ -146,6 +160,11 @@ def _read_rules(dir_fd: int) -> tuple[str, _Key] | None:
     return name_of(b"".join(chunks)), _key(st)
 
 
+#: a file larger than this whose stat cannot be trusted is compared by a streamed hash before it
+#: is read: read, it is held a second time while the branch holds its earlier content
+_HOLD_MAX = 1 << 20
+
+
 def _settled(key: _Key) -> _Key | None:
     """``key``, or None when its mtime is too recent to tell a later same-size rewrite."""
     return None if key[1] >= time.time_ns() - RACY_WINDOW_NS else key
@@ -158,6 +177,7 @@ class _Scan:
     deleted: list[str] = field(factory=list)
     mode_changed: list[str] = field(factory=list)
     ignored: list[str] = field(factory=list)
+    too_large: list[str] = field(factory=list)
     scanned: int = 0
     hashed: int = 0
 
@@ -196,6 +216,11 @@ class Workdir:
     #: link path -> (target written here, target the branch records) for the links written
     #: here leading to this directory instead of the workspace
     _rewritten: dict[str, tuple[bytes, bytes]] = field(factory=dict, alias="_rewritten", repr=False)
+    #: the largest content (bytes) a changed file may have; None: no limit
+    max_file_size: int | None = field(default=None, kw_only=True)
+    #: files on disk over :attr:`max_file_size`, left out of the branch: path -> (the stat key
+    #: they were judged with, size)
+    _too_large: dict[str, tuple[_Key, int]] = field(factory=dict, alias="_too_large", repr=False)
 
     @classmethod
     def open(
@@ -207,6 +232,8 @@ class Workdir:
         changed: Mapping[str, Change],
         links: LinkMap | None = None,
         rewritten: dict[str, tuple[bytes, bytes]] | None = None,
+        *,
+        max_file_size: int | None = None,
     ) -> Workdir:
         """The workdir of ``branch`` just written into ``root`` (``records``: what was written).
 
@@ -214,7 +241,8 @@ class Workdir:
         workspace (what earlier steps wrote and its own changes): the ``.gitignore`` files among
         them replace the workspace's. ``links`` maps link targets between the workspace and this
         directory; ``rewritten`` holds the links written here with another target than the
-        branch records (path -> (target here, recorded target)).
+        branch records (path -> (target here, recorded target)). ``max_file_size`` is the limit
+        on a changed file (see the module doc).
         """
         own = ignore.fork()
         moved = False
@@ -239,6 +267,7 @@ class Workdir:
             _rules_moved=moved,
             links=links,
             _rewritten=dict(rewritten or {}),
+            max_file_size=max_file_size,
         )
         if ignore.rules.use_gitignore:
             for rel, key in records.items():
@@ -247,6 +276,20 @@ class Workdir:
                     if name == _GITIGNORE:
                         workdir._rule_files[head] = (_settled(key), None)
         return workdir
+
+    @property
+    def too_large(self) -> dict[str, int]:
+        """The files on disk over :attr:`max_file_size` as of the last harvest, with their size:
+        left out of the branch (the branch keeps what it held before)."""
+        with self._lock:
+            return {path: size for path, (_, size) in self._too_large.items()}
+
+    def too_large_error(self) -> FileTooLarge | None:
+        """:class:`FileTooLarge` naming :attr:`too_large`, or None when there is none."""
+        found = self.too_large
+        if not found or self.max_file_size is None:
+            return None
+        return FileTooLarge(found.items(), self.max_file_size)
 
     @property
     def watching(self) -> bool:
@@ -299,6 +342,12 @@ class Workdir:
                 full = True
             else:
                 self._incremental(scan, watcher, events)
+            # a file over the limit is not recorded, so no listing finds it gone: look again
+            for rel in list(self._too_large):
+                if self._left_out(rel):
+                    del self._too_large[rel]
+                else:
+                    self._check(rel, scan)
         report = HarvestReport(
             self.branch.name,
             tuple(sorted(scan.added)),
@@ -310,7 +359,15 @@ class Workdir:
             scan.hashed,
             full,
             time.perf_counter() - started,
+            tuple(sorted(self._too_large)),
         )
+        if scan.too_large:
+            log.warning(
+                "files over the limit on a changed file, not recorded",
+                branch=self.branch.name,
+                files=sorted(scan.too_large),
+                limit=self.max_file_size,
+            )
         if report.changed:
             log.info(
                 "harvested",
@@ -409,11 +466,13 @@ class Workdir:
             if dropped:
                 candidates = [rel for rel in candidates if rel not in dropped]
         scan.scanned += len(seen) + sum(1 for rel in candidates if rel not in records)
+        # recorded files the walk did not see (deleted, or in a directory it skipped), listed
+        # before the candidates are recorded: a file checked now is not read a second time
+        unseen = [r for r in records if r not in seen] if len(seen) != len(records) else []
         for rel in candidates:
             self._check(rel, scan)
-        if len(seen) != len(records):
-            for rel in [r for r in records if r not in seen]:
-                self._check(rel, scan)
+        for rel in unseen:
+            self._check(rel, scan)
         self._check_gone(scan)
 
     def _sync_rules(self, parent: str, dir_fd: int, present: bool) -> None:
@@ -552,6 +611,7 @@ class Workdir:
             _refuse_too_long(e, rel)
             raise
         if st is None or not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+            self._too_large.pop(rel, None)
             if known is not None:
                 del self._records[rel]
                 self._racy.discard(rel)
@@ -561,12 +621,22 @@ class Workdir:
                 if existed:
                     scan.deleted.append(rel)
             return
-        if known == _key(st) and rel not in self._racy:
-            return
+        if known == _key(st):
+            if rel not in self._racy:
+                return
+            # a stat too recent to trust: compared by content, a large file without holding it
+            if st.st_size > _HOLD_MAX and stat.S_ISREG(st.st_mode) and self._unchanged(rel, full):
+                return
+        limit = self.max_file_size
+        if limit is not None and st.st_size > limit and stat.S_ISREG(st.st_mode):
+            return self._check_large(rel, full, st, scan)
         try:
-            state, key = _read_state(full)
+            state, key = _read_state(full, limit)
         except (FileNotFoundError, NotADirectoryError):
             return self._check(rel, scan)
+        if limit is not None and len(state.data) > limit:  # it grew while being read
+            return self._check(rel, scan)
+        self._too_large.pop(rel, None)
         if stat.S_ISLNK(state.mode):
             state = FileState(self._recorded_target(rel, state.data), state.mode)
         scan.hashed += 1
@@ -589,6 +659,59 @@ class Workdir:
             scan.modified.append(rel)
         else:
             scan.mode_changed.append(rel)
+
+    def _unchanged(self, rel: str, full: str) -> bool:
+        """Whether the file at ``rel``, whose stat is as recorded, holds what the branch does
+        (hashed as it streams by); its record is settled if so."""
+        try:
+            old_digest = self.branch.digest(rel)
+            now_digest, key = _hash_file(full)
+        except (OSError, WorkspaceChanged):
+            return False
+        if now_digest != old_digest or key != self._records.get(rel):
+            return False
+        if key[1] < time.time_ns() - RACY_WINDOW_NS:
+            self._racy.discard(rel)
+        return True
+
+    def _check_large(self, rel: str, full: str, st: os.stat_result, scan: _Scan) -> None:
+        """A file over the limit: never read whole. Unless its content is what the branch holds
+        (a file of the branch touched, or its mode changed), it is left out of the branch."""
+        assert self.max_file_size is not None
+        judged = self._too_large.get(rel)
+        if judged is not None and judged[0] == _key(st):
+            return  # as it was when judged
+        try:
+            old_digest = self.branch.digest(rel)
+        except WorkspaceChanged:
+            old_digest = None
+        key = _key(st)
+        if old_digest is not None:
+            try:
+                now_digest, key = _hash_file(full)
+            except OSError as e:
+                gone = isinstance(e, FileNotFoundError | NotADirectoryError | IsADirectoryError)
+                if not gone and e.errno != errno.ELOOP:  # ELOOP: a symlink now
+                    raise
+                return self._check(rel, scan)
+            if key[0] <= self.max_file_size:  # it shrank meanwhile: judged again
+                return self._check(rel, scan)
+            if now_digest == old_digest:
+                self._too_large.pop(rel, None)
+                self._records[rel] = key
+                scan.hashed += 1
+                if key[1] >= time.time_ns() - RACY_WINDOW_NS:
+                    self._racy.add(rel)
+                else:
+                    self._racy.discard(rel)
+                mode = normalize_mode(key[3])
+                if mode != self.branch.mode(rel):
+                    self.branch.set_mode(rel, mode)
+                    scan.mode_changed.append(rel)
+                return
+        if judged is None:
+            scan.too_large.append(rel)
+        self._too_large[rel] = (key, key[0])
 
     def sync_path(self, path: str) -> None:
         """Harvest just ``path`` (e.g. before serving a read of it)."""
@@ -663,8 +786,15 @@ class Workdir:
         return True
 
     def write(self, path: str, data: bytes, mode: int | None = None) -> None:
-        """Write ``path`` in the branch and on disk (parents created; atomic replace)."""
+        """Write ``path`` in the branch and on disk (parents created; atomic replace).
+
+        Content over :attr:`max_file_size` is refused (:class:`FileTooLarge`) before anything
+        is written.
+        """
         rel = normalize_path(path)
+        limit = self.max_file_size
+        if limit is not None and len(data) > limit:
+            raise FileTooLarge([(rel, len(data))], limit)
         with self._lock:
             head, _, name = rel.rpartition("/")
             # parents are opened one at a time without following symlinks, so a path through a
@@ -699,6 +829,7 @@ class Workdir:
             self._records[rel] = _key(st)
             self._racy.add(rel)
             self._gone.discard(rel)
+            self._too_large.pop(rel, None)
             self.branch.set_state(rel, FileState(bytes(data), normalize_mode(mode)))
 
     def delete(self, path: str) -> None:
@@ -716,6 +847,7 @@ class Workdir:
             self._records.pop(rel, None)
             self._racy.discard(rel)
             self._rewritten.pop(rel, None)
+            self._too_large.pop(rel, None)
             if isinstance(self.branch.set_state(rel, None), Delete):
                 self._gone.add(rel)
             if name == _GITIGNORE and self._rule_files.pop(head, None) is not None:
@@ -743,6 +875,8 @@ class Workdir:
         root = self.branch.root
         if not isinstance(root, Snapshot) or not root.exists(rel) or root.has_content(rel):
             return
+        if root.stat(rel).size > LARGE_FILE_SIZE:
+            return  # diffs and patches do not show its lines: not read, not kept
         known = root.known_digest(rel)
         if known is None or self.branch.digest(rel) != known:
             return
@@ -772,8 +906,13 @@ def _refuse_too_long(error: OSError, rel: str) -> None:
         raise PathRefused(rel, "a path too long for the system to look up") from error
 
 
-def _read_state(full: str) -> tuple[FileState, _Key]:
-    """Content, mode and stat key of a file or symlink, re-read until it holds still."""
+def _read_state(full: str, limit: int | None = None) -> tuple[FileState, _Key]:
+    """Content, mode and stat key of a file or symlink, re-read until it holds still.
+
+    With ``limit``, at most ``limit + 1`` bytes are read: content longer than ``limit`` is a
+    file that grew past it while being read (the caller looks at it again).
+    """
+    cap = -1 if limit is None else limit + 1
     for _ in range(5):
         before = os.lstat(full)
         if stat.S_ISLNK(before.st_mode):
@@ -784,8 +923,11 @@ def _read_state(full: str) -> tuple[FileState, _Key]:
             try:
                 before = os.fstat(fd)
                 chunks = []
-                while chunk := os.read(fd, max(before.st_size + 1, 65536)):
+                left = cap
+                # one read of the whole file, as a rule: its bytes are the content, not copied
+                while left and (chunk := os.read(fd, _next_read(before.st_size, left))):
                     chunks.append(chunk)
+                    left -= len(chunk) if left > 0 else 0
                 data = b"".join(chunks)
                 after = os.fstat(fd)
             finally:
@@ -796,6 +938,30 @@ def _read_state(full: str) -> tuple[FileState, _Key]:
             return FileState(data, normalize_mode(before.st_mode)), _key(after)
     # Still being written: take what we have; the racy mark makes the next harvest look again.
     return FileState(data, normalize_mode(after.st_mode)), _key(after)
+
+
+def _next_read(size: int, left: int) -> int:
+    """How much to ask of one ``read`` of a file of ``size`` bytes, ``left`` to go (-1: no cap)."""
+    want = max(size + 1, 65536)
+    return want if left < 0 else min(want, left)
+
+
+def _hash_file(full: str) -> tuple[str, _Key]:
+    """Content hash (streamed: never held) and stat key of a regular file, re-read until it
+    holds still."""
+    for _ in range(5):
+        fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            before = os.fstat(fd)
+            if not stat.S_ISREG(before.st_mode):
+                raise IsADirectoryError(full)
+            hashed = digest_fd(fd)
+            after = os.fstat(fd)
+        finally:
+            os.close(fd)
+        if _key(before) == _key(after):
+            break
+    return hashed, _key(after)
 
 
 def _read_at(dir_fd: int, name: str, rel: str) -> tuple[bytes, bool]:

@@ -1,0 +1,64 @@
+"""File sizes: the limit on a changed file, reading sizes as people write them, and showing them.
+
+A size is a whole number of bytes, or a string of a number and a unit: ``"100M"``, ``"512K"``,
+``"1.5G"``; ``K``, ``M`` and ``G`` (also spelled ``KB``/``KiB`` and so on) are powers of 1024.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+__all__ = [
+    "DEFAULT_MAX_FILE_SIZE",
+    "MAX_FILE_SIZE_CEILING",
+    "format_size",
+    "parse_size",
+]
+
+#: the largest changed file a run records unless told otherwise (100 MiB)
+DEFAULT_MAX_FILE_SIZE = 100 * 2**20
+#: the largest content the run store can keep: SQLite's limit on one value
+MAX_FILE_SIZE_CEILING = 1_000_000_000
+
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMG]?)(?:I?B)?\s*", re.IGNORECASE)
+
+
+def parse_size(value: object) -> int:
+    """A size in bytes from an int or a string such as ``"100M"`` (see the module doc).
+
+    Raises :class:`TypeError` for another type and :class:`ValueError` (saying what is expected)
+    for a string that is not a size or a size below 1 byte or above
+    :data:`MAX_FILE_SIZE_CEILING`.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise TypeError(f"a size is a number of bytes or a string such as '100M', not {value!r}")
+    if isinstance(value, int):
+        size = value
+    else:
+        found = _SIZE.fullmatch(value)
+        if found is None:
+            raise ValueError(f"{value!r} is not a size (bytes, or a number with K, M or G)")
+        number = float(found.group(1)) * _UNITS[found.group(2).upper()]
+        if not math.isfinite(number):
+            raise ValueError(f"{value!r} is not a size (bytes, or a number with K, M or G)")
+        size = int(number)
+    if size < 1:
+        raise ValueError(f"a size must be at least 1 byte, got {value!r}")
+    if size > MAX_FILE_SIZE_CEILING:
+        raise ValueError(
+            f"{value!r} is more than {MAX_FILE_SIZE_CEILING} bytes "
+            f"({format_size(MAX_FILE_SIZE_CEILING)}), the largest file the run store keeps"
+        )
+    return size
+
+
+def format_size(size: int) -> str:
+    """``size`` bytes for people: ``"512 bytes"``, ``"2.0 MiB"``, ``"1.5 GiB"``."""
+    if size < 1024:
+        return f"{size} bytes"
+    for unit, factor in (("GiB", 2**30), ("MiB", 2**20)):
+        if size >= factor:
+            return f"{size / factor:.1f} {unit}"
+    return f"{size / 2**10:.1f} KiB"
