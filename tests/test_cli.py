@@ -184,6 +184,7 @@ async def test_prompt_json_reports_every_field(project: Path) -> None:
         "stopReason",
         "text",
         "toolCalls",
+        "cut",
         "permissions",
         "usage",
         "changes",
@@ -194,6 +195,7 @@ async def test_prompt_json_reports_every_field(project: Path) -> None:
         "patchLeftOut",
         "wallSeconds",
     }
+    assert result["cut"] is None  # the run store keeps the whole turn
     # the demo's edit was refused by the default policy: nothing changed anywhere
     assert (result["changes"], result["diff"], result["applied"]) == ([], "", False)
     assert (result["workspaceChanged"], result["patch"], result["patchLeftOut"]) == ([], None, [])

@@ -15,7 +15,18 @@ from ..protocol import types as t
 from ..protocol.codec import unstructure
 from .services import PermissionRecord
 
-__all__ = ["ToolCallState", "TurnAccumulator", "TurnResult", "content_text"]
+__all__ = [
+    "DEFAULT_MAX_TURN_RECORD_BYTES",
+    "ToolCallState",
+    "TurnAccumulator",
+    "TurnResult",
+    "content_text",
+]
+
+DEFAULT_MAX_TURN_RECORD_BYTES = 8 * 2**20
+"""What a run keeps of one turn by default (8 MiB): of its text, of its tool calls' summaries
+and of its wire transcript, each. A real turn stays far below; the turn itself is never cut,
+only what is recorded of it."""
 
 
 @define

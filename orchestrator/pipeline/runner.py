@@ -26,6 +26,7 @@ from attrs import define, field
 
 from ..agent.permissions import Escalate
 from ..agent.services import ClientServices
+from ..agent.turn import DEFAULT_MAX_TURN_RECORD_BYTES
 from ..agents import AgentSpec
 from ..errors import UsageError
 from ..policy import PolicySet
@@ -76,6 +77,9 @@ class PipelineRunner:
     #: the run's agents under their labels, by how steps name them; None: resolved here
     #: with :attr:`resolve_agent` (see :func:`label_run_agents`)
     agents: Mapping[str, AgentSpec] | None = None
+    #: what the run store keeps of a turn's text and of its tool calls, in bytes each (None:
+    #: all of them); see :func:`~orchestrator.pipeline.results.cut_turn`
+    max_turn_record_bytes: int | None = DEFAULT_MAX_TURN_RECORD_BYTES
     states: dict[str, StepState] = field(factory=dict)
     #: what branch directories cost this run (see :meth:`statistics`)
     io: BranchIO = field(init=False, factory=BranchIO)
@@ -90,7 +94,9 @@ class PipelineRunner:
     def __attrs_post_init__(self) -> None:
         self.states = {name: StepState(s) for name, s in self.pipeline.steps.items()}
         self._parents = {name: self.pipeline.parents(name) for name in self.pipeline.steps}
-        self._recorder = Recorder(self.run_id, self.writer, self.snapshot, self.on_event)
+        self._recorder = Recorder(
+            self.run_id, self.writer, self.snapshot, self.on_event, self.max_turn_record_bytes
+        )
         self._dirs = BranchDirs(self.run_dir, self.io)
         self._turns = AgentTurns(
             run_id=self.run_id,

@@ -26,7 +26,7 @@ from ..config import Config
 from ..errors import OrchestratorError
 from ..pipeline import Pipeline, Step
 from ..pipeline import step as step_decorator
-from ..pipeline.results import RunEvent, StepResult, changes_from_json, changes_json
+from ..pipeline.results import RunEvent, StepResult, changes_from_json, changes_json, cut_turn
 from ..policy import PolicySet
 from ..protocol import types as t
 from .run import RunOutcome, launchable, run_pipeline, workspace_root
@@ -72,6 +72,10 @@ class PromptRun:
     status: str = "succeeded"
     #: the command line's exit code for this run (see the README)
     exit_code: int = 0
+    #: what the run store left out of the turn's text and tool calls, as its step's ``cut``
+    #: (see :func:`~orchestrator.pipeline.results.cut_turn`); None when it kept them whole.
+    #: :meth:`to_json` gives them as stored, :attr:`turn` whole
+    cut: Mapping[str, Any] | None = None
 
     @property
     def permissions(self) -> list[PermissionRecord]:
@@ -79,8 +83,13 @@ class PromptRun:
         return self.turn.permissions
 
     def to_json(self) -> dict[str, Any]:
-        """The ``--json`` object of ``orchestrator prompt``."""
+        """The ``--json`` object of ``orchestrator prompt``: the turn as the run store keeps it."""
         info = self.agent_info
+        text, calls, _ = cut_turn(
+            self.turn.text,
+            [c.to_json() for c in self.turn.tool_calls.values()],
+            self.cut["limit"] if self.cut else None,
+        )
         return {
             "kind": "prompt",
             "runId": self.run_id,
@@ -92,8 +101,9 @@ class PromptRun:
                 "reportedName": info.name if info else None,
             },
             "stopReason": self.turn.stop_reason,
-            "text": self.turn.text,
-            "toolCalls": [c.to_json() for c in self.turn.tool_calls.values()],
+            "text": text,
+            "toolCalls": calls,
+            "cut": dict(self.cut) if self.cut else None,
             "permissions": [
                 {
                     "toolCallId": p.tool_call_id,
@@ -142,6 +152,7 @@ def _prompt_run(outcome: RunOutcome, last: Any, spec: AgentSpec, wall_seconds: f
         raise OrchestratorError(f"run {outcome.run_id}: the prompt's turn left no result")
     result = outcome.result
     changes, symlinks = changes_from_json(result.get("changes"))
+    stored = (result.get("steps") or {}).get("prompt", {}).get("instances", {}).get("prompt")
     unapplied = tuple(result.get("workspaceChanged") or ())
     return PromptRun(
         run_id=outcome.run_id,
@@ -159,6 +170,7 @@ def _prompt_run(outcome: RunOutcome, last: Any, spec: AgentSpec, wall_seconds: f
         run_dir=outcome.run_dir,
         status=outcome.status,
         exit_code=outcome.exit_code,
+        cut=(stored or {}).get("cut"),
     )
 
 
