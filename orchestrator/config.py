@@ -13,6 +13,9 @@ The format::
 
     [limits]
     max_sessions = 8          # global limit of live sessions
+    max_requests_in_flight = 10000   # an agent's requests unanswered at once
+    max_unsent_bytes = 268435456     # bytes of answers an agent leaves unread
+    max_turn_record_bytes = 8388608  # what the run store keeps of a turn
 
     [agents.claude]           # override part of a known agent: unspecified fields keep theirs
     env = { ANTHROPIC_BASE_URL = "http://127.0.0.1:8080" }   # merged into its env
@@ -72,7 +75,12 @@ PROJECT_FILE = ".orchestrator.toml"
 _APP_DIR = "acp-orchestrator"
 
 _TOP_KEYS = ("limits", "agents")
-_LIMIT_KEYS = ("max_sessions",)
+_LIMIT_KEYS = (
+    "max_sessions",
+    "max_requests_in_flight",
+    "max_unsent_bytes",
+    "max_turn_record_bytes",
+)
 _AGENT_KEYS = (
     "command",
     "env",
@@ -117,6 +125,14 @@ class Config:
     max_sessions: int | None = None
     #: the files read, in layering order (user, then project)
     sources: tuple[str, ...] = ()
+    #: an agent's requests unanswered at once before it is cut off (None: not set, the
+    #: built-in default applies; see :class:`~orchestrator.agent.client.ClientOptions`)
+    max_requests_in_flight: int | None = None
+    #: bytes of answers an agent may leave unread before it is cut off (None: not set)
+    max_unsent_bytes: int | None = None
+    #: bytes the run store keeps of a turn's text, tool calls and transcript, each (None: not
+    #: set, :data:`~orchestrator.agent.turn.DEFAULT_MAX_TURN_RECORD_BYTES`)
+    max_turn_record_bytes: int | None = None
 
     @classmethod
     def builtin(cls) -> Config:
@@ -181,15 +197,14 @@ class Config:
         layer = _Layer(source, None if root is None else os.fspath(root))
         start = cls.builtin() if base is None else base
         _check_keys(data, _TOP_KEYS, source, "")
-        max_sessions = start.max_sessions
         limits = layer.table(data.get("limits", {}), "limits")
         _check_keys(limits, _LIMIT_KEYS, source, "limits")
-        if "max_sessions" in limits:
-            max_sessions = layer.integer(limits["max_sessions"], "limits.max_sessions", 1)
+        # every limit is an integer >= 1, named like the Config field it sets
+        values = {key: layer.integer(value, f"limits.{key}", 1) for key, value in limits.items()}
         agents = dict(start.agents)
         for name, table in layer.table(data.get("agents", {}), "agents").items():
             agents[name] = layer.agent(name, table, agents.get(name))
-        return cls(agents, max_sessions, (*start.sources, source))
+        return attrs.evolve(start, agents=agents, sources=(*start.sources, source), **values)
 
     def with_agents(self, agents: Mapping[str, AgentSpec]) -> Config:
         """This config with ``agents`` added to (or replacing entries of) its table."""

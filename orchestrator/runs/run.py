@@ -61,7 +61,7 @@ from ..vfs import (
 from ._lock import hold_run_lock
 from .apply import apply_recorded, recover
 from .recorded import compare_verdict, get_run_json
-from .settings import RunSettings, policy_source
+from .settings import RunSettings, configured_limits, policy_source
 
 __all__ = ["RunOutcome", "run_pipeline", "run_pipeline_sync", "workspace_root"]
 
@@ -130,15 +130,16 @@ def _settings(
     policy: str | os.PathLike[str] | PolicySet | None,
     max_sessions: int | None,
     restored: RunSettings | None,
-    default_sessions: int | None,
+    config: Config,
 ) -> RunSettings:
     """The run's settings, resolved once before any agent starts (or as a resume restored
-    them): the policy, the policies its steps and agents name, the limit, the agent table."""
+    them): the policy, the policies its steps and agents name, the limits, the agent table."""
     if restored is None:
         base = RunSettings(
             policy=PolicySet.resolve(policy),
             policy_source=policy_source(policy),
-            max_sessions=max_sessions or default_sessions or 8,
+            max_sessions=max_sessions or config.max_sessions or 8,
+            limits=configured_limits(config),
         )
     else:
         base = restored
@@ -208,7 +209,7 @@ async def run_pipeline(
     # labels for the whole run, before anything starts: relative paths as typed here, like
     # prompt and compare; different agents never share a label
     agents = label_run_agents(pipe, cfg.resolve_agent, base=os.getcwd())
-    settings = _settings(pipe, agents, policy, max_sessions, _settings_restored, cfg.max_sessions)
+    settings = _settings(pipe, agents, policy, max_sessions, _settings_restored, cfg)
     cfg = settings.config(cfg)
     state = state_directory(state_dir)
     await recover(state)
@@ -264,9 +265,12 @@ async def run_pipeline(
                 async with (
                     open_store_writer(store) as writer,
                     open_supervisor(
-                        Limits(max_sessions=limit),
+                        Limits(
+                            max_sessions=limit,
+                            max_turn_transcript_bytes=settings.max_turn_record_bytes,
+                        ),
                         connector=connector,
-                        options=options,
+                        options=settings.client_options(options),
                         transcripts=run_dir / "transcripts" if record_transcripts else None,
                         workdir=run_dir,
                     ) as supervisor,
@@ -291,6 +295,7 @@ async def run_pipeline(
                         reused=reused,
                         parallel=limit,
                         agents=agents,
+                        max_turn_record_bytes=settings.max_turn_record_bytes,
                     )
                     await runner.emit(RunEvent("run_started", run_id, data={"pipeline": pipe.name}))
                     await runner.run()

@@ -1,11 +1,12 @@
 """What a run was started with: its policy, limits and agents, recorded and restored on resume.
 
 A run records its :class:`RunSettings` before any agent starts: the resolved policy's rules
-(presets spelled out; policies named by steps and agents too), the session limit, the turn
-limits and the agent table. Environment values whose names look secret are never stored: the
-name is, and the value is read again (from the config, else the environment) when the run is
-resumed. :func:`restore_settings` rebuilds the settings from the record; options given to the
-resume replace what they name, an agent that the config files now define otherwise is taken
+(presets spelled out; policies named by steps and agents too), the session limit, the limits
+on what an agent may leave unanswered and on what is recorded of a turn, and the agent table.
+Environment values whose names look secret are never stored: the name is, and the value is
+read again (from the config, else the environment) when the run is resumed.
+:func:`restore_settings` rebuilds the settings from the record; options given to the resume
+replace what they name, an agent that the config files now define otherwise is taken
 from the config (that is how a user fixes an agent's command before resuming), and the result
 says what was restored and what was overridden.
 """
@@ -16,14 +17,24 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import attrs
 import structlog
 from attrs import field, frozen
 
+from ..agent.client import ClientOptions
+from ..agent.turn import DEFAULT_MAX_TURN_RECORD_BYTES
 from ..agents import _REDACTED, AgentSpec  # the marker AgentSpec.to_json writes for secrets
 from ..config import Config
 from ..policy import PolicySet
 
-__all__ = ["Restored", "RunSettings", "policy_source", "restore_settings"]
+__all__ = [
+    "LIMITS",
+    "Restored",
+    "RunSettings",
+    "configured_limits",
+    "policy_source",
+    "restore_settings",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -42,6 +53,10 @@ class RunSettings:
     max_sessions: int = 8
     #: the agent table the run resolves its agents from (labels and names as steps give them)
     agents: Mapping[str, AgentSpec] = field(factory=dict)
+    #: the ``[limits]`` of the config files on what an agent may leave unanswered and on what
+    #: is recorded of a turn (:data:`LIMITS`), by their keys; a limit not set is absent (its
+    #: default applies)
+    limits: Mapping[str, int] = field(factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The settings as the run store keeps them (no secret values)."""
@@ -51,6 +66,7 @@ class RunSettings:
             "namedPolicies": {k: p.to_mapping() for k, p in self.named_policies.items()},
             "maxSessions": self.max_sessions,
             "agents": {name: spec.to_json(redact=True) for name, spec in self.agents.items()},
+            "limits": dict(self.limits),
         }
 
     def load_policy(self, name: str) -> PolicySet:
@@ -61,6 +77,34 @@ class RunSettings:
     def config(self, base: Config) -> Config:
         """``base`` with this run's agent table on top."""
         return base.with_agents(self.agents)
+
+    def client_options(self, options: ClientOptions | None) -> ClientOptions:
+        """``options`` (default: the defaults) with this run's bounds on the agents' backlog."""
+        base = options if options is not None else ClientOptions()
+        limits = self.limits
+        return attrs.evolve(
+            base,
+            max_requests_in_flight=limits.get(
+                "max_requests_in_flight", base.max_requests_in_flight
+            ),
+            max_unsent_bytes=limits.get("max_unsent_bytes", base.max_unsent_bytes),
+        )
+
+    @property
+    def max_turn_record_bytes(self) -> int:
+        """What the run store keeps of one turn, in bytes, of each part."""
+        value = self.limits.get("max_turn_record_bytes")
+        return value if value is not None else DEFAULT_MAX_TURN_RECORD_BYTES
+
+
+#: the limits a run records besides ``max_sessions`` (keys of the config's ``[limits]``)
+LIMITS = ("max_requests_in_flight", "max_unsent_bytes", "max_turn_record_bytes")
+
+
+def configured_limits(config: Config) -> dict[str, int]:
+    """The :data:`LIMITS` that ``config``'s files set."""
+    values = {key: getattr(config, key) for key in LIMITS}
+    return {key: value for key, value in values.items() if value is not None}
 
 
 def _spec_from_json(
@@ -102,7 +146,7 @@ class Restored:
     """What :func:`restore_settings` restored, for the user to see."""
 
     settings: RunSettings
-    #: what came from the record: ``policy``, ``maxSessions``, ``agents``
+    #: what came from the record: ``policy``, ``maxSessions``, ``agents``, ``limits``
     restored: tuple[str, ...] = ()
     #: what the resume's own options replaced
     overridden: tuple[str, ...] = ()
@@ -117,6 +161,7 @@ class Restored:
             "policy": s.policy_source,
             "policyRules": s.policy.describe(),
             "maxSessions": s.max_sessions,
+            "limits": dict(s.limits),
             "agents": sorted(s.agents),
             "missingSecrets": list(self.missing_secrets),
         }
@@ -160,6 +205,12 @@ def restore_settings(
         restored.append("maxSessions")
     else:
         sessions = config.max_sessions or 8
+    # the record's limits, and the ones the config sets now that the record has not
+    limits = configured_limits(config)
+    recorded_limits = {k: int(v) for k, v in dict(data.get("limits") or {}).items() if k in LIMITS}
+    if recorded_limits:
+        limits.update(recorded_limits)
+        restored.append("limits")
     agents: dict[str, AgentSpec] = {}
     missing: list[str] = []
     builtin = Config.builtin().agents
@@ -177,7 +228,7 @@ def restore_settings(
         restored.append("agents")
     if missing:
         log.warning("secret variables of the recorded agents are not set", names=missing)
-    settings = RunSettings(policy_set, source, named, sessions, agents)
+    settings = RunSettings(policy_set, source, named, sessions, agents, limits)
     return Restored(settings, tuple(restored), tuple(overridden), tuple(sorted(set(missing))))
 
 
