@@ -11,6 +11,7 @@ import re
 
 __all__ = [
     "DEFAULT_MAX_FILE_SIZE",
+    "DEFAULT_MAX_TURN_RECORD_BYTES",
     "MAX_FILE_SIZE_CEILING",
     "format_size",
     "parse_size",
@@ -18,6 +19,10 @@ __all__ = [
 
 #: the largest changed file a run records unless told otherwise (100 MiB)
 DEFAULT_MAX_FILE_SIZE = 100 * 2**20
+#: what a run keeps of one turn by default (8 MiB): of its text, of its tool calls' summaries
+#: and of its wire transcript, each. A real turn stays far below; the turn itself is never cut,
+#: only what is recorded of it
+DEFAULT_MAX_TURN_RECORD_BYTES = 8 * 2**20
 #: the largest content the run store can keep: SQLite's limit on one value
 MAX_FILE_SIZE_CEILING = 1_000_000_000
 

@@ -20,6 +20,9 @@ The format::
     max_sessions = 8          # global limit of live sessions
     max_file_size = "100M"    # the largest file a run records as changed (bytes, or K/M/G;
                               # an untrusted project file may only lower it)
+    max_requests_in_flight = 10000   # an agent's requests unanswered at once
+    max_unsent_bytes = 268435456     # bytes of answers an agent leaves unread
+    max_turn_record_bytes = 8388608  # what the run store keeps of a turn
 
     [agents.claude]           # override part of a known agent: unspecified fields keep theirs
     env = { ANTHROPIC_BASE_URL = "http://127.0.0.1:8080" }   # merged into its env
@@ -68,7 +71,7 @@ from typing import Any
 import attrs
 from attrs import define, field, frozen
 
-from ._sizes import DEFAULT_MAX_FILE_SIZE, parse_size
+from ._sizes import DEFAULT_MAX_FILE_SIZE, DEFAULT_MAX_TURN_RECORD_BYTES, parse_size
 from .agents import (
     WRITE_MODES,
     AgentSpec,
@@ -79,6 +82,7 @@ from .agents import (
     resolve_argv,
 )
 from .errors import UsageError
+from .jsonrpc.connection import DEFAULT_MAX_REQUESTS_IN_FLIGHT, DEFAULT_MAX_UNSENT_BYTES
 from .policy import PRESETS
 from .sandbox import Sandbox
 from .trust import NEEDS_TRUST, TrustStore
@@ -98,7 +102,20 @@ _APP_DIR = "acp-orchestrator"
 
 _TOP_KEYS = ("limits", "agents", "sandbox")
 _SANDBOX_KEYS = ("enabled", "read", "write", "ports", "home")
-_LIMIT_KEYS = ("max_sessions", "max_file_size")
+_LIMIT_KEYS = (
+    "max_sessions",
+    "max_file_size",
+    "max_requests_in_flight",
+    "max_unsent_bytes",
+    "max_turn_record_bytes",
+)
+# the limits on what an agent may cost, with their built-in defaults: an untrusted project file
+# may lower them, not raise them
+_BOUNDS = {
+    "max_requests_in_flight": DEFAULT_MAX_REQUESTS_IN_FLIGHT,
+    "max_unsent_bytes": DEFAULT_MAX_UNSENT_BYTES,
+    "max_turn_record_bytes": DEFAULT_MAX_TURN_RECORD_BYTES,
+}
 _AGENT_KEYS = (
     "command",
     "env",
@@ -156,6 +173,14 @@ class Config:
     sandboxed: bool = field(default=False, kw_only=True)
     #: the largest content (bytes) a run records for a changed file (None = the default)
     max_file_size: int | None = field(default=None, kw_only=True)
+    #: an agent's requests unanswered at once before it is cut off (None: not set, the
+    #: built-in default applies; see :class:`~orchestrator.agent.client.ClientOptions`)
+    max_requests_in_flight: int | None = field(default=None, kw_only=True)
+    #: bytes of answers an agent may leave unread before it is cut off (None: not set)
+    max_unsent_bytes: int | None = field(default=None, kw_only=True)
+    #: bytes the run store keeps of a turn's text, tool calls and transcript, each (None: not
+    #: set, :data:`~orchestrator._sizes.DEFAULT_MAX_TURN_RECORD_BYTES`)
+    max_turn_record_bytes: int | None = field(default=None, kw_only=True)
 
     @classmethod
     def builtin(cls) -> Config:
@@ -253,6 +278,15 @@ class Config:
                 max_file_size = size
             else:  # it bounds what a hostile agent can make: an untrusted file only lowers it
                 layer.ignored.append("limits.max_file_size")
+        bounds: dict[str, int] = {}
+        for key, default in _BOUNDS.items():
+            if key in limits:
+                value = layer.integer(limits[key], f"limits.{key}", 1)
+                current = getattr(start, key)
+                if trusted or value <= (default if current is None else current):
+                    bounds[key] = value
+                else:  # they bound what a hostile agent can cost: an untrusted file only lowers
+                    layer.ignored.append(f"limits.{key}")
         agents = dict(start.agents)
         untrusted = dict(start.untrusted_agents)
         for name, table in layer.table(data.get("agents", {}), "agents").items():
@@ -278,6 +312,7 @@ class Config:
             sandbox=rules,
             sandboxed=sandboxed,
             max_file_size=max_file_size,
+            **{key: bounds.get(key, getattr(start, key)) for key in _BOUNDS},
         )
 
     def with_agents(self, agents: Mapping[str, AgentSpec]) -> Config:

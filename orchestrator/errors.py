@@ -24,6 +24,7 @@ __all__ = [
     "ApplyRefused",
     "AuthRequired",
     "AuthenticationError",
+    "BacklogExceeded",
     "CapabilityNotSupported",
     "CommandRefused",
     "ConnectionClosed",
@@ -269,6 +270,28 @@ class ConnectionClosed(OrchestratorError):
             tail = self.stderr_tail.rstrip()[-2000:]
             text += f"\n--- last stderr lines ---\n{tail}"
         return text
+
+
+class BacklogExceeded(ConnectionClosed):
+    """The peer left more unanswered than a limit allows, so it was cut off.
+
+    ``limit`` names the limit (``max_requests_in_flight`` or ``max_unsent_bytes``, the keys of
+    the ``[limits]`` table of a config file) and ``value`` is its value; ``what`` says what
+    passed it. An agent that sends requests and does not read the answers ends this way.
+    """
+
+    def __init__(self, what: str, limit: str, value: int, *, peer: str | None = None):
+        self.what = what
+        self.limit = limit
+        self.value = value
+        super().__init__(f"stopped: {what}, over the limit {limit} = {value:,}", peer=peer)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_backlog_exceeded, (self.what, self.limit, self.value, self.peer))
+
+
+def _backlog_exceeded(what: str, limit: str, value: int, peer: str | None) -> BacklogExceeded:
+    return BacklogExceeded(what, limit, value, peer=peer)
 
 
 # --------------------------------------------------------------------------- agents

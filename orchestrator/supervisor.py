@@ -38,7 +38,7 @@ from .agent.client import AcpSession, AgentConnection, ClientOptions, open_agent
 from .agent.content import PromptInput
 from .agent.services import ClientServices, SessionContext
 from .agent.transcript import TranscriptWriter
-from .agent.turn import TurnResult
+from .agent.turn import DEFAULT_MAX_TURN_RECORD_BYTES, TurnResult
 from .agents import AgentIdentity, AgentSpec
 from .errors import AgentError, AgentHung, AgentStartError, OrchestratorError, ResourceNotFound
 from .protocol import types as t
@@ -112,6 +112,9 @@ class Limits:
     max_backoff: float = 30.0
     #: how long closing a session may take before the process is retired instead
     close_timeout: float = 5.0
+    #: what a wire transcript keeps of one turn, in bytes (None: all of it); see
+    #: :class:`~orchestrator.agent.transcript.TranscriptWriter`
+    max_turn_transcript_bytes: int | None = DEFAULT_MAX_TURN_RECORD_BYTES
 
     def __attrs_post_init__(self) -> None:
         if self.max_sessions is not None and self.max_sessions < 1:
@@ -420,7 +423,9 @@ class Supervisor:
         transcript = None
         if self.transcripts is not None:
             transcript = TranscriptWriter(
-                self.transcripts / f"{proc.label}.jsonl", agent=proc.label
+                self.transcripts / f"{proc.label}.jsonl",
+                agent=proc.label,
+                max_turn_bytes=self.limits.max_turn_transcript_bytes,
             )
         sandbox = _sandbox_of(spec, session_cwd)
         args = ConnectArgs(

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 import pytest
 import trio
-from conftest import pid_gone
+from conftest import is_process_watchdog, pid_gone
 from schema_check import validate_transcript
 
 from orchestrator.agents import KNOWN_AGENTS
@@ -90,11 +90,11 @@ def children_of(pid: int) -> list[int]:
             continue
         try:
             stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"_sweep.py" not in cmdline:
-            found.append(int(entry.name))
+        child = int(entry.name)
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and not is_process_watchdog(child):
+            found.append(child)
     return found
 
 
@@ -185,6 +185,7 @@ async def test_prompt_json_reports_every_field(project: Path) -> None:
         "stopReason",
         "text",
         "toolCalls",
+        "cut",
         "permissions",
         "usage",
         "changes",
@@ -197,6 +198,7 @@ async def test_prompt_json_reports_every_field(project: Path) -> None:
         "sandbox",
     }
     assert result["sandbox"] is None  # not confined unless asked
+    assert result["cut"] is None  # the run store keeps the whole turn
     # the demo's edit was refused by the default policy: nothing changed anywhere
     assert (result["changes"], result["diff"], result["applied"]) == ([], "", False)
     assert (result["workspaceChanged"], result["patch"], result["patchLeftOut"]) == ([], None, [])

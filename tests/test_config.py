@@ -238,6 +238,23 @@ def test_project_beats_user_beats_builtin(tmp_path: Path, home: Path) -> None:
     assert (mine.command, mine.notes) == (("mine", "--project"), "from user")
 
 
+def test_the_backlog_and_record_limits_layer_like_max_sessions(tmp_path: Path, home: Path) -> None:
+    """The limits on what an agent leaves unanswered and on what is kept of a turn are read
+    from [limits], unset ones stay None, and the project file wins key by key."""
+    assert Config.builtin().max_requests_in_flight is None
+    write(
+        home / ".config" / "acp-orchestrator" / "config.toml",
+        "[limits]\nmax_requests_in_flight = 500\nmax_unsent_bytes = 1048576\n",
+    )
+    write(
+        tmp_path / PROJECT_FILE, "[limits]\nmax_unsent_bytes = 2048\nmax_turn_record_bytes = 4096\n"
+    )
+    config = Config.load(tmp_path, environ=env_for(home))
+    limits = (config.max_requests_in_flight, config.max_unsent_bytes, config.max_turn_record_bytes)
+    assert limits == (500, 2048, 4096)
+    assert config.max_sessions is None
+
+
 def test_user_limit_stays_when_project_sets_none(tmp_path: Path, home: Path) -> None:
     """A project file without [limits] keeps the user's limit."""
     write(home / ".config" / "acp-orchestrator" / "config.toml", "[limits]\nmax_sessions = 4\n")
@@ -320,6 +337,8 @@ def test_user_file_paths_resolve_against_its_directory(tmp_path: Path, home: Pat
         ("[limits]\nmax_sessions = 0\n", "limits.max_sessions", ">= 1"),
         ("[limits]\nmax_sessions = -2\n", "limits.max_sessions", ">= 1"),
         ("[limits]\nmax_sessions = 2.5\n", "limits.max_sessions", "a number"),
+        ("[limits]\nmax_unsent_bytes = 0\n", "limits.max_unsent_bytes", ">= 1"),
+        ('[limits]\nmax_turn_record_bytes = "4M"\n', "limits.max_turn_record_bytes", "a string"),
         ('limits = "many"\n', "limits", "must be a table"),
         ("[agents.claude]\ncomand = 'x'\n", "agents.claude.comand", "did you mean 'command'"),
         ("[agents.claude]\nsessions_per_process = -1\n", "sessions_per_process", ">= 1"),

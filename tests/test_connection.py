@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import gc
 import os
+import tracemalloc
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Literal
@@ -17,6 +19,7 @@ from structlog.testing import capture_logs
 from orchestrator.errors import (
     AgentExited,
     AuthRequired,
+    BacklogExceeded,
     ConnectionClosed,
     InternalError,
     InvalidParams,
@@ -1015,11 +1018,13 @@ class PipePeer(RawPeer):
 
 
 @asynccontextmanager
-async def piped(*, clogged: bool = False) -> AsyncIterator[tuple[JsonRpcConnection, PipePeer]]:
+async def piped(
+    *, clogged: bool = False, **kwargs: Any
+) -> AsyncIterator[tuple[JsonRpcConnection, PipePeer]]:
     """A connection over a PipeStream (so it sends with send_nowait) and its raw peer.
 
     With ``clogged`` our pipe is full before the connection starts: every frame waits for the
-    peer to drain it.
+    peer to drain it. ``kwargs`` go to :func:`open_connection`.
     """
     ours, theirs = _pipe_pair()
     filler = 0
@@ -1037,7 +1042,7 @@ async def piped(*, clogged: bool = False) -> AsyncIterator[tuple[JsonRpcConnecti
         watchdog.start_soon(hang_up_late)
         try:
             with trio.fail_after(10):
-                async with open_connection(ours, name="agent") as conn:
+                async with open_connection(ours, name="agent", **kwargs) as conn:
                     yield conn, PipePeer(theirs, filler)
         finally:
             watchdog.cancel_scope.cancel()
@@ -1223,3 +1228,126 @@ async def test_nowait_over_a_stream_without_send_nowait(
             assert len(counter.spawned) == 1
             assert "_run_inbound" not in counter.spawned[0]
             assert conn.statistics().running_inbound == 0
+
+
+# ---------------------------------------------------------------------- answers left unread
+
+UNREAD = 2000
+FILE = {"content": "x" * 64}
+
+
+def _requests(count: int, method: str = "read") -> bytes:
+    """``count`` requests with ids of one width, so that their answers have one size."""
+    return b"".join(encode_message(req(f"r{i:06d}", method)) for i in range(count))
+
+
+async def _read_file(params: Any) -> Any:
+    return FILE
+
+
+@pytest.mark.parametrize("served", ["nowait", "task"])
+async def test_an_answer_the_peer_leaves_unread_is_held_as_its_bytes(served: str) -> None:
+    """Answers a peer does not read wait in one queue as their own bytes: no task each, and
+    about their size in memory each (orjson's 4 KiB buffers are not kept)."""
+    one = len(encode_message(ok("r000000", FILE)))
+    bounds = {"max_requests_in_flight": None, "max_unsent_bytes": None}
+    async with piped(clogged=True, **bounds) as (conn, peer):
+        if served == "nowait":
+            conn.on_request("read", never_called, nowait=lambda params: FILE)
+        else:
+            conn.on_request("read", _read_file)
+        with counting_spawns() as counter:
+            await peer.stream.send_all(_requests(UNREAD))
+            await trio.testing.wait_all_tasks_blocked()
+        # one task writes every waiting answer out (besides the handlers' own, which ended)
+        assert [name for name in counter.spawned if "_run_inbound" not in name] == [
+            "orchestrator.jsonrpc.connection.JsonRpcConnection._write_out"
+        ]
+        stats = conn.statistics()
+        assert (stats.requests_received, stats.running_inbound) == (UNREAD, 0)
+        assert stats.unsent_bytes == UNREAD * one  # all of them, the one being written too
+        assert stats.queued_answers == UNREAD - 1
+        # as many again, measured (trio's own tables have grown to their size already)
+        flood = _requests(UNREAD)
+        gc.collect()
+        tracemalloc.start()
+        try:
+            await peer.stream.send_all(flood)
+            await trio.testing.wait_all_tasks_blocked()
+            gc.collect()
+            held, _peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert conn.statistics().queued_answers == 2 * UNREAD - 1
+        # its bytes, a bytes object's header and a slot in the queue (4 KiB and more before)
+        assert held < UNREAD * (one + 150)
+
+
+async def test_a_peer_with_too_many_requests_in_flight_is_cut_off() -> None:
+    """Past max_requests_in_flight the connection ends at once with BacklogExceeded naming the
+    limit; our own request waiting to be written fails with it, and nothing more is read."""
+    failed: list[BaseException] = []
+    async with piped(clogged=True, max_requests_in_flight=50) as (conn, peer):
+        conn.on_request("read", never_called, nowait=lambda params: FILE)
+        async with trio.open_nursery() as nursery:
+
+            async def ours() -> None:
+                with pytest.raises(BacklogExceeded) as caught:
+                    await conn.request("ours")
+                failed.append(caught.value)
+
+            nursery.start_soon(ours)
+            await trio.testing.wait_all_tasks_blocked()  # its frame waits for the peer
+            await peer.stream.send_all(_requests(200))
+            closed = await conn.wait_closed()
+        stats = conn.statistics()
+    assert isinstance(closed, BacklogExceeded)
+    assert (closed.limit, closed.value) == ("max_requests_in_flight", 50)
+    assert str(closed) == (
+        "agent: stopped: 51 of its requests were in flight at once (being handled, or answered "
+        "and the answers not read), over the limit max_requests_in_flight = 50"
+    )
+    assert failed == [closed]
+    assert (stats.requests_received, stats.queued_answers, stats.unsent_bytes) == (51, 0, 0)
+
+
+async def test_a_peer_leaving_too_many_bytes_unread_is_cut_off() -> None:
+    """Past max_unsent_bytes of answers waiting for the peer, the connection ends with
+    BacklogExceeded naming that limit."""
+    big = {"content": "x" * 1000}
+    one = len(encode_message(ok("r000000", big)))
+    async with piped(clogged=True, max_unsent_bytes=5 * one) as (conn, peer):
+        conn.on_request("read", never_called, nowait=lambda params: big)
+        await peer.stream.send_all(_requests(50))
+        closed = await conn.wait_closed()
+        stats = conn.statistics()
+    assert isinstance(closed, BacklogExceeded)
+    assert (closed.limit, closed.value) == ("max_unsent_bytes", 5 * one)
+    assert f"{6 * one:,} bytes of answers were waiting for it to read them" in str(closed)
+    assert stats.requests_received == 6
+
+
+@pytest.mark.parametrize("served", ["nowait", "task"])
+async def test_a_peer_that_reads_its_answers_is_never_cut_off(served: str) -> None:
+    """Requests answered and read one after another never count against the bound, however
+    many of them a peer sends."""
+    async with piped(max_requests_in_flight=2) as (conn, peer):
+        if served == "nowait":
+            conn.on_request("read", never_called, nowait=lambda params: FILE)
+        else:
+            conn.on_request("read", _read_file)
+        for i in range(30):
+            await peer.send(req(i, "read"))
+            assert await peer.receive() == ok(i, FILE)
+        assert not conn.closed
+
+
+async def test_leaving_a_connection_whose_peer_reads_nothing_does_not_wait_for_it() -> None:
+    """A frame still waiting for a peer that reads nothing is abandoned when the connection is
+    left, instead of holding it open for ever (past piped's deadline, the test fails)."""
+    big = {"blob": "x" * 200_000}  # more than a pipe holds: its frame waits for the peer
+    async with piped(clogged=True) as (conn, peer):
+        conn.on_request("read", never_called, nowait=lambda params: big)
+        await peer.send(req(1, "read"))
+        await trio.testing.wait_all_tasks_blocked()
+    assert conn.closed

@@ -13,7 +13,7 @@ import orjson
 import pytest
 import structlog
 import trio
-from conftest import pid_gone
+from conftest import is_process_watchdog, pid_gone
 from run_helpers import timeline
 from structlog.testing import capture_logs
 
@@ -29,6 +29,7 @@ from orchestrator.errors import (
     AgentExited,
     AgentHung,
     AgentStartError,
+    BacklogExceeded,
     ConnectionClosed,
     TurnTimeout,
 )
@@ -39,6 +40,7 @@ from orchestrator.testing import (
     AskPermission,
     Crash,
     ExitAtStart,
+    FloodRequests,
     HugeLine,
     PermissionToolCall,
     Raw,
@@ -80,8 +82,10 @@ def _live_processes() -> Iterator[tuple[int, list[str]]]:
 
 
 def live_children(pid: int) -> set[int]:
-    """Processes whose parent is ``pid`` and that are not zombies."""
-    return {p for p, fields in _live_processes() if int(fields[1]) == pid}
+    """Processes whose parent is ``pid`` and that are not zombies, but its process watchdog."""
+    return {
+        p for p, fields in _live_processes() if int(fields[1]) == pid and not is_process_watchdog(p)
+    }
 
 
 def live_group(pgid: int) -> set[int]:
@@ -225,6 +229,34 @@ async def test_crash_mid_turn_raises_agent_exited(tmp_path: Path) -> None:
     assert AGENT in str(error)
     assert error.exit_status == 3
     assert "fatal: model quota exceeded" in error.stderr_tail
+    assert pid is not None
+    assert pid_gone(pid)
+
+
+@pytest.mark.parametrize("limit", ["max_requests_in_flight", "max_unsent_bytes"])
+async def test_an_agent_flooding_requests_it_never_reads_is_cut_off(
+    limit: str, tmp_path: Path
+) -> None:
+    """An agent that stops reading and floods requests is cut off past either bound: the turn
+    fails with BacklogExceeded naming the limit, every later call too, and its process ends
+    with the block (an unbounded client grew by kilobytes per answer and never let go)."""
+    script = turns(Say("reading"), FloodRequests(20_000, params={"path": "f.txt"}))
+    options = (
+        ClientOptions(max_requests_in_flight=300)
+        if limit == "max_requests_in_flight"
+        else ClientOptions(max_unsent_bytes=300)
+    )
+    async with agent(script, tmp_path, options=options) as conn:
+        pid = conn.pid
+        session = await conn.new_session(tmp_path)
+        with pytest.raises(BacklogExceeded) as info:
+            await session.prompt("go")
+        with pytest.raises(BacklogExceeded):
+            await conn.new_session(tmp_path)
+    error = info.value
+    assert (error.peer, error.limit, error.value) == (AGENT, limit, 300)
+    assert str(error).startswith(f"{AGENT}: stopped: ")
+    assert str(error).endswith(f", over the limit {limit} = 300")
     assert pid is not None
     assert pid_gone(pid)
 

@@ -31,6 +31,8 @@ from run_helpers import (
     write_agent,
 )
 
+from orchestrator.agent.client import ClientOptions
+from orchestrator.agent.turn import DEFAULT_MAX_TURN_RECORD_BYTES
 from orchestrator.agents import AgentSpec
 from orchestrator.config import Config
 from orchestrator.policy import Policy, PolicySet, Rule
@@ -200,6 +202,20 @@ def test_settings_round_trip_without_secret_values() -> None:
     assert back.restored == ("policy", "maxSessions", "maxFileSize", "agents")
     lost = restore_settings(recorded, Config.builtin(), environ={})
     assert lost.missing_secrets == ("API_KEY",)
+
+
+def test_recorded_limits_are_restored_over_the_config() -> None:
+    """A run records the [limits] its config set; a resume restores them, the config fills in
+    the ones the record lacks, and they reach the agents' client options."""
+    recorded = RunSettings(limits={"max_requests_in_flight": 50}).to_json()
+    config = Config.from_toml("[limits]\nmax_requests_in_flight = 9\nmax_unsent_bytes = 4096\n")
+    back = restore_settings(recorded, config, environ={})
+    assert back.settings.limits == {"max_requests_in_flight": 50, "max_unsent_bytes": 4096}
+    assert "limits" in back.restored
+    options = back.settings.client_options(ClientOptions(cancel_grace=3.0))
+    assert (options.max_requests_in_flight, options.max_unsent_bytes) == (50, 4096)
+    assert options.cancel_grace == 3.0
+    assert back.settings.max_turn_record_bytes == DEFAULT_MAX_TURN_RECORD_BYTES
 
 
 # --------------------------------------------------------------------------- ask at the terminal

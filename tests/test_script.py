@@ -24,6 +24,7 @@ from orchestrator.testing.script import (
     ErrorReply,
     ExitAtStart,
     Flood,
+    FloodRequests,
     HugeLine,
     Location,
     Mode,
@@ -104,6 +105,7 @@ def _full_script() -> AgentScript:
         Stall(),
         Crash(3, "boom"),
         Flood(5, "z"),
+        FloodRequests(7, "fs/write_text_file", {"path": "a", "content": "b"}, read_answers=True),
     )
     return AgentScript(
         name="a",
@@ -239,6 +241,7 @@ _steps = st.one_of(
     st.builds(Think, _text),
     st.builds(Sleep, st.floats(0, 1e6, allow_nan=False)),
     st.builds(Flood, st.integers(0, 10**6), _text),
+    st.builds(FloodRequests, st.integers(0, 10**6), _text, read_answers=st.booleans()),
     st.builds(
         ToolCall,
         _text,

@@ -33,6 +33,7 @@ from orchestrator.testing import (
     ErrorReply,
     ExitAtStart,
     Flood,
+    FloodRequests,
     HugeLine,
     Location,
     Mode,
@@ -869,6 +870,70 @@ async def test_flood_sends_count_chunks() -> None:
     assert len(seen) == 20_000
     assert texts(seen) == "ab" * 20_000
     assert "result" in reply
+
+
+async def test_flood_requests_reading_the_answers_counts_them() -> None:
+    """flood_requests with read_answers sends ``count`` requests with the session and the path
+    resolved, waits for every answer and records how many came and how many were errors."""
+    flood = FloodRequests(300, params={"path": "a.txt"}, read_answers=True)
+    script = AgentScript(turns=(Turn((flood,)),))
+    requests: list[Json] = []
+
+    def answer(message: Json) -> Json:
+        requests.append(message)
+        if len(requests) % 3 == 0:
+            return {"error": {"code": -32002, "message": "not found"}}
+        return {"result": {"content": "x"}}
+
+    async with connected(script) as (client, record):
+        session_id = await open_session(client)
+        client.validate = False
+        reply, _ = await client.prompt(session_id, "go", answer)
+    assert reply["result"] == {"stopReason": "end_turn"}
+    assert [m["id"] for m in requests] == [f"flood-{i}" for i in range(300)]
+    assert {orjson.dumps(m["params"]) for m in requests} == {
+        orjson.dumps({"path": f"{CWD}/a.txt", "sessionId": session_id})
+    }
+    assert record.of("flood_requests") == [
+        {
+            "event": "flood_requests",
+            "method": "fs/read_text_file",
+            "count": 300,
+            "answered": 300,
+            "errors": 100,
+        }
+    ]
+    assert record.of("response") == []  # counted, not recorded one by one
+
+
+async def test_flood_requests_without_reading_stops_reading_first() -> None:
+    """flood_requests without read_answers stops reading the client, sends every request, and
+    then hears nothing: not even session/cancel ends its turn."""
+    script = AgentScript(turns=(Turn((FloodRequests(50, params={"path": "a.txt"}),)),))
+    agent_side, client_side = trio.testing.memory_stream_pair()
+    client, record = RawClient(client_side), AgentRecord()
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            # a deaf agent cannot hear its stream end either: it is cancelled
+            nursery.start_soon(
+                functools.partial(serve_scripted_agent, record=record), agent_side, script
+            )
+            session_id = await open_session(client)
+            await client.start_prompt(session_id)
+            ids = []
+            for _ in range(50):
+                message = await client.recv()
+                assert message is not None
+                ids.append(message["id"])
+            await record.wait_for("flood_requests")
+            await client.notify("session/cancel", {"sessionId": session_id})
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+    assert ids == [f"flood-{i}" for i in range(50)]
+    assert record.of("flood_requests") == [
+        {"event": "flood_requests", "method": "fs/read_text_file", "count": 50}
+    ]
+    assert record.of("cancel") == []
 
 
 async def test_string_ids_for_the_agents_own_requests() -> None:

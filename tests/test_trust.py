@@ -222,3 +222,21 @@ async def test_a_refused_state_directory_is_not_made_by_the_trust_lookup(
     done = await run_cli("prompt", "--agent", "demo", "hi", cwd=cloned, state=cloned / ".state")
     assert done.returncode == EXIT_USAGE, done.stderr.decode()
     assert not (cloned / ".state").exists()
+
+
+def test_untrusted_limits_only_go_down(tmp_path: Path, cloned: Path) -> None:
+    """An untrusted file may lower the limits on what an agent costs, not raise them."""
+    (cloned / PROJECT_FILE).write_text(
+        "[limits]\nmax_unsent_bytes = 999999999999\nmax_requests_in_flight = 5\n"
+        'max_file_size = "900M"\n'
+    )
+    config = Config.load(cloned, environ={"HOME": str(tmp_path)})
+    assert (config.max_unsent_bytes, config.max_requests_in_flight) == (None, 5)
+    assert config.max_file_size is None
+    source = str(cloned / PROJECT_FILE)
+    assert set(config.ignored) == {
+        f"{source}: limits.max_unsent_bytes",
+        f"{source}: limits.max_file_size",
+    }
+    trusted = Config.load(cloned, environ={"HOME": str(tmp_path)}, trusted=True)
+    assert trusted.max_unsent_bytes == 999999999999

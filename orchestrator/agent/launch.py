@@ -53,6 +53,8 @@ async def open_agent_on_stream(
         stream,
         name=name,
         max_message_size=max_message_size,
+        max_requests_in_flight=options.max_requests_in_flight,
+        max_unsent_bytes=options.max_unsent_bytes,
         frame_observer=transcript,
         close_error=close_error,
     )

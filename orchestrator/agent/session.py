@@ -25,6 +25,7 @@ from ..errors import (
     TurnTimeout,
     UsageError,
 )
+from ..jsonrpc.connection import DEFAULT_MAX_REQUESTS_IN_FLIGHT, DEFAULT_MAX_UNSENT_BYTES
 from ..protocol import types as t
 from ..protocol.codec import structure
 from .content import PromptInput, check_prompt_capabilities, to_blocks
@@ -67,6 +68,13 @@ class ClientOptions:
     client_info: t.Implementation = CLIENT_INFO
     #: keep message and thought chunks in ``TurnResult.updates`` (their text is always kept)
     keep_chunks: bool = False
+    #: the most requests of the agent in flight at once (being handled, or answered and the
+    #: answers not read); past it the agent is cut off (:class:`~orchestrator.errors.
+    #: BacklogExceeded`). None: no bound
+    max_requests_in_flight: int | None = DEFAULT_MAX_REQUESTS_IN_FLIGHT
+    #: the most bytes of answers waiting for the agent to read them; past it the agent is cut
+    #: off the same way. None: no bound
+    max_unsent_bytes: int | None = DEFAULT_MAX_UNSENT_BYTES
 
 
 @define(eq=False)

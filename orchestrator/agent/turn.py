@@ -11,11 +11,18 @@ from typing import Any
 
 from attrs import define, field, frozen
 
+from .._sizes import DEFAULT_MAX_TURN_RECORD_BYTES
 from ..protocol import types as t
 from ..protocol.codec import unstructure
 from .services import PermissionRecord
 
-__all__ = ["ToolCallState", "TurnAccumulator", "TurnResult", "content_text"]
+__all__ = [
+    "DEFAULT_MAX_TURN_RECORD_BYTES",
+    "ToolCallState",
+    "TurnAccumulator",
+    "TurnResult",
+    "content_text",
+]
 
 
 @define

@@ -631,12 +631,15 @@ async def cmd_show(args: argparse.Namespace) -> int:
         print(f"task: {result.get('task')}")
         for line in _compare_lines(result):
             print(line)
+        for agent in result.get("agents") or []:
+            _print_cut(agent.get("cut"), f"  {agent.get('name')}: ")
     elif result.get("kind") == "prompt" and "stopReason" in result:
         agent = (result.get("agent") or {}).get("name")
         print(
             f"  {agent}: {result.get('stopReason')}, {len(result.get('permissions') or [])} "
             f"permission requests, {len(result.get('toolCalls') or [])} tool calls"
         )
+        _print_cut(result.get("cut"), "  ")
         for c in result.get("changes") or []:
             link = f" -> {c['symlink']} (symlink)" if "symlink" in c else ""
             print(f"  {c['change']:<8} {c['path']}{link}")
@@ -651,12 +654,26 @@ async def cmd_show(args: argparse.Namespace) -> int:
             for key, inst in shown.items():
                 print(f"    [{key}] {inst.get('status')} {inst.get('error') or ''}")
                 _print_traceback(inst.get("traceback"), "        ")
+            for inst in (step.get("instances") or {}).values():
+                _print_cut(inst.get("cut"), "      ")
     for c in result.get("conflicts") or []:
         print(f"  conflict in {c['path']} at {c['step']} ({c['kind']}): {c['resolution']}")
     _warn_interrupted(interrupted, result["runId"], result.get("cwd"))
     for line in sandbox_lines(result.get("sandbox")):
         print(line)
     return EXIT_OK
+
+
+def _print_cut(cut: Any, prefix: str) -> None:
+    """Say what the run store left out of a turn (its ``cut``), if anything."""
+    if not isinstance(cut, dict):
+        return
+    print(
+        f"{prefix}turn cut in the run store (limit max_turn_record_bytes = "
+        f"{cut.get('limit'):,} bytes): {cut.get('droppedTextBytes'):,} of "
+        f"{cut.get('textBytes'):,} bytes of text and {cut.get('droppedToolCalls'):,} of "
+        f"{cut.get('toolCalls'):,} tool calls left out"
+    )
 
 
 async def cmd_apply(args: argparse.Namespace) -> int:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from orchestrator.jsonrpc.connection import (
     CANCEL_REQUEST_METHOD,
+    DEFAULT_MAX_REQUESTS_IN_FLIGHT,
+    DEFAULT_MAX_UNSENT_BYTES,
     CloseErrorFactory,
     ConnectionStatistics,
     FallbackNotificationHandler,
@@ -51,6 +53,8 @@ from orchestrator.jsonrpc.pipes import PipeStream
 __all__ = [
     "CANCEL_REQUEST_METHOD",
     "DEFAULT_MAX_MESSAGE_SIZE",
+    "DEFAULT_MAX_REQUESTS_IN_FLIGHT",
+    "DEFAULT_MAX_UNSENT_BYTES",
     "JSONRPC_VERSION",
     "CloseErrorFactory",
     "ConnectionStatistics",

@@ -6,10 +6,16 @@ handlers called as they arrive; notifications run inline in arrival order, so a 
 delivered only after every notification that preceded it. The read loop is the hot path (agents
 stream thousands of ``session/update`` per turn): big reads, orjson, and a few dict lookups per
 notification.
+
+Our answers never make the read loop wait for the peer to read: one that does not fit in the
+stream at once waits as bytes in a queue that one task writes out. A peer that leaves too much
+unanswered (too many of its requests in flight, or too many bytes of answers unread) ends the
+connection with :class:`~orchestrator.errors.BacklogExceeded`.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from typing import Any, Literal, NoReturn
@@ -20,6 +26,7 @@ import trio
 from attrs import define, field
 
 from orchestrator.errors import (
+    BacklogExceeded,
     ConnectionClosed,
     InternalError,
     InvalidRequest,
@@ -66,6 +73,8 @@ from orchestrator.jsonrpc.messages import (
 
 __all__ = [
     "CANCEL_REQUEST_METHOD",
+    "DEFAULT_MAX_REQUESTS_IN_FLIGHT",
+    "DEFAULT_MAX_UNSENT_BYTES",
     "CloseErrorFactory",
     "ConnectionStatistics",
     "FallbackNotificationHandler",
@@ -91,6 +100,14 @@ _CANCEL_NOTICE_TIMEOUT = 5.0
 # never answers them.
 _MAX_REMEMBERED_CANCELLED = 10_000
 
+DEFAULT_MAX_REQUESTS_IN_FLIGHT = 10_000
+"""The default bound on the peer's requests not answered yet (handlers running, answers not
+written out). Real agents keep a handful in flight, a few dozen at most, however many they send
+in a turn."""
+DEFAULT_MAX_UNSENT_BYTES = 256 * 2**20
+"""The default bound on the bytes of answers waiting for the peer to read them (256 MiB: room
+for a few reads of large files at once); one answer of any size may always wait."""
+
 
 @define
 class _Waiter:
@@ -114,6 +131,10 @@ class JsonRpcConnection:
     line appears as ``{"oversized": <size>}``). ``close_error`` builds the exception delivered to
     waiters when the stream ends; by default a :class:`ConnectionClosed` naming ``name``.
 
+    A peer that passes ``max_requests_in_flight`` or ``max_unsent_bytes`` is cut off: the
+    connection ends at once (nothing more is read or written, its handlers are cancelled) and
+    waiters get a :class:`~orchestrator.errors.BacklogExceeded` naming the limit.
+
     Notification handlers run inline in the read loop: keep them quick, and never wait in one
     for a response from the same peer (nothing is read until the handler returns).
     """
@@ -123,6 +144,12 @@ class JsonRpcConnection:
     """The peer's name, used in logs and in the default close error."""
     max_message_size: int = field(default=DEFAULT_MAX_MESSAGE_SIZE, kw_only=True)
     """The longest line accepted, in bytes; longer lines are dropped and counted."""
+    max_requests_in_flight: int | None = field(default=DEFAULT_MAX_REQUESTS_IN_FLIGHT, kw_only=True)
+    """The most requests of the peer not answered yet: handlers running and answers not written
+    out. None: no bound."""
+    max_unsent_bytes: int | None = field(default=DEFAULT_MAX_UNSENT_BYTES, kw_only=True)
+    """The most bytes of answers waiting for the peer to read them (one answer may always
+    wait, whatever its size). None: no bound."""
     _frame_observer: FrameObserver | None = field(default=None, kw_only=True)
     _close_error: CloseErrorFactory | None = field(default=None, kw_only=True)
 
@@ -146,6 +173,13 @@ class JsonRpcConnection:
     _ignored_methods: set[str] = field(init=False, factory=set)
     _log: Any = field(init=False, default=None)
     _send_nowait: Callable[[bytes], int] | None = field(init=False, default=None)
+    # answers waiting for the stream, in order: bytes only, written by one task at a time
+    _outbox: deque[bytes] = field(init=False, factory=deque)
+    # bytes of the queued answers and of the rest of the one being written
+    _unsent: int = field(init=False, default=0)
+    _writing: bool = field(init=False, default=False)
+    # the writer's shielded write; cancelled when the peer is cut off
+    _write_scope: trio.CancelScope | None = field(init=False, default=None)
 
     _requests_sent: int = field(init=False, default=0)
     _notifications_sent: int = field(init=False, default=0)
@@ -227,6 +261,8 @@ class JsonRpcConnection:
             oversized_dropped=self._oversized_dropped,
             parse_errors=self._parse_errors,
             invalid_messages=self._invalid_messages,
+            queued_answers=len(self._outbox),
+            unsent_bytes=self._unsent,
         )
 
     async def request(
@@ -300,17 +336,18 @@ class JsonRpcConnection:
         except trio.WouldBlock:
             await self._send_lock.acquire()
         try:
-            try:
-                rest = self._start_frame(data)
-                if rest:
-                    # Shielded so a cancelled sender never leaves half a frame on the wire.
-                    with trio.CancelScope(shield=True):
-                        await self._stream.send_all(rest)
-                return
-            except trio.BrokenResourceError as exc:
-                reason = f"stream broken: {exc}" if str(exc) else "stream broken"
-            except trio.ClosedResourceError:
-                reason = "stream closed"
+            if self._closed:  # while we waited for the lock
+                reason = "connection closed"
+            else:
+                try:
+                    rest = self._start_frame(data)
+                    if rest:
+                        await self._write_rest(rest)
+                    return
+                except trio.BrokenResourceError as exc:
+                    reason = f"stream broken: {exc}" if str(exc) else "stream broken"
+                except trio.ClosedResourceError:
+                    reason = "stream closed"
         finally:
             self._send_lock.release()
         raise await self._get_close_error(reason)
@@ -327,12 +364,20 @@ class JsonRpcConnection:
         sent = self._send_nowait(data)
         return data[sent:] if sent else data
 
-    async def _send_quietly(self, data: bytes) -> None:
-        """Send an answer nobody waits for; a closed connection just drops it."""
-        try:
-            await self._send(data)
-        except ConnectionClosed:
-            self._log.debug("answer dropped: connection closed")
+    async def _write_rest(self, rest: bytes) -> None:
+        """With the send lock held: write the rest of a started frame.
+
+        Shielded, so a cancelled sender never leaves half a frame on the wire; only cutting
+        the peer off (:meth:`_cut_off`) stops it, and that ends the connection anyway.
+        """
+        with trio.CancelScope(shield=True) as scope:
+            self._write_scope = scope
+            try:
+                await self._stream.send_all(rest)
+            finally:
+                self._write_scope = None
+        if scope.cancelled_caught:
+            raise trio.ClosedResourceError("the write was abandoned")
 
     def _observe(self, direction: Literal["send", "recv"], line: bytes, valid: bool) -> None:
         assert self._frame_observer is not None
@@ -435,7 +480,15 @@ class JsonRpcConnection:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 task_status.started()
-                reason = await self._read_loop()
+                try:
+                    reason = await self._read_loop()
+                except trio.Cancelled:
+                    # no longer served: a frame still waiting for the peer to read it would
+                    # hold the nursery open for ever (its write is shielded)
+                    self._closed = True
+                    if self._write_scope is not None:
+                        self._write_scope.cancel()
+                    raise
                 self._closed = True
                 nursery.cancel_scope.cancel()
             self._nursery = None
@@ -488,7 +541,7 @@ class JsonRpcConnection:
                     try:
                         obj = decode_message(line)
                     except ParseError as exc:
-                        await self._answer_parse_error(exc)
+                        self._answer_parse_error(exc)
                         continue
             # Fast path for the flood: a well-formed notification is dispatched with a few
             # lookups, without building a message object.
@@ -511,6 +564,8 @@ class JsonRpcConnection:
 
     async def _dispatch(self, msg: Message) -> None:
         """The general path for anything but a plain notification."""
+        if self._closed:  # the peer was cut off in the middle of this batch
+            return
         if isinstance(msg, Request):
             self._requests_received += 1
             nowait = self._nowait_handlers.get(msg.method)
@@ -528,7 +583,7 @@ class JsonRpcConnection:
             self._invalid_messages += 1
             self._log.warning("invalid message", reason=msg.reason, id=msg.id)
             error = InvalidRequest(f"Invalid request: {msg.reason}")
-            await self._send_quietly(encode_message(error_obj(msg.id, error)))
+            self._answer(encode_message(error_obj(msg.id, error)))
 
     def _deliver_response(self, msg: Response | ErrorResponse) -> None:
         waiter = self._pending.pop(msg.id, None) if msg.id is not None else None
@@ -589,6 +644,8 @@ class JsonRpcConnection:
         ``$/cancel_request`` read right behind the request finds it.
         """
         assert self._nursery is not None
+        if self._over_bounds(0):
+            return
         scope = trio.CancelScope()
         if request_id in self._inbound:
             # A duplicate id from the peer: served, but $/cancel_request reaches the first.
@@ -604,7 +661,7 @@ class JsonRpcConnection:
                 pending = (self._fallback_request or _method_not_found)(method, params)
         except Exception as exc:
             self._inbound_done(request_id, scope)
-            self._answer_nowait(self._failure_answer(request_id, method, exc))
+            self._answer(self._failure_answer(request_id, method, exc))
             return
         self._nursery.start_soon(self._run_inbound, request_id, method, scope, pending)
 
@@ -623,7 +680,7 @@ class JsonRpcConnection:
             answer = self._failure_answer(request_id, method, exc)
         finally:
             self._inbound_done(request_id, scope)
-        await self._send_quietly(answer)
+        self._answer(answer)
 
     def _inbound_done(self, request_id: RequestId, scope: trio.CancelScope) -> None:
         self._running_inbound -= 1
@@ -640,7 +697,7 @@ class JsonRpcConnection:
             return False
         except Exception as exc:
             answer = self._failure_answer(request_id, method, exc)
-        self._answer_nowait(answer)
+        self._answer(answer)
         return True
 
     def _failure_answer(self, request_id: RequestId, method: str, exc: Exception) -> bytes:
@@ -656,47 +713,134 @@ class JsonRpcConnection:
             request_id, InternalError(data={"details": f"{type(exc).__name__}: {exc}"})
         )
 
-    def _answer_nowait(self, data: bytes) -> None:
-        """Send an answer from the read loop, which must never wait for the peer to read.
+    def _answer(self, data: bytes) -> None:
+        """Send an answer without waiting for the peer to read it (the read loop never may).
 
-        Whatever does not fit in the stream at once (or waits for another sender) goes out
-        from a task, so the read loop keeps reading meanwhile.
+        It goes out at once when the stream takes it and nothing is queued before it; else
+        it waits in the queue, as bytes, for the one task that writes the queue out. An answer
+        that passes a bound cuts the peer off instead.
         """
-        assert self._nursery is not None
         if self._closed:
             return
-        if self._send_nowait is None:
-            self._nursery.start_soon(self._send_quietly, data)
+        if not self._writing and self._send_nowait is not None:
+            try:
+                self._send_lock.acquire_nowait()
+            except trio.WouldBlock:
+                pass
+            else:
+                try:
+                    rest = self._start_frame(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    self._send_lock.release()
+                    self._log.debug("answer dropped: connection closed")
+                    return
+                if not rest:
+                    self._send_lock.release()
+                    return
+                # the writer finishes this frame first, holding the lock until it is whole
+                self._queue(rest, started=True)
+                return
+        if self._over_bounds(len(data)):
             return
-        try:
-            self._send_lock.acquire_nowait()
-        except trio.WouldBlock:
-            self._nursery.start_soon(self._send_quietly, data)
-            return
-        try:
-            rest = self._start_frame(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            self._send_lock.release()
-            self._log.debug("answer dropped: connection closed")
-            return
-        if rest:  # the task finishes the frame, holding the lock until it is whole
-            self._nursery.start_soon(self._finish_frame, rest)
-        else:
-            self._send_lock.release()
+        self._queue(data, started=False)
 
-    async def _finish_frame(self, rest: bytes) -> None:
+    def _queue(self, data: bytes, *, started: bool) -> None:
+        """Queue an answer (``started``: the rest of a frame begun under the held lock)."""
+        assert self._nursery is not None
+        # a copy of its own size: orjson hands out at least 4 KiB for any frame, so a queue of
+        # small answers would otherwise cost 4 KiB each
+        data = memoryview(data).tobytes()
+        self._outbox.append(data)
+        self._unsent += len(data)
+        if started:
+            self._writing = True
+            self._nursery.start_soon(self._write_out, True)
+        elif not self._writing:
+            self._writing = True
+            self._nursery.start_soon(self._write_out, False)
+
+    async def _write_out(self, locked: bool) -> None:
+        """Write queued answers out in order until none is left (``locked``: the lock is held
+        and the first one is the rest of a started frame)."""
+        outbox = self._outbox
         try:
-            with trio.CancelScope(shield=True):
-                await self._stream.send_all(rest)
+            while outbox and not self._closed:
+                if not locked:
+                    try:
+                        self._send_lock.acquire_nowait()
+                    except trio.WouldBlock:
+                        await self._send_lock.acquire()
+                    locked = True
+                    if not outbox or self._closed:
+                        break
+                    data = outbox.popleft()
+                    rest = self._start_frame(data)
+                    self._unsent -= len(data) - len(rest)
+                else:
+                    rest = outbox.popleft()
+                if rest:
+                    await self._write_rest(rest)
+                    self._unsent -= len(rest)
+                self._send_lock.release()
+                locked = False
         except (trio.BrokenResourceError, trio.ClosedResourceError):
-            self._log.debug("answer dropped: connection closed")
+            self._log.debug("answers dropped: connection closed", count=len(outbox) + 1)
+            outbox.clear()
+            self._unsent = 0
         finally:
-            self._send_lock.release()
+            if locked:
+                self._send_lock.release()
+            self._writing = False
 
-    async def _answer_parse_error(self, exc: ParseError) -> None:
+    def _over_bounds(self, size: int) -> bool:
+        """Whether one more request in flight (an answer of ``size`` bytes to queue, or a
+        handler to start with ``size`` 0) passes a bound; if so the peer is cut off."""
+        limit = self.max_requests_in_flight
+        in_flight = self._running_inbound + len(self._outbox) + 1
+        if limit is not None and in_flight > limit:
+            self._cut_off(
+                BacklogExceeded(
+                    f"{in_flight:,} of its requests were in flight at once (being handled, or "
+                    "answered and the answers not read)",
+                    "max_requests_in_flight",
+                    limit,
+                    peer=self.name,
+                )
+            )
+            return True
+        limit = self.max_unsent_bytes
+        if limit is not None and self._unsent and self._unsent + size > limit:
+            self._cut_off(
+                BacklogExceeded(
+                    f"{self._unsent + size:,} bytes of answers were waiting for it to read them",
+                    "max_unsent_bytes",
+                    limit,
+                    peer=self.name,
+                )
+            )
+            return True
+        return False
+
+    def _cut_off(self, error: BacklogExceeded) -> None:
+        """End the connection now: nothing more is read or written, handlers are cancelled,
+        and waiters get ``error``."""
+        if self._closed:
+            return
+        self._log.error("peer cut off", limit=error.limit, value=error.value, reason=error.reason)
+        self._closed = True
+        self._set_close_error(error)
+        self._outbox.clear()
+        self._unsent = 0
+        if self._write_scope is not None:
+            self._write_scope.cancel()
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+        self._fail_pending(error)
+
+    def _answer_parse_error(self, exc: ParseError) -> None:
         self._parse_errors += 1
         self._log.warning("malformed JSON from peer", error=exc.message)
-        await self._send_quietly(_encode_error(None, ParseError(exc.message)))
+        self._answer(_encode_error(None, ParseError(exc.message)))
 
     def _dropped_oversized(self, size: int) -> None:
         self._oversized_dropped += 1
@@ -724,6 +868,8 @@ async def open_connection(
     *,
     name: str = "peer",
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+    max_requests_in_flight: int | None = DEFAULT_MAX_REQUESTS_IN_FLIGHT,
+    max_unsent_bytes: int | None = DEFAULT_MAX_UNSENT_BYTES,
     frame_observer: FrameObserver | None = None,
     close_error: CloseErrorFactory | None = None,
 ) -> AsyncIterator[JsonRpcConnection]:
@@ -736,6 +882,8 @@ async def open_connection(
         stream,
         name=name,
         max_message_size=max_message_size,
+        max_requests_in_flight=max_requests_in_flight,
+        max_unsent_bytes=max_unsent_bytes,
         frame_observer=frame_observer,
         close_error=close_error,
     )

@@ -84,3 +84,8 @@ class ConnectionStatistics:
     """Lines that were not JSON (each answered with -32700)."""
     invalid_messages: int
     """JSON values that were not valid JSON-RPC messages (each answered with -32600)."""
+    queued_answers: int = 0
+    """Answers waiting in the queue for the peer to read what was sent before them."""
+    unsent_bytes: int = 0
+    """Bytes of answers not written out yet: the queued ones, and the rest of the one being
+    written."""

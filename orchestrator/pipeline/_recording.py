@@ -13,6 +13,7 @@ from typing import Any
 import structlog
 from attrs import define
 
+from ..agent.turn import DEFAULT_MAX_TURN_RECORD_BYTES
 from ..store import AddConflicts, AddEvent, AddPermissions, PutChanges, PutStep, StepRecord
 from ..vfs import Branch, ChangeSet, Snapshot
 from ._branchio import branch_diffs
@@ -38,6 +39,8 @@ class Recorder:
     #: the run's base, what stored changes are relative to
     snapshot: Snapshot
     on_event: EventSink | None = None
+    #: what the store keeps of a turn's text and tool calls, in bytes each (None: all)
+    max_turn_bytes: int | None = DEFAULT_MAX_TURN_RECORD_BYTES
 
     # ------------------------------------------------------------------ events
 
@@ -195,7 +198,7 @@ class Recorder:
                 started=started,
                 finished=time.time(),
                 session_id=result.session_id if result else None,
-                result=result.to_json() if result else None,
+                result=result.to_json(max_turn_bytes=self.max_turn_bytes) if result else None,
                 value=value,
                 value_stored=stored,
                 error=result.error if result else None,

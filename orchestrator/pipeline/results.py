@@ -9,10 +9,11 @@ The runner reports progress as :class:`RunEvent` values.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+import orjson
 from attrs import field, frozen
 
 from .._names import name_from_json, name_json
@@ -31,6 +32,7 @@ __all__ = [
     "agent_failure",
     "changes_from_json",
     "changes_json",
+    "cut_turn",
 ]
 
 ChangeKind = Literal["added", "modified", "deleted"]
@@ -99,6 +101,47 @@ class VerifyResult:
         )
 
 
+def cut_turn(
+    text: str, tool_calls: Sequence[Mapping[str, Any]], limit: int | None
+) -> tuple[str, list[Mapping[str, Any]], dict[str, Any] | None]:
+    """A turn's text and tool-call summaries as the run store keeps them, and what was cut.
+
+    Each keeps its head within ``limit`` bytes (None: no limit): the text its first ``limit``
+    bytes of UTF-8 (whole characters), the tool calls the first ones whose JSON fits. The third
+    value is None when nothing was cut, else ``{limit, textBytes, droppedTextBytes, toolCalls,
+    droppedToolCalls}``: the limit, the whole text's size and what was dropped of it, the number
+    of tool calls and how many were dropped.
+    """
+    calls = list(tool_calls)
+    if limit is None:
+        return text, calls, None
+    # a character is at most 4 bytes: a short text needs no encoding to be measured
+    raw = text.encode("utf-8", "surrogatepass") if len(text) > limit // 4 else None
+    text_bytes = len(raw) if raw is not None else -1
+    kept_text = text
+    if raw is not None and text_bytes > limit:
+        kept_text = raw[:limit].decode("utf-8", "ignore")
+    kept_calls: list[Mapping[str, Any]] = []
+    used = 0
+    for call in calls:
+        used += len(orjson.dumps(dict(call)))
+        if used > limit:
+            break
+        kept_calls.append(call)
+    if kept_text is text and len(kept_calls) == len(calls):
+        return text, calls, None
+    if raw is None:
+        text_bytes = len(text.encode("utf-8", "surrogatepass"))
+    cut = {
+        "limit": limit,
+        "textBytes": text_bytes,
+        "droppedTextBytes": text_bytes - len(kept_text.encode("utf-8", "surrogatepass")),
+        "toolCalls": len(calls),
+        "droppedToolCalls": len(calls) - len(kept_calls),
+    }
+    return kept_text, kept_calls, cut
+
+
 def agent_failure(stop_reason: str | None, verify: VerifyResult | None) -> str | None:
     """Why an agent instance did not succeed, or None when it did.
 
@@ -154,6 +197,9 @@ class StepResult:
     attempt: int = 1
     #: the turn as the client saw it (typed), for callers in this process; not recorded
     turn: TurnResult | None = field(default=None, eq=False, repr=False)
+    #: what the run store left out of this turn's text and tool calls (see :func:`cut_turn`),
+    #: when read back from the store; None when it kept them whole
+    cut: Mapping[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -163,8 +209,14 @@ class StepResult:
     def __str__(self) -> str:
         return self.text
 
-    def to_json(self) -> dict[str, Any]:
-        """The instance as it appears in ``--json`` output, reports and the run store."""
+    def to_json(self, *, max_turn_bytes: int | None = None) -> dict[str, Any]:
+        """The instance as it appears in ``--json`` output, reports and the run store.
+
+        With ``max_turn_bytes`` the text and the tool calls keep their heads within that many
+        bytes each, and ``cut`` says what was left out (:func:`cut_turn`); the run store keeps
+        a turn that way.
+        """
+        text, calls, cut = cut_turn(self.text, [dict(c) for c in self.tool_calls], max_turn_bytes)
         return {
             "step": self.step,
             "key": self.key,
@@ -174,8 +226,9 @@ class StepResult:
             "sessionId": self.session_id,
             "item": self.item,
             "stopReason": self.stop_reason,
-            "text": self.text,
-            "toolCalls": [dict(c) for c in self.tool_calls],
+            "text": text,
+            "toolCalls": calls,
+            "cut": cut if cut is not None else (dict(self.cut) if self.cut else None),
             "permissions": [dict(p) for p in self.permissions],
             "usage": dict(self.usage) if self.usage is not None else None,
             "changes": changes_json(self.changes, self.symlinks),
@@ -211,6 +264,7 @@ class StepResult:
             error=data.get("error"),
             wall_seconds=float(data.get("wallSeconds") or 0.0),
             attempt=int(data.get("attempt") or 1),
+            cut=data.get("cut"),
         )
 
 

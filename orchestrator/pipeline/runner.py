@@ -28,6 +28,7 @@ from .._names import display_names
 from .._sizes import DEFAULT_MAX_FILE_SIZE
 from ..agent.permissions import Escalate
 from ..agent.services import ClientServices
+from ..agent.turn import DEFAULT_MAX_TURN_RECORD_BYTES
 from ..agents import AgentSpec
 from ..errors import UsageError
 from ..policy import PolicySet
@@ -84,6 +85,9 @@ class PipelineRunner:
     #: the largest content (bytes) a changed file of a step's branch may have; a step's own
     #: ``max_file_size`` replaces it; None: no limit
     max_file_size: int | None = DEFAULT_MAX_FILE_SIZE
+    #: what the run store keeps of a turn's text and of its tool calls, in bytes each (None:
+    #: all of them); see :func:`~orchestrator.pipeline.results.cut_turn`
+    max_turn_record_bytes: int | None = DEFAULT_MAX_TURN_RECORD_BYTES
     states: dict[str, StepState] = field(factory=dict)
     #: what branch directories cost this run (see :meth:`statistics`)
     io: BranchIO = field(init=False, factory=BranchIO)
@@ -98,7 +102,9 @@ class PipelineRunner:
     def __attrs_post_init__(self) -> None:
         self.states = {name: StepState(s) for name, s in self.pipeline.steps.items()}
         self._parents = {name: self.pipeline.parents(name) for name in self.pipeline.steps}
-        self._recorder = Recorder(self.run_id, self.writer, self.snapshot, self.on_event)
+        self._recorder = Recorder(
+            self.run_id, self.writer, self.snapshot, self.on_event, self.max_turn_record_bytes
+        )
         self._dirs = BranchDirs(self.run_dir, self.io, self.max_file_size)
         self._turns = AgentTurns(
             run_id=self.run_id,

@@ -28,7 +28,7 @@ from ..config import Config
 from ..errors import OrchestratorError
 from ..pipeline import Pipeline, Step
 from ..pipeline import step as step_decorator
-from ..pipeline.results import RunEvent, StepResult, changes_from_json, changes_json
+from ..pipeline.results import RunEvent, StepResult, changes_from_json, changes_json, cut_turn
 from ..policy import PolicySet
 from ..protocol import types as t
 from ..sandbox import SandboxChoice
@@ -77,6 +77,10 @@ class PromptRun:
     exit_code: int = 0
     #: what confined the agent (Landlock ABI, rights, rules), or None when it ran unconfined
     sandbox: Mapping[str, Any] | None = None
+    #: what the run store left out of the turn's text and tool calls, as its step's ``cut``
+    #: (see :func:`~orchestrator.pipeline.results.cut_turn`); None when it kept them whole.
+    #: :meth:`to_json` gives them as stored, :attr:`turn` whole
+    cut: Mapping[str, Any] | None = None
 
     @property
     def permissions(self) -> list[PermissionRecord]:
@@ -84,8 +88,13 @@ class PromptRun:
         return self.turn.permissions
 
     def to_json(self) -> dict[str, Any]:
-        """The ``--json`` object of ``orchestrator prompt``."""
+        """The ``--json`` object of ``orchestrator prompt``: the turn as the run store keeps it."""
         info = self.agent_info
+        text, calls, _ = cut_turn(
+            self.turn.text,
+            [c.to_json() for c in self.turn.tool_calls.values()],
+            self.cut["limit"] if self.cut else None,
+        )
         return {
             "kind": "prompt",
             "runId": self.run_id,
@@ -97,8 +106,9 @@ class PromptRun:
                 "reportedName": info.name if info else None,
             },
             "stopReason": self.turn.stop_reason,
-            "text": self.turn.text,
-            "toolCalls": [c.to_json() for c in self.turn.tool_calls.values()],
+            "text": text,
+            "toolCalls": calls,
+            "cut": dict(self.cut) if self.cut else None,
             "permissions": [
                 {
                     "toolCallId": p.tool_call_id,
@@ -148,6 +158,7 @@ def _prompt_run(outcome: RunOutcome, last: Any, spec: AgentSpec, wall_seconds: f
         raise OrchestratorError(f"run {outcome.run_id}: the prompt's turn left no result")
     result = outcome.result
     changes, symlinks = changes_from_json(result.get("changes"))
+    stored = (result.get("steps") or {}).get("prompt", {}).get("instances", {}).get("prompt")
     unapplied = tuple(parse_name(p) for p in result.get("workspaceChanged") or ())
     return PromptRun(
         run_id=outcome.run_id,
@@ -166,6 +177,7 @@ def _prompt_run(outcome: RunOutcome, last: Any, spec: AgentSpec, wall_seconds: f
         status=outcome.status,
         exit_code=outcome.exit_code,
         sandbox=result.get("sandbox"),
+        cut=(stored or {}).get("cut"),
     )
 
 

@@ -74,7 +74,7 @@ from ..vfs import (
 from ._lock import hold_run_lock
 from .apply import apply_recorded, recover
 from .recorded import compare_verdict, get_run_json
-from .settings import RunSettings, file_size_option, policy_source
+from .settings import RunSettings, configured_limits, file_size_option, policy_source
 
 __all__ = ["RunOutcome", "run_pipeline", "run_pipeline_sync", "workspace_root"]
 
@@ -157,6 +157,7 @@ def _settings(
             max_sessions=max_sessions or cfg.max_sessions or 8,
             max_file_size=max_file_size or cfg.max_file_size or DEFAULT_MAX_FILE_SIZE,
             sandbox=choose_sandbox(sandbox, cfg.sandboxed, rules=cfg.sandbox),
+            limits=configured_limits(cfg),
         )
     else:
         base = restored
@@ -366,9 +367,12 @@ async def run_pipeline(
                 async with (
                     open_store_writer(store) as writer,
                     open_supervisor(
-                        Limits(max_sessions=limit),
+                        Limits(
+                            max_sessions=limit,
+                            max_turn_transcript_bytes=settings.max_turn_record_bytes,
+                        ),
                         connector=connector,
-                        options=options,
+                        options=settings.client_options(options),
                         transcripts=run_dir / "transcripts" if record_transcripts else None,
                         workdir=run_dir,
                     ) as supervisor,
@@ -395,6 +399,7 @@ async def run_pipeline(
                         agents=agents,
                         sandboxes=sandboxes,
                         max_file_size=settings.max_file_size,
+                        max_turn_record_bytes=settings.max_turn_record_bytes,
                     )
                     await runner.emit(RunEvent("run_started", run_id, data={"pipeline": pipe.name}))
                     await runner.run()

@@ -2,13 +2,13 @@
 
 A run records its :class:`RunSettings` before any agent starts: the resolved policy's rules
 (presets spelled out; policies named by steps and agents too), the session limit, the turn
-limits, the limit on a changed file, the agent table and the run's sandbox. Environment values
-whose names look secret are never stored: the name is, and the value is read again (from the
-config, else the environment) when the run is resumed. :func:`restore_settings` rebuilds the
-settings from the record; options given to the resume replace what they name, an agent that
-the config files now define otherwise is taken from the config (that is how a user fixes an
-agent's command before resuming), and the result says what was restored and what was
-overridden.
+limits, the limit on a changed file, the limits on what an agent may leave unanswered and on
+what is recorded of a turn, the agent table and the run's sandbox. Environment values whose
+names look secret are never stored: the name is, and the value is read again (from the config,
+else the environment) when the run is resumed. :func:`restore_settings` rebuilds the settings
+from the record; options given to the resume replace what they name, an agent that the config
+files now define otherwise is taken from the config (that is how a user fixes an agent's
+command before resuming), and the result says what was restored and what was overridden.
 """
 
 from __future__ import annotations
@@ -17,17 +17,28 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import attrs
 import structlog
 from attrs import field, frozen
 
 from .._sizes import DEFAULT_MAX_FILE_SIZE, parse_size
+from ..agent.client import ClientOptions
+from ..agent.turn import DEFAULT_MAX_TURN_RECORD_BYTES
 from ..agents import _REDACTED, AgentSpec  # the marker AgentSpec.to_json writes for secrets
 from ..config import Config
 from ..errors import UsageError
 from ..policy import PolicySet
 from ..sandbox import Sandbox, SandboxChoice, choose_sandbox
 
-__all__ = ["Restored", "RunSettings", "file_size_option", "policy_source", "restore_settings"]
+__all__ = [
+    "LIMITS",
+    "Restored",
+    "RunSettings",
+    "configured_limits",
+    "file_size_option",
+    "policy_source",
+    "restore_settings",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -51,6 +62,10 @@ class RunSettings:
     sandbox: Sandbox | None = None
     #: the largest content (bytes) a changed file may have
     max_file_size: int = DEFAULT_MAX_FILE_SIZE
+    #: the ``[limits]`` of the config files on what an agent may leave unanswered and on what
+    #: is recorded of a turn (:data:`LIMITS`), by their keys; a limit not set is absent (its
+    #: default applies)
+    limits: Mapping[str, int] = field(factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The settings as the run store keeps them (no secret values)."""
@@ -62,6 +77,7 @@ class RunSettings:
             "maxFileSize": self.max_file_size,
             "agents": {name: spec.to_json(redact=True) for name, spec in self.agents.items()},
             "sandbox": self.sandbox.to_json() if self.sandbox is not None else None,
+            "limits": dict(self.limits),
         }
 
     def load_policy(self, name: str) -> PolicySet:
@@ -72,6 +88,34 @@ class RunSettings:
     def config(self, base: Config) -> Config:
         """``base`` with this run's agent table on top."""
         return base.with_agents(self.agents)
+
+    def client_options(self, options: ClientOptions | None) -> ClientOptions:
+        """``options`` (default: the defaults) with this run's bounds on the agents' backlog."""
+        base = options if options is not None else ClientOptions()
+        limits = self.limits
+        return attrs.evolve(
+            base,
+            max_requests_in_flight=limits.get(
+                "max_requests_in_flight", base.max_requests_in_flight
+            ),
+            max_unsent_bytes=limits.get("max_unsent_bytes", base.max_unsent_bytes),
+        )
+
+    @property
+    def max_turn_record_bytes(self) -> int:
+        """What the run store keeps of one turn, in bytes, of each part."""
+        value = self.limits.get("max_turn_record_bytes")
+        return value if value is not None else DEFAULT_MAX_TURN_RECORD_BYTES
+
+
+#: the limits a run records besides ``max_sessions`` (keys of the config's ``[limits]``)
+LIMITS = ("max_requests_in_flight", "max_unsent_bytes", "max_turn_record_bytes")
+
+
+def configured_limits(config: Config) -> dict[str, int]:
+    """The :data:`LIMITS` that ``config``'s files set."""
+    values = {key: getattr(config, key) for key in LIMITS}
+    return {key: value for key, value in values.items() if value is not None}
 
 
 def _spec_from_json(
@@ -123,7 +167,7 @@ class Restored:
 
     settings: RunSettings
     #: what came from the record: ``policy``, ``maxSessions``, ``maxFileSize``, ``agents``,
-    #: ``sandbox``
+    #: ``sandbox``, ``limits``
     restored: tuple[str, ...] = ()
     #: what the resume's own options replaced
     overridden: tuple[str, ...] = ()
@@ -139,6 +183,7 @@ class Restored:
             "policyRules": s.policy.describe(),
             "maxSessions": s.max_sessions,
             "maxFileSize": s.max_file_size,
+            "limits": dict(s.limits),
             "agents": sorted(s.agents),
             "missingSecrets": list(self.missing_secrets),
             "sandbox": s.sandbox.to_json() if s.sandbox is not None else None,
@@ -196,6 +241,12 @@ def restore_settings(
         restored.append("maxFileSize")
     else:  # recorded before the limit was kept
         file_size = config.max_file_size or DEFAULT_MAX_FILE_SIZE
+    # the record's limits, and the ones the config sets now that the record has not
+    limits = configured_limits(config)
+    recorded_limits = {k: int(v) for k, v in dict(data.get("limits") or {}).items() if k in LIMITS}
+    if recorded_limits:
+        limits.update(recorded_limits)
+        restored.append("limits")
     agents: dict[str, AgentSpec] = {}
     missing: list[str] = []
     builtin = Config.builtin().agents
@@ -223,7 +274,9 @@ def restore_settings(
         restored.append("sandbox")
     else:  # as a new run: the config may confine it
         run_sandbox = choose_sandbox(config.sandboxed, rules=config.sandbox)
-    settings = RunSettings(policy_set, source, named, sessions, agents, run_sandbox, file_size)
+    settings = RunSettings(
+        policy_set, source, named, sessions, agents, run_sandbox, file_size, limits
+    )
     return Restored(settings, tuple(restored), tuple(overridden), tuple(sorted(set(missing))))
 
 

@@ -17,12 +17,13 @@ from attrs import define, field
 
 from orchestrator._names import display_name, parse_name
 from orchestrator.errors import JsonRpcError
-from orchestrator.testing._wire import AgentRecord, Wire, outcome_of
+from orchestrator.testing._wire import AgentRecord, FloodAnswers, Wire, outcome_of
 from orchestrator.testing.script import (
     AskPermission,
     Crash,
     DeleteDisk,
     Flood,
+    FloodRequests,
     HugeLine,
     JsonObject,
     Notify,
@@ -206,6 +207,8 @@ class StepRunner:
                 raise ScriptedCrash(step.exit_code, step.stderr)
             case Flood():
                 await self._flood(session, step)
+            case FloodRequests():
+                await self._flood_requests(session, step)
         return None
 
     def _huge_line(self, session: Session, size: int) -> bytes:
@@ -230,6 +233,37 @@ class StepRunner:
             n = min(left, per_batch)
             await self.wire.send_bytes(line * n)
             left -= n
+
+    async def _flood_requests(self, session: Session, step: FloodRequests) -> None:
+        params = dict(step.params)
+        params.setdefault("sessionId", session.id)
+        if isinstance(params.get("path"), str):
+            params["path"] = session.resolve(params["path"])
+        head = b'{"jsonrpc":"2.0","id":"flood-'
+        tail = b'","method":%s,"params":%s}\n' % (orjson.dumps(step.method), orjson.dumps(params))
+        answers = None
+        if step.read_answers:
+            answers = self.wire.flood = FloodAnswers(step.count)
+        else:
+            self.wire.stop_reading()
+        per_batch = max(1, _FLOOD_BATCH_BYTES // (len(head) + len(tail) + 8))
+        for start in range(0, step.count, per_batch):
+            ids = range(start, min(start + per_batch, step.count))
+            await self.wire.send_bytes(b"".join([head + b"%d" % i + tail for i in ids]))
+        if answers is None:
+            self.record.add("flood_requests", method=step.method, count=step.count)
+            await trio.sleep_forever()  # deaf: not even a cancel could reach the turn
+            return
+        if step.count:
+            await answers.done.wait()
+        self.wire.flood = None
+        self.record.add(
+            "flood_requests",
+            method=step.method,
+            count=step.count,
+            answered=answers.answered,
+            errors=answers.errors,
+        )
 
     async def _ask_permission(self, session: Session, step: AskPermission) -> str | None:
         tc = step.tool_call

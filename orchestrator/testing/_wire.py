@@ -21,6 +21,7 @@ from orchestrator.testing.script import JsonObject
 __all__ = [
     "MAX_LINE_BYTES",
     "AgentRecord",
+    "FloodAnswers",
     "LineSplitter",
     "PeerGone",
     "Pending",
@@ -135,6 +136,16 @@ class Pending:
 
 
 @define
+class FloodAnswers:
+    """The answers to a ``flood_requests`` step read so far."""
+
+    expected: int
+    answered: int = 0
+    errors: int = 0
+    done: trio.Event = field(factory=trio.Event)
+
+
+@define
 class Wire:
     """The agent's side of the stream: reads, locked writes, and its own requests' answers."""
 
@@ -145,13 +156,25 @@ class Wire:
     pending: dict[tuple[str, Any], Pending] = field(factory=dict)
     next_id: int = 0
     lock: trio.Lock = field(factory=trio.Lock)
+    #: the answers to the running ``flood_requests`` step, counted instead of recorded
+    flood: FloodAnswers | None = None
+    #: false once the agent stopped reading the client (for good)
+    reading: bool = True
 
     async def receive(self) -> bytes | bytearray:
-        """The next bytes from the client; empty at its end (or when the stream broke)."""
+        """The next bytes from the client; empty at its end (or when the stream broke).
+
+        After :meth:`stop_reading` it never returns.
+        """
+        if not self.reading:
+            await trio.sleep_forever()
         try:
-            return await self.stream.receive_some(_RECEIVE_SIZE)
+            data = await self.stream.receive_some(_RECEIVE_SIZE)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return b""
+        if not self.reading:  # it stopped reading while this read waited: never heard
+            await trio.sleep_forever()
+        return data
 
     async def send_bytes(self, data: bytes) -> None:
         """Write ``data`` whole; raises :class:`PeerGone` when the client is gone."""
@@ -197,8 +220,19 @@ class Wire:
             pending.abandoned = not pending.done.is_set()
         return pending.reply
 
+    def stop_reading(self) -> None:
+        """Hear nothing more from the client (not even what a read under way brings)."""
+        self.reading = False
+
     def on_response(self, message: JsonObject) -> None:
         """Deliver a client's answer to the request waiting for it, and record it."""
+        flood = self.flood
+        if flood is not None and str(message["id"]).startswith("flood-"):
+            flood.answered += 1
+            flood.errors += "error" in message
+            if flood.answered >= flood.expected:
+                flood.done.set()
+            return
         pending = self.pending.pop(id_key(message["id"]), None)
         if pending is None:
             self.record.add("unexpected_response", message=message)

@@ -103,6 +103,16 @@ Steps (``{"op": ..., fields}``)
 ``stall``  never finishes (a cancel still ends it unless ``ignore_cancel``).
 ``crash``  ``exit_code`` (1), ``stderr`` (""): exit at once (in memory: close the stream).
 ``flood``  ``count``, ``text`` ("x"): that many ``agent_message_chunk`` lines, pre-encoded.
+``flood_requests``  ``count``, ``method`` ("fs/read_text_file"), ``params`` ({}: the
+    session's ``sessionId`` is added to an object without one, and a relative ``path`` is
+    joined to the session cwd), ``read_answers`` (false): that many requests (ids
+    ``"flood-0"``, ``"flood-1"``, ...), pre-encoded and written as fast as possible. Without
+    ``read_answers`` the agent first stops reading what the client sends (the answers pile
+    up on the client's side, as with a hostile or wedged agent), records ``flood_requests``
+    {method, count} once they are written, and the turn then never ends (nothing it could
+    hear would end it). With ``read_answers`` it goes on reading, waits for every answer and
+    records ``flood_requests`` {method, count, answered, errors} (answers are counted, not
+    recorded one by one).
 
 The agent does not check the client's capabilities before its own requests, so a script
 can also test how a client refuses what it did not advertise.
@@ -150,6 +160,7 @@ __all__ = [
     "ErrorReply",
     "ExitAtStart",
     "Flood",
+    "FloodRequests",
     "HugeLine",
     "JsonObject",
     "Location",
@@ -410,6 +421,17 @@ class Flood(_StepJson):
     text: str = "x"
 
 
+@frozen
+class FloodRequests(_StepJson):
+    """``count`` requests of ``method`` as fast as possible, answers read or left unread."""
+
+    op: ClassVar[str] = "flood_requests"
+    count: int = field(validator=_ge0)
+    method: str = "fs/read_text_file"
+    params: JsonObject = field(factory=dict)
+    read_answers: bool = False
+
+
 Step: TypeAlias = (
     Say
     | Think
@@ -433,6 +455,7 @@ Step: TypeAlias = (
     | Stall
     | Crash
     | Flood
+    | FloodRequests
 )
 _STEP_CLASSES: dict[str, type[Any]] = {cls.op: cls for cls in get_args(Step)}
 
