@@ -39,6 +39,7 @@ from orchestrator.testing.script import (
     Request,
     Say,
     Sleep,
+    Spawn,
     Stall,
     Step,
     Terminal,
@@ -267,6 +268,7 @@ _steps = st.one_of(
     ),
     st.builds(ReadFile, _text, then_write=st.none() | st.builds(Replace, _text, _text)),
     st.builds(Terminal, _text, args=st.none() | st.lists(_text).map(tuple)),
+    st.builds(Spawn, st.lists(_text, min_size=1, max_size=3).map(tuple), st.booleans()),
 )
 
 

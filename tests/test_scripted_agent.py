@@ -48,6 +48,7 @@ from orchestrator.testing import (
     Request,
     Say,
     Sleep,
+    Spawn,
     Stall,
     Terminal,
     Think,
@@ -526,6 +527,48 @@ async def test_disk_steps_write_and_delete_behind_the_clients_back(tmp_path: Pat
     assert not (tmp_path / "old.txt").exists()
     assert record.first("disk_write") == {"event": "disk_write", "path": f"{tmp_path}/deep/new.txt"}
     assert [e["existed"] for e in record.of("disk_delete")] == [True, False]
+
+
+async def test_spawn_runs_a_program_in_the_session_cwd(tmp_path: Path) -> None:
+    """spawn runs a program itself in the session cwd and records its exit code."""
+    made = [sys.executable, "-c", "open('made.txt', 'w').write('x'); print('noise')"]
+    turn = Turn((Spawn(tuple(made)), Spawn(("sh", "-c", "exit 3")), Spawn(("/no/such",))))
+    async with connected(AgentScript(turns=(turn,))) as (client, record):
+        session_id = await open_session(client, cwd=str(tmp_path))
+        reply, seen = await client.prompt(session_id, "go")
+    assert (tmp_path / "made.txt").read_text() == "x"
+    spawned = record.of("spawn")
+    assert [e.get("exitCode") for e in spawned[:2]] == [0, 3]
+    assert "error" in spawned[2]
+    assert seen == []  # the program's stdout went to /dev/null, not to the client
+    assert reply["result"]["stopReason"] == "end_turn"
+
+
+async def test_spawn_to_client_sends_what_the_program_prints_as_is(tmp_path: Path) -> None:
+    """spawn with to_client sends the program's output verbatim, bytes that are not UTF-8 too."""
+    printf = Spawn(("printf", "\\377not json\\n"), to_client=True)
+    async with connected(AgentScript(turns=(Turn((printf, Say("ok"))),))) as (client, _):
+        session_id = await open_session(client, cwd=str(tmp_path))
+        req_id = await client.start_prompt(session_id)
+        line = await client.recv_line()
+        reply, seen = await client.serve_until(req_id)
+    assert line == b"\xffnot json"
+    assert texts(seen) == "ok"
+    assert "result" in reply
+
+
+async def test_spawn_detach_leaves_a_daemon_in_a_session_of_its_own(tmp_path: Path) -> None:
+    """spawn with detach records the daemon's pid; it runs in a new session, not the agent's."""
+    sleeper = Spawn((sys.executable, "-c", "import time; time.sleep(60)"), detach=True)
+    async with connected(AgentScript(turns=(Turn((sleeper,)),))) as (client, record):
+        session_id = await open_session(client, cwd=str(tmp_path))
+        await client.prompt(session_id, "go")
+    pid = record.first("spawn")["pid"]
+    try:
+        assert os.getsid(pid) not in (pid, os.getsid(0))  # a new session, and not its leader
+        assert os.readlink(f"/proc/{pid}/cwd") == str(tmp_path)
+    finally:
+        os.kill(pid, 9)
 
 
 def _terminal_client(output: str, exit_code: int, log: list[Json]) -> Answer:

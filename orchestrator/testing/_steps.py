@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
+import sys
 from typing import Any, Literal
 
 import attrs
@@ -34,6 +36,7 @@ from orchestrator.testing.script import (
     Request,
     Say,
     Sleep,
+    Spawn,
     Stall,
     Step,
     Terminal,
@@ -53,6 +56,24 @@ __all__ = ["CLEANUP_GRACE", "ScriptedCrash", "Session", "StepRunner", "TurnState
 
 CLEANUP_GRACE = 2.0  # seconds to kill/release a terminal after a cancel
 _FLOOD_BATCH_BYTES = 1 << 20
+# A daemon's start: fork, setsid, fork again; the middle process prints the daemon's pid.
+_DETACH = """
+import os, sys
+if os.fork():
+    os._exit(0)
+os.setsid()
+pid = os.fork()
+if pid:
+    os.write(1, str(pid).encode())
+    os._exit(0)
+null = os.open(os.devnull, os.O_RDWR)
+for fd in (0, 1, 2):
+    os.dup2(null, fd)
+try:
+    os.execvp(sys.argv[1], sys.argv[1:])
+finally:
+    os._exit(127)
+"""
 
 
 class ScriptedCrash(Exception):
@@ -184,6 +205,8 @@ class StepRunner:
                     self.record.add("disk_delete", path=display_name(str(target)), existed=False)
                 else:
                     self.record.add("disk_delete", path=display_name(str(target)), existed=True)
+            case Spawn():
+                await self._spawn(session, step)
             case Terminal():
                 await self._terminal(session, step, state)
             case Request():
@@ -336,6 +359,35 @@ class StepRunner:
             self.record.add("disk_write", path=shown, error=str(exc))
         else:
             self.record.add("disk_write", path=shown)
+
+    async def _spawn(self, session: Session, step: Spawn) -> None:
+        argv = list(step.argv)
+        try:
+            if step.detach:
+                # The helper exits at once; its grandchild prints nothing but its own pid.
+                done = await trio.run_process(
+                    [sys.executable, "-c", _DETACH, *argv],
+                    cwd=session.cwd,
+                    stdin=subprocess.DEVNULL,
+                    capture_stdout=True,
+                    check=False,
+                )
+                printed = done.stdout.strip()
+                pid = int(printed) if done.returncode == 0 and printed.isdigit() else None
+                self.record.add("spawn", argv=argv, pid=pid, exitCode=done.returncode)
+                return
+            output: dict[str, Any] = (
+                {"capture_stdout": True} if step.to_client else {"stdout": subprocess.DEVNULL}
+            )
+            done = await trio.run_process(
+                argv, cwd=session.cwd, stdin=subprocess.DEVNULL, check=False, **output
+            )
+        except OSError as exc:
+            self.record.add("spawn", argv=argv, error=str(exc))
+            return
+        if step.to_client and done.stdout:
+            await self.wire.send_bytes(done.stdout)
+        self.record.add("spawn", argv=argv, exitCode=done.returncode)
 
     async def _terminal(self, session: Session, step: Terminal, state: TurnState) -> None:
         params: JsonObject = {"sessionId": session.id, "command": step.command}

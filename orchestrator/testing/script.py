@@ -89,6 +89,15 @@ Steps (``{"op": ..., fields}``)
 ``delete_disk``  ``path``: deletes the file itself.
     Their ``path`` is a name in the display form of :mod:`orchestrator._names`: ``\\xHH`` is
     a byte that is not UTF-8 (``caf\\xe9.txt``), so a script can make such names.
+``spawn``  ``argv``, ``detach`` (false), ``to_client`` (false): runs a program itself, in the
+    session cwd, behind the client's back (as agents run their own tools), and records
+    ``spawn`` {argv, exitCode}. Its stdin is ``/dev/null``, its stderr the agent's, its stdout
+    ``/dev/null`` too unless ``to_client``: then what it prints is sent to the client as is,
+    once it exited (raw bytes, frames that are not JSON or not UTF-8). With ``detach`` the
+    program double-forks and starts a session of its own (``setsid``), as a daemon does,
+    with stdin, stdout and stderr on ``/dev/null``; the agent does not wait for it and
+    records ``spawn`` {argv, pid} (the daemon's pid). One that cannot start records {argv,
+    error}.
 ``terminal``  ``command``, ``args`` (null: not sent), ``cwd`` (null), ``env`` ({}),
     ``output_byte_limit`` (null), ``tool_call_id`` (null: when set, a ``tool_call``
     embedding the terminal is sent, then completed), ``timeout`` (null: seconds before
@@ -176,6 +185,7 @@ __all__ = [
     "Request",
     "Say",
     "Sleep",
+    "Spawn",
     "Stall",
     "Step",
     "Terminal",
@@ -341,6 +351,16 @@ class DeleteDisk(_StepJson):
 
 
 @frozen
+class Spawn(_StepJson):
+    """Run a program as the agent itself, not through the client (see the module docs)."""
+
+    op: ClassVar[str] = "spawn"
+    argv: tuple[str, ...] = field(validator=attrs.validators.min_len(1))
+    detach: bool = False
+    to_client: bool = False
+
+
+@frozen
 class Terminal(_StepJson):
     """Run a command through the client's ``terminal/*`` methods."""
 
@@ -446,6 +466,7 @@ Step: TypeAlias = (
     | WriteFile
     | WriteDisk
     | DeleteDisk
+    | Spawn
     | Terminal
     | Request
     | Notify

@@ -37,6 +37,7 @@ requests (``late``: the agent had stopped waiting, e.g. after a cancel);
 (allow | reject | cancelled | invalid), optionId, optionKind, answer};
 ``fs_read`` {sessionId, path, content | error}; ``fs_write`` {sessionId, path, content,
 result | error}; ``disk_write`` {path | error}; ``disk_delete`` {path, existed};
+``spawn`` {argv, exitCode | pid | error};
 ``terminal`` {sessionId, command, terminalId, exitStatus, output, truncated, killed,
 cancelled | error, stage}; ``request`` {method, result | error}; ``stderr`` {text};
 ``eof``; ``peer_gone``; ``crash`` {exit_code}; ``exit`` {exit_code}.
