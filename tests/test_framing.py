@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import itertools
 import time
+from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -236,6 +238,34 @@ def test_decode_message_tolerates_lone_surrogates() -> None:
     value = decode_message(b'{"text": "ab\\ud83d", "pair": "\\ud83d\\ude00"}')
     assert value == {"text": "ab\ufffd", "pair": "\U0001f600"}
     encode_message(value)  # and it can be sent on again
+
+
+@pytest.mark.parametrize(
+    ("line", "value"),
+    [
+        (b'["\\ud800", 18446744073709551615]', ["\ufffd", 2**64 - 1]),
+        (b'["\\ud800", 18446744073709551616]', ["\ufffd", float(2**64)]),
+        (b'["\\ud800", -9223372036854775809]', ["\ufffd", float(-(2**63) - 1)]),
+        (b'["\\ud800", 1.5e3, -0]', ["\ufffd", 1500.0, 0]),
+    ],
+)
+def test_the_slow_path_reads_numbers_as_orjson_does(line: bytes, value: list[Any]) -> None:
+    """A line with a lone surrogate reads its numbers as orjson would: an integer outside 64 bits
+    is a float, so the value can be written again (a huge int once crashed the run's record)."""
+    assert orjson.loads(line.replace(b"\\ud800", b"x"))[1:] == value[1:]
+    decoded = decode_message(line)
+    assert decoded == value
+    assert [type(v) for v in decoded] == [type(v) for v in value]
+    encode_message(decoded)
+
+
+@pytest.mark.parametrize("number", [b"1e400", b"-1e400", b"1" + b"0" * 400])
+def test_the_slow_path_refuses_numbers_orjson_refuses(number: bytes) -> None:
+    """A number that overflows a double is a ParseError on either path, never infinity."""
+    with pytest.raises(ParseError):
+        decode_message(b"[" + number + b"]")
+    with pytest.raises(ParseError):
+        decode_message(b'["\\ud800", ' + number + b"]")
 
 
 def test_decode_message_tolerates_bom() -> None:

@@ -9,6 +9,7 @@ and the bytes of one frame.
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any, NoReturn
 
@@ -172,21 +173,45 @@ def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"number {text[:40]} is infinity as a double")
+    return value
+
+
+def _int_as_orjson_reads_it(text: str) -> int | float:
+    # orjson gives a float for an integer outside 64 bits (and writes no such int): the slow
+    # path must give the same value, or the first store or transcript of it fails
+    value = int(text)
+    return value if _INT_MIN <= value <= _UINT_MAX else _finite_float(text)
+
+
+_INT_MIN = -(2**63)
+_UINT_MAX = 2**64 - 1
+
+
 def _decode_tolerantly(line: bytes | bytearray | memoryview, error: Exception) -> Any:
     """The slow path after orjson refused a line.
 
     orjson rejects lone UTF-16 surrogate escapes such as ``"\\ud83d"``, which JavaScript peers
     emit when they cut a string in the middle of a pair; the standard library accepts them. Lone
-    surrogates are then replaced by U+FFFD so the value can be encoded again later.
+    surrogates are then replaced by U+FFFD so the value can be encoded again later. Numbers read
+    as orjson reads them: an integer outside 64 bits is a float, one that overflows a double is
+    refused.
     """
     try:
         text = bytes(line).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ParseError(f"invalid UTF-8: {exc}") from exc
     try:
-        return _scrub_surrogates(
-            json.loads(text.removeprefix("\ufeff"), parse_constant=_reject_constant)
+        value = json.loads(
+            text.removeprefix("\ufeff"),
+            parse_constant=_reject_constant,
+            parse_float=_finite_float,
+            parse_int=_int_as_orjson_reads_it,
         )
+        return _scrub_surrogates(value)
     except (ValueError, RecursionError):
         raise ParseError(f"invalid JSON: {error}") from error
 
