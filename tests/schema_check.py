@@ -20,7 +20,9 @@ What is checked on ``send``:
   an error (-32601);
 - extension methods (``_name``) and ``extra_methods`` are checked for the envelope only.
 
-``recv`` frames are never validated (the agent is not under test); a malformed one is ignored.
+``recv`` frames are never validated (the agent is not under test); they are read as the client
+reads them (:func:`~orchestrator.jsonrpc.framing.decode_message`), and one it cannot read is
+ignored.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ import attrs
 import orjson
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match, relevance
+
+from orchestrator.errors import ParseError
+from orchestrator.jsonrpc.framing import decode_message
 
 __all__ = ["SCHEMA_PATH", "Direction", "FrameValidator", "SchemaIndex", "validate_transcript"]
 
@@ -282,9 +287,12 @@ class FrameValidator:
 
     def _remember(self, frame: bytes | str | Mapping[str, Any]) -> None:
         if not isinstance(frame, Mapping):
+            data = frame.encode() if isinstance(frame, str) else frame
             try:
-                frame = orjson.loads(frame)
-            except orjson.JSONDecodeError:
+                # as the client reads it (lone surrogate escapes included), so that what the
+                # client answers is matched with what it read
+                frame = decode_message(data)
+            except ParseError:
                 return  # the agent's junk is not ours to judge
         if not isinstance(frame, Mapping):
             return

@@ -309,6 +309,17 @@ def test_received_junk_is_ignored() -> None:
     assert validator.pending_agent_requests == {}
 
 
+def test_received_frames_are_read_as_the_client_reads_them() -> None:
+    """An agent request with a lone surrogate escape (which orjson refuses, the client reads)
+    is remembered, so the client's answer to it is not taken for an unsolicited response."""
+    validator = FrameValidator()
+    frame = b'{"jsonrpc":"2.0","id":9,"method":"fs/read_text_file","params":{"path":"\\ud800"}}\n'
+    validator.feed("recv", frame)
+    assert validator.pending_agent_requests == {9: "fs/read_text_file"}
+    validator.feed("send", {"jsonrpc": "2.0", "id": 9, "error": {"code": -32602, "message": "x"}})
+    assert validator.pending_agent_requests == {}
+
+
 def test_bad_direction_is_a_value_error() -> None:
     """Only 'send' and 'recv' are directions."""
     with pytest.raises(ValueError, match="direction must be"):
