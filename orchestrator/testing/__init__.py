@@ -5,6 +5,9 @@ Build an :class:`AgentScript` (the format is documented in
 :func:`serve_scripted_agent` or launch it with the command from
 :func:`scripted_agent_command`. The agent's :class:`AgentRecord` tells what your client
 sent (see :mod:`orchestrator.testing.scripted_agent`).
+
+:mod:`orchestrator.testing.hostile` is a catalogue of hostile agents (:data:`ATTACKS`) and
+:func:`probe_policy`, which runs them against your policy and says which held.
 """
 
 from __future__ import annotations
@@ -58,6 +61,13 @@ from orchestrator.testing.script import (
 )
 
 if TYPE_CHECKING:
+    from orchestrator.testing.hostile import (
+        ATTACKS,
+        Attack,
+        AttackResult,
+        probe_policy,
+        probe_policy_sync,
+    )
     from orchestrator.testing.scripted_agent import (
         AgentRecord,
         scripted_agent_command,
@@ -66,9 +76,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ALLOW_REJECT",
+    "ATTACKS",
     "AgentRecord",
     "AgentScript",
     "AskPermission",
+    "Attack",
+    "AttackResult",
     "AuthMethod",
     "Capabilities",
     "ConfigOption",
@@ -107,6 +120,8 @@ __all__ = [
     "WriteDisk",
     "WriteFile",
     "diff_content",
+    "probe_policy",
+    "probe_policy_sync",
     "scripted_agent_command",
     "serve_scripted_agent",
     "terminal_content",
@@ -114,6 +129,9 @@ __all__ = [
 ]
 
 _AGENT_NAMES = frozenset({"AgentRecord", "scripted_agent_command", "serve_scripted_agent"})
+_HOSTILE_NAMES = frozenset(
+    {"ATTACKS", "Attack", "AttackResult", "probe_policy", "probe_policy_sync"}
+)
 
 
 def __getattr__(name: str) -> Any:
@@ -123,4 +141,8 @@ def __getattr__(name: str) -> Any:
         from orchestrator.testing import scripted_agent
 
         return getattr(scripted_agent, name)
+    if name in _HOSTILE_NAMES:
+        from orchestrator.testing import hostile
+
+        return getattr(hostile, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
