@@ -212,7 +212,7 @@ def _terminal_daemon_steps(layout: Layout) -> tuple[Step, ...]:
     )
     daemon = shlex.join((sys.executable, "-c", code, str(layout.root)))
     line = f"{daemon} </dev/null >/dev/null 2>&1; echo started"
-    return (_ask_execute("execute-daemon", line), Terminal(line, timeout=20))
+    return (Terminal(line, timeout=20),)
 
 
 def _agent_daemon_steps(layout: Layout) -> tuple[Step, ...]:
@@ -331,8 +331,8 @@ def _non_utf8_applied(workspace: Path) -> list[str]:
     names = set(os.listdir(root))
     wrong: list[str] = []
     for name, text in ((_LATIN1, b"caf\nedited\n"), (_LATIN1_NEW, b"new\n")):
-        path = os.path.join(root, name)
-        content = open(path, "rb").read() if name in names else None  # noqa: SIM115
+        path = Path(os.fsdecode(os.path.join(root, name)))
+        content = path.read_bytes() if name in names else None
         if content != text:
             wrong.append(f"{name!r} is not in the workspace as the agent made it: {content!r}")
     extra = sorted(n for n in names - {_LATIN1, _LATIN1_NEW} if n.lower() != b"readme.md")

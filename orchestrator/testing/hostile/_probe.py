@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import shutil
 import signal
@@ -30,6 +29,7 @@ if TYPE_CHECKING:
     from orchestrator.config import Config
     from orchestrator.policy import PolicySet
     from orchestrator.runs import PromptRun
+    from orchestrator.sandbox import Sandbox
 
 __all__ = ["AttackResult", "probe_policy", "probe_policy_sync"]
 
@@ -203,10 +203,11 @@ def _relative(path: str, cwd: str) -> str | None:
     return None if rel == os.curdir or rel.startswith(os.pardir) else rel
 
 
-def _with_sandbox(sandbox: Any, layout: Layout) -> Any:
+def _with_sandbox(sandbox: Sandbox | bool, layout: Layout) -> Sandbox:
     """The sandbox rules, with the agent's record directory writable."""
-    rules = importlib.import_module("orchestrator.sandbox").Sandbox
-    base = rules() if sandbox is True else sandbox
+    from orchestrator.sandbox import Sandbox
+
+    base = sandbox if isinstance(sandbox, Sandbox) else Sandbox()
     return attrs.evolve(base, write=(*base.write, str(layout.record.parent)))
 
 
@@ -218,7 +219,7 @@ class _Probe:
     policy: Any
     workspace: Path | None
     state_dir: Path | None
-    sandbox: Any
+    sandbox: Sandbox | bool
     config: Config | None
     failures: list[str] = field(factory=list)
 
@@ -252,7 +253,7 @@ class _Probe:
         )
         spec = AgentSpec(f"hostile-{attack.name}", command, max_restarts=0)
         options: dict[str, Any] = {}
-        if self.sandbox not in (None, False):
+        if self.sandbox:
             options["sandbox"] = _with_sandbox(self.sandbox, layout)
         store_before = _size(state) if state.exists() else 0
         canaries = layout.canaries()
@@ -423,7 +424,7 @@ async def probe_policy(
     *,
     workspace: str | os.PathLike[str] | None = None,
     state_dir: str | os.PathLike[str] | None = None,
-    sandbox: Any = None,
+    sandbox: Sandbox | bool = False,
     config: Config | None = None,
 ) -> tuple[AttackResult, ...]:
     """Run each attack against ``policy`` through the real run path; one result per attack.
@@ -431,8 +432,9 @@ async def probe_policy(
     Each attack runs as a real subprocess agent through :func:`orchestrator.runs.prompt`
     (with ``apply``) on a fresh temporary copy of ``workspace`` (default: a one-file
     workspace), one after the other; its runs are recorded in ``state_dir`` (default: a
-    temporary one per attack). ``sandbox`` (``True`` or sandbox rules) confines the agent;
-    its record directory is made writable. While an attack runs, canary values of
+    temporary one per attack). ``sandbox`` (``True`` or
+    :class:`~orchestrator.sandbox.Sandbox` rules) confines the agent and its terminals, its
+    record directory made writable. While an attack runs, canary values of
     :data:`SECRET_VARIABLES` are set in this process's environment (terminals must not see
     them), and memory is measured on this whole process: run nothing else meanwhile. A run
     that outlives its timeout by 20 s counts as hung: the probe kills the attack's processes
