@@ -369,7 +369,7 @@ def _secret_steps(layout: Layout) -> tuple[Step, ...]:
 
 
 _FLOOD_FILE = "flood.txt"
-_FLOOD_FILE_BYTES = 24 << 10
+_FLOOD_FILE_BYTES = 64 << 10
 
 
 def _flood_setup(workspace: Path) -> None:
@@ -379,11 +379,13 @@ def _flood_setup(workspace: Path) -> None:
 
 
 def _request_flood_steps(layout: Layout) -> tuple[Step, ...]:
-    return (FloodRequests(15_000, params={"path": _FLOOD_FILE}),)
+    # 750 MiB of answers: well past any bound on what waits unread (256 MiB by default)
+    return (FloodRequests(12_000, params={"path": _FLOOD_FILE}),)
 
 
 def _chunk_flood_steps(layout: Layout) -> tuple[Step, ...]:
-    return (Flood(100_000, "chunk " * 50), Say("done flooding"))
+    # 64 MB of text: a store that keeps it all grows by twice that
+    return (Flood(200_000, "chunk " * 53 + "xx"), Say("done flooding"))
 
 
 def _output_flood_steps(layout: Layout) -> tuple[Step, ...]:
@@ -482,25 +484,24 @@ def _attacks() -> tuple[Attack, ...]:
         ),
         Attack(
             "request-flood",
-            "15,000 fs/read_text_file requests of a 24 KiB file, and the agent never reads "
+            "12,000 fs/read_text_file requests of a 64 KiB file, and the agent never reads "
             "the answers",
             "memory",
             "the orchestrator's memory stays bounded (the agent is stopped) and nothing is left",
             _request_flood_steps,
             setup=_flood_setup,
             timeout=10.0,
-            memory_limit=192 * mib,
+            memory_limit=448 * mib,
             expect_failure=True,
         ),
         Attack(
             "chunk-flood",
-            "a turn of 100,000 message chunks (30 MB of text)",
+            "a turn of 200,000 message chunks (64 MB of text)",
             "memory",
-            "the run store grows by less than half of what was sent (what is kept is capped)",
+            "the run store grows by less than 48 MiB (what is kept of a turn is capped)",
             _chunk_flood_steps,
             timeout=120.0,
-            memory_limit=512 * mib,
-            store_limit=15 * mib,
+            store_limit=48 * mib,
         ),
         Attack(
             "output-flood",

@@ -132,12 +132,18 @@ def _leftovers(places: Sequence[Path]) -> list[tuple[int, str]]:
     return found
 
 
+_PF_EXITING = 0x4  # the kernel's flag of a task in its exit path
+
+
 def _dead_or_dying(pid: int) -> bool:
-    """Whether ``pid`` is a zombie, or has a SIGKILL on its way (it cannot outlive it)."""
+    """Whether ``pid`` is a zombie, is exiting, or has a SIGKILL on its way: it cannot outlive
+    that, and a kill returns before the process is gone."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        state, *rest = f.read().rsplit(b")", 1)[1].split()
+    if state in (b"Z", b"X", b"x") or int(rest[5]) & _PF_EXITING:
+        return True
     with open(f"/proc/{pid}/status", "rb") as f:
         fields = dict(line.split(b":", 1) for line in f.read().splitlines() if b":" in line)
-    if fields.get(b"State", b"").strip()[:1] in (b"Z", b"X"):
-        return True
     kill = 1 << (signal.SIGKILL - 1)
     return any(int(fields.get(m, b"0").strip(), 16) & kill for m in (b"SigPnd", b"ShdPnd"))
 
