@@ -4,7 +4,9 @@ A project's ``.orchestrator.toml`` arrives with the project: a cloned repository
 that names any program as an agent's ``command``. So the parts of a project file that start
 programs or widen what an agent may do (:data:`NEEDS_TRUST`) are used only once the user has
 trusted that file, as direnv and mise do: the trust is recorded by the file's real path and the
-SHA-256 of its bytes, so an edited file (a ``git pull``) must be trusted again. The record lives
+SHA-256 of its bytes, so an edited file (a ``git pull``) must be trusted again. The path is the
+file's name in the real path of its project directory: the file is not followed if it is a
+symlink, since its relative paths resolve against the directory it is used from. The record lives
 in the state directory (``trusted.json``); the user's own config file is always trusted.
 """
 
@@ -137,5 +139,8 @@ class TrustStore:
 
 
 def _key(file: str | os.PathLike[str]) -> str:
-    # the real path: a trust given through a symlink or a relative path names the same file
-    return os.path.realpath(os.fspath(file))
+    # the file in the real path of its directory: the directory is where its relative paths
+    # (a command's `tools/agent.py`) resolve, so a link in another project to a trusted file
+    # names another trust; a directory reached through a symlink names the same one
+    path = os.path.abspath(os.fspath(file))
+    return os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))

@@ -53,8 +53,8 @@ def test_status_follows_the_bytes(tmp_path: Path) -> None:
     assert store.status(file, b"[limits]\n") == "untrusted"
 
 
-def test_trust_names_the_real_path(tmp_path: Path) -> None:
-    """A trust given through a symlink holds for the file it leads to, and only that."""
+def test_trust_names_the_real_directory(tmp_path: Path) -> None:
+    """A trust given through a symlinked directory holds for the directory it leads to."""
     store = TrustStore(tmp_path / "trusted.json")
     real = tmp_path / "real"
     real.mkdir()
@@ -62,6 +62,28 @@ def test_trust_names_the_real_path(tmp_path: Path) -> None:
     (tmp_path / "link").symlink_to(real)
     store.trust(tmp_path / "link" / PROJECT_FILE)
     assert store.status(real / PROJECT_FILE, b"") == "trusted"
+
+
+async def test_a_link_to_a_trusted_file_is_not_trusted(tmp_path: Path, state_dir: Path) -> None:
+    """A project whose config links to another project's trusted file runs nothing of its own.
+
+    The linked file's relative command would resolve against the linking project's directory:
+    its own `tools/evil.py`, never trusted.
+    """
+    good, clone = tmp_path / "good", tmp_path / "clone"
+    for project in (good, clone):
+        (project / "tools").mkdir(parents=True)
+        marker = tmp_path / f"ran-{project.name}"
+        (project / "tools" / "agent.py").write_text(
+            f"import pathlib; pathlib.Path({str(marker)!r}).write_text('ran')\n"
+        )
+    (good / PROJECT_FILE).write_text('[agents.mine]\ncommand = "python3 tools/agent.py"\n')
+    (clone / PROJECT_FILE).symlink_to(good / PROJECT_FILE)
+    assert (await run_cli("trust", cwd=good, state=state_dir)).returncode == EXIT_OK
+    done = await run_cli("prompt", "--agent", "mine", "hi", cwd=clone, state=state_dir)
+    assert done.returncode == EXIT_USAGE, done.stderr.decode()
+    assert "is not trusted to start programs" in done.stderr.decode()
+    assert not (tmp_path / "ran-clone").exists()
 
 
 def test_a_damaged_record_trusts_nothing(tmp_path: Path) -> None:
