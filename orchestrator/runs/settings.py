@@ -225,22 +225,19 @@ def restore_settings(
         k: PolicySet.from_mapping(v, source=f"the recorded policy {k}")
         for k, v in dict(data.get("namedPolicies") or {}).items()
     }
-    if max_sessions is not None:
-        sessions = max_sessions
-        overridden.append("maxSessions")
-    elif "maxSessions" in data:
-        sessions = int(data["maxSessions"])
-        restored.append("maxSessions")
-    else:
-        sessions = config.max_sessions or 8
-    if max_file_size is not None:
-        file_size = max_file_size
-        overridden.append("maxFileSize")
-    elif "maxFileSize" in data:
-        file_size = int(data["maxFileSize"])
-        restored.append("maxFileSize")
-    else:  # recorded before the limit was kept
-        file_size = config.max_file_size or DEFAULT_MAX_FILE_SIZE
+
+    def choose(given: int | None, key: str, fallback: int) -> int:
+        # the resume's option, else the record's, else (recorded before it was kept) the config's
+        if given is not None:
+            overridden.append(key)
+            return given
+        if key in data:
+            restored.append(key)
+            return int(data[key])
+        return fallback
+
+    sessions = choose(max_sessions, "maxSessions", config.max_sessions or 8)
+    file_size = choose(max_file_size, "maxFileSize", config.max_file_size or DEFAULT_MAX_FILE_SIZE)
     # the record's limits, and the ones the config sets now that the record has not
     limits = configured_limits(config)
     recorded_limits = {k: int(v) for k, v in dict(data.get("limits") or {}).items() if k in LIMITS}
