@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from run_helpers import CLI, agent_command, as_json, record_events, run_cli, write_agent
 
-from orchestrator.testing import ReadFile, Say, Turn, WriteFile
+from orchestrator.testing import ReadFile, Say, Turn, WriteDisk, WriteFile
 from orchestrator.vfs import remove_tree
 
 EXIT_OK, EXIT_USAGE = 0, 2
@@ -179,3 +179,40 @@ async def test_a_workspace_too_deep_for_the_system_is_refused_before_the_run(
     assert record_events(script.with_suffix(".jsonl")) == []  # no agent started
     runs = state_dir / "runs"
     assert not runs.exists() or not any(runs.iterdir())
+
+
+async def test_names_of_255_bytes_are_written_harvested_and_applied(
+    tmp_path: Path, project: Path, state_dir: Path
+) -> None:
+    """A 255-byte name is edited through fs/write_text_file, two new ones are made (one by the
+    client, one by the agent itself), and `prompt --apply` writes all three in the workspace."""
+    edited = "m" * 251 + ".txt"
+    made = "\u00e9" * 125 + "n.txt"  # two bytes a character: the longest name, cut in one
+    own = "o" * 251 + ".txt"
+    assert [len(os.fsencode(n)) for n in (edited, made, own)] == [255, 255, 255]
+    (project / edited).write_text("old\n")
+    script = write_agent(
+        tmp_path / "long.json",
+        Turn(
+            steps=(
+                WriteFile(edited, "new\n"),
+                WriteFile(made, "made\n"),
+                WriteDisk(own, "own\n"),
+                Say("ok"),
+            )
+        ),
+    )
+    agent = f"long={shlex.join(agent_command(script))}"
+    done = await prompt(agent, project, tmp_path, state_dir, "--apply")
+    stderr = done.stderr.decode()
+    assert done.returncode == EXIT_OK, stderr
+    assert "Traceback" not in stderr
+    result = as_json(done)
+    assert (result["status"], result["applied"]) == ("succeeded", True)
+    assert sorted((c["path"], c["change"]) for c in result["changes"]) == sorted(
+        [(edited, "modified"), (made, "added"), (own, "added")]
+    )
+    assert [code for _, _, code in fs_answers(script)] == [None, None]
+    assert [(project / n).read_text() for n in (edited, made, own)] == ["new\n", "made\n", "own\n"]
+    assert sorted(os.listdir(project)) == sorted(["README.md", edited, made, own])
+    assert no_branch_left(state_dir, result["runId"])
