@@ -216,3 +216,43 @@ async def test_names_of_255_bytes_are_written_harvested_and_applied(
     assert [(project / n).read_text() for n in (edited, made, own)] == ["new\n", "made\n", "own\n"]
     assert sorted(os.listdir(project)) == sorted(["README.md", edited, made, own])
     assert no_branch_left(state_dir, result["runId"])
+
+
+async def test_writes_into_git_to_a_directory_path_or_through_a_lone_surrogate_are_refused(
+    tmp_path: Path, project: Path, state_dir: Path
+) -> None:
+    """fs/write_text_file in or as `.git`, to a path ending in '/', or to a path holding a lone
+    surrogate (sent as its JSON escape) is -32602 and writes nothing; `.git` the agent writes on
+    disk itself is no change; the rest of the turn applies."""
+    hook = "[core]\n\tfsmonitor = touch pwned\n"
+    refused = [".git/config", ".git", "sub/.git/HEAD", "README.md/", "new.txt/", "\ud800.txt"]
+    script = write_agent(
+        tmp_path / "g.json",
+        Turn(
+            steps=(
+                *(WriteFile(path, hook) for path in refused),
+                ReadFile("README.md/"),
+                WriteDisk(".git/config", hook),
+                WriteFile("ok.txt", "fine\n"),
+                Say("done"),
+            )
+        ),
+    )
+    agent = f"g={shlex.join(agent_command(script))}"
+    done = await prompt(agent, project, tmp_path, state_dir, "--apply")
+    stderr = done.stderr.decode()
+    assert done.returncode == EXIT_OK, stderr
+    assert "Traceback" not in stderr
+    result = as_json(done)
+    assert (result["status"], result["applied"]) == ("succeeded", True)
+    assert [c["path"] for c in result["changes"]] == ["ok.txt"]
+    writes = [e for e in record_events(script.with_suffix(".jsonl")) if e["event"] == "fs_write"]
+    reasons = [e.get("error", {}).get("message", "") for e in writes]
+    assert [e.get("error", {}).get("code") for e in writes] == [-32602] * 6 + [None]
+    assert all("no file is written in or as .git" in r for r in reasons[:3]), reasons
+    assert all("names a directory" in r for r in reasons[3:5]), reasons
+    assert "not valid Unicode" in reasons[5], reasons
+    assert [code for method, _, code in fs_answers(script) if method == "fs_read"] == [-32602]
+    assert sorted(os.listdir(project)) == ["README.md", "ok.txt"]
+    assert (project / "README.md").read_text() == "# project\n"
+    assert no_branch_left(state_dir, result["runId"])
