@@ -82,7 +82,15 @@ def record_events(record: Path) -> list[dict[str, Any]]:
         return []
     # only whole lines: the agent may be appending one while we read
     *lines, _partial = record.read_bytes().split(b"\n")
-    return [orjson.loads(line) for line in lines if line.strip()]
+    return [_loads(line) for line in lines if line.strip()]
+
+
+def _loads(line: bytes) -> Any:
+    """One JSON value; the standard library reads the lone surrogate escapes orjson refuses."""
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return json.loads(line)
 
 
 def timeline(record: Path) -> list[str]:
@@ -128,7 +136,10 @@ def write_agent(path: Path, *turns: Turn) -> Path:
     """A script file for one scripted agent playing ``turns``; its record goes beside it."""
     record = path.with_suffix(".jsonl")
     script = AgentScript(name=path.stem, turns=turns, record_path=str(record))
-    path.write_bytes(orjson.dumps(script.to_json()))
+    try:
+        path.write_bytes(orjson.dumps(script.to_json()))
+    except orjson.JSONEncodeError:  # a lone surrogate: written as its escape
+        path.write_text(json.dumps(script.to_json()), encoding="ascii")
     return path
 
 

@@ -18,6 +18,7 @@ from orchestrator.jsonrpc.framing import (
     OversizedLine,
     decode_message,
     encode_message,
+    scrubbed_keys,
 )
 
 
@@ -238,6 +239,18 @@ def test_decode_message_tolerates_lone_surrogates() -> None:
     value = decode_message(b'{"text": "ab\\ud83d", "pair": "\\ud83d\\ude00"}')
     assert value == {"text": "ab\ufffd", "pair": "\U0001f600"}
     encode_message(value)  # and it can be sent on again
+
+
+def test_scrubbed_keys_name_the_strings_that_held_lone_surrogates() -> None:
+    """The objects whose string values held lone surrogates name those keys; others none."""
+    value = decode_message(
+        b'{"params": {"path": "/w/\\ud800.txt", "n": 1}, "ok": "\\ud83d\\ude00"}'
+    )
+    assert value == {"params": {"path": "/w/\ufffd.txt", "n": 1}, "ok": "\U0001f600"}
+    assert scrubbed_keys(value["params"]) == {"path"}
+    assert scrubbed_keys(value) == frozenset()
+    assert scrubbed_keys(decode_message(b'{"path": "/w/\xef\xbf\xbd.txt"}')) == frozenset()
+    encode_message(value)
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from run_helpers import CLI, agent_command, as_json, record_events, run_cli, write_agent
 
-from orchestrator.testing import ReadFile, Say, Turn, WriteFile
+from orchestrator.testing import ReadFile, Say, Turn, WriteDisk, WriteFile
 from orchestrator.vfs import remove_tree
 
 EXIT_OK, EXIT_USAGE = 0, 2
@@ -179,3 +179,80 @@ async def test_a_workspace_too_deep_for_the_system_is_refused_before_the_run(
     assert record_events(script.with_suffix(".jsonl")) == []  # no agent started
     runs = state_dir / "runs"
     assert not runs.exists() or not any(runs.iterdir())
+
+
+async def test_names_of_255_bytes_are_written_harvested_and_applied(
+    tmp_path: Path, project: Path, state_dir: Path
+) -> None:
+    """A 255-byte name is edited through fs/write_text_file, two new ones are made (one by the
+    client, one by the agent itself), and `prompt --apply` writes all three in the workspace."""
+    edited = "m" * 251 + ".txt"
+    made = "\u00e9" * 125 + "n.txt"  # two bytes a character: the longest name, cut in one
+    own = "o" * 251 + ".txt"
+    assert [len(os.fsencode(n)) for n in (edited, made, own)] == [255, 255, 255]
+    (project / edited).write_text("old\n")
+    script = write_agent(
+        tmp_path / "long.json",
+        Turn(
+            steps=(
+                WriteFile(edited, "new\n"),
+                WriteFile(made, "made\n"),
+                WriteDisk(own, "own\n"),
+                Say("ok"),
+            )
+        ),
+    )
+    agent = f"long={shlex.join(agent_command(script))}"
+    done = await prompt(agent, project, tmp_path, state_dir, "--apply")
+    stderr = done.stderr.decode()
+    assert done.returncode == EXIT_OK, stderr
+    assert "Traceback" not in stderr
+    result = as_json(done)
+    assert (result["status"], result["applied"]) == ("succeeded", True)
+    assert sorted((c["path"], c["change"]) for c in result["changes"]) == sorted(
+        [(edited, "modified"), (made, "added"), (own, "added")]
+    )
+    assert [code for _, _, code in fs_answers(script)] == [None, None]
+    assert [(project / n).read_text() for n in (edited, made, own)] == ["new\n", "made\n", "own\n"]
+    assert sorted(os.listdir(project)) == sorted(["README.md", edited, made, own])
+    assert no_branch_left(state_dir, result["runId"])
+
+
+async def test_writes_into_git_to_a_directory_path_or_through_a_lone_surrogate_are_refused(
+    tmp_path: Path, project: Path, state_dir: Path
+) -> None:
+    """fs/write_text_file in or as `.git`, to a path ending in '/', or to a path holding a lone
+    surrogate (sent as its JSON escape) is -32602 and writes nothing; `.git` the agent writes on
+    disk itself is no change; the rest of the turn applies."""
+    hook = "[core]\n\tfsmonitor = touch pwned\n"
+    refused = [".git/config", ".git", "sub/.git/HEAD", "README.md/", "new.txt/", "\ud800.txt"]
+    script = write_agent(
+        tmp_path / "g.json",
+        Turn(
+            steps=(
+                *(WriteFile(path, hook) for path in refused),
+                ReadFile("README.md/"),
+                WriteDisk(".git/config", hook),
+                WriteFile("ok.txt", "fine\n"),
+                Say("done"),
+            )
+        ),
+    )
+    agent = f"g={shlex.join(agent_command(script))}"
+    done = await prompt(agent, project, tmp_path, state_dir, "--apply")
+    stderr = done.stderr.decode()
+    assert done.returncode == EXIT_OK, stderr
+    assert "Traceback" not in stderr
+    result = as_json(done)
+    assert (result["status"], result["applied"]) == ("succeeded", True)
+    assert [c["path"] for c in result["changes"]] == ["ok.txt"]
+    writes = [e for e in record_events(script.with_suffix(".jsonl")) if e["event"] == "fs_write"]
+    reasons = [e.get("error", {}).get("message", "") for e in writes]
+    assert [e.get("error", {}).get("code") for e in writes] == [-32602] * 6 + [None]
+    assert all("no file is written in or as .git" in r for r in reasons[:3]), reasons
+    assert all("names a directory" in r for r in reasons[3:5]), reasons
+    assert "not valid Unicode" in reasons[5], reasons
+    assert [code for method, _, code in fs_answers(script) if method == "fs_read"] == [-32602]
+    assert sorted(os.listdir(project)) == ["README.md", "ok.txt"]
+    assert (project / "README.md").read_text() == "# project\n"
+    assert no_branch_left(state_dir, result["runId"])

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import orchestrator.vfs as vfs
+from orchestrator.vfs._fileio import temp_name
 from orchestrator.vfs.apply import (
     _locked,
     apply_changes,
@@ -297,22 +298,36 @@ def test_recovery_never_clobbers_a_file_edited_after_the_crash(tmp_path: Path) -
     assert len(journals(state)) == 1
 
 
-def test_interrupted_temp_files_are_cleaned(ws: Path, tmp_path: Path) -> None:
-    """Recovery removes temporary files an interrupted write left behind."""
+LONG = "l" * 251 + ".txt"
+
+
+@pytest.mark.parametrize(
+    ("name", "leftover"),
+    [
+        pytest.param("a.txt", ".a.txt.0123456789ab.orch-tmp", id="short-name"),
+        pytest.param(LONG, temp_name(LONG), id="255-byte-name"),
+    ],
+)
+def test_interrupted_temp_files_are_cleaned(
+    ws: Path, tmp_path: Path, name: str, leftover: str
+) -> None:
+    """Recovery removes temporary files an interrupted write left behind, whatever the length
+    of the name they were for."""
+    (ws / name).write_bytes(b"a\n")
     snap: Snapshot = Workspace.open(ws).snapshot()
     br = Branch.from_tree(snap, "x")
     br.write("a.txt", b"A\n")
     state = tmp_path / "state"
     with pytest.raises(ApplyError):
         apply_changes(br, state_dir=state, on_file=lambda p: (_ for _ in ()).throw(OSError("x")))
-    (ws / ".a.txt.0123456789ab.orch-tmp").write_bytes(b"partial")
+    (ws / leftover).write_bytes(b"partial")
     journal_dir = state / "applies" / "20990101T000000-beef"
     (journal_dir / "new").mkdir(parents=True)
     (journal_dir / "old").mkdir()
     (journal_dir / "new" / "0").write_bytes(b"A\n")
     (journal_dir / "old" / "0").write_bytes(b"a\n")
     entry = {
-        "path": "a.txt",
+        "path": name,
         "action": "write",
         "new": "new/0",
         "new_digest": Write(b"A\n").digest,
@@ -325,7 +340,7 @@ def test_interrupted_temp_files_are_cleaned(ws: Path, tmp_path: Path) -> None:
     (journal_dir / "journal.json").write_text(json.dumps(body))
     (report,) = recover_applies(state)
     assert report.action == "completed"
-    assert (ws / "a.txt").read_text() == "A\n"
+    assert (ws / name).read_text() == "A\n"
     assert not [n for n in os.listdir(ws) if n.endswith(".orch-tmp")]
 
 

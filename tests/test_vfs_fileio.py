@@ -113,6 +113,37 @@ def test_write_entry_atomic_file_and_symlink(tmp_path: Path) -> None:
     assert sorted(os.listdir(tmp_path)) == ["f", "l"]
 
 
+LONG_NAMES = [
+    pytest.param("a" * 232, id="232-bytes"),
+    pytest.param("a" * 233, id="233-bytes"),
+    pytest.param("b" * 255, id="255-bytes"),
+    pytest.param("\u00e9" * 127 + "c", id="255-bytes-cut-inside-a-character"),
+    pytest.param(os.fsdecode(b"\xff" * 255), id="255-bytes-not-utf8"),
+]
+
+
+@pytest.mark.parametrize("name", LONG_NAMES)
+def test_write_entry_atomic_writes_a_name_of_any_legal_length(tmp_path: Path, name: str) -> None:
+    """Files and symlinks of names up to NAME_MAX bytes are written (at a path and through a
+    directory fd), their temporary names fit and are recognised as theirs only."""
+    _fileio.write_entry_atomic(str(tmp_path / name), b"one", _fileio.DEFAULT_MODE)
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        _fileio.write_entry_atomic(name, b"two", _fileio.DEFAULT_MODE, dir_fd=fd, fsync=True)
+    finally:
+        os.close(fd)
+    assert (tmp_path / name).read_bytes() == b"two"
+    (tmp_path / "links").mkdir()
+    _fileio.write_entry_atomic(str(tmp_path / "links" / name), b"target", _fileio.SYMLINK_MODE)
+    assert os.readlink(tmp_path / "links" / name) == "target"
+    assert sorted(os.listdir(tmp_path)) == sorted([name, "links"])
+    temp = _fileio.temp_name(name)
+    assert len(os.fsencode(temp)) <= _fileio.NAME_MAX
+    assert _fileio.is_temp_name(temp, name)
+    assert not _fileio.is_temp_name(temp, name[:-1] + "z")
+    assert not _fileio.is_temp_name(_fileio.temp_name(name[:-1] + "z"), name)
+
+
 def test_write_entry_atomic_cleans_up_on_failure(tmp_path: Path) -> None:
     """A failed replace (onto a directory) removes the temporary file."""
     (tmp_path / "d").mkdir()

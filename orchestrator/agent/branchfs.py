@@ -10,6 +10,8 @@ to its branch by construction. Where one service must serve a whole connection, 
 Paths must be absolute and resolve (after ``..`` and symlinks) inside the branch directory,
 and be paths the system can look up: no NUL byte, no name over 255 bytes (``NAME_MAX``), under
 4,096 bytes in all (``PATH_MAX``), resolved or not; directories may nest as deep as that allows.
+A path ending in ``/`` names a directory, not a file; no write goes in or as ``.git`` (git
+obeys what it finds there, hooks and ``core.fsmonitor``, when an allowed command runs it).
 Anything else is refused with ``InvalidParams`` (-32602) and logged, and nothing is written. A
 missing file is ``ResourceNotFound`` (-32002); content that is not UTF-8 is refused, never
 mangled; content over the workdir's limit on a changed file is refused (-32602, with ``path``,
@@ -43,6 +45,9 @@ if TYPE_CHECKING:
 __all__ = ["NOWAIT_MAX_BYTES", "BranchFileSystem", "BranchRouter"]
 
 log = structlog.get_logger(__name__)
+
+# the name no fs/write_text_file path may hold as a component (directory or file)
+_GIT = ".git"
 
 #: Files up to this size are read and written in the connection's read loop (``*_nowait``):
 #: a few system calls cost less than a task and a thread hop. Larger ones go through a thread.
@@ -87,8 +92,9 @@ class BranchFileSystem:
         """The branch this service reads and writes."""
         return self.workdir.branch.name
 
-    def resolve(self, path: str) -> str:
-        """The branch path for the absolute ``path``, or :class:`PathRefused`.
+    def resolve(self, path: str, *, write: bool = False) -> str:
+        """The branch path for the absolute ``path``, or :class:`PathRefused`; with ``write``,
+        one with no ``.git`` component either.
 
         ``path`` is read in the display form of names (:func:`~orchestrator._names.parse_name`):
         ``\\xHH`` stands for a byte that is not UTF-8, so the agent reaches a file by the
@@ -101,6 +107,9 @@ class BranchFileSystem:
         check_path_limits(path)  # before any system call: they fail on such paths
         if not os.path.isabs(path):
             raise PathRefused(path, "not an absolute path")
+        if path.endswith("/"):
+            # realpath would drop the slash and name the file: "a.txt/" is no file
+            raise PathRefused(path, "ends with '/', which names a directory, not a file")
         root = os.path.realpath(self.workdir.root)
         if not (
             _within(os.path.normpath(path), self.workdir.root)
@@ -115,10 +124,14 @@ class BranchFileSystem:
                 check_path_limits(real)
             except PathRefused as e:
                 raise PathRefused(path, f"once resolved, {e.reason}") from None
-        rel = os.path.relpath(real, root)
+        rel = os.path.relpath(real, root).replace(os.sep, "/")
         if rel == ".":
             raise PathRefused(path, "is the branch directory itself")
-        return rel.replace(os.sep, "/")
+        if write and _GIT in rel.split("/"):
+            # git obeys what it finds there (hooks, core.fsmonitor): a git command the policy
+            # allows would run what the agent wrote
+            raise PathRefused(path, f"no file is written in or as {_GIT}")
+        return rel
 
     def _refused(self, method: str, e: PathRefused, ctx: SessionContext) -> JsonRpcError:
         log.warning(
@@ -164,7 +177,7 @@ class BranchFileSystem:
         self, request: t.WriteTextFileRequest, ctx: SessionContext, *, nowait: bool = False
     ) -> None:
         try:
-            rel = self.resolve(request.path)
+            rel = self.resolve(request.path, write=True)
             data = request.content.encode("utf-8")
             if not nowait:
                 self.workdir.write(rel, data)

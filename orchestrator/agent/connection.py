@@ -30,6 +30,7 @@ from ..errors import (
     ProtocolVersionMismatch,
 )
 from ..jsonrpc.connection import JsonRpcConnection
+from ..jsonrpc.framing import scrubbed_keys
 from ..protocol import types as t
 from ..protocol.codec import converter, structure, unstructure
 from .process import AgentProcess
@@ -416,6 +417,7 @@ class AgentConnection:
         return unstructure(t.RequestPermissionResponse(outcome=outcome))
 
     async def _on_fs_read(self, params: Any) -> Any:
+        _check_fs_path(params)
         session = self._session_for(params)
         if session.services.fs is None:
             raise MethodNotFound("fs/read_text_file is not offered by this client")
@@ -427,6 +429,7 @@ class AgentConnection:
 
         A service without it (or no fs service at all) leaves the request to the async handler.
         """
+        _check_fs_path(params)
         session = self._session_for(params)
         serve = getattr(session.services.fs, method, None)
         if serve is None:
@@ -434,6 +437,7 @@ class AgentConnection:
         return unstructure(serve(structure(params, request_type), session.context))
 
     async def _on_fs_write(self, params: Any) -> Any:
+        _check_fs_path(params)
         session = self._session_for(params)
         if session.services.fs is None:
             raise MethodNotFound("fs/write_text_file is not offered by this client")
@@ -516,3 +520,14 @@ def _check_not_allow(request: t.RequestPermissionRequest, option_id: str) -> Non
     for option in request.options:
         if option.option_id == option_id and option.kind.startswith("allow"):
             raise AssertionError(f"a reject verdict chose the allow option {option_id!r}")
+
+
+def _check_fs_path(params: Any) -> None:
+    """Refuse an fs request whose path held a lone surrogate: the framing made it U+FFFD,
+    which would name another file."""
+    if "path" in scrubbed_keys(params):
+        raise InvalidParams(
+            f"path {params['path']!r} is not valid Unicode (a lone surrogate); "
+            "nothing was read or written",
+            {"path": params["path"]},
+        )

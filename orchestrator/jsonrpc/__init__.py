@@ -31,6 +31,7 @@ from orchestrator.jsonrpc.framing import (
     OversizedLine,
     decode_message,
     encode_message,
+    scrubbed_keys,
 )
 from orchestrator.jsonrpc.messages import (
     JSONRPC_VERSION,
@@ -85,4 +86,5 @@ __all__ = [
     "open_connection",
     "request_obj",
     "result_obj",
+    "scrubbed_keys",
 ]

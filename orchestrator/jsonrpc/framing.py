@@ -24,6 +24,7 @@ __all__ = [
     "OversizedLine",
     "decode_message",
     "encode_message",
+    "scrubbed_keys",
 ]
 
 DEFAULT_MAX_MESSAGE_SIZE = 64 * 2**20
@@ -196,7 +197,8 @@ def _decode_tolerantly(line: bytes | bytearray | memoryview, error: Exception) -
 
     orjson rejects lone UTF-16 surrogate escapes such as ``"\\ud83d"``, which JavaScript peers
     emit when they cut a string in the middle of a pair; the standard library accepts them. Lone
-    surrogates are then replaced by U+FFFD so the value can be encoded again later. Numbers read
+    surrogates are then replaced by U+FFFD so the value can be encoded again later, and
+    :func:`scrubbed_keys` names the keys of an object whose strings were. Numbers read
     as orjson reads them: an integer outside 64 bits is a float, one that overflows a double is
     refused.
     """
@@ -219,11 +221,35 @@ def _decode_tolerantly(line: bytes | bytearray | memoryview, error: Exception) -
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+class _ScrubbedObject(dict[str, Any]):
+    """A JSON object some of whose string values held lone surrogates (now U+FFFD)."""
+
+    scrubbed: frozenset[str] = frozenset()
+
+
+def scrubbed_keys(value: Any) -> frozenset[str]:
+    """The keys of the decoded JSON object ``value`` whose string values held lone surrogates,
+    replaced by U+FFFD (see :func:`decode_message`): where that changes a meaning (a file's
+    name), the value must be refused rather than used. Empty for anything else."""
+    return value.scrubbed if isinstance(value, _ScrubbedObject) else frozenset()
+
+
 def _scrub_surrogates(value: Any) -> Any:
     if isinstance(value, str):
         return _SURROGATE.sub("\ufffd", value)
     if isinstance(value, list):
         return [_scrub_surrogates(item) for item in value]
     if isinstance(value, dict):
-        return {_scrub_surrogates(k): _scrub_surrogates(v) for k, v in value.items()}
+        out: dict[str, Any] = {}
+        keys: set[str] = set()
+        for k, v in value.items():
+            key, clean = _scrub_surrogates(k), _scrub_surrogates(v)
+            if isinstance(v, str) and clean != v:
+                keys.add(key)
+            out[key] = clean
+        if not keys:
+            return out
+        obj = _ScrubbedObject(out)
+        obj.scrubbed = frozenset(keys)
+        return obj
     return value

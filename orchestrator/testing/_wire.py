@@ -6,6 +6,7 @@ and re-exports :class:`AgentRecord` and :data:`MAX_LINE_BYTES`.
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from pathlib import Path
@@ -30,6 +31,16 @@ __all__ = [
     "loads_or_text",
     "outcome_of",
 ]
+
+
+def _dumps(obj: Any) -> bytes:
+    """``obj`` as compact JSON; a string holding a lone surrogate (which orjson refuses) is
+    written with its ``\\uXXXX`` escape, as a JavaScript peer writes it."""
+    try:
+        return orjson.dumps(obj)
+    except orjson.JSONEncodeError:
+        return json.dumps(obj, separators=(",", ":")).encode("ascii")
+
 
 MAX_LINE_BYTES = 64 * 1024 * 1024
 """Longest line the agent accepts from the client; longer ones are dropped (-32600)."""
@@ -57,7 +68,7 @@ class AgentRecord:
         self.events.append(entry)
         if self._sink is not None:
             # Synchronous on purpose: tiny appends that must survive an abrupt exit.
-            self._sink.write(orjson.dumps(entry) + b"\n")
+            self._sink.write(_dumps(entry) + b"\n")
             self._sink.flush()
         self._changed.set()
         self._changed = trio.Event()
@@ -187,7 +198,7 @@ class Wire:
 
     async def send(self, message: JsonObject) -> None:
         """Write one JSON-RPC message as a line."""
-        await self.send_bytes(orjson.dumps(message) + b"\n")
+        await self.send_bytes(_dumps(message) + b"\n")
 
     async def reply(self, req_id: Any, result: JsonObject) -> None:
         """Answer a client request with ``result``."""

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import sys
 from collections.abc import Callable
@@ -518,8 +519,15 @@ def main(argv: list[str] | None = None) -> int:
     # stdout carries the protocol: log lines must go to stderr.
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     try:
-        script = AgentScript.from_json(orjson.loads(Path(args[0]).read_bytes()))
-    except (OSError, orjson.JSONDecodeError, UsageError) as exc:
+        raw = Path(args[0]).read_bytes()
+        try:
+            document = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            # the standard library reads a lone surrogate escape, which orjson refuses: a
+            # script may send one, as a JavaScript peer does
+            document = json.loads(raw)
+        script = AgentScript.from_json(document)
+    except (OSError, ValueError, UsageError) as exc:
         _write_stderr(f"scripted agent: cannot load {args[0]}: {exc}")
         return 2
     _write_stderr(f"scripted agent {script.name} {script.version} (pid {os.getpid()}) ready")

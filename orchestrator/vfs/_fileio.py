@@ -24,6 +24,7 @@ __all__ = [
     "NAME_MAX",
     "PATH_MAX",
     "SYMLINK_MODE",
+    "TEMP_SUFFIX",
     "check_path_limits",
     "copy_fd",
     "copy_fd_hashed",
@@ -33,12 +34,14 @@ __all__ = [
     "git_mode",
     "is_binary",
     "is_symlink",
+    "is_temp_name",
     "make_dirs",
     "normalize_mode",
     "normalize_path",
     "read_entry",
     "remove_tree",
     "temp_name",
+    "temp_stem",
     "walk_files",
     "write_entry_atomic",
 ]
@@ -146,9 +149,36 @@ def is_binary(data: bytes) -> bool:
     return b"\0" in data[:8000]
 
 
+#: how every temporary name ends (recovery finds the leftovers of a crash by it)
+TEMP_SUFFIX = ".orch-tmp"
+# bytes of a temporary name besides its stem: "." before it, "." + 12 hex digits + TEMP_SUFFIX after
+_TEMP_EXTRA = 1 + 1 + 12 + len(TEMP_SUFFIX)
+# bytes of a long name kept in the stem, which then ends in "~" and 12 hex digits of its digest
+_TEMP_KEPT = NAME_MAX - _TEMP_EXTRA - 13
+
+
+def temp_stem(name: str) -> str:
+    """What every temporary name :func:`temp_name` gives for ``name`` starts with, ``.``
+    included and followed by ``.``: ``.NAME`` when that leaves the temporary name within
+    :data:`NAME_MAX` bytes, else a prefix of ``NAME`` and a digest of all of it (a name of up
+    to 255 bytes has a temporary name of at most 255 too)."""
+    raw = name_bytes(name)
+    if len(raw) + _TEMP_EXTRA <= NAME_MAX:
+        return f".{name}"
+    # a prefix cut inside a character decodes to escaped bytes: still exactly raw[:_TEMP_KEPT]
+    return f".{name_of(raw[:_TEMP_KEPT])}~{hashlib.sha256(raw).hexdigest()[:12]}"
+
+
 def temp_name(name: str) -> str:
-    """A hidden temporary name next to ``name`` (same directory, so ``os.replace`` is atomic)."""
-    return f".{name}.{secrets.token_hex(6)}.orch-tmp"
+    """A hidden temporary name next to ``name`` (same directory, so ``os.replace`` is atomic),
+    unique and at most :data:`NAME_MAX` bytes whatever the length of ``name``; it starts with
+    :func:`temp_stem` and ``.``, and ends with :data:`TEMP_SUFFIX`."""
+    return f"{temp_stem(name)}.{secrets.token_hex(6)}{TEMP_SUFFIX}"
+
+
+def is_temp_name(found: str, name: str) -> bool:
+    """True when ``found`` is a name :func:`temp_name` may have given for ``name``."""
+    return found.startswith(f"{temp_stem(name)}.") and found.endswith(TEMP_SUFFIX)
 
 
 def read_entry(path: str) -> tuple[bytes, int, os.stat_result]:

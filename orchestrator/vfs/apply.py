@@ -56,6 +56,7 @@ from ._fileio import (
     digest,
     digest_fd,
     fsync_dir,
+    is_temp_name,
     make_dirs,
     normalize_mode,
     temp_name,
@@ -83,7 +84,6 @@ __all__ = [
 log = structlog.get_logger(__name__)
 
 _JOURNAL = "journal.json"
-_TMP_SUFFIX = ".orch-tmp"
 
 
 @frozen
@@ -564,7 +564,7 @@ def _remove_temp_files(root: str, entries: list[dict[str, Any]]) -> None:
         directory = os.path.join(root, head) if head else root
         with contextlib.suppress(OSError), os.scandir(directory) as it:
             for found in it:
-                if found.name.startswith(f".{name}.") and found.name.endswith(_TMP_SUFFIX):
+                if is_temp_name(found.name, name):
                     os.unlink(found.path)
 
 
