@@ -557,11 +557,11 @@ def _warn_interrupted(found: list[dict[str, Any]], run_id: str | None, cwd: str 
             continue
         whose = f"run {a['runId']}'s changes are" if a["runId"] else "changes are"
         if a["edited"]:
-            # recovery leaves such files alone: they must be settled first
+            # recovery leaves such files alone and rolls the rest back
             finish = (
-                f"{', '.join(a['edited'])} changed since: make each hold what it held before "
-                f"or after that apply (or remove the journal {a['journal']}), then finish it"
-                + (f": {a['finish']}" if a["finish"] else "")
+                f"{', '.join(a['edited'])} changed since: it cannot be completed; "
+                f"{a['finish'] or 'the next orchestrator apply, run or prompt'} rolls it back "
+                "except for those files, which stay as they are (its changes to them not made)"
             )
         elif a["finish"]:
             finish = (
@@ -719,6 +719,10 @@ async def cmd_apply(args: argparse.Namespace) -> int:
     return int(outcome.exit_code)
 
 
+def _files(n: int) -> str:
+    return f"{n} file" if n == 1 else f"{n} files"
+
+
 def _apply_summary(outcome: Any) -> None:
     """What ``orchestrator apply`` did, for people (stderr)."""
     for report in outcome.recovered:
@@ -727,9 +731,13 @@ def _apply_summary(outcome: Any) -> None:
         what = f"apply of run {of}" if of else "apply"
         where = f" to {apply.workspace}" if apply is not None else ""
         if report.problems:
+            edited = ", ".join(display_names(report.problems))
             print(
-                f"could not finish the interrupted {what}{where}: "
-                f"{', '.join(report.problems)} changed since (journal {report.journal} kept)",
+                f"rolled back the interrupted {what}{where} first, as it could not be completed: "
+                f"{edited} changed since the crash and are left as they are (its changes to "
+                f"them not made); {_files(len(report.changed))} restored, the other files "
+                f"hold what they held before it (what {edited} held before it is kept in "
+                f"{report.journal})",
                 file=sys.stderr,
             )
         else:
@@ -755,7 +763,7 @@ def _apply_summary(outcome: Any) -> None:
         print(
             f"NOT applied: files {where} the run: "
             f"{', '.join(display_names(outcome.workspace_changed))}; "
-            "nothing was written",
+            "none of its changes were written",
             file=sys.stderr,
         )
     else:
