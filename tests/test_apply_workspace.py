@@ -135,25 +135,27 @@ async def test_changes_patch_of_type_changes_applies_with_git_as_apply_does(
 
 # --------------------------------------------------------------------------- a crash mid-apply
 
-# The console script's `apply`, paused after its Nth file (the apply's own test hook), so
-# that the test can SIGKILL it there.
+# The console script's `apply`, paused after its Nth file (the apply's own test hook) until a
+# file `go` exists, so that the test can SIGKILL or interrupt it there.
 PAUSED_APPLY = r"""
-import sys, time
+import os, sys, time
 import trio
 import orchestrator.runs.apply as runs_apply
 from orchestrator.cli import main
 from orchestrator.vfs import apply_changes
 
-marker, after = sys.argv[1], int(sys.argv[2])
+marker, after, go = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 done = []
 
 def pause(path):
     done.append(path)
-    if len(done) < after:
+    if len(done) != after:
         return
     with open(marker, "a") as f:
         f.write(path + "\n")
-    time.sleep(120)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(go) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 async def paused(source, changes=None, **options):
     return await trio.to_thread.run_sync(
@@ -161,7 +163,7 @@ async def paused(source, changes=None, **options):
     )
 
 runs_apply.apply_changes_async = paused
-sys.exit(main(sys.argv[3:]))
+sys.exit(main(sys.argv[4:]))
 """
 
 
@@ -170,22 +172,37 @@ def kill_apply_midway(
 ) -> None:
     """Run ``orchestrator apply RUN`` and SIGKILL it once its first ``after`` files are
     written."""
-    env = {**os.environ, "ORCHESTRATOR_STATE_DIR": str(state)}
-    child = subprocess.Popen(
-        [sys.executable, "-c", PAUSED_APPLY, str(marker), str(after), "apply", run_id],
-        cwd=REPO,
-        env=env,
-    )
+    child = paused_apply(state, run_id, marker, marker.with_name("never"), after=after)
     try:
-        deadline = time.monotonic() + 60
-        while not (marker.exists() and marker.read_text().strip()):
-            assert child.poll() is None, "the apply exited before its first file"
-            assert time.monotonic() < deadline, "the apply never reached its first file"
-            time.sleep(0.05)
+        wait_for_pause(child, marker)
     finally:
         os.kill(child.pid, signal.SIGKILL)
         child.wait(timeout=30)
+        assert child.stderr is not None
+        child.stderr.close()
     assert child.returncode == -signal.SIGKILL
+
+
+def paused_apply(
+    state: Path, run_id: str, marker: Path, go: Path, *args: str, after: int = 1
+) -> subprocess.Popen[bytes]:
+    """``orchestrator apply RUN ARGS`` that pauses after ``after`` files until ``go`` exists
+    (its stderr piped)."""
+    env = {**os.environ, "ORCHESTRATOR_STATE_DIR": str(state)}
+    return subprocess.Popen(
+        [sys.executable, "-c", PAUSED_APPLY, str(marker), str(after), str(go), "apply", run_id,
+         *args],
+        cwd=REPO, env=env, stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+
+def wait_for_pause(child: subprocess.Popen[bytes], marker: Path) -> None:
+    """Wait until the paused apply has written the files it pauses after."""
+    deadline = time.monotonic() + 60
+    while not (marker.exists() and marker.read_text().strip()):
+        assert child.poll() is None, "the apply exited before its pause"
+        assert time.monotonic() < deadline, "the apply never reached its pause"
+        time.sleep(0.05)
 
 
 async def interrupted(project: Path, state: Path, run_id: str) -> dict[str, Any]:
@@ -346,3 +363,39 @@ async def test_a_crash_then_edits_leave_the_workspace_as_the_apply_says(
     assert again.returncode == 3
     assert "f0.txt, f3.txt; none of its changes were written" in again.stderr.decode()
     assert "interrupted" not in again.stderr.decode()
+
+
+# --------------------------------------------------------------------------- Ctrl-C mid-apply
+
+
+async def test_an_interrupt_during_the_write_completes_the_apply_and_exits_0(
+    project: Path, state_dir: Path, tmp_path: Path
+) -> None:
+    """SIGINT once apply has written its first file: the apply is completed and recorded, the
+    command says the interrupt came while it was finishing, and exits 0 (not 130)."""
+    run_id = await prompt(project, state_dir, "replace 'old' with 'new' in f*.txt")
+    marker, go = tmp_path / "marker", tmp_path / "go"
+    child = paused_apply(state_dir, run_id, marker, go)
+    assert child.stderr is not None
+    try:
+        wait_for_pause(child, marker)
+        child.send_signal(signal.SIGINT)
+        said = b""
+        while b"interrupted: ending the running turns" not in said:  # the CLI heard it
+            line = child.stderr.readline()
+            assert line, said.decode()
+            said += line
+        go.touch()
+        said += child.stderr.read()
+    finally:
+        go.touch()
+        child.wait(timeout=60)
+        child.stderr.close()
+    text = said.decode()
+    assert child.returncode == EXIT_OK, text
+    assert f"applied run {run_id}: 4 files written" in text
+    assert "interrupted while the apply was finishing, so it was completed" in text
+    assert [(project / f"f{i}.txt").read_text() for i in range(4)] == [
+        f"new {i}\n" for i in range(4)
+    ]
+    assert as_json(await cli(project, state_dir, "show", run_id, "--json"))["applied"] is True

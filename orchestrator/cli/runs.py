@@ -678,6 +678,8 @@ def _print_cut(cut: Any, prefix: str) -> None:
 
 async def cmd_apply(args: argparse.Namespace) -> int:
     """``orchestrator apply``."""
+    import trio
+
     from ..errors import ApplyRefused, RunBusy, UnsettledConflicts, UsageError
     from ..runs import apply_run
 
@@ -685,6 +687,10 @@ async def cmd_apply(args: argparse.Namespace) -> int:
         outcome = await apply_run(
             args.run, step=args.step, git_branch=args.git_branch, state_dir=args.state_dir
         )
+    except trio.Cancelled:
+        # interrupted before the write began (once begun, it is completed): none of it happened
+        print("orchestrator: interrupted: nothing applied", file=sys.stderr)
+        raise
     except (ApplyRefused, RunBusy) as e:
         if isinstance(e, UnsettledConflicts):
             code = EXIT_MERGE_CONFLICTS
@@ -716,6 +722,12 @@ async def cmd_apply(args: argparse.Namespace) -> int:
         _emit(document)
     else:
         _apply_summary(outcome)
+    if outcome.applied:
+        # an interrupt that came while the write was under way did not stop it: the changes
+        # are all written and recorded, which the exit code must say (not 130)
+        args.completed_despite_interrupt = (
+            "interrupted while the apply was finishing, so it was completed"
+        )
     return int(outcome.exit_code)
 
 
