@@ -135,21 +135,27 @@ async def test_changes_patch_of_type_changes_applies_with_git_as_apply_does(
 
 # --------------------------------------------------------------------------- a crash mid-apply
 
-# The console script's `apply`, paused after its first file (the apply's own test hook), so
-# that the test can SIGKILL it there.
+# The console script's `apply`, paused after its Nth file (the apply's own test hook) until a
+# file `go` exists, so that the test can SIGKILL or interrupt it there.
 PAUSED_APPLY = r"""
-import sys, time
+import os, sys, time
 import trio
 import orchestrator.runs.apply as runs_apply
 from orchestrator.cli import main
 from orchestrator.vfs import apply_changes
 
-marker = sys.argv[1]
+marker, after, go = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+done = []
 
 def pause(path):
+    done.append(path)
+    if len(done) != after:
+        return
     with open(marker, "a") as f:
         f.write(path + "\n")
-    time.sleep(120)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(go) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 async def paused(source, changes=None, **options):
     return await trio.to_thread.run_sync(
@@ -157,26 +163,46 @@ async def paused(source, changes=None, **options):
     )
 
 runs_apply.apply_changes_async = paused
-sys.exit(main(sys.argv[2:]))
+sys.exit(main(sys.argv[4:]))
 """
 
 
-def kill_apply_midway(project: Path, state: Path, run_id: str, marker: Path) -> None:
-    """Run ``orchestrator apply RUN`` and SIGKILL it once its first file is written."""
-    env = {**os.environ, "ORCHESTRATOR_STATE_DIR": str(state)}
-    child = subprocess.Popen(
-        [sys.executable, "-c", PAUSED_APPLY, str(marker), "apply", run_id], cwd=REPO, env=env
-    )
+def kill_apply_midway(
+    project: Path, state: Path, run_id: str, marker: Path, *, after: int = 1
+) -> None:
+    """Run ``orchestrator apply RUN`` and SIGKILL it once its first ``after`` files are
+    written."""
+    child = paused_apply(state, run_id, marker, marker.with_name("never"), after=after)
     try:
-        deadline = time.monotonic() + 60
-        while not (marker.exists() and marker.read_text().strip()):
-            assert child.poll() is None, "the apply exited before its first file"
-            assert time.monotonic() < deadline, "the apply never reached its first file"
-            time.sleep(0.05)
+        wait_for_pause(child, marker)
     finally:
         os.kill(child.pid, signal.SIGKILL)
         child.wait(timeout=30)
+        assert child.stderr is not None
+        child.stderr.close()
     assert child.returncode == -signal.SIGKILL
+
+
+def paused_apply(
+    state: Path, run_id: str, marker: Path, go: Path, *args: str, after: int = 1
+) -> subprocess.Popen[bytes]:
+    """``orchestrator apply RUN ARGS`` that pauses after ``after`` files until ``go`` exists
+    (its stderr piped)."""
+    env = {**os.environ, "ORCHESTRATOR_STATE_DIR": str(state)}
+    return subprocess.Popen(
+        [sys.executable, "-c", PAUSED_APPLY, str(marker), str(after), str(go), "apply", run_id,
+         *args],
+        cwd=REPO, env=env, stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+
+def wait_for_pause(child: subprocess.Popen[bytes], marker: Path) -> None:
+    """Wait until the paused apply has written the files it pauses after."""
+    deadline = time.monotonic() + 60
+    while not (marker.exists() and marker.read_text().strip()):
+        assert child.poll() is None, "the apply exited before its pause"
+        assert time.monotonic() < deadline, "the apply never reached its pause"
+        time.sleep(0.05)
 
 
 async def interrupted(project: Path, state: Path, run_id: str) -> dict[str, Any]:
@@ -269,24 +295,107 @@ async def test_an_apply_of_another_run_finishes_the_interrupted_one_first(
     assert as_json(await cli(project, state_dir, "show", first, "--json"))["applied"] is True
 
 
-async def test_an_interrupted_apply_that_cannot_be_finished_refuses_applies_there(
+async def test_an_interrupted_apply_that_cannot_be_completed_is_rolled_back_around_edits(
     project: Path, state_dir: Path, tmp_path: Path
 ) -> None:
-    """A file of the interrupted apply edited after the crash: it is left alone, and an apply
-    to that workspace is refused, naming the file and the journal."""
+    """A file of the interrupted apply edited after the crash: an apply of another run rolls
+    the interrupted one back except for that file, says exactly that, then applies."""
     first = await prompt(project, state_dir, "replace 'old' with 'new' in f*.txt")
     second = await prompt(project, state_dir, 'append "more" to secret.txt')
     kill_apply_midway(project, state_dir, first, tmp_path / "marker")
-    journal = (await interrupted(project, state_dir, first))["journal"]
+    await interrupted(project, state_dir, first)
     (project / "f3.txt").write_text("edited after the crash\n")
-    done = await cli(project, state_dir, "apply", second)
-    assert done.returncode == EXIT_FAILED
-    said = done.stderr.decode()
-    assert f"holds an interrupted apply of run {first} that cannot be finished" in said
-    assert "f3.txt changed since" in said and journal in said
-    assert (project / "f3.txt").read_text() == "edited after the crash\n"
-    assert (project / "secret.txt").read_text() == "token\n"
-    shown = await interrupted(project, state_dir, first)  # still named, to be settled
-    assert shown["edited"] == ["f3.txt"]
     listed = await cli(project, state_dir, "runs")
-    assert "f3.txt changed since: make each hold what it held before" in listed.stderr.decode()
+    assert "f3.txt changed since: it cannot be completed" in listed.stderr.decode()
+    assert (await interrupted(project, state_dir, first))["edited"] == ["f3.txt"]
+    done = await cli(project, state_dir, "apply", second)
+    assert done.returncode == EXIT_OK, done.stderr.decode()
+    said = done.stderr.decode()
+    assert (
+        f"rolled back the interrupted apply of run {first} to {project} first, as it could not "
+        "be completed: f3.txt changed since the crash and are left as they are (its changes to "
+        "them not made); 1 file restored, the other files hold what they held before it"
+    ) in said
+    assert f"applied run {second}: 1 files" in said
+    assert (project / "f3.txt").read_text() == "edited after the crash\n"
+    assert [(project / f"f{i}.txt").read_text() for i in range(3)] == [
+        f"old {i}\n" for i in range(3)
+    ]
+    assert (project / "secret.txt").read_text() == "token\nmore\n"
+    assert as_json(await cli(project, state_dir, "show", first, "--json"))["applied"] is False
+    for args in (("runs",), ("show", first)):
+        assert "interrupted apply" not in (await cli(project, state_dir, *args)).stderr.decode()
+
+
+async def test_a_crash_then_edits_leave_the_workspace_as_the_apply_says(
+    project: Path, state_dir: Path, tmp_path: Path
+) -> None:
+    """apply killed after two files, a written one and an unwritten one edited since, a temp
+    file left: apply RUN rolls the rest back, keeps both edits, removes the temp file, says
+    so in --json, and finds those files changed since the run (exit 3): nothing of it applied."""
+    run_id = await prompt(project, state_dir, "replace 'old' with 'new' in f*.txt")
+    kill_apply_midway(project, state_dir, run_id, tmp_path / "marker", after=2)
+    assert [(project / f"f{i}.txt").read_text() for i in range(4)] == [
+        "new 0\n", "new 1\n", "old 2\n", "old 3\n",
+    ]  # fmt: skip
+    (project / ".f2.txt.0123456789ab.orch-tmp").write_text("new 2\n")  # a write cut short
+    (project / "f0.txt").write_text("new 0, edited\n")
+    (project / "f3.txt").write_text("old 3, edited\n")
+    done = await cli(project, state_dir, "apply", run_id, "--json")
+    assert done.returncode == 3, done.stderr.decode()
+    result = as_json(done)
+    jsonschema.Draft202012Validator(output_schema()).validate(result)
+    assert (result["applied"], result["written"]) == (False, [])
+    assert result["workspaceChanged"] == ["f0.txt", "f3.txt"]
+    (recovered,) = result["recovered"]
+    assert (recovered["runId"], recovered["action"]) == (run_id, "rolled back")
+    assert (recovered["problems"], recovered["edited"]) == (["f0.txt", "f3.txt"],) * 2
+    assert recovered["changed"] == ["f1.txt"]
+    kept = Path(recovered["journal"])
+    assert kept.is_dir() and kept.name.startswith(".kept-")
+    assert [(project / f"f{i}.txt").read_text() for i in range(4)] == [
+        "new 0, edited\n", "old 1\n", "old 2\n", "old 3, edited\n",
+    ]  # fmt: skip
+    assert not [p for p in os.listdir(project) if p.endswith(".orch-tmp")]
+    shown = as_json(await cli(project, state_dir, "show", run_id, "--json"))
+    assert (shown["applied"], shown["applyInterrupted"]) == (False, None)
+    again = await cli(project, state_dir, "apply", run_id)
+    assert again.returncode == 3
+    assert "f0.txt, f3.txt; none of its changes were written" in again.stderr.decode()
+    assert "interrupted" not in again.stderr.decode()
+
+
+# --------------------------------------------------------------------------- Ctrl-C mid-apply
+
+
+async def test_an_interrupt_during_the_write_completes_the_apply_and_exits_0(
+    project: Path, state_dir: Path, tmp_path: Path
+) -> None:
+    """SIGINT once apply has written its first file: the apply is completed and recorded, the
+    command says the interrupt came while it was finishing, and exits 0 (not 130)."""
+    run_id = await prompt(project, state_dir, "replace 'old' with 'new' in f*.txt")
+    marker, go = tmp_path / "marker", tmp_path / "go"
+    child = paused_apply(state_dir, run_id, marker, go)
+    assert child.stderr is not None
+    try:
+        wait_for_pause(child, marker)
+        child.send_signal(signal.SIGINT)
+        said = b""
+        while b"interrupted: ending the running turns" not in said:  # the CLI heard it
+            line = child.stderr.readline()
+            assert line, said.decode()
+            said += line
+        go.touch()
+        said += child.stderr.read()
+    finally:
+        go.touch()
+        child.wait(timeout=60)
+        child.stderr.close()
+    text = said.decode()
+    assert child.returncode == EXIT_OK, text
+    assert f"applied run {run_id}: 4 files written" in text
+    assert "interrupted while the apply was finishing, so it was completed" in text
+    assert [(project / f"f{i}.txt").read_text() for i in range(4)] == [
+        f"new {i}\n" for i in range(4)
+    ]
+    assert as_json(await cli(project, state_dir, "show", run_id, "--json"))["applied"] is True

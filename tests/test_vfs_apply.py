@@ -288,14 +288,23 @@ def test_recovery_discards_an_unfinished_journal(tmp_path: Path) -> None:
 
 
 def test_recovery_never_clobbers_a_file_edited_after_the_crash(tmp_path: Path) -> None:
-    """A file that is neither old nor new is left alone and the journal kept."""
-    ws, state, _before = killed_mid_apply(tmp_path)
+    """A file that is neither old nor new is left alone, the rest rolled back to what it held
+    before, and the journal kept aside where recovery no longer finds it."""
+    ws, state, before = killed_mid_apply(tmp_path)
     (ws / "f3.txt").write_text("someone edited this after the crash\n")
     (report,) = recover_applies(state)
-    assert report.problems == ("f3.txt",)
-    assert (ws / "f3.txt").read_text() == "someone edited this after the crash\n"
-    assert (ws / "f2.txt").read_bytes() == b"new 2\n"
-    assert len(journals(state)) == 1
+    assert (report.action, report.problems, report.changed) == (
+        "rolled back",
+        ("f3.txt",),
+        ("gone.txt",),
+    )
+    assert report.apply is not None and report.apply.edited == ("f3.txt",)
+    edited = {"f3.txt": (b"someone edited this after the crash\n", before["f3.txt"][1])}
+    assert capture(ws) == {**before, **edited}
+    kept = Path(report.journal)
+    assert kept.name.startswith(".kept-") and (kept / "journal.json").is_file()
+    assert journals(state) == [] and interrupted_applies(state) == []
+    assert recover_applies(state) == []
 
 
 LONG = "l" * 251 + ".txt"

@@ -205,6 +205,9 @@ async def _interruptible(handler: Callable[[argparse.Namespace], Any], args: Any
     as_json = bool(getattr(args, "json", False))
 
     args.run_ids = []  # filled by the run commands as their runs start
+    # set by a command whose work an interrupt no longer stops once under way (an apply, all or
+    # nothing) when it completed anyway: its outcome, not the interrupt, makes the exit code
+    args.completed_despite_interrupt = None
 
     def run_id(e: BaseException | None = None) -> dict[str, str]:
         if args.run_ids:
@@ -263,6 +266,9 @@ async def _interruptible(handler: Callable[[argparse.Namespace], Any], args: Any
             except OrchestratorError as e:
                 code = fail(e, EXIT_FAILED)
         nursery.cancel_scope.cancel()
+    if interrupted and args.completed_despite_interrupt:
+        print(f"orchestrator: {args.completed_despite_interrupt}", file=sys.stderr)
+        return code
     if interrupted and as_json:
         _emit_json(
             {

@@ -557,11 +557,11 @@ def _warn_interrupted(found: list[dict[str, Any]], run_id: str | None, cwd: str 
             continue
         whose = f"run {a['runId']}'s changes are" if a["runId"] else "changes are"
         if a["edited"]:
-            # recovery leaves such files alone: they must be settled first
+            # recovery leaves such files alone and rolls the rest back
             finish = (
-                f"{', '.join(a['edited'])} changed since: make each hold what it held before "
-                f"or after that apply (or remove the journal {a['journal']}), then finish it"
-                + (f": {a['finish']}" if a["finish"] else "")
+                f"{', '.join(a['edited'])} changed since: it cannot be completed; "
+                f"{a['finish'] or 'the next orchestrator apply, run or prompt'} rolls it back "
+                "except for those files, which stay as they are (its changes to them not made)"
             )
         elif a["finish"]:
             finish = (
@@ -678,6 +678,8 @@ def _print_cut(cut: Any, prefix: str) -> None:
 
 async def cmd_apply(args: argparse.Namespace) -> int:
     """``orchestrator apply``."""
+    import trio
+
     from ..errors import ApplyRefused, RunBusy, UnsettledConflicts, UsageError
     from ..runs import apply_run
 
@@ -685,6 +687,10 @@ async def cmd_apply(args: argparse.Namespace) -> int:
         outcome = await apply_run(
             args.run, step=args.step, git_branch=args.git_branch, state_dir=args.state_dir
         )
+    except trio.Cancelled:
+        # interrupted before the write began (once begun, it is completed): none of it happened
+        print("orchestrator: interrupted: nothing applied", file=sys.stderr)
+        raise
     except (ApplyRefused, RunBusy) as e:
         if isinstance(e, UnsettledConflicts):
             code = EXIT_MERGE_CONFLICTS
@@ -716,7 +722,17 @@ async def cmd_apply(args: argparse.Namespace) -> int:
         _emit(document)
     else:
         _apply_summary(outcome)
+    if outcome.applied:
+        # an interrupt that came while the write was under way did not stop it: the changes
+        # are all written and recorded, which the exit code must say (not 130)
+        args.completed_despite_interrupt = (
+            "interrupted while the apply was finishing, so it was completed"
+        )
     return int(outcome.exit_code)
+
+
+def _files(n: int) -> str:
+    return f"{n} file" if n == 1 else f"{n} files"
 
 
 def _apply_summary(outcome: Any) -> None:
@@ -727,9 +743,13 @@ def _apply_summary(outcome: Any) -> None:
         what = f"apply of run {of}" if of else "apply"
         where = f" to {apply.workspace}" if apply is not None else ""
         if report.problems:
+            edited = ", ".join(display_names(report.problems))
             print(
-                f"could not finish the interrupted {what}{where}: "
-                f"{', '.join(report.problems)} changed since (journal {report.journal} kept)",
+                f"rolled back the interrupted {what}{where} first, as it could not be completed: "
+                f"{edited} changed since the crash and are left as they are (its changes to "
+                f"them not made); {_files(len(report.changed))} restored, the other files "
+                f"hold what they held before it (what {edited} held before it is kept in "
+                f"{report.journal})",
                 file=sys.stderr,
             )
         else:
@@ -755,7 +775,7 @@ def _apply_summary(outcome: Any) -> None:
         print(
             f"NOT applied: files {where} the run: "
             f"{', '.join(display_names(outcome.workspace_changed))}; "
-            "nothing was written",
+            "none of its changes were written",
             file=sys.stderr,
         )
     else:

@@ -23,10 +23,12 @@ nothing. What it does not do, it says:
 - a crash interrupted an earlier apply: every apply first finishes it from its journal
   (:func:`recover`: completed, or rolled back when its journal is incomplete; a completed one
   is recorded as the apply of its run) and says so in ``recovered``; an apply of the run whose
-  apply was interrupted is then done. One that cannot be finished (a file it touches was
-  edited since the crash) keeps its journal, and an apply to the same workspace is refused
-  (:class:`~orchestrator.errors.ApplyRefused`) until it is settled.
-  :func:`interrupted_applies` lists them without touching anything.
+  apply was interrupted is then done. One that cannot be completed because files it touches
+  were edited since the crash is rolled back around them: they keep the edit, the rest holds
+  what it held before, the run is not recorded as applied (its report lists the edited files
+  in ``problems``), and the apply asked for then goes on as usual (an apply of that same run
+  finds those files changed since the run). :func:`interrupted_applies` lists them without
+  touching anything.
 """
 
 from __future__ import annotations
@@ -110,6 +112,13 @@ async def recover(state_dir: str | os.PathLike[str] | None = None) -> list[Recov
     crash came before the record was written).
     """
     state = state_directory(state_dir)
+    # what recovery wrote and its record go together (a Ctrl-C must not part them)
+    with trio.CancelScope(shield=True):
+        reports = await _recover(state)
+    return reports
+
+
+async def _recover(state: Path) -> list[RecoveryReport]:
     reports = await trio.to_thread.run_sync(recover_applies, state)
     completed: list[tuple[str, tuple[str, ...]]] = []
     for report in reports:
@@ -218,7 +227,8 @@ class ApplyOutcome:
                     **(interrupted_json(r.apply) if r.apply is not None else {}),
                     "journal": r.journal,
                     "action": r.action,
-                    "problems": list(r.problems),
+                    "problems": display_names(r.problems),
+                    "changed": display_names(r.changed),
                 }
                 for r in self.recovered
             ],
@@ -521,7 +531,6 @@ async def apply_run(
         # not while the run runs in another process (nor may it start while this applies)
         with hold_run_lock(state / "runs" / full, full, doing="apply"):
             if git_branch is None:
-                _refuse_unfinished(full, record.cwd, reports)
                 done = await _finished_by_recovery(store, record, step, reports)
                 if done is not None:
                     return attrs.evolve(done, recovered=reports)
@@ -552,24 +561,6 @@ async def _finished_by_recovery(
                 at=at[-1] if at else None,
             )
     return None
-
-
-def _refuse_unfinished(run_id: str, cwd: str, reports: Sequence[RecoveryReport]) -> None:
-    """Refuse to write ``cwd`` while an interrupted apply there could not be finished."""
-    for stuck in reports:
-        if not stuck.problems or stuck.apply is None:
-            continue
-        if not _same_place(stuck.apply.workspace, cwd):
-            continue
-        of, _step, _keys = _origin(stuck.apply)
-        raise ApplyRefused(
-            run_id,
-            f"the workspace {stuck.apply.workspace} holds an interrupted apply"
-            f"{f' of run {of}' if of else ''} that cannot be finished: "
-            f"{', '.join(stuck.problems)} changed since; make each hold what it held before "
-            f"or after that apply, or remove its journal {stuck.journal}, then apply again; "
-            "nothing applied",
-        )
 
 
 def apply_run_sync(run_id: str, **kwargs: Any) -> ApplyOutcome:

@@ -26,7 +26,11 @@ Recovery (:func:`recover_applies`, to run on the next start) decides per journal
 - otherwise (a new content is missing or corrupt) -> it is **rolled back** from the backups.
 
 A file that is neither its old nor its new version (edited by someone after the crash) is never
-overwritten: it is reported and the journal kept for inspection.
+overwritten. Such an apply cannot be completed, so it is **rolled back** around them, whatever the
+journal holds: every other file is brought back to what it held before the apply, the edited ones
+stay as they are (the apply's changes to them are not made) and are reported in ``problems``.
+The journal then moves aside, out of the way of recovery (``applies/.kept-<name>``: it holds
+what the edited files held before the apply, which nothing else may hold any more).
 
 The journal also keeps what the caller says the changes are (``origin``: the run they come from,
 say), and :func:`interrupted_applies` lists the journals a crash left behind, without touching
@@ -46,6 +50,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal
 
+import attrs
 import structlog
 import trio
 from attrs import frozen
@@ -144,12 +149,16 @@ class RecoveryReport:
     #: the journal directory
     journal: str
     action: Literal["completed", "rolled back", "discarded"]
-    #: workspace paths restored or completed
+    #: workspace paths that hold the version the action gives them (the edited ones excepted)
     paths: tuple[str, ...] = ()
-    #: files left alone because they were neither version (the journal is then kept)
+    #: files left as they were because they were neither version (edited since the crash): the
+    #: apply is then rolled back around them and its journal kept aside (``journal`` names it)
     problems: tuple[str, ...] = ()
     #: the apply as journaled; None when the journal was discarded (nothing had been written)
     apply: InterruptedApply | None = None
+    #: the paths the action wrote, deleted or changed the mode of (the others already held the
+    #: version it gives them)
+    changed: tuple[str, ...] = ()
 
 
 def _applies_dir(state_dir: str | os.PathLike[str]) -> str:
@@ -661,15 +670,32 @@ def _recover_one(journal_dir: str) -> RecoveryReport:
         if e["action"] == "write"
     )
     _remove_temp_files(root, entries)
-    direction: Literal["forward", "back"] = "forward" if complete else "back"
-    problems = _roll(root, journal_dir, entries, direction, None)
-    action: Literal["completed", "rolled back"] = "completed" if complete else "rolled back"
+    apply = _journaled(journal_dir, body, look=True)
+    # An edited file keeps the user's version, so the apply cannot be completed: all or nothing
+    # means the rest goes back to what it held before, and the workspace is in one known state.
+    direction: Literal["forward", "back"] = "forward" if complete and not apply.edited else "back"
+    changed: list[str] = []
+    problems = _roll(root, journal_dir, entries, direction, changed.append)
+    action: Literal["completed", "rolled back"] = (
+        "completed" if direction == "forward" else "rolled back"
+    )
     paths = tuple(sorted(e["path"] for e in entries if e["path"] not in problems))
     if problems:
-        log.error("apply recovery left files alone", journal=journal_dir, files=problems)
+        # what the edited files held before the apply is only here now: kept, out of the way
+        head, name = os.path.split(journal_dir)
+        kept = os.path.join(head, f".kept-{name}")
+        os.replace(journal_dir, kept)
+        fsync_dir(head)
+        journal_dir = kept
+        log.error("apply recovery left edited files alone", journal=journal_dir, files=problems)
     else:
         shutil.rmtree(journal_dir)
     log.warning("recovered an interrupted apply", journal=journal_dir, action=action, root=root)
     return RecoveryReport(
-        journal_dir, action, paths, tuple(problems), _journaled(journal_dir, body, look=False)
+        journal_dir,
+        action,
+        paths,
+        tuple(sorted(problems)),
+        attrs.evolve(apply, journal=journal_dir),
+        tuple(sorted(changed)),
     )
