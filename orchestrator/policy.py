@@ -7,10 +7,16 @@ asks :meth:`PolicySet.evaluate` for a verdict and maps it to one of the agent's 
 
 Evaluation
     1. Every path the request touches (``locations``, diff paths, raw-input keys such as ``path``,
-       ``file_path``, ``filePath``, ``paths``, ``abs_path``, ``cwd``, Codex ``changes``, and shell
-       redirection targets) is resolved against the session root. Any path outside it rejects the
-       request, whatever the rules say (rule ``outside-workspace``). Resolution is lexical: a
-       symlink inside the workspace is not followed.
+       ``file_path``, ``filePath``, ``paths``, ``abs_path``, ``cwd``, Codex ``changes``, shell
+       redirection targets, and a command's arguments that are absolute paths, start with ``~``
+       or climb with ``..``, alone or as an option's value: ``--output=/x``, ``-o/x``) is
+       resolved against the session root. Any path outside it rejects the request, whatever the
+       rules say (rule ``outside-workspace``). A command's program (its first word) and
+       :data:`HARMLESS_PATHS` (``/dev/null``, ``/dev/stdin``, ``/dev/stdout``, ``/dev/stderr``,
+       ``/dev/tty``) are not counted. Resolution is lexical here; the caller may pass
+       ``realpath`` to :meth:`PolicySet.evaluate` to follow symlinks (the permission service
+       does: ``link/x`` with ``link -> /tmp`` is ``/tmp/x``, and any other word of a command
+       counts as a path when a symlink takes it outside).
     2. Scopes are searched narrowest first: the step's policies, then the agent's, then the run's.
        The first rule that matches decides (rule name ``<scope>/<rule>``).
     3. No rule matches: reject (rule ``default``).
@@ -37,13 +43,16 @@ Allow verdicts are strict, reject and ask are eager: an allow rule needs *every*
 simple command to match and never matches a line it cannot see through (newlines, backticks,
 ``$(...)``, unbalanced quotes); a reject or ask rule needs only one.
 
-Command environment: a variable that changes which program a command runs or what it loads
-(:data:`LOADER_ENV`: ``PATH``, ``LD_*``, ``PYTHON*``, ``NODE_OPTIONS``, ``BASH_ENV``, ``GIT_SSH``
-and the like; case-insensitive) is refused unless the deciding rule allows it. When the first
-rule that matches says allow or ask, every such variable the command sets must match the
-rule's ``env``; otherwise the request is rejected with rule ``command-environment: NAMES not
-allowed by <scope>/<rule>``. Other variables (``FOO=1 ls``) need no mention. The ``trusted``
-preset's execute rule allows any (``env = ["*"]``).
+Command environment: a command may set only the variables the deciding rule allows. When the
+first rule that matches says allow or ask, every variable the command sets must match the
+rule's ``env``, except the few that change only how output looks (:data:`FREE_ENV`: ``LANG``,
+the ``LC_*`` locale categories, ``TZ``, ``TERM``, ``COLUMNS``, ``LINES``, ``NO_COLOR``,
+``FORCE_COLOR``, ``CLICOLOR``, ``CLICOLOR_FORCE``, ``CI``, ``PYTHONUNBUFFERED``; exact names);
+otherwise the request is rejected with rule ``command-environment: NAMES not allowed by
+<scope>/<rule>``. ``CFLAGS=-O2 make`` needs a rule with ``env = ["CFLAGS"]``: a variable names
+programs (``CC``), options (``MAKEFLAGS``, ``PYTEST_ADDOPTS``, ``TAR_OPTIONS``) or files to
+load too often to be vetted one by one. The ``trusted`` preset's execute rule allows any
+(``env = ["*"]``).
 
 Verdicts: ``allow``, ``allow_always``, ``reject``, ``reject_always``, ``ask`` (escalate to a
 callback; no answer in ``ask_timeout`` seconds rejects). Option choice (:func:`choose_option`):
@@ -96,17 +105,18 @@ from __future__ import annotations
 import fnmatch
 import math
 import os
+import posixpath
 import re
 import shlex
 import tomllib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 import attrs
 from attrs import field, frozen
 
-from orchestrator._env import LOADER_ENV, is_loader
+from orchestrator._env import FREE_ENV, is_free
 from orchestrator._paths import compile_glob, raw_paths, resolve
 from orchestrator._shell import CommandLine, command_of, parse_command, prefix_matches
 from orchestrator.errors import UsageError
@@ -114,7 +124,8 @@ from orchestrator.errors import UsageError
 __all__ = [
     "COMMAND_ENVIRONMENT",
     "DEFAULT_RULE",
-    "LOADER_ENV",
+    "FREE_ENV",
+    "HARMLESS_PATHS",
     "OUTSIDE_WORKSPACE",
     "PRESETS",
     "Answer",
@@ -143,14 +154,15 @@ OUTSIDE_WORKSPACE = "outside-workspace"
 #: rule name of the decision when no rule matches
 DEFAULT_RULE = "default"
 #: rule name (followed by ``: NAMES not allowed by RULE``) of the rejection of a command that
-#: sets a variable of :data:`LOADER_ENV` the deciding rule does not allow
+#: sets a variable the deciding rule does not allow (nor :data:`FREE_ENV`)
 COMMAND_ENVIRONMENT = "command-environment"
 #: names accepted by :meth:`Policy.preset`
 PRESETS = ("read-only", "edit", "trusted", "deny-all")
 
 _READ_KINDS = ("read", "search", "think", "fetch")
 _EDIT_KINDS = ("edit", "delete", "move")
-_HARMLESS_TARGETS = frozenset(("/dev/null", "/dev/stdout", "/dev/stderr"))
+#: paths a command may name outside the workspace: they reach no file
+HARMLESS_PATHS = frozenset(("/dev/null", "/dev/stdin", "/dev/stdout", "/dev/stderr", "/dev/tty"))
 
 
 # --------------------------------------------------------------------------- inputs
@@ -220,9 +232,9 @@ class Facts:
         return tuple(p for p, rel in zip(self.paths, self.relative, strict=True) if rel is None)
 
     @property
-    def loader_env(self) -> tuple[str, ...]:
-        """The variables set that change what the command runs or loads (:data:`LOADER_ENV`)."""
-        return tuple(name for name in self.env if is_loader(name))
+    def controlled_env(self) -> tuple[str, ...]:
+        """The variables set that a rule must allow (all but :data:`FREE_ENV`)."""
+        return tuple(name for name in self.env if not is_free(name))
 
 
 def _raw_env(raw: Any) -> list[str]:
@@ -236,8 +248,55 @@ def _raw_env(raw: Any) -> list[str]:
     return []
 
 
-def analyze(query: PermissionQuery) -> Facts:
-    """Extract the kind, title, paths, command line and command environment of a request."""
+def _argument_paths(segments: Iterable[tuple[str, ...]]) -> tuple[list[str], list[str]]:
+    """The arguments of each simple command that name a path outside, or may: absolute
+    (``/x``, ``file:///x``), in a home directory (``~/x``) or climbing with ``..``; alone, as an
+    option's value (``--output=/x``, ``-o/x``) or an operand's (``of=/x``). The program itself
+    (the first word) is not counted, nor :data:`HARMLESS_PATHS`. The other words come second:
+    they name a path outside only through a symlink."""
+    found: list[str] = []
+    others: list[str] = []
+    for argv in segments:
+        for arg in argv[1:]:
+            values = [arg]
+            if "=" in arg:
+                values.append(arg.split("=", 1)[1])
+            if arg.startswith("-") and not arg.startswith("--") and len(arg) > 2:
+                values.append(arg[2:])
+            for value in values:
+                if value in HARMLESS_PATHS or not value or value.startswith("-"):
+                    continue
+                if value.startswith(("/", "~", "file://")) or ".." in value.split("/"):
+                    found.append(value)
+                else:
+                    others.append(value)
+    return found, others
+
+
+def _place(
+    candidate: str, root: str, realpath: Callable[[str], str] | None
+) -> tuple[str, str | None]:
+    """``candidate`` made absolute and relative to ``root`` (None: outside), following
+    symlinks with ``realpath`` when given: a link inside the root to a place outside it is
+    outside, and the path is then the one it reaches."""
+    absolute, relative = resolve(candidate, root)
+    if realpath is None or relative is None:
+        return absolute, relative
+    real, real_root = realpath(absolute), realpath(root)
+    if real == real_root:
+        return root, "."
+    if not real.startswith(real_root.rstrip("/") + "/"):
+        return real, None
+    inside = real[len(real_root.rstrip("/")) + 1 :]
+    return posixpath.join(root, inside), inside
+
+
+def analyze(query: PermissionQuery, *, realpath: Callable[[str], str] | None = None) -> Facts:
+    """Extract the kind, title, paths, command line and command environment of a request.
+
+    ``realpath`` maps an absolute path to the one it reaches through symlinks (I/O the policy
+    leaves to its caller); without it, paths are placed lexically.
+    """
     kind = query.kind or "other"
     raw = command_of(kind, query.raw_input, query.title)
     command = parse_command(raw) if raw is not None else None
@@ -246,11 +305,18 @@ def analyze(query: PermissionQuery) -> Facts:
         env += [*_raw_env(query.raw_input), *command.variables]
     candidates = [*query.locations, *raw_paths(query.raw_input)]
     if command is not None:
-        candidates += [p for p in command.redirects if p not in _HARMLESS_TARGETS]
+        candidates += [p for p in command.redirects if p not in HARMLESS_PATHS]
+        found, others = _argument_paths(command.segments)
+        candidates += found
+        if realpath is not None:  # a word is a path here only if a symlink takes it outside
+            for word in others:
+                absolute, relative = _place(word, query.root, realpath)
+                if relative is None:
+                    candidates.append(absolute)
     paths: dict[str, str | None] = {}
     for candidate in candidates:
         if candidate:
-            absolute, relative = resolve(candidate, query.root)
+            absolute, relative = _place(candidate, query.root, realpath)
             paths.setdefault(absolute, relative)
     return Facts(
         kind=kind,
@@ -353,11 +419,11 @@ class Rule:
         return any(fnmatch.fnmatchcase(upper, glob.upper()) for glob in self.env)
 
     def refused_env(self, facts: Facts) -> tuple[str, ...]:
-        """The variables of :data:`LOADER_ENV` the command sets that this rule, deciding it,
-        does not allow (none for a reject rule, whose verdict stands)."""
+        """The variables the command sets that this rule, deciding it, does not allow (none for
+        a reject rule, whose verdict stands; :data:`FREE_ENV` needs no allowing)."""
         if self.verdict in ("reject", "reject_always"):
             return ()
-        return tuple(name for name in facts.loader_env if not self.allows_env(name))
+        return tuple(name for name in facts.controlled_env if not self.allows_env(name))
 
     def matches(self, facts: Facts) -> bool:
         """Whether every condition of this rule holds for ``facts``."""
@@ -484,9 +550,14 @@ class PolicySet:
         found += [(f"agent:{k}", p) for k, p in self.agents.items() if _named(agent, [k])]
         return [*found, ("run", self.run)]
 
-    def evaluate(self, query: PermissionQuery) -> Evaluation:
-        """Decide ``query``: outside-workspace check, then scoped rules, then the default."""
-        facts = analyze(query)
+    def evaluate(
+        self, query: PermissionQuery, *, realpath: Callable[[str], str] | None = None
+    ) -> Evaluation:
+        """Decide ``query``: outside-workspace check, then scoped rules, then the default.
+
+        ``realpath`` follows symlinks when paths are placed (see :func:`analyze`).
+        """
+        facts = analyze(query, realpath=realpath)
         if facts.outside:
             return Evaluation("reject", OUTSIDE_WORKSPACE, facts)
         for scope, policy in self.scopes(query.agent, query.step):

@@ -313,15 +313,18 @@ async def test_check_command_honours_approvals() -> None:
 
 
 async def test_an_approval_never_covers_what_the_request_env_changes() -> None:
-    """An approved command line may not start with a PATH or LD_PRELOAD no rule allows."""
+    """An approved command line may not start with a variable no rule allows (PATH, CC)."""
     service = PolicyPermissionService(POLICY, escalate=answering("allow_always", []))
     await service.request_permission(bash("make all"), CTX)
     assert checked(service.check_command, "make all", PATH="/tmp/x") == "reject"
     assert checked(service.check_command, "make all", LD_PRELOAD="/tmp/x.so") == "reject"
-    assert checked(service.check_command, "make all", CFLAGS="-O2") == "allow"
+    assert checked(service.check_command, "make all", CC="./cc") == "reject"
+    assert checked(service.check_command, "make all", LANG="C") == "allow"
     assert [r.rule for r in service.records[1:]] == [
         "command-environment: PATH not allowed by run/ask to run",
         "command-environment: LD_PRELOAD not allowed by run/ask to run",
+        "command-environment: CC not allowed by run/ask to run",
+        "approved always in this session",
     ]
 
 
@@ -435,3 +438,34 @@ async def test_terminal_prompt_without_tty_answers_none(tmp_path: Any) -> None:
     """Without a terminal there is no answer (and the policy then rejects)."""
     escalation = await escalation_for("make all")
     assert await terminal_prompt_escalation(escalation, tty=str(tmp_path / "no-tty")) is None
+
+
+async def test_a_symlink_out_of_the_session_directory_is_outside(tmp_path: Any) -> None:
+    """An edit, or a command, through a link in the session directory to /tmp is rejected."""
+    (tmp_path / "outlink").symlink_to("/tmp")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "srclink").symlink_to("src")
+    ctx = SessionContext(agent="claude", session_id="s1", cwd=str(tmp_path))
+    service = PolicyPermissionService(PolicySet.from_preset("trusted"))
+    for path in (f"{tmp_path}/outlink/x", "outlink/x", f"{tmp_path}/srclink/../outlink/y"):
+        decision = await service.request_permission(edit(path), ctx)
+        assert (decision.record.rule, selected(decision.outcome)) == ("outside-workspace", "reject")
+    inside = await service.request_permission(edit("srclink/a.py"), ctx)
+    assert inside.record.paths == (f"{tmp_path}/src/a.py",)
+    assert selected(inside.outcome) == "allow"
+    assert checked(service.check_command, "cat outlink/x", ctx) == "reject"
+    assert checked(service.check_command, "cat srclink/a.py", ctx) == "allow"
+
+
+def test_an_allowed_terminal_command_is_audited() -> None:
+    """An allowed start is a record too (verdict allow, its rule), handed to the session."""
+    audited: list[Any] = []
+    ctx = SessionContext(agent="claude", session_id="s1", cwd=ROOT, audit=audited.append)
+    service = PolicyPermissionService(POLICY)
+    assert service.check_command("pytest -q", {}, ctx) == "allow"
+    assert policy_command_check(POLICY)("pytest -x", {}, ctx) == "allow"
+    assert service.records == audited[:1]
+    assert [(r.tool_call_id, r.verdict, r.option_id, r.rule, r.command) for r in audited] == [
+        ("terminal/create", "allow", None, "run/tests", "pytest -q"),
+        ("terminal/create", "allow", None, "run/tests", "pytest -x"),
+    ]

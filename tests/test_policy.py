@@ -152,7 +152,8 @@ TABLE: list[tuple[str, dict[str, Any], str | None, str]] = [
     ("custom", claude("Render docs now", "other"), "allow", "run/docs title"),
     # --- Codex-like: {"command": ["bash", "-lc", "..."]}, apply_patch {"changes": {...}}
     ("custom", codex(["bash", "-lc", "pytest -q"]), "approved-for-session", "run/tests"),
-    ("custom", codex(["bash", "-lc", "git status && rm -rf /"]), "abort", "run/rm"),
+    ("custom", codex(["bash", "-lc", "git status && rm -rf build"]), "abort", "run/rm"),
+    ("custom", codex(["bash", "-lc", "git status && rm -rf /"]), "abort", OUTSIDE_WORKSPACE),
     ("custom", codex(["bash", "-lc", "git diff | head"]), "abort", "run/edit: everything else"),
     ("custom", codex(["git", "status"]), "approved", "run/git read"),
     ("custom", codex(["git", "commit", "-m", "git status"]), "abort", "everything else"),
@@ -527,11 +528,11 @@ def test_parse_command_finds_the_variables_a_line_sets() -> None:
 
 def test_analyze_collects_the_command_environment() -> None:
     """Names come from the request, an env in the raw input (both shapes) and the line."""
-    facts = analyze(terminal("FOO=1 LD_PRELOAD=/x.so ls", "PATH", "FOO"))
-    assert facts.env == ("PATH", "FOO", "LD_PRELOAD")
-    assert facts.loader_env == ("PATH", "LD_PRELOAD")
-    acp = {"command": "make", "env": [{"name": "PYTHONPATH", "value": "/x"}]}
-    assert analyze(terminal("make", raw=acp)).loader_env == ("PYTHONPATH",)
+    facts = analyze(terminal("FOO=1 LD_PRELOAD=x.so LANG=C ls", "PATH", "FOO"))
+    assert facts.env == ("PATH", "FOO", "LD_PRELOAD", "LANG")
+    assert facts.controlled_env == ("PATH", "FOO", "LD_PRELOAD")
+    acp = {"command": "make", "env": [{"name": "PYTHONPATH", "value": "x"}]}
+    assert analyze(terminal("make", raw=acp)).controlled_env == ("PYTHONPATH",)
     table = {"command": ["make"], "env": {"GIT_SSH_COMMAND": "x", "CC": "gcc"}}
     assert analyze(terminal("make", raw=table)).env == ("GIT_SSH_COMMAND", "CC")
 
@@ -547,24 +548,32 @@ def test_analyze_collects_the_command_environment() -> None:
         "GIT_CONFIG_GLOBAL", "GIT_CONFIG_COUNT", "GIT_EDITOR", "GIT_PAGER", "GIT_ASKPASS",
         "GIT_EXTERNAL_DIFF", "GIT_PROXY_COMMAND", "GIT_TEMPLATE_DIR", "GIT_DIR",
         "GIT_WORK_TREE", "LESSOPEN", "EDITOR", "VISUAL", "PAGER", "HOME", "NPM_CONFIG_PREFIX",
+        # no list of what changes a command can be complete: any name a rule does not list
+        "TAR_OPTIONS", "CC", "CXX", "MAKEFLAGS", "MFLAGS", "RUSTFLAGS", "PYTEST_ADDOPTS",
+        "PYTEST_PLUGINS", "GLIBC_TUNABLES", "HOSTALIASES", "TERMINFO", "INPUTRC",
+        "SYSTEMD_PAGER", "TMPDIR", "XDG_DATA_HOME", "XDG_DATA_DIRS", "CFLAGS", "LDFLAGS",
+        "DISPLAY", "FOO", "LC_SECRET_TOKEN", "lang", "LANGUAGE",
     ],
 )  # fmt: skip
-def test_loader_variables_are_refused_under_an_allow_rule(name: str) -> None:
-    """An allowed command that sets a variable changing what runs is rejected, either way."""
+def test_variables_a_rule_does_not_list_are_refused_under_it(name: str) -> None:
+    """An allowed command that sets a variable its rule does not list is rejected, either way."""
     queries = [terminal("ls", name)]
     if name.isidentifier():  # BASH_FUNC_ls%% can only come in the request's env
-        queries.append(terminal(f"{name}=/x ls"))
+        queries.append(terminal(f"{name}=x ls"))
     for query_ in queries:
         evaluation = ECHO_LS.evaluate(query_)
         assert evaluation.verdict == "reject"
         assert evaluation.rule == f"command-environment: {name} not allowed by run/echo and ls"
 
 
-def test_other_variables_need_no_rule() -> None:
-    """Variables that change nothing about what runs pass with the command."""
-    for query_ in (terminal("ls", "FOO", "LANG"), terminal("FOO=1 ls && CFLAGS=-O2 echo x")):
+def test_output_variables_need_no_rule() -> None:
+    """Locale, time zone, terminal size and colour pass with an allowed command unlisted."""
+    free = ["LANG", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "TZ", "TERM", "COLUMNS", "LINES"]
+    free += ["NO_COLOR", "FORCE_COLOR", "CLICOLOR", "CI", "PYTHONUNBUFFERED"]
+    line = "LC_ALL=C ls && TZ=UTC NO_COLOR=1 echo x"
+    for query_ in (terminal("ls", *free), terminal(line)):
         assert ECHO_LS.evaluate(query_).verdict == "allow"
-    assert ECHO_LS.evaluate(terminal("rm x", "FOO")).rule == "run/edit: everything else"
+    assert ECHO_LS.evaluate(terminal("rm x", "LANG")).rule == "run/edit: everything else"
 
 
 def test_a_rule_allows_variables_by_name() -> None:
@@ -648,3 +657,63 @@ env = ["LD_*"]
     assert trusted.describe() == "4 run rules, commands may set *"
     with pytest.raises(UsageError, match="bad value for env"):
         PolicySet.from_mapping({"rules": [{"verdict": "allow", "env": [1]}]})
+
+
+TRUSTED = PolicySet.from_preset("trusted")
+
+
+@pytest.mark.parametrize(
+    ("line", "outside"),
+    [
+        ("git diff --no-index --output=/tmp/x a b", "/tmp/x"),
+        ("cat /etc/shadow", "/etc/shadow"),
+        ("cat ../../x", "/x"),
+        ("cat ~/.ssh/id_rsa", "~/.ssh/id_rsa"),
+        ("dd if=a of=/tmp/x", "/tmp/x"),
+        ("cc -o/tmp/x a.c", "/tmp/x"),
+        ("curl -o out file:///etc/passwd", "/etc/passwd"),
+        ("ls && sort -o ../x a", "/work/x"),
+    ],
+)
+def test_arguments_naming_paths_outside_are_outside(line: str, outside: str) -> None:
+    """A command's arguments that name a path outside reject it, whatever the rules say."""
+    evaluation = TRUSTED.evaluate(terminal(line))
+    assert (evaluation.verdict, evaluation.rule) == ("reject", OUTSIDE_WORKSPACE)
+    assert evaluation.facts.outside == (outside,)
+
+
+def test_arguments_inside_the_workspace_and_harmless_devices_pass() -> None:
+    """The program itself, paths inside, /dev/null and the like, and ranges are not outside."""
+    for line in (
+        "/usr/bin/ls -la src",
+        f"cat {ROOT}/a.py src/../b.py",
+        "git log main..HEAD --format=%H/%s",
+        "cat /dev/stdin > /dev/null 2> /dev/stderr",
+        "echo x > /dev/tty",
+        "sort -k2 -n a",
+    ):
+        evaluation = TRUSTED.evaluate(terminal(line))
+        assert (evaluation.verdict, evaluation.facts.outside) == ("allow", ()), line
+
+
+def test_realpath_places_paths_where_their_symlinks_lead() -> None:
+    """With realpath, a link inside the root leading out is outside; one leading in is inside."""
+    links = {f"{ROOT}/outlink": "/tmp", f"{ROOT}/srclink": f"{ROOT}/src"}
+
+    def realpath(path: str) -> str:
+        for link, target in links.items():
+            if path == link or path.startswith(link + "/"):
+                return target + path[len(link) :]
+        return path
+
+    edit = PolicySet.from_preset("edit")
+    outside = PermissionQuery("c1", "edit", "Edit", ROOT, locations=(f"{ROOT}/outlink/x",))
+    assert edit.evaluate(outside).rule == "run/edit: edit in workspace"  # lexically inside
+    evaluation = edit.evaluate(outside, realpath=realpath)
+    assert (evaluation.rule, evaluation.facts.paths) == (OUTSIDE_WORKSPACE, ("/tmp/x",))
+    inside = PermissionQuery("c2", "edit", "Edit", ROOT, raw_input={"file_path": "srclink/a.py"})
+    facts = edit.evaluate(inside, realpath=realpath).facts
+    assert (facts.paths, facts.relative) == ((f"{ROOT}/src/a.py",), ("src/a.py",))
+    command = TRUSTED.evaluate(terminal("cat outlink/x srclink/y"), realpath=realpath)
+    assert (command.rule, command.facts.paths) == (OUTSIDE_WORKSPACE, ("/tmp/x",))
+    assert TRUSTED.evaluate(terminal("cat outlink/x")).verdict == "allow"  # lexically inside

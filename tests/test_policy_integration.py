@@ -442,9 +442,9 @@ async def test_terminal_command_vetted_by_policy(scratch: Path, preset: str) -> 
         assert event["stage"] == "create"
         assert event["error"]["code"] == -32602
         assert event["error"]["message"] == "terminal command rejected by policy: echo policy-ok"
-    # a refused terminal command is audited like a rejected permission request
+    # a terminal command is audited like a permission request, allowed or refused
     assert audit(service.records) == (
-        []
+        [("terminal/create", "allow", None, "run/trusted: execute")]
         if preset == "trusted"
         else [("terminal/create", "reject", None, "run/edit: everything else")]
     )
@@ -484,7 +484,7 @@ async def test_terminal_env_cannot_change_what_an_allowed_command_runs(
         Terminal(f"PATH={evil} ls"),
         Terminal("ls", args=("-a",), env={"PATH": str(evil)}),
         Terminal("echo hi", env={"LD_PRELOAD": f"{evil}/x.so"}),
-        Terminal("ls", env={"LS_MARKER": "harmless"}),  # other variables pass with the command
+        Terminal("ls", env={"LC_ALL": "C"}),  # locale and the like pass with the command
     )
     with trio.fail_after(LIMIT):
         async with scripted(scratch, steps, service, terminals=True) as c:
@@ -506,6 +506,7 @@ async def test_terminal_env_cannot_change_what_an_allowed_command_runs(
         ("terminal/create", "reject", None, rule.format("PATH")),
         ("terminal/create", "reject", None, rule.format("LD_PRELOAD")),
     ]
+    expected.append(("terminal/create", "allow", None, "run/echo and ls"))
     assert audit(service.records) == expected
     assert audit(session.permissions) == audit(result.permissions) == expected
 
@@ -526,6 +527,7 @@ async def test_terminal_runs_a_command_a_human_approved_once(scratch: Path) -> N
             result = await session.prompt("go")
     assert audit(result.permissions) == [
         ("exec-1", "allow", "allow", "run/ask to run (ask: allow)"),
+        ("terminal/create", "allow", None, "approved once in this session"),
         ("terminal/create", "reject", None, "run/ask to run"),  # the second start
     ]
     first, second = agent_record(scratch).of("terminal")
@@ -571,6 +573,122 @@ async def test_outside_workspace_rejected_even_when_trusted(scratch: Path, tmp_p
     assert redirect["error"]["message"].startswith("terminal command rejected by policy")
     assert "outside the session directory" in up["error"]["message"]
     assert not outside.exists()
+
+
+GIT_TAR = PolicySet(
+    run=Policy.preset(
+        "edit",
+        Rule("allow", name="git diff", kinds="execute", command="git diff"),
+        Rule("allow", name="tar", kinds="execute", command="tar"),
+        Rule("allow", name="cc", kinds="execute", command="cc", env="CFLAGS"),
+    )
+)
+
+
+async def test_allowed_commands_cannot_write_outside_through_arguments(
+    scratch: Path, tmp_path: Path
+) -> None:
+    """An allowed git diff with --output=/abs, or a path argument outside, is refused."""
+    service = PolicyPermissionService(GIT_TAR)
+    (scratch / "a").write_text("a\n", encoding="utf-8")
+    (scratch / "b").write_text("b\n", encoding="utf-8")
+    outside = tmp_path / "x"
+    steps = (
+        Terminal(f"git diff --no-index --output={outside} a b"),
+        Terminal("git", args=("diff", "--no-index", "--output", str(outside), "a", "b")),
+        Terminal("tar cf ../x.tar a"),
+        Terminal("git diff --no-index --output=out.diff a b"),  # inside: runs
+    )
+    with trio.fail_after(LIMIT):
+        async with scripted(scratch, steps, service, terminals=True) as conn:
+            session = await conn.new_session(scratch)
+            result = await session.prompt("go")
+    assert not outside.exists() and not (tmp_path / "x.tar").exists()
+    assert audit(result.permissions) == [
+        ("terminal/create", "reject", None, "outside-workspace"),
+        ("terminal/create", "reject", None, "outside-workspace"),
+        ("terminal/create", "reject", None, "outside-workspace"),
+        ("terminal/create", "allow", None, "run/git diff"),
+    ]
+    assert (scratch / "out.diff").exists()
+
+
+async def test_allowed_commands_set_only_the_variables_their_rule_lists(
+    scratch: Path, tmp_path: Path
+) -> None:
+    """TAR_OPTIONS (which runs programs) and CC are refused; CFLAGS listed by the rule passes."""
+    service = PolicyPermissionService(GIT_TAR)
+    (scratch / "a").write_text("a\n", encoding="utf-8")
+    marker = tmp_path / "owned"
+    action = f"--checkpoint=1 --checkpoint-action=exec='touch {marker}'"
+    steps = (
+        Terminal("tar cf a.tar a", env={"TAR_OPTIONS": action}),
+        Terminal(f'TAR_OPTIONS="{action}" tar cf a.tar a'),
+        Terminal("cc --version", env={"CC": "sh"}),
+        Terminal("CFLAGS=-O2 cc --version"),
+    )
+    with trio.fail_after(LIMIT):
+        async with scripted(scratch, steps, service, terminals=True) as conn:
+            session = await conn.new_session(scratch)
+            result = await session.prompt("go")
+    assert not marker.exists()
+    rule = "command-environment: {} not allowed by run/{}"
+    assert audit(result.permissions) == [
+        ("terminal/create", "reject", None, rule.format("TAR_OPTIONS", "tar")),
+        ("terminal/create", "reject", None, rule.format("TAR_OPTIONS", "tar")),
+        ("terminal/create", "reject", None, rule.format("CC", "cc")),
+        ("terminal/create", "allow", None, "run/cc"),
+    ]
+
+
+async def test_a_symlink_leading_out_of_the_workspace_is_outside(
+    scratch: Path, tmp_path: Path
+) -> None:
+    """Edits through a link to a directory outside, and commands naming paths outside, are
+    rejected even under "trusted"."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (scratch / "outlink").symlink_to(elsewhere)
+    service = PolicyPermissionService(PolicySet.from_preset("trusted"))
+    steps = (
+        ask("edit-loc", "edit", "Edit", path=f"{scratch}/outlink/x", options=CLAUDE),
+        ask("edit-raw", "delete", "Delete", raw_input={"file_path": f"{scratch}/outlink/x"}),
+        ask("move-raw", "move", "Move", raw_input={"file_path": "outlink/x"}),
+        ask("exec-abs", "execute", "cat", raw_input={"command": "cat /etc/shadow"}),
+        ask("exec-up", "execute", "cat", raw_input={"command": "cat ../../x"}),
+        ask("exec-link", "execute", "cat", raw_input={"command": "cat outlink/x"}),
+        ask("edit-in", "edit", "Edit", path=f"{scratch}/a.py", options=CLAUDE),
+    )
+    with trio.fail_after(LIMIT):
+        async with scripted(scratch, steps, service) as conn:
+            session = await conn.new_session(scratch)
+            result = await session.prompt("go")
+    assert [(r.tool_call_id, r.verdict, r.rule) for r in result.permissions] == [
+        ("edit-loc", "reject", "outside-workspace"),
+        ("edit-raw", "reject", "outside-workspace"),
+        ("move-raw", "reject", "outside-workspace"),
+        ("exec-abs", "reject", "outside-workspace"),
+        ("exec-up", "reject", "outside-workspace"),
+        ("exec-link", "reject", "outside-workspace"),
+        ("edit-in", "allow", "run/trusted: edit in workspace"),
+    ]
+    assert result.permissions[0].paths == (str(elsewhere / "x"),)
+
+
+async def test_terminal_gets_no_secret_under_a_locale_like_name(
+    scratch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LC_SECRET_TOKEN is no locale category: a terminal never gets it; LC_ALL it does."""
+    monkeypatch.setenv("LC_SECRET_TOKEN", "sekrit2")
+    monkeypatch.setenv("LC_TELEPHONE", "C")
+    service = PolicyPermissionService(PolicySet.from_preset("trusted"))
+    with trio.fail_after(LIMIT):
+        async with scripted(scratch, (Terminal("env"),), service, terminals=True) as conn:
+            session = await conn.new_session(scratch)
+            await session.prompt("go")
+    [event] = agent_record(scratch).of("terminal")
+    assert "sekrit2" not in event["output"]
+    assert "LC_TELEPHONE=C\n" in event["output"]
 
 
 # --------------------------------------------------------------------------- the library API
@@ -627,7 +745,12 @@ async def test_api_prompt_terminal_runs_what_the_escalation_approved(scratch: Pa
             policy=policy,
             escalate=Escalator("allow"),
         )
-    assert [p.verdict for p in run.permissions] == ["allow"]
+    # the approval and the terminal start it allowed: every decision is a record
+    assert [(p.tool_call_id, p.verdict) for p in run.permissions] == [
+        ("exec-1", "allow"),
+        ("terminal/create", "allow"),
+    ]
+    assert [p["verdict"] for p in run.to_json()["permissions"]] == ["allow", "allow"]
     [event] = agent_record(scratch).of("terminal")
     assert event.get("output") == "approved\n", event
 

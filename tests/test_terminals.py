@@ -185,6 +185,8 @@ def test_terminal_environment_is_an_allowlist() -> None:
         "HOME": "/h",
         "LANG": "C.UTF-8",
         "LC_ALL": "C",
+        "LC_SECRET_TOKEN": "x",  # no locale category, and a secret
+        "LC_MADEUP": "x",
         "TERM": "xterm",
         "TMPDIR": "/tmp",
         "USER": "u",

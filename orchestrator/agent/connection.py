@@ -465,9 +465,7 @@ class AgentConnection:
             except CommandRefused as refused:
                 # the policy's refusal is a permission decision like the others: audited
                 if isinstance(refused.record, PermissionRecord):
-                    session.permissions.append(refused.record)
-                    if session._turn is not None:
-                        session._turn.accumulator.permissions.append(refused.record)
+                    session.audit(refused.record)
                 raise
 
         return handle

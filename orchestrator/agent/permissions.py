@@ -11,12 +11,16 @@ The command line's escalation (the question asked at the terminal) lives with th
 (:mod:`orchestrator.cli.escalation`). For the terminal service's optional command check use
 :meth:`PolicyPermissionService.check_command` (the policy, plus the commands this service
 allowed in the session, so a command a human approved can run) or :func:`policy_command_check`
-(the policy alone). Both decide on the command line and the variables the request sets, and
-refuse with :class:`~orchestrator.errors.CommandRefused` carrying the refusal's audit record.
+(the policy alone). Both decide on the command line and the variables the request sets, refuse
+with :class:`~orchestrator.errors.CommandRefused` carrying the refusal's audit record, and hand
+an allowed start's record to the session (:attr:`~.services.SessionContext.audit`). Paths are
+placed through the filesystem (``os.path.realpath``): a symlink in the session directory that
+leads outside it counts as the place it leads to.
 """
 
 from __future__ import annotations
 
+import os
 import shlex
 import time
 from collections import Counter
@@ -27,7 +31,7 @@ import structlog
 import trio
 from attrs import define, field, frozen
 
-from orchestrator._env import is_loader
+from orchestrator._env import is_free
 from orchestrator.errors import CommandRefused
 from orchestrator.policy import (
     COMMAND_ENVIRONMENT,
@@ -140,7 +144,7 @@ class PolicyPermissionService:
     ) -> PermissionDecision:
         """Decide one request (cancellable: a cancelled request is recorded, then re-raised)."""
         query = query_from_request(request, ctx)
-        evaluation = self.policy.evaluate(query)
+        evaluation = self.policy.evaluate(query, realpath=_realpath)
         try:
             answer, rule = await self._answer(query, evaluation, ctx)
         except trio.Cancelled:
@@ -193,9 +197,10 @@ class PolicyPermissionService:
         ``env`` is what the request sets on top of the terminal's environment. A command this
         service allowed in a permission request of the same session (by a rule, an escalation
         or from memory) may start: once per "allow once", any number of times after "allow
-        always"; an approval never lets a command set a variable of
-        :data:`~orchestrator.policy.LOADER_ENV` that no rule allows. Returns ``"allow"``; a
-        refusal raises :class:`~orchestrator.errors.CommandRefused` with its audit record,
+        always"; an approval never lets a command set a variable no rule allows (beyond
+        :data:`~orchestrator.policy.FREE_ENV`). Returns ``"allow"``, and hands the audit record
+        of the allowed start to ``ctx.audit``; a refusal raises
+        :class:`~orchestrator.errors.CommandRefused` with its audit record. Either record is
         also kept in :attr:`records`. Install with ``open_terminal_service(command_check=...)``.
         """
         evaluation = _evaluate_command(self.policy, command_line, env, ctx)
@@ -206,17 +211,19 @@ class PolicyPermissionService:
         # an approval was given for the command line alone: not for what the request's env
         # changes, nor beyond the workspace
         binding = rule == OUTSIDE_WORKSPACE or rule.startswith(COMMAND_ENVIRONMENT)
-        if verdict == "reject" and not binding and not any(is_loader(name) for name in env):
+        if verdict == "reject" and not binding and all(is_free(name) for name in env):
             if key in self._approved_always.get(session, ()):
                 verdict, rule = "allow", "approved always in this session"
             elif once[key] > 0:
                 once[key] -= 1
                 verdict, rule = "allow", "approved once in this session"
         _log_check(command_line, ctx, verdict, rule)
+        record = _command_record(evaluation, ctx, verdict, rule)
+        self.records.append(record)
         if verdict == "reject":
-            record = _refusal_record(evaluation, ctx, rule)
-            self.records.append(record)
             raise CommandRefused(_refused_message(command_line), record=record)
+        if ctx.audit is not None:
+            ctx.audit(record)
         return verdict
 
     def audit_json(self) -> list[dict[str, object]]:
@@ -285,10 +292,19 @@ class PolicyPermissionService:
         return record
 
 
+def _realpath(path: str) -> str:
+    """``path`` with its symlinks followed as far as they exist (lexical if it cannot be
+    looked up at all, e.g. it holds a NUL byte)."""
+    try:
+        return os.path.realpath(path)
+    except ValueError:
+        return path
+
+
 # --------------------------------------------------------------------------- terminal check
 
 CommandVerdict = Literal["allow", "reject"]
-#: the tool call id of the audit record of a refused terminal command
+#: the tool call id of the audit record of a terminal command the check decided
 TERMINAL_CREATE = "terminal/create"
 
 
@@ -326,15 +342,17 @@ def _evaluate_command(
         raw_input={"command": argv if wrapped else line},
         env=tuple(env),
     )
-    return policy.evaluate(query)
+    return policy.evaluate(query, realpath=_realpath)
 
 
 def _refused_message(line: str) -> str:
     return f"terminal command rejected by policy: {line}"
 
 
-def _refusal_record(evaluation: Evaluation, ctx: SessionContext, rule: str) -> PermissionRecord:
-    """The audit record of a terminal command the check refused."""
+def _command_record(
+    evaluation: Evaluation, ctx: SessionContext, verdict: CommandVerdict, rule: str
+) -> PermissionRecord:
+    """The audit record of a terminal command the check allowed or refused."""
     facts = evaluation.facts
     return PermissionRecord(
         time=time.time(),
@@ -344,7 +362,7 @@ def _refusal_record(evaluation: Evaluation, ctx: SessionContext, rule: str) -> P
         tool_call_id=TERMINAL_CREATE,
         kind="execute",
         title=facts.title,
-        verdict="reject",
+        verdict=verdict,
         option_id=None,
         rule=rule,
         paths=facts.paths,
@@ -369,7 +387,8 @@ def policy_command_check(
     """A command check for the terminal service: the policy's verdict on an ``execute``.
 
     ``ask`` counts as reject here (the check is synchronous); a refusal raises
-    :class:`~orchestrator.errors.CommandRefused` with its audit record. Prefer
+    :class:`~orchestrator.errors.CommandRefused` with its audit record, an allowed command's
+    record goes to ``ctx.audit``. Prefer
     :meth:`PolicyPermissionService.check_command`, which also honours what a human approved.
     """
 
@@ -377,9 +396,11 @@ def policy_command_check(
         evaluation = _evaluate_command(policy, command_line, env, ctx)
         verdict: CommandVerdict = "allow" if evaluation.verdict.startswith("allow") else "reject"
         _log_check(command_line, ctx, verdict, evaluation.rule)
+        record = _command_record(evaluation, ctx, verdict, evaluation.rule)
         if verdict == "reject":
-            record = _refusal_record(evaluation, ctx, evaluation.rule)
             raise CommandRefused(_refused_message(command_line), record=record)
+        if ctx.audit is not None:
+            ctx.audit(record)
         return verdict
 
     return check

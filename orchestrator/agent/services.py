@@ -10,6 +10,7 @@ installed, otherwise by :class:`RejectAllPermissions`.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import structlog
@@ -50,6 +51,9 @@ class SessionContext:
     cwd: str
     #: the pipeline step that owns the session, if any
     step: str | None = None
+    #: takes the audit record of a decision made outside a permission request (a terminal
+    #: command the policy allowed), so the session's permissions list it; None: not audited
+    audit: Callable[[PermissionRecord], None] | None = field(default=None, eq=False, repr=False)
 
 
 @frozen

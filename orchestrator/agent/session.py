@@ -221,7 +221,14 @@ class AcpSession:
     def context(self) -> SessionContext:
         """What services see of this session."""
         conn = self.connection
-        return SessionContext(conn.agent or conn.name, self.session_id, self.cwd, self.step)
+        name = conn.agent or conn.name
+        return SessionContext(name, self.session_id, self.cwd, self.step, audit=self.audit)
+
+    def audit(self, record: PermissionRecord) -> None:
+        """Add a permission decision to this session's, and to the running turn's."""
+        self.permissions.append(record)
+        if self._turn is not None:
+            self._turn.accumulator.permissions.append(record)
 
     @property
     def current_mode(self) -> str | None:

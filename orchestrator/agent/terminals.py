@@ -316,6 +316,9 @@ class ProcessTerminalService:
         if limit is not None and limit < 0:
             raise InvalidParams("outputByteLimit must not be negative")
         limit = min(self.default_output_limit if limit is None else limit, self.max_output_limit)
+        # before the check: a start the check allows is audited as allowed, so it must not
+        # then fail on its directory
+        cwd = await trio.to_thread.run_sync(_resolve_cwd, request.cwd, ctx.cwd)
         session_id = ctx.session_id
         in_use = self._starting.get(session_id, 0) + len(self._session_terminals(session_id))
         if in_use >= self.max_per_session:
@@ -329,7 +332,6 @@ class ProcessTerminalService:
         self._starting[session_id] = self._starting.get(session_id, 0) + 1
         confined: Confined | None = None
         try:
-            cwd = await trio.to_thread.run_sync(_resolve_cwd, request.cwd, ctx.cwd)
             env = terminal_environment(os.environ, passthrough=self.env_passthrough)
             env.update(self.extra_env)
             env.update(requested)  # what the check saw, and nothing else from the agent
