@@ -45,6 +45,7 @@ __all__ = [
     "git_quote",
     "git_unquote",
     "is_plain",
+    "is_utf8",
     "name_bytes",
     "name_column",
     "name_from_column",
@@ -107,6 +108,13 @@ def is_plain(name: str | bytes) -> bool:
         return True
     text = _utf8(name)
     return _ESCAPED_BYTE.search(text) is None and _AMBIGUOUS_BACKSLASH.search(text) is None
+
+
+def is_utf8(name: str | bytes) -> bool:
+    """Whether ``name`` is UTF-8 text (so it can go as itself into JSON, SQLite or ACP)."""
+    if isinstance(name, str) and name.isascii():
+        return True
+    return _ESCAPED_BYTE.search(_utf8(name)) is None
 
 
 def parse_name(text: str) -> str:

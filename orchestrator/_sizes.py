@@ -27,7 +27,8 @@ DEFAULT_MAX_TURN_RECORD_BYTES = 8 * 2**20
 MAX_FILE_SIZE_CEILING = 1_000_000_000
 
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
-_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMG]?)(?:I?B)?\s*", re.IGNORECASE)
+# ASCII digits only: \d would take any script's digits (Arabic-Indic "١٢٣" as 123)
+_SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMG]?)(?:I?B)?\s*", re.IGNORECASE | re.ASCII)
 
 
 def parse_size(value: object) -> int:

@@ -6,6 +6,8 @@ the user file < the project file.
 - The user file is ``$ORCHESTRATOR_CONFIG`` when that is set (then it must exist), else
   ``$XDG_CONFIG_HOME/acp-orchestrator/config.toml``, else
   ``~/.config/acp-orchestrator/config.toml`` (a missing default file is no error).
+- A config file that is there but is not a regular file (a directory, a FIFO, a symlink to
+  nothing) is an error naming it, never silently no config.
 - The project file is ``.orchestrator.toml`` in the project directory given, and only there:
   no parent directory is searched. It comes with the project (a cloned repository can carry
   one), so its keys that start programs, widen what an agent may do or pass secrets on
@@ -152,6 +154,16 @@ def user_config_path(environ: Mapping[str, str] | None = None) -> Path:
     return base / ".config" / _APP_DIR / "config.toml"
 
 
+def _config_file_there(path: Path) -> bool:
+    """Whether the config file ``path`` is there; one that is there but is not a regular file
+    (a directory, a FIFO, a link to nothing) is a :class:`UsageError`, not silently no config."""
+    if path.is_file():
+        return True
+    if os.path.lexists(path):
+        raise UsageError(f"the config file {path} is there but is not a regular file")
+    return False
+
+
 @frozen
 class Config:
     """The agents table and the limits, after layering the config files."""
@@ -209,11 +221,11 @@ class Config:
         user = user_config_path(env)
         if env.get(CONFIG_ENV) and not user.is_file():
             raise UsageError(f"${CONFIG_ENV} names {user}, which is not a file")
-        if user.is_file():
+        if _config_file_there(user):
             config = cls.from_file(user, base=config)
         if project is not None:
             path = Path(project) / PROJECT_FILE
-            if path.is_file():
+            if _config_file_there(path):
                 data = _read(path)
                 # the digest is of the very bytes parsed below: no window for a swap
                 ok = trusted

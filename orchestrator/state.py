@@ -3,7 +3,9 @@
 Never inside the user's workspace. The location is, in order: the ``state_dir`` argument (the
 CLI's ``--state-dir``), ``$ORCHESTRATOR_STATE_DIR``, ``$XDG_STATE_HOME/acp-orchestrator``, or
 ``~/.local/state/acp-orchestrator``. It must be a directory this process can write (it is
-created if missing); a run refuses one inside its workspace before creating anything.
+created if missing); a run refuses one inside its workspace before creating anything. Its path
+must be UTF-8 (runs record it as text), and the directories the orchestrator keeps in it
+(:data:`SUBDIRECTORIES`) must be directories where they exist.
 """
 
 from __future__ import annotations
@@ -11,10 +13,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ._names import display_name, is_utf8
 from .errors import StateDirectoryError
 from .vfs._fileio import make_dirs
 
-__all__ = ["state_directory", "state_path"]
+__all__ = ["SUBDIRECTORIES", "state_directory", "state_path"]
+
+#: the directories the orchestrator keeps in the state directory: runs (one per run) and applies
+#: (the journals of applies under way)
+SUBDIRECTORIES = ("runs", "applies")
 
 
 def state_path(explicit: str | os.PathLike[str] | None = None) -> Path:
@@ -33,7 +40,14 @@ def _chosen(explicit: str | os.PathLike[str] | None) -> Path:
         path = Path(os.environ["XDG_STATE_HOME"]) / "acp-orchestrator"
     else:
         path = Path.home() / ".local" / "state" / "acp-orchestrator"
-    return path.expanduser().absolute()
+    path = path.expanduser().absolute()
+    if not is_utf8(str(path)):
+        # runs record where they live as text (JSON, SQLite): a name that is not text cannot be
+        raise StateDirectoryError(
+            f"the state directory {display_name(str(path))} is not a UTF-8 path; "
+            "choose one whose name is UTF-8"
+        )
+    return path
 
 
 def _inside(path: str, root: str) -> bool:
@@ -48,8 +62,9 @@ def state_directory(
     """The state directory, created if missing and checked usable.
 
     Raises :class:`~orchestrator.errors.StateDirectoryError` (a usage error) when it is not a
-    directory, cannot be created or written, or is ``workspace`` or inside it (symlinks
-    resolved); in that last case nothing is created.
+    directory, cannot be created or written, its path is not UTF-8, one of its
+    :data:`SUBDIRECTORIES` is there but is not a directory, or it is ``workspace`` or inside it
+    (symlinks resolved); in that last case nothing is created.
     """
     path = _chosen(explicit)
     if workspace is not None:
@@ -72,4 +87,11 @@ def state_directory(
         raise StateDirectoryError(f"the state directory {path} is not a directory")
     if not os.access(path, os.W_OK | os.X_OK):
         raise StateDirectoryError(f"the state directory {path} is not writable")
+    for name in SUBDIRECTORIES:
+        inner = path / name
+        # else each command fails in its own way inside it (FileExistsError, NotADirectoryError)
+        if os.path.lexists(inner) and not inner.is_dir():
+            raise StateDirectoryError(
+                f"the state directory {path} is damaged: {inner} is not a directory"
+            )
     return path

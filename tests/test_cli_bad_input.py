@@ -97,15 +97,36 @@ def _empty(state: Path) -> str:
     return ""
 
 
+def _applies_a_file(state: Path) -> str:
+    state.mkdir()
+    (state / "applies").write_text("not a directory\n")
+    return str(state)
+
+
+def _runs_a_file(state: Path) -> str:
+    state.mkdir()
+    (state / "runs").write_text("not a directory\n")
+    return str(state)
+
+
+def _runs_a_dangling_link(state: Path) -> str:
+    state.mkdir()
+    (state / "runs").symlink_to(state / "nowhere")
+    return str(state)
+
+
 STATE_DIRS: list[tuple[str, Callable[[Path], str], str]] = [
     ("a-file", _a_file, "is not a directory"),
     ("under-a-file", _under_a_file, "is not a directory"),
     ("store-is-a-directory", _store_a_directory, "runs.sqlite3 is not a file"),
     ("empty-path", _empty, "empty path"),
+    ("applies-a-file", _applies_a_file, "/applies is not a directory"),
+    ("runs-a-file", _runs_a_file, "/runs is not a directory"),
+    ("runs-a-dangling-link", _runs_a_dangling_link, "/runs is not a directory"),
 ]
 
 
-@pytest.mark.parametrize("command", ["prompt", "runs"])
+@pytest.mark.parametrize("command", ["prompt", "runs", "apply"])
 @pytest.mark.parametrize(("make", "says"), [pytest.param(m, s, id=i) for i, m, s in STATE_DIRS])
 async def test_a_state_directory_that_cannot_be_one_is_refused(
     tmp_path: Path,
@@ -114,13 +135,15 @@ async def test_a_state_directory_that_cannot_be_one_is_refused(
     make: Callable[[Path], str],
     says: str,
 ) -> None:
-    """--state-dir a file, under a file, holding a directory for its store, empty: exit 2."""
+    """--state-dir a file, under a file, holding a directory for its store or a file for its
+    runs or applies directory, empty: exit 2, one line naming the broken entry."""
     state = make(tmp_path / "state")
     script = write_agent(tmp_path / "s.json", Turn(steps=(Say("hi"),)))
     argv = {
         "prompt": ["prompt", "--agent", f"s={shlex.join(agent_command(script))}", "--cwd",
                    str(project), "go"],
         "runs": ["runs"],
+        "apply": ["apply", "0123456789ab"],
     }[command]  # fmt: skip
     done = await run_cli(*argv, "--state-dir", state, cwd=tmp_path, state=tmp_path / "x")
     assert done.returncode == EXIT_USAGE, done.stderr.decode()
@@ -334,3 +357,180 @@ async def test_seconds_that_are_no_duration_are_usage_errors(
     one_error_line(done, f"argument {argv[-1]}")
     assert as_json(done)["exitCode"] == EXIT_USAGE
     assert not (state_dir / "runs").exists()
+
+
+#: bytes that are not UTF-8, as the os module gives them (lone surrogates)
+NOT_UTF8 = os.fsdecode(b"w\xe9s")
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        pytest.param(["prompt", "--agent", "AGENT", "--cwd", "PROJECT", os.fsdecode(b"hi\xff")],
+                     "an argument is not UTF-8 text: hi\\xff", id="prompt-text"),
+        pytest.param(["prompt", "--agent", "AGENT", "--cwd", "ODD", "go"],
+                     "argument --cwd is not UTF-8 text: ", id="prompt-cwd"),
+        pytest.param(["compare", "--agent", "AGENT", "--cwd=ODD", "go"],
+                     "argument --cwd is not UTF-8 text: ", id="compare-cwd"),
+        pytest.param(["run", "PIPELINE", "--cwd", "ODD"],
+                     "argument --cwd is not UTF-8 text: ", id="run-cwd"),
+        pytest.param(["prompt", "--agent", "AGENT", "--cwd", "PROJECT", "--state-dir", "ODD",
+                      "go"], "argument --state-dir is not UTF-8 text: ", id="prompt-state-dir"),
+        pytest.param(["run", "PIPELINE", "--cwd", "PROJECT", "--set", f"x={NOT_UTF8}"],
+                     "argument --set is not UTF-8 text: x=w\\xe9s", id="run-set"),
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("json_out", [False, True], ids=["text", "json"])
+async def test_command_line_text_that_is_not_utf8_is_refused(
+    tmp_path: Path, project: Path, state_dir: Path, argv: list[str], says: str, json_out: bool
+) -> None:
+    """An argument holding bytes that are not UTF-8 (a prompt, --cwd, --state-dir, --set):
+    exit 2, one line showing them as \\xHH, before any agent starts or anything is recorded."""
+    odd = tmp_path / NOT_UTF8
+    odd.mkdir()
+    script = write_agent(tmp_path / "s.json", Turn(steps=(Say("hi"),)))
+    pipeline = tmp_path / "p.py"
+    pipeline.write_text(
+        "from orchestrator import step\n\n@step\ndef s() -> str:\n    return 'ok'\n"
+    )
+    given = {
+        "AGENT": f"s={shlex.join(agent_command(script))}",
+        "PROJECT": str(project),
+        "ODD": str(odd),
+        "--cwd=ODD": f"--cwd={odd}",
+        "PIPELINE": str(pipeline),
+    }
+    args = [given.get(a, a) for a in argv] + (["--json"] if json_out else [])
+    done = await run_cli(*args, cwd=tmp_path, state=state_dir)
+    assert done.returncode == EXIT_USAGE, done.stderr.decode()
+    one_error_line(done, says)
+    if json_out:
+        assert as_json(done)["error"]["type"] == "UsageError"
+    assert prompts(script) == 0
+    assert not (state_dir / "runs").exists()
+
+
+@pytest.mark.parametrize("command", ["prompt", "compare", "run"])
+async def test_a_workspace_whose_path_is_not_utf8_is_refused(
+    tmp_path: Path, state_dir: Path, command: str
+) -> None:
+    """The workspace (the default --cwd ., here a directory named by non-UTF-8 bytes): exit 2,
+    one line naming it as \\xHH, nothing recorded (a run records it as text)."""
+    odd = tmp_path / NOT_UTF8
+    odd.mkdir()
+    script = write_agent(tmp_path / "s.json", Turn(steps=(Say("hi"),)))
+    pipeline = tmp_path / "p.py"
+    pipeline.write_text(
+        "from orchestrator import step\n\n@step\ndef s() -> str:\n    return 'ok'\n"
+    )
+    agent = f"s={shlex.join(agent_command(script))}"
+    argv = {
+        "prompt": ["prompt", "--agent", agent, "go"],
+        "compare": ["compare", "--agent", agent, "go"],
+        "run": ["run", str(pipeline), "--no-progress"],
+    }[command]
+    done = await run_cli(*argv, cwd=odd, state=state_dir)
+    assert done.returncode == EXIT_USAGE, done.stderr.decode()
+    one_error_line(done, "workspace", "w\\xe9s is not a UTF-8 path")
+    assert prompts(script) == 0
+    assert not (state_dir / "runs").exists()
+
+
+@pytest.mark.parametrize("command", ["prompt", "runs"])
+async def test_a_state_directory_whose_path_is_not_utf8_is_refused(
+    tmp_path: Path, project: Path, command: str
+) -> None:
+    """$ORCHESTRATOR_STATE_DIR naming a path that is not UTF-8: exit 2, one line, nothing made."""
+    state = tmp_path / os.fsdecode(b"s\xff")
+    script = write_agent(tmp_path / "s.json", Turn(steps=(Say("hi"),)))
+    argv = {
+        "prompt": ["prompt", "--agent", f"s={shlex.join(agent_command(script))}", "--cwd",
+                   str(project), "go"],
+        "runs": ["runs"],
+    }[command]  # fmt: skip
+    done = await run_cli(*argv, cwd=tmp_path, state=state)
+    assert done.returncode == EXIT_USAGE, done.stderr.decode()
+    one_error_line(done, "state directory", "s\\xff is not a UTF-8 path")
+    assert prompts(script) == 0
+    assert not state.exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "value", "says"),
+    [
+        (["runs", "--limit"], "99999999999999999999999", "must be at most 1,000,000,000"),
+        (["run", "p.py", "--max-sessions"], "99999999999999999999", "must be at most"),
+        (["compare", "--agent", "demo", "go", "--max-sessions"], "1000000001", "must be at most"),
+        (["resume", "0123456789ab", "--max-sessions"], "10000000000", "must be at most"),
+        (["runs", "--limit"], "\u0661\u0662\u0663", "expected a whole number"),
+        (["runs", "--limit"], "1_0", "expected a whole number"),
+        (["prompt", "--agent", "demo", "go", "--max-file-size"], "\u0661\u0662\u0663",
+         "is not a size"),
+        (["compare", "--agent", "demo", "go", "--max-file-size"], "\u0661K", "is not a size"),
+    ],
+    ids=lambda x: "-".join(x[:1] + x[-1:]) if isinstance(x, list) else None,
+)  # fmt: skip
+async def test_number_options_out_of_range_or_not_ascii_are_usage_errors(
+    tmp_path: Path, project: Path, state_dir: Path, argv: list[str], value: str, says: str
+) -> None:
+    """A whole-number option beyond the bound (SQLite and JSON hold 64 bits), or a number in
+    digits other than ASCII (Arabic-Indic, underscores): exit 2, one line, no run recorded."""
+    extra = [] if argv[0] in ("runs", "resume") else ["--cwd", str(project)]
+    done = await run_cli(*argv, value, "--json", *extra, cwd=tmp_path, state=state_dir)
+    assert done.returncode == EXIT_USAGE, done.stderr.decode()
+    one_error_line(done, f"argument {argv[-1]}", says)
+    assert as_json(done)["exitCode"] == EXIT_USAGE
+    assert not (state_dir / "runs").exists()
+
+
+@pytest.mark.parametrize("verify", ["", "  "], ids=["empty", "blank"])
+async def test_an_empty_verify_command_is_refused(
+    tmp_path: Path, project: Path, state_dir: Path, verify: str
+) -> None:
+    """compare --verify "" (which checked nothing, yet every agent passed): exit 2, one line,
+    no agent started."""
+    script = write_agent(tmp_path / "s.json", Turn(steps=(Say("hi"),)))
+    done = await run_cli(
+        "compare", "--agent", f"s={shlex.join(agent_command(script))}", "--verify", verify,
+        "--cwd", str(project), "--no-progress", "go", cwd=tmp_path, state=state_dir,
+    )  # fmt: skip
+    assert done.returncode == EXIT_USAGE, done.stderr.decode()
+    one_error_line(done, "verify command is empty")
+    assert prompts(script) == 0
+
+
+def _a_directory(path: Path) -> None:
+    path.mkdir()
+
+
+def _a_fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+def _a_dangling_link(path: Path) -> None:
+    path.symlink_to(path.parent / "nowhere.toml")
+
+
+@pytest.mark.parametrize(
+    "make", [_a_directory, _a_fifo, _a_dangling_link], ids=["directory", "fifo", "dangling-link"]
+)
+@pytest.mark.parametrize("command", ["prompt", "run"])
+async def test_a_project_config_that_is_not_a_regular_file_is_refused(
+    tmp_path: Path, project: Path, state_dir: Path, make: Callable[[Path], None], command: str
+) -> None:
+    """.orchestrator.toml a directory, a FIFO or a link to nothing (ignored silently before):
+    exit 2, one line naming it, no agent started."""
+    make(project / ".orchestrator.toml")
+    script = write_agent(tmp_path / "s.json", Turn(steps=(Say("hi"),)))
+    pipeline = tmp_path / "p.py"
+    pipeline.write_text(
+        "from orchestrator import step\n\n@step\ndef s() -> str:\n    return 'ok'\n"
+    )
+    argv = {
+        "prompt": ["prompt", "--agent", f"s={shlex.join(agent_command(script))}", "go"],
+        "run": ["run", str(pipeline), "--no-progress"],
+    }[command]
+    done = await run_cli(*argv, "--cwd", str(project), cwd=tmp_path, state=state_dir)
+    assert done.returncode == EXIT_USAGE, done.stderr.decode()
+    one_error_line(done, f"{project / '.orchestrator.toml'} is there but is not a regular file")
+    assert prompts(script) == 0

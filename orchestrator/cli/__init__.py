@@ -163,7 +163,16 @@ def configure_logging(verbosity: int, as_json: bool) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     global _json_errors
-    _json_errors = "--json" in (sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    _json_errors = "--json" in argv
+    refused = _not_utf8(argv)
+    if refused is not None:
+        _error(refused)
+        if _json_errors:
+            _emit_json(
+                {"error": {"type": "UsageError", "message": refused}, "exitCode": EXIT_USAGE}
+            )
+        return EXIT_USAGE
     args = build_parser().parse_args(argv)
     configure_logging(args.verbose, args.log_json)
     from .runs import HANDLERS
@@ -178,6 +187,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     import trio
 
     return int(trio.run(_interruptible, handler, args))
+
+
+def _not_utf8(argv: Sequence[str]) -> str | None:
+    """Why the command line cannot be used, if one of its arguments is not UTF-8 text (bytes
+    that do not decode, held as lone surrogates); else None.
+
+    Everything given on the command line ends up as text: recorded with the run (JSON,
+    SQLite), sent to agents (ACP is JSON), shown in reports. Refused here, in one place, before
+    any of it is parsed or reaches a file.
+    """
+    from .._names import display_name, is_utf8
+
+    for i, arg in enumerate(argv):
+        if is_utf8(arg):
+            continue
+        option, equals, value = arg.partition("=")
+        if arg.startswith("-") and equals and is_utf8(option):
+            what, arg = f"argument {option}", value
+        elif i > 0 and argv[i - 1].startswith("-") and is_utf8(argv[i - 1]):
+            what = f"argument {argv[i - 1]}"
+        else:
+            what = "an argument"
+        # the display form shows each byte that is not UTF-8 as \xHH
+        return (
+            f"{what} is not UTF-8 text: {display_name(arg)} (the command line is recorded "
+            "and given to agents as JSON text)"
+        )
+    return None
 
 
 async def _interruptible(handler: Callable[[argparse.Namespace], Any], args: Any) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -29,14 +30,22 @@ examples:
 """
 
 
+#: the largest value of a whole-number option: far beyond any real count, and within what the
+#: run store (SQLite, 64-bit integers) and JSON readers keep exactly
+MAX_INT_OPTION = 1_000_000_000
+# ASCII digits only: int() would take any script's digits ("١٢٣") and underscores ("1_0")
+_WHOLE_NUMBER = re.compile(r"\s*[+-]?[0-9]+\s*", re.ASCII)
+
+
 def positive_int(text: str) -> int:
-    """An argparse type: a whole number of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    """An argparse type: a whole number (ASCII digits) from 1 to :data:`MAX_INT_OPTION`."""
+    if not _WHOLE_NUMBER.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
+    value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if value > MAX_INT_OPTION:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_INT_OPTION:,}, got {text.strip()}")
     return value
 
 

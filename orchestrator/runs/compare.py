@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -18,7 +17,7 @@ from ..errors import UsageError
 from ..pipeline import Pipeline, Step
 from ..pipeline import step as step_decorator
 from .apply import apply_run
-from .run import RunOutcome, run_pipeline
+from .run import RunOutcome, run_pipeline, workspace_root
 
 log = structlog.get_logger(__name__)
 
@@ -77,7 +76,8 @@ async def compare(
     """The same task to each agent at once, each in its own branch; side by side.
 
     ``verify`` is a shell command run in each agent's branch directory after its turn: an
-    agent succeeds when its turn ends ``end_turn`` and the command exits 0. The comparison
+    agent succeeds when its turn ends ``end_turn`` and the command exits 0 (an empty or blank
+    command is a :class:`~orchestrator.errors.UsageError`). The comparison
     succeeds when at least one agent did; its result names them (``succeeded``) and the
     ``winner`` (see :mod:`orchestrator.runs.verdict`). ``apply`` names the agent whose
     changes to write to the workspace, if that agent succeeded (else the status is failed).
@@ -86,7 +86,9 @@ async def compare(
     """
     if len(agents) < 1:
         raise UsageError("compare needs at least one agent")
-    root = Path(cwd).absolute()
+    if verify is not None and not verify.strip():  # else no check would run, yet all pass
+        raise UsageError("the verify command is empty")
+    root = workspace_root(cwd)
     cfg = config if config is not None else Config.load(root, state_dir=kwargs.get("state_dir"))
     specs = cfg.resolve_agents(agents, base=os.getcwd())
     names = [s.name for s in specs]

@@ -27,7 +27,7 @@ import structlog
 import trio
 from attrs import field, frozen
 
-from .._names import display_names
+from .._names import display_name, display_names, is_utf8
 from .._sizes import DEFAULT_MAX_FILE_SIZE
 from ..agent.client import ClientOptions
 from ..agent.permissions import Escalate
@@ -130,8 +130,17 @@ def launchable(spec: AgentSpec) -> AgentSpec:
 
 
 def workspace_root(cwd: str | os.PathLike[str]) -> Path:
-    """``cwd`` as an absolute path, if it is a directory (the workspace of a run)."""
+    """``cwd`` as an absolute path, if it is a directory (the workspace of a run) named in UTF-8.
+
+    A workspace path that is not UTF-8 is refused: runs record it as text, and agents are given
+    it as their session's ``cwd``, a JSON string.
+    """
     root = Path(cwd).absolute()
+    if not is_utf8(str(root)):
+        raise UsageError(
+            f"workspace {display_name(str(root))} is not a UTF-8 path: agents are given it as "
+            "JSON text; work in a directory whose path is UTF-8"
+        )
     if not root.is_dir():
         raise UsageError(f"workspace {root} is not a directory")
     return root
