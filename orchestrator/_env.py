@@ -27,6 +27,7 @@ __all__ = [
     "TERMINAL_ENV",
     "is_free",
     "is_secret",
+    "is_switch",
     "terminal_environment",
 ]
 
@@ -100,6 +101,27 @@ def is_secret(name: str, value: str = "") -> bool:
     """Whether a variable's value must be hidden: a secret-looking name
     (:data:`SECRET_NAMES`), or a value holding URL credentials (``http://user:pass@proxy``)."""
     return _matches(name, SECRET_NAMES) or _URL_CREDENTIALS.search(value) is not None
+
+
+# A value that is a plain switch: it can name no program, path, option or configuration.
+_SWITCH = re.compile(r"[0-9]{1,9}|true|false|yes|no|on|off", re.IGNORECASE)
+# Names whose switches still change what runs or loads, or how safely (TLS checks off).
+_SWITCH_UNSAFE = re.compile(
+    r"^(LD_|DYLD_|PYTHON|NODE_|NPM_|GIT_|BASH|PERL|RUBY|JAVA|_JAVA|JDK_|MALLOC|GLIBC|GCONV|LUA)"
+    r"|SSL|TLS|VERIFY|INSECURE|CERT|CA_BUNDLE|TRUST",
+    re.IGNORECASE,
+)
+
+
+def is_switch(name: str, value: str) -> bool:
+    """Whether setting ``name`` to ``value`` is a plain switch a command may set without a rule.
+
+    Agents mark the commands they start (Claude Code's adapter sets ``CLAUDECODE=1``); a value
+    that is a number or a yes/no word names no program, path, option or file, so it cannot
+    change what runs, unless the name belongs to a loader or a TLS check (``LD_BIND_NOW=1``,
+    ``NODE_TLS_REJECT_UNAUTHORIZED=0``, ``GIT_SSL_NO_VERIFY=1``): those still need a rule.
+    """
+    return bool(_SWITCH.fullmatch(value)) and not _SWITCH_UNSAFE.search(name)
 
 
 def is_free(name: str) -> bool:

@@ -549,7 +549,11 @@ async def test_sigint_keeps_each_compared_agents_turn_to_apply_one(
     for name, agent in zip(NAMES, shown["agents"], strict=True):
         assert (agent["stopReason"], agent["text"]) == (None, f"partial from {name}")
         assert [c["toolCallId"] for c in agent["toolCalls"]] == ["edit-1", "run-1"]
-        assert [p["verdict"] for p in agent["permissions"]] == ["allow"]
+        # the permission the agent asked for, then the terminal command the policy allowed
+        assert [(p["toolCallId"], p["verdict"]) for p in agent["permissions"]] == [
+            ("run-1", "allow"),
+            ("terminal/create", "allow"),
+        ]
         assert agent["changes"] == [{"path": "README.md", "change": "modified"}]
     diff = await run_cli("diff", run_id, cwd=tmp_path, state=state_dir)
     assert [f"+# edited by {n}" in diff.stdout.decode() for n in NAMES] == [True] * len(NAMES)
@@ -667,7 +671,8 @@ async def test_sigint_keeps_a_prompt_turn_the_agent_never_ended(
     assert instance["text"] == "partial from a"
     assert [c["toolCallId"] for c in instance["toolCalls"]] == ["edit-1", "run-1"]
     assert [(p["toolCallId"], p["verdict"]) for p in instance["permissions"]] == [
-        ("run-1", "allow")
+        ("run-1", "allow"),
+        ("terminal/create", "allow"),
     ]
     assert instance["changes"] == [{"path": "README.md", "change": "modified"}]
     assert "+# edited by a" in instance["diff"]

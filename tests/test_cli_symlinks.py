@@ -72,8 +72,11 @@ async def test_a_symlink_out_of_the_project_is_shown_and_never_applied(
 ) -> None:
     """A link the agent makes to /etc/passwd is marked as a symlink in the changes and every
     diff, and apply (or prompt --apply) refuses it with exit 2, writing nothing."""
+    # from a script of the project: the policy rejects /etc/passwd as an argument of a command
+    (project / "mk.sh").write_text("echo new > new.txt; ln -s /etc/passwd evil.md\n")
+    (project / "up.sh").write_text("ln -s ../../../../etc/passwd evil.md\n")
     before = capture(project)
-    result = await prompt(project, state_dir, "echo new > new.txt; ln -s /etc/passwd evil.md")
+    result = await prompt(project, state_dir, "sh mk.sh")
     assert result["changes"] == [
         {"path": "evil.md", "change": "added", "symlink": "/etc/passwd"},
         {"path": "new.txt", "change": "added"},
@@ -92,7 +95,7 @@ async def test_a_symlink_out_of_the_project_is_shown_and_never_applied(
     assert capture(project) == before
     again = await run_cli(
         "prompt", "--agent", "demo", "--policy", "trusted", "--apply",
-        'run sh -c "ln -s ../../../../etc/passwd evil.md"', cwd=project, state=state_dir,
+        "run sh up.sh", cwd=project, state=state_dir,
     )  # fmt: skip
     assert again.returncode == EXIT_USAGE, again.stderr.decode()
     assert "evil.md -> ../../../../etc/passwd" in again.stderr.decode()

@@ -50,10 +50,11 @@ def write_pid(pidfile: Path, pid: str = "$$") -> str:
 
 
 def shell_file(path: Path, line: str) -> str:
-    """A command running ``line`` from the file ``path``: a policy vets the command, not the
-    file, so the line may write outside the branch directory (the tests' pid files)."""
+    """A command running ``line`` from the file ``path`` of the project (its branch holds a
+    copy): a policy vets the command, not the file, so the line may write outside the branch
+    directory (the tests' pid files), which an argument of the command could not."""
     path.write_text(line + "\n")
-    return f"sh {shlex.quote(str(path))}"
+    return f"sh {shlex.quote(path.name)}"
 
 
 async def until(condition: Callable[[], bool], within: float = DEADLINE) -> None:
@@ -205,7 +206,7 @@ async def test_after_a_run_no_escaped_terminal_descendant_is_left(
 ) -> None:
     """A scripted agent whose terminal command double-forks a setsid sleeper: gone after the run."""
     pidfile = tmp_path / "escaped.pid"
-    command = shell_file(tmp_path / "escape.sh", escape(pidfile))
+    command = shell_file(project / "escape.sh", escape(pidfile))
     script = write_script(
         tmp_path / "a.json", Turn(steps=(Terminal(command=command), Say(text="done")))
     )
@@ -246,7 +247,7 @@ async def test_a_killed_orchestrator_takes_its_processes_along(
     descendant that escaped the agent's session all end within a bounded time."""
     files = {name: tmp_path / f"{name}.pid" for name in ("agent", "terminal", "escaped")}
     terminal = shell_file(
-        tmp_path / "terminal.sh", f"{write_pid(files['terminal'])}; exec sleep 300"
+        project / "terminal.sh", f"{write_pid(files['terminal'])}; exec sleep 300"
     )
     script = write_script(
         tmp_path / "a.json", Turn(steps=(Terminal(command=terminal), Stall()), ignore_cancel=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -469,3 +470,32 @@ def test_an_allowed_terminal_command_is_audited() -> None:
         ("terminal/create", "allow", None, "run/tests", "pytest -q"),
         ("terminal/create", "allow", None, "run/tests", "pytest -x"),
     ]
+
+
+@pytest.mark.parametrize(
+    ("env", "verdict"),
+    [
+        ({"CLAUDECODE": "1"}, "allow"),
+        ({"CI_MODE": "true"}, "allow"),
+        ({"CC": "./evil"}, "reject"),
+        ({"TAR_OPTIONS": "--checkpoint-action=exec=x"}, "reject"),
+        ({"LD_BIND_NOW": "1"}, "reject"),
+        ({"NODE_TLS_REJECT_UNAUTHORIZED": "0"}, "reject"),
+        ({"GIT_SSL_NO_VERIFY": "1"}, "reject"),
+    ],
+)
+def test_a_plain_switch_in_the_request_env_needs_no_rule(
+    tmp_path: Path, env: dict[str, str], verdict: str
+) -> None:
+    """An agent's marker (CLAUDECODE=1) passes; other values, loader or TLS switches do not."""
+    service = PolicyPermissionService(
+        PolicySet.from_mapping(
+            {"rules": [{"verdict": "allow", "kinds": ["execute"], "commands": ["printf"]}]}
+        )
+    )
+    ctx = SessionContext(session_id="s", cwd=str(tmp_path), agent="a")
+    if verdict == "allow":
+        assert service.check_command("printf 'x\\n'", env, ctx) == "allow"
+    else:
+        with pytest.raises(CommandRefused):
+            service.check_command("printf 'x\\n'", env, ctx)

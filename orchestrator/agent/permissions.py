@@ -31,7 +31,7 @@ import structlog
 import trio
 from attrs import define, field, frozen
 
-from orchestrator._env import is_free
+from orchestrator._env import is_free, is_switch
 from orchestrator.errors import CommandRefused
 from orchestrator.policy import (
     COMMAND_ENVIRONMENT,
@@ -211,7 +211,8 @@ class PolicyPermissionService:
         # an approval was given for the command line alone: not for what the request's env
         # changes, nor beyond the workspace
         binding = rule == OUTSIDE_WORKSPACE or rule.startswith(COMMAND_ENVIRONMENT)
-        if verdict == "reject" and not binding and all(is_free(name) for name in env):
+        plain = all(is_free(name) or is_switch(name, value) for name, value in env.items())
+        if verdict == "reject" and not binding and plain:
             if key in self._approved_always.get(session, ()):
                 verdict, rule = "allow", "approved always in this session"
             elif once[key] > 0:
@@ -340,7 +341,8 @@ def _evaluate_command(
         session_id=ctx.session_id,
         step=ctx.step,
         raw_input={"command": argv if wrapped else line},
-        env=tuple(env),
+        # a plain switch (CLAUDECODE=1) cannot change what runs: the policy decides the rest
+        env=tuple(name for name, value in env.items() if not is_switch(name, value)),
     )
     return policy.evaluate(query, realpath=_realpath)
 
