@@ -16,7 +16,12 @@ Evaluation
        ``/dev/tty``) are not counted. Resolution is lexical here; the caller may pass
        ``realpath`` to :meth:`PolicySet.evaluate` to follow symlinks (the permission service
        does: ``link/x`` with ``link -> /tmp`` is ``/tmp/x``, and any other word of a command
-       counts as a path when a symlink takes it outside).
+       counts as a path when a symlink takes it outside). Words are taken as the shell
+       expands them: quoted text is literal; braces are expanded and each alternative checked;
+       a glob is outside when its literal directory, a part that can match ``..``, or (with
+       the caller's ``glob``, which the permission service passes) anything it matches at any
+       level leads outside; a variable, a substitution or an extglob has a value known only
+       when it runs and is outside, as is ``cd`` with no directory or ``-``.
     2. Scopes are searched narrowest first: the step's policies, then the agent's, then the run's.
        The first rule that matches decides (rule name ``<scope>/<rule>``).
     3. No rule matches: reject (rule ``default``).
