@@ -16,7 +16,12 @@ Evaluation
        ``/dev/tty``) are not counted. Resolution is lexical here; the caller may pass
        ``realpath`` to :meth:`PolicySet.evaluate` to follow symlinks (the permission service
        does: ``link/x`` with ``link -> /tmp`` is ``/tmp/x``, and any other word of a command
-       counts as a path when a symlink takes it outside).
+       counts as a path when a symlink takes it outside). Words are taken as the shell
+       expands them: quoted text is literal; braces are expanded and each alternative checked;
+       a glob is outside when its literal directory, a part that can match ``..``, or (with
+       the caller's ``glob``, which the permission service passes) anything it matches at any
+       level leads outside; a variable, a substitution or an extglob has a value known only
+       when it runs and is outside, as is ``cd`` with no directory or ``-``.
     2. Scopes are searched narrowest first: the step's policies, then the agent's, then the run's.
        The first rule that matches decides (rule name ``<scope>/<rule>``).
     3. No rule matches: reject (rule ``default``).
@@ -103,6 +108,7 @@ The TOML format (examples in ``examples/policies/``)::
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import math
 import os
 import posixpath
@@ -248,38 +254,272 @@ def _raw_env(raw: Any) -> list[str]:
     return []
 
 
-def _argument_paths(segments: Iterable[tuple[str, ...]]) -> tuple[list[str], list[str]]:
-    """The arguments of each simple command that name a path outside, or may: absolute
-    (``/x``, ``file:///x``), in a home directory (``~/x``) or climbing with ``..``; alone, as an
-    option's value (``--output=/x``, ``-o/x``) or an operand's (``of=/x``). The program itself
-    (the first word) is not counted, nor :data:`HARMLESS_PATHS`. The other words come second:
-    they name a path outside only through a symlink."""
+# A character of a shell word and how it was written: "u" unquoted, "d" inside double quotes,
+# "s" literal (single quotes, a backslash escape), "x" something the analysis cannot resolve.
+_Char = tuple[str, str]
+_SHELL_BREAK = frozenset(" \t\r\n;&|()<>")
+_PARAMETER = re.compile(r"[A-Za-z0-9_{(?@*#$!-]")
+_NUMBERS = re.compile(r"(-?\d+)\.\.(-?\d+)(?:\.\.-?\d+)?")
+_LETTERS = re.compile(r"([A-Za-z])\.\.([A-Za-z])(?:\.\.-?\d+)?")
+#: brace alternatives, and glob matches, past which a word counts as unknown
+_MAX_EXPANSION = 1024
+_CD = frozenset(("cd", "pushd"))
+
+
+def _shell_words(line: str) -> list[tuple[list[_Char], bool]]:
+    """The words of a shell line with how each character was quoted, and whether the word
+    is a program or an assignment (the first words of a simple command) rather than an
+    argument or a redirection target."""
+    words: list[tuple[list[_Char], bool]] = []
+    word: list[_Char] = []
+    started, at_start, after_redirect = False, True, False
+    i, n = 0, len(line)
+    while i < n:
+        c = line[i]
+        if c in _SHELL_BREAK:
+            if c == "(" and word and word[-1][1] == "u" and word[-1][0] in "?*+@!":
+                word.append((c, "x"))  # an extglob: what it matches is not worked out
+                i += 1
+                continue
+            if started:
+                text = "".join(ch for ch, _ in word)
+                assignment = word[0][1] == "u" and _ASSIGNMENT_WORD.match(text) is not None
+                head = at_start and not after_redirect
+                words.append((word, head))
+                at_start = at_start and (assignment or not head) and not after_redirect
+                if head and not assignment:
+                    at_start = False
+                after_redirect = False
+            word, started = [], False
+            if c in ";&|(":
+                at_start = True
+            elif c in "<>":
+                after_redirect = True
+        elif c == "'":
+            end = line.find("'", i + 1)
+            end = n if end < 0 else end
+            word += [(ch, "s") for ch in line[i + 1 : end]]
+            started, i = True, end
+        elif c == "$" and line.startswith("$'", i):  # ANSI-C quoting: escapes spell anything
+            end = i + 2
+            while end < n and line[end] != "'":
+                word.append((line[end], "x" if line[end] == "\\" else "s"))
+                end += 2 if line[end] == "\\" else 1
+            started, i = True, end
+        elif c == '"':
+            end = i + 1
+            while end < n and line[end] != '"':
+                if line[end] == "\\" and end + 1 < n and line[end + 1] in '$`"\\\n':
+                    word.append((line[end + 1], "s"))
+                    end += 2
+                else:
+                    word.append((line[end], "d"))
+                    end += 1
+            started, i = True, end
+        elif c == "\\":
+            if i + 1 < n:
+                word.append((line[i + 1], "s"))
+            started, i = True, i + 1
+        else:
+            word.append((c, "u"))
+            started = True
+        i += 1
+    if started:
+        words.append((word, at_start and not after_redirect))
+    return words
+
+
+_ASSIGNMENT_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\+?=")
+
+
+def _text(word: Sequence[_Char]) -> str:
+    return "".join(ch for ch, _ in word)
+
+
+def _unknown(word: Sequence[_Char]) -> bool:
+    """Whether the shell makes of ``word`` something only running it tells: a variable or a
+    command substitution, an ANSI-C escape, an extglob."""
+    for index, (ch, how) in enumerate(word):
+        if how == "x" or (how != "s" and ch == "`"):
+            return True
+        if how != "s" and ch == "$" and index + 1 < len(word):
+            following, quoted = word[index + 1]
+            if quoted != "s" and _PARAMETER.match(following):
+                return True
+    return False
+
+
+def _sequence(body: Sequence[_Char]) -> list[list[_Char]] | None:
+    """The words of a sequence expression ``{1..3}``, ``{a..e}`` (None: not one)."""
+    text = _text(body)
+    if any(how != "u" for _, how in body):
+        return None
+    if match := _NUMBERS.fullmatch(text):
+        first, last = int(match[1]), int(match[2])
+        if abs(last - first) >= _MAX_EXPANSION:
+            return [[("?", "x")]]
+        padded = any(len(e.lstrip("-")) > 1 and e.lstrip("-")[0] == "0" for e in match.groups()[:2])
+        width = max(len(match[1]), len(match[2])) if padded else 0
+        step = 1 if last >= first else -1
+        return [[(ch, "u") for ch in str(v).zfill(width)] for v in range(first, last + step, step)]
+    if match := _LETTERS.fullmatch(text):
+        first, last = ord(match[1]), ord(match[2])
+        step = 1 if last >= first else -1
+        return [[(chr(v), "u")] for v in range(first, last + step, step)]
+    return None
+
+
+def _braces(word: list[_Char]) -> list[list[_Char]]:
+    """``word`` after brace expansion (``{a,b}``, nested, ``{1..3}``): its alternatives. Past
+    :data:`_MAX_EXPANSION` alternatives the result holds a word the analysis cannot resolve."""
+    for start, (ch, how) in enumerate(word):
+        if ch != "{" or how != "u" or (start and word[start - 1] == ("$", "u")):
+            continue
+        depth, commas, end = 0, [], -1
+        for index in range(start, len(word)):
+            c, h = word[index]
+            if h != "u":
+                continue
+            if c == "{":
+                depth += 1
+            elif c == "}":
+                depth -= 1
+                if depth == 0:
+                    end = index
+                    break
+            elif c == "," and depth == 1:
+                commas.append(index)
+        if end < 0:
+            continue
+        if commas:
+            cuts = [start, *commas, end]
+            parts = [word[a + 1 : b] for a, b in itertools.pairwise(cuts)]
+        else:
+            sequence = _sequence(word[start + 1 : end])
+            if sequence is None:
+                continue
+            parts = sequence
+        results: list[list[_Char]] = []
+        for part in parts:
+            results += [word[:start] + rest for rest in _braces(part + word[end + 1 :])]
+            if len(results) > _MAX_EXPANSION:
+                return [[("?", "x")]]
+        return results
+    return [word]
+
+
+def _values(word: list[_Char]) -> list[list[_Char]]:
+    """The parts of an argument that may name a path: the word, an option's or an operand's
+    value (``--output=/x``, ``-o/x``, ``of=/x``)."""
+    text = _text(word)
+    values = [word]
+    if "=" in text:
+        values.append(word[text.index("=") + 1 :])
+    if text.startswith("-") and not text.startswith("--") and len(text) > 2:
+        values.append(word[2:])
+    return [v for v in values if v and _text(v) not in HARMLESS_PATHS and v[0][0] != "-"]
+
+
+def _is_glob(value: Sequence[_Char]) -> bool:
+    return any(how == "u" and ch in "*?[" for ch, how in value)
+
+
+def _escaped(value: Sequence[_Char]) -> str:
+    """A glob for :func:`glob.glob` in which only the unquoted glob characters are special."""
+    return "".join(ch if how == "u" or ch not in "*?[" else f"[{ch}]" for ch, how in value)
+
+
+@frozen
+class _Words:
+    """The arguments of a command line sorted by what they may name."""
+
+    #: absolute, ``~`` or climbing: checked as paths
+    found: tuple[str, ...]
+    #: other words: paths outside only through a symlink
+    others: tuple[str, ...]
+    #: words whose value the analysis cannot know: outside
+    unknown: tuple[str, ...]
+    #: glob patterns (relative or absolute, only their unquoted glob characters special)
+    globs: tuple[str, ...]
+
+
+def _command_words(command: CommandLine, depth: int = 0) -> _Words:
+    """What the arguments and redirection targets of ``command`` may name, after the
+    expansions the shell does: braces expanded, variables and substitutions unknown, globs
+    left to be matched; ``cd`` without a directory, or to ``-``, goes outside."""
     found: list[str] = []
     others: list[str] = []
-    for argv in segments:
-        for arg in argv[1:]:
-            values = [arg]
-            if "=" in arg:
-                values.append(arg.split("=", 1)[1])
-            if arg.startswith("-") and not arg.startswith("--") and len(arg) > 2:
-                values.append(arg[2:])
-            for value in values:
-                if value in HARMLESS_PATHS or not value or value.startswith("-"):
-                    continue
-                if value.startswith(("/", "~", "file://")) or ".." in value.split("/"):
-                    found.append(value)
+    unknown: list[str] = []
+    globs: list[str] = []
+    for word, head in _shell_words(command.line):
+        if head:
+            continue
+        for alternative in _braces(word):
+            if _unknown(alternative):
+                unknown.append(_text(word))
+                continue
+            for value in _values(alternative):
+                text = _text(value)
+                if value[0] == ("~", "u"):  # a home directory
+                    unknown.append(text)
+                elif text.startswith(("/", "file://")) or ".." in text.split("/"):
+                    found.append(text)
                 else:
-                    others.append(value)
-    return found, others
+                    others.append(text)
+                if _is_glob(value):
+                    globs.append(_escaped(value))
+    for argv in command.segments:
+        if posixpath.basename(argv[0]) in _CD:
+            operands = [a for a in argv[1:] if a == "-" or not a.startswith("-")]
+            if not operands:
+                unknown.append("~")  # $HOME
+            elif operands[0] == "-":
+                unknown.append("$OLDPWD")
+        inner = parse_command(argv)
+        if depth < 4 and inner.line != shlex.join(argv):  # a ``bash -c LINE`` inside the line
+            nested = _command_words(inner, depth + 1)
+            found += nested.found
+            others += nested.others
+            unknown += nested.unknown
+            globs += nested.globs
+    return _Words(tuple(found), tuple(others), tuple(unknown), tuple(globs))
+
+
+def _glob_reaches(
+    pattern: str, root: str, glob: Callable[[str], Iterable[str]] | None
+) -> tuple[list[str], bool]:
+    """The places a glob may name: its literal directory, ``..`` where a part can match it,
+    and with ``glob`` (I/O) what each of its directory levels matches now. True with them
+    when it matches more than :data:`_MAX_EXPANSION` (then it counts as unknown)."""
+    parts = posixpath.join(root, pattern).split("/")
+    magic = [index for index, part in enumerate(parts) if any(c in part for c in "*?[")]
+    reaches = ["/".join(parts[: magic[0]]) or "/"] if magic else []
+    for index in magic:
+        if fnmatch.fnmatchcase("..", parts[index]):  # ``.[.]``, ``.?``: a glob may climb
+            reaches.append("/".join([*parts[:index], ".."]))
+        if glob is not None:
+            matches = list(itertools.islice(glob("/".join(parts[: index + 1])), _MAX_EXPANSION + 1))
+            if len(matches) > _MAX_EXPANSION:
+                return reaches, True
+            reaches += matches
+    return reaches, False
 
 
 def _place(
-    candidate: str, root: str, realpath: Callable[[str], str] | None
+    candidate: str, root: str, realpath: Callable[[str], str] | None, *, literal: bool = False
 ) -> tuple[str, str | None]:
     """``candidate`` made absolute and relative to ``root`` (None: outside), following
     symlinks with ``realpath`` when given: a link inside the root to a place outside it is
-    outside, and the path is then the one it reaches."""
-    absolute, relative = resolve(candidate, root)
+    outside, and the path is then the one it reaches. A ``literal`` candidate is a word as the
+    shell passes it on (its ``$`` and ``~`` are characters, not expansions)."""
+    if literal:
+        base = posixpath.normpath(root)
+        absolute = posixpath.normpath(posixpath.join(base, candidate.removeprefix("file://")))
+        prefix = base.rstrip("/") + "/"
+        relative = absolute[len(prefix) :] if absolute.startswith(prefix) else None
+        relative = "." if absolute == base else relative
+    else:
+        absolute, relative = resolve(candidate, root)
     if realpath is None or relative is None:
         return absolute, relative
     real, real_root = realpath(absolute), realpath(root)
@@ -291,11 +531,17 @@ def _place(
     return posixpath.join(root, inside), inside
 
 
-def analyze(query: PermissionQuery, *, realpath: Callable[[str], str] | None = None) -> Facts:
+def analyze(
+    query: PermissionQuery,
+    *,
+    realpath: Callable[[str], str] | None = None,
+    glob: Callable[[str], Iterable[str]] | None = None,
+) -> Facts:
     """Extract the kind, title, paths, command line and command environment of a request.
 
-    ``realpath`` maps an absolute path to the one it reaches through symlinks (I/O the policy
-    leaves to its caller); without it, paths are placed lexically.
+    ``realpath`` maps an absolute path to the one it reaches through symlinks, ``glob`` an
+    absolute glob to the paths it matches now (I/O the policy leaves to its caller); without
+    them, paths are placed lexically and globs by their literal part.
     """
     kind = query.kind or "other"
     raw = command_of(kind, query.raw_input, query.title)
@@ -304,20 +550,32 @@ def analyze(query: PermissionQuery, *, realpath: Callable[[str], str] | None = N
     if command is not None:
         env += [*_raw_env(query.raw_input), *command.variables]
     candidates = [*query.locations, *raw_paths(query.raw_input)]
-    if command is not None:
-        candidates += [p for p in command.redirects if p not in HARMLESS_PATHS]
-        found, others = _argument_paths(command.segments)
-        candidates += found
-        if realpath is not None:  # a word is a path here only if a symlink takes it outside
-            for word in others:
-                absolute, relative = _place(word, query.root, realpath)
-                if relative is None:
-                    candidates.append(absolute)
     paths: dict[str, str | None] = {}
     for candidate in candidates:
         if candidate:
             absolute, relative = _place(candidate, query.root, realpath)
             paths.setdefault(absolute, relative)
+    if command is not None:
+        words = _command_words(command)
+        for word in words.unknown:  # its value is known only when it runs: not inside
+            paths.setdefault(word, None)
+        # redirection targets are files wherever they are; other words are paths when they
+        # look like one, or reach outside through a symlink or a glob
+        redirects = [p for p in command.redirects if not p.startswith("~") and "$" not in p]
+        reached = list(words.others) if realpath is not None else []
+        for pattern in words.globs:
+            reaches, too_many = _glob_reaches(pattern, query.root, glob)
+            if too_many:
+                paths.setdefault(pattern, None)
+            reached += reaches
+        for word in [*redirects, *words.found]:
+            if word not in HARMLESS_PATHS:
+                absolute, relative = _place(word, query.root, realpath, literal=True)
+                paths.setdefault(absolute, relative)
+        for word in reached:
+            absolute, relative = _place(word, query.root, realpath, literal=True)
+            if relative is None:
+                paths.setdefault(absolute, relative)
     return Facts(
         kind=kind,
         title=query.title or "",
@@ -551,13 +809,18 @@ class PolicySet:
         return [*found, ("run", self.run)]
 
     def evaluate(
-        self, query: PermissionQuery, *, realpath: Callable[[str], str] | None = None
+        self,
+        query: PermissionQuery,
+        *,
+        realpath: Callable[[str], str] | None = None,
+        glob: Callable[[str], Iterable[str]] | None = None,
     ) -> Evaluation:
         """Decide ``query``: outside-workspace check, then scoped rules, then the default.
 
-        ``realpath`` follows symlinks when paths are placed (see :func:`analyze`).
+        ``realpath`` follows symlinks when paths are placed, ``glob`` matches a command's
+        globs (see :func:`analyze`).
         """
-        facts = analyze(query, realpath=realpath)
+        facts = analyze(query, realpath=realpath, glob=glob)
         if facts.outside:
             return Evaluation("reject", OUTSIDE_WORKSPACE, facts)
         for scope, policy in self.scopes(query.agent, query.step):

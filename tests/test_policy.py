@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fnmatch
+import os
 import subprocess
 import sys
 import textwrap
@@ -717,3 +719,56 @@ def test_realpath_places_paths_where_their_symlinks_lead() -> None:
     command = TRUSTED.evaluate(terminal("cat outlink/x srclink/y"), realpath=realpath)
     assert (command.rule, command.facts.paths) == (OUTSIDE_WORKSPACE, ("/tmp/x",))
     assert TRUSTED.evaluate(terminal("cat outlink/x")).verdict == "allow"  # lexically inside
+
+
+@pytest.mark.parametrize(
+    ("line", "outside"),
+    [
+        ("cat {/tmp/x,a.txt}", "/tmp/x"),
+        ("bash -c 'git diff --output {/tmp/x,a} b'", "/tmp/x"),
+        ("cat a{b,{c,/../../d}}", "/work/d"),
+        ("cat {~,a}/x", "~/x"),
+        ("ln -s .[.] up", "/work"),
+        ("cd", "~"),
+        ("cd -", "$OLDPWD"),
+        ("cd $HOME", "$HOME"),
+        ('ln -s "$(printf /tmp)" l1', "$(printf /tmp)"),
+        ("cat +(x)", "+(x"),
+    ],
+)
+def test_words_the_shell_expands_outside_are_outside(line: str, outside: str) -> None:
+    """Brace alternatives, globs that may climb, cd home or back, and unknown values are out."""
+    evaluation = TRUSTED.evaluate(terminal(line))
+    assert (evaluation.verdict, evaluation.rule) == ("reject", OUTSIDE_WORKSPACE), line
+    assert outside in evaluation.facts.outside
+
+
+def test_globs_are_matched_through_symlinks() -> None:
+    """A glob matching, at any directory level, a link that leads out is outside."""
+    links = {f"{ROOT}/outlink": "/tmp/out"}
+
+    def realpath(path: str) -> str:
+        for link, target in links.items():
+            if path == link or path.startswith(link + "/"):
+                return target + path[len(link) :]
+        return path
+
+    def glob(pattern: str) -> list[str]:
+        names = [f"{ROOT}/outlink", f"{ROOT}/outlink/secret", f"{ROOT}/src"]
+        depth = pattern.count("/")
+        return [n for n in names if n.count("/") == depth and fnmatch.fnmatchcase(n, pattern)]
+
+    for line in ("cat o*/secret", "echo PWN > o*/new", "cat outlink/s*", "cd o?tlink"):
+        evaluation = TRUSTED.evaluate(terminal(line), realpath=realpath, glob=glob)
+        assert evaluation.rule == OUTSIDE_WORKSPACE, line
+    for line in ("cat s*/a.py", "cat 'o*/secret'", "cat o\\*/secret"):
+        evaluation = TRUSTED.evaluate(terminal(line), realpath=realpath, glob=glob)
+        assert evaluation.facts.outside == (), line
+
+
+def test_quoted_and_plain_text_is_not_a_path() -> None:
+    """Single-quoted or escaped dollars, tildes and braces are literal text: not outside."""
+    for line in ("echo 'x=$y'", "echo x=y", "echo '~/x' '{/tmp/x,a}'", "echo \\$HOME", "cd src"):
+        for realpath in (None, os.path.realpath):
+            evaluation = TRUSTED.evaluate(terminal(line), realpath=realpath)
+            assert evaluation.facts.outside == (), line

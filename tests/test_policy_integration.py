@@ -952,3 +952,57 @@ async def test_request_without_kind_uses_the_announced_tool_call(scratch: Path) 
         ("w1", "allow", "edit", "run/sources"),
         ("w2", "reject", "edit", "default"),
     ]
+
+
+NARROW = PolicySet(
+    run=Policy(
+        [
+            Rule(
+                "allow",
+                name="tools",
+                kinds="execute",
+                command=[("git", "diff"), ("cat",), ("echo",), ("cd",)],
+            )
+        ]
+    )
+)
+
+
+async def test_expansions_the_shell_does_cannot_reach_outside(
+    scratch: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Brace expansion, globs through a symlink leading out, and a bare cd are refused."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "secret").write_text("secret\n", encoding="utf-8")
+    (out / "secret2").write_text("keep\n", encoding="utf-8")
+    (scratch / "outlink").symlink_to(out)
+    (scratch / "a").write_text("a\n", encoding="utf-8")
+    (scratch / "b").write_text("b\n", encoding="utf-8")
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    service = PolicyPermissionService(NARROW)
+    steps = (
+        Terminal(f"bash -c 'cat {{{out}/secret,a}}'"),
+        Terminal(f"bash -c 'git diff --no-index --output {{{out}/brace,a}} b'"),
+        Terminal("git diff --no-index --output o*/secret2 a b"),
+        Terminal("bash -c 'echo PWN > o*/secret'"),
+        ask("exec-glob", "execute", "cat", raw_input={"command": "cat o*/secret"}),
+        Terminal("cd && echo PWN > cd-marker"),
+        Terminal("echo 'x=$y'"),
+    )
+    with trio.fail_after(LIMIT):
+        async with scripted(scratch, steps, service, terminals=True) as conn:
+            session = await conn.new_session(scratch)
+            result = await session.prompt("go")
+    assert audit(result.permissions) == [
+        *[("terminal/create", "reject", None, "outside-workspace")] * 4,
+        ("exec-glob", "reject", "reject", "outside-workspace"),
+        ("terminal/create", "reject", None, "outside-workspace"),
+        ("terminal/create", "allow", None, "run/tools"),
+    ]
+    assert sorted(p.name for p in out.iterdir()) == ["secret", "secret2"]
+    assert (out / "secret").read_text(encoding="utf-8") == "secret\n"
+    assert (out / "secret2").read_text(encoding="utf-8") == "keep\n"
+    assert not (home / "cd-marker").exists() and not (Path.home() / "cd-marker").exists()

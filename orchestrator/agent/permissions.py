@@ -15,16 +15,19 @@ allowed in the session, so a command a human approved can run) or :func:`policy_
 with :class:`~orchestrator.errors.CommandRefused` carrying the refusal's audit record, and hand
 an allowed start's record to the session (:attr:`~.services.SessionContext.audit`). Paths are
 placed through the filesystem (``os.path.realpath``): a symlink in the session directory that
-leads outside it counts as the place it leads to.
+leads outside it counts as the place it leads to; a command's globs are matched there
+(``glob.iglob``), and one that matches, at any of its directory levels, a path leading
+outside is outside.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import shlex
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Literal, get_args
 
 import structlog
@@ -144,7 +147,7 @@ class PolicyPermissionService:
     ) -> PermissionDecision:
         """Decide one request (cancellable: a cancelled request is recorded, then re-raised)."""
         query = query_from_request(request, ctx)
-        evaluation = self.policy.evaluate(query, realpath=_realpath)
+        evaluation = self.policy.evaluate(query, realpath=_realpath, glob=_glob)
         try:
             answer, rule = await self._answer(query, evaluation, ctx)
         except trio.Cancelled:
@@ -302,6 +305,14 @@ def _realpath(path: str) -> str:
         return path
 
 
+def _glob(pattern: str) -> Iterator[str]:
+    """What an absolute glob matches now, hidden names included (a shell may set dotglob)."""
+    try:
+        return glob.iglob(pattern, include_hidden=True)
+    except ValueError:  # a NUL byte
+        return iter(())
+
+
 # --------------------------------------------------------------------------- terminal check
 
 CommandVerdict = Literal["allow", "reject"]
@@ -344,7 +355,7 @@ def _evaluate_command(
         # a plain switch (CLAUDECODE=1) cannot change what runs: the policy decides the rest
         env=tuple(name for name, value in env.items() if not is_switch(name, value)),
     )
-    return policy.evaluate(query, realpath=_realpath)
+    return policy.evaluate(query, realpath=_realpath, glob=_glob)
 
 
 def _refused_message(line: str) -> str:
