@@ -17,6 +17,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from .output import say, terminal_text
+
 if TYPE_CHECKING:  # the heavy imports stay out of `--help`
     from ..protocol import types as t
 
@@ -69,7 +71,7 @@ class _Parser(argparse.ArgumentParser):
             )
             self.exit(EXIT_USAGE)
         self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+        self.exit(EXIT_USAGE, terminal_text(f"{self.prog}: error: {message}\n"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -152,12 +154,19 @@ def configure_logging(verbosity: int, as_json: bool) -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso"),
             structlog.processors.format_exc_info,
+            *([] if as_json or not sys.stderr.isatty() else [_terminal_safe_log]),
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
+
+
+def _terminal_safe_log(logger: Any, method: str, event: Any) -> Any:
+    """A structlog processor: the text values of a log line read on a terminal, made safe by
+    :func:`terminal_text` (they may hold an agent's text; JSON lines escape it themselves)."""
+    return {k: terminal_text(v) if isinstance(v, str) else v for k, v in event.items()}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -304,7 +313,7 @@ async def _interruptible(handler: Callable[[argparse.Namespace], Any], args: Any
                 code = fail(e, EXIT_FAILED)
         nursery.cancel_scope.cancel()
     if interrupted and args.completed_despite_interrupt:
-        print(f"orchestrator: {args.completed_despite_interrupt}", file=sys.stderr)
+        say(f"orchestrator: {args.completed_despite_interrupt}", file=sys.stderr)
         return code
     if interrupted and as_json:
         _emit_json(
@@ -318,7 +327,7 @@ async def _interruptible(handler: Callable[[argparse.Namespace], Any], args: Any
 
 
 def _error(message: str) -> None:
-    print(f"orchestrator: error: {message}", file=sys.stderr)
+    say(f"orchestrator: error: {message}", file=sys.stderr)
 
 
 def _emit_json(obj: Any) -> None:
@@ -356,7 +365,7 @@ async def _cmd_prompt(args: argparse.Namespace) -> int:
     else:
         if run.turn.text and not run.turn.text.endswith("\n"):
             sys.stdout.write("\n")
-        print(f"[{run.agent.name}: {run.turn.stop_reason}]", file=sys.stderr)
+        say(f"[{run.agent.name}: {run.turn.stop_reason}]", file=sys.stderr)
         _report_changes(run)
     if run.exit_code:
         return run.exit_code
@@ -368,18 +377,18 @@ def _report_changes(run: Any) -> None:
     from .._names import display_name, display_names
 
     if not run.changes:
-        print("no file changed", file=sys.stderr)
+        say("no file changed", file=sys.stderr)
         return
     links = dict(run.symlinks)
     for path, change in run.changes:
         link = f" -> {display_name(links[path])} (symlink)" if path in links else ""
-        print(f"  {change:<8} {display_name(path)}{link}", file=sys.stderr)
+        say(f"  {change:<8} {display_name(path)}{link}", file=sys.stderr)
     patch = f"{run.run_dir}/changes.patch"
     left_out = ", ".join(display_names(run.patch_left_out))
     if run.applied:
-        print(f"applied to the workspace ({len(run.changes)} files)", file=sys.stderr)
+        say(f"applied to the workspace ({len(run.changes)} files)", file=sys.stderr)
     elif run.workspace_changed:
-        print(
+        say(
             "NOT applied: changed in the workspace during the run: "
             + ", ".join(display_names(run.workspace_changed)),
             file=sys.stderr,
@@ -390,14 +399,14 @@ def _report_changes(run: Any) -> None:
             if left_out
             else f"in the run store and in {patch}"
         )
-        print(
+        say(
             f"the changes are kept {where}: orchestrator diff {run.run_id} shows them; "
             f"once those files are as they were when the run started, "
             f"orchestrator apply {run.run_id} writes them",
             file=sys.stderr,
         )
     elif left_out:
-        print(
+        say(
             f"not applied; {patch} leaves out {left_out} (changed in the workspace during the "
             f"run): orchestrator diff {run.run_id} shows every change; once those files are as "
             f"they were when the run started, orchestrator apply {run.run_id} writes them",
@@ -405,9 +414,9 @@ def _report_changes(run: Any) -> None:
         )
     elif links:
         # git apply would write a symlink wherever it leads; orchestrator apply checks each
-        print(f"not applied; to apply: orchestrator apply {run.run_id}", file=sys.stderr)
+        say(f"not applied; to apply: orchestrator apply {run.run_id}", file=sys.stderr)
     else:
-        print(
+        say(
             f"not applied; to apply: orchestrator apply {run.run_id} "
             f"(or git apply {patch} in the workspace)",
             file=sys.stderr,
@@ -419,15 +428,15 @@ def _print_update(update: t.SessionUpdate) -> None:
     from ..protocol import types as t
 
     if isinstance(update, t.AgentMessageChunk):
-        sys.stdout.write(content_text(update.content))
+        sys.stdout.write(terminal_text(content_text(update.content)))
         sys.stdout.flush()
     elif isinstance(update, t.ToolCall):
-        print(f"  > {update.kind or 'tool'}: {update.title}", file=sys.stderr)
+        say(f"  > {update.kind or 'tool'}: {update.title}", file=sys.stderr)
     elif isinstance(update, t.ToolCallUpdateSessionUpdate) and update.status in (
         "completed",
         "failed",
     ):
-        print(f"  < {update.tool_call_id}: {update.status}", file=sys.stderr)
+        say(f"  < {update.tool_call_id}: {update.status}", file=sys.stderr)
 
 
 async def _cmd_agents(args: argparse.Namespace) -> int:
@@ -454,9 +463,9 @@ async def _cmd_agents(args: argparse.Namespace) -> int:
     else:
         for row in rows:
             state = "installed" if row["installed"] else "not installed"
-            print(f"{row['name']:<10} {state:<14} {row['command']}")
+            say(f"{row['name']:<10} {state:<14} {row['command']}")
             if "check" in row:
-                print(f"{'':<10} {row['check']}")
+                say(f"{'':<10} {row['check']}")
     return EXIT_OK
 
 

@@ -16,6 +16,7 @@ import trio
 
 from ..agent.permissions import Escalate, Escalation
 from ..policy import Answer
+from .output import terminal_text
 
 __all__ = ["choose_escalation", "terminal_prompt_escalation"]
 
@@ -63,7 +64,8 @@ def _describe(escalation: Escalation) -> str:
         lines.append(f"  sets: {', '.join(escalation.env)}")
     lines += [f"  path: {path}" for path in escalation.paths]
     lines.append(f"  rule: {escalation.rule}")
-    return "\n".join(lines) + "\n" + _QUESTION
+    # the agent chose the title, command and paths: no control character reaches the terminal
+    return terminal_text("\n".join(lines)) + "\n" + _QUESTION
 
 
 def _ask_tty(tty: str, text: str) -> Answer | None:

@@ -14,6 +14,7 @@ from typing import IO, Any
 from attrs import define, field
 
 from ..pipeline.results import RunEvent
+from .output import say, terminal_text
 
 __all__ = ["LiveView", "PlainView", "open_view"]
 
@@ -74,7 +75,7 @@ class PlainView:
         elif event.type == "run_finished":
             text = f"run {event.run_id}: {data.get('status')}"
         if text is not None:
-            print(text, file=self.out, flush=True)
+            say(text, self.out, flush=True)
 
     def close(self) -> None:
         """Nothing to tear down."""
@@ -97,19 +98,24 @@ class LiveView:
 
     def _render(self) -> Any:
         from rich.table import Table
+        from rich.text import Text
 
-        table = Table(title=self._title, expand=False, show_edge=False)
+        def cell(value: str, style: str = "") -> Text:
+            # a Text is never read as markup ("[/x]" in an agent's text is text, not a tag),
+            # and terminal_text shows its control characters instead of sending them
+            return Text(terminal_text(value), style=style)
+
+        table = Table(title=cell(self._title), expand=False, show_edge=False)
         for column in ("step", "agent", "state", "time", "last tool call", "tokens"):
             table.add_column(column, overflow="ellipsis", no_wrap=True, max_width=48)
         for line in self._lines.values():
-            style = _STATE_STYLE.get(line.state, "")
             table.add_row(
-                line.name,
-                line.agent or "-",
-                f"[{style}]{line.state}[/{style}]" if style else line.state,
-                f"{line.elapsed():6.1f}s",
-                line.note or line.last_tool or "",
-                str(line.tokens) if line.tokens is not None else "",
+                cell(line.name),
+                cell(line.agent or "-"),
+                cell(line.state, _STATE_STYLE.get(line.state, "")),
+                cell(f"{line.elapsed():6.1f}s"),
+                cell(line.note or line.last_tool or ""),
+                cell(str(line.tokens) if line.tokens is not None else ""),
             )
         return table
 

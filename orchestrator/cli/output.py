@@ -1,17 +1,22 @@
-"""What the command line prints for scripts: one JSON object, versioned.
+"""What the command line prints: one JSON object for scripts, versioned; text made safe for
+people's terminals.
 
 Every ``--json`` object carries ``schemaVersion``; its shape is described by the JSON Schema
 shipped in the package (``orchestrator/schemas/output.schema.json``, :func:`output_schema`).
 The version changes when a field is removed or changes meaning; added fields keep it.
+
+Human output goes through :func:`terminal_text` (or :func:`say`): whatever an agent, a file or a
+file name holds, no control character reaches the terminal raw.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
-from typing import Any
+from typing import IO, Any
 
-__all__ = ["SCHEMA_VERSION", "emit_json", "output_schema"]
+__all__ = ["SCHEMA_VERSION", "emit_json", "output_schema", "say", "terminal_text"]
 
 #: the version of the ``--json`` objects' shape
 SCHEMA_VERSION = 1
@@ -33,3 +38,38 @@ def output_schema() -> dict[str, Any]:
     text = resources.files("orchestrator").joinpath("schemas/output.schema.json").read_text()
     schema: dict[str, Any] = json.loads(text)
     return schema
+
+
+# C0 controls but newline and tab, a carriage return not ending a line (``\r\n`` is a line end a
+# terminal shows as one), DEL and the C1 controls: the characters a terminal acts on (moves the
+# cursor, erases lines, sets titles, starts escape sequences) instead of showing them
+_CONTROL = re.compile("\r(?!\n)|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def _visible(match: re.Match[str]) -> str:
+    char = match.group()
+    if char == "\r":
+        return "\\r"
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x80 else f"\\u{code:04x}"
+
+
+def terminal_text(text: str) -> str:
+    """``text`` made safe to write to a terminal: each control character a terminal would act
+    on is shown as an escape instead.
+
+    Text from agents, files and file names reaches the terminal in human output (diffs, the
+    streamed reply, tool call titles, summaries, errors); written raw, an escape sequence in it
+    could erase or rewrite lines on screen and hide a change from review. Newline and tab stay,
+    and so does ``\\r`` before ``\\n`` (a CRLF line end, so a diff stays a patch); a lone
+    ``\\r`` shows as ``\\r``, every other C0 control and DEL as ``\\xHH`` (ESC is ``\\x1b``), a C1
+    control (U+0080 to U+009F) as ``\\uHHHH``. Everything else, all printable Unicode text
+    included, is left as it is.
+    """
+    return _CONTROL.sub(_visible, text) if _CONTROL.search(text) else text
+
+
+def say(text: str, file: IO[str] | None = None, *, flush: bool = False) -> None:
+    """Print one piece of human output (``text`` and a newline) made safe by
+    :func:`terminal_text`, on ``file`` (default: stdout)."""
+    print(terminal_text(text), file=file or sys.stdout, flush=flush)

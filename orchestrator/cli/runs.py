@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 from .._names import display_names
 from . import EXIT_FAILED, EXIT_MERGE_CONFLICTS, EXIT_OK, EXIT_USAGE, SANDBOX_HELP
+from .output import say, terminal_text
 
 RUN_EXAMPLES = """\
 examples:
@@ -312,7 +313,7 @@ def _finish(args: argparse.Namespace, outcome: Any) -> int:
         paths = render_report(result, args.report)
         result["report"] = {"html": str(paths.html), "markdown": str(paths.markdown)}
         if not args.json:
-            print(f"report: {paths.html}", file=sys.stderr)
+            say(f"report: {paths.html}", file=sys.stderr)
     if args.json:
         _emit(result)
     else:
@@ -339,12 +340,12 @@ def _restored_line(restored: Any) -> None:
     if "sandbox" in restored.get("restored", []):
         said.append("the sandbox")
     if said:
-        print("restored from the run: " + "; ".join(said), file=sys.stderr)
+        say("restored from the run: " + "; ".join(said), file=sys.stderr)
     if restored.get("overridden"):
-        print("replaced by this resume: " + ", ".join(restored["overridden"]), file=sys.stderr)
+        say("replaced by this resume: " + ", ".join(restored["overridden"]), file=sys.stderr)
     if restored.get("missingSecrets"):
         missing = ", ".join(restored["missingSecrets"])
-        print(f"not set now (recorded by name only): {missing}", file=sys.stderr)
+        say(f"not set now (recorded by name only): {missing}", file=sys.stderr)
 
 
 def sandbox_lines(sandbox: Any) -> list[str]:
@@ -371,7 +372,7 @@ def _print_traceback(text: Any, indent: str, out: IO[str] | None = None) -> None
     if not isinstance(text, str) or not text:
         return
     for line in text.rstrip("\n").splitlines():
-        print(f"{indent}{line}", file=out or sys.stdout)
+        say(f"{indent}{line}", file=out or sys.stdout)
 
 
 def _summary(result: dict[str, Any], run_id: str) -> None:
@@ -379,23 +380,23 @@ def _summary(result: dict[str, Any], run_id: str) -> None:
     err = sys.stderr
     if result.get("kind") == "compare":
         for line in _compare_lines(result):
-            print(line, file=err)
+            say(line, file=err)
     else:
         for name, step in (result.get("steps") or {}).items():
             extra = step.get("error") or step.get("cause") or ""
-            print(f"  {name:<20} {step.get('status'):<10} {extra}", file=err)
+            say(f"  {name:<20} {step.get('status'):<10} {extra}", file=err)
             _print_traceback(step.get("traceback"), "      ", err)
         for c in result.get("conflicts") or []:
-            print(
+            say(
                 f"  conflict in {c['path']} at {c['step']} ({c['kind']}): {c['resolution']}",
                 file=err,
             )
         if result.get("diff"):
-            sys.stdout.write(result["diff"])
+            sys.stdout.write(terminal_text(result["diff"]))
     for line in sandbox_lines(result.get("sandbox")):
-        print(line, file=err)
+        say(line, file=err)
     status = result.get("status")
-    print(f"run {run_id}: {status}", file=err)
+    say(f"run {run_id}: {status}", file=err)
     if result.get("applied"):
         return
     compare = result.get("kind") == "compare"
@@ -406,8 +407,8 @@ def _summary(result: dict[str, Any], run_id: str) -> None:
     )
     if result.get("workspaceChanged"):
         changed = ", ".join(result["workspaceChanged"])
-        print(f"NOT applied: changed in the workspace during the run: {changed}", file=err)
-        print(
+        say(f"NOT applied: changed in the workspace during the run: {changed}", file=err)
+        say(
             f"the changes are kept in the run store: orchestrator diff {run_id} shows them; "
             f"once those files are as they were when the run started: {how}",
             file=err,
@@ -415,11 +416,11 @@ def _summary(result: dict[str, Any], run_id: str) -> None:
     elif status != "succeeded":
         # nothing to offer: the run's final changes do not exist (finished steps can be applied
         # one by one: orchestrator apply RUN --step STEP)
-        print(f"nothing was written to the workspace; see: orchestrator show {run_id}", file=err)
+        say(f"nothing was written to the workspace; see: orchestrator show {run_id}", file=err)
     elif result.get("changes") or (compare and result.get("winner")):
-        print(f"nothing was written to the workspace; to apply: {how}", file=err)
+        say(f"nothing was written to the workspace; to apply: {how}", file=err)
     else:
-        print("no file changed", file=err)
+        say("no file changed", file=err)
 
 
 def _compare_lines(result: dict[str, Any]) -> list[str]:
@@ -579,7 +580,7 @@ def _warn_interrupted(found: list[dict[str, Any]], run_id: str | None, cwd: str 
             )
         else:
             finish = f"the next orchestrator apply, run or prompt finishes it ({a['journal']})"
-        print(
+        say(
             f"interrupted apply: {whose} half written to {ws} ({len(a['files'])} files); {finish}",
             file=sys.stderr,
         )
@@ -611,9 +612,9 @@ async def cmd_runs(args: argparse.Namespace) -> int:
         if _interrupted_of(interrupted, r.run_id):
             applied = " apply-interrupted"
         what = " ".join(str(what).split())  # one line per run, whatever the task holds
-        print(f"{r.run_id}  {when}  {r.kind:<8} {r.status:<11}{applied}  {what[:60]}")
+        say(f"{r.run_id}  {when}  {r.kind:<8} {r.status:<11}{applied}  {what[:60]}")
     if not runs:
-        print("no runs recorded", file=sys.stderr)
+        say("no runs recorded", file=sys.stderr)
     _warn_interrupted(interrupted, None, None)
     return EXIT_OK
 
@@ -631,45 +632,45 @@ async def cmd_show(args: argparse.Namespace) -> int:
         paths = render_report(result, args.report)
         result["report"] = {"html": str(paths.html), "markdown": str(paths.markdown)}
         if not args.json:
-            print(f"report: {paths.html}", file=sys.stderr)
+            say(f"report: {paths.html}", file=sys.stderr)
     if args.json:
         _emit(result)
         return EXIT_OK
-    print(f"run {result['runId']} ({result['kind']}) in {result['cwd']}: {result['status']}")
+    say(f"run {result['runId']} ({result['kind']}) in {result['cwd']}: {result['status']}")
     if result.get("kind") == "compare":
-        print(f"task: {result.get('task')}")
+        say(f"task: {result.get('task')}")
         for line in _compare_lines(result):
-            print(line)
+            say(line)
         for agent in result.get("agents") or []:
             _print_cut(agent.get("cut"), f"  {agent.get('name')}: ")
     elif result.get("kind") == "prompt" and "stopReason" in result:
         agent = (result.get("agent") or {}).get("name")
-        print(
+        say(
             f"  {agent}: {result.get('stopReason')}, {len(result.get('permissions') or [])} "
             f"permission requests, {len(result.get('toolCalls') or [])} tool calls"
         )
         _print_cut(result.get("cut"), "  ")
         for c in result.get("changes") or []:
             link = f" -> {c['symlink']} (symlink)" if "symlink" in c else ""
-            print(f"  {c['change']:<8} {c['path']}{link}")
+            say(f"  {c['change']:<8} {c['path']}{link}")
     else:
         for name, step in (result.get("steps") or {}).items():
             extra = step.get("error") or step.get("cause") or ""
-            print(f"  {name:<20} {step.get('status'):<10} {extra}")
+            say(f"  {name:<20} {step.get('status'):<10} {extra}")
             shown = {k: i for k, i in (step.get("instances") or {}).items() if k != name}
             # a fanned-out step's traceback is its first failed instance's: shown with it
             if not any(i.get("traceback") == step.get("traceback") for i in shown.values()):
                 _print_traceback(step.get("traceback"), "      ")
             for key, inst in shown.items():
-                print(f"    [{key}] {inst.get('status')} {inst.get('error') or ''}")
+                say(f"    [{key}] {inst.get('status')} {inst.get('error') or ''}")
                 _print_traceback(inst.get("traceback"), "        ")
             for inst in (step.get("instances") or {}).values():
                 _print_cut(inst.get("cut"), "      ")
     for c in result.get("conflicts") or []:
-        print(f"  conflict in {c['path']} at {c['step']} ({c['kind']}): {c['resolution']}")
+        say(f"  conflict in {c['path']} at {c['step']} ({c['kind']}): {c['resolution']}")
     _warn_interrupted(interrupted, result["runId"], result.get("cwd"))
     for line in sandbox_lines(result.get("sandbox")):
-        print(line)
+        say(line)
     return EXIT_OK
 
 
@@ -677,7 +678,7 @@ def _print_cut(cut: Any, prefix: str) -> None:
     """Say what the run store left out of a turn (its ``cut``), if anything."""
     if not isinstance(cut, dict):
         return
-    print(
+    say(
         f"{prefix}turn cut in the run store (limit max_turn_record_bytes = "
         f"{cut.get('limit'):,} bytes): {cut.get('droppedTextBytes'):,} of "
         f"{cut.get('textBytes'):,} bytes of text and {cut.get('droppedToolCalls'):,} of "
@@ -698,7 +699,7 @@ async def cmd_apply(args: argparse.Namespace) -> int:
         )
     except trio.Cancelled:
         # interrupted before the write began (once begun, it is completed): none of it happened
-        print("orchestrator: interrupted: nothing applied", file=sys.stderr)
+        say("orchestrator: interrupted: nothing applied", file=sys.stderr)
         raise
     except (ApplyRefused, RunBusy) as e:
         if isinstance(e, UnsettledConflicts):
@@ -707,7 +708,7 @@ async def cmd_apply(args: argparse.Namespace) -> int:
             code = EXIT_USAGE
         else:
             code = EXIT_FAILED
-        print(f"orchestrator: error: {e}", file=sys.stderr)
+        say(f"orchestrator: error: {e}", file=sys.stderr)
         if args.json:
             error = {"type": type(e).__name__, "message": str(e)}
             _emit(
@@ -753,7 +754,7 @@ def _apply_summary(outcome: Any) -> None:
         where = f" to {apply.workspace}" if apply is not None else ""
         if report.problems:
             edited = ", ".join(display_names(report.problems))
-            print(
+            say(
                 f"rolled back the interrupted {what}{where} first, as it could not be completed: "
                 f"{edited} changed since the crash and are left as they are (its changes to "
                 f"them not made); {_files(len(report.changed))} restored, the other files "
@@ -762,7 +763,7 @@ def _apply_summary(outcome: Any) -> None:
                 file=sys.stderr,
             )
         else:
-            print(
+            say(
                 f"finished the interrupted {what}{where} first: {report.action} "
                 f"({len(report.paths)} files)",
                 file=sys.stderr,
@@ -772,23 +773,23 @@ def _apply_summary(outcome: Any) -> None:
         what = f"{outcome.step} of {what}"
     files = len(outcome.written) + len(outcome.deleted) + len(outcome.mode_changed)
     if outcome.applied and outcome.git_branch:
-        print(
+        say(
             f"committed {what} on git branch {outcome.git_branch} ({outcome.git_commit[:12]}): "
             f"{files} files; the working tree, index and HEAD are untouched",
             file=sys.stderr,
         )
     elif outcome.applied:
-        print(f"applied {what}: {files} files written or deleted", file=sys.stderr)
+        say(f"applied {what}: {files} files written or deleted", file=sys.stderr)
     elif outcome.workspace_changed:
         where = "differ at HEAD from" if outcome.git_branch else "changed in the workspace since"
-        print(
+        say(
             f"NOT applied: files {where} the run: "
             f"{', '.join(display_names(outcome.workspace_changed))}; "
             "none of its changes were written",
             file=sys.stderr,
         )
     else:
-        print(f"nothing to apply: {what} changed no files", file=sys.stderr)
+        say(f"nothing to apply: {what} changed no files", file=sys.stderr)
 
 
 async def cmd_diff(args: argparse.Namespace) -> int:
@@ -809,7 +810,8 @@ async def cmd_diff(args: argparse.Namespace) -> int:
             }
         )
     else:
-        sys.stdout.write(text)
+        # only control characters change: ordinary text stays a patch git applies
+        sys.stdout.write(terminal_text(text))
         _warn_interrupted(interrupted, record.run_id, record.cwd)
     return EXIT_OK
 
