@@ -50,7 +50,7 @@ import secrets
 import shutil
 import stat
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Literal
 
 import attrs
@@ -93,6 +93,17 @@ __all__ = [
 log = structlog.get_logger(__name__)
 
 _JOURNAL = "journal.json"
+#: how many paths a log line names before it says how many more there are
+LOGGED_PATHS = 10
+
+
+def logged_paths(paths: Iterable[str]) -> list[str]:
+    """``paths`` for a log line: the first :data:`LOGGED_PATHS`, then ``and N more`` (an apply
+    can touch thousands; the reports keep them all)."""
+    paths = list(paths)
+    if len(paths) <= LOGGED_PATHS:
+        return paths
+    return [*paths[:LOGGED_PATHS], f"and {len(paths) - LOGGED_PATHS} more"]
 
 
 @frozen
@@ -751,7 +762,12 @@ def _recover_one(journal_dir: str) -> RecoveryReport:
         os.replace(journal_dir, kept)
         fsync_dir(head)
         journal_dir = kept
-        log.error("apply recovery left edited files alone", journal=journal_dir, files=problems)
+        log.error(
+            "apply recovery left edited files alone",
+            journal=journal_dir,
+            count=len(problems),
+            files=logged_paths(sorted(problems)),
+        )
     else:
         shutil.rmtree(journal_dir)
     log.warning("recovered an interrupted apply", journal=journal_dir, action=action, root=root)
