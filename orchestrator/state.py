@@ -5,7 +5,9 @@ CLI's ``--state-dir``), ``$ORCHESTRATOR_STATE_DIR``, ``$XDG_STATE_HOME/acp-orche
 ``~/.local/state/acp-orchestrator``. It must be a directory this process can write (it is
 created if missing); a run refuses one inside its workspace before creating anything. Its path
 must be UTF-8 (runs record it as text), and the directories the orchestrator keeps in it
-(:data:`SUBDIRECTORIES`) must be directories where they exist.
+(:data:`SUBDIRECTORIES`) must be directories where they exist; its run store's files
+(:data:`STORE_FILES`) must not be symbolic links (opening one would create or write whatever it
+leads to, anywhere).
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ from ._names import display_name, is_utf8
 from .errors import StateDirectoryError
 from .vfs._fileio import make_dirs
 
-__all__ = ["SUBDIRECTORIES", "state_directory", "state_path"]
+__all__ = ["STORE_FILES", "SUBDIRECTORIES", "state_directory", "state_path"]
 
 #: the directories the orchestrator keeps in the state directory: runs (one per run) and applies
 #: (the journals of applies under way)
 SUBDIRECTORIES = ("runs", "applies")
+#: the files of the run store (SQLite's database and the journals it keeps next to it)
+STORE_FILES = ("runs.sqlite3", "runs.sqlite3-wal", "runs.sqlite3-shm")
 
 
 def state_path(explicit: str | os.PathLike[str] | None = None) -> Path:
@@ -63,7 +67,8 @@ def state_directory(
 
     Raises :class:`~orchestrator.errors.StateDirectoryError` (a usage error) when it is not a
     directory, cannot be created or written, its path is not UTF-8, one of its
-    :data:`SUBDIRECTORIES` is there but is not a directory, or it is ``workspace`` or inside it
+    :data:`SUBDIRECTORIES` is there but is not a directory, one of its :data:`STORE_FILES` is a
+    symbolic link, or it is ``workspace`` or inside it
     (symlinks resolved); in that last case nothing is created.
     """
     path = _chosen(explicit)
@@ -93,5 +98,12 @@ def state_directory(
         if os.path.lexists(inner) and not inner.is_dir():
             raise StateDirectoryError(
                 f"the state directory {path} is damaged: {inner} is not a directory"
+            )
+    for name in STORE_FILES:
+        inner = path / name
+        if inner.is_symlink():
+            raise StateDirectoryError(
+                f"the state directory {path} is damaged: {inner} is a symbolic link, not the "
+                "run store's file; remove the link"
             )
     return path

@@ -115,6 +115,29 @@ def _runs_a_dangling_link(state: Path) -> str:
     return str(state)
 
 
+def _store_a_dangling_link(state: Path) -> str:
+    state.mkdir()
+    (state / "runs.sqlite3").symlink_to(state.parent / "outside.sqlite3")
+    return str(state)
+
+
+def _store_a_link_to_a_store(state: Path) -> str:
+    (state.parent / "other").mkdir()
+    (state.parent / "other" / "runs.sqlite3").write_bytes(b"")
+    state.mkdir()
+    (state / "runs.sqlite3").symlink_to(state.parent / "other" / "runs.sqlite3")
+    return str(state)
+
+
+def _journal(text: str) -> Callable[[Path], str]:
+    def make(state: Path) -> str:
+        (state / "applies" / "j1").mkdir(parents=True)
+        (state / "applies" / "j1" / "journal.json").write_text(text)
+        return str(state)
+
+    return make
+
+
 STATE_DIRS: list[tuple[str, Callable[[Path], str], str]] = [
     ("a-file", _a_file, "is not a directory"),
     ("under-a-file", _under_a_file, "is not a directory"),
@@ -123,6 +146,15 @@ STATE_DIRS: list[tuple[str, Callable[[Path], str], str]] = [
     ("applies-a-file", _applies_a_file, "/applies is not a directory"),
     ("runs-a-file", _runs_a_file, "/runs is not a directory"),
     ("runs-a-dangling-link", _runs_a_dangling_link, "/runs is not a directory"),
+    ("store-a-dangling-link", _store_a_dangling_link, "runs.sqlite3 is a symbolic link"),
+    ("store-a-link-to-a-store", _store_a_link_to_a_store, "runs.sqlite3 is a symbolic link"),
+    ("journal-not-json", _journal("{"), "/applies/j1/journal.json is damaged"),
+    ("journal-not-an-object", _journal("[]"), "/applies/j1/journal.json is damaged"),
+    (
+        "journal-entry-without-action",
+        _journal('{"workspace": "/w", "entries": [{"path": "a"}]}'),
+        "/applies/j1/journal.json is damaged (an entry has no known action",
+    ),
 ]
 
 
@@ -135,8 +167,9 @@ async def test_a_state_directory_that_cannot_be_one_is_refused(
     make: Callable[[Path], str],
     says: str,
 ) -> None:
-    """--state-dir a file, under a file, holding a directory for its store or a file for its
-    runs or applies directory, empty: exit 2, one line naming the broken entry."""
+    """--state-dir a file, under a file, holding a directory or a link for its store, a file
+    for its runs or applies directory or a damaged apply journal, empty: exit 2, one line
+    naming the broken entry; nothing created where a link leads."""
     state = make(tmp_path / "state")
     script = write_agent(tmp_path / "s.json", Turn(steps=(Say("hi"),)))
     argv = {
@@ -149,6 +182,7 @@ async def test_a_state_directory_that_cannot_be_one_is_refused(
     assert done.returncode == EXIT_USAGE, done.stderr.decode()
     one_error_line(done, says)
     assert prompts(script) == 0
+    assert not (tmp_path / "outside.sqlite3").exists()
 
 
 @pytest.mark.parametrize("command", ["prompt", "runs"])

@@ -291,7 +291,12 @@ async def _interruptible(handler: Callable[[argparse.Namespace], Any], args: Any
                         end_grace_periods()
                         continue
                     interrupted = True
-                    log.warning("interrupted: ending the running turns (again to stop at once)")
+                    # a run's turns (once it started) end with grace; other work just stops
+                    log.warning(
+                        "interrupted: ending the running turns (again to stop at once)"
+                        if args.run_ids
+                        else "interrupted"
+                    )
                     work.cancel()
 
         nursery.start_soon(watch_signals)

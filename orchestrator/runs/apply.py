@@ -76,6 +76,7 @@ from ..vfs import (
     recover_applies,
 )
 from ..vfs import interrupted_applies as _interrupted_applies
+from ..vfs.apply import logged_paths
 from ._lock import hold_run_lock
 
 __all__ = [
@@ -128,7 +129,8 @@ async def _recover(state: Path) -> list[RecoveryReport]:
             action=report.action,
             journal=report.journal,
             run_id=run_id,
-            paths=list(report.paths),
+            count=len(report.paths),
+            paths=logged_paths(report.paths),
         )
         if run_id is not None and keys and report.action == "completed" and not report.problems:
             completed.append((run_id, keys))

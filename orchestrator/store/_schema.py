@@ -255,11 +255,14 @@ def _check_usable(path: Path) -> None:
     """Refuse a store file that is there but cannot be the store: SQLite's own errors for it
     ("unable to open database file", "attempt to write a readonly database") do not say why."""
     try:
-        st = path.stat()
+        st = path.lstat()
     except FileNotFoundError:
         return
     except OSError as e:
         raise StateDirectoryError(f"the run store {path} cannot be used: {e.strerror}") from e
+    if stat.S_ISLNK(st.st_mode):
+        # SQLite would follow it, creating or writing whatever it leads to, anywhere
+        raise StateDirectoryError(f"the run store {path} is a symbolic link, not a file")
     if not stat.S_ISREG(st.st_mode):
         raise StateDirectoryError(f"the run store {path} is not a file")
     if not os.access(path, os.R_OK | os.W_OK):

@@ -23,7 +23,10 @@ Recovery (:func:`recover_applies`, to run on the next start) decides per journal
   discarded;
 - ``journal.json`` present and every new content verifies (all new contents are journaled) ->
   the apply is **completed** (roll forward, idempotently);
-- otherwise (a new content is missing or corrupt) -> it is **rolled back** from the backups.
+- otherwise (a new content is missing or corrupt) -> it is **rolled back** from the backups;
+- a ``journal.json`` that cannot be read or is no journal (damaged state) -> nothing is done and
+  :class:`~orchestrator.errors.StateDirectoryError` names it: its workspace may be half written,
+  so someone must look before it is moved aside (so does :func:`interrupted_applies`).
 
 A file that is neither its old nor its new version (edited by someone after the crash) is never
 overwritten. Such an apply cannot be completed, so it is **rolled back** around them, whatever the
@@ -47,7 +50,7 @@ import secrets
 import shutil
 import stat
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Literal
 
 import attrs
@@ -56,6 +59,7 @@ import trio
 from attrs import frozen
 
 from .._names import display_name, name_bytes
+from ..errors import StateDirectoryError
 from ._fileio import (
     copy_fd_hashed,
     digest,
@@ -89,6 +93,17 @@ __all__ = [
 log = structlog.get_logger(__name__)
 
 _JOURNAL = "journal.json"
+#: how many paths a log line names before it says how many more there are
+LOGGED_PATHS = 10
+
+
+def logged_paths(paths: Iterable[str]) -> list[str]:
+    """``paths`` for a log line: the first :data:`LOGGED_PATHS`, then ``and N more`` (an apply
+    can touch thousands; the reports keep them all)."""
+    paths = list(paths)
+    if len(paths) <= LOGGED_PATHS:
+        return paths
+    return [*paths[:LOGGED_PATHS], f"and {len(paths) - LOGGED_PATHS} more"]
 
 
 @frozen
@@ -606,6 +621,72 @@ def _journaled(journal_dir: str, body: Mapping[str, Any], *, look: bool) -> Inte
     )
 
 
+_ACTIONS = ("write", "delete", "chmod")
+
+
+def _journal_damage(body: Any) -> str | None:
+    """What keeps a ``journal.json`` body from being the journal :func:`_prepare` writes."""
+    if not isinstance(body, dict):
+        return "it is not a JSON object"
+    if not isinstance(body.get("workspace"), str) or not os.path.isabs(body["workspace"]):
+        return "it names no workspace"
+    entries = body.get("entries")
+    if not isinstance(entries, list):
+        return "it lists no files"
+    for entry in entries:
+        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+            return "an entry names no file"
+        action = entry.get("action")
+        if action not in _ACTIONS:
+            return f"an entry has no known action ({display_name(entry['path'])})"
+        needed = {"write": ("new", "new_digest", "new_mode"), "chmod": ("new_mode",)}
+        fields = list(needed.get(action, ()))
+        if "old" in entry:
+            fields += ["old", "old_digest", "old_mode"]
+        for field in fields:
+            want = int if field.endswith("_mode") else str
+            if not isinstance(entry.get(field), want) or isinstance(entry.get(field), bool):
+                return f"the entry of {display_name(entry['path'])} has no valid {field}"
+    return None
+
+
+def _read_journal(journal_dir: str) -> dict[str, Any] | None:
+    """The body of the journal in ``journal_dir``; None when it has no ``journal.json`` (the
+    crash came before anything was written).
+
+    A journal that cannot be read, or is not one, is damage to the state directory: the
+    workspace it writes may be half written, so it is neither skipped nor guessed at; a
+    :class:`~orchestrator.errors.StateDirectoryError` names it and what to do.
+    """
+    path = os.path.join(journal_dir, _JOURNAL)
+    body: Any = None
+    damage: str | None
+    try:
+        with open(path, "rb") as f:
+            body = json.load(f)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as e:
+        damage = f"it cannot be read: {e.strerror or e}"
+    except ValueError as e:  # not JSON, or not UTF-8
+        damage = f"it is not valid JSON: {e}"
+    else:
+        damage = _journal_damage(body)
+    if damage is None:
+        return dict(body)
+    workspace = body.get("workspace") if isinstance(body, dict) else None
+    where = (
+        f"the workspace {display_name(workspace)}"
+        if isinstance(workspace, str) and workspace
+        else "the workspace it wrote"
+    )
+    raise StateDirectoryError(
+        f"the apply journal {display_name(path)} is damaged ({damage}): an interrupted apply "
+        f"may have left {where} half written; check that workspace, then move "
+        f"{display_name(journal_dir)} out of {display_name(os.path.dirname(journal_dir))}"
+    )
+
+
 def interrupted_applies(state_dir: str | os.PathLike[str]) -> list[InterruptedApply]:
     """The applies journaled in ``state_dir`` that a crash interrupted, oldest first.
 
@@ -632,13 +713,9 @@ def interrupted_applies(state_dir: str | os.PathLike[str]) -> list[InterruptedAp
             journal_dir = os.path.join(applies, name)
             if name.startswith("."):
                 continue
-            try:
-                with open(os.path.join(journal_dir, _JOURNAL), "rb") as f:
-                    body = json.load(f)
+            body = _read_journal(journal_dir)
+            if body is not None:
                 found.append(_journaled(journal_dir, body, look=True))
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                if not isinstance(e, (FileNotFoundError, NotADirectoryError)):
-                    log.warning("unreadable apply journal", journal=journal_dir, error=str(e))
         return found
 
 
@@ -655,10 +732,8 @@ def recover_applies(state_dir: str | os.PathLike[str]) -> list[RecoveryReport]:
 
 
 def _recover_one(journal_dir: str) -> RecoveryReport:
-    try:
-        with open(os.path.join(journal_dir, _JOURNAL), "rb") as f:
-            body = json.load(f)
-    except FileNotFoundError:
+    body = _read_journal(journal_dir)
+    if body is None:
         shutil.rmtree(journal_dir)
         log.info("discarded an unfinished apply journal (nothing was written)", journal=journal_dir)
         return RecoveryReport(journal_dir, "discarded")
@@ -687,7 +762,12 @@ def _recover_one(journal_dir: str) -> RecoveryReport:
         os.replace(journal_dir, kept)
         fsync_dir(head)
         journal_dir = kept
-        log.error("apply recovery left edited files alone", journal=journal_dir, files=problems)
+        log.error(
+            "apply recovery left edited files alone",
+            journal=journal_dir,
+            count=len(problems),
+            files=logged_paths(sorted(problems)),
+        )
     else:
         shutil.rmtree(journal_dir)
     log.warning("recovered an interrupted apply", journal=journal_dir, action=action, root=root)
