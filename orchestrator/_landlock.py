@@ -25,7 +25,6 @@ architecture of the unified system call table.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import signal
@@ -100,36 +99,51 @@ EXIT_UNCONFINED = 125
 LAUNCHER = os.path.abspath(__file__)
 
 
-class _RulesetAttr(ctypes.Structure):
-    _fields_ = (
-        ("handled_access_fs", ctypes.c_uint64),
-        ("handled_access_net", ctypes.c_uint64),
-        ("scoped", ctypes.c_uint64),
-    )
+class _Kernel:
+    """The C side: ctypes, the kernel's structs and libc, made on first use (importing ctypes
+    costs a few milliseconds that runs without a sandbox never pay)."""
+
+    def __init__(self) -> None:
+        import ctypes
+
+        class RulesetAttr(ctypes.Structure):
+            _fields_ = (
+                ("handled_access_fs", ctypes.c_uint64),
+                ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64),
+            )
+
+        class PathBeneathAttr(ctypes.Structure):
+            _pack_ = 1  # packed in the kernel's header
+            _fields_ = (("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32))
+
+        class NetPortAttr(ctypes.Structure):
+            _fields_ = (("allowed_access", ctypes.c_uint64), ("port", ctypes.c_uint64))
+
+        self.c = ctypes
+        self.RulesetAttr = RulesetAttr
+        self.PathBeneathAttr = PathBeneathAttr
+        self.NetPortAttr = NetPortAttr
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.libc.syscall.restype = ctypes.c_long
+        self.libc.prctl.restype = ctypes.c_int
+
+    def call(self, number: int, *args: object) -> int:
+        result = int(self.libc.syscall(self.c.c_long(number), *args))
+        if result < 0:
+            code = self.c.get_errno()
+            raise OSError(code, os.strerror(code))
+        return result
 
 
-class _PathBeneathAttr(ctypes.Structure):
-    _pack_ = 1  # packed in the kernel's header
-    _fields_ = (("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32))
+_KERNEL: _Kernel | None = None
 
 
-class _NetPortAttr(ctypes.Structure):
-    _fields_ = (("allowed_access", ctypes.c_uint64), ("port", ctypes.c_uint64))
-
-
-def _libc() -> ctypes.CDLL:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    libc.prctl.restype = ctypes.c_int
-    return libc
-
-
-def _call(libc: ctypes.CDLL, number: int, *args: object) -> int:
-    result = int(libc.syscall(ctypes.c_long(number), *args))
-    if result < 0:
-        code = ctypes.get_errno()
-        raise OSError(code, os.strerror(code))
-    return result
+def _kernel() -> _Kernel:
+    global _KERNEL
+    if _KERNEL is None:
+        _KERNEL = _Kernel()
+    return _KERNEL
 
 
 def abi_version() -> tuple[int, str | None]:
@@ -137,13 +151,12 @@ def abi_version() -> tuple[int, str | None]:
     if not sys.platform.startswith("linux"):
         return 0, f"Landlock is a Linux feature (this is {sys.platform})"
     try:
-        libc = _libc()
-        version = _call(
-            libc,
+        k = _kernel()
+        version = k.call(
             SYS_LANDLOCK_CREATE_RULESET,
-            ctypes.c_void_p(None),
-            ctypes.c_size_t(0),
-            ctypes.c_uint32(LANDLOCK_CREATE_RULESET_VERSION),
+            k.c.c_void_p(None),
+            k.c.c_size_t(0),
+            k.c.c_uint32(LANDLOCK_CREATE_RULESET_VERSION),
         )
     except OSError as e:
         if e.errno == errno.ENOSYS:
@@ -210,7 +223,7 @@ def rule_access(access: int, handled: int, *, is_dir: bool) -> int:
 def _attr_size(handled_net: int, scoped: int) -> int:
     # the smallest struct that holds what is used, so older kernels accept it
     if scoped:
-        return ctypes.sizeof(_RulesetAttr)
+        return 24  # the whole struct: three 64-bit fields
     if handled_net:
         return 16
     return 8
@@ -218,17 +231,17 @@ def _attr_size(handled_net: int, scoped: int) -> int:
 
 def restrict_self(rules: LaunchRules) -> None:
     """Confine this process (and what it will exec) to ``rules``; OSError when it cannot."""
-    libc = _libc()
-    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        code = ctypes.get_errno()
+    k = _kernel()
+    c = k.c
+    if k.libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        code = c.get_errno()
         raise OSError(code, f"prctl(PR_SET_NO_NEW_PRIVS): {os.strerror(code)}")
-    attr = _RulesetAttr(rules.handled_fs, rules.handled_net, rules.scoped)
-    ruleset = _call(
-        libc,
+    attr = k.RulesetAttr(rules.handled_fs, rules.handled_net, rules.scoped)
+    ruleset = k.call(
         SYS_LANDLOCK_CREATE_RULESET,
-        ctypes.byref(attr),
-        ctypes.c_size_t(_attr_size(rules.handled_net, rules.scoped)),
-        ctypes.c_uint32(0),
+        c.byref(attr),
+        c.c_size_t(_attr_size(rules.handled_net, rules.scoped)),
+        c.c_uint32(0),
     )
     try:
         for access, path in rules.paths:
@@ -241,31 +254,29 @@ def restrict_self(rules: LaunchRules) -> None:
                 allowed = rule_access(access, rules.handled_fs, is_dir=is_dir)
                 if not allowed:
                     continue
-                beneath = _PathBeneathAttr(allowed, fd)
+                beneath = k.PathBeneathAttr(allowed, fd)
                 try:
-                    _call(
-                        libc,
+                    k.call(
                         SYS_LANDLOCK_ADD_RULE,
-                        ctypes.c_int(ruleset),
-                        ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH),
-                        ctypes.byref(beneath),
-                        ctypes.c_uint32(0),
+                        c.c_int(ruleset),
+                        c.c_int(LANDLOCK_RULE_PATH_BENEATH),
+                        c.byref(beneath),
+                        c.c_uint32(0),
                     )
                 except OSError as e:
                     raise OSError(e.errno, f"rule for {path}: {e.strerror}") from None
             finally:
                 os.close(fd)
         for port in rules.ports:
-            net = _NetPortAttr(rules.handled_net & ACCESS_NET_CONNECT_TCP, port)
-            _call(
-                libc,
+            net = k.NetPortAttr(rules.handled_net & ACCESS_NET_CONNECT_TCP, port)
+            k.call(
                 SYS_LANDLOCK_ADD_RULE,
-                ctypes.c_int(ruleset),
-                ctypes.c_int(LANDLOCK_RULE_NET_PORT),
-                ctypes.byref(net),
-                ctypes.c_uint32(0),
+                c.c_int(ruleset),
+                c.c_int(LANDLOCK_RULE_NET_PORT),
+                c.byref(net),
+                c.c_uint32(0),
             )
-        _call(libc, SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0))
+        k.call(SYS_LANDLOCK_RESTRICT_SELF, c.c_int(ruleset), c.c_uint32(0))
     finally:
         os.close(ruleset)
 
