@@ -30,10 +30,6 @@ STORE_FILES = ("runs.sqlite3", "runs.sqlite3-wal", "runs.sqlite3-shm")
 
 def state_path(explicit: str | os.PathLike[str] | None = None) -> Path:
     """Where the state directory is, as :func:`state_directory` chooses it; nothing is made."""
-    return _chosen(explicit)
-
-
-def _chosen(explicit: str | os.PathLike[str] | None) -> Path:
     if explicit is not None:
         if not os.fspath(explicit):
             raise StateDirectoryError("the state directory is an empty path")
@@ -71,7 +67,7 @@ def state_directory(
     symbolic link, or it is ``workspace`` or inside it
     (symlinks resolved); in that last case nothing is created.
     """
-    path = _chosen(explicit)
+    path = state_path(explicit)
     if workspace is not None:
         root = os.path.realpath(workspace)
         if _inside(os.path.realpath(path), root):

@@ -206,7 +206,7 @@ class PolicyPermissionService:
         :class:`~orchestrator.errors.CommandRefused` with its audit record. Either record is
         also kept in :attr:`records`. Install with ``open_terminal_service(command_check=...)``.
         """
-        evaluation = _evaluate_command(self.policy, command_line, env, ctx)
+        query, evaluation = _evaluate_command(self.policy, command_line, env, ctx)
         verdict: CommandVerdict = "allow" if evaluation.verdict.startswith("allow") else "reject"
         rule = evaluation.rule
         key, session = command_key(command_line), ctx.session_id
@@ -221,14 +221,7 @@ class PolicyPermissionService:
             elif once[key] > 0:
                 once[key] -= 1
                 verdict, rule = "allow", "approved once in this session"
-        _log_check(command_line, ctx, verdict, rule)
-        record = _command_record(evaluation, ctx, verdict, rule)
-        self.records.append(record)
-        if verdict == "reject":
-            raise CommandRefused(_refused_message(command_line), record=record)
-        if ctx.audit is not None:
-            ctx.audit(record)
-        return verdict
+        return _conclude(query, evaluation, ctx, verdict, rule, self.records)
 
     def audit_json(self) -> list[dict[str, object]]:
         """The audit trail as JSON values, for ``--json`` output."""
@@ -276,21 +269,7 @@ class PolicyPermissionService:
         option_id: str | None,
         rule: str,
     ) -> PermissionRecord:
-        facts = evaluation.facts
-        record = PermissionRecord(
-            time=time.time(),
-            agent=query.agent,
-            session_id=query.session_id,
-            step=query.step,
-            tool_call_id=query.tool_call_id,
-            kind=query.kind,
-            title=query.title,
-            verdict=verdict,
-            option_id=option_id,
-            rule=rule,
-            paths=facts.paths,
-            command=facts.command.line if facts.command is not None else None,
-        )
+        record = _record_of(query, evaluation, verdict, option_id, rule)
         self.records.append(record)
         log.info("permission decision", **record.to_json())
         return record
@@ -338,7 +317,7 @@ def command_key(line: str) -> str:
 
 def _evaluate_command(
     policy: PolicySet, line: str, env: Mapping[str, str], ctx: SessionContext
-) -> Evaluation:
+) -> tuple[PermissionQuery, Evaluation]:
     argv = _split(line)
     # A wrapper (``bash -lc "..."``) as argv so the policy sees the inner line; anything else
     # stays a shell line, whose operators the policy understands.
@@ -355,43 +334,59 @@ def _evaluate_command(
         # a plain switch (CLAUDECODE=1) cannot change what runs: the policy decides the rest
         env=tuple(name for name, value in env.items() if not is_switch(name, value)),
     )
-    return policy.evaluate(query, realpath=_realpath, glob=_glob)
+    return query, policy.evaluate(query, realpath=_realpath, glob=_glob)
 
 
-def _refused_message(line: str) -> str:
-    return f"terminal command rejected by policy: {line}"
-
-
-def _command_record(
-    evaluation: Evaluation, ctx: SessionContext, verdict: CommandVerdict, rule: str
+def _record_of(
+    query: PermissionQuery,
+    evaluation: Evaluation,
+    verdict: Verdict,
+    option_id: str | None,
+    rule: str,
 ) -> PermissionRecord:
-    """The audit record of a terminal command the check allowed or refused."""
+    """The audit record of a decision on ``query``, now."""
     facts = evaluation.facts
     return PermissionRecord(
         time=time.time(),
-        agent=ctx.agent,
-        session_id=ctx.session_id,
-        step=ctx.step,
-        tool_call_id=TERMINAL_CREATE,
-        kind="execute",
-        title=facts.title,
+        agent=query.agent,
+        session_id=query.session_id,
+        step=query.step,
+        tool_call_id=query.tool_call_id,
+        kind=query.kind,
+        title=query.title,
         verdict=verdict,
-        option_id=None,
+        option_id=option_id,
         rule=rule,
         paths=facts.paths,
         command=facts.command.line if facts.command is not None else None,
     )
 
 
-def _log_check(line: str, ctx: SessionContext, verdict: CommandVerdict, rule: str) -> None:
+def _conclude(
+    query: PermissionQuery,
+    evaluation: Evaluation,
+    ctx: SessionContext,
+    verdict: CommandVerdict,
+    rule: str,
+    records: list[PermissionRecord] | None = None,
+) -> CommandVerdict:
+    """A command check's end: logged, audited (in ``records`` too), a refusal raised."""
     log.info(
         "terminal command checked",
         agent=ctx.agent,
         sessionId=ctx.session_id,
-        command=line,
+        command=query.title,
         verdict=verdict,
         rule=rule,
     )
+    record = _record_of(query, evaluation, verdict, None, rule)
+    if records is not None:
+        records.append(record)
+    if verdict == "reject":
+        raise CommandRefused(f"terminal command rejected by policy: {query.title}", record=record)
+    if ctx.audit is not None:
+        ctx.audit(record)
+    return verdict
 
 
 def policy_command_check(
@@ -406,14 +401,8 @@ def policy_command_check(
     """
 
     def check(command_line: str, env: Mapping[str, str], ctx: SessionContext) -> CommandVerdict:
-        evaluation = _evaluate_command(policy, command_line, env, ctx)
+        query, evaluation = _evaluate_command(policy, command_line, env, ctx)
         verdict: CommandVerdict = "allow" if evaluation.verdict.startswith("allow") else "reject"
-        _log_check(command_line, ctx, verdict, evaluation.rule)
-        record = _command_record(evaluation, ctx, verdict, evaluation.rule)
-        if verdict == "reject":
-            raise CommandRefused(_refused_message(command_line), record=record)
-        if ctx.audit is not None:
-            ctx.audit(record)
-        return verdict
+        return _conclude(query, evaluation, ctx, verdict, evaluation.rule)
 
     return check
