@@ -75,6 +75,15 @@ def state_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monk
 
 
 @pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A workspace holding README.md."""
+    root = tmp_path / "project"
+    root.mkdir()
+    (root / "README.md").write_text("# project\n")
+    return root
+
+
+@pytest.fixture
 def scratch(tmp_path: Path) -> Path:
     """A project directory for a session."""
     root = tmp_path / "project"
@@ -92,6 +101,23 @@ def pid_gone(pid: int) -> bool:
     except ProcessLookupError:
         return True
     return state in ("Z", "X")
+
+
+def make_chain(root: Path, depth: int, name: str = "d") -> str:
+    """``depth`` directories one in another under ``root`` with ``f.txt`` at the bottom (made
+    through directory fds: the whole path may be too long to name at once); its branch path."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(depth):
+            os.mkdir(name, dir_fd=fd)
+            deeper = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = deeper
+        with open(os.open("f.txt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd), "w") as f:
+            f.write("deep\n")
+    finally:
+        os.close(fd)
+    return "/".join([name] * depth + ["f.txt"])
 
 
 def is_process_watchdog(pid: int) -> bool:

@@ -38,15 +38,6 @@ pytestmark = [
 ]
 
 
-@pytest.fixture
-def project(tmp_path: Path) -> Path:
-    """A workspace holding README.md."""
-    root = tmp_path / "project"
-    root.mkdir()
-    (root / "README.md").write_text("# project\n")
-    return root
-
-
 def one_error_line(done: subprocess.CompletedProcess[bytes], *words: str) -> str:
     """The command's stderr, checked to be one error line naming ``words``, without traceback."""
     stderr = done.stderr.decode()

@@ -39,15 +39,6 @@ pytestmark = [
 ]
 
 
-@pytest.fixture
-def project(tmp_path: Path) -> Path:
-    """A workspace holding README.md."""
-    root = tmp_path / "project"
-    root.mkdir()
-    (root / "README.md").write_text("# project\n")
-    return root
-
-
 def valid(document: object) -> None:
     """``document`` matches the shipped output schema."""
     jsonschema.Draft202012Validator(output_schema()).validate(document)

@@ -190,15 +190,6 @@ async def test_processes_outside_the_tree_are_spared(tmp_path: Path) -> None:
 cli_only = pytest.mark.skipif(not CLI.is_file(), reason=f"console script {CLI} not installed")
 
 
-@pytest.fixture
-def project(tmp_path: Path) -> Path:
-    """A one-file workspace."""
-    root = tmp_path / "project"
-    root.mkdir()
-    (root / "README.md").write_text("# project\n")
-    return root
-
-
 @cli_only
 @pytest.mark.slow
 async def test_after_a_run_no_escaped_terminal_descendant_is_left(

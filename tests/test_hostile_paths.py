@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import make_chain
 from run_helpers import CLI, agent_command, as_json, record_events, run_cli, write_agent
 
 from orchestrator.testing import ReadFile, Say, Turn, WriteDisk, WriteFile
@@ -35,34 +36,6 @@ def _remove_deep_trees(tmp_path: Path, state_dir: Path) -> Iterator[None]:
     yield
     remove_tree(str(tmp_path))
     remove_tree(str(state_dir))
-
-
-@pytest.fixture
-def project(tmp_path: Path) -> Path:
-    """A workspace holding README.md."""
-    root = tmp_path / "project"
-    root.mkdir()
-    (root / "README.md").write_text("# project\n")
-    return root
-
-
-def chain(root: Path, depth: int, name: str = "d") -> Path:
-    """Make ``depth`` directories named ``name`` one in another under ``root``; the last one.
-
-    Made one level at a time from the one above (``os.makedirs`` recurses once per level).
-    """
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        for _ in range(depth):
-            os.mkdir(name, dir_fd=fd)
-            deeper = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
-            os.close(fd)
-            fd = deeper
-        with open(os.open("f.txt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd), "w") as f:
-            f.write("deep\n")
-    finally:
-        os.close(fd)
-    return root.joinpath(*[name] * depth)
 
 
 def fs_answers(script: Path) -> list[tuple[str, str, Any]]:
@@ -150,7 +123,7 @@ async def test_a_workspace_holding_a_chain_of_1100_directories_is_checked_out(
     tmp_path: Path, project: Path, state_dir: Path
 ) -> None:
     """The agent reads the file at the bottom of the chain in its branch; the run succeeds."""
-    chain(project, 1100)
+    make_chain(project, 1100)
     deep = "/".join(["d"] * 1100) + "/f.txt"
     script = write_agent(tmp_path / "r.json", Turn(steps=(ReadFile(deep), Say("read"))))
     done = await prompt(f"r={shlex.join(agent_command(script))}", project, tmp_path, state_dir)
@@ -168,7 +141,7 @@ async def test_a_workspace_too_deep_for_the_system_is_refused_before_the_run(
     tmp_path: Path, project: Path, state_dir: Path
 ) -> None:
     """A directory path over PATH_MAX in the workspace: exit 2, one line, no run left."""
-    chain(project, 22, name="p" * 200)
+    make_chain(project, 22, name="p" * 200)
     script = write_agent(tmp_path / "s.json", Turn(steps=(Say("hi"),)))
     done = await prompt(f"s={shlex.join(agent_command(script))}", project, tmp_path, state_dir)
     stderr = done.stderr.decode()

@@ -70,15 +70,6 @@ def editing_turn(path: str = "README.md") -> Turn:
     )
 
 
-@pytest.fixture
-def project(tmp_path: Path) -> Path:
-    """A workspace holding README.md."""
-    root = tmp_path / "project"
-    root.mkdir()
-    (root / "README.md").write_text("# project\n")
-    return root
-
-
 async def test_prompt_resolves_agents_from_the_project_config(
     tmp_path: Path, project: Path, state_dir: Path
 ) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import make_chain
 from structlog.testing import capture_logs
 
 from orchestrator.vfs import _fileio, checkout
@@ -327,23 +328,6 @@ def test_ignored_links_copied_on_request_lead_into_the_branch_directory(
     assert (root / "build/out.txt").read_text() == "out\n"
 
 
-def _chain(root: Path, depth: int, name: str = "d") -> str:
-    """``depth`` directories one in another under ``root`` with ``f.txt`` at the bottom (made
-    through directory fds: the whole path may be too long to name at once); its branch path."""
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        for _ in range(depth):
-            os.mkdir(name, dir_fd=fd)
-            deeper = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
-            os.close(fd)
-            fd = deeper
-        with open(os.open("f.txt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd), "w") as f:
-            f.write("deep\n")
-    finally:
-        os.close(fd)
-    return "/".join([name] * depth + ["f.txt"])
-
-
 @pytest.fixture
 def deep_tmp(tmp_path: Path) -> Iterator[Path]:
     """``tmp_path``, removed after the test: pytest's own clean-up recurses once per level."""
@@ -358,9 +342,9 @@ def test_a_chain_of_1100_directories_is_checked_out_harvested_and_removed(
     harvested, the directory removed whole."""
     tmp_path = deep_tmp
     ws = make_tree(tmp_path / "ws", {".gitignore": "cache/\n"})
-    deep = _chain(ws, 1100)
+    deep = make_chain(ws, 1100)
     (ws / "cache").mkdir()
-    ignored = "cache/" + _chain(ws / "cache", 1100)
+    ignored = "cache/" + make_chain(ws / "cache", 1100)
     wd = materialize(
         Branch.from_tree(Workspace.open(ws).snapshot(), "a"), tmp_path / "b", include_ignored=True
     )
@@ -377,14 +361,14 @@ def test_a_workspace_path_too_long_for_the_system_is_refused(deep_tmp: Path) -> 
     not under the branch directory refuses the checkout, which leaves nothing behind."""
     tmp_path = deep_tmp
     too_deep = make_tree(tmp_path / "deep", {"a.txt": "a\n"})
-    _chain(too_deep, 21, "p" * 200)
+    make_chain(too_deep, 21, "p" * 200)
     with pytest.raises(PathRefused, match="too long for the system"):
         Workspace.open(too_deep).snapshot()
     ws = make_tree(tmp_path / "ws", {"a.txt": "a\n"})
     room = _fileio.PATH_MAX - 2 - len(os.fsencode(ws))
     name = "p" * 200
     depth = (room - len("/f.txt")) // (len(name) + 1)
-    _chain(ws, depth, name)  # its path fits under ws, not under the longer directory below
+    make_chain(ws, depth, name)  # its path fits under ws, not under the longer directory below
     target = tmp_path / ("t" * 200) / "branch"
     with pytest.raises(PathRefused, match="too long to check out"):
         materialize(Branch.from_tree(Workspace.open(ws).snapshot(), "a"), target)
