@@ -26,6 +26,7 @@ from attrs import frozen
 
 from .errors import UsageError
 from .state import state_directory, state_path
+from .vfs._fileio import write_entry_atomic
 
 __all__ = ["NEEDS_TRUST", "TRUST_FILE", "TrustEntry", "TrustStatus", "TrustStore", "file_digest"]
 
@@ -131,9 +132,8 @@ class TrustStore:
             fcntl.flock(fd, fcntl.LOCK_EX)
             entries = self._read()
             yield entries
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"version": 1, "files": entries}, indent=2) + "\n")
-            os.replace(tmp, self.path)
+            text = json.dumps({"version": 1, "files": entries}, indent=2) + "\n"
+            write_entry_atomic(str(self.path), text.encode(), 0o100644, fsync=True)
         finally:
             os.close(fd)
 
