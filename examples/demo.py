@@ -1,7 +1,7 @@
-"""The offline demo behind ``./dev demo``: a real pipeline of demo agents on a sample project.
+"""The demo behind ``./dev demo``: a real pipeline of demo agents on a sample project.
 
 It runs ``examples/demo_pipeline.py`` on ``examples/sample-project`` with the built-in demo agent
-(rule-based, no model, no network): a fan-out over files, a fan-out over two agents, a merge
+(rule-based: no API keys, no model): a fan-out over files, a fan-out over two agents, a merge
 with one reported conflict, and a check run on the merged files. Every agent works in its own
 branch (a copy under the state directory); permission requests are decided by the ``trusted``
 policy and audited. The project itself is not touched: the changes stay in the run store (pass
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -32,6 +34,29 @@ def tree_digest(root: Path) -> str:
     for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
         h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
     return h.hexdigest()
+
+
+def orchestrator_command() -> tuple[str, str]:
+    """How to run ``orchestrator`` from here, and a hint when it is not on PATH (else "").
+
+    ``./dev demo`` runs this script with ``.venv/bin/python``, whose bin directory holds the
+    console script but is on PATH only once the venv is activated.
+    """
+    script = Path(sys.executable).parent / "orchestrator"
+    found = shutil.which("orchestrator")
+    if found is not None or not script.is_file():
+        return "orchestrator", ""
+    try:
+        shown = os.path.relpath(script)
+    except ValueError:  # another drive
+        shown = str(script)
+    if shown.startswith(".."):
+        shown = str(script)
+    bin_dir = Path(shown).parent
+    return shown, (
+        f"(`orchestrator` is not on PATH: activate the venv with `. {bin_dir}/activate`, "
+        "or install the command with `pipx install .` or `uv tool install .`)"
+    )
 
 
 def main() -> int:
@@ -71,10 +96,13 @@ def main() -> int:
         print(f"applied to {args.project}")
     else:
         untouched = tree_digest(args.project) == before
+        command, hint = orchestrator_command()
         print(
             f"the project is {'untouched' if untouched else 'CHANGED (unexpected!)'}; "
-            f"apply the changes with: orchestrator apply {run.run_id}"
+            f"apply the changes with: {command} apply {run.run_id}"
         )
+        if hint:
+            print(hint)
     return run.exit_code
 
 

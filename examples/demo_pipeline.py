@@ -1,6 +1,6 @@
-"""The offline demo pipeline: two built-in demo agents, a fan-out, a merge with a conflict.
+"""The demo pipeline: two built-in demo agents, a fan-out, a merge with a conflict.
 
-It runs with no API keys and no network: every agent here is the built-in rule-based demo agent
+It runs with no API keys and no model: every agent here is the built-in rule-based demo agent
 (``orchestrator.demo``), which follows edit instructions written in its prompt.
 
 1. ``files`` (Python) lists the modules of the sample project's ``shop`` package.

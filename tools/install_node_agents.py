@@ -2,7 +2,7 @@
 
 Usage::
 
-    python tools/install_node_agents.py [--sdk-only] [--check] [CACHE_DIR]
+    python tools/install_node_agents.py [--sdk-only] [--check | --for-tests] [CACHE_DIR]
 
 Into ``CACHE_DIR`` (default: the argument, else ``$ORCHESTRATOR_NODE_CACHE``, else
 ``<repo>/.cache/node``), at pinned versions:
@@ -19,6 +19,12 @@ Without node or npm there is nothing to do: the script says so and exits 0, and 
 need node skip themselves. ``--check`` installs nothing: it prints one line per package
 (``NAME VERSION ok`` / ``missing`` / ``has OTHER``) and exits 1 unless all are in place.
 
+``--for-tests`` is what ``./dev test`` and ``./dev check`` run (:func:`for_tests`): the same
+install, but a failure is an error only in CI (``$CI`` set, npm present); elsewhere it is a
+warning, the tests that need the packages skip with their reason, and the failure is recorded
+(``.failed`` in the cache) so that later runs with the same pinned versions do not wait for npm
+again. Running the script without ``--for-tests`` always tries, and clears that record.
+
 Standard library only, so it runs before any virtualenv exists.
 """
 
@@ -29,6 +35,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -41,15 +48,19 @@ __all__ = [
     "check",
     "default_cache_dir",
     "example_agent_path",
+    "for_tests",
     "install",
     "install_agents",
     "installed_version",
     "main",
+    "pinned_specs",
 ]
 
 PACKAGE = "@agentclientprotocol/sdk"
 VERSION = "1.9.0"
 ENV_VAR = "ORCHESTRATOR_NODE_CACHE"
+#: in the cache: the pinned packages of the last install that failed outside CI, and why
+FAILED = ".failed"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -150,6 +161,77 @@ def check(cache_dir: Path, *, sdk_only: bool = False) -> list[tuple[str, str, st
     return rows
 
 
+def pinned_specs(*, sdk_only: bool = False) -> list[str]:
+    """``PACKAGE@VERSION`` of every pinned package (the SDK first)."""
+    specs = [f"{PACKAGE}@{VERSION}"]
+    if not sdk_only:
+        specs += [f"{a.package}@{a.version}" for a in AGENTS]
+    return specs
+
+
+def _install_all(cache_dir: Path, *, sdk_only: bool) -> Path:
+    agent = install(cache_dir)
+    if not sdk_only:
+        install_agents(cache_dir)
+    return agent
+
+
+def _failure(exc: Exception) -> str:
+    if isinstance(exc, subprocess.CalledProcessError):
+        return f"npm install failed with exit status {exc.returncode}"
+    return f"installation incomplete: {exc} is missing"
+
+
+def for_tests(
+    cache_dir: Path,
+    *,
+    ci: bool,
+    sdk_only: bool = False,
+    which: Callable[[str], str | None] = shutil.which,
+    installer: Callable[[Path], object] | None = None,
+) -> tuple[int, str]:
+    """Set up the pinned packages before the tests: (exit status, a line to show or "").
+
+    The exit status is 1 only when the install failed in CI (``ci``) with npm present: there
+    the tests that need these packages must run. Elsewhere a failure (npm unreachable, say) is
+    a warning, those tests skip with their reason, and the failure is recorded in the cache so
+    that the next test run with the same pins goes straight on instead of waiting for npm
+    again. ``installer`` (default: the npm install of every pinned package) is for the tests.
+    """
+    pins = "\n".join(pinned_specs(sdk_only=sdk_only)) + "\n"
+    failed = cache_dir / FAILED
+    if all(state == "ok" for _, _, state in check(cache_dir, sdk_only=sdk_only)):
+        return 0, ""
+    missing = [tool for tool in ("node", "npm") if which(tool) is None]
+    if missing:
+        return 0, (
+            f"{' and '.join(missing)} not found on PATH: the tests that need node agents skip"
+        )
+    retry = "retry with `python tools/install_node_agents.py`"
+    if not ci:
+        try:
+            recorded = failed.read_text("utf-8")
+        except OSError:
+            recorded = ""
+        pinned, _, reason = recorded.partition("\n\n")
+        if pinned + "\n" == pins:
+            return 0, (
+                f"the last install of the node agents failed ({reason.strip()}): the tests "
+                f"that need them skip; {retry}"
+            )
+    try:
+        (installer or (lambda d: _install_all(d, sdk_only=sdk_only)))(cache_dir)
+    except (subprocess.CalledProcessError, FileNotFoundError) as exc:
+        reason = _failure(exc)
+        if ci:
+            return 1, f"{reason} (required in CI, where npm is present)"
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        failed.write_text(pins.rstrip("\n") + "\n\n" + reason + "\n", "utf-8")
+        return 0, f"warning: {reason}: the tests that need node agents skip; {retry}"
+    failed.unlink(missing_ok=True)
+    return 0, ""
+
+
 def _npm_install(cache_dir: Path, specs: list[str]) -> None:
     npm = shutil.which("npm")
     if npm is None:
@@ -190,8 +272,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     sdk_only = "--sdk-only" in args
     only_check = "--check" in args
-    rest = [a for a in args if a not in ("--sdk-only", "--check")]
+    rest = [a for a in args if a not in ("--sdk-only", "--check", "--for-tests")]
     cache_dir = Path(rest[0]).expanduser().resolve() if rest else default_cache_dir()
+    if "--for-tests" in args:
+        code, message = for_tests(cache_dir, ci=bool(os.environ.get("CI")), sdk_only=sdk_only)
+        if message:
+            print(message, file=sys.stderr)
+        return code
     if only_check:
         rows = check(cache_dir, sdk_only=sdk_only)
         for package, version, state in rows:
@@ -210,15 +297,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     try:
-        agent = install(cache_dir)
-        if not sdk_only:
-            install_agents(cache_dir)
-    except subprocess.CalledProcessError as exc:
-        print(f"npm install failed with exit status {exc.returncode}", file=sys.stderr)
+        agent = _install_all(cache_dir, sdk_only=sdk_only)
+    except (subprocess.CalledProcessError, FileNotFoundError) as exc:
+        print(_failure(exc), file=sys.stderr)
         return 1
-    except FileNotFoundError as exc:
-        print(f"installation incomplete: {exc} is missing", file=sys.stderr)
-        return 1
+    (cache_dir / FAILED).unlink(missing_ok=True)
     print(agent)
     return 0
 

@@ -1,4 +1,4 @@
-"""The built-in demo agent: rule-based, deterministic, no model and no network."""
+"""The built-in demo agent: rule-based and deterministic (no model, no API keys)."""
 
 from __future__ import annotations
 
