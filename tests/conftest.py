@@ -64,6 +64,12 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         exercised = sorted(getattr(real, "EXERCISED", ()))
         names = ", ".join(exercised) or "none (see the skip reasons)"
         terminalreporter.write_line(f"real agents: {len(exercised)} exercised end to end: {names}")
+    readme = sys.modules.get("test_readme_examples")
+    if readme is not None:
+        skipped = len(readme.BLOCKS) - len(readme.RUNNABLE)
+        terminalreporter.write_line(
+            f"README examples: {len(readme.RUNNABLE)} run as written, {skipped} marked skip"
+        )
 
 
 @pytest.fixture(autouse=True)
