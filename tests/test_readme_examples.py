@@ -19,7 +19,8 @@ The convention, for whoever edits README.md:
   variables are unset.
 - ``sh`` blocks run under ``bash -euo pipefail``; ``console`` blocks run their ``$ `` lines (with
   ``\\`` continuations); ``python`` blocks run as a script. Each must exit 0, and the blocks
-  named in :data:`EXPECTED` must print what the README says they do.
+  named in :data:`EXPECTED` must print what the README says they do. A block that does not
+  apply (no ``apply`` in its text) must leave the sample projects as they were.
 - ``./dev`` sets up a venv with pip, so in the copy it is a stand-in: ``./dev demo`` runs
   ``python examples/demo.py`` (what ``./dev`` runs once ``.venv`` is set up) and ``./dev test``
   only says it is this suite; ``tests/test_dev_setup.py`` tests ``./dev`` itself.
@@ -27,6 +28,7 @@ The convention, for whoever edits README.md:
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -181,6 +183,16 @@ def environment(copy: Path, *, path: str | None = None) -> dict[str, str]:
     return env
 
 
+def projects_digest(copy: Path) -> str:
+    """A digest of the sample projects' files (``examples/sample-project``, ``my-project``)."""
+    h = hashlib.sha256()
+    for top in (copy / "examples" / "sample-project", copy / "my-project"):
+        for path in sorted(p for p in top.rglob("*") if p.is_file()):
+            if "__pycache__" not in path.parts:
+                h.update(str(path.relative_to(copy)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
 def run_block(block: Block, copy: Path) -> subprocess.CompletedProcess[str]:
     """Run one block in the copy."""
     if block.language == "python":
@@ -210,10 +222,14 @@ def test_the_readme_has_runnable_examples_and_every_skip_says_why() -> None:
 
 @pytest.mark.parametrize("block", RUNNABLE, ids=[b.id for b in RUNNABLE])
 def test_readme_example_runs_as_written(block: Block, copy: Path) -> None:
-    """The block exits 0 in the fresh copy and prints what the README says."""
+    """The block exits 0 in the fresh copy, prints what the README says, and touches the
+    projects only if it applies."""
+    before = projects_digest(copy)
     done = run_block(block, copy)
     output = done.stdout + done.stderr
     assert done.returncode == 0, f"{block.id} exited {done.returncode}:\n{block.text}\n{output}"
+    if "apply" not in block.text:
+        assert projects_digest(copy) == before, f"{block.id} changed a project without applying"
     for (language, needle), wanted in EXPECTED.items():
         if block.language == language and needle in block.text:
             for text in wanted:
@@ -240,3 +256,19 @@ def test_the_demo_names_a_runnable_orchestrator_when_it_is_not_on_path(copy: Pat
     ), last
     assert "`. .venv/bin/activate`" in last[1]
     assert "pipx install ." in last[1]
+
+
+def test_blocks_and_markers_are_read_as_documented() -> None:
+    """sh/console/python fences are examples; the marker right before one skips it with its
+    reason; a marker without a reason is refused; console blocks keep their ``$`` lines."""
+    text = (
+        "<!-- readme-test: skip (needs claude) -->\n```sh\na\n```\n\n"
+        "```toml\nb = 1\n```\n```python\nc = 1\n```\n"
+    )
+    assert readme_blocks(text) == [
+        Block(2, "sh", "a\n", "needs claude"),
+        Block(9, "python", "c = 1\n", None),
+    ]
+    with pytest.raises(ValueError, match="REASON"):
+        readme_blocks("<!-- readme-test: skip -->\n```sh\na\n```\n")
+    assert console_commands("$ one \\\n  two\noutput\n$ three\n") == "one \\\n  two\nthree\n"
