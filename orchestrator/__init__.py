@@ -36,9 +36,12 @@ _EXPORTS: dict[str, str] = {
     "prompt": "orchestrator.runs",
     "prompt_sync": "orchestrator.runs",
     "Config": "orchestrator.config",
+    "AgentInput": "orchestrator.pipeline",
     "Budget": "orchestrator.pipeline",
     "Pipeline": "orchestrator.pipeline",
     "Step": "orchestrator.pipeline",
+    "agent_input": "orchestrator.pipeline",
+    "agents_input": "orchestrator.pipeline",
     "load_pipeline": "orchestrator.pipeline",
     "step": "orchestrator.pipeline",
     "Results": "orchestrator.pipeline.results",
@@ -108,9 +111,12 @@ if TYPE_CHECKING:
     from .agents import AgentSpec as AgentSpec
     from .agents import resolve_agent as resolve_agent
     from .config import Config as Config
+    from .pipeline import AgentInput as AgentInput
     from .pipeline import Budget as Budget
     from .pipeline import Pipeline as Pipeline
     from .pipeline import Step as Step
+    from .pipeline import agent_input as agent_input
+    from .pipeline import agents_input as agents_input
     from .pipeline import load_pipeline as load_pipeline
     from .pipeline import step as step
     from .pipeline.results import Results as Results

@@ -10,6 +10,7 @@ import orchestrator
 EXPECTED = [
     "AcpSession",
     "AgentConnection",
+    "AgentInput",
     "AgentSpec",
     "ApplyOutcome",
     "Budget",
@@ -36,6 +37,8 @@ EXPECTED = [
     "Turn",
     "TurnResult",
     "__version__",
+    "agent_input",
+    "agents_input",
     "apply_run",
     "apply_run_sync",
     "compare",

@@ -13,22 +13,28 @@ import hashlib
 import math
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
+import attrs
 import structlog
 from attrs import field, frozen
 
 from ..errors import PipelineError, UsageError
 from ..sandbox import Sandbox
 from ._step import Step
-from ._values import RESERVED_PARAMS, named_params
+from ._values import RESERVED_PARAMS, AgentInput, named_params
 
 if TYPE_CHECKING:  # networkx costs ~75 ms to import: a one-step run (a prompt) needs none
     import networkx as nx
 
-__all__ = ["InputSpec", "Pipeline"]
+__all__ = ["InputKind", "InputSpec", "Pipeline"]
 
 log = structlog.get_logger(__name__)
+
+
+#: What a run input holds: any value, one agent's name (``agent_input``), or a list of agent
+#: names (``agents_input``); the last two are checked before any agent starts.
+InputKind = Literal["value", "agent", "agents"]
 
 
 @frozen
@@ -41,6 +47,8 @@ class InputSpec:
     has_default: bool = False
     #: the steps that depend on it, in definition order
     used_by: tuple[str, ...] = ()
+    #: what it holds: a value, or the agents of the steps that name it with a marker
+    kind: InputKind = "value"
 
 
 def _jsonable(value: Any) -> Any:
@@ -256,9 +264,44 @@ class Pipeline:
                 problems.append(
                     f"missing input {spec.name!r} (needed by {users}){self._step_hint(spec.name)}"
                 )
+                continue
+            if spec.kind != "value":
+                marker = self._marker(spec.name)
+                try:
+                    agents = marker.agents(result[spec.name])
+                except (TypeError, UsageError) as e:
+                    problems.append(f"input {spec.name!r}: {e}")
+                    continue
+                # one shape whatever was given: a list input is a list (``demo`` -> ["demo"])
+                result[spec.name] = list(agents) if marker.many else agents[0]
         if problems:
             raise PipelineError(problems, self.path or self.name)
         return result
+
+    def _marker(self, input_name: str) -> AgentInput:
+        return next(
+            s.agents_input
+            for s in self.steps.values()
+            if s.agents_input is not None and s.agents_input.name == input_name
+        )
+
+    def with_agents(self, inputs: Mapping[str, Any]) -> Pipeline:
+        """This pipeline with the agents its run inputs name, as :meth:`check_inputs` made them.
+
+        Each step declared with ``agent=agent_input(...)`` or ``agents_input(...)`` gets the
+        agents its input names (the graph, reports and the run see those); the others are
+        kept. The pipeline itself when no step names its agents by an input.
+        """
+        if not any(s.needs_agents for s in self.steps.values()):
+            return self
+        checked = self.check_inputs(inputs)
+        steps: dict[str, Step] = {}
+        for name, s in self.steps.items():
+            marker = s.agents_input
+            if marker is not None:
+                s = attrs.evolve(s, agents=marker.agents(checked[marker.name]))
+            steps[name] = s
+        return attrs.evolve(self, steps=MappingProxyType(steps), graph=None)
 
     def _step_hint(self, input_name: str) -> str:
         # A misspelt step name in a parameter list turns into a run input: say so.
@@ -276,17 +319,31 @@ class Pipeline:
         ``known`` raises :class:`~orchestrator.errors.UsageError` for a name it cannot launch
         (:func:`orchestrator.agents.resolve_agent` does); other exceptions propagate.
         """
-        users: dict[str, list[str]] = {}
+        unbound = [s.name for s in self.steps.values() if s.needs_agents]
+        if unbound:  # a programming error: the run binds its inputs first
+            raise UsageError(
+                f"steps {', '.join(unbound)} take their agents from run inputs: "
+                "check them with with_agents(inputs) first"
+            )
+        # where each agent is named: the inputs that gave it, the steps that name it directly
+        places: dict[str, tuple[list[str], list[str]]] = {}
         for s in self.steps.values():
             for agent in s.agents:
-                users.setdefault(agent, []).append(s.name)
+                inputs, steps = places.setdefault(agent, ([], []))
+                if s.agents_input is None:
+                    steps.append(s.name)
+                elif s.agents_input.name not in inputs:
+                    inputs.append(s.agents_input.name)
         problems: list[str] = []
-        for agent, step_names in users.items():
+        for agent, (inputs, steps) in places.items():
             try:
                 known(agent)
             except UsageError as e:
-                label = "step" if len(step_names) == 1 else "steps"
-                problems.append(f"{label} {', '.join(step_names)}: {e}")
+                # an agent a run input gave is the input's problem: say which input
+                parts = [f"input {name!r}" for name in inputs]
+                if steps:
+                    parts.append(f"{'step' if len(steps) == 1 else 'steps'} {', '.join(steps)}")
+                problems.append(f"{', '.join(parts)}: {e}")
         if problems:
             raise PipelineError(problems, self.path or self.name)
 
@@ -307,6 +364,10 @@ class Pipeline:
                 spec.name: _jsonable(spec.default) if spec.has_default else None
                 for spec in self.inputs.values()
             },
+            # the inputs that name agents, and what they hold ("agent" or "agents")
+            "agentInputs": {
+                spec.name: spec.kind for spec in self.inputs.values() if spec.kind != "value"
+            },
         }
 
 
@@ -319,6 +380,8 @@ def _node_json(s: Step) -> dict[str, Any]:
         "merge": s.merge,
         "description": s.description,
     }
+    if s.agents_input is not None:  # its agents are the input's (bound: as the run got them)
+        node["agentsInput"] = s.agents_input.name
     if s.sandbox:  # only a step that asks says so
         node["sandbox"] = s.sandbox.to_json() if isinstance(s.sandbox, Sandbox) else True
     if s.max_file_size is not None:
@@ -376,32 +439,61 @@ def _cycle_problems(graph: nx.DiGraph[str], index: Mapping[str, int]) -> list[st
 
 
 def _collect_inputs(by_name: Mapping[str, Step]) -> tuple[dict[str, InputSpec], list[str]]:
-    """The run inputs (dependencies that are not steps), and conflicting defaults."""
+    """The run inputs (dependencies that are not steps, and the inputs that name steps'
+    agents), and what is wrong with them: conflicting defaults, conflicting kinds."""
     users: dict[str, list[str]] = {}
     defaults: dict[str, list[tuple[str, Any]]] = {}
+    # the steps whose agents an input names, and whether each takes a list
+    markers: dict[str, list[tuple[str, bool]]] = {}
+    problems: list[str] = []
     for s in by_name.values():
+        marker = s.agents_input
+        if marker is not None:
+            if marker.name in by_name:
+                problems.append(
+                    f"step {s.name!r}: its agents come from {marker.name!r}, which is a step, "
+                    "not a run input"
+                )
+            else:
+                users.setdefault(marker.name, []).append(s.name)
+                markers.setdefault(marker.name, []).append((s.name, marker.many))
+                if marker.has_default:
+                    defaults.setdefault(marker.name, []).append((s.name, marker.default_value))
         when_defaults: Mapping[str, Any] = {}
         if s.when is not None:
             when_defaults = named_params(s.when, f"step {s.name!r}: when")[1]
         for dep in s.dependencies:
             if dep in by_name:
                 continue
-            users.setdefault(dep, []).append(s.name)
+            if s.name not in users.setdefault(dep, []):
+                users[dep].append(s.name)
             for source in (s.defaults, when_defaults):
                 if dep in source:
                     defaults.setdefault(dep, []).append((s.name, source[dep]))
                     break
-    problems: list[str] = []
     inputs: dict[str, InputSpec] = {}
     for input_name, used_by in users.items():
         given = defaults.get(input_name, [])
         if any(_differ(given[0][1], value) for _, value in given[1:]):
             listed = ", ".join(f"{value!r} in {where}" for where, value in given)
             problems.append(f"input {input_name!r} has different defaults: {listed}")
+        kind: InputKind = "value"
+        named = markers.get(input_name, [])
+        if named:
+            many = {m for _, m in named}
+            if len(many) > 1:
+                one = ", ".join(n for n, m in named if not m)
+                several = ", ".join(n for n, m in named if m)
+                problems.append(
+                    f"input {input_name!r} names one agent for {one} (agent_input) but a list "
+                    f"of agents for {several} (agents_input)"
+                )
+            kind = "agents" if True in many else "agent"
         inputs[input_name] = InputSpec(
             name=input_name,
             default=given[0][1] if given else None,
             has_default=bool(given),
             used_by=tuple(used_by),
+            kind=kind,
         )
     return inputs, problems

@@ -21,6 +21,7 @@ from ..sandbox import SandboxChoice, sandbox_choice
 from ._values import (
     MERGE_STRATEGIES,
     RESERVED_PARAMS,
+    AgentInput,
     Budget,
     MergeStrategy,
     agents_from,
@@ -71,8 +72,12 @@ class Step:
     params: tuple[str, ...]
     #: the parameters that have defaults (a default on a run input is that input's default)
     defaults: Mapping[str, Any] = field(factory=lambda: MappingProxyType({}))
-    #: the agents that run the step, one branch each; empty for a Python step
+    #: the agents that run the step, one branch each; empty for a Python step, and for a step
+    #: whose agents a run input names until the pipeline is bound to its inputs
+    #: (:meth:`~orchestrator.pipeline.Pipeline.with_agents`)
     agents: tuple[str, ...] = ()
+    #: the run input that names the step's agents (``agent=agent_input(...)``), if one does
+    agents_input: AgentInput | None = None
     #: a dependency whose value is iterated: one branch per element, passed as ``item``
     over: str | None = None
     #: how the parents' branches are merged before this step's branch forks from them
@@ -113,7 +118,7 @@ class Step:
         cls,
         fn: Callable[..., Any],
         *,
-        agent: str | Sequence[str] | None = None,
+        agent: str | Sequence[str] | AgentInput | None = None,
         over: str | None = None,
         merge: str = "fail",
         policy: str | None = None,
@@ -147,7 +152,8 @@ class Step:
         if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
             raise UsageError(f"{what}: a step returns its result; generators are not supported")
         params, defaults = named_params(fn, what)
-        agents = agents_from(agent, what)
+        marker = agent if isinstance(agent, AgentInput) else None
+        agents = () if marker is not None else agents_from(cast(Any, agent), what)
         if over is not None:
             if not isinstance(over, str):
                 raise TypeError(f"{what}: over must be a step or input name (a string)")
@@ -177,7 +183,7 @@ class Step:
         checked_mode = check_text(mode, "mode", what)
         checked_model = check_text(model, "model", what)
         checked_sandbox = sandbox_choice(sandbox, what)
-        if not agents:
+        if not agents and marker is None:
             agent_only = {
                 "policy": checked_policy,
                 "idle_timeout": checked_idle,
@@ -198,6 +204,7 @@ class Step:
             params=params,
             defaults=MappingProxyType(defaults),
             agents=agents,
+            agents_input=marker,
             over=over,
             merge=cast(MergeStrategy, merge),
             policy=checked_policy,
@@ -217,6 +224,9 @@ class Step:
             is_async=inspect.iscoroutinefunction(fn),
             sandbox=checked_sandbox,
             max_file_size=checked_size,
+            # a list of agents from an input is a fan-out whatever its length: the step's
+            # value is Results keyed by agent, also when the input names one agent
+            keyed_by_agent=marker is not None and marker.many,
         )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -229,14 +239,22 @@ class Step:
         return self.fn
 
     def __repr__(self) -> str:
-        kind = f"agents={list(self.agents)!r}" if self.agents else "python"
+        if self.agents_input is not None and not self.agents:
+            kind = f"agents from input {self.agents_input.name!r}"
+        else:
+            kind = f"agents={list(self.agents)!r}" if self.agents else "python"
         over = f", over={self.over!r}" if self.over else ""
         return f"<Step {self.name!r} {kind}{over}>"
 
     @property
     def is_agent_step(self) -> bool:
         """Whether agents run this step (its function returns their prompt)."""
-        return bool(self.agents)
+        return bool(self.agents) or self.agents_input is not None
+
+    @property
+    def needs_agents(self) -> bool:
+        """Whether the step's agents come from a run input not bound yet."""
+        return self.agents_input is not None and not self.agents
 
     @property
     def fans_out(self) -> bool:
@@ -264,7 +282,7 @@ def step(fn: Callable[..., Any], /) -> Step: ...
 @overload
 def step(
     *,
-    agent: str | Sequence[str] | None = None,
+    agent: str | Sequence[str] | AgentInput | None = None,
     over: str | None = None,
     merge: str = "fail",
     policy: str | None = None,
@@ -285,7 +303,7 @@ def step(
     fn: Callable[..., Any] | None = None,
     /,
     *,
-    agent: str | Sequence[str] | None = None,
+    agent: str | Sequence[str] | AgentInput | None = None,
     over: str | None = None,
     merge: str = "fail",
     policy: str | None = None,
@@ -306,9 +324,11 @@ def step(
     (steps or run inputs; a default on a run input is the input's default). The reserved
     names ``item``, ``workdir`` and ``ctx`` are filled in by the runner.
 
-    - ``agent``: an agent name, or several for one branch per agent. Without it, the step is
-      plain Python and its return value is its result; with it, the function returns the prompt
-      (a string or a list of content-block dicts).
+    - ``agent``: an agent name, or several for one branch per agent; or a run input that
+      names them, :func:`agent_input` (one agent) or :func:`agents_input` (one branch per
+      agent it lists), with a default. Without it, the step is plain Python and its return
+      value is its result; with it, the function returns the prompt (a string or a list of
+      content-block dicts).
     - ``over``: a step or run input whose value is iterated, one branch per element, which the
       function receives as ``item``.
     - ``merge``: how conflicting parent branches merge before this step forks its own:

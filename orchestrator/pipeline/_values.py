@@ -8,6 +8,7 @@ step it is about).
 from __future__ import annotations
 
 import inspect
+import json
 import keyword
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, get_args
@@ -20,9 +21,12 @@ from ..errors import UsageError
 __all__ = [
     "MERGE_STRATEGIES",
     "RESERVED_PARAMS",
+    "AgentInput",
     "Budget",
     "MergeStrategy",
+    "agent_input",
     "agents_from",
+    "agents_input",
     "check_size",
     "check_text",
     "check_timeout",
@@ -129,6 +133,125 @@ def agents_from(value: str | Sequence[str] | None, what: str) -> tuple[str, ...]
                 f"(label a second one with NAME=COMMAND)"
             )
     return agents
+
+
+_NO_DEFAULT = object()
+
+
+@frozen
+class AgentInput:
+    """A step's agents named by a run input: ``@step(agent=agent_input("reviewer", ...))``.
+
+    Made by :func:`agent_input` (one agent) or :func:`agents_input` (a fan-out: one branch per
+    agent). The input is a run input like any other (``--set NAME=VALUE``, the ``inputs`` of
+    :func:`~orchestrator.runs.run_pipeline`); its value is checked before any agent starts.
+    """
+
+    #: the run input that names the agents
+    name: str
+    #: whether the input is a list of agents (a fan-out, keyed by agent) or one agent
+    many: bool
+    #: the agents when the input is not given (empty: the input must be given)
+    default: tuple[str, ...] = ()
+
+    @property
+    def has_default(self) -> bool:
+        """Whether the input may be left out."""
+        return bool(self.default)
+
+    @property
+    def default_value(self) -> str | list[str] | None:
+        """The default as the input's value: a name, a list of names, or None."""
+        if not self.default:
+            return None
+        return list(self.default) if self.many else self.default[0]
+
+    def agents(self, value: object) -> tuple[str, ...]:
+        """The agents ``value`` (the input's value) names; TypeError or UsageError if none.
+
+        One agent is a string; a list input takes a list of strings, or one string for a
+        single agent. Messages say what was expected, not which input (the caller names it).
+        """
+        if self.many:
+            if isinstance(value, str):
+                value = [value]
+            if not isinstance(value, list | tuple):
+                raise TypeError(
+                    f"expected an agent name or a list of agent names, got {_kind(value)}"
+                )
+            if not value:
+                raise UsageError("names no agent: give at least one")
+        elif not isinstance(value, str):
+            raise TypeError(f"expected one agent name (a string), got {_kind(value)}")
+        else:
+            value = [value]
+        for item in value:
+            if not isinstance(item, str):
+                raise TypeError(f"agent names are strings, not {_kind(item)}")
+            if not item.strip():
+                raise UsageError("an agent name is empty")
+        names = tuple(value)
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                raise UsageError(
+                    f"agent {name!r} is listed twice; branches are keyed by agent name "
+                    "(label a second one with NAME=COMMAND)"
+                )
+        return names
+
+
+def _kind(value: object) -> str:
+    """``value`` for a type error: what it is, and short values as JSON (``a number (3)``)."""
+    if value is None:
+        return "null"
+    if isinstance(value, list | tuple):
+        return "a list"
+    kinds = {bool: "a boolean", int: "a number", float: "a number", dict: "an object"}
+    kind = kinds.get(type(value))
+    if kind is None:
+        return type(value).__name__
+    try:
+        shown = json.dumps(value)
+    except (TypeError, ValueError):
+        return kind
+    return f"{kind} ({shown})" if len(shown) <= 40 else kind
+
+
+def _agent_input(name: object, many: bool, default: object) -> AgentInput:
+    which = "agents_input" if many else "agent_input"
+    if not isinstance(name, str):
+        raise TypeError(f"{which}: the input name is a string, not {type(name).__name__}")
+    if not is_identifier(name) or name in RESERVED_PARAMS:
+        raise UsageError(f"{which}: {name!r} cannot name a run input (a Python identifier)")
+    marker = AgentInput(name=name, many=many)
+    if default is _NO_DEFAULT or default is None:
+        return marker
+    try:
+        agents = marker.agents(list(default) if isinstance(default, tuple) else default)
+    except (TypeError, UsageError) as e:
+        raise type(e)(f"{which}({name!r}): default: {e}") from None
+    return AgentInput(name=name, many=many, default=agents)
+
+
+def agent_input(name: str, *, default: str | None = None) -> AgentInput:
+    """One agent, named by the run input ``name`` (default: ``default``; None: required).
+
+    ``@step(agent=agent_input("reviewer", default="claude"))`` runs the step with the agent
+    the input names (``--set reviewer=codex``); the value is an agent name as ``--agent``
+    takes it (a known name, ``NAME=COMMAND`` or a command line).
+    """
+    return _agent_input(name, False, default)
+
+
+def agents_input(name: str, *, default: Sequence[str] | None = None) -> AgentInput:
+    """A fan-out over the agents the run input ``name`` lists: one branch per agent.
+
+    ``@step(agent=agents_input("agents", default=["claude", "codex"]))`` runs one branch per
+    agent of the input (``--set agents='["claude", "gemini"]'``, or one name: ``--set
+    agents=demo``). The step's value is a :class:`~orchestrator.pipeline.results.Results`
+    keyed by agent, however many agents are given.
+    """
+    return _agent_input(name, True, default)
 
 
 def check_timeout(value: object, name: str, what: str) -> float | None:

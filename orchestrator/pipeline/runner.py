@@ -100,6 +100,8 @@ class PipelineRunner:
     _executor: InstanceExecutor = field(init=False)
 
     def __attrs_post_init__(self) -> None:
+        # steps whose agents run inputs name run with the agents the inputs give
+        self.pipeline = self.pipeline.with_agents(self.inputs)
         self.states = {name: StepState(s) for name, s in self.pipeline.steps.items()}
         self._parents = {name: self.pipeline.parents(name) for name in self.pipeline.steps}
         self._recorder = Recorder(

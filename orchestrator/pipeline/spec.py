@@ -2,8 +2,10 @@
 
 A pipeline is a set of functions decorated with :func:`step`. A step's name is its function's
 name; its parameter names are what it depends on: other steps, or *run inputs* (names no step
-defines, given when the pipeline runs). :meth:`Pipeline.from_steps` checks the whole graph at
-once and reports every problem in one :class:`~orchestrator.errors.PipelineError`.
+defines, given when the pipeline runs). A step's agents may be a run input too
+(``agent=agent_input(...)``, ``agents_input(...)``), bound by :meth:`Pipeline.with_agents`.
+:meth:`Pipeline.from_steps` checks the whole graph at once and reports every problem in one
+:class:`~orchestrator.errors.PipelineError`.
 
 Nothing here runs a step: this layer only describes (see ``pipeline/runner.py`` for that).
 The code lives in ``_values`` (option values and their checks), ``_step`` (:class:`Step`,
@@ -13,18 +15,30 @@ they are imported from.
 
 from __future__ import annotations
 
-from ._graph import InputSpec, Pipeline
+from ._graph import InputKind, InputSpec, Pipeline
 from ._step import Step, collect_steps, step
-from ._values import MERGE_STRATEGIES, RESERVED_PARAMS, Budget, MergeStrategy
+from ._values import (
+    MERGE_STRATEGIES,
+    RESERVED_PARAMS,
+    AgentInput,
+    Budget,
+    MergeStrategy,
+    agent_input,
+    agents_input,
+)
 
 __all__ = [
     "MERGE_STRATEGIES",
     "RESERVED_PARAMS",
+    "AgentInput",
     "Budget",
+    "InputKind",
     "InputSpec",
     "MergeStrategy",
     "Pipeline",
     "Step",
+    "agent_input",
+    "agents_input",
     "collect_steps",
     "step",
 ]

@@ -285,6 +285,8 @@ async def run_pipeline(
     check_transcript_path(transcript)
     pipe = pipeline if isinstance(pipeline, Pipeline) else load_pipeline(pipeline)
     values = pipe.check_inputs(inputs or {})
+    # the agents that run inputs name, from here on as if the file had named them
+    pipe = pipe.with_agents(values)
     cfg = config if config is not None else Config.load(root, state_dir=state_dir)
     if _settings_restored is not None:
         cfg = _settings_restored.config(cfg)
