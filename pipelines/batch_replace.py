@@ -7,7 +7,15 @@ edits to different files never conflict) and a verify command runs on the merged
         --set pattern='src/**/*.py' --set change='Replace os.path calls with pathlib' \\
         --set verify='python -m pytest -q'
 
-The agent is ``claude``; change ``agent=`` below (or relabel it in ``.orchestrator.toml``).
+Inputs: ``change`` (required: what to do to each file; ``{file}`` in it stands for the file's
+path), ``pattern`` (the glob, default ``**/*.py``), ``verify`` (a shell command run on the
+merged files, default ``true``) and ``agent`` (the agent that edits each file, default
+``claude``: ``--set agent=codex``).
+
+Offline, with the built-in demo agent (its instructions: orchestrator/demo/instructions.py):
+
+    orchestrator run pipelines/batch_replace.py --policy edit --set agent=demo \\
+        --set pattern='**/*.md' --set change='replace "colour" with "color" in {file}'
 
 Add ``--apply`` to write the result when the verify command passed.
 """
@@ -17,7 +25,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from orchestrator import StepContext, step
+from orchestrator import StepContext, agent_input, step
 
 PIPELINE_NAME = "batch-replace"
 
@@ -29,11 +37,18 @@ def files(ctx: StepContext, pattern: str = "**/*.py") -> list[str]:
     return sorted(p.as_posix() for p in found if not any(s.startswith(".") for s in p.parts))
 
 
-@step(agent="claude", over="files", retries=1, timeout=900, idle_timeout=300)
+@step(
+    agent=agent_input("agent", default="claude"),
+    over="files",
+    retries=1,
+    timeout=900,
+    idle_timeout=300,
+)
 def transform(item: str, change: str) -> str:
     """Apply the change to one file."""
+    # the change on lines of its own: an instruction is never run together with this text
     return (
-        f"Edit only the file {item}. {change}\n"
+        f"Edit only the file {item}.\n\n{change.replace('{file}', item)}\n\n"
         "Keep the file's behaviour and style; do not touch any other file."
     )
 

@@ -3,6 +3,10 @@
     orchestrator run pipelines/compare_agents.py --cwd ~/project --policy edit \\
         --set task='Fix the failing test in tests/test_parser.py' --report report/
 
+Inputs: ``task`` (required) and ``agents`` (the agents to compare, default claude, codex and
+gemini: ``--set agents='["claude", "qwen"]'``; labels tell one agent apart on two models or
+commands, ``--set agents='["a=demo", "b=demo"]'``).
+
 The report shows the agents side by side; apply the winner's branch with
 ``orchestrator apply RUN --step implement[NAME]``. (``orchestrator compare`` does the same
 from the command line without a file.)
@@ -10,12 +14,16 @@ from the command line without a file.)
 
 from __future__ import annotations
 
-from orchestrator import Results, step
+from orchestrator import Results, agents_input, step
 
 PIPELINE_NAME = "compare-agents"
 
 
-@step(agent=["claude", "codex", "gemini"], timeout=1800, idle_timeout=300)
+@step(
+    agent=agents_input("agents", default=["claude", "codex", "gemini"]),
+    timeout=1800,
+    idle_timeout=300,
+)
 def implement(task: str) -> str:
     """Each agent does the task in its own branch."""
     return task
