@@ -352,11 +352,13 @@ class Pipeline:
     def to_json(self) -> dict[str, Any]:
         """The graph as JSON-ready data: nodes, edges and inputs (for reports and ``--json``).
 
-        An input default JSON cannot hold as it is appears as its ``repr``.
+        An input default JSON cannot hold as it is appears as its ``repr``. A node whose agents
+        a run input names says which (``agentsInput``), and ``agentInputs`` lists those inputs;
+        bound (:meth:`with_agents`), its ``agents`` are the ones the input gave.
         """
         index = {n: i for i, n in enumerate(self.steps)}
         edges = sorted(self.edges, key=lambda e: (index[e[1]], index[e[0]]))
-        return {
+        data: dict[str, Any] = {
             "name": self.name,
             "nodes": [_node_json(s) for s in self.steps.values()],
             "edges": [[a, b] for a, b in edges],
@@ -364,11 +366,13 @@ class Pipeline:
                 spec.name: _jsonable(spec.default) if spec.has_default else None
                 for spec in self.inputs.values()
             },
-            # the inputs that name agents, and what they hold ("agent" or "agents")
-            "agentInputs": {
-                spec.name: spec.kind for spec in self.inputs.values() if spec.kind != "value"
-            },
         }
+        # the inputs that name agents, and what each holds ("agent" or "agents"); only a
+        # pipeline that has some says so
+        named = {spec.name: spec.kind for spec in self.inputs.values() if spec.kind != "value"}
+        if named:
+            data["agentInputs"] = named
+        return data
 
 
 def _node_json(s: Step) -> dict[str, Any]:
