@@ -128,7 +128,7 @@ def add_parsers(sub: Any) -> None:
         metavar="KEY=VALUE",
         help="a run input (VALUE is JSON if it parses, else a string; JSON nested at most "
         f"{MAX_SET_DEPTH} levels); an input that names agents takes an agent name, or a JSON "
-        "list of them for a fan-out (--set agents='[\"claude\", \"codex\"]'); repeatable",
+        'list of them for a fan-out (--set agents=\'["claude", "codex"]\'); repeatable',
     )
     p.add_argument("--apply", action="store_true", help="write the run's changes to --cwd")
     _shared(p)

@@ -478,21 +478,21 @@ def _collect_inputs(by_name: Mapping[str, Step]) -> tuple[dict[str, InputSpec], 
     inputs: dict[str, InputSpec] = {}
     for input_name, used_by in users.items():
         given = defaults.get(input_name, [])
-        if any(_differ(given[0][1], value) for _, value in given[1:]):
-            listed = ", ".join(f"{value!r} in {where}" for where, value in given)
-            problems.append(f"input {input_name!r} has different defaults: {listed}")
         kind: InputKind = "value"
         named = markers.get(input_name, [])
+        many = {m for _, m in named}
         if named:
-            many = {m for _, m in named}
-            if len(many) > 1:
-                one = ", ".join(n for n, m in named if not m)
-                several = ", ".join(n for n, m in named if m)
-                problems.append(
-                    f"input {input_name!r} names one agent for {one} (agent_input) but a list "
-                    f"of agents for {several} (agents_input)"
-                )
             kind = "agents" if True in many else "agent"
+        if len(many) > 1:  # its defaults differ too, of course: this says why
+            one = ", ".join(n for n, m in named if not m)
+            several = ", ".join(n for n, m in named if m)
+            problems.append(
+                f"input {input_name!r} names one agent for {one} (agent_input) but a list "
+                f"of agents for {several} (agents_input)"
+            )
+        elif any(_differ(given[0][1], value) for _, value in given[1:]):
+            listed = ", ".join(f"{value!r} in {where}" for where, value in given)
+            problems.append(f"input {input_name!r} has different defaults: {listed}")
         inputs[input_name] = InputSpec(
             name=input_name,
             default=given[0][1] if given else None,
