@@ -6,7 +6,7 @@ to its inputs (``with_agents``) runs, checks and describes the agents the input 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -215,12 +215,16 @@ def test_a_marker_cannot_name_a_step() -> None:
 @pytest.mark.parametrize(
     ("make", "error", "message"),
     [
-        (lambda: agent_input("lead", default=3), TypeError, "default: expected one agent name"),
+        (
+            lambda: agent_input("lead", default=cast(Any, 3)),
+            TypeError,
+            "default: expected one agent name",
+        ),
         (lambda: agents_input("agents", default=[]), UsageError, "default: names no agent"),
         (lambda: agents_input("agents", default=["a", "a"]), UsageError, "listed twice"),
         (lambda: agent_input("not a name"), UsageError, "cannot name a run input"),
         (lambda: agent_input("item"), UsageError, "cannot name a run input"),
-        (lambda: agent_input(3), TypeError, "the input name is a string"),
+        (lambda: agent_input(cast(Any, 3)), TypeError, "the input name is a string"),
     ],
 )
 def test_the_marker_is_checked_when_made(make: Any, error: type[Exception], message: str) -> None:

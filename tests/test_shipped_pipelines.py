@@ -159,6 +159,8 @@ async def test_plan_implement_review_on_demo_agents(docs: Path, state_dir: Path)
         "--policy",
         "edit",
         "--apply",
+        "--report",
+        str(docs.parent / "report"),
         "--json",
         "--no-progress",
         cwd=docs,
@@ -167,6 +169,10 @@ async def test_plan_implement_review_on_demo_agents(docs: Path, state_dir: Path)
     assert done.returncode == EXIT_OK, done.stderr.decode()
     result = as_json(done)
     assert result["status"] == "succeeded"
+    # the report's steps name the agents the inputs gave, not the pipeline's defaults
+    report = (docs.parent / "report" / "report.md").read_text()
+    assert "agents a=demo, b=demo" in report
+    assert "claude" not in report
     assert _graph_agents(result) == {
         "plan": ["demo"],
         "implement": ["a=demo", "b=demo"],
