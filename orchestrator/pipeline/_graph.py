@@ -290,7 +290,8 @@ class Pipeline:
 
         Each step declared with ``agent=agent_input(...)`` or ``agents_input(...)`` gets the
         agents its input names (the graph, reports and the run see those); the others are
-        kept. The pipeline itself when no step names its agents by an input.
+        kept. The pipeline itself when no step waits for its agents (none names them by an
+        input, or they are bound already: binding is done once, by the run).
         """
         if not any(s.needs_agents for s in self.steps.values()):
             return self
