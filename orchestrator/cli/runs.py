@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 from .._names import display_names
 from . import EXIT_FAILED, EXIT_MERGE_CONFLICTS, EXIT_OK, EXIT_USAGE, SANDBOX_HELP
-from .output import say, terminal_text
+from .output import say, say_default_policy_note, terminal_text
 
 RUN_EXAMPLES = """\
 examples:
@@ -319,6 +319,7 @@ def _finish(args: argparse.Namespace, outcome: Any) -> int:
     else:
         _restored_line(result.get("restored"))
         _summary(result, outcome.run_id)
+        say_default_policy_note(outcome.default_rejections, sys.stderr)
     return int(outcome.exit_code)
 
 
