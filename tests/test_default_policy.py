@@ -49,6 +49,25 @@ def check(edit: object, task: str) -> str:
     return task
 """
 
+#: its last step fails until the file named by the input ``gate`` exists
+GATED = """\
+import os
+
+from orchestrator import step
+
+
+@step(agent="demo")
+def edit(task: str) -> str:
+    return task
+
+
+@step()
+def wait(edit: object, gate: str) -> int:
+    if not os.path.exists(gate):
+        raise RuntimeError("the gate is closed")
+    return 1
+"""
+
 
 @pytest.fixture
 def colour(tmp_path: Path) -> Path:
@@ -192,6 +211,27 @@ async def test_run_counts_only_the_steps_without_a_policy(colour: Path, state_di
     assert result["defaultRejections"] == {"count": 1, "steps": {"edit": 1}}
     done = await run_cli(*args, "--policy", "edit", "--json", cwd=colour, state=state_dir)
     assert as_json(done)["defaultRejections"] == NONE
+
+
+@pytest.mark.slow
+@through_cli
+async def test_resume_says_it_too(colour: Path, state_dir: Path) -> None:
+    """resume: the rejections of the reused instance still count, in text and --json."""
+    pipeline, gate = colour.parent / "gated.py", colour.parent / "gate"
+    pipeline.write_text(GATED)
+    done = await run_cli(
+        "run", str(pipeline), "--json", "--set", f"task={EDIT}", "--set", f"gate={gate}",
+        cwd=colour, state=state_dir,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    run_id = as_json(done)["runId"]
+    gate.touch()
+    done = await run_cli("resume", "--no-progress", run_id, cwd=colour, state=state_dir)
+    assert done.returncode == 0, done.stderr
+    assert ending(done, f"run {run_id}: succeeded")[-1] == ONE
+    result = as_json(await run_cli("resume", "--json", run_id, cwd=colour, state=state_dir))
+    check(result)
+    assert result["defaultRejections"] == {"count": 1, "steps": {"edit": 1}}
 
 
 def test_library_results_count_default_rejections(colour: Path) -> None:
