@@ -157,7 +157,7 @@ async def test_compare_counts_per_agent_and_reports_it(
     assert done.returncode == 0, done.stderr
     assert ending(done, r"run [0-9a-f]{12}: succeeded")[-1] == TWO
     html, markdown = (report / "report.html").read_text(), (report / "report.md").read_text()
-    notice = "2 permission requests were rejected by the default policy (no policy was given)"
+    notice = "2 permission requests were rejected by the default policy (no policy was given"
     assert f'<p class="notice" role="note">{notice}' in html
     assert markdown.splitlines()[2].startswith(f"> **Note:** {notice}")
     done = await run_cli("compare", "--json", *agents, EDIT, cwd=colour, state=state_dir)
@@ -263,7 +263,7 @@ def test_report_notice_only_when_requests_were_rejected_by_default() -> None:
         "steps": {"edit": {"status": "succeeded", "instances": {}}},
         "defaultRejections": {"count": 3, "steps": {"edit": 3}},
     }
-    notice = "3 permission requests were rejected by the default policy (no policy was given)"
+    notice = "3 permission requests were rejected by the default policy (no policy was given"
     assert f'<p class="notice" role="note">{notice}' in render_html(result)
     assert f"> **Note:** {notice}" in render_markdown(result)
     for quiet in ({"count": 0, "steps": {}}, None):

@@ -325,8 +325,8 @@ def default_policy_text(count: int) -> str | None:
         return None
     what = "permission request was" if count == 1 else "permission requests were"
     return (
-        f"{count} {what} rejected by the default policy (no policy was given), so the agents "
-        "could not do what they asked to; a policy (the edit preset, for one) allows edits."
+        f"{count} {what} rejected by the default policy (no policy was given: without one, "
+        "every request is rejected); a policy (the edit preset, for one) allows edits."
     )
 
 
