@@ -33,8 +33,8 @@ examples:
   orchestrator prompt --agent demo --policy edit 'replace "colour" with "color" in **/*.md'
   orchestrator prompt --agent claude --json "Explain this repository"
   orchestrator prompt --agent "mine=python my_agent.py" --transcript wire.ndjson "hello"
-  orchestrator run pipelines/batch_replace.py --set change='Use pathlib'
-  orchestrator compare --agent claude --agent codex --verify "pytest -q" "Fix the bug"
+  orchestrator run pipelines/batch_replace.py --policy edit --set change='Use pathlib'
+  orchestrator compare --agent claude --agent codex --policy edit --verify "pytest -q" "Fix the bug"
   orchestrator runs; orchestrator show RUN; orchestrator apply RUN
   orchestrator apply RUN --git-branch agent/result
   orchestrator agents --check

@@ -20,14 +20,18 @@ from .output import say, say_default_policy_note, terminal_text
 
 RUN_EXAMPLES = """\
 examples:
-  orchestrator run pipelines/batch_replace.py --set change='Use pathlib' --cwd ~/proj
-  orchestrator run pipelines/plan_implement_review.py --set task="add a --verbose flag" --apply
-  orchestrator run examples/demo_pipeline.py --cwd examples/sample-project --report report/
+  orchestrator run pipelines/batch_replace.py --set change='Use pathlib' --cwd ~/proj --policy edit
+  orchestrator run pipelines/plan_implement_review.py --policy edit --apply \\
+      --set task="add a --verbose flag"
+  orchestrator run examples/demo_pipeline.py --cwd examples/sample-project --policy edit \\
+      --report report/
 """
 COMPARE_EXAMPLES = """\
 examples:
-  orchestrator compare --agent claude --agent codex --verify "pytest -q" "Fix the failing test"
-  orchestrator compare --agent a=demo --agent b=demo --report out/ 'rename x to y in *.py'
+  orchestrator compare --agent claude --agent codex --policy edit --verify "pytest -q" \\
+      "Fix the failing test"
+  orchestrator compare --agent a=demo --agent b=demo --policy edit --report out/ \\
+      'rename x to y in *.py'
 """
 
 
