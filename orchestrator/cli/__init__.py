@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from .output import say, terminal_text
+from .output import say, say_default_policy_note, terminal_text
 
 if TYPE_CHECKING:  # the heavy imports stay out of `--help`
     from ..protocol import types as t
@@ -33,8 +33,8 @@ examples:
   orchestrator prompt --agent demo --policy edit 'replace "colour" with "color" in **/*.md'
   orchestrator prompt --agent claude --json "Explain this repository"
   orchestrator prompt --agent "mine=python my_agent.py" --transcript wire.ndjson "hello"
-  orchestrator run pipelines/batch_replace.py --set change='Use pathlib'
-  orchestrator compare --agent claude --agent codex --verify "pytest -q" "Fix the bug"
+  orchestrator run pipelines/batch_replace.py --policy edit --set change='Use pathlib'
+  orchestrator compare --agent claude --agent codex --policy edit --verify "pytest -q" "Fix the bug"
   orchestrator runs; orchestrator show RUN; orchestrator apply RUN
   orchestrator apply RUN --git-branch agent/result
   orchestrator agents --check
@@ -372,6 +372,7 @@ async def _cmd_prompt(args: argparse.Namespace) -> int:
             sys.stdout.write("\n")
         say(f"[{run.agent.name}: {run.turn.stop_reason}]", file=sys.stderr)
         _report_changes(run)
+        say_default_policy_note(run.default_rejections, sys.stderr)
     if run.exit_code:
         return run.exit_code
     return EXIT_OK if run.turn.stop_reason == "end_turn" else EXIT_FAILED

@@ -14,9 +14,19 @@ from __future__ import annotations
 import json
 import re
 import sys
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-__all__ = ["SCHEMA_VERSION", "emit_json", "output_schema", "say", "terminal_text"]
+if TYPE_CHECKING:
+    from ..runs.default_policy import DefaultRejections
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "emit_json",
+    "output_schema",
+    "say",
+    "say_default_policy_note",
+    "terminal_text",
+]
 
 #: the version of the ``--json`` objects' shape
 SCHEMA_VERSION = 1
@@ -73,3 +83,10 @@ def say(text: str, file: IO[str] | None = None, *, flush: bool = False) -> None:
     """Print one piece of human output (``text`` and a newline) made safe by
     :func:`terminal_text`, on ``file`` (default: stdout)."""
     print(terminal_text(text), file=file or sys.stdout, flush=flush)
+
+
+def say_default_policy_note(rejections: DefaultRejections, file: IO[str] | None = None) -> None:
+    """End a run's human output with a line saying how many permission requests were rejected
+    because no policy was given, and the option that allows edits (nothing when none were)."""
+    if rejections.message:
+        say(f"{rejections.message}; --policy edit allows edits", file)

@@ -16,18 +16,22 @@ if TYPE_CHECKING:
 
 from .._names import display_names
 from . import EXIT_FAILED, EXIT_MERGE_CONFLICTS, EXIT_OK, EXIT_USAGE, SANDBOX_HELP
-from .output import say, terminal_text
+from .output import say, say_default_policy_note, terminal_text
 
 RUN_EXAMPLES = """\
 examples:
-  orchestrator run pipelines/batch_replace.py --set change='Use pathlib' --cwd ~/proj
-  orchestrator run pipelines/plan_implement_review.py --set task="add a --verbose flag" --apply
-  orchestrator run examples/demo_pipeline.py --cwd examples/sample-project --report report/
+  orchestrator run pipelines/batch_replace.py --set change='Use pathlib' --cwd ~/proj --policy edit
+  orchestrator run pipelines/plan_implement_review.py --policy edit --apply \\
+      --set task="add a --verbose flag"
+  orchestrator run examples/demo_pipeline.py --cwd examples/sample-project --policy edit \\
+      --report report/
 """
 COMPARE_EXAMPLES = """\
 examples:
-  orchestrator compare --agent claude --agent codex --verify "pytest -q" "Fix the failing test"
-  orchestrator compare --agent a=demo --agent b=demo --report out/ 'rename x to y in *.py'
+  orchestrator compare --agent claude --agent codex --policy edit --verify "pytest -q" \\
+      "Fix the failing test"
+  orchestrator compare --agent a=demo --agent b=demo --policy edit --report out/ \\
+      'rename x to y in *.py'
 """
 
 
@@ -320,6 +324,7 @@ def _finish(args: argparse.Namespace, outcome: Any) -> int:
     else:
         _restored_line(result.get("restored"))
         _summary(result, outcome.run_id)
+        say_default_policy_note(outcome.default_rejections, sys.stderr)
     return int(outcome.exit_code)
 
 

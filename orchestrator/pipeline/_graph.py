@@ -391,6 +391,8 @@ def _node_json(s: Step) -> dict[str, Any]:
         node["sandbox"] = s.sandbox.to_json() if isinstance(s.sandbox, Sandbox) else True
     if s.max_file_size is not None:
         node["maxFileSize"] = s.max_file_size
+    if s.policy:  # the policy its agents' requests are answered by, before the run's
+        node["policy"] = s.policy
     return node
 
 

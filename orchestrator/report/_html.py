@@ -42,6 +42,7 @@ from ._model import (
     applied_text,
     as_str,
     conflicts_text,
+    default_policy_text,
     sum_costs,
     sum_tokens,
 )
@@ -90,7 +91,13 @@ def html_page(view: CompareView | PipelineView) -> str:
         Markup("\n"),
         el(
             "body",
-            el("header", el("h1", title), el("div", meta, class_="meta"), class_="top"),
+            el(
+                "header",
+                el("h1", title),
+                el("div", meta, class_="meta"),
+                _default_policy_notice(view),
+                class_="top",
+            ),
             el(
                 "nav",
                 [el("a", label, href=f"#{sid}") for sid, label, _ in sections],
@@ -109,6 +116,12 @@ def html_page(view: CompareView | PipelineView) -> str:
         Markup("\n</html>\n"),
     )
     return str(doc)
+
+
+def _default_policy_notice(view: CompareView | PipelineView) -> Markup | None:
+    """A visible notice when the default policy rejected requests because none was given."""
+    text = default_policy_text(view.default_rejections)
+    return el("p", text, class_="notice", role="note") if text else None
 
 
 # --------------------------------------------------------------------------- small pieces

@@ -40,6 +40,7 @@ from ._model import (
     applied_text,
     as_str,
     conflicts_text,
+    default_policy_text,
     sum_costs,
     sum_tokens,
 )
@@ -50,6 +51,9 @@ __all__ = ["markdown_document"]
 def markdown_document(view: CompareView | PipelineView) -> str:
     """The whole Markdown report for a result view."""
     parts = _pipeline(view) if isinstance(view, PipelineView) else _compare(view)
+    notice = default_policy_text(view.default_rejections)
+    if notice:  # under the title: the first thing read
+        parts[2:2] = [f"> **Note:** {cell(notice)}", ""]
     return "\n".join(parts).rstrip("\n") + "\n"
 
 

@@ -28,6 +28,7 @@ __all__ = [
     "StepView",
     "applied_text",
     "conflicts_text",
+    "default_policy_text",
     "layers",
     "load",
 ]
@@ -311,6 +312,24 @@ def conflicts_text(conflicts: Sequence[ConflictView]) -> str:
     return f"{len(conflicts)} ({unresolved} unresolved)"
 
 
+def _default_rejections(result: Mapping[str, Any]) -> int:
+    """The result's ``defaultRejections`` count (0 when missing or malformed)."""
+    count = as_num(as_map(result.get("defaultRejections")).get("count"))
+    return max(0, int(count)) if count is not None else 0
+
+
+def default_policy_text(count: int) -> str | None:
+    """The notice of a run whose permission requests the default policy rejected because no
+    policy was given; None when it rejected none."""
+    if count <= 0:
+        return None
+    what = "permission request was" if count == 1 else "permission requests were"
+    return (
+        f"{count} {what} rejected by the default policy (no policy was given: without one, "
+        "every request is rejected); a policy (the edit preset, for one) allows edits."
+    )
+
+
 # --------------------------------------------------------------------------- compare
 
 
@@ -330,6 +349,8 @@ class CompareView:
     times: RunTimes
     #: "compare" or "prompt"
     kind: str
+    #: permission requests rejected by the default rule because no policy was given
+    default_rejections: int = 0
 
     @classmethod
     def from_json(cls, result: Mapping[str, Any]) -> CompareView:
@@ -350,6 +371,7 @@ class CompareView:
             conflicts=tuple(ConflictView.from_json(c) for c in as_maps(result.get("conflicts"))),
             times=RunTimes.from_json(result),
             kind="compare",
+            default_rejections=_default_rejections(result),
         )
 
     @classmethod
@@ -369,6 +391,7 @@ class CompareView:
             conflicts=(),
             times=RunTimes.from_json(result),
             kind="prompt",
+            default_rejections=_default_rejections(result),
         )
 
     def applied_to(self, agent: AgentView) -> bool:
@@ -490,6 +513,8 @@ class PipelineView:
     files: tuple[FileDiff, ...]
     applied: bool | None
     kind: str = "pipeline"
+    #: permission requests rejected by the default rule because no policy was given
+    default_rejections: int = 0
 
     @classmethod
     def from_json(cls, result: Mapping[str, Any]) -> PipelineView:
@@ -534,6 +559,7 @@ class PipelineView:
             diff=diff or "",
             files=parse_diff(diff),
             applied=as_bool(result.get("applied")),
+            default_rejections=_default_rejections(result),
         )
 
     def instances(self) -> list[tuple[StepView, AgentView]]:

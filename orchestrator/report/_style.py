@@ -36,6 +36,10 @@ body {
 header.top { padding: 20px 32px 12px; border-bottom: 1px solid var(--border); }
 header.top h1 { margin: 0 0 6px; font-size: 22px; font-weight: 600; word-break: break-word; }
 header.top .meta { color: var(--muted); display: flex; flex-wrap: wrap; gap: 4px 18px; }
+header.top .notice {
+  margin: 10px 0 0; padding: 8px 12px; border-radius: 6px; border: 1px solid var(--warn);
+  background: var(--warn-bg); color: var(--fg);
+}
 nav.toc {
   position: sticky; top: 0; z-index: 2; background: var(--bg); padding: 8px 32px;
   border-bottom: 1px solid var(--border); display: flex; flex-wrap: wrap; gap: 4px 16px;

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from .apply import ApplyOutcome, apply_run, apply_run_sync, recover
 from .compare import compare, compare_sync
+from .default_policy import DefaultRejections
 from .prompt import PromptRun, prompt, prompt_sync
 from .recorded import diff_run, get_run_json, list_runs
 from .resume import resume_run, resume_run_sync
@@ -16,6 +17,7 @@ from .run import RunOutcome, run_pipeline, run_pipeline_sync
 
 __all__ = [
     "ApplyOutcome",
+    "DefaultRejections",
     "PromptRun",
     "RunOutcome",
     "apply_run",

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import trio
-from attrs import frozen
+from attrs import field, frozen
 
 from .._names import display_names, parse_name
 from ..agent.client import ClientOptions
@@ -32,6 +32,7 @@ from ..pipeline.results import RunEvent, StepResult, changes_from_json, changes_
 from ..policy import PolicySet
 from ..protocol import types as t
 from ..sandbox import SandboxChoice
+from .default_policy import DefaultRejections
 from .run import RunOutcome, launchable, run_pipeline, workspace_root
 
 ChangeKind = Literal["added", "modified", "deleted"]
@@ -81,6 +82,9 @@ class PromptRun:
     #: (see :func:`~orchestrator.pipeline.results.cut_turn`); None when it kept them whole.
     #: :meth:`to_json` gives them as stored, :attr:`turn` whole
     cut: Mapping[str, Any] | None = None
+    #: the permission requests rejected because no policy was given (its ``message`` says so,
+    #: for people); none when a policy was given
+    default_rejections: DefaultRejections = field(factory=DefaultRejections)
 
     @property
     def permissions(self) -> list[PermissionRecord]:
@@ -129,6 +133,7 @@ class PromptRun:
             "patchLeftOut": display_names(self.patch_left_out),
             "wallSeconds": round(self.wall_seconds, 3),
             "sandbox": dict(self.sandbox) if self.sandbox is not None else None,
+            "defaultRejections": self.default_rejections.to_json(),
         }
 
 
@@ -178,6 +183,7 @@ def _prompt_run(outcome: RunOutcome, last: Any, spec: AgentSpec, wall_seconds: f
         exit_code=outcome.exit_code,
         sandbox=result.get("sandbox"),
         cut=(stored or {}).get("cut"),
+        default_rejections=DefaultRejections.from_json(result.get("defaultRejections")),
     )
 
 

@@ -10,6 +10,7 @@ from ..errors import UsageError
 from ..pipeline.branches import FINAL
 from ..state import state_directory
 from ..store import RunRecord, RunStore, open_run_store
+from .default_policy import count_default_rejections
 from .verdict import Verdict, judge
 
 __all__ = [
@@ -139,6 +140,10 @@ async def get_run_json(
         "applied": record.applied is not None,
         # what confined its agents (Landlock), or null
         "sandbox": options.get("sandbox"),
+        # the permission requests rejected because no policy was given
+        "defaultRejections": count_default_rejections(
+            await store.permissions(record.run_id), options
+        ).to_json(),
     }
     if record.kind == "prompt" and record.result:
         # a finished prompt's result is its --json object, kept whole; an unfinished one (a

@@ -73,6 +73,7 @@ from ..vfs import (
 )
 from ._lock import hold_run_lock
 from .apply import apply_recorded, recover
+from .default_policy import DefaultRejections
 from .recorded import compare_verdict, get_run_json
 from .settings import RunSettings, configured_limits, file_size_option, policy_source
 
@@ -115,6 +116,12 @@ class RunOutcome:
     @property
     def diff(self) -> str:
         return str(self.result.get("diff") or "")
+
+    @property
+    def default_rejections(self) -> DefaultRejections:
+        """The permission requests rejected because no policy was given (its ``message`` says
+        so, for people); none when a policy was given."""
+        return DefaultRejections.from_json(self.result.get("defaultRejections"))
 
     @property
     def steps(self) -> Mapping[str, Any]:
