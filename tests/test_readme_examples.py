@@ -52,7 +52,7 @@ EXPECTED: dict[tuple[str, str], tuple[str, ...]] = {
     ("sh", "orchestrator runs --limit 1"): ("pipeline succeeded",),
     ("sh", 'replace "colour" with "color" in **/*.md'): ("README.md",),
     ("sh", "rename badge_colour to badge_color in shop/*.py"): ("shop/cart.py", "CHANGES.md"),
-    ("python", 'prompt_sync("demo"'): ("end_turn",),
+    ("python", "from orchestrator import prompt_sync\n"): ("end_turn",),
 }
 
 #: programs a README example must not run here (they install, download, or start a real agent)
