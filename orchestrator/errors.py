@@ -52,6 +52,7 @@ __all__ = [
     "StoreVersionError",
     "SymlinkRefused",
     "TurnTimeout",
+    "UnknownAgent",
     "UnsettledConflicts",
     "UsageError",
     "error_from_code",
@@ -64,6 +65,19 @@ class OrchestratorError(Exception):
 
 class UsageError(OrchestratorError):
     """Bad input from the user: a wrong option, a missing file, an unknown agent name."""
+
+
+class UnknownAgent(UsageError):
+    """An agent given by a name that is no known agent, nor a program, but close to a known one
+    (a typo): ``suggestion`` is that name."""
+
+    def __init__(self, name: str, suggestion: str):
+        self.name = name
+        self.suggestion = suggestion
+        super().__init__(f"unknown agent {name!r}; did you mean {suggestion!r}?")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.name, self.suggestion))
 
 
 class PipelineError(UsageError):
