@@ -339,7 +339,15 @@ class TurnTimeout(AgentHung):
 
 
 class ProtocolVersionMismatch(AgentError):
-    """The agent answered ``initialize`` with a protocol version we do not speak."""
+    """The agent answered ``initialize`` with a protocol version we do not speak.
+
+    ``response`` is its answer as read (the ``InitializeResponse``: what it says it is and
+    offers), or None.
+    """
+
+    def __init__(self, message: str, *, agent: str | None = None, response: Any = None):
+        self.response = response
+        super().__init__(message, agent=agent)
 
 
 class CapabilityNotSupported(AgentError):
