@@ -304,3 +304,24 @@ async def test_a_mistyped_agent_name_gets_a_did_you_mean(tmp_path: Path) -> None
         assert done.returncode == EXIT_USAGE, argv
         assert done.stderr.decode() == expected, argv
         assert done.stdout == b""
+
+
+async def test_any_one_api_key_variable_of_an_agent_serves(tmp_path: Path) -> None:
+    """codex reads OPENAI_API_KEY or CODEX_API_KEY: both unset is named, one set is enough."""
+    methods = (AuthMethod(id="chatgpt", name="ChatGPT"), AuthMethod(id="api-key", name="Key"))
+    agent_table(tmp_path, codex=AgentScript(auth_methods=methods, require_auth=True))
+    base = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "CODEX_API_KEY")}
+    for extra, said in (({}, True), ({"CODEX_API_KEY": "x"}, False)):
+        with trio.fail_after(CLI_LIMIT):
+            done = await trio.run_process(
+                [str(CLI), "agents", "--check", "--json", "codex"], cwd=tmp_path,
+                env={**base, **extra}, capture_stdout=True, capture_stderr=True, check=False,
+            )  # fmt: skip
+        check = rows(done)["codex"]["check"]
+        assert check["status"] == "needs login"
+        assert ("set OPENAI_API_KEY" in check["nextStep"]) is said
+        assert ("API_KEY" in check["cause"]) is said
+        if said:
+            assert "set OPENAI_API_KEY or CODEX_API_KEY" in check["nextStep"]
+            assert "none of OPENAI_API_KEY, CODEX_API_KEY is set" in check["cause"]
+        assert "auth_method = 'chatgpt' in [agents.codex]" in check["nextStep"]

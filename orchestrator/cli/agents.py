@@ -83,7 +83,9 @@ def add_parser(sub: Any) -> None:
         help="start each installed agent (each NAME given, npx ones included) and handshake",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("names", nargs="*", help="only these agents (known names or commands)")
+    p.add_argument(
+        "names", nargs="*", metavar="NAME", help="only these agents (known names or commands)"
+    )
 
 
 async def cmd_agents(args: argparse.Namespace) -> int:
@@ -344,7 +346,6 @@ def _diagnose(
     spec: AgentSpec, step: str, error: BaseException, methods: Sequence[t.AuthMethod]
 ) -> tuple[str, str]:
     """The likely cause of a failed check, and what to do about it."""
-
     from ..errors import (
         AgentHung,
         AgentStartError,
@@ -356,14 +357,16 @@ def _diagnose(
 
     command = shlex.join(spec.command)
     variables, login = _credentials(spec)
-    missing = [v for v in variables if not {**os.environ, **spec.env}.get(v)]
-    unset = (
-        f"none of {', '.join(missing)} is set"
-        if len(missing) > 1
-        else f"{missing[0]} is not set"
-        if missing
-        else ""
-    )
+    environ = {**os.environ, **spec.env}
+    # any one of an agent's key variables serves: they count as missing only when all are
+    missing = [] if any(environ.get(v) for v in variables) else list(variables)
+    unset = ""
+    if missing:
+        unset = (
+            f"none of {', '.join(missing)} is set"
+            if len(missing) > 1
+            else f"{missing[0]} is not set"
+        )
     if step == "start":
         if isinstance(error.__cause__, PermissionError):
             return (
