@@ -7,7 +7,7 @@ import json
 import os
 import stat
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,14 +33,19 @@ CLAUDE_LOGIN = AuthMethod(
 
 
 async def agents(
-    *args: str, cwd: Path, env: Mapping[str, str] | None = None
+    *args: str,
+    cwd: Path,
+    env: Mapping[str, str] | None = None,
+    unset: Sequence[str] = (),
 ) -> subprocess.CompletedProcess[bytes]:
-    """Run ``orchestrator agents ARGS`` to its end and capture its output."""
+    """Run ``orchestrator agents ARGS`` to its end and capture its output; ``env`` is added to
+    this environment, and the variables named in ``unset`` are left out of it."""
+    environ = {k: v for k, v in os.environ.items() if k not in unset}
     with trio.fail_after(CLI_LIMIT):
         return await trio.run_process(
             [str(CLI), "agents", *args],
             cwd=cwd,
-            env={**os.environ, **(env or {})},
+            env={**environ, **(env or {})},
             capture_stdout=True,
             capture_stderr=True,
             check=False,
@@ -109,15 +114,7 @@ async def test_a_check_that_needs_a_login_exits_1_with_the_login_to_run(tmp_path
     )
     # the known name, run as this script: its API key variable is known too
     agent_table(tmp_path, claude=script)
-    env = {k: v for k, v in os.environ.items() if k != "ANTHROPIC_API_KEY"}
-    listed = await trio.run_process(
-        [str(CLI), "agents", "--check", "--json", "claude"],
-        cwd=tmp_path,
-        env=env,
-        capture_stdout=True,
-        capture_stderr=True,
-        check=False,
-    )
+    listed = await agents("--check", "--json", "claude", cwd=tmp_path, unset=["ANTHROPIC_API_KEY"])
     assert listed.returncode == EXIT_FAILED, listed.stderr.decode()
     row = rows(listed)["claude"]
     assert (row["agentName"], row["version"], row["protocolVersion"]) == (
@@ -139,14 +136,7 @@ async def test_a_check_that_needs_a_login_exits_1_with_the_login_to_run(tmp_path
     assert check["nextStep"].startswith("run `claude /login`, or set ANTHROPIC_API_KEY")
     assert "auth_method = 'api-key' in [agents.claude]" in check["nextStep"]
 
-    shown = await trio.run_process(
-        [str(CLI), "agents", "--check", "claude"],
-        cwd=tmp_path,
-        env=env,
-        capture_stdout=True,
-        capture_stderr=True,
-        check=False,
-    )
+    shown = await agents("--check", "claude", cwd=tmp_path, unset=["ANTHROPIC_API_KEY"])
     assert shown.returncode == EXIT_FAILED
     out = text(shown)
     assert out.startswith("claude: needs login at session/new\n")
@@ -310,13 +300,11 @@ async def test_any_one_api_key_variable_of_an_agent_serves(tmp_path: Path) -> No
     """codex reads OPENAI_API_KEY or CODEX_API_KEY: both unset is named, one set is enough."""
     methods = (AuthMethod(id="chatgpt", name="ChatGPT"), AuthMethod(id="api-key", name="Key"))
     agent_table(tmp_path, codex=AgentScript(auth_methods=methods, require_auth=True))
-    base = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "CODEX_API_KEY")}
     for extra, said in (({}, True), ({"CODEX_API_KEY": "x"}, False)):
-        with trio.fail_after(CLI_LIMIT):
-            done = await trio.run_process(
-                [str(CLI), "agents", "--check", "--json", "codex"], cwd=tmp_path,
-                env={**base, **extra}, capture_stdout=True, capture_stderr=True, check=False,
-            )  # fmt: skip
+        done = await agents(
+            "--check", "--json", "codex", cwd=tmp_path, env=extra,
+            unset=["OPENAI_API_KEY", "CODEX_API_KEY"],
+        )  # fmt: skip
         check = rows(done)["codex"]["check"]
         assert check["status"] == "needs login"
         assert ("set OPENAI_API_KEY" in check["nextStep"]) is said
