@@ -26,7 +26,7 @@ from typing import Literal
 
 from attrs import field, frozen
 
-__all__ = ["derive_label"]
+__all__ = ["derive_label", "package_runner"]
 
 #: the label when a command line names nothing better
 FALLBACK = "agent"
@@ -169,6 +169,32 @@ def derive_label(argv: Sequence[str]) -> str:
     """The label that reads best for an agent run by ``argv`` (see the module doc)."""
     label = _command_label(list(argv), 0) or ""
     return _UNSAFE.sub("-", label).strip("-._") or FALLBACK
+
+
+def package_runner(argv: Sequence[str]) -> str | None:
+    """The package runner ``argv`` starts, which fetches what it runs on first use (``npx``,
+    ``uvx``, ``npm exec``, ``pipx run``, ...), by name; None for any other command.
+
+    Such a command works wherever the runner is installed, whether or not the agent was ever
+    downloaded: ``npx -y @scope/pkg`` -> ``npx``, ``uv tool run x`` -> ``uv tool run``.
+    """
+    words = list(argv)
+    while words and _ASSIGNMENT.fullmatch(words[0]):  # NAME=VALUE before a command
+        words.pop(0)
+    if not words:
+        return None
+    program = _basename(words[0])
+    launcher = _launcher(program)
+    name = [program.removesuffix(".exe")]
+    # a subcommand that runs a package comes first (`npm exec`, `uv tool run`)
+    for word in words[1:]:
+        if launcher is None or launcher.operand == "package" or word not in launcher.sub:
+            break
+        launcher = launcher.sub[word]
+        name.append(word)
+    if launcher is None or launcher.operand != "package":
+        return None
+    return " ".join(name)
 
 
 def _command_label(words: Sequence[str], depth: int) -> str | None:

@@ -14,6 +14,7 @@ table; :mod:`orchestrator.config` layers the user's and the project's config fil
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import shlex
@@ -27,7 +28,7 @@ from attrs import field, frozen
 
 from ._agentlabels import derive_label
 from ._env import is_secret
-from .errors import UsageError
+from .errors import UnknownAgent, UsageError
 from .sandbox import Sandbox, SandboxChoice
 
 __all__ = [
@@ -422,6 +423,9 @@ def resolve_agent(text: str, known: Mapping[str, AgentSpec] | None = None) -> Ag
     from :meth:`orchestrator.config.Config.resolve_agent`); ``demo`` is always known. A command
     line without ``NAME=`` is labelled by what it runs (:func:`derive_label`): the package or
     script, not the interpreter or launcher (``python tools/agent.py`` is ``agent``).
+
+    A single word that is no known name, no program on PATH and close to a known name is a
+    typo: :class:`~orchestrator.errors.UnknownAgent` names the agent it most likely meant.
     """
     table = builtin_agents() if known is None else dict(known)
     if "demo" not in table:
@@ -440,7 +444,23 @@ def resolve_agent(text: str, known: Mapping[str, AgentSpec] | None = None) -> Ag
         raise UsageError(f"cannot parse agent command {text!r}: {e}") from e
     if not argv:
         raise UsageError("an agent needs a name or a command")
+    if len(argv) == 1:
+        _refuse_typo(argv[0], table)
     return AgentSpec(label or derive_label(argv), argv)
+
+
+#: how close (difflib's ratio) a word must be to a known name to be taken for a typo of it
+_TYPO_CUTOFF = 0.75
+
+
+def _refuse_typo(word: str, table: Mapping[str, AgentSpec]) -> None:
+    """Raise :class:`UnknownAgent` if ``word`` is no program on PATH (nor a path) and reads
+    like a known name mistyped (``claud``): run as a command it could only fail to start."""
+    if "/" in word or os.sep in word or shutil.which(word) is not None:
+        return
+    close = difflib.get_close_matches(word.lower(), list(table), n=1, cutoff=_TYPO_CUTOFF)
+    if close:
+        raise UnknownAgent(word, close[0])
 
 
 def _split_label(text: str) -> tuple[str | None, str]:

@@ -52,6 +52,7 @@ __all__ = [
     "StoreVersionError",
     "SymlinkRefused",
     "TurnTimeout",
+    "UnknownAgent",
     "UnsettledConflicts",
     "UsageError",
     "error_from_code",
@@ -64,6 +65,19 @@ class OrchestratorError(Exception):
 
 class UsageError(OrchestratorError):
     """Bad input from the user: a wrong option, a missing file, an unknown agent name."""
+
+
+class UnknownAgent(UsageError):
+    """An agent given by a name that is no known agent, nor a program, but close to a known one
+    (a typo): ``suggestion`` is that name."""
+
+    def __init__(self, name: str, suggestion: str):
+        self.name = name
+        self.suggestion = suggestion
+        super().__init__(f"unknown agent {name!r}; did you mean {suggestion!r}?")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.name, self.suggestion))
 
 
 class PipelineError(UsageError):
@@ -325,7 +339,15 @@ class TurnTimeout(AgentHung):
 
 
 class ProtocolVersionMismatch(AgentError):
-    """The agent answered ``initialize`` with a protocol version we do not speak."""
+    """The agent answered ``initialize`` with a protocol version we do not speak.
+
+    ``response`` is its answer as read (the ``InitializeResponse``: what it says it is and
+    offers), or None.
+    """
+
+    def __init__(self, message: str, *, agent: str | None = None, response: Any = None):
+        self.response = response
+        super().__init__(message, agent=agent)
 
 
 class CapabilityNotSupported(AgentError):

@@ -9,6 +9,7 @@ from pathlib import Path
 import attrs
 import pytest
 
+from orchestrator._agentlabels import package_runner
 from orchestrator.agents import (
     KNOWN_AGENTS,
     WRITE_MODES,
@@ -17,7 +18,7 @@ from orchestrator.agents import (
     label_agents,
     resolve_agent,
 )
-from orchestrator.errors import UsageError
+from orchestrator.errors import UnknownAgent, UsageError
 from orchestrator.sandbox import Sandbox
 
 
@@ -420,3 +421,53 @@ def test_specs_given_as_objects_keep_their_names() -> None:
     specs = label_agents(["python x/agent.py", mine])
     assert [s.name for s in specs] == ["agent-2", "agent"]
     assert specs[1] == mine
+
+
+@pytest.mark.parametrize(
+    ("text", "meant"),
+    [("claud", "claude"), ("Codex", "codex"), ("gemni", "gemini"), ("fast=claud", "claude")],
+)
+def test_a_mistyped_known_name_is_an_unknown_agent(
+    text: str, meant: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A word close to a known name, and no program on PATH, names the agent it meant."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(UnknownAgent) as e:
+        resolve_agent(text)
+    word = text.partition("=")[2] or text
+    assert (e.value.name, e.value.suggestion) == (word, meant)
+    assert str(e.value) == f"unknown agent {word!r}; did you mean {meant!r}?"
+    assert isinstance(e.value, UsageError)
+
+
+def test_a_program_on_path_or_a_far_word_is_still_a_command(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Only a near miss is refused: a program on PATH runs, and other words stay commands."""
+    program = tmp_path / "claud"
+    program.write_text("#!/bin/sh\n")
+    program.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert resolve_agent("claud").command == ("claud",)
+    assert resolve_agent("zzz").command == ("zzz",)
+    assert resolve_agent("./claud").command == ("./claud",)
+    assert resolve_agent("my=claud --acp").command == ("claud", "--acp")
+
+
+@pytest.mark.parametrize(
+    ("command", "runner"),
+    [
+        ("npx -y @agentclientprotocol/claude-agent-acp", "npx"),
+        ("uvx hermes-agent", "uvx"),
+        ("npm exec -- my-agent", "npm exec"),
+        ("uv tool run hermes", "uv tool run"),
+        ("pipx run some-agent", "pipx run"),
+        ("FOO=1 bunx agent", "bunx"),
+        ("gemini --acp", None),
+        ("uv run agent.py", None),
+        ("node /opt/agent.js", None),
+    ],
+)
+def test_package_runners_are_told_apart(command: str, runner: str | None) -> None:
+    """Commands that fetch their agent on first use name their runner; others name none."""
+    assert package_runner(command.split()) == runner

@@ -453,8 +453,9 @@ async def test_agents_check_json_handshakes_with_the_demo(tmp_path: Path) -> Non
     assert set(rows) == {*KNOWN_AGENTS, "demo"}
     demo = rows["demo"]
     assert demo["installed"] is True
-    assert demo["check"] == "ok: demo-agent 1.0.0"
+    assert demo["check"]["status"] == "ok"
     assert (demo["agentName"], demo["version"], demo["sessionNew"]) == ("demo-agent", "1.0.0", "ok")
+    assert demo["protocolVersion"] == 1
     assert demo["authMethods"] == []
     assert demo["capabilities"] == {"promptCapabilities": {"embeddedContext": True}}
     for name in KNOWN_AGENTS:

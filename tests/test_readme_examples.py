@@ -53,6 +53,12 @@ EXPECTED: dict[tuple[str, str], tuple[str, ...]] = {
     ("sh", 'replace "colour" with "color" in **/*.md'): ("README.md",),
     ("sh", "rename badge_colour to badge_color in shop/*.py"): ("shop/cart.py", "CHANGES.md"),
     ("python", "from orchestrator import prompt_sync\n"): ("end_turn",),
+    ("console", "orchestrator agents --check demo"): (
+        "demo: ok\n",
+        "  prompt        image no, audio no, embedded context yes\n",
+        "  session/new   ok\n",
+        "checked 1: 1 ok\n",
+    ),
 }
 
 #: programs a README example must not run here (they install, download, or start a real agent)

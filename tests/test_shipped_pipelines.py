@@ -195,7 +195,8 @@ async def test_plan_implement_review_on_demo_agents(docs: Path, state_dir: Path)
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        ("claud", "input 'agents': agent claud: 'claud' not found"),
+        ("claud", "input 'agents': unknown agent 'claud'; did you mean 'claude'?"),
+        ("no-such-agent", "input 'agents': agent no-such-agent: 'no-such-agent' not found"),
         ("3", "input 'agents': expected an agent name or a list of agent names, got a number (3)"),
         ('["demo", 2]', "input 'agents': agent names are strings, not a number (2)"),
         ("[]", "input 'agents': names no agent: give at least one"),

@@ -127,6 +127,7 @@ class AgentConnection:
                 f"agent speaks protocol version {init.protocol_version}, "
                 f"we speak {self.options.protocol_version}",
                 agent=self.name,
+                response=init,
             )
         self.init = init
         info = init.agent_info

@@ -123,14 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_parsers(sub)
 
-    a = sub.add_parser(
-        "agents",
-        help="list known agents",
-        description="List the known agents; with --check, handshake with each installed one.",
-    )
-    a.add_argument("--check", action="store_true", help="start each installed agent and handshake")
-    a.add_argument("--json", action="store_true", help="print one JSON object")
-    a.add_argument("names", nargs="*", help="only these agents (known names or commands)")
+    from .agents import add_parser as add_agents_parser
+
+    add_agents_parser(sub)
 
     from .trust import add_parser as add_trust_parser
 
@@ -184,12 +179,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     args = build_parser().parse_args(argv)
     configure_logging(args.verbose, args.log_json)
+    from .agents import cmd_agents
     from .runs import HANDLERS
     from .trust import cmd_trust
 
     handler: Callable[[argparse.Namespace], Any] = {
         "prompt": _cmd_prompt,
-        "agents": _cmd_agents,
+        "agents": cmd_agents,
         "trust": cmd_trust,
         **HANDLERS,
     }[args.command]
@@ -443,74 +439,6 @@ def _print_update(update: t.SessionUpdate) -> None:
         "failed",
     ):
         say(f"  < {update.tool_call_id}: {update.status}", file=sys.stderr)
-
-
-async def _cmd_agents(args: argparse.Namespace) -> int:
-    from .trust import project_config
-
-    config = await project_config(".", None)
-    specs = [config.resolve_agent(name) for name in (args.names or list(config.agents))]
-    rows: list[dict[str, Any]] = []
-    for spec in specs:
-        row: dict[str, Any] = {
-            "name": spec.name,
-            "command": " ".join(spec.command),
-            "installed": spec.executable_found(),
-            "description": spec.description,
-            "writes": spec.writes,
-            "sessionsPerProcess": spec.sessions_per_process,
-            "notes": spec.notes,
-        }
-        if args.check and row["installed"]:
-            row.update(await _check_agent(spec))
-        rows.append(row)
-    if args.json:
-        _emit_json({"agents": rows})
-    else:
-        for row in rows:
-            state = "installed" if row["installed"] else "not installed"
-            say(f"{row['name']:<10} {state:<14} {row['command']}")
-            if "check" in row:
-                say(f"{'':<10} {row['check']}")
-    return EXIT_OK
-
-
-async def _check_agent(spec: Any) -> dict[str, Any]:
-    import tempfile
-
-    import trio
-
-    from ..agent.client import ClientOptions, open_agent
-    from ..errors import AuthRequired, OrchestratorError
-    from ..protocol.codec import unstructure
-
-    try:
-        with trio.fail_after(180):
-            async with open_agent(
-                list(spec.command),
-                name=spec.name,
-                env=dict(spec.env) or None,
-                options=ClientOptions(
-                    init_timeout=spec.startup_timeout, auth_method=spec.auth_method
-                ),
-            ) as conn:
-                info = conn.agent_info
-                result: dict[str, Any] = {
-                    "agentName": info.name if info else None,
-                    "version": info.version if info else None,
-                    "capabilities": unstructure(conn.agent_capabilities),
-                    "authMethods": [unstructure(m) for m in conn.auth_methods],
-                }
-                with tempfile.TemporaryDirectory() as tmp:
-                    try:
-                        await conn.call("session/new", {"cwd": tmp, "mcpServers": []})
-                        result["sessionNew"] = "ok"
-                    except AuthRequired:
-                        result["sessionNew"] = "needs login"
-                result["check"] = f"ok: {result['agentName']} {result['version']}"
-                return result
-    except (OrchestratorError, trio.TooSlowError) as e:
-        return {"check": f"failed: {e}"}
 
 
 def entry() -> NoReturn:
