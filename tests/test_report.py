@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from markdown_it import MarkdownIt
 from run_helpers import CLI, agent_command, run_cli, write_script
 
 from orchestrator.errors import UsageError
@@ -612,13 +613,33 @@ def test_hostile_text_never_becomes_a_class(make: Any) -> None:
 
 
 def test_markdown_escapes_hostile_text() -> None:
-    """In Markdown, hostile text is entity-escaped, or literal inside code spans and fences."""
+    """In Markdown, hostile text is backslash-escaped, or literal inside code spans and fences."""
     md = render_markdown(hostile_compare())
     outside = re.sub(r"(?ms)^(`{3,})[^\n]*\n.*?^\1$", "", md)  # fenced blocks
     outside = re.sub(r"(`+).*?\1", "", outside)  # code spans: literal text in CommonMark
-    assert "<script>" not in outside
-    assert "&lt;script&gt;" in outside
+    assert "<script>" not in outside.replace("\\<script>", "")
+    assert "\\<script>alert(1)\\</script>" in outside
     assert "```text\n<script>alert(1)</script>\n```" in md
+    # rendered by a CommonMark renderer, the text is text: no element comes out of it
+    html = MarkdownIt("commonmark").enable("table").render(md)
+    assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+def test_markdown_shows_no_html_entities_in_a_terminal() -> None:
+    """Text outside fences reads as written: no ``&gt;`` or ``&amp;``, and renders back the same."""
+    text = "make && ./run > out.txt; a<b"
+    assert cell(text) == "make && ./run > out.txt; a\\<b"
+    result = compare_result()
+    result["agents"][1]["error"] = text
+    result["task"] = "echo ok && exit 1 > log"
+    md = render_markdown(result)
+    assert "&gt;" not in md and "&amp;" not in md and "&lt;" not in md
+    assert "# Compare: echo ok && exit 1 > log" in md
+    # what a forge draws is the text itself, entities included literally
+    literal = "&amp; is not &lt;"
+    assert MarkdownIt("commonmark").renderInline(cell(literal)) == "&amp;amp; is not &amp;lt;"
+    row = next(line for line in md.splitlines() if line.startswith("| Error |"))
+    assert "make && ./run > out.txt; a\\<b" in row
 
 
 def test_markup_helpers_escape_by_default() -> None:

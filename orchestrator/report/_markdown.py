@@ -1,9 +1,11 @@
 """The Markdown report: the same facts as the HTML page, readable as plain text and on forges.
 
-Text from agents is inert here too: table cells escape ``|``, ``<``, ``>``, ``&``, ``\\`` and
-backticks and fold line breaks; longer text goes into fenced blocks whose fence is longer than
-any backtick run inside, so nothing can close it early. The graph is a ``mermaid`` block (drawn
-by forges that support it, readable elsewhere).
+Text from agents is inert here too, and reads as written in a terminal: table cells escape
+Markdown's own way (a backslash before ``|``, ``\\``, backticks, ``*``, ``_``, ``[``, ``]``, a
+``<`` and an ``&`` that would start an entity: never HTML entities) and fold line breaks; longer
+text goes into fenced blocks whose fence is longer than any backtick run inside, so nothing can
+close it early. The graph is a ``mermaid`` block (drawn by forges that support it, readable
+elsewhere).
 """
 
 from __future__ import annotations
@@ -55,15 +57,16 @@ def markdown_document(view: CompareView | PipelineView) -> str:
 
 # --------------------------------------------------------------------------- escaping
 
-_CELL_SPECIAL = re.compile(r"([\\`*_\[\]|])")
+#: backslash escapes (CommonMark's, for any ASCII punctuation): ``<`` so no tag or autolink can
+#: open, ``&`` only where an entity reference would start; ``>`` and ``&&`` stay as written
+_CELL_SPECIAL = re.compile(r"([\\`*_\[\]|<]|&(?=#|[A-Za-z0-9]+;))")
 
 
 def cell(value: object) -> str:
-    """A value as the text of one table cell (or one inline phrase)."""
+    """A value as the text of one table cell (or one inline phrase), escaped as Markdown."""
     text = value if isinstance(value, str) else str(value)
     if text == "":
         return DASH
-    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     text = _CELL_SPECIAL.sub(r"\\\1", text)
     return " ".join(text.split()) or DASH  # tables are one line per row
 
