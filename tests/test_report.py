@@ -1091,3 +1091,46 @@ async def test_report_of_a_real_compare_shows_the_failed_agent_and_the_winner(
     assert "| Outcome | failed | succeeded |" in md
     assert "| Winner | bob |" in md
     assert "bob (winner)" in md
+
+
+# --------------------------------------------------------------------------- conflicts of a fan-in
+
+
+def test_a_conflict_shows_its_labels_and_the_branches_that_joined_it() -> None:
+    """The labels come from oursLabel/theirsLabel; alsoChanged versions are shown with theirs."""
+    result = pipeline_result()
+    result["conflicts"][0].update(
+        branches=["implement[alice]", "implement[bob]", "implement[carol]"],
+        oursLabel="implement[alice]",
+        theirsLabel="implement[bob]",
+        alsoChanged=[{"label": "implement[carol]", "content": "# Title\nline 1 by carol\n"}],
+    )
+    page = render_html(result)
+    assert page.count('class="conflict"') == 2
+    assert "Ours: implement[alice]" in page and "Theirs: implement[bob]" in page
+    assert "Also: implement[carol]" in page and "line 1 by carol" in page
+    md = render_markdown(result)
+    assert "**Also changed by: implement\\[carol\\]**" in md
+    assert "line 1 by carol" in md
+
+
+def test_conflicts_recorded_once_per_later_branch_show_as_one() -> None:
+    """Older results listed an unresolved path again per later branch: shown as one conflict."""
+    result = pipeline_result()
+    first = result["conflicts"][0]
+    result["conflicts"].insert(
+        1,
+        {
+            **first,
+            # the old shape: the merge-so-far label, but the first conflict's ours content
+            "branches": ["implement[alice]+implement[bob]", "implement[carol]"],
+            "theirs": "# Title\nline 1 by carol\nline 2\n",
+        },
+    )
+    page = render_html(result)
+    assert page.count('class="conflict"') == 2
+    assert "implement[alice]+implement[bob]" not in page
+    assert "Ours: implement[alice]" in page and "Also: implement[carol]" in page
+    md = render_markdown(result)
+    assert "### 3." not in md and md.count("`README.md` in step") == 1
+    assert "2 (1 unresolved)" in md

@@ -753,8 +753,6 @@ def _pipeline_conflicts(view: PipelineView) -> Markup:
 
 
 def _conflict(c: ConflictView) -> Markup:
-    ours_name = c.branches[0] if c.branches else "ours"
-    theirs_name = c.branches[1] if len(c.branches) > 1 else "theirs"
     resolution = (
         el("span", f"resolved: {c.resolution}", class_="badge r-resolved")
         if c.resolved
@@ -772,11 +770,28 @@ def _conflict(c: ConflictView) -> Markup:
     columns = el(
         "div",
         _version("Base", c.base, None, c.missing_text("base")),
-        _version(f"Ours: {ours_name}", c.ours, c.base, c.missing_text("ours")),
-        _version(f"Theirs: {theirs_name}", c.theirs, c.base, c.missing_text("theirs")),
+        _version(f"Ours: {c.ours_label}", c.ours, c.base, c.missing_text("ours")),
+        _version(f"Theirs: {c.theirs_label}", c.theirs, c.base, c.missing_text("theirs")),
         class_="three",
     )
-    return el("div", head, columns, class_="conflict")
+    also = None
+    if c.also_changed:
+        also = join(
+            el(
+                "p",
+                "Merged after this conflict, these changed the path too (not in the merge):",
+                class_="muted",
+            ),
+            el(
+                "div",
+                [
+                    _version(f"Also: {label}", text, c.base, c.missing_text("theirs"))
+                    for label, text in c.also_changed
+                ],
+                class_="three",
+            ),
+        )
+    return el("div", head, columns, also, class_="conflict")
 
 
 def _version(title: str, text: str | None, base: str | None, missing: str) -> Markup:

@@ -425,8 +425,6 @@ def _step(s: StepView) -> list[str]:
 
 
 def _conflict(n: int, c: ConflictView) -> list[str]:
-    ours = c.branches[0] if c.branches else "ours"
-    theirs = c.branches[1] if len(c.branches) > 1 else "theirs"
     state = f"resolved: {c.resolution}" if c.resolved else "unresolved"
     out = [
         f"### {n + 1}. {code(c.path)} in step {_dash(c.step)} ({_dash(c.kind)}, {cell(state)})",
@@ -436,8 +434,9 @@ def _conflict(n: int, c: ConflictView) -> list[str]:
     ]
     versions = (
         ("base", "Base", c.base),
-        ("ours", f"Ours: {ours}", c.ours),
-        ("theirs", f"Theirs: {theirs}", c.theirs),
+        ("ours", f"Ours: {c.ours_label}", c.ours),
+        ("theirs", f"Theirs: {c.theirs_label}", c.theirs),
+        *(("theirs", f"Also changed by: {label}", text) for label, text in c.also_changed),
     )
     for side, label, text in versions:
         out += [f"**{cell(label)}**", ""]
