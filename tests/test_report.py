@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import random
 import re
 import shlex
+import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -1134,3 +1136,117 @@ def test_conflicts_recorded_once_per_later_branch_show_as_one() -> None:
     md = render_markdown(result)
     assert "### 3." not in md and md.count("`README.md` in step") == 1
     assert "2 (1 unresolved)" in md
+
+
+# --------------------------------------------------------------------------- graph edges
+
+
+def _svg_geometry(svg: str) -> tuple[dict[str, tuple[float, ...]], list[tuple[str, str, str]]]:
+    """The boxes (name -> x, y, w, h) and edges (from, to, path data) of a graph's SVG."""
+    root = ET.fromstring(svg)
+    ns = "{http://www.w3.org/2000/svg}"
+    boxes: dict[str, tuple[float, ...]] = {}
+    for node in root.iter(f"{ns}g"):
+        if "node" not in (node.get("class") or "").split():
+            continue
+        title = node.find(f"{ns}title")
+        rect = node.find(f"{ns}rect")
+        assert title is not None and title.text and rect is not None
+        name = title.text.split("\n")[0].rsplit(": ", 1)[0]
+        boxes[name] = tuple(float(rect.get(k) or 0) for k in ("x", "y", "width", "height"))
+    edges = []
+    for path in root.iter(f"{ns}path"):
+        if "edge" not in (path.get("class") or "").split():
+            continue
+        title = path.find(f"{ns}title")
+        assert title is not None and title.text
+        a, b = title.text.split(" \u2192 ")
+        edges.append((a, b, path.get("d") or ""))
+    return boxes, edges
+
+
+def _samples(d: str, per_segment: int = 60) -> list[tuple[float, float]]:
+    """Points along an SVG path made of M, L and C commands."""
+    tokens = re.findall(r"[MLC]|-?[\d.]+(?:e-?\d+)?", d)
+    points: list[tuple[float, float]] = []
+    at = (0.0, 0.0)
+    i = 0
+    while i < len(tokens):
+        cmd = tokens[i]
+        i += 1
+        size = {"M": 1, "L": 1, "C": 3}[cmd]
+        xy = [float(t) for t in tokens[i : i + 2 * size]]
+        i += 2 * size
+        ctrl = [(xy[k], xy[k + 1]) for k in range(0, len(xy), 2)]
+        if cmd == "M":
+            at = ctrl[0]
+            points.append(at)
+            continue
+        p0 = at
+        for n in range(1, per_segment + 1):
+            t = n / per_segment
+            if cmd == "L":
+                q = ctrl[0]
+                points.append((p0[0] + (q[0] - p0[0]) * t, p0[1] + (q[1] - p0[1]) * t))
+            else:
+                (x1, y1), (x2, y2), (x3, y3) = ctrl
+                u = 1 - t
+                points.append(
+                    (
+                        u**3 * p0[0] + 3 * u * u * t * x1 + 3 * u * t * t * x2 + t**3 * x3,
+                        u**3 * p0[1] + 3 * u * u * t * y1 + 3 * u * t * t * y2 + t**3 * y3,
+                    )
+                )
+        at = ctrl[-1]
+    return points
+
+
+def _edges_crossing_boxes(names: list[str], edges: list[tuple[str, str]]) -> list[str]:
+    """Each (edge, box) where the drawn edge passes through a box it does not connect."""
+    view = PipelineView.from_json(
+        {"graph": {"nodes": [{"name": n} for n in names], "edges": [list(e) for e in edges]}}
+    )
+    boxes, drawn = _svg_geometry(str(dag_svg(view.steps, view.edges)))
+    assert len(drawn) == len(set(edges))
+    crossing = []
+    for a, b, d in drawn:
+        for name, (x, y, w, h) in boxes.items():
+            if name in (a, b):
+                continue
+            if any(x < px < x + w and y < py < y + h for px, py in _samples(d)):
+                crossing.append(f"{a} -> {b} crosses {name}")
+    return crossing
+
+
+def test_an_edge_that_skips_a_column_goes_around_the_box_between() -> None:
+    """annotate -> summary skips the column of check: it runs in a gap, not under check's box."""
+    names = ["plan", "annotate", "review", "check", "summary"]
+    edges = [
+        ("plan", "annotate"),
+        ("plan", "review"),
+        ("review", "check"),
+        ("check", "summary"),
+        ("annotate", "summary"),
+    ]
+    assert _edges_crossing_boxes(names, edges) == []
+    long_jump = [("plan", "implement"), ("implement", "review"), ("review", "late")]
+    assert (
+        _edges_crossing_boxes(
+            ["plan", "implement", "review", "late"], [*long_jump, ("plan", "late")]
+        )
+        == []
+    )
+
+
+def test_no_edge_of_any_dag_crosses_a_box() -> None:
+    """Over many generated DAGs (full columns, several skips), no edge runs under a box."""
+    rng = random.Random(14)
+    for _ in range(60):
+        n = rng.randint(4, 12)
+        names = [f"s{i}" for i in range(n)]
+        edges = [
+            (names[i], names[j])
+            for j in range(1, n)
+            for i in rng.sample(range(j), k=min(j, rng.randint(1, 3)))
+        ]
+        assert _edges_crossing_boxes(names, edges) == [], edges
