@@ -173,6 +173,74 @@ def compare_result() -> dict[str, Any]:
     }
 
 
+SIX_AGENTS = ("claude-code", "codex-acp", "gemini-cli", "qwen-code", "opencode", "goose")
+
+
+def six_agent_compare() -> dict[str, Any]:
+    """A compare of six agents with realistic long names, versions, titles, ids and rules."""
+    agents = []
+    for n, name in enumerate(SIX_AGENTS):
+        command = "npm test -- --runInBand && npm run lint > /tmp/lint_output_of_all_packages.txt"
+        # a named rule from a policy file: one long word
+        rule = f"allow_npm_test_and_lint_in_frontend_packages_under_the_ci_profile_{n}"
+        agents.append(
+            {
+                "name": name,
+                "status": "failed" if n == 5 else "succeeded",
+                "error": "turn timed out after 600 s waiting on session/prompt" if n == 5 else None,
+                "agent": {
+                    "name": name,
+                    "version": f"0.{n}.12-nightly.20261130",
+                    "reportedName": f"@vendor/{name}-acp-adapter",
+                },
+                "sessionId": f"sess-{n}-0f8e2b1c9d7a4e6f",
+                "stopReason": "max_turn_requests" if n == 4 else "end_turn",
+                "text": f"{name} made the change.",
+                "wallSeconds": 61.5 + n,
+                "toolCalls": [
+                    {
+                        "toolCallId": f"toolu_01ABCDEFGHJKLMNPQRSTUVWX{n}",
+                        "title": command,
+                        "kind": "execute",
+                        "status": "completed",
+                    }
+                ],
+                "permissions": [
+                    {
+                        "toolCallId": f"toolu_01ABCDEFGHJKLMNPQRSTUVWX{n}",
+                        "kind": "execute",
+                        "title": command,
+                        "verdict": "allow",
+                        "optionId": "proceed_always_tool_execute",
+                        "rule": rule,
+                    }
+                ],
+                "usage": {
+                    "used": 153_000,
+                    "size": 200_000,
+                    "cost": {"amount": 1.2345, "currency": "USD"},
+                    "tokens": {
+                        "inputTokens": 1_234_567,
+                        "outputTokens": 45_678,
+                        "totalTokens": 1_280_245,
+                    },
+                },
+                "changes": [{"path": "src/a.py", "change": "modified"}],
+                "diff": DIFF_A,
+                "verify": {"command": "npm test", "exitCode": n % 2, "output": "ok"},
+            }
+        )
+    return {
+        "kind": "compare",
+        "runId": "6a6a6a6a6a6a",
+        "task": "Fix the flaky test",
+        "cwd": "/abs/project",
+        "agents": agents,
+        "winner": "codex-acp",
+        "applied": "codex-acp",
+    }
+
+
 def _instance(name: str, status: str, **extra: Any) -> dict[str, Any]:
     return {
         "status": status,

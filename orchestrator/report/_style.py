@@ -65,10 +65,17 @@ table.grid th, table.grid td {
 }
 table.grid thead th { background: var(--panel); font-weight: 600; white-space: nowrap; }
 table.grid tbody th { background: var(--panel); font-weight: 500; white-space: nowrap; }
+/* long words (rule names, ids, paths, commands) may break anywhere, so a table can shrink to
+   its container instead of pushing its last columns out of view */
+table.grid td { overflow-wrap: anywhere; }
 table.grid td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 table.grid td.wrap { max-width: 520px; word-break: break-word; }
 table.kv th { width: 1%; }
-table.agents td { min-width: 150px; }
+/* agents side by side: headings wrap too; past what fits, the table scrolls in its own box
+   with the row labels kept in view */
+table.agents td { min-width: 130px; }
+table.agents thead th { white-space: normal; overflow-wrap: anywhere; min-width: 130px; }
+table.agents tbody th { position: sticky; left: 0; z-index: 1; }
 table.agents th.winner, table.agents td.winner { background: var(--ok-bg); }
 .badge {
   display: inline-block; padding: 0 8px; border-radius: 999px; font-size: 12px; font-weight: 600;
