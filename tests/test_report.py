@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import shlex
@@ -29,7 +30,7 @@ from orchestrator.report._format import cost_text, seconds_text
 from orchestrator.report._markdown import cell, fence
 from orchestrator.report._markup import Markup, el, escape, join
 from orchestrator.report._model import PipelineView, layers
-from orchestrator.testing import Say, Turn, WriteDisk
+from orchestrator.testing import Say, ToolCall, ToolUpdate, Turn, WriteDisk
 
 HOSTILE = "<script>alert(1)</script>"
 #: an attribute break-out attempt: closes the quote and adds an event handler
@@ -1161,6 +1162,49 @@ async def test_report_of_a_real_compare_shows_the_failed_agent_and_the_winner(
     assert "| Outcome | failed | succeeded |" in md
     assert "| Winner | bob |" in md
     assert "bob (winner)" in md
+
+
+async def test_report_of_a_real_compare_shows_a_failed_tool_calls_error(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    """The error text an agent sends with a failed tool call is in --json and both reports."""
+    project = tmp_path / "project"
+    project.mkdir()
+    error = "npm ERR! <missing> script: test && exit 1\n" + "x" * 3000
+    turn = Turn(
+        steps=(
+            ToolCall(id="t1", title="npm test", kind="execute", status="in_progress"),
+            ToolUpdate(
+                id="t1",
+                status="failed",
+                content=({"type": "content", "content": {"type": "text", "text": error}},),
+            ),
+            ToolCall(id="t2", title="cat x", kind="read", status="in_progress"),
+            ToolUpdate(id="t2", status="failed", raw_output={"error": "no such file: x"}),
+            Say(text="the tests do not run"),
+        )
+    )
+    script = write_script(tmp_path / "alice.json", turn)
+    argv = ["compare", "--cwd", str(project), "--no-progress", "--json"]
+    argv += ["--agent", f"alice={shlex.join(agent_command(script))}"]
+    out = tmp_path / "out"
+    done = await run_cli(*argv, "--report", str(out), "test it", cwd=tmp_path, state=state_dir)
+    assert done.returncode == 0, done.stderr.decode()  # the turn itself ended well
+    [agent] = json.loads(done.stdout)["agents"]
+    first, second = agent["toolCalls"]
+    # bounded: 2,000 characters and how many more there were
+    assert first["error"].startswith("npm ERR! <missing> script: test && exit 1\n")
+    assert first["error"].endswith(f"\u2026 ({len(error) - 2000:,} more characters)")
+    assert len(first["error"]) < 2100
+    assert json.loads(second["error"]) == {"error": "no such file: x"}
+
+    page = (out / "report.html").read_text()
+    assert "npm ERR! &lt;missing&gt; script: test &amp;&amp; exit 1" in page
+    assert "<missing>" not in page
+    assert "no such file: x" in page
+    md = (out / "report.md").read_text()
+    assert "Tool call 1 failed:" in md and "npm ERR! <missing> script: test && exit 1" in md
+    assert "Tool call 2 failed:" in md
 
 
 # --------------------------------------------------------------------------- conflicts of a fan-in

@@ -44,6 +44,7 @@ from ._model import (
     conflicts_text,
     sum_costs,
     sum_tokens,
+    tool_call_error,
 )
 from ._style import CSS
 
@@ -465,13 +466,22 @@ def _tool_call_table(agent: AgentView) -> Markup:
                 str(n + 1),
                 _dash(as_str(c.get("title"))),
                 _dash(as_str(c.get("kind"))),
-                _dash(as_str(c.get("status"))),
+                _tool_status(c),
                 el("code", _dash(as_str(c.get("toolCallId")))),
             ]
             for n, c in enumerate(agent.tool_calls)
         ],
         num=(0,),
     )
+
+
+def _tool_status(call: Mapping[str, Any]) -> Markup:
+    """A tool call's status, and under a failed one the error text the agent sent with it."""
+    status = as_str(call.get("status"))
+    error = tool_call_error(call)
+    if status == "failed":
+        return join(badge("failed"), el("pre", error, class_="tool-error") if error else None)
+    return escape(_dash(status))
 
 
 def _compare_steps(view: CompareView) -> Markup:

@@ -44,6 +44,7 @@ from ._model import (
     conflicts_text,
     sum_costs,
     sum_tokens,
+    tool_call_error,
 )
 
 __all__ = ["markdown_document"]
@@ -162,7 +163,7 @@ def _permissions(owners: Sequence[tuple[str, AgentView]], owner_label: str) -> l
 def _tool_calls(agent: AgentView) -> list[str]:
     if not agent.tool_calls:
         return ["No tool calls.", ""]
-    return table(
+    out = table(
         ["#", "Title", "Kind", "Status"],
         [
             [
@@ -174,6 +175,12 @@ def _tool_calls(agent: AgentView) -> list[str]:
             for n, c in enumerate(agent.tool_calls)
         ],
     )
+    # a failed call's error text, which may span lines, under the table in a block of its own
+    for n, c in enumerate(agent.tool_calls):
+        error = tool_call_error(c)
+        if error:
+            out += [f"Tool call {n + 1} failed:", "", *fence(error, "text")]
+    return out
 
 
 # --------------------------------------------------------------------------- compare

@@ -30,6 +30,7 @@ __all__ = [
     "conflicts_text",
     "layers",
     "load",
+    "tool_call_error",
 ]
 
 
@@ -267,6 +268,23 @@ class AgentView:
             return None
         code = as_num(self.verify.get("exitCode"))
         return None if code is None else code == 0
+
+
+#: a failed tool call's error text shows at most this many characters
+MAX_TOOL_ERROR_CHARS = 2000
+
+
+def tool_call_error(call: Mapping[str, Any]) -> str | None:
+    """The error text a failed tool call carries (``error``), bounded; None when there is none."""
+    if as_str(call.get("status")) != "failed":
+        return None
+    text = as_str(call.get("error"))
+    if not text:
+        return None
+    if len(text) > MAX_TOOL_ERROR_CHARS:
+        more = len(text) - MAX_TOOL_ERROR_CHARS
+        text = f"{text[:MAX_TOOL_ERROR_CHARS]}\u2026 ({more:,} more characters)"
+    return text
 
 
 def _error_text(value: Any) -> str | None:

@@ -101,6 +101,10 @@ table.agents th.winner, table.agents td.winner { background: var(--ok-bg); }
   color: var(--bad); background: var(--bad-bg); border-radius: 6px; padding: 6px 10px;
   margin: 6px 0; white-space: pre-wrap; word-break: break-word;
 }
+pre.tool-error {
+  margin-top: 4px; color: var(--bad); background: var(--bad-bg); border-color: transparent;
+  max-height: 240px;
+}
 details { margin: 6px 0; }
 details > summary { cursor: pointer; padding: 4px 0; }
 details.card {
