@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -180,6 +181,56 @@ def test_apply_refused_when_workspace_changed(project: Path, state_dir: Path) ->
     assert refused.returncode == 3
     assert "README.md" in as_json(refused)["workspaceChanged"]
     assert snapshot(project) == before
+
+
+def test_show_report_of_a_compare_names_the_applied_agent(
+    project: Path, tmp_path: Path, state_dir: Path
+) -> None:
+    """compare --apply bob, then show --report: the report says bob's changes were applied."""
+    done = cli(
+        "compare", "--agent", "alice=demo", "--agent", "bob=demo", "--cwd", str(project),
+        "--policy", "trusted", "--apply", "bob", "--json", "--no-progress",
+        'replace "colour" with "color" in README.md', state=state_dir,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert as_json(done)["applied"] == "bob"
+    report = tmp_path / "report"
+    shown = cli("show", as_json(done)["runId"], "--report", str(report), state=state_dir)
+    assert shown.returncode == 0, shown.stderr
+    md = (report / "report.md").read_text()
+    assert "| Applied | bob |" in md
+    # the column heading tags the applied agent (and the winner, whichever won the race)
+    assert re.search(r"\| bob \((winner, )?applied\) \|", md), md
+    html = (report / "report.html").read_text()
+    assert '<th scope="row">Applied</th><td>bob</td>' in html
+
+
+def test_show_report_of_a_pipeline_names_the_step_instance_applied(
+    project: Path, tmp_path: Path, state_dir: Path
+) -> None:
+    """apply RUN --step notes[bob], then show --report: Applied names notes[bob], not "yes"."""
+    pipeline = tmp_path / "two.py"
+    pipeline.write_text(
+        "from orchestrator import StepContext, step\n"
+        "@step(agent=['alice=demo', 'bob=demo'])\n"
+        "def notes(ctx: StepContext) -> str:\n"
+        "    return f'create {ctx.agent}.txt with \"hi\\\\n\"\\n'\n"
+    )
+    done = cli(
+        "run", str(pipeline), "--cwd", str(project), "--policy", "trusted", "--json",
+        "--no-progress", state=state_dir,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    run_id = as_json(done)["runId"]
+    applied = cli("apply", run_id, "--step", "notes[bob]", state=state_dir)
+    assert applied.returncode == 0, applied.stderr
+    assert (project / "bob.txt").exists() and not (project / "alice.txt").exists()
+    report = tmp_path / "report"
+    shown = cli("show", run_id, "--json", "--report", str(report), state=state_dir)
+    assert as_json(shown)["appliedSteps"] == ["notes[bob]"]
+    jsonschema.Draft202012Validator(output_schema()).validate(as_json(shown))
+    assert "| Applied | notes\\[bob\\] |" in (report / "report.md").read_text()
+    assert '<th scope="row">Applied</th><td>notes[bob]</td>' in (report / "report.html").read_text()
 
 
 def test_run_refuses_bad_pipeline_with_exit_2(

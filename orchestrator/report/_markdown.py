@@ -301,7 +301,7 @@ def _pipeline(view: PipelineView) -> list[str]:
             ["Conflicts", conflicts_text(view.conflicts)],
             ["Files changed", str(files)],
             ["Lines", lines_text(added, removed)],
-            ["Applied", applied_text(view.applied)],
+            ["Applied", cell(applied_text(view.applied))],
             ["Tokens", count_text(sum_tokens(instances))],
             ["Cost", costs_text(sum_costs(instances))],
             [

@@ -552,7 +552,8 @@ class PipelineView:
     changes: tuple[Mapping[str, Any], ...]
     diff: str
     files: tuple[FileDiff, ...]
-    applied: bool | None
+    #: the applied step instances (``apply RUN --step``), or just whether the run was applied
+    applied: str | bool | None
     kind: str = "pipeline"
 
     @classmethod
@@ -597,7 +598,8 @@ class PipelineView:
             changes=as_maps(result.get("changes")),
             diff=diff or "",
             files=parse_diff(diff),
-            applied=as_bool(result.get("applied")),
+            applied=", ".join(as_strs(result.get("appliedSteps")))
+            or as_bool(result.get("applied")),
         )
 
     def instances(self) -> list[tuple[StepView, AgentView]]:
