@@ -790,7 +790,7 @@ def _conflict(c: ConflictView) -> Markup:
             el(
                 "p",
                 "Merged after this conflict, these changed the path too (not in the merge):",
-                class_="muted",
+                class_="muted also",
             ),
             el(
                 "div",

@@ -156,6 +156,7 @@ table.diff tr.l-meta td, table.diff tr.l-note td { color: var(--muted); font-sty
   padding: 8px 12px; background: var(--panel); border-bottom: 1px solid var(--border);
   display: flex; flex-wrap: wrap; gap: 6px 14px; align-items: center;
 }
+.conflict > p.also { margin: 0; padding: 6px 12px; border-top: 1px solid var(--border); }
 .three { display: grid; grid-template-columns: repeat(3, minmax(0, 1fr)); gap: 0; }
 .three > div { min-width: 0; border-right: 1px solid var(--border); }
 .three > div:last-child { border-right: 0; }
