@@ -5,13 +5,17 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
+
+from orchestrator.cli.output import output_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "examples" / "sample-project"
@@ -106,6 +110,64 @@ def test_run_demo_pipeline_then_show_diff_apply(
     assert (project / "docs" / "pricing.md").exists()
 
 
+FAN_IN = """\
+from orchestrator import StepContext, step
+
+
+@step(agent=["alice=demo", "bob=demo", "carol=demo"])
+def notes(ctx: StepContext) -> str:
+    return f'append "- {ctx.agent} was here.\\\\n" to CHANGES.md\\n'
+
+
+@step()
+def summary(notes: object) -> str:
+    return "done"
+"""
+
+
+def test_fan_in_of_three_conflicting_branches_is_one_conflict(
+    project: Path, tmp_path: Path, state_dir: Path
+) -> None:
+    """Three branches clashing on CHANGES.md: one conflict, labelled alike in JSON, text, report."""
+    pipeline = tmp_path / "fan_in.py"
+    pipeline.write_text(FAN_IN)
+    report = tmp_path / "report"
+    done = cli(
+        "run", str(pipeline), "--cwd", str(project), "--policy", "trusted", "--json",
+        "--no-progress", "--report", str(report), state=state_dir,
+    )  # fmt: skip
+    assert done.returncode == 4, done.stderr
+    result = as_json(done)
+    jsonschema.Draft202012Validator(output_schema()).validate(result)
+    [conflict] = result["conflicts"]
+    assert conflict["path"] == "CHANGES.md" and conflict["resolution"] == "fail"
+    assert conflict["branches"] == ["notes[alice]", "notes[bob]", "notes[carol]"]
+    assert (conflict["oursLabel"], conflict["theirsLabel"]) == ("notes[alice]", "notes[bob]")
+    # ours is the merge so far (alice alone), theirs the branch merged into it (bob)
+    assert "alice was here" in conflict["ours"] and "bob" not in conflict["ours"]
+    assert "bob was here" in conflict["theirs"]
+    [also] = conflict["alsoChanged"]
+    assert also["label"] == "notes[carol]" and "carol was here" in also["content"]
+    line = (
+        "  conflict in CHANGES.md at summary (content): unresolved; ours notes[alice], "
+        "theirs notes[bob]; also changed by notes[carol]"
+    )
+    shown = cli("show", result["runId"], state=state_dir)
+    assert shown.stdout.splitlines().count(line) == 1, shown.stdout
+    assert sum(x.startswith("  conflict in") for x in shown.stdout.splitlines()) == 1
+    refused = cli("apply", result["runId"], state=state_dir)
+    assert refused.returncode == 4
+    assert refused.stderr.count("CHANGES.md") == 1, refused.stderr
+    md = (report / "report.md").read_text()
+    assert md.count("### 1. `CHANGES.md`") == 1 and "### 2." not in md
+    ours_block = md.split("**Ours: notes\\[alice\\]**", 1)[1].split("**Theirs", 1)[0]
+    assert "alice was here" in ours_block and "bob was here" not in ours_block
+    assert "**Also changed by: notes\\[carol\\]**" in md
+    html = (report / "report.html").read_text()
+    assert html.count('class="conflict"') == 1
+    assert "Ours: notes[alice]" in html and "Also: notes[carol]" in html
+
+
 def test_apply_refused_when_workspace_changed(project: Path, state_dir: Path) -> None:
     """apply exits 3 and writes nothing when a file the run changed was edited meanwhile."""
     done = cli(
@@ -119,6 +181,56 @@ def test_apply_refused_when_workspace_changed(project: Path, state_dir: Path) ->
     assert refused.returncode == 3
     assert "README.md" in as_json(refused)["workspaceChanged"]
     assert snapshot(project) == before
+
+
+def test_show_report_of_a_compare_names_the_applied_agent(
+    project: Path, tmp_path: Path, state_dir: Path
+) -> None:
+    """compare --apply bob, then show --report: the report says bob's changes were applied."""
+    done = cli(
+        "compare", "--agent", "alice=demo", "--agent", "bob=demo", "--cwd", str(project),
+        "--policy", "trusted", "--apply", "bob", "--json", "--no-progress",
+        'replace "colour" with "color" in README.md', state=state_dir,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert as_json(done)["applied"] == "bob"
+    report = tmp_path / "report"
+    shown = cli("show", as_json(done)["runId"], "--report", str(report), state=state_dir)
+    assert shown.returncode == 0, shown.stderr
+    md = (report / "report.md").read_text()
+    assert "| Applied | bob |" in md
+    # the column heading tags the applied agent (and the winner, whichever won the race)
+    assert re.search(r"\| bob \((winner, )?applied\) \|", md), md
+    html = (report / "report.html").read_text()
+    assert '<th scope="row">Applied</th><td>bob</td>' in html
+
+
+def test_show_report_of_a_pipeline_names_the_step_instance_applied(
+    project: Path, tmp_path: Path, state_dir: Path
+) -> None:
+    """apply RUN --step notes[bob], then show --report: Applied names notes[bob], not "yes"."""
+    pipeline = tmp_path / "two.py"
+    pipeline.write_text(
+        "from orchestrator import StepContext, step\n"
+        "@step(agent=['alice=demo', 'bob=demo'])\n"
+        "def notes(ctx: StepContext) -> str:\n"
+        "    return f'create {ctx.agent}.txt with \"hi\\\\n\"\\n'\n"
+    )
+    done = cli(
+        "run", str(pipeline), "--cwd", str(project), "--policy", "trusted", "--json",
+        "--no-progress", state=state_dir,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    run_id = as_json(done)["runId"]
+    applied = cli("apply", run_id, "--step", "notes[bob]", state=state_dir)
+    assert applied.returncode == 0, applied.stderr
+    assert (project / "bob.txt").exists() and not (project / "alice.txt").exists()
+    report = tmp_path / "report"
+    shown = cli("show", run_id, "--json", "--report", str(report), state=state_dir)
+    assert as_json(shown)["appliedSteps"] == ["notes[bob]"]
+    jsonschema.Draft202012Validator(output_schema()).validate(as_json(shown))
+    assert "| Applied | notes\\[bob\\] |" in (report / "report.md").read_text()
+    assert '<th scope="row">Applied</th><td>notes[bob]</td>' in (report / "report.html").read_text()
 
 
 def test_run_refuses_bad_pipeline_with_exit_2(

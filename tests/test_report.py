@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import random
 import re
 import shlex
+import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
 import pytest
+from markdown_it import MarkdownIt
 from run_helpers import CLI, agent_command, run_cli, write_script
 
 from orchestrator.errors import UsageError
@@ -26,7 +30,7 @@ from orchestrator.report._format import cost_text, seconds_text
 from orchestrator.report._markdown import cell, fence
 from orchestrator.report._markup import Markup, el, escape, join
 from orchestrator.report._model import PipelineView, layers
-from orchestrator.testing import Say, Turn, WriteDisk
+from orchestrator.testing import Say, ToolCall, ToolUpdate, Turn, WriteDisk
 
 HOSTILE = "<script>alert(1)</script>"
 #: an attribute break-out attempt: closes the quote and adds an event handler
@@ -167,6 +171,74 @@ def compare_result() -> dict[str, Any]:
         ],
         "winner": "claude",
         "applied": "claude",
+    }
+
+
+SIX_AGENTS = ("claude-code", "codex-acp", "gemini-cli", "qwen-code", "opencode", "goose")
+
+
+def six_agent_compare() -> dict[str, Any]:
+    """A compare of six agents with realistic long names, versions, titles, ids and rules."""
+    agents = []
+    for n, name in enumerate(SIX_AGENTS):
+        command = "npm test -- --runInBand && npm run lint > /tmp/lint_output_of_all_packages.txt"
+        # a named rule from a policy file: one long word
+        rule = f"allow_npm_test_and_lint_in_frontend_packages_under_the_ci_profile_{n}"
+        agents.append(
+            {
+                "name": name,
+                "status": "failed" if n == 5 else "succeeded",
+                "error": "turn timed out after 600 s waiting on session/prompt" if n == 5 else None,
+                "agent": {
+                    "name": name,
+                    "version": f"0.{n}.12-nightly.20261130",
+                    "reportedName": f"@vendor/{name}-acp-adapter",
+                },
+                "sessionId": f"sess-{n}-0f8e2b1c9d7a4e6f",
+                "stopReason": "max_turn_requests" if n == 4 else "end_turn",
+                "text": f"{name} made the change.",
+                "wallSeconds": 61.5 + n,
+                "toolCalls": [
+                    {
+                        "toolCallId": f"toolu_01ABCDEFGHJKLMNPQRSTUVWX{n}",
+                        "title": command,
+                        "kind": "execute",
+                        "status": "completed",
+                    }
+                ],
+                "permissions": [
+                    {
+                        "toolCallId": f"toolu_01ABCDEFGHJKLMNPQRSTUVWX{n}",
+                        "kind": "execute",
+                        "title": command,
+                        "verdict": "allow",
+                        "optionId": "proceed_always_tool_execute",
+                        "rule": rule,
+                    }
+                ],
+                "usage": {
+                    "used": 153_000,
+                    "size": 200_000,
+                    "cost": {"amount": 1.2345, "currency": "USD"},
+                    "tokens": {
+                        "inputTokens": 1_234_567,
+                        "outputTokens": 45_678,
+                        "totalTokens": 1_280_245,
+                    },
+                },
+                "changes": [{"path": "src/a.py", "change": "modified"}],
+                "diff": DIFF_A,
+                "verify": {"command": "npm test", "exitCode": n % 2, "output": "ok"},
+            }
+        )
+    return {
+        "kind": "compare",
+        "runId": "6a6a6a6a6a6a",
+        "task": "Fix the flaky test",
+        "cwd": "/abs/project",
+        "agents": agents,
+        "winner": "codex-acp",
+        "applied": "codex-acp",
     }
 
 
@@ -612,13 +684,33 @@ def test_hostile_text_never_becomes_a_class(make: Any) -> None:
 
 
 def test_markdown_escapes_hostile_text() -> None:
-    """In Markdown, hostile text is entity-escaped, or literal inside code spans and fences."""
+    """In Markdown, hostile text is backslash-escaped, or literal inside code spans and fences."""
     md = render_markdown(hostile_compare())
     outside = re.sub(r"(?ms)^(`{3,})[^\n]*\n.*?^\1$", "", md)  # fenced blocks
     outside = re.sub(r"(`+).*?\1", "", outside)  # code spans: literal text in CommonMark
-    assert "<script>" not in outside
-    assert "&lt;script&gt;" in outside
+    assert "<script>" not in outside.replace("\\<script>", "")
+    assert "\\<script>alert(1)\\</script>" in outside
     assert "```text\n<script>alert(1)</script>\n```" in md
+    # rendered by a CommonMark renderer, the text is text: no element comes out of it
+    html = MarkdownIt("commonmark").enable("table").render(md)
+    assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+def test_markdown_shows_no_html_entities_in_a_terminal() -> None:
+    """Text outside fences reads as written: no ``&gt;`` or ``&amp;``, and renders back the same."""
+    text = "make && ./run > out.txt; a<b"
+    assert cell(text) == "make && ./run > out.txt; a\\<b"
+    result = compare_result()
+    result["agents"][1]["error"] = text
+    result["task"] = "echo ok && exit 1 > log"
+    md = render_markdown(result)
+    assert "&gt;" not in md and "&amp;" not in md and "&lt;" not in md
+    assert "# Compare: echo ok && exit 1 > log" in md
+    # what a forge draws is the text itself, entities included literally
+    literal = "&amp; is not &lt;"
+    assert MarkdownIt("commonmark").renderInline(cell(literal)) == "&amp;amp; is not &amp;lt;"
+    row = next(line for line in md.splitlines() if line.startswith("| Error |"))
+    assert "make && ./run > out.txt; a\\<b" in row
 
 
 def test_markup_helpers_escape_by_default() -> None:
@@ -1070,3 +1162,203 @@ async def test_report_of_a_real_compare_shows_the_failed_agent_and_the_winner(
     assert "| Outcome | failed | succeeded |" in md
     assert "| Winner | bob |" in md
     assert "bob (winner)" in md
+
+
+async def test_report_of_a_real_compare_shows_a_failed_tool_calls_error(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    """The error text an agent sends with a failed tool call is in --json and both reports."""
+    project = tmp_path / "project"
+    project.mkdir()
+    error = "npm ERR! <missing> script: test && exit 1\n" + "x" * 3000
+    turn = Turn(
+        steps=(
+            ToolCall(id="t1", title="npm test", kind="execute", status="in_progress"),
+            ToolUpdate(
+                id="t1",
+                status="failed",
+                content=({"type": "content", "content": {"type": "text", "text": error}},),
+            ),
+            ToolCall(id="t2", title="cat x", kind="read", status="in_progress"),
+            ToolUpdate(id="t2", status="failed", raw_output={"error": "no such file: x"}),
+            Say(text="the tests do not run"),
+        )
+    )
+    script = write_script(tmp_path / "alice.json", turn)
+    argv = ["compare", "--cwd", str(project), "--no-progress", "--json"]
+    argv += ["--agent", f"alice={shlex.join(agent_command(script))}"]
+    out = tmp_path / "out"
+    done = await run_cli(*argv, "--report", str(out), "test it", cwd=tmp_path, state=state_dir)
+    assert done.returncode == 0, done.stderr.decode()  # the turn itself ended well
+    [agent] = json.loads(done.stdout)["agents"]
+    first, second = agent["toolCalls"]
+    # bounded: 2,000 characters and how many more there were
+    assert first["error"].startswith("npm ERR! <missing> script: test && exit 1\n")
+    assert first["error"].endswith(f"\u2026 ({len(error) - 2000:,} more characters)")
+    assert len(first["error"]) < 2100
+    assert json.loads(second["error"]) == {"error": "no such file: x"}
+
+    page = (out / "report.html").read_text()
+    assert "npm ERR! &lt;missing&gt; script: test &amp;&amp; exit 1" in page
+    assert "<missing>" not in page
+    assert "no such file: x" in page
+    md = (out / "report.md").read_text()
+    assert "Tool call 1 failed:" in md and "npm ERR! <missing> script: test && exit 1" in md
+    assert "Tool call 2 failed:" in md
+
+
+# --------------------------------------------------------------------------- conflicts of a fan-in
+
+
+def test_a_conflict_shows_its_labels_and_the_branches_that_joined_it() -> None:
+    """The labels come from oursLabel/theirsLabel; alsoChanged versions are shown with theirs."""
+    result = pipeline_result()
+    result["conflicts"][0].update(
+        branches=["implement[alice]", "implement[bob]", "implement[carol]"],
+        oursLabel="implement[alice]",
+        theirsLabel="implement[bob]",
+        alsoChanged=[{"label": "implement[carol]", "content": "# Title\nline 1 by carol\n"}],
+    )
+    page = render_html(result)
+    assert page.count('class="conflict"') == 2
+    assert "Ours: implement[alice]" in page and "Theirs: implement[bob]" in page
+    assert "Also: implement[carol]" in page and "line 1 by carol" in page
+    md = render_markdown(result)
+    assert "**Also changed by: implement\\[carol\\]**" in md
+    assert "line 1 by carol" in md
+
+
+def test_conflicts_recorded_once_per_later_branch_show_as_one() -> None:
+    """Older results listed an unresolved path again per later branch: shown as one conflict."""
+    result = pipeline_result()
+    first = result["conflicts"][0]
+    result["conflicts"].insert(
+        1,
+        {
+            **first,
+            # the old shape: the merge-so-far label, but the first conflict's ours content
+            "branches": ["implement[alice]+implement[bob]", "implement[carol]"],
+            "theirs": "# Title\nline 1 by carol\nline 2\n",
+        },
+    )
+    page = render_html(result)
+    assert page.count('class="conflict"') == 2
+    assert "implement[alice]+implement[bob]" not in page
+    assert "Ours: implement[alice]" in page and "Also: implement[carol]" in page
+    md = render_markdown(result)
+    assert "### 3." not in md and md.count("`README.md` in step") == 1
+    assert "2 (1 unresolved)" in md
+
+
+# --------------------------------------------------------------------------- graph edges
+
+
+def _svg_geometry(svg: str) -> tuple[dict[str, tuple[float, ...]], list[tuple[str, str, str]]]:
+    """The boxes (name -> x, y, w, h) and edges (from, to, path data) of a graph's SVG."""
+    root = ET.fromstring(svg)
+    ns = "{http://www.w3.org/2000/svg}"
+    boxes: dict[str, tuple[float, ...]] = {}
+    for node in root.iter(f"{ns}g"):
+        if "node" not in (node.get("class") or "").split():
+            continue
+        title = node.find(f"{ns}title")
+        rect = node.find(f"{ns}rect")
+        assert title is not None and title.text and rect is not None
+        name = title.text.split("\n")[0].rsplit(": ", 1)[0]
+        boxes[name] = tuple(float(rect.get(k) or 0) for k in ("x", "y", "width", "height"))
+    edges = []
+    for path in root.iter(f"{ns}path"):
+        if "edge" not in (path.get("class") or "").split():
+            continue
+        title = path.find(f"{ns}title")
+        assert title is not None and title.text
+        a, b = title.text.split(" \u2192 ")
+        edges.append((a, b, path.get("d") or ""))
+    return boxes, edges
+
+
+def _samples(d: str, per_segment: int = 60) -> list[tuple[float, float]]:
+    """Points along an SVG path made of M, L and C commands."""
+    tokens = re.findall(r"[MLC]|-?[\d.]+(?:e-?\d+)?", d)
+    points: list[tuple[float, float]] = []
+    at = (0.0, 0.0)
+    i = 0
+    while i < len(tokens):
+        cmd = tokens[i]
+        i += 1
+        size = {"M": 1, "L": 1, "C": 3}[cmd]
+        xy = [float(t) for t in tokens[i : i + 2 * size]]
+        i += 2 * size
+        ctrl = [(xy[k], xy[k + 1]) for k in range(0, len(xy), 2)]
+        if cmd == "M":
+            at = ctrl[0]
+            points.append(at)
+            continue
+        p0 = at
+        for n in range(1, per_segment + 1):
+            t = n / per_segment
+            if cmd == "L":
+                q = ctrl[0]
+                points.append((p0[0] + (q[0] - p0[0]) * t, p0[1] + (q[1] - p0[1]) * t))
+            else:
+                (x1, y1), (x2, y2), (x3, y3) = ctrl
+                u = 1 - t
+                points.append(
+                    (
+                        u**3 * p0[0] + 3 * u * u * t * x1 + 3 * u * t * t * x2 + t**3 * x3,
+                        u**3 * p0[1] + 3 * u * u * t * y1 + 3 * u * t * t * y2 + t**3 * y3,
+                    )
+                )
+        at = ctrl[-1]
+    return points
+
+
+def _edges_crossing_boxes(names: list[str], edges: list[tuple[str, str]]) -> list[str]:
+    """Each (edge, box) where the drawn edge passes through a box it does not connect."""
+    view = PipelineView.from_json(
+        {"graph": {"nodes": [{"name": n} for n in names], "edges": [list(e) for e in edges]}}
+    )
+    boxes, drawn = _svg_geometry(str(dag_svg(view.steps, view.edges)))
+    assert len(drawn) == len(set(edges))
+    crossing = []
+    for a, b, d in drawn:
+        for name, (x, y, w, h) in boxes.items():
+            if name in (a, b):
+                continue
+            if any(x < px < x + w and y < py < y + h for px, py in _samples(d)):
+                crossing.append(f"{a} -> {b} crosses {name}")
+    return crossing
+
+
+def test_an_edge_that_skips_a_column_goes_around_the_box_between() -> None:
+    """annotate -> summary skips the column of check: it runs in a gap, not under check's box."""
+    names = ["plan", "annotate", "review", "check", "summary"]
+    edges = [
+        ("plan", "annotate"),
+        ("plan", "review"),
+        ("review", "check"),
+        ("check", "summary"),
+        ("annotate", "summary"),
+    ]
+    assert _edges_crossing_boxes(names, edges) == []
+    long_jump = [("plan", "implement"), ("implement", "review"), ("review", "late")]
+    assert (
+        _edges_crossing_boxes(
+            ["plan", "implement", "review", "late"], [*long_jump, ("plan", "late")]
+        )
+        == []
+    )
+
+
+def test_no_edge_of_any_dag_crosses_a_box() -> None:
+    """Over many generated DAGs (full columns, several skips), no edge runs under a box."""
+    rng = random.Random(14)
+    for _ in range(60):
+        n = rng.randint(4, 12)
+        names = [f"s{i}" for i in range(n)]
+        edges = [
+            (names[i], names[j])
+            for j in range(1, n)
+            for i in rng.sample(range(j), k=min(j, rng.randint(1, 3)))
+        ]
+        assert _edges_crossing_boxes(names, edges) == [], edges

@@ -7,6 +7,8 @@ except under CI (``CI`` set), where a missing browser is a failure: CI must inst
 from __future__ import annotations
 
 import contextlib
+import html
+import json
 import os
 import re
 import shutil
@@ -23,7 +25,13 @@ from typing import Any
 import pytest
 from attrs import frozen
 from conftest import pid_gone
-from test_report import compare_result, hostile_compare, hostile_pipeline, pipeline_result
+from test_report import (
+    compare_result,
+    hostile_compare,
+    hostile_pipeline,
+    pipeline_result,
+    six_agent_compare,
+)
 
 from orchestrator.report import render_report
 from orchestrator.report._html import CSP
@@ -234,3 +242,67 @@ def test_report_csp_refuses_scripts_in_chromium(chromium: str, tmp_path: Path) -
     assert "<title>unchanged</title>" in run.stdout
     assert "script ran</title>" not in run.stdout
     assert any("Content Security Policy" in line for line in run.console_lines())
+
+
+#: measures, in the page, every cell of the tables named: is it inside its table's box and the
+#: window, and does its content fit it (the test copy of the page drops the CSP to run it)
+MEASURE = """<script>
+const found = [];
+for (const table of document.querySelectorAll(%s)) {
+  const box = table.parentElement, edge = box.getBoundingClientRect().right;
+  found.push({table: table.className, scrollWidth: box.scrollWidth, clientWidth: box.clientWidth});
+  for (const c of table.querySelectorAll("th, td")) {
+    const right = c.getBoundingClientRect().right;
+    if (c.scrollWidth > c.clientWidth + 1 || right > edge + 1 || right > window.innerWidth)
+      found.push({cell: c.textContent.slice(0, 60), right, edge});
+  }
+}
+found.push({page: document.documentElement.scrollWidth, window: window.innerWidth});
+document.body.setAttribute("data-measured", JSON.stringify(found));
+</script>"""
+
+
+def measure_tables(
+    binary: str, tmp_path: Path, page: str, selectors: list[str], width: int
+) -> list[dict[str, Any]]:
+    """What :data:`MEASURE` finds in ``page`` shown in a window ``width`` pixels wide."""
+    test_copy = re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", page)
+    script = MEASURE % json.dumps(", ".join(selectors))
+    path = tmp_path / f"measure-{uuid.uuid4().hex[:8]}.html"
+    path.write_text(test_copy.replace("</body>", script + "</body>"), encoding="utf-8")
+    run = run_chromium(binary, tmp_path, f"--window-size={width},900", "--dump-dom", path.as_uri())
+    found = re.search(r'data-measured="([^"]*)"', run.stdout)
+    assert found is not None, run.stderr[-2000:]
+    measured: list[dict[str, Any]] = json.loads(html.unescape(found.group(1)))
+    return measured
+
+
+def test_six_agents_fit_side_by_side_at_1400_px(chromium: str, tmp_path: Path) -> None:
+    """At 1400 px, no cell of the six-agent table or of the permissions table is clipped."""
+    paths = render_report(six_agent_compare(), tmp_path / "six")
+    page = paths.html.read_text(encoding="utf-8")
+    found = measure_tables(
+        chromium, tmp_path, page, ["table.agents", "#permissions table"], width=1400
+    )
+    tables = [f for f in found if "table" in f]
+    assert [t["table"] for t in tables] == ["grid agents", "grid"]
+    assert all(t["scrollWidth"] <= t["clientWidth"] for t in tables), tables
+    assert [f for f in found if "cell" in f] == []
+    (page_size,) = [f for f in found if "page" in f]
+    assert page_size["page"] <= page_size["window"]
+
+
+def test_many_agents_scroll_inside_their_table_not_the_page(chromium: str, tmp_path: Path) -> None:
+    """Twelve agents at 1000 px: the table scrolls in its own box; the page keeps its width."""
+    result = six_agent_compare()
+    result["agents"] = [
+        {**a, "name": f"{a['name']}-{n}"} for n in range(2) for a in result["agents"]
+    ]
+    paths = render_report(result, tmp_path / "twelve")
+    found = measure_tables(
+        chromium, tmp_path, paths.html.read_text(encoding="utf-8"), ["table.agents"], width=1000
+    )
+    (table,) = [f for f in found if "table" in f]
+    assert table["scrollWidth"] > table["clientWidth"], "wider than its box: it scrolls there"
+    (page_size,) = [f for f in found if "page" in f]
+    assert page_size["page"] <= page_size["window"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.agent.turn import TurnAccumulator
+from orchestrator.agent.turn import MAX_TOOL_ERROR_CHARS, TurnAccumulator
 from orchestrator.protocol import codec
 from orchestrator.protocol import types as t
 
@@ -174,3 +174,43 @@ def test_unknown_update_kinds_are_kept_whole() -> None:
 def test_usage_json_is_none_without_usage() -> None:
     """No usage reported means no usage object."""
     assert TurnAccumulator().result("end_turn").usage_json() is None
+
+
+def test_a_failed_calls_error_text_is_kept_bounded() -> None:
+    """A failed call's JSON has the text it was sent with (content, else raw output), cut."""
+    acc = TurnAccumulator()
+    acc.add(update({"sessionUpdate": "tool_call", "toolCallId": "a", "title": "npm test"}))
+    long = "E" * (MAX_TOOL_ERROR_CHARS + 5)
+    text = {"type": "content", "content": {"type": "text", "text": long}}
+    acc.add(
+        update(
+            {
+                "sessionUpdate": "tool_call_update",
+                "toolCallId": "a",
+                "status": "failed",
+                "content": [text],
+                "rawOutput": "ignored: the content says it",
+            }
+        )
+    )
+    acc.add(update({"sessionUpdate": "tool_call", "toolCallId": "b", "title": "cat"}))
+    acc.add(
+        update(
+            {
+                "sessionUpdate": "tool_call_update",
+                "toolCallId": "b",
+                "status": "failed",
+                "rawOutput": {"exit": 1},
+            }
+        )
+    )
+    acc.add(
+        update(
+            {"sessionUpdate": "tool_call", "toolCallId": "c", "title": "ls", "status": "completed"}
+        )
+    )
+    calls = acc.result("end_turn").tool_calls
+    cut = "E" * MAX_TOOL_ERROR_CHARS + "\u2026 (5 more characters)"
+    assert calls["a"].to_json()["error"] == cut
+    assert calls["b"].to_json()["error"] == '{"exit": 1}'
+    assert "error" not in calls["c"].to_json()

@@ -382,7 +382,7 @@ async def test_async_resolver() -> None:
 
 
 def test_n_way_merge_folds_pairwise() -> None:
-    """Three branches merge; a path conflicted earlier stays conflicted, with every clash listed."""
+    """Three branches merge; a path conflicted earlier stays conflicted, later changes join it."""
     tree = MemoryTree.from_files({"f.txt": BASE, "g.txt": BASE})
     a, b, c = (Branch.from_tree(tree, n) for n in "abc")
     a.write("f.txt", lines_with({0: b"a\n"}))
@@ -396,10 +396,9 @@ def test_n_way_merge_folds_pairwise() -> None:
     assert [(x.path, x.ours_name, x.theirs_name) for x in result.conflicts] == [("g.txt", "a", "b")]
     assert result.tree().read("g.txt") == BASE
     c.write("g.txt", lines_with({1: b"c\n"}))
-    assert [(x.path, x.theirs_name) for x in merge_branches([a, b, c]).conflicts] == [
-        ("g.txt", "b"),
-        ("g.txt", "c"),
-    ]
+    (conflict,) = merge_branches([a, b, c]).conflicts
+    assert (conflict.path, conflict.theirs_name) == ("g.txt", "b")
+    assert conflict.also_changed == (("c", lines_with({1: b"c\n"})),)
 
 
 def test_merge_of_forks_uses_the_nearest_common_base() -> None:
@@ -432,3 +431,40 @@ def test_merge_file_direct() -> None:
     assert merge_file("p", base, None, base) is None
     assert isinstance(merge_file("p", base, None, FileState(b"z\n")), Conflict)
     assert ConflictStrategy("union") is ConflictStrategy.UNION
+
+
+# --------------------------------------------------------------------------- fan-in of several
+
+
+def fan_in(*names: str, files: dict[str, bytes] | None = None) -> list[Branch]:
+    """Branches named ``names`` forked from one tree (a fan-in's parents, in order)."""
+    tree = MemoryTree.from_files(files if files is not None else {"CHANGES": b"# Changes\n"})
+    return [Branch.from_tree(tree, n) for n in names]
+
+
+def test_one_unresolved_path_of_many_branches_is_one_conflict() -> None:
+    """Four branches clashing on a path make one conflict; the later ones join it, labelled."""
+    branches = fan_in("s[a]", "s[b]", "s[c]", "s[d]")
+    for b in branches:
+        b.write("CHANGES", b"# Changes\n- %s\n" % b.name.encode())
+    branches[2].delete("CHANGES")
+    (conflict,) = merge_branches(branches).conflicts
+    assert (conflict.ours_name, conflict.theirs_name) == ("s[a]", "s[b]")
+    # ours is what its label says: the merge so far (here s[a] alone); theirs is s[b]
+    assert conflict.ours == b"# Changes\n- s[a]\n"
+    assert conflict.theirs == b"# Changes\n- s[b]\n"
+    assert conflict.also_changed == (("s[c]", None), ("s[d]", b"# Changes\n- s[d]\n"))
+
+
+def test_a_resolved_clash_labels_ours_as_the_merge_so_far() -> None:
+    """With `union`, the third branch's clash has ours = the merge of the first two, so labelled."""
+    branches = fan_in("s[a]", "s[b]", "s[c]")
+    for b in branches:
+        b.write("CHANGES", b"# Changes\n- %s\n" % b.name.encode())
+    result = merge_branches(branches, strategy="union")
+    assert result.ok
+    first, second = result.resolved
+    assert (first.ours_name, first.theirs_name) == ("s[a]", "s[b]")
+    assert (second.ours_name, second.theirs_name) == ("s[a]+s[b]", "s[c]")
+    assert second.ours == b"# Changes\n- s[a]\n- s[b]\n"
+    assert result.tree().read("CHANGES") == b"# Changes\n- s[a]\n- s[b]\n- s[c]\n"

@@ -7,6 +7,7 @@ arrive (pure code, no I/O). Tool calls are merged from the full ``tool_call`` an
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from attrs import define, field, frozen
@@ -18,11 +19,15 @@ from .services import PermissionRecord
 
 __all__ = [
     "DEFAULT_MAX_TURN_RECORD_BYTES",
+    "MAX_TOOL_ERROR_CHARS",
     "ToolCallState",
     "TurnAccumulator",
     "TurnResult",
     "content_text",
 ]
+
+#: a failed tool call's error text keeps at most this many characters in ``--json``
+MAX_TOOL_ERROR_CHARS = 2000
 
 
 @define
@@ -65,14 +70,35 @@ class ToolCallState:
         """The terminals embedded in this call's content."""
         return [c.terminal_id for c in self.content if isinstance(c, t.Terminal)]
 
+    def error_text(self) -> str | None:
+        """What the agent sent with a failed call: its content's text, else its raw output,
+        cut to :data:`MAX_TOOL_ERROR_CHARS`; None when the call did not fail or said nothing."""
+        if self.status != "failed":
+            return None
+        texts = [content_text(c.content) for c in self.content if isinstance(c, t.Content)]
+        text = "\n".join(x for x in texts if x)
+        if not text and self.raw_output is not None:
+            raw = self.raw_output
+            text = raw if isinstance(raw, str) else json.dumps(raw, default=str, sort_keys=True)
+        if not text:
+            return None
+        if len(text) > MAX_TOOL_ERROR_CHARS:
+            more = len(text) - MAX_TOOL_ERROR_CHARS
+            text = f"{text[:MAX_TOOL_ERROR_CHARS]}\u2026 ({more:,} more characters)"
+        return text
+
     def to_json(self) -> dict[str, Any]:
-        """The summary used in ``--json`` output."""
-        return {
+        """The summary used in ``--json`` output (with ``error`` when a failed call said why)."""
+        out: dict[str, Any] = {
             "toolCallId": self.tool_call_id,
             "title": self.title,
             "kind": self.kind,
             "status": self.status,
         }
+        error = self.error_text()
+        if error is not None:
+            out["error"] = error
+        return out
 
 
 @frozen

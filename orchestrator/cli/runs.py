@@ -7,7 +7,7 @@ import json
 import math
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import IO, TYPE_CHECKING, Any
 
@@ -381,6 +381,25 @@ def _print_traceback(text: Any, indent: str, out: IO[str] | None = None) -> None
         say(f"{indent}{line}", file=out or sys.stdout)
 
 
+def _conflict_line(c: Mapping[str, Any]) -> str:
+    """One conflict as a line: where, what, how settled, and whose versions ours and theirs are.
+
+    ``ours`` is the merge so far in the fan-in's order, ``theirs`` the instance merged into it.
+    """
+    resolution = c.get("resolution")
+    settled = "unresolved" if resolution in (None, "fail") else f"resolved: {resolution}"
+    line = f"  conflict in {c.get('path')} at {c.get('step')} ({c.get('kind')}): {settled}"
+    branches = c.get("branches") or []
+    ours = c.get("oursLabel") or (branches[0] if branches else None)
+    theirs = c.get("theirsLabel") or (branches[1] if len(branches) > 1 else None)
+    if ours and theirs:
+        line += f"; ours {ours}, theirs {theirs}"
+    also = [a.get("label") for a in c.get("alsoChanged") or [] if isinstance(a, Mapping)]
+    if also:
+        line += f"; also changed by {', '.join(map(str, also))}"
+    return line
+
+
 def _summary(result: dict[str, Any], run_id: str) -> None:
     """The human ending of run, compare and resume (stderr; the diff on stdout)."""
     err = sys.stderr
@@ -393,10 +412,7 @@ def _summary(result: dict[str, Any], run_id: str) -> None:
             say(f"  {name:<20} {step.get('status'):<10} {extra}", file=err)
             _print_traceback(step.get("traceback"), "      ", err)
         for c in result.get("conflicts") or []:
-            say(
-                f"  conflict in {c['path']} at {c['step']} ({c['kind']}): {c['resolution']}",
-                file=err,
-            )
+            say(_conflict_line(c), file=err)
         if result.get("diff"):
             sys.stdout.write(terminal_text(result["diff"]))
     for line in sandbox_lines(result.get("sandbox")):
@@ -673,7 +689,7 @@ async def cmd_show(args: argparse.Namespace) -> int:
             for inst in (step.get("instances") or {}).values():
                 _print_cut(inst.get("cut"), "      ")
     for c in result.get("conflicts") or []:
-        say(f"  conflict in {c['path']} at {c['step']} ({c['kind']}): {c['resolution']}")
+        say(_conflict_line(c))
     _warn_interrupted(interrupted, result["runId"], result.get("cwd"))
     for line in sandbox_lines(result.get("sandbox")):
         say(line)

@@ -209,14 +209,24 @@ def _text(data: bytes | None) -> str | None:
 
 
 def conflict_json(step: str, conflict: Conflict, resolution: str) -> dict[str, Any]:
-    """A conflict as ``--json`` output, reports and the run store show it."""
+    """A conflict as ``--json`` output, reports and the run store show it.
+
+    ``ours`` is the content of the merge so far (the step's parent instances before
+    ``theirsLabel``, in fan-in order), labelled ``oursLabel``; ``theirs`` is the content of the
+    instance being merged in, labelled ``theirsLabel``; ``alsoChanged`` lists the instances
+    merged after an unresolved conflict that changed the path too. ``branches`` is every label.
+    """
+    also = [{"label": name, "content": _text(data)} for name, data in conflict.also_changed]
     return {
         "step": step,
         **name_json(conflict.path),
         "kind": conflict.kind,
-        "branches": [conflict.ours_name, conflict.theirs_name],
+        "branches": [conflict.ours_name, conflict.theirs_name, *(a["label"] for a in also)],
         "base": _text(conflict.base),
         "ours": _text(conflict.ours),
         "theirs": _text(conflict.theirs),
+        "oursLabel": conflict.ours_name,
+        "theirsLabel": conflict.theirs_name,
+        "alsoChanged": also,
         "resolution": resolution,
     }

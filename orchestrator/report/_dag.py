@@ -1,7 +1,10 @@
 """The pipeline graph as an inline SVG: layers left to right, edges with arrowheads.
 
 Nodes sit in columns by generation (see :func:`~._model.layers`), each column centred on the
-tallest; edges are cubic curves from the right side of a node to the left side of its child.
+tallest; edges run from the right side of a node to the left side of its child, curving only in
+the gaps between columns. An edge that skips columns crosses each column between in a free lane
+(a gap between two boxes, or above or below the column), so it never runs under a box it does
+not connect.
 A node's colour says its status; a fan-out step shows one dot per instance, coloured the same
 way. Every node links to its step's details in the page and carries a tooltip (``<title>``).
 """
@@ -9,6 +12,7 @@ way. Every node links to its step's details in the page and carries a tooltip (`
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
 
 from attrs import frozen
 
@@ -61,6 +65,36 @@ class _Box:
     y: float
 
 
+class _Lanes:
+    """Free horizontal lanes through each column: the gaps between its boxes, above and below.
+
+    Edges that share a lane are spread a few pixels apart so each stays visible.
+    """
+
+    def __init__(
+        self, grouped: Sequence[Sequence[str]], boxes: dict[str, _Box], height: float
+    ) -> None:
+        self._height = height
+        self._lanes: list[list[float]] = []
+        for group in grouped:
+            tops = sorted(boxes[n].y for n in group)
+            lanes = [tops[0] - GAP_Y / 2] if tops else []
+            lanes += [(t + NODE_H + u) / 2 for t, u in pairwise(tops)]
+            lanes += [tops[-1] + NODE_H + GAP_Y / 2] if tops else []
+            self._lanes.append(lanes)
+        self._used: dict[tuple[int, float], int] = {}
+
+    def take(self, col: int, near: float) -> float:
+        """The lane of column ``col`` nearest to ``near``, nudged if edges already use it."""
+        lane = min(self._lanes[col], key=lambda y: (abs(y - near), y))
+        n = self._used.get((col, lane), 0)
+        self._used[(col, lane)] = n + 1
+        # 0, +5, -5, +10 ... but never out of the gap (a gap is GAP_Y tall)
+        step = (n + 1) // 2 * (1 if n % 2 else -1) * 5
+        y = lane + max(-(GAP_Y / 2 - 3), min(GAP_Y / 2 - 3, step))
+        return max(3.0, min(self._height - 3, y))  # the lane above a full column is the margin
+
+
 def dag_svg(steps: Sequence[StepView], edges: Sequence[tuple[str, str]]) -> Markup:
     """The graph of ``steps`` (in report order) and ``edges`` as one ``<svg>`` element."""
     names = [s.name for s in steps]
@@ -77,6 +111,8 @@ def dag_svg(steps: Sequence[StepView], edges: Sequence[tuple[str, str]]) -> Mark
                 MARGIN + col * (NODE_W + GAP_X), MARGIN + offset + row * (NODE_H + GAP_Y)
             )
 
+    column_of = {name: col for col, group in enumerate(grouped) for name in group}
+    lanes = _Lanes(grouped, boxes, height)
     edge_parts: list[Markup] = []
     seen: set[tuple[str, str]] = set()
     for a, b in edges:
@@ -90,8 +126,21 @@ def dag_svg(steps: Sequence[StepView], edges: Sequence[tuple[str, str]]) -> Mark
             bend = max(src.y, dst.y) + NODE_H + GAP_Y / 2
             d = f"M{x1:g},{y1:g} C{x1 + 40:g},{bend:g} {x2 - 40:g},{bend:g} {x2:g},{y2:g}"
         else:
-            mid = (x1 + x2) / 2
-            d = f"M{x1:g},{y1:g} C{mid:g},{y1:g} {mid:g},{y2:g} {x2:g},{y2:g}"
+            # through each column between, a lane near the straight line; curves only in gaps
+            first, last = column_of[a], column_of[b]
+            points = [(x1, y1)]
+            for col in range(first + 1, last):
+                along = (col - first) / (last - first)
+                y = lanes.take(col, y1 + (y2 - y1) * along)
+                left = MARGIN + col * (NODE_W + GAP_X)
+                points += [(left - 2, y), (left + NODE_W + 2, y)]
+            points.append((x2, y2))
+            d = f"M{x1:g},{y1:g}"
+            for (px, py), (qx, qy) in zip(points[::2], points[1::2], strict=True):
+                mid = (px + qx) / 2
+                if (px, py) != (x1, y1):
+                    d += f" L{px:g},{py:g}"
+                d += f" C{mid:g},{py:g} {mid:g},{qy:g} {qx:g},{qy:g}"
         target = by_name[b][1]
         edge_parts.append(
             el(

@@ -45,6 +45,7 @@ from ._model import (
     default_policy_text,
     sum_costs,
     sum_tokens,
+    tool_call_error,
 )
 from ._style import CSS
 
@@ -478,13 +479,22 @@ def _tool_call_table(agent: AgentView) -> Markup:
                 str(n + 1),
                 _dash(as_str(c.get("title"))),
                 _dash(as_str(c.get("kind"))),
-                _dash(as_str(c.get("status"))),
+                _tool_status(c),
                 el("code", _dash(as_str(c.get("toolCallId")))),
             ]
             for n, c in enumerate(agent.tool_calls)
         ],
         num=(0,),
     )
+
+
+def _tool_status(call: Mapping[str, Any]) -> Markup:
+    """A tool call's status, and under a failed one the error text the agent sent with it."""
+    status = as_str(call.get("status"))
+    error = tool_call_error(call)
+    if status == "failed":
+        return join(badge("failed"), el("pre", error, class_="tool-error") if error else None)
+    return escape(_dash(status))
 
 
 def _compare_steps(view: CompareView) -> Markup:
@@ -766,8 +776,6 @@ def _pipeline_conflicts(view: PipelineView) -> Markup:
 
 
 def _conflict(c: ConflictView) -> Markup:
-    ours_name = c.branches[0] if c.branches else "ours"
-    theirs_name = c.branches[1] if len(c.branches) > 1 else "theirs"
     resolution = (
         el("span", f"resolved: {c.resolution}", class_="badge r-resolved")
         if c.resolved
@@ -785,11 +793,28 @@ def _conflict(c: ConflictView) -> Markup:
     columns = el(
         "div",
         _version("Base", c.base, None, c.missing_text("base")),
-        _version(f"Ours: {ours_name}", c.ours, c.base, c.missing_text("ours")),
-        _version(f"Theirs: {theirs_name}", c.theirs, c.base, c.missing_text("theirs")),
+        _version(f"Ours: {c.ours_label}", c.ours, c.base, c.missing_text("ours")),
+        _version(f"Theirs: {c.theirs_label}", c.theirs, c.base, c.missing_text("theirs")),
         class_="three",
     )
-    return el("div", head, columns, class_="conflict")
+    also = None
+    if c.also_changed:
+        also = join(
+            el(
+                "p",
+                "Merged after this conflict, these changed the path too (not in the merge):",
+                class_="muted also",
+            ),
+            el(
+                "div",
+                [
+                    _version(f"Also: {label}", text, c.base, c.missing_text("theirs"))
+                    for label, text in c.also_changed
+                ],
+                class_="three",
+            ),
+        )
+    return el("div", head, columns, also, class_="conflict")
 
 
 def _version(title: str, text: str | None, base: str | None, missing: str) -> Markup:

@@ -1,9 +1,11 @@
 """The Markdown report: the same facts as the HTML page, readable as plain text and on forges.
 
-Text from agents is inert here too: table cells escape ``|``, ``<``, ``>``, ``&``, ``\\`` and
-backticks and fold line breaks; longer text goes into fenced blocks whose fence is longer than
-any backtick run inside, so nothing can close it early. The graph is a ``mermaid`` block (drawn
-by forges that support it, readable elsewhere).
+Text from agents is inert here too, and reads as written in a terminal: table cells escape
+Markdown's own way (a backslash before ``|``, ``\\``, backticks, ``*``, ``_``, ``[``, ``]``, a
+``<`` and an ``&`` that would start an entity: never HTML entities) and fold line breaks; longer
+text goes into fenced blocks whose fence is longer than any backtick run inside, so nothing can
+close it early. The graph is a ``mermaid`` block (drawn by forges that support it, readable
+elsewhere).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from ._model import (
     default_policy_text,
     sum_costs,
     sum_tokens,
+    tool_call_error,
 )
 
 __all__ = ["markdown_document"]
@@ -59,15 +62,16 @@ def markdown_document(view: CompareView | PipelineView) -> str:
 
 # --------------------------------------------------------------------------- escaping
 
-_CELL_SPECIAL = re.compile(r"([\\`*_\[\]|])")
+#: backslash escapes (CommonMark's, for any ASCII punctuation): ``<`` so no tag or autolink can
+#: open, ``&`` only where an entity reference would start; ``>`` and ``&&`` stay as written
+_CELL_SPECIAL = re.compile(r"([\\`*_\[\]|<]|&(?=#|[A-Za-z0-9]+;))")
 
 
 def cell(value: object) -> str:
-    """A value as the text of one table cell (or one inline phrase)."""
+    """A value as the text of one table cell (or one inline phrase), escaped as Markdown."""
     text = value if isinstance(value, str) else str(value)
     if text == "":
         return DASH
-    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     text = _CELL_SPECIAL.sub(r"\\\1", text)
     return " ".join(text.split()) or DASH  # tables are one line per row
 
@@ -163,7 +167,7 @@ def _permissions(owners: Sequence[tuple[str, AgentView]], owner_label: str) -> l
 def _tool_calls(agent: AgentView) -> list[str]:
     if not agent.tool_calls:
         return ["No tool calls.", ""]
-    return table(
+    out = table(
         ["#", "Title", "Kind", "Status"],
         [
             [
@@ -175,6 +179,12 @@ def _tool_calls(agent: AgentView) -> list[str]:
             for n, c in enumerate(agent.tool_calls)
         ],
     )
+    # a failed call's error text, which may span lines, under the table in a block of its own
+    for n, c in enumerate(agent.tool_calls):
+        error = tool_call_error(c)
+        if error:
+            out += [f"Tool call {n + 1} failed:", "", *fence(error, "text")]
+    return out
 
 
 # --------------------------------------------------------------------------- compare
@@ -295,7 +305,7 @@ def _pipeline(view: PipelineView) -> list[str]:
             ["Conflicts", conflicts_text(view.conflicts)],
             ["Files changed", str(files)],
             ["Lines", lines_text(added, removed)],
-            ["Applied", applied_text(view.applied)],
+            ["Applied", cell(applied_text(view.applied))],
             ["Tokens", count_text(sum_tokens(instances))],
             ["Cost", costs_text(sum_costs(instances))],
             [
@@ -426,8 +436,6 @@ def _step(s: StepView) -> list[str]:
 
 
 def _conflict(n: int, c: ConflictView) -> list[str]:
-    ours = c.branches[0] if c.branches else "ours"
-    theirs = c.branches[1] if len(c.branches) > 1 else "theirs"
     state = f"resolved: {c.resolution}" if c.resolved else "unresolved"
     out = [
         f"### {n + 1}. {code(c.path)} in step {_dash(c.step)} ({_dash(c.kind)}, {cell(state)})",
@@ -437,8 +445,9 @@ def _conflict(n: int, c: ConflictView) -> list[str]:
     ]
     versions = (
         ("base", "Base", c.base),
-        ("ours", f"Ours: {ours}", c.ours),
-        ("theirs", f"Theirs: {theirs}", c.theirs),
+        ("ours", f"Ours: {c.ours_label}", c.ours),
+        ("theirs", f"Theirs: {c.theirs_label}", c.theirs),
+        *(("theirs", f"Also changed by: {label}", text) for label, text in c.also_changed),
     )
     for side, label, text in versions:
         out += [f"**{cell(label)}**", ""]

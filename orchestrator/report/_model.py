@@ -31,6 +31,7 @@ __all__ = [
     "default_policy_text",
     "layers",
     "load",
+    "tool_call_error",
 ]
 
 
@@ -270,6 +271,23 @@ class AgentView:
         return None if code is None else code == 0
 
 
+#: a failed tool call's error text shows at most this many characters
+MAX_TOOL_ERROR_CHARS = 2000
+
+
+def tool_call_error(call: Mapping[str, Any]) -> str | None:
+    """The error text a failed tool call carries (``error``), bounded; None when there is none."""
+    if as_str(call.get("status")) != "failed":
+        return None
+    text = as_str(call.get("error"))
+    if not text:
+        return None
+    if len(text) > MAX_TOOL_ERROR_CHARS:
+        more = len(text) - MAX_TOOL_ERROR_CHARS
+        text = f"{text[:MAX_TOOL_ERROR_CHARS]}\u2026 ({more:,} more characters)"
+    return text
+
+
 def _error_text(value: Any) -> str | None:
     """An error as text: a string, or ``{type, message}`` as ``type: message``."""
     if value is None:
@@ -368,7 +386,7 @@ class CompareView:
             agents=agents,
             winner=as_str(result.get("winner")),
             applied=applied if isinstance(applied, bool) else as_str(applied),
-            conflicts=tuple(ConflictView.from_json(c) for c in as_maps(result.get("conflicts"))),
+            conflicts=ConflictView.list_from_json(result.get("conflicts")),
             times=RunTimes.from_json(result),
             kind="compare",
             default_rejections=_default_rejections(result),
@@ -452,7 +470,12 @@ class StepView:
 
 @frozen
 class ConflictView:
-    """A merge conflict: one path, the branches that disagree, and the three versions."""
+    """A merge conflict: one path, the branches that disagree, and their versions.
+
+    ``ours`` is the merge so far in the fan-in's order (``ours_label`` names its instances),
+    ``theirs`` the instance merged into it; ``also_changed`` holds (label, content) of instances
+    merged after the conflict was left unresolved that changed the path too.
+    """
 
     step: str | None
     path: str | None
@@ -462,20 +485,61 @@ class ConflictView:
     ours: str | None
     theirs: str | None
     resolution: str | None
+    ours_label: str = "ours"
+    theirs_label: str = "theirs"
+    also_changed: tuple[tuple[str, str | None], ...] = ()
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> ConflictView:
-        """Read one conflict object."""
+        """Read one conflict object (labels from ``oursLabel``/``theirsLabel``, else branches)."""
+        branches = as_strs(obj.get("branches"))
+        ours_label = as_str(obj.get("oursLabel")) or (branches[0] if branches else "ours")
+        theirs_label = as_str(obj.get("theirsLabel")) or (
+            branches[1] if len(branches) > 1 else "theirs"
+        )
+        also = tuple(
+            (label, as_str(a.get("content")))
+            for a in as_maps(obj.get("alsoChanged"))
+            if (label := as_str(a.get("label"))) is not None
+        )
         return cls(
             step=as_str(obj.get("step")),
             path=as_str(obj.get("path")),
             kind=as_str(obj.get("kind")),
-            branches=as_strs(obj.get("branches")),
+            branches=branches,
             base=as_str(obj.get("base")),
             ours=as_str(obj.get("ours")),
             theirs=as_str(obj.get("theirs")),
             resolution=as_str(obj.get("resolution")),
+            ours_label=ours_label,
+            theirs_label=theirs_label,
+            also_changed=also,
         )
+
+    @classmethod
+    def list_from_json(cls, value: Any) -> tuple[ConflictView, ...]:
+        """Read a ``conflicts`` list: one entry per unresolved path and step.
+
+        Results recorded before one conflict made one entry list an unresolved path again for
+        each later branch that changed it (with the first entry's ours); those join the first.
+        """
+        out: list[ConflictView] = []
+        open_at: dict[tuple[str | None, str | None], int] = {}
+        for obj in as_maps(value):
+            c = cls.from_json(obj)
+            key = (c.step, c.path)
+            if c.resolved or c.path is None:
+                out.append(c)
+                continue
+            if key in open_at:
+                i = open_at[key]
+                joined = (*out[i].also_changed, (c.theirs_label, c.theirs), *c.also_changed)
+                labels = tuple(dict.fromkeys((*out[i].branches, *(n for n, _ in joined))))
+                out[i] = attrs.evolve(out[i], also_changed=joined, branches=labels)
+                continue
+            open_at[key] = len(out)
+            out.append(c)
+        return tuple(out)
 
     def missing_text(self, side: str) -> str:
         """What a null version means, from the conflict's kind (``side``: base, ours, theirs)."""
@@ -511,7 +575,8 @@ class PipelineView:
     changes: tuple[Mapping[str, Any], ...]
     diff: str
     files: tuple[FileDiff, ...]
-    applied: bool | None
+    #: the applied step instances (``apply RUN --step``), or just whether the run was applied
+    applied: str | bool | None
     kind: str = "pipeline"
     #: permission requests rejected by the default rule because no policy was given
     default_rejections: int = 0
@@ -554,11 +619,12 @@ class PipelineView:
             times=RunTimes.from_json(result),
             steps=steps,
             edges=edges,
-            conflicts=tuple(ConflictView.from_json(c) for c in as_maps(result.get("conflicts"))),
+            conflicts=ConflictView.list_from_json(result.get("conflicts")),
             changes=as_maps(result.get("changes")),
             diff=diff or "",
             files=parse_diff(diff),
-            applied=as_bool(result.get("applied")),
+            applied=", ".join(as_strs(result.get("appliedSteps")))
+            or as_bool(result.get("applied")),
             default_rejections=_default_rejections(result),
         )
 

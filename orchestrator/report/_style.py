@@ -69,10 +69,17 @@ table.grid th, table.grid td {
 }
 table.grid thead th { background: var(--panel); font-weight: 600; white-space: nowrap; }
 table.grid tbody th { background: var(--panel); font-weight: 500; white-space: nowrap; }
+/* long words (rule names, ids, paths, commands) may break anywhere, so a table can shrink to
+   its container instead of pushing its last columns out of view */
+table.grid td { overflow-wrap: anywhere; }
 table.grid td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 table.grid td.wrap { max-width: 520px; word-break: break-word; }
 table.kv th { width: 1%; }
-table.agents td { min-width: 150px; }
+/* agents side by side: headings wrap too; past what fits, the table scrolls in its own box
+   with the row labels kept in view */
+table.agents td { min-width: 130px; }
+table.agents thead th { white-space: normal; overflow-wrap: anywhere; min-width: 130px; }
+table.agents tbody th { position: sticky; left: 0; z-index: 1; }
 table.agents th.winner, table.agents td.winner { background: var(--ok-bg); }
 .badge {
   display: inline-block; padding: 0 8px; border-radius: 999px; font-size: 12px; font-weight: 600;
@@ -97,6 +104,10 @@ table.agents th.winner, table.agents td.winner { background: var(--ok-bg); }
 .error {
   color: var(--bad); background: var(--bad-bg); border-radius: 6px; padding: 6px 10px;
   margin: 6px 0; white-space: pre-wrap; word-break: break-word;
+}
+pre.tool-error {
+  margin-top: 4px; color: var(--bad); background: var(--bad-bg); border-color: transparent;
+  max-height: 240px;
 }
 details { margin: 6px 0; }
 details > summary { cursor: pointer; padding: 4px 0; }
@@ -149,6 +160,7 @@ table.diff tr.l-meta td, table.diff tr.l-note td { color: var(--muted); font-sty
   padding: 8px 12px; background: var(--panel); border-bottom: 1px solid var(--border);
   display: flex; flex-wrap: wrap; gap: 6px 14px; align-items: center;
 }
+.conflict > p.also { margin: 0; padding: 6px 12px; border-top: 1px solid var(--border); }
 .three { display: grid; grid-template-columns: repeat(3, minmax(0, 1fr)); gap: 0; }
 .three > div { min-width: 0; border-right: 1px solid var(--border); }
 .three > div:last-child { border-right: 0; }

@@ -149,6 +149,13 @@ async def get_run_json(
         # a finished prompt's result is its --json object, kept whole; an unfinished one (a
         # crash, an interruption) reads like the one-step run it is
         return {**dict(record.result), **result, "conflicts": []}
+    # what the applies wrote to the workspace: the run's final changes, or step instances
+    applied_keys = [
+        key
+        for apply in await store.applies(record.run_id)
+        if apply.git_branch is None
+        for key in apply.keys or ()
+    ]
     if record.kind == "compare":
         compare_info = options.get("compare") or {}
         verify = (options.get("verify") or {}).get("compare")
@@ -163,9 +170,7 @@ async def get_run_json(
         # workspace (the latest, if several were), or is null
         written = [
             key[len("compare[") : -1]
-            for apply in await store.applies(record.run_id)
-            if apply.git_branch is None
-            for key in apply.keys or ()
+            for key in applied_keys
             if key.startswith("compare[") and key.endswith("]")
         ]
         result.update(
@@ -183,6 +188,8 @@ async def get_run_json(
             steps=by_step,
             changes=final_changes,
             diff=final_diff,
+            # the step instances applied on their own (``apply RUN --step``), in apply order
+            appliedSteps=list(dict.fromkeys(k for k in applied_keys if k != FINAL)),
         )
     result["conflicts"] = await store.conflicts(record.run_id)
     return result

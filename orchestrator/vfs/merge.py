@@ -7,12 +7,15 @@ ranges. Binary files (and symlinks) conflict on any difference; a deletion again
 conflicts; modes merge three-way on their own. Renames are a delete plus an add.
 
 Several branches merge by folding pairwise against the common base (the nearest tree their base
-chains share): ``((b1 + b2) + b3) + ...``. A conflict is resolved by the strategy — ``fail``
-(default: the file stays at its base version in the result and the conflict is reported with all
-versions), ``ours``/``theirs`` (the conflicting hunks take that side; non-overlapping changes of
-both still merge), ``union`` (both sides' lines, ours first: for append-only files), or a resolver
-callable. Nothing is resolved silently: every resolved conflict is listed in
-:attr:`MergeResult.resolved` and logged.
+chains share): ``((b1 + b2) + b3) + ...``. In each step of the fold, *ours* is the merge so far
+(named ``b1+b2``) and *theirs* is the branch being merged in. One conflict is one path: a branch
+merged after a path's conflict was left unresolved joins that conflict
+(:attr:`Conflict.also_changed`) instead of making another. A conflict is resolved by the
+strategy — ``fail`` (default: the file stays at its base version in the result and the conflict
+is reported with all versions), ``ours``/``theirs`` (the conflicting hunks take that side;
+non-overlapping changes of both still merge), ``union`` (both sides' lines, ours first: for
+append-only files), or a resolver callable. Nothing is resolved silently: every resolved
+conflict is listed in :attr:`MergeResult.resolved` and logged.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import inspect
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from typing import Any, Literal, TypeAlias, cast
 
+import attrs
 import structlog
 from attrs import field, frozen
 from merge3 import Merge3
@@ -109,9 +113,14 @@ class Conflict:
     theirs_mode: int | None = None
     #: the overlapping line ranges, for text conflicts
     hunks: tuple[Hunk, ...] = ()
-    #: who "ours" and "theirs" are (branch names; ``a+b`` for an earlier fold)
+    #: who "ours" and "theirs" are: the merge so far (``a+b`` after two branches) and the
+    #: branch being merged in
     ours_name: str = "ours"
     theirs_name: str = "theirs"
+    #: branches merged after this conflict was left unresolved that changed the path too, in
+    #: merge order: (name, their version; None if they deleted it). Their changes of the path
+    #: are not in the merge either.
+    also_changed: tuple[tuple[str, bytes | None], ...] = field(default=(), repr=False)
 
     def with_markers(self) -> bytes:
         """The file with diff3-style conflict markers (``<<<<<<<``, ``|||||||``, ``=======``)."""
@@ -362,7 +371,7 @@ def _fold(branches: Sequence[Branch], strategy: ConflictStrategy | Callable[...,
     base = common_base(branches)
     names = [b.name for b in branches]
     acc: dict[str, Change] = dict(branches[0].net_changes(base))
-    pending: dict[str, FileState | None] = {}  # unresolved paths -> "ours" version so far
+    open_conflicts: dict[str, int] = {}  # unresolved paths -> their index in ``conflicts``
     conflicts: list[Conflict] = []
     resolved: list[Conflict] = []
     ours_name = names[0]
@@ -371,18 +380,13 @@ def _fold(branches: Sequence[Branch], strategy: ConflictStrategy | Callable[...,
         acc_set = ChangeSet.of(acc)
         for path in side:
             theirs = _state_in(base, side, path)
-            if path in pending:
-                # Already conflicted: it stays unresolved; report this side's clash as well.
-                clash = merge_file(
-                    path,
-                    base.state(path),
-                    pending[path],
-                    theirs,
-                    ours_name=ours_name,
-                    theirs_name=branch.name,
-                )
-                if isinstance(clash, Conflict):
-                    conflicts.append(clash)
+            if path in open_conflicts:
+                # Already unresolved (there is no "merge so far" of this path to merge into):
+                # this branch joins that conflict, so one conflicting path stays one conflict.
+                i = open_conflicts[path]
+                version = None if theirs is None else theirs.data
+                also = (*conflicts[i].also_changed, (branch.name, version))
+                conflicts[i] = attrs.evolve(conflicts[i], also_changed=also)
                 continue
             if path not in acc:
                 acc[path] = side[path]
@@ -399,8 +403,8 @@ def _fold(branches: Sequence[Branch], strategy: ConflictStrategy | Callable[...,
                 else:
                     outcome = _from_resolution(conflict, (yield conflict))
                 if isinstance(outcome, Conflict):
+                    open_conflicts[path] = len(conflicts)
                     conflicts.append(conflict)
-                    pending[path] = ours
                     acc.pop(path, None)
                     continue
                 resolved.append(conflict)
@@ -427,6 +431,7 @@ def _fold(branches: Sequence[Branch], strategy: ConflictStrategy | Callable[...,
             kind=conflict.kind,
             ours=conflict.ours_name,
             theirs=conflict.theirs_name,
+            also_changed=[name for name, _ in conflict.also_changed],
         )
     return MergeResult(base, ChangeSet.of(acc), tuple(conflicts), tuple(resolved), tuple(names))
 
