@@ -56,8 +56,10 @@ WRITE_MODES: tuple[WriteMode, ...] = ("fs", "disk", "both", "unknown")
 _REDACTED = "<redacted>"
 
 #: What makes two specs the same agent (:attr:`AgentSpec.identity`): the command, the extra
-#: environment (sorted) and the working directory.
-AgentIdentity = tuple[tuple[str, ...], tuple[tuple[str, str], ...], str | None]
+#: environment (sorted), the working directory, and the model and mode of its sessions.
+AgentIdentity = tuple[
+    tuple[str, ...], tuple[tuple[str, str], ...], str | None, str | None, str | None
+]
 
 
 def _argv(value: Iterable[str]) -> tuple[str, ...]:
@@ -154,6 +156,11 @@ class AgentSpec:
     #: run it confined by Landlock (:mod:`orchestrator.sandbox`) with these rules, or ``True``
     #: with the run's rules; ``False``/None: only when the run or the step asks
     sandbox: SandboxChoice = field(default=None, kw_only=True, validator=_check_sandbox)
+    #: the model each session runs (a value or name of the agent's ``model`` config option),
+    #: set after ``session/new``; None = the agent's default. ``NAME:MODEL`` sets it
+    model: str | None = field(default=None, kw_only=True)
+    #: the session mode each session runs in (one the agent offers); None = its default
+    mode: str | None = field(default=None, kw_only=True)
 
     def resolved(self, base: str | os.PathLike[str]) -> AgentSpec:
         """The spec with relative paths in its command, ``cwd`` and ``policy`` made absolute.
@@ -177,14 +184,21 @@ class AgentSpec:
 
     @property
     def identity(self) -> AgentIdentity:
-        """What makes two specs the same agent: the command, the environment and ``cwd``.
+        """What makes two specs the same agent: the command, the environment, ``cwd``, and
+        the model and mode its sessions run.
 
         The label is no part of it: two different command lines that read as the same label
         are two agents, and one agent stays one whatever it is called. Compare specs whose
         paths are resolved (:meth:`resolved`), so the same script named relatively and
         absolutely is one agent.
         """
-        return (self.command, tuple(sorted(self.env.items())), self.cwd)
+        return (
+            self.command,
+            tuple(sorted(self.env.items())),
+            self.cwd,
+            self.model,
+            self.mode,
+        )
 
     def with_name(self, name: str) -> AgentSpec:
         """The same agent under another label (``--agent fast=claude``)."""
@@ -224,6 +238,8 @@ class AgentSpec:
             "sandbox": (
                 self.sandbox.to_json() if isinstance(self.sandbox, Sandbox) else self.sandbox
             ),
+            "model": self.model,
+            "mode": self.mode,
         }
 
 
@@ -417,8 +433,12 @@ def builtin_agents() -> dict[str, AgentSpec]:
 
 
 def resolve_agent(text: str, known: Mapping[str, AgentSpec] | None = None) -> AgentSpec:
-    """An agent from ``--agent``: a known name, ``NAME=COMMAND``, or a command line.
+    """An agent from ``--agent``: a known name, ``NAME:MODEL``, ``NAME=COMMAND``, or a
+    command line.
 
+    ``NAME:MODEL`` is the known agent NAME whose sessions run MODEL (set through its ``model``
+    config option), labelled ``NAME:MODEL``; only a name of the table takes a model this way,
+    so a command line with a colon stays a command line. ``LABEL=NAME:MODEL`` relabels it.
     ``known`` is the table of names (default: :func:`builtin_agents`; a config's table comes
     from :meth:`orchestrator.config.Config.resolve_agent`); ``demo`` is always known. A command
     line without ``NAME=`` is labelled by what it runs (:func:`derive_label`): the package or
@@ -433,11 +453,13 @@ def resolve_agent(text: str, known: Mapping[str, AgentSpec] | None = None) -> Ag
     text = text.strip()
     if not text:
         raise UsageError("an agent needs a name or a command")
-    if text in table:
-        return table[text]
+    found = _known(text, table)
+    if found is not None:
+        return found
     label, text = _split_label(text)
-    if label is not None and text in table:
-        return table[text].with_name(label)
+    found = _known(text, table) if label is not None else None
+    if found is not None:
+        return found.with_name(label or found.name)
     try:
         argv = tuple(shlex.split(text))
     except ValueError as e:
@@ -461,6 +483,17 @@ def _refuse_typo(word: str, table: Mapping[str, AgentSpec]) -> None:
     close = difflib.get_close_matches(word.lower(), list(table), n=1, cutoff=_TYPO_CUTOFF)
     if close:
         raise UnknownAgent(word, close[0])
+
+
+def _known(text: str, table: Mapping[str, AgentSpec]) -> AgentSpec | None:
+    """A name of ``table``, or ``NAME:MODEL`` (that agent running MODEL, labelled so); None
+    for anything else (a command line keeps its meaning, colons and all)."""
+    if text in table:
+        return table[text]
+    name, sep, model = text.partition(":")
+    if sep and name in table and model.strip():
+        return attrs.evolve(table[name], name=text, model=model.strip())
+    return None
 
 
 def _split_label(text: str) -> tuple[str | None, str]:
@@ -537,6 +570,12 @@ def _describe(spec: AgentSpec, other: AgentSpec) -> str:
         return repr(shlex.join(spec.command))
     if spec.cwd != other.cwd:
         return f"{shlex.join(spec.command)!r} in {spec.cwd or 'its session directory'}"
+    if (spec.model, spec.mode) != (other.model, other.mode):
+        chosen = ", ".join(
+            f"{what} {value or '(default)'}"
+            for what, value in (("model", spec.model), ("mode", spec.mode))
+        )
+        return f"{shlex.join(spec.command)!r} with {chosen}"
     keys = sorted(k for k in {*spec.env, *other.env} if spec.env.get(k) != other.env.get(k))
     env = ", ".join(f"{k}=..." if k in spec.env else f"no {k}" for k in keys)
     return f"{shlex.join(spec.command)!r} with {env}"

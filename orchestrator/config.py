@@ -332,9 +332,11 @@ class Config:
         return attrs.evolve(self, agents={**self.agents, **agents})
 
     def resolve_agent(self, text: str) -> AgentSpec:
-        """An agent from ``--agent`` (a name in this table, ``NAME=COMMAND`` or a command)."""
-        source = self.untrusted_agents.get(text)
-        if source is not None and text not in self.agents:
+        """An agent from ``--agent`` (a name in this table, ``NAME:MODEL``, ``NAME=COMMAND`` or
+        a command; see :func:`orchestrator.agents.resolve_agent`)."""
+        name = text if text in self.agents else text.partition(":")[0]  # NAME:MODEL
+        source = self.untrusted_agents.get(name)
+        if source is not None and name not in self.agents:
             # never taken for a command line either: the name is the untrusted file's
             raise UsageError(
                 f"agent {text!r} is defined in {source}, which is not trusted to start programs"

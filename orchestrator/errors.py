@@ -34,6 +34,7 @@ __all__ = [
     "JsonRpcError",
     "MessageTooLarge",
     "MethodNotFound",
+    "NotOffered",
     "OrchestratorError",
     "ParseError",
     "PipelineError",
@@ -352,6 +353,25 @@ class ProtocolVersionMismatch(AgentError):
 
 class CapabilityNotSupported(AgentError):
     """The agent did not advertise the capability an operation needs."""
+
+
+class NotOffered(UsageError):
+    """A session choice (a model, a mode) that the agent does not offer.
+
+    ``what`` is the kind of choice (``model``, ``mode``), ``value`` what was asked for,
+    ``offered`` what the agent offers, ``agent`` its label when known.
+    """
+
+    def __init__(
+        self, what: str, value: str, offered: Sequence[str], agent: str | None = None
+    ) -> None:
+        self.what = what
+        self.value = value
+        self.offered = tuple(offered)
+        self.agent = agent
+        whose = f"agent {agent}" if agent else "the agent"
+        choices = ", ".join(self.offered) if self.offered else f"no {what}"
+        super().__init__(f"{whose} offers no {what} {value!r}; it offers: {choices}")
 
 
 class AuthenticationError(AgentError):

@@ -21,6 +21,7 @@ from .._util import grace_period, grace_periods_ended, single_error
 from ..errors import (
     AgentHung,
     CapabilityNotSupported,
+    NotOffered,
     OrchestratorError,
     TurnTimeout,
     UsageError,
@@ -472,10 +473,21 @@ class AcpSession:
     # ------------------------------------------------------------------ modes and options
 
     async def set_mode(self, mode_id: str) -> None:
-        """Switch the session's mode (``session/set_mode``)."""
-        if self.modes is not None and mode_id not in {m.id for m in self.modes.available_modes}:
-            known = ", ".join(m.id for m in self.modes.available_modes)
-            raise UsageError(f"unknown mode {mode_id!r}; the agent offers: {known}")
+        """Switch the session's mode: through its config option of category ``mode`` when the
+        agent has one (the current way), else ``session/set_mode`` over the modes it reported.
+
+        A mode it does not offer raises :class:`~orchestrator.errors.NotOffered` naming the
+        ones it does; nothing is sent then.
+        """
+        option = self.option_by_category("mode")
+        if isinstance(option, t.SessionConfigSelect):
+            await self.set_config_option(option.id, self._choice(option, "mode", mode_id))
+            return
+        if self.modes is None:
+            raise CapabilityNotSupported("the agent offers no modes", agent=self.connection.name)
+        offered = [m.id for m in self.modes.available_modes]
+        if mode_id not in offered:
+            raise NotOffered("mode", mode_id, offered, self._label)
         await self.connection.call(
             "session/set_mode", t.SetSessionModeRequest(session_id=self.session_id, mode_id=mode_id)
         )
@@ -506,19 +518,39 @@ class AcpSession:
         return None
 
     async def set_model(self, model: str) -> None:
-        """Choose the model: the value (or name) of an option of the ``model`` config option."""
+        """Choose the model: the value (or name) of an option of the ``model`` config option.
+
+        A model it does not offer raises :class:`~orchestrator.errors.NotOffered` naming the
+        ones it does; nothing is sent then.
+        """
         option = self.option_by_category("model")
         if not isinstance(option, t.SessionConfigSelect):
             raise CapabilityNotSupported(
                 "the agent offers no model selector", agent=self.connection.name
             )
+        await self.set_config_option(option.id, self._choice(option, "model", model))
+
+    def _choice(self, option: t.SessionConfigSelect, what: str, wanted: str) -> str:
+        """The value of ``option`` that ``wanted`` names (its value, else its display name)."""
         choices = _select_values(option)  # value -> display name
-        value = (
-            model if model in choices else next((v for v, n in choices.items() if n == model), None)
-        )
+        if wanted in choices:
+            return wanted
+        value = next((v for v, n in choices.items() if n == wanted), None)
         if value is None:
-            raise UsageError(f"unknown model {model!r}; the agent offers: {', '.join(choices)}")
-        await self.set_config_option(option.id, value)
+            raise NotOffered(what, wanted, list(choices), self._label)
+        return value
+
+    @property
+    def _label(self) -> str | None:
+        return self.connection.agent or self.connection.name or None
+
+    def current_choice(self, category: str) -> str | None:
+        """The current value of the select config option of ``category`` (``model``, ``mode``);
+        for ``mode`` without such an option, the current legacy mode; else None."""
+        option = self.option_by_category(category)
+        if isinstance(option, t.SessionConfigSelect):
+            return option.current_value
+        return self.current_mode if category == "mode" else None
 
 
 def _select_values(option: t.SessionConfigSelect) -> dict[str, str]:

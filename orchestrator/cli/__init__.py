@@ -82,10 +82,17 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
-    parser.add_argument("--log-json", action="store_true", help="logs as JSON lines on stderr")
+    _log_flags(parser, before=True)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    from .runs import FILE_SIZE_HELP, add_parsers, file_size, positive_seconds
+    from .runs import (
+        FILE_SIZE_HELP,
+        PROMPT_NO_PROGRESS_HELP,
+        add_parsers,
+        add_prompt_input,
+        add_session_choices,
+        file_size,
+        positive_seconds,
+    )
 
     p = sub.add_parser(
         "prompt",
@@ -119,7 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--sandbox", action="store_true", help=SANDBOX_HELP)
     p.add_argument("--max-file-size", type=file_size, metavar="SIZE", help=FILE_SIZE_HELP)
-    p.add_argument("text", help="the prompt")
+    p.add_argument("--no-progress", action="store_true", help=PROMPT_NO_PROGRESS_HELP)
+    add_prompt_input(p, what="prompt")
+    add_session_choices(p)
 
     add_parsers(sub)
 
@@ -130,7 +139,39 @@ def build_parser() -> argparse.ArgumentParser:
     from .trust import add_parser as add_trust_parser
 
     add_trust_parser(sub)
+    for command in sub.choices.values():
+        _log_flags(command, before=False)
     return parser
+
+
+def _log_flags(parser: argparse.ArgumentParser, *, before: bool) -> None:
+    """``-v`` and ``--log-json``, before the command (``orchestrator -v run``) or after it.
+
+    The two places keep separate counts (a command's parser would otherwise overwrite what was
+    given before it): :func:`verbosity` adds them up.
+    """
+    suffix = "" if before else "_after"
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        dest="verbose" + suffix,
+        default=0 if before else argparse.SUPPRESS,
+        help="more log output (-vv for debug); before or after the command",
+    )
+    parser.add_argument(
+        "--log-json",
+        action="store_true",
+        dest="log_json" + suffix,
+        default=False if before else argparse.SUPPRESS,
+        help="logs as JSON lines on stderr",
+    )
+
+
+def verbosity(args: argparse.Namespace) -> tuple[int, bool]:
+    """The log level (``-v`` count) and ``--log-json``, wherever on the command line given."""
+    count = int(args.verbose) + int(getattr(args, "verbose_after", 0))
+    return count, bool(args.log_json or getattr(args, "log_json_after", False))
 
 
 def configure_logging(verbosity: int, as_json: bool) -> None:
@@ -178,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         return EXIT_USAGE
     args = build_parser().parse_args(argv)
-    configure_logging(args.verbose, args.log_json)
+    configure_logging(*verbosity(args))
     from .agents import cmd_agents
     from .runs import HANDLERS
     from .trust import cmd_trust
@@ -340,12 +381,15 @@ def _emit_json(obj: Any) -> None:
 async def _cmd_prompt(args: argparse.Namespace) -> int:
     from ..runs.prompt import prompt
     from .escalation import choose_escalation
-    from .runs import track_run
+    from .runs import read_prompt, track_run
     from .trust import project_config
 
+    text = await read_prompt(args)
+    # without progress the reply is printed whole at the end, not streamed
+    quiet = args.json or args.no_progress
     run = await prompt(
         args.agent,
-        args.text,
+        text,
         config=await project_config(args.cwd, args.state_dir),
         cwd=args.cwd,
         policy=args.policy,
@@ -354,16 +398,20 @@ async def _cmd_prompt(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         idle_timeout=args.idle_timeout,
         # --json prints only the result: no callback, so chunks need no typed values
-        on_update=None if args.json else _print_update,
+        on_update=None if quiet else _print_update,
         on_event=track_run(args, None),
         apply=args.apply,
         state_dir=args.state_dir,
         sandbox=args.sandbox or None,
         max_file_size=args.max_file_size,
+        model=args.model,
+        mode=args.mode,
     )
     if args.json:
         _emit_json(run.to_json())
     else:
+        if args.no_progress:
+            sys.stdout.write(terminal_text(run.turn.text))
         if run.turn.text and not run.turn.text.endswith("\n"):
             sys.stdout.write("\n")
         say(f"[{run.agent.name}: {run.turn.stop_reason}]", file=sys.stderr)

@@ -91,6 +91,89 @@ FILE_SIZE_HELP = (
 )
 
 
+#: the help of ``prompt --no-progress``
+PROMPT_NO_PROGRESS_HELP = (
+    "print the reply once the turn ends, without streaming it or the tool calls on stderr"
+)
+
+
+def add_prompt_input(p: argparse.ArgumentParser, *, what: str) -> None:
+    """The prompt text of ``prompt`` and ``compare``: TEXT, ``-`` (standard input) or a file."""
+    p.add_argument(
+        "text",
+        nargs="?",
+        metavar="TEXT",
+        help=f"the {what}; - reads it from standard input",
+    )
+    p.add_argument(
+        "--prompt-file",
+        metavar="FILE",
+        help=f"read the {what} from FILE (UTF-8 text; - for standard input) instead of TEXT",
+    )
+
+
+def add_session_choices(p: argparse.ArgumentParser, *, each: bool = False) -> None:
+    """``--model`` and ``--mode``: set in each agent session before its turn."""
+    whose = " (for each agent not named NAME:MODEL)" if each else ""
+    p.add_argument(
+        "--model",
+        metavar="MODEL",
+        help="the model to run, a value or name of the agent's model config option" + whose,
+    )
+    p.add_argument(
+        "--mode",
+        metavar="MODE",
+        help="the session mode to run in (such as plan), one the agent offers"
+        + (" (for each agent)" if each else ""),
+    )
+
+
+async def read_prompt(args: argparse.Namespace) -> str:
+    """The prompt text of a command: TEXT, standard input (``-``) or ``--prompt-file``.
+
+    Refused with one line (a usage error): both TEXT and a file, neither, a file that cannot
+    be read, text that is not UTF-8, and an empty prompt (nothing an agent could act on).
+    """
+    import trio
+
+    from .._names import display_name
+    from ..errors import UsageError
+
+    text: str | None = args.text
+    path: str | None = args.prompt_file
+    if text is not None and path is not None:
+        raise UsageError("give the prompt as TEXT or with --prompt-file, not both")
+    if text is None and path is None:
+        raise UsageError("no prompt: give TEXT, - to read standard input, or --prompt-file FILE")
+    if text is not None and text != "-":
+        source = "the prompt"
+    else:
+        source = (
+            "standard input"
+            if (path or text) == "-"
+            else f"--prompt-file {display_name(path or '')}"
+        )
+
+        def read() -> bytes:
+            if path is None or path == "-":
+                return sys.stdin.buffer.read()
+            with open(path, "rb") as f:
+                return f.read()
+
+        try:
+            # a thread: waiting on a pipe or a terminal must not stop Ctrl-C
+            data = await trio.to_thread.run_sync(read, abandon_on_cancel=True)
+        except OSError as e:
+            raise UsageError(f"{source}: {e.strerror or e}") from None
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise UsageError(f"{source}: not UTF-8 text (byte {e.start})") from None
+    if not text.strip():
+        raise UsageError(f"{source} is empty")
+    return text
+
+
 def _shared(p: argparse.ArgumentParser, *, state_only: bool = False) -> None:
     p.add_argument(
         "--state-dir",
@@ -151,7 +234,8 @@ def add_parsers(sub: Any) -> None:
     c.add_argument(
         "--idle-timeout", type=positive_seconds, help="seconds allowed without any update"
     )
-    c.add_argument("text", help="the task")
+    add_prompt_input(c, what="task")
+    add_session_choices(c, each=True)
     _shared(c)
 
     r = sub.add_parser("runs", help="list recorded runs", description="List runs, newest first.")
@@ -503,11 +587,12 @@ async def cmd_compare(args: argparse.Namespace) -> int:
     from .escalation import choose_escalation
     from .trust import project_config
 
+    task = await read_prompt(args)
     config = await project_config(args.cwd, args.state_dir)
     with _view(args, "compare") as view:
         outcome = await compare(
             args.agent,
-            args.text,
+            task,
             config=config,
             verify=args.verify,
             apply=args.apply,
@@ -522,6 +607,8 @@ async def cmd_compare(args: argparse.Namespace) -> int:
             timeout=args.timeout,
             idle_timeout=args.idle_timeout,
             sandbox=args.sandbox or None,
+            model=args.model,
+            mode=args.mode,
         )
     return _finish(args, outcome)
 

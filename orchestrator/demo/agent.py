@@ -38,6 +38,12 @@ HELP = (
     "  delete PATH\n"
     "  run COMMAND\n"
 )
+#: the models it offers (names only: they work alike), through a config option of category
+#: ``model``; the first is the default
+MODELS = {"demo-fast": "Demo fast", "demo-slow": "Demo slow"}
+#: its session modes, offered both as a ``mode`` config option and as legacy ``modes``:
+#: in ``plan`` it says what it would do and changes nothing
+MODES = {"edit": "Edit: follow the instructions", "plan": "Plan: say what would be done"}
 OPTIONS = [
     {"optionId": "allow", "name": "Allow", "kind": "allow_once"},
     {"optionId": "allow-always", "name": "Always allow", "kind": "allow_always"},
@@ -50,6 +56,38 @@ class _Session:
     session_id: str
     cwd: Path
     cancelled: bool = False
+    model: str = next(iter(MODELS))
+    mode: str = next(iter(MODES))
+    #: whether the client chose the model or the mode (the reply then says which ran)
+    chosen: bool = False
+
+    def config_options(self) -> list[dict[str, Any]]:
+        """The session's config options, with their current values."""
+
+        def select(key: str, name: str, current: str, values: dict[str, str]) -> dict[str, Any]:
+            return {
+                "id": key,
+                "name": name,
+                "category": key,
+                "type": "select",
+                "currentValue": current,
+                "options": [{"value": v, "name": n.split(":")[0]} for v, n in values.items()],
+            }
+
+        return [
+            select("model", "Model", self.model, MODELS),
+            select("mode", "Mode", self.mode, MODES),
+        ]
+
+    def modes(self) -> dict[str, Any]:
+        """The session's modes in the legacy form (``modes`` of ``session/new``)."""
+        return {
+            "currentModeId": self.mode,
+            "availableModes": [
+                {"id": m, "name": d.split(":")[0], "description": d.split(": ", 1)[1]}
+                for m, d in MODES.items()
+            ],
+        }
 
 
 @define(eq=False)
@@ -66,6 +104,8 @@ class DemoAgent:
         self.rpc.on_request("initialize", self._initialize)
         self.rpc.on_request("session/new", self._new_session)
         self.rpc.on_request("session/prompt", self._prompt)
+        self.rpc.on_request("session/set_config_option", self._set_config_option)
+        self.rpc.on_request("session/set_mode", self._set_mode)
         self.rpc.on_notification("session/cancel", self._cancel)
 
     async def _initialize(self, params: Any) -> Any:
@@ -83,8 +123,39 @@ class DemoAgent:
             raise InvalidParams("cwd must be an absolute path")
         self._counter += 1
         session_id = f"demo-{self._counter}"
-        self.sessions[session_id] = _Session(session_id, Path(cwd))
-        return {"sessionId": session_id}
+        session = self.sessions[session_id] = _Session(session_id, Path(cwd))
+        return {
+            "sessionId": session_id,
+            "configOptions": session.config_options(),
+            "modes": session.modes(),
+        }
+
+    def _session(self, params: Any) -> _Session:
+        session = self.sessions.get(params.get("sessionId"))
+        if session is None:
+            raise InvalidParams("unknown session")
+        return session
+
+    async def _set_config_option(self, params: Any) -> Any:
+        session = self._session(params)
+        key, value = params.get("configId"), params.get("value")
+        values = {"model": MODELS, "mode": MODES}.get(key)
+        if values is None:
+            raise InvalidParams(f"unknown config option {key!r}")
+        if value not in values:
+            raise InvalidParams(f"unknown {key} {value!r}; offered: {', '.join(values)}")
+        setattr(session, key, value)
+        session.chosen = True
+        return {"configOptions": session.config_options()}
+
+    async def _set_mode(self, params: Any) -> Any:
+        session = self._session(params)
+        mode = params.get("modeId")
+        if mode not in MODES:
+            raise InvalidParams(f"unknown mode {mode!r}; offered: {', '.join(MODES)}")
+        session.mode, session.chosen = mode, True
+        await self._update(session, {"sessionUpdate": "current_mode_update", "currentModeId": mode})
+        return {}
 
     def _cancel(self, params: Any) -> None:
         session = self.sessions.get(params.get("sessionId"))
@@ -94,9 +165,7 @@ class DemoAgent:
     # ------------------------------------------------------------------ the turn
 
     async def _prompt(self, params: Any) -> Any:
-        session = self.sessions.get(params.get("sessionId"))
-        if session is None:
-            raise InvalidParams("unknown session")
+        session = self._session(params)
         session.cancelled = False
         text = "\n".join(
             b.get("text", "") for b in params.get("prompt", []) if b.get("type") == "text"
@@ -121,12 +190,15 @@ class DemoAgent:
             await self._plan(session, instructions, done=i + 1)
         if session.cancelled:
             return {"stopReason": "cancelled"}
-        await self._say(session, "Done.\n" + "\n".join(f"- {s}" for s in summary) + "\n")
+        done = f"Done (model {session.model}, mode {session.mode})." if session.chosen else "Done."
+        await self._say(session, done + "\n" + "\n".join(f"- {s}" for s in summary) + "\n")
         used = sum(len(s) for s in summary) + len(text)
         await self._update(session, {"sessionUpdate": "usage_update", "used": used, "size": 200000})
         return {"stopReason": "end_turn"}
 
     async def _run(self, session: _Session, index: int, instruction: Instruction) -> str:
+        if session.mode == "plan":
+            return f"{instruction.describe()}: planned, not done (plan mode)"
         if instruction.op == "run":
             return await self._run_command(session, index, instruction)
         if instruction.op in ("create", "delete"):

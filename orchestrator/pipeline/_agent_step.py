@@ -199,10 +199,13 @@ class AgentTurns:
                 spec, cwd=workdir.root, services=services, step=name
             ) as lease:
                 session = lease.session
-                if step.mode:
-                    await session.set_mode(step.mode)
-                if step.model:
-                    await session.set_model(step.model)
+                # the agent's own choice (``claude:sonnet``) is more specific than the step's
+                mode = spec.mode or step.mode
+                model = spec.model or step.model
+                if mode:
+                    await session.set_mode(mode)
+                if model:
+                    await session.set_model(model)
                 exceeded = trio.Event()
                 recorder = self.recorder
                 # a listener may decline per-update events (``wants_updates = False``): they
@@ -322,6 +325,9 @@ class AgentTurns:
             item=jsonable(item),
             agent_info={"name": info.name, "version": info.version} if info else None,
             session_id=session.session_id,
+            # what the session ran, as the agent last reported it (chosen or its default)
+            model=session.current_choice("model"),
+            mode=session.current_choice("mode"),
             tool_calls=tuple(c.to_json() for c in turn.tool_calls.values()),
             permissions=tuple(p.to_json() for p in audit),
             usage=turn.usage_json(),

@@ -179,6 +179,10 @@ class StepResult:
     #: the agent's name and version as it reported them
     agent_info: Mapping[str, Any] | None = None
     session_id: str | None = None
+    #: the model the session ran (the value of the agent's ``model`` config option), if known
+    model: str | None = None
+    #: the session mode it ran in, if the agent has modes
+    mode: str | None = None
     #: tool calls: ``{toolCallId, title, kind, status}``
     tool_calls: tuple[Mapping[str, Any], ...] = ()
     #: permission audit records (``PermissionRecord.to_json``)
@@ -224,6 +228,8 @@ class StepResult:
             "agent": self.agent,
             "agentInfo": dict(self.agent_info) if self.agent_info else None,
             "sessionId": self.session_id,
+            "model": self.model,
+            "mode": self.mode,
             "item": self.item,
             "stopReason": self.stop_reason,
             "text": text,
@@ -254,6 +260,8 @@ class StepResult:
             item=data.get("item"),
             agent_info=data.get("agentInfo"),
             session_id=data.get("sessionId"),
+            model=data.get("model"),
+            mode=data.get("mode"),
             tool_calls=tuple(data.get("toolCalls") or ()),
             permissions=tuple(data.get("permissions") or ()),
             usage=data.get("usage"),

@@ -13,7 +13,7 @@ import trio
 from .._names import display_names
 from ..agents import AgentSpec
 from ..config import Config
-from ..errors import UsageError
+from ..errors import NotOffered, UsageError
 from ..pipeline import Pipeline, Step
 from ..pipeline import step as step_decorator
 from .apply import apply_run
@@ -50,13 +50,19 @@ def _compare_pipeline(
     agents: Sequence[str],
     timeout: float | None = None,
     idle_timeout: float | None = None,
+    model: str | None = None,
+    mode: str | None = None,
 ) -> Pipeline:
     def compare(task: str) -> str:
         return task
 
-    made: Step = step_decorator(agent=list(agents), timeout=timeout, idle_timeout=idle_timeout)(
-        compare
-    )
+    made: Step = step_decorator(
+        agent=list(agents),
+        timeout=timeout,
+        idle_timeout=idle_timeout,
+        model=model,
+        mode=mode,
+    )(compare)
     # one agent or many, each instance is named after its agent (compare[NAME])
     return Pipeline.from_steps([attrs.evolve(made, keyed_by_agent=True)], name="compare")
 
@@ -71,6 +77,8 @@ async def compare(
     cwd: str | os.PathLike[str] = ".",
     timeout: float | None = None,
     idle_timeout: float | None = None,
+    model: str | None = None,
+    mode: str | None = None,
     **kwargs: Any,
 ) -> RunOutcome:
     """The same task to each agent at once, each in its own branch; side by side.
@@ -83,6 +91,13 @@ async def compare(
     changes to write to the workspace, if that agent succeeded (else the status is failed).
     Other keyword arguments are :func:`~orchestrator.runs.run_pipeline`'s (``policy``,
     ``sandbox``, ``state_dir``, ...); under a sandbox the verify command runs confined too.
+
+    One agent on several models: ``["claude:sonnet", "claude:opus"]`` (``NAME:MODEL`` of a
+    known agent, see :func:`~orchestrator.agents.resolve_agent`), labelled apart, each model
+    set through the agent's ``model`` config option. ``model`` is the model of the agents
+    that name none, ``mode`` the session mode of every agent. A model or mode an agent does
+    not offer fails that agent; once the comparison is recorded, the first such
+    :class:`~orchestrator.errors.NotOffered` is raised (bad input, whatever the others did).
     """
     if len(agents) < 1:
         raise UsageError("compare needs at least one agent")
@@ -103,7 +118,7 @@ async def compare(
     cfg = cfg.with_agents({s.name: s for s in specs})
     if apply is not None and apply not in names:
         raise UsageError(f"apply {apply!r}: not one of the agents ({', '.join(names)})")
-    pipe = _compare_pipeline(task, names, timeout, idle_timeout)
+    pipe = _compare_pipeline(task, names, timeout, idle_timeout, model, mode)
     # recorded before the run starts, so an interrupted comparison can be resumed
     info = {
         "task": task,
@@ -111,6 +126,8 @@ async def compare(
         "commands": {s.name: list(s.command) for s in specs},
         "timeout": timeout,
         "idle_timeout": idle_timeout,
+        "model": model,
+        "mode": mode,
     }
     outcome = await run_pipeline(
         pipe,
@@ -122,6 +139,9 @@ async def compare(
         _extra_options={"compare": info},
         **kwargs,
     )
+    for failure in outcome.outcomes.get("compare", {}).values():
+        if isinstance(failure, NotOffered):
+            raise failure  # asked for what an agent does not have: bad input
     state_dir = kwargs.get("state_dir")
     if apply is not None and outcome.status == "succeeded":
         if apply not in outcome.result.get("succeeded", ()):

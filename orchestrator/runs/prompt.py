@@ -25,7 +25,7 @@ from ..agent.services import ClientServices, PermissionRecord
 from ..agent.turn import TurnResult
 from ..agents import AgentSpec
 from ..config import Config
-from ..errors import OrchestratorError
+from ..errors import OrchestratorError, UsageError
 from ..pipeline import Pipeline, Step
 from ..pipeline import step as step_decorator
 from ..pipeline.results import RunEvent, StepResult, changes_from_json, changes_json, cut_turn
@@ -85,6 +85,10 @@ class PromptRun:
     #: the permission requests rejected because no policy was given (its ``message`` says so,
     #: for people); none when a policy was given
     default_rejections: DefaultRejections = field(factory=DefaultRejections)
+    #: the model the session ran (chosen, or the agent's default when it reports one)
+    model: str | None = None
+    #: the session mode it ran in, if the agent has modes
+    mode: str | None = None
 
     @property
     def permissions(self) -> list[PermissionRecord]:
@@ -109,6 +113,8 @@ class PromptRun:
                 "version": info.version if info else None,
                 "reportedName": info.name if info else None,
             },
+            "model": self.model,
+            "mode": self.mode,
             "stopReason": self.turn.stop_reason,
             "text": text,
             "toolCalls": calls,
@@ -137,13 +143,21 @@ class PromptRun:
         }
 
 
-def prompt_pipeline(agent: str, timeout: float | None, idle_timeout: float | None) -> Pipeline:
+def prompt_pipeline(
+    agent: str,
+    timeout: float | None,
+    idle_timeout: float | None,
+    model: str | None = None,
+    mode: str | None = None,
+) -> Pipeline:
     """A prompt as a run: one agent step, named ``prompt``, whose prompt is the input ``text``."""
 
     def prompt(text: str) -> str:
         return text
 
-    made: Step = step_decorator(agent=agent, timeout=timeout, idle_timeout=idle_timeout)(prompt)
+    made: Step = step_decorator(
+        agent=agent, timeout=timeout, idle_timeout=idle_timeout, model=model, mode=mode
+    )(prompt)
     return Pipeline.from_steps([made], name="prompt")
 
 
@@ -184,6 +198,8 @@ def _prompt_run(outcome: RunOutcome, last: Any, spec: AgentSpec, wall_seconds: f
         sandbox=result.get("sandbox"),
         cut=(stored or {}).get("cut"),
         default_rejections=DefaultRejections.from_json(result.get("defaultRejections")),
+        model=last.model,
+        mode=last.mode,
     )
 
 
@@ -225,6 +241,8 @@ async def prompt(
     config: Config | None = None,
     sandbox: SandboxChoice = None,
     max_file_size: int | str | None = None,
+    model: str | None = None,
+    mode: str | None = None,
 ) -> PromptRun:
     """Run one turn of ``agent`` with ``text`` on a branch of ``cwd``: a one-step run.
 
@@ -249,6 +267,14 @@ async def prompt(
 
     ``sandbox`` (``True`` or :class:`~orchestrator.sandbox.Sandbox` rules) runs the agent and
     its terminal commands confined by Landlock (see :func:`~orchestrator.runs.run_pipeline`).
+
+    ``model`` and ``mode`` are set in the session before the turn: the model through the
+    agent's config option of category ``model`` (by value or name), the mode through its
+    ``mode`` option or ``session/set_mode``. One the agent does not offer fails the run,
+    recorded, with :class:`~orchestrator.errors.NotOffered` naming those it does. ``agent``
+    may name its model itself (``"claude:sonnet"``); another ``model`` as well is a
+    :class:`~orchestrator.errors.UsageError`. The result's ``model`` and ``mode`` say what
+    the session ran.
     """
     root = workspace_root(cwd)
     cfg = (
@@ -259,6 +285,8 @@ async def prompt(
         )
     )
     spec = cfg.resolve_agent(agent) if isinstance(agent, str) else agent
+    if model is not None and spec.model is not None and model != spec.model:
+        raise UsageError(f"agent {spec.name} runs model {spec.model!r}: it cannot run {model!r}")
     spec = spec.resolved(os.getcwd())  # the agent runs elsewhere: its branch directory
     launchable(spec)  # as every run checks its agents: before anything starts
     cfg = cfg.with_agents({spec.name: spec})
@@ -272,7 +300,7 @@ async def prompt(
         return _as_prompt(outcome, run)
 
     await run_pipeline(
-        prompt_pipeline(spec.name, timeout, idle_timeout),
+        prompt_pipeline(spec.name, timeout, idle_timeout, model, mode),
         {"text": text},
         cwd=root,
         policy=policy,
@@ -293,7 +321,13 @@ async def prompt(
         _kind="prompt",
         # recorded before the run starts, so an interrupted prompt can be resumed
         _extra_options={
-            "prompt": {"agent": spec.name, "timeout": timeout, "idleTimeout": idle_timeout}
+            "prompt": {
+                "agent": spec.name,
+                "timeout": timeout,
+                "idleTimeout": idle_timeout,
+                "model": model,
+                "mode": mode,
+            }
         },
         _finish_result=finish,
     )

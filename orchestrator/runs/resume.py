@@ -84,7 +84,12 @@ async def resume_run(
                 f"apply one agent's changes ({choices})"
             )
         pipe = _compare_pipeline(
-            str(info.get("task", "")), names, info.get("timeout"), info.get("idle_timeout")
+            str(info.get("task", "")),
+            names,
+            info.get("timeout"),
+            info.get("idle_timeout"),
+            info.get("model"),
+            info.get("mode"),
         )
         kwargs.setdefault("verify", options.get("verify") or {})
         if "settings" not in options:  # recorded before settings were kept
@@ -94,7 +99,9 @@ async def resume_run(
         if not info.get("agent"):
             raise UsageError(f"run {record.run_id} does not record its agent")
         agent = str(info["agent"])
-        pipe = prompt_pipeline(agent, info.get("timeout"), info.get("idleTimeout"))
+        pipe = prompt_pipeline(
+            agent, info.get("timeout"), info.get("idleTimeout"), info.get("model"), info.get("mode")
+        )
         spec = restored.settings.agents.get(agent) or base.resolve_agent(agent)
     else:
         if not record.pipeline:

@@ -150,6 +150,8 @@ def _spec_from_json(
         notes=str(data.get("notes") or ""),
         terminal_env=tuple(data.get("terminalEnv") or ()),
         sandbox=_sandbox_from_json(data.get("sandbox")),
+        model=data.get("model"),
+        mode=data.get("mode"),
     )
     return spec, missing
 
