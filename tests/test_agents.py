@@ -49,6 +49,33 @@ def test_label_equals_command() -> None:
     assert relabelled.command == KNOWN_AGENTS["claude"].command
 
 
+def test_known_name_colon_model_runs_that_model_under_its_own_label() -> None:
+    """NAME:MODEL of a known agent is that agent on MODEL, labelled NAME:MODEL (or LABEL=)."""
+    sonnet = resolve_agent("claude:sonnet")
+    assert (sonnet.name, sonnet.model) == ("claude:sonnet", "sonnet")
+    assert sonnet.command == KNOWN_AGENTS["claude"].command
+    fast = resolve_agent("fast=claude:opus")
+    assert (fast.name, fast.model, fast.command) == ("fast", "opus", sonnet.command)
+    # two models of one agent are two agents of a run, labelled apart
+    labels = label_agents(["claude:sonnet", "claude:opus", "claude"])
+    assert [(s.name, s.model) for s in labels] == [
+        ("claude:sonnet", "sonnet"),
+        ("claude:opus", "opus"),
+        ("claude", None),
+    ]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["python x.py", "python tools/a:b.py", "nosuchagent:big", "node:20 agent.js", "demo:"],
+)
+def test_a_colon_outside_a_known_name_keeps_the_command_line(text: str) -> None:
+    """Only a known name takes :MODEL; any other text with a colon stays a command line."""
+    spec = resolve_agent(text)
+    assert spec.model is None
+    assert spec.command == tuple(text.split())
+
+
 def test_equals_inside_an_argument_is_not_a_label() -> None:
     """An '=' after a space or slash belongs to the command, not to a label."""
     spec = resolve_agent("/usr/bin/env FOO=1 agent")
@@ -251,6 +278,8 @@ def test_to_json_has_every_field_in_camel_case() -> None:
         notes="quirky",
         terminal_env=["NPM_TOKEN"],
         sandbox=Sandbox(ports=(443,)),
+        model="big",
+        mode="plan",
     )
     data = spec.to_json()
     assert data == {
@@ -270,6 +299,8 @@ def test_to_json_has_every_field_in_camel_case() -> None:
         "notes": "quirky",
         "terminalEnv": ["NPM_TOKEN"],
         "sandbox": {"read": ["/"], "write": [], "ports": [443], "home": None},
+        "model": "big",
+        "mode": "plan",
     }
     assert json.loads(json.dumps(data)) == data
 

@@ -182,6 +182,8 @@ async def test_prompt_json_reports_every_field(project: Path) -> None:
         "status",
         "sessionId",
         "agent",
+        "model",
+        "mode",
         "stopReason",
         "text",
         "toolCalls",
@@ -207,6 +209,7 @@ async def test_prompt_json_reports_every_field(project: Path) -> None:
     assert re.fullmatch(r"[0-9a-f]{12}", result["runId"])
     assert result["sessionId"] == "demo-1"
     assert result["agent"] == {"name": "demo", "version": "1.0.0", "reportedName": "demo-agent"}
+    assert (result["model"], result["mode"]) == ("demo-fast", "edit")  # the agent's defaults
     assert result["stopReason"] == "end_turn"
     title = "Replace 'colour' with 'color' in **/*.md"
     assert result["text"] == f"Done.\n- {title}: README.md (permission refused)\n"
