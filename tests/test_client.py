@@ -33,6 +33,7 @@ from orchestrator.errors import (
     AuthenticationError,
     CapabilityNotSupported,
     InvalidParams,
+    NotOffered,
     ProtocolVersionMismatch,
     ResourceNotFound,
     TurnTimeout,
@@ -529,6 +530,35 @@ async def test_set_unknown_mode_is_a_usage_error_listing_modes(tmp_path: Path) -
             await session.set_mode("yolo")
     assert "session/set_mode" not in received(record)
     assert session.current_mode == "ask"
+
+
+async def test_set_mode_prefers_the_mode_config_option(tmp_path: Path) -> None:
+    """With a config option of category mode as well as modes, set_mode sets the option (by
+    value or name) and sends no session/set_mode; a mode it lacks is NotOffered, unsent."""
+    mode = ConfigOption(
+        "mode",
+        "Mode",
+        current_value="ask",
+        options=(ConfigValue("ask", "Ask"), ConfigValue("code", "Code")),
+        category="mode",
+    )
+    async with connect(AgentScript(modes=MODES, config_options=(mode,))) as (conn, record):
+        session = await conn.new_session(tmp_path)
+        await session.set_mode("Code")
+        with pytest.raises(NotOffered, match=r"offers no mode 'yolo'; it offers: ask, code"):
+            await session.set_mode("yolo")
+        assert session.current_choice("mode") == "code"
+    assert record.first("set_config_option")["value"] == "code"
+    assert "session/set_mode" not in received(record)
+
+
+async def test_set_mode_without_modes_is_unsupported(tmp_path: Path) -> None:
+    """An agent that reports neither modes nor a mode option cannot switch modes: nothing sent."""
+    async with connect(AgentScript()) as (conn, record):
+        session = await conn.new_session(tmp_path)
+        with pytest.raises(CapabilityNotSupported, match="no modes"):
+            await session.set_mode("code")
+    assert "session/set_mode" not in received(record)
 
 
 async def test_set_config_option(tmp_path: Path) -> None:
