@@ -67,7 +67,7 @@ def test_known_name_colon_model_runs_that_model_under_its_own_label() -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["python x.py", "python tools/a:b.py", "nosuchagent:big", "node:20 agent.js", "demo:"],
+    ["python x.py", "python tools/a:b.py", "nosuchagent:big", "node:20 agent.js"],
 )
 def test_a_colon_outside_a_known_name_keeps_the_command_line(text: str) -> None:
     """Only a known name takes :MODEL; any other text with a colon stays a command line."""
