@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import structlog
 import trio
 from attrs import define, field, frozen
 
+from ._log import get_logger
 from ._util import grace_period
 from .agent.client import AcpSession, AgentConnection, ClientOptions, open_agent
 from .agent.content import PromptInput
@@ -54,7 +54,7 @@ __all__ = [
     "subprocess_connector",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 UpdateCallback = Callable[[t.SessionUpdate], None]
 

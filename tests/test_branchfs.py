@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import trio
 from fakes import lock_held_by_another_thread
-from structlog.testing import capture_logs
+from log_capture import capture_logs
 
 from orchestrator._names import display_name
 from orchestrator.agent.branchfs import (

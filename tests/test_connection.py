@@ -14,7 +14,7 @@ import pytest
 import trio
 import trio.lowlevel
 import trio.testing
-from structlog.testing import capture_logs
+from log_capture import capture_logs
 
 from orchestrator.errors import (
     AgentExited,

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from structlog.testing import capture_logs
+from log_capture import capture_logs
 
 from orchestrator.agent.elicitation import (
     ElicitationRule,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from structlog.testing import capture_logs
+from log_capture import capture_logs
 
 from orchestrator.agent.permissions import (
     Escalation,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import trio
-from structlog.testing import capture_logs
+from log_capture import capture_logs
 
 from orchestrator.agent.process import (
     AgentProcess,

@@ -27,10 +27,10 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-import structlog
 import trio
 from attrs import define, field
 
+from .._log import get_logger
 from .._names import display_name, parse_name
 from .._sizes import format_size
 from ..errors import InvalidParams, JsonRpcError, ResourceNotFound
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = ["NOWAIT_MAX_BYTES", "BranchFileSystem", "BranchRouter"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # the name no fs/write_text_file path may hold as a component (directory or file)
 _GIT = ".git"

@@ -14,10 +14,10 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, cast
 
 import attrs
-import structlog
 import trio
 from attrs import define, field
 
+from .._log import get_logger
 from ..errors import (
     AuthenticationError,
     AuthRequired,
@@ -49,7 +49,7 @@ from .session import (
 
 __all__ = ["AgentConnection"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @define(eq=False)

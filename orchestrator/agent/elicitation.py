@@ -25,12 +25,12 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal, get_args
 
-import structlog
 from attrs import define, field, frozen
 
 from orchestrator.errors import UsageError
 from orchestrator.policy import PolicySet
 
+from .._log import get_logger
 from ..protocol import types as t
 from .services import SessionContext
 
@@ -42,7 +42,7 @@ __all__ = [
     "form_content",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 ElicitationAction = Literal["accept", "decline", "cancel"]
 

@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-import structlog
 import trio
 
+from .._log import get_logger
 from .._util import single_error
 from ..errors import (
     AgentExited,
@@ -32,7 +32,7 @@ from .transcript import TranscriptWriter
 
 __all__ = ["open_agent", "open_agent_on_stream"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @asynccontextmanager

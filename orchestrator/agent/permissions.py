@@ -30,7 +30,6 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Literal, get_args
 
-import structlog
 import trio
 from attrs import define, field, frozen
 
@@ -49,6 +48,7 @@ from orchestrator.policy import (
     parse_command,
 )
 
+from .._log import get_logger
 from ..protocol import types as t
 from .services import PermissionDecision, PermissionRecord, SessionContext, Verdict
 
@@ -63,7 +63,7 @@ __all__ = [
     "query_from_request",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @frozen

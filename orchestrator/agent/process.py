@@ -36,7 +36,6 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from subprocess import PIPE
 
-import structlog
 import trio
 from attrs import define, field
 
@@ -44,6 +43,7 @@ from orchestrator.errors import AgentExited, AgentStartError
 from orchestrator.jsonrpc.pipes import PipeStream
 from orchestrator.sandbox import Ruleset, Sandbox
 
+from .._log import get_logger
 from . import reaper
 from .confine import Confined, confine, which
 
@@ -55,7 +55,7 @@ __all__ = [
     "open_agent_process",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: Level at which every stderr line of an agent is logged.
 STDERR_LOG_LEVEL = logging.INFO

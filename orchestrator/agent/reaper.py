@@ -50,10 +50,10 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 
-import structlog
 import trio
 from attrs import define, field, frozen
 
+from .._log import get_logger
 from . import _sweep
 
 __all__ = [
@@ -66,7 +66,7 @@ __all__ = [
     "watchdog_command",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: The environment variable that marks a started process and its descendants.
 MARKER = _sweep.MARKER

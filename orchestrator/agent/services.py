@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal, Protocol, runtime_checkable
 
-import structlog
 from attrs import field, frozen
 
+from .._log import get_logger
 from ..protocol import types as t
 
 __all__ = [
@@ -34,7 +34,7 @@ __all__ = [
     "reject_outcome",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 Verdict = Literal["allow", "reject", "cancelled"]
 

@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
-import structlog
 import trio
 from attrs import define, field, frozen
 
+from .._log import get_logger
 from .._util import grace_period, grace_periods_ended, single_error
 from ..errors import (
     AgentHung,
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CLIENT_INFO", "AcpSession", "ClientOptions", "Turn"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 CLIENT_INFO = t.Implementation(name="acp-orchestrator", title="ACP Orchestrator", version="0.1.0")
 UpdateCallback = Callable[[t.SessionUpdate], None]

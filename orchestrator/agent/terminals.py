@@ -41,7 +41,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from contextlib import asynccontextmanager, suppress
 from typing import Literal
 
-import structlog
 import trio
 from attrs import define, field
 
@@ -56,6 +55,7 @@ from orchestrator.errors import (
     ResourceNotFound,
 )
 
+from .._log import get_logger
 from ..protocol import types as t
 from ..sandbox import Sandbox
 from . import reaper
@@ -73,7 +73,7 @@ __all__ = [
     "terminal_environment",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: Output kept per terminal when the request gives no ``outputByteLimit``.
 DEFAULT_OUTPUT_BYTE_LIMIT = 1 << 20

@@ -3,7 +3,8 @@
 Exit codes: 0 done, 1 a step or turn failed, 2 bad usage or input, 3 changes left unapplied
 because files changed in the workspace since the run (settle them, then apply or resume again),
 4 merge conflicts between branches (they need a merge strategy or a person), 130 interrupted.
-Logs go to stderr (readable on a terminal, JSON lines otherwise); ``--json`` prints exactly one
+Logs go to stderr (readable on a terminal, plain lines otherwise, JSON lines with
+``--log-json``); ``--json`` prints exactly one
 JSON object on stdout.
 """
 
@@ -175,34 +176,12 @@ def verbosity(args: argparse.Namespace) -> tuple[int, bool]:
 
 
 def configure_logging(verbosity: int, as_json: bool) -> None:
-    """structlog output on stderr: readable on a terminal, JSON lines otherwise."""
-    import structlog
+    """The library's log lines on stderr (the only place they are given a handler): readable
+    on a terminal, plain lines off one, JSON lines with ``--log-json``; warnings and errors,
+    ``-v`` info, ``-vv`` debug."""
+    from .logs import configure
 
-    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbosity, 2)]
-    renderer: Any = (
-        structlog.processors.JSONRenderer()
-        if as_json or not sys.stderr.isatty()
-        else structlog.dev.ConsoleRenderer(colors=True)
-    )
-    structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso"),
-            structlog.processors.format_exc_info,
-            *([] if as_json or not sys.stderr.isatty() else [_terminal_safe_log]),
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-        cache_logger_on_first_use=True,
-    )
-
-
-def _terminal_safe_log(logger: Any, method: str, event: Any) -> Any:
-    """A structlog processor: the text values of a log line read on a terminal, made safe by
-    :func:`terminal_text` (they may hold an agent's text; JSON lines escape it themselves)."""
-    return {k: terminal_text(v) if isinstance(v, str) else v for k, v in event.items()}
+    configure(verbosity, as_json)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -270,9 +249,9 @@ async def _interruptible(handler: Callable[[argparse.Namespace], Any], args: Any
     and a short grace to end, what they did is recorded, then the agents are stopped. A
     second one ends those graces at once: straight to the shutdown ladder.
     """
-    import structlog
     import trio
 
+    from .._log import get_logger
     from .._util import end_grace_periods
     from ..errors import (
         AgentStartError,
@@ -314,7 +293,7 @@ async def _interruptible(handler: Callable[[argparse.Namespace], Any], args: Any
             )
         return exit_code
 
-    log = structlog.get_logger("orchestrator.cli")
+    log = get_logger("orchestrator.cli")
     async with trio.open_nursery() as nursery:
         work = trio.CancelScope()
 

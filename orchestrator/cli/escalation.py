@@ -11,16 +11,16 @@ import os
 import select
 import sys
 
-import structlog
 import trio
 
+from .._log import get_logger
 from ..agent.permissions import Escalate, Escalation
 from ..policy import Answer
 from .output import terminal_text
 
 __all__ = ["choose_escalation", "terminal_prompt_escalation"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 def choose_escalation(*, interactive: bool | None = None) -> Escalate | None:

@@ -1,20 +1,32 @@
-"""Progress display for runs: a live table on a terminal, plain lines elsewhere.
+"""Progress display for runs: a live table on a terminal, lines elsewhere.
 
 Both consume :class:`~orchestrator.pipeline.results.RunEvent` values. The live view (rich) keeps
-one line per step instance: state, elapsed time, last tool call and tokens. The plain view
-prints one line per event that matters (not per streamed update) to stderr.
+one row per step instance: state, elapsed time, agent, tokens and the last tool call (or why it
+failed); it redraws itself a few times a second, so the elapsed times move between events, and
+it fits its columns to the terminal's width. The line view prints one line per event that
+matters (not per streamed update) to stderr, in the format of the log lines around it
+(:mod:`.logs`: plain lines, or JSON lines with ``--log-json``).
+
+Everything shown comes from agents, files or users, and is shown as text: never read as rich
+markup, control characters made visible.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
-from typing import IO, Any
+from collections.abc import Iterator
+from typing import IO, TYPE_CHECKING, Any
 
 from attrs import define, field
 
 from ..pipeline.results import RunEvent
-from .output import say, terminal_text
+from . import logs
+from .output import terminal_text
+
+if TYPE_CHECKING:
+    from rich.console import Console, ConsoleOptions, RenderableType
 
 __all__ = ["LiveView", "PlainView", "open_view"]
 
@@ -26,6 +38,14 @@ _STATE_STYLE = {
     "retrying": "magenta",
     "reused": "cyan",
 }
+_ENDED = {
+    "step_finished": "succeeded",
+    "step_failed": "failed",
+    "step_skipped": "skipped",
+    "step_reused": "reused",
+}
+#: how often the live table redraws (and so its elapsed times move)
+REFRESH_PER_SECOND = 4
 
 
 @define
@@ -43,46 +63,71 @@ class _Line:
         return (self.ended or time.monotonic()) - self.started
 
 
+def _progress(event: RunEvent) -> tuple[str, str, str] | None:
+    """The level, verb and text of an event's progress line; None for an event not worth one."""
+    name = event.instance or "run"
+    data = event.data
+    if event.type == "step_started":
+        return "info", "started", name + (f" ({event.agent})" if event.agent else "")
+    if event.type == "step_finished":
+        return "info", "done", f"{name} ({data.get('changes', 0)} files changed)"
+    if event.type == "step_failed":
+        return "error", "FAILED", f"{name}: {data.get('error')}"
+    if event.type == "step_skipped":
+        return "info", "skipped", f"{name}: {data.get('cause')}"
+    if event.type == "step_retry":
+        return "warning", "retry", f"{name} after: {data.get('error')}"
+    if event.type == "step_reused":
+        return "info", "reused", f"{name} (finished in an earlier attempt)"
+    if event.type == "conflict":
+        where = f"{data.get('path')} ({data.get('kind')})"
+        return "warning", "conflict", f"{name}: {where} resolution={data.get('resolution')}"
+    if event.type == "permission":
+        return "info", "permit", f"{name}: {data.get('verdict')} {data.get('title')}"
+    if event.type == "run_finished":
+        return "info", "run", f"{event.run_id}: {data.get('status')}"
+    return None
+
+
 @define
 class PlainView:
-    """One line per meaningful event, for logs and pipes."""
+    """One line per meaningful event on stderr, in the log lines' format (for logs and pipes)."""
 
-    out: IO[str] = field(factory=lambda: sys.stderr)
+    out: IO[str] | None = None
 
     def __call__(self, event: RunEvent) -> None:
-        name = event.instance or "run"
-        data = event.data
-        text: str | None = None
-        if event.type == "step_started":
-            text = f"started  {name}" + (f" ({event.agent})" if event.agent else "")
-        elif event.type == "step_finished":
-            text = f"done     {name} ({data.get('changes', 0)} files changed)"
-        elif event.type == "step_failed":
-            text = f"FAILED   {name}: {data.get('error')}"
-        elif event.type == "step_skipped":
-            text = f"skipped  {name}: {data.get('cause')}"
-        elif event.type == "step_retry":
-            text = f"retry    {name} after: {data.get('error')}"
-        elif event.type == "step_reused":
-            text = f"reused   {name} (finished in an earlier attempt)"
-        elif event.type == "conflict":
-            text = (
-                f"conflict {name}: {data.get('path')} ({data.get('kind')}) "
-                f"resolution={data.get('resolution')}"
-            )
-        elif event.type == "permission":
-            text = f"permit   {name}: {data.get('verdict')} {data.get('title')}"
-        elif event.type == "run_finished":
-            text = f"run {event.run_id}: {data.get('status')}"
-        if text is not None:
-            say(text, self.out, flush=True)
+        said = _progress(event)
+        if said is None:
+            return
+        level, verb, text = said
+        # a person's line aligns the verbs; a JSON line carries the event's fields too
+        text = f"{verb} {text}" if logs.style() == "json" or verb == "run" else f"{verb:<8} {text}"
+        fields = {k: v for k, v in event.to_json().items() if v is not None and k != "time"}
+        fields = {"event": fields.pop("type"), "instance": event.instance, **fields}
+        line = logs.format_line(
+            level, fields, text=text, logger="orchestrator.progress", created=event.time
+        )
+        out = self.out or sys.stderr
+        out.write(line + "\n")
+        out.flush()
 
     def close(self) -> None:
         """Nothing to tear down."""
 
 
+# the columns of the live table, most important first: (header, minimum width); the step,
+# state and time are always shown, the others only while the terminal is wide enough
+_ALWAYS = ("step", "state", "time")
+_OPTIONAL = ("last tool call", "agent", "tokens")
+#: the narrowest the last tool call column gets before it is left out
+_MIN_TOOL = 12
+#: the width between two columns (a rule with a space each side)
+_GAP = 3
+
+
 class LiveView:
-    """A rich live table, one row per step instance, refreshed as events arrive."""
+    """A rich live table, one row per step instance, redrawn as events arrive and a few times
+    a second in between (so the elapsed times move)."""
 
     def __init__(self, title: str, out: IO[str] | None = None):
         from rich.console import Console
@@ -90,75 +135,145 @@ class LiveView:
 
         self._title = title
         self._lines: dict[str, _Line] = {}
+        # the refresh thread renders while events arrive: one at a time
+        self._lock = threading.Lock()
         self._console = Console(file=out or sys.stderr)
+        # stderr is redirected (log lines print above the table); stdout is the result's
         self._live = Live(
-            self._render(), console=self._console, refresh_per_second=8, transient=False
+            self,
+            console=self._console,
+            auto_refresh=True,
+            refresh_per_second=REFRESH_PER_SECOND,
+            redirect_stdout=False,
+            transient=False,
         )
         self._live.start()
 
-    def _render(self) -> Any:
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[Any]:
+        with self._lock:
+            lines = [
+                (r.name, r.agent, r.state, r.elapsed(), r.tokens, r.note or r.last_tool)
+                for r in self._lines.values()
+            ]
+        yield self._table(lines, options.max_width)
+
+    def _table(self, lines: list[tuple[Any, ...]], width: int) -> RenderableType:
         from rich.table import Table
         from rich.text import Text
 
         def cell(value: str, style: str = "") -> Text:
-            # a Text is never read as markup ("[/x]" in an agent's text is text, not a tag),
-            # and terminal_text shows its control characters instead of sending them
+            # a Text is never read as markup ("[/x]" or "work[a]" is text, not a tag), and
+            # terminal_text shows its control characters instead of sending them
             return Text(terminal_text(value), style=style)
 
+        rows = [
+            {
+                "step": cell(name),
+                "agent": cell(agent or "-"),
+                "state": cell(state, _STATE_STYLE.get(state, "")),
+                "time": cell(_elapsed(elapsed)),
+                "tokens": cell(str(tokens) if tokens is not None else ""),
+                "last tool call": cell(note),
+            }
+            for name, agent, state, elapsed, tokens, note in lines
+        ]
+        shown, step_width, tool_width = _columns(rows, width)
         table = Table(title=cell(self._title), expand=False, show_edge=False)
-        for column in ("step", "agent", "state", "time", "last tool call", "tokens"):
-            table.add_column(column, overflow="ellipsis", no_wrap=True, max_width=48)
-        for line in self._lines.values():
-            table.add_row(
-                cell(line.name),
-                cell(line.agent or "-"),
-                cell(line.state, _STATE_STYLE.get(line.state, "")),
-                cell(f"{line.elapsed():6.1f}s"),
-                cell(line.note or line.last_tool or ""),
-                cell(str(line.tokens) if line.tokens is not None else ""),
-            )
+        for column in shown:
+            if column == "step":  # the instance name is folded onto more lines, never cut
+                table.add_column(column, overflow="fold", min_width=step_width)
+            elif column == "last tool call":
+                table.add_column(column, overflow="ellipsis", no_wrap=True, max_width=tool_width)
+            else:
+                table.add_column(column, no_wrap=True, min_width=len(column))
+        for row in rows:
+            table.add_row(*(row[column] for column in shown))
         return table
 
     def __call__(self, event: RunEvent) -> None:
         name = event.instance
         if name is None:
             return
-        line = self._lines.get(name)
-        if line is None:
-            line = self._lines[name] = _Line(name, event.agent)
-        data = event.data
-        if event.type == "step_started":
-            line.state, line.started, line.ended, line.note = "running", time.monotonic(), None, ""
-        elif event.type == "update":
-            if data.get("title"):
-                line.last_tool = str(data["title"])
-            if data.get("tokens") is not None:
-                line.tokens = int(data["tokens"])
-        elif event.type in ("step_finished", "step_failed", "step_skipped", "step_reused"):
-            line.state = {
-                "step_finished": "succeeded",
-                "step_failed": "failed",
-                "step_skipped": "skipped",
-                "step_reused": "reused",
-            }[event.type]
-            line.ended = time.monotonic()
-            line.note = str(data.get("error") or data.get("cause") or "")
-        elif event.type == "step_retry":
-            line.state = "retrying"
-        elif event.type == "conflict":
-            line.note = f"conflict: {data.get('path')}"
-        self._live.update(self._render())
+        with self._lock:
+            line = self._lines.get(name)
+            if line is None:
+                line = self._lines[name] = _Line(name, event.agent)
+            data = event.data
+            if event.type == "step_started":
+                line.state, line.started, line.ended, line.note = (
+                    "running",
+                    time.monotonic(),
+                    None,
+                    "",
+                )
+            elif event.type == "update":
+                if data.get("title"):
+                    line.last_tool = str(data["title"])
+                if data.get("tokens") is not None:
+                    line.tokens = int(data["tokens"])
+            elif event.type in _ENDED:
+                line.state = _ENDED[event.type]
+                line.ended = time.monotonic()
+                line.note = str(data.get("error") or data.get("cause") or "")
+            elif event.type == "step_retry":
+                line.state = "retrying"
+            elif event.type == "conflict":
+                line.note = f"conflict: {data.get('path')}"
+        self._live.refresh()
 
     def close(self) -> None:
         """Stop refreshing (the last table stays on screen)."""
-        self._live.update(self._render())
         self._live.stop()
 
 
+def _elapsed(seconds: float) -> str:
+    """``12.3s``, ``4m05s`` or ``1h02m``."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    return f"{minutes // 60}h{minutes % 60:02d}m"
+
+
+def _columns(rows: list[dict[str, Any]], width: int) -> tuple[list[str], int, int]:
+    """The columns that fit in ``width``, in display order; the step and last tool call
+    columns' widths.
+
+    The step, state and time are always shown; then the last tool call, the agent and the
+    tokens while they fit (the least important is left out first). The step column gets its
+    whole width when the others leave room for it, else a third of the line at least (longer
+    names are folded onto more lines, never cut); the last tool call takes what is left.
+    """
+
+    def natural(column: str) -> int:
+        return max([len(column), *(int(row[column].cell_len) for row in rows)])
+
+    need = {column: natural(column) for column in (*_ALWAYS, *_OPTIONAL)}
+    need["last tool call"] = _MIN_TOOL
+    step = need["step"]
+    need["step"] = min(step, max(12, width // 3))
+
+    def total(columns: tuple[str, ...]) -> int:
+        # a space pads each cell on both sides, a rule stands between two columns
+        return sum(need[c] for c in columns) + _GAP * (len(columns) - 1) + 2
+
+    kept = list(_OPTIONAL)
+    while kept and total((*_ALWAYS, *kept)) > width:
+        kept.pop()
+    shown = (*_ALWAYS, *kept)
+    step_width = max(need["step"], min(step, width - total(shown) + need["step"]))
+    need["step"] = step_width
+    tool_width = width - total(shown) + need["last tool call"]
+    order = ("step", "agent", "state", "time", "tokens", "last tool call")
+    return [c for c in order if c in shown], step_width, tool_width
+
+
 def open_view(title: str, *, enabled: bool = True) -> LiveView | PlainView | None:
-    """The live view on a terminal, plain lines otherwise; None when progress is off."""
+    """The progress view: a live table on a terminal, lines in the log format otherwise (and
+    with ``--log-json``, where stderr is JSON lines); None when progress is off."""
     if not enabled:
         return None
-    if sys.stderr.isatty():
+    if logs.style() == "terminal" and sys.stderr.isatty():
         return LiveView(title)
     return PlainView()

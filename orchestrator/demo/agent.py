@@ -16,17 +16,17 @@ import os
 from pathlib import Path
 from typing import Any
 
-import structlog
 import trio
 from attrs import define, field
 
+from .._log import get_logger
 from ..errors import InvalidParams, JsonRpcError
 from ..jsonrpc.connection import JsonRpcConnection
 from .instructions import Instruction, apply_edit, parse_instructions
 
 __all__ = ["DemoAgent", "serve_demo_agent"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 AGENT_INFO = {"name": "demo-agent", "title": "Demo agent (rule-based)", "version": "1.0.0"}
 HELP = (
@@ -410,10 +410,7 @@ def main() -> None:
     import sys
 
     # stdout carries the protocol: log lines go to stderr, and only warnings
-    structlog.configure(
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
-    )
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
 
     async def run() -> None:
         stream = trio.StapledStream(trio.lowlevel.FdStream(1), trio.lowlevel.FdStream(0))

@@ -21,7 +21,6 @@ from contextlib import asynccontextmanager, suppress
 from typing import Any, Literal, NoReturn
 
 import orjson
-import structlog
 import trio
 from attrs import define, field
 
@@ -71,6 +70,8 @@ from orchestrator.jsonrpc.messages import (
     result_obj,
 )
 
+from .._log import get_logger
+
 __all__ = [
     "CANCEL_REQUEST_METHOD",
     "DEFAULT_MAX_REQUESTS_IN_FLIGHT",
@@ -88,7 +89,7 @@ __all__ = [
     "open_connection",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: a received line not parsed yet (or not JSON)
 _UNPARSED: Any = object()

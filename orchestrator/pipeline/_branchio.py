@@ -17,10 +17,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-import structlog
 import trio
 from attrs import define, field
 
+from .._log import get_logger
 from ..vfs import Branch, ChangeSet, Snapshot, Workdir, Write, materialize
 from ..vfs.tree import compose
 from ._calls import safe
@@ -28,7 +28,7 @@ from .branches import diff_of
 
 __all__ = ["BranchDirs", "BranchIO", "Reaper", "branch_diffs"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _T = TypeVar("_T")
 _U = TypeVar("_U")

@@ -16,9 +16,9 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
-import structlog
 from attrs import field, frozen
 
+from .._log import get_logger
 from ..errors import PipelineError, UsageError
 from ..sandbox import Sandbox
 from ._step import Step
@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # networkx costs ~75 ms to import: a one-step run (a prompt) 
 
 __all__ = ["InputKind", "InputSpec", "Pipeline"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 #: What a run input holds: any value, one agent's name (``agent_input``), or a list of agent

@@ -10,9 +10,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import structlog
 from attrs import define
 
+from .._log import get_logger
 from ..agent.turn import DEFAULT_MAX_TURN_RECORD_BYTES
 from ..store import AddConflicts, AddEvent, AddPermissions, PutChanges, PutStep, StepRecord
 from ..vfs import Branch, ChangeSet, Snapshot
@@ -25,7 +25,7 @@ from .spec import Step
 
 __all__ = ["EventSink", "Recorder"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 EventSink = Callable[[RunEvent], None]
 
@@ -55,7 +55,7 @@ class Recorder:
             try:
                 self.on_event(event)
             except Exception:
-                log.exception("event listener failed", event=event.type)
+                log.exception("event listener failed", event_type=event.type)
 
     # ------------------------------------------------------------------ whole steps
 

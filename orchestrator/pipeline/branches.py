@@ -10,8 +10,7 @@ import stat
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-import structlog
-
+from .._log import get_logger
 from .._names import name_json, name_of
 from ..errors import ResumeConflict
 from ..store import BASE_UNKNOWN, StoredChange
@@ -32,7 +31,7 @@ from ..vfs import (
 
 ChangeKind = Literal["added", "modified", "deleted"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 __all__ = [
     "FINAL",

@@ -19,14 +19,13 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import ModuleType
 
-import structlog
-
+from .._log import get_logger
 from ..errors import PipelineError, UsageError
 from .spec import Pipeline, Step, collect_steps
 
 __all__ = ["load_pipeline", "load_pipeline_from_module"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _counter = itertools.count(1)
 

@@ -22,16 +22,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import structlog
 from attrs import frozen
 
+from .._log import get_logger
 from ._html import html_page
 from ._markdown import markdown_document
 from ._model import ReportError, load
 
 __all__ = ["ReportError", "ReportPaths", "render_html", "render_markdown", "render_report"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 HTML_NAME = "report.html"
 MARKDOWN_NAME = "report.md"

@@ -41,10 +41,10 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import structlog
 import trio
 from attrs import frozen
 
+from .._log import get_logger
 from .._names import display_name, display_names, name_from_json
 from ..errors import (
     AlreadyApplied,
@@ -89,7 +89,7 @@ __all__ = [
     "recover",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: what a run's exit code is when its changes could not be written (see the README)
 EXIT_WORKSPACE_CHANGED = 3

@@ -7,9 +7,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
-import structlog
 import trio
 
+from .._log import get_logger
 from .._names import display_names
 from ..agents import AgentSpec
 from ..config import Config
@@ -19,7 +19,7 @@ from ..pipeline import step as step_decorator
 from .apply import apply_run
 from .run import RunOutcome, run_pipeline, workspace_root
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 __all__ = ["compare", "compare_sync"]
 

@@ -8,9 +8,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import structlog
 import trio
 
+from .._log import get_logger
 from ..agents import AgentSpec
 from ..config import Config
 from ..errors import ResumeConflict, UsageError
@@ -24,7 +24,7 @@ from .prompt import prompt_pipeline, prompt_result
 from .run import RunOutcome, run_pipeline
 from .settings import file_size_option, restore_settings
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 __all__ = ["resume_run", "resume_run_sync"]
 

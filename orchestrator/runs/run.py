@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import attrs
-import structlog
 import trio
 from attrs import field, frozen
 
+from .._log import get_logger
 from .._names import display_name, display_names, is_utf8
 from .._sizes import DEFAULT_MAX_FILE_SIZE
 from ..agent.client import ClientOptions
@@ -79,7 +79,7 @@ from .settings import RunSettings, configured_limits, file_size_option, policy_s
 
 __all__ = ["RunOutcome", "run_pipeline", "run_pipeline_sync", "workspace_root"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 RunStatus = Literal["succeeded", "failed", "conflicts", "interrupted"]
 RunKind = Literal["prompt", "pipeline", "compare"]

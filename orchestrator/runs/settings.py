@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
-import structlog
 from attrs import field, frozen
 
+from .._log import get_logger
 from .._sizes import DEFAULT_MAX_FILE_SIZE, parse_size
 from ..agent.client import ClientOptions
 from ..agent.turn import DEFAULT_MAX_TURN_RECORD_BYTES
@@ -40,7 +40,7 @@ __all__ = [
     "restore_settings",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @frozen

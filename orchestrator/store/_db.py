@@ -19,17 +19,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeAlias, TypeVar
 
-import structlog
 import trio
 from attrs import define, field
 
+from .._log import get_logger
 from ..errors import StoreError
 from . import _schema
 from ._schema import SCHEMA_VERSION
 
 __all__ = ["Apply", "Database", "Staged", "transaction"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 T = TypeVar("T")
 

@@ -21,13 +21,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeAlias
 
-import structlog
-
+from .._log import get_logger
 from ..errors import StateDirectoryError, StoreError, StoreVersionError
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "connect", "schema_version"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 Migration: TypeAlias = Callable[[sqlite3.Connection], None]
 

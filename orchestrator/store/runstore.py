@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import structlog
 import trio
 from attrs import define
 
+from .._log import get_logger
 from .._names import name_from_column
 from ..errors import StoreError, UsageError
 from . import _sql
@@ -60,7 +60,7 @@ from .records import (
 
 __all__ = ["STORE_FILENAME", "RunStore", "open_run_store"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: the database's file name inside the state directory
 STORE_FILENAME = "runs.sqlite3"

@@ -15,8 +15,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-import structlog
-
 from orchestrator.testing._model_script import (
     Api,
     ModelRequest,
@@ -25,10 +23,12 @@ from orchestrator.testing._model_script import (
     ToolChoice,
 )
 
+from .._log import get_logger
+
 if TYPE_CHECKING:
     from orchestrator.testing.model_server import ModelServer
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class _Httpd(ThreadingHTTPServer):

@@ -53,7 +53,6 @@ from contextlib import asynccontextmanager, contextmanager
 from http.server import BaseHTTPRequestHandler
 from urllib.parse import urlsplit
 
-import structlog
 import trio
 from attrs import define, field
 
@@ -79,6 +78,8 @@ from orchestrator.testing._model_script import (
     find_cwd,
     scenarios_from_json,
 )
+
+from .._log import get_logger
 
 __all__ = [
     "CWD_PATTERNS",
@@ -106,7 +107,7 @@ __all__ = [
     "serve_model_thread",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: the only address the server binds to
 LOCALHOST = "127.0.0.1"

@@ -48,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -55,7 +56,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import structlog
 import trio
 from attrs import define, field
 
@@ -79,9 +79,11 @@ from orchestrator.testing._wire import (
 )
 from orchestrator.testing.script import AgentScript, JsonObject, Turn
 
+from .._log import get_logger
+
 __all__ = ["MAX_LINE_BYTES", "AgentRecord", "scripted_agent_command", "serve_scripted_agent"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 async def serve_scripted_agent(
@@ -517,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
         _write_stderr("usage: python -m orchestrator.testing.scripted_agent SCRIPT.json")
         return 2
     # stdout carries the protocol: log lines must go to stderr.
-    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    logging.basicConfig(stream=sys.stderr, level=logging.DEBUG)
     try:
         raw = Path(args[0]).read_bytes()
         try:

@@ -54,10 +54,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Literal
 
 import attrs
-import structlog
 import trio
 from attrs import frozen
 
+from .._log import get_logger
 from .._names import display_name, name_bytes
 from ..errors import StateDirectoryError
 from ._fileio import (
@@ -90,7 +90,7 @@ __all__ = [
     "recover_applies",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _JOURNAL = "journal.json"
 #: how many paths a log line names before it says how many more there are

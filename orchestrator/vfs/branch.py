@@ -18,9 +18,9 @@ import stat
 import threading
 from collections.abc import Set
 
-import structlog
 from attrs import define, field
 
+from .._log import get_logger
 from ._fileio import DEFAULT_MODE, normalize_mode, normalize_path
 from .changes import Change, ChangeSet, Delete, FileState, ModeChange, Write
 from .errors import PathNotFound, WorkspaceChanged
@@ -30,7 +30,7 @@ from .watch import ConflictWatch
 
 __all__ = ["Branch"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @define(eq=False)

@@ -30,10 +30,10 @@ import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import structlog
 import trio
 from attrs import field, frozen
 
+from .._log import get_logger
 from .._names import name_bytes, name_of
 from ._fileio import PATH_MAX, copy_fd, copy_fd_hashed, digest, make_dirs, remove_tree
 from ._links import LinkMap
@@ -47,7 +47,7 @@ from .workdir import Workdir, _Key, _key
 
 __all__ = ["materialize", "materialize_async"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 def _umask() -> int | None:

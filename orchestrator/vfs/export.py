@@ -38,9 +38,9 @@ import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Literal
 
-import structlog
 import trio
 
+from .._log import get_logger
 from .._names import decode_text, git_quote, name_bytes, name_of
 from .._sizes import format_size
 from ._fileio import LARGE_FILE_SIZE, SYMLINK_MODE, git_mode, is_binary, is_symlink
@@ -61,7 +61,7 @@ __all__ = [
     "unified_diff",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _ZERO = "0" * 40
 # Variables that would point git at another repository, work tree or index than ours.

@@ -26,10 +26,10 @@ from collections.abc import Awaitable, Callable, Generator, Sequence
 from typing import Any, Literal, TypeAlias, cast
 
 import attrs
-import structlog
 from attrs import field, frozen
 from merge3 import Merge3
 
+from .._log import get_logger
 from ._fileio import is_binary, is_symlink
 from ._lines import LineMatcher
 from .branch import Branch
@@ -53,7 +53,7 @@ __all__ = [
     "merge_file",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 ConflictKind = Literal["content", "add/add", "binary", "delete/modify", "mode"]
 
@@ -408,7 +408,9 @@ def _fold(branches: Sequence[Branch], strategy: ConflictStrategy | Callable[...,
                     acc.pop(path, None)
                     continue
                 resolved.append(conflict)
-                log.warning(
+                # the caller gets it in the merge's result (a run reports it as an event and in
+                # its result): a trace here, not a warning said a second time
+                log.debug(
                     "merge conflict resolved by strategy",
                     path=path,
                     kind=conflict.kind,

@@ -30,9 +30,9 @@ import time
 from collections.abc import Iterator, Set
 from pathlib import Path
 
-import structlog
 from attrs import define, field, frozen
 
+from .._log import get_logger
 from .._names import name_bytes
 from ._fileio import LARGE_FILE_SIZE, PATH_MAX, SYMLINK_MODE, digest, digest_fd, normalize_mode
 from .changes import FileState
@@ -41,7 +41,7 @@ from .ignore import IgnoreMatcher, IgnoreRules
 
 __all__ = ["RACY_WINDOW_NS", "Snapshot", "StatInfo", "Workspace", "walk"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: a file whose mtime is this close to the moment its stat was recorded is compared by content
 RACY_WINDOW_NS = 1_000_000_000

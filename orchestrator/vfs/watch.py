@@ -14,13 +14,14 @@ import threading
 import time
 from collections.abc import Callable
 
-import structlog
 import trio
 from attrs import define, field, frozen
 
+from .._log import get_logger
+
 __all__ = ["ConflictWatch", "EarlyWarning", "WarningCallback"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @frozen

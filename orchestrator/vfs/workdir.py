@@ -48,10 +48,10 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 
-import structlog
 import trio
 from attrs import define, field, frozen
 
+from .._log import get_logger
 from .._names import name_bytes, name_of
 from . import _inotify
 from ._fileio import (
@@ -72,7 +72,7 @@ from .snapshot import RACY_WINDOW_NS, Snapshot
 
 __all__ = ["HarvestReport", "Workdir", "harvest"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # What harvest compares: size, mtime, inode, st_mode, ctime.
 _Key = tuple[int, int, int, int, int]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import tempfile
@@ -11,7 +12,6 @@ from pathlib import Path
 
 import attrs
 import orjson
-import structlog
 import trio
 from attrs import define, field
 
@@ -112,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"hostile agent: name an attack ({known}), or --list\n")
         return 2
     # stdout carries the protocol: log lines must go to stderr.
-    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    logging.basicConfig(stream=sys.stderr, level=logging.DEBUG)
     layout = Layout(Path(args.root or tempfile.mkdtemp(prefix="hostile-")).resolve())
     try:
         if args.script is not None:
