@@ -1,0 +1,328 @@
+"""What a person sees on stderr during a run: the live table on a terminal (through a
+pseudo-terminal, at 80 and 200 columns), log-format lines off one; and a library that prints
+nothing unless its caller configures logging."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import pty
+import re
+import select
+import shutil
+import struct
+import subprocess
+import sys
+import termios
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from attrs import define
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "examples" / "sample-project"
+DEMO_PIPELINE = ROOT / "examples" / "demo_pipeline.py"
+LIVE_PIPELINE = ROOT / "tests" / "pipelines" / "live_view.py"
+CLI = Path(sys.executable).parent / "orchestrator"
+#: seconds a whole command may take (its agents are Python subprocesses)
+LIMIT = 120.0
+#: a task whose text reads as rich markup, and a file name that does
+MARKUP_TASK = 'create notes-[/x].md with "[bold]x[/bold]"'
+#: an escape sequence (the terminal's own control sequences, not the content)
+_ESCAPE = re.compile(r"\x1b(\[[0-9;?]*[ -/]*[@-~]|\][^\x07]*\x07|[()][0-9A-Za-z]|[=>])")
+
+pytestmark = pytest.mark.slow
+
+
+@define
+class Screen:
+    """What a command wrote to the terminal, its standard output and its exit code."""
+
+    raw: str
+    stdout: str
+    code: int
+
+    @property
+    def text(self) -> str:
+        """The terminal output without its control sequences."""
+        return _ESCAPE.sub("", self.raw)
+
+    @property
+    def lines(self) -> list[str]:
+        """Each line drawn (a redraw starts a line with a carriage return)."""
+        return [line for line in re.split(r"[\r\n]+", self.text) if line.strip()]
+
+    @property
+    def table(self) -> list[str]:
+        """The lines of the live table: its header, rule and rows."""
+        return [line for line in self.lines if any(c in line for c in "│┃━")]
+
+
+def in_terminal(
+    *args: str,
+    cwd: Path,
+    state: Path,
+    columns: int,
+    watch: Callable[[str], None] | None = None,
+) -> Screen:
+    """Run the console script with its stdin and stderr on a pseudo-terminal ``columns`` wide
+    (stdout a pipe); ``watch`` sees the terminal text so far each time more arrives."""
+    main, side = pty.openpty()
+    fcntl.ioctl(side, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    env = {**os.environ, "ORCHESTRATOR_STATE_DIR": str(state), "COLUMNS": str(columns)}
+    env.update(LINES="50", TERM="xterm-256color")
+    for name in ("NO_COLOR", "FORCE_COLOR"):
+        env.pop(name, None)
+    proc = subprocess.Popen(
+        [str(CLI), *args], stdin=side, stdout=subprocess.PIPE, stderr=side, cwd=cwd, env=env
+    )
+    os.close(side)
+    raw = b""
+    deadline = time.monotonic() + LIMIT
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            assert left > 0, f"still running after {LIMIT} s:\n{_ESCAPE.sub('', raw.decode())}"
+            ready, _, _ = select.select([main], [], [], left)
+            if not ready:
+                continue
+            try:
+                chunk = os.read(main, 65536)
+            except OSError as e:  # EIO: every writer of the terminal is gone
+                if e.errno != errno.EIO:
+                    raise
+                break
+            if not chunk:
+                break
+            raw += chunk
+            if watch is not None:
+                watch(_ESCAPE.sub("", raw.decode(errors="replace")))
+        assert proc.stdout is not None
+        stdout = proc.stdout.read().decode()
+        code = proc.wait(timeout=LIMIT)
+    finally:
+        os.close(main)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    return Screen(raw.decode(errors="replace"), stdout, code)
+
+
+def cli(*args: str, state: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run the console script off a terminal (stdout and stderr are pipes)."""
+    env = {**os.environ, "ORCHESTRATOR_STATE_DIR": str(state)}
+    return subprocess.run(
+        [str(CLI), *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=LIMIT
+    )
+
+
+@pytest.fixture
+def sample(tmp_path: Path) -> Path:
+    """A copy of the sample project."""
+    target = tmp_path / "sample-project"
+    shutil.copytree(SAMPLE, target, ignore=shutil.ignore_patterns("__pycache__"))
+    return target
+
+
+class _Release:
+    """Opens the pipeline's ``hold`` step (it reads a named pipe) once the live table showed
+    two different elapsed times on the step's row: the table was redrawn with no event."""
+
+    def __init__(self, fifo: Path):
+        self.fifo = fifo
+        self.seen: set[str] = set()
+        self.sent = False
+
+    def __call__(self, text: str) -> None:
+        if self.sent:
+            return
+        self.seen |= set(re.findall(r"\bhold\b[^\r\n]*?running\s*│\s*([0-9.]+s)", text))
+        if len(self.seen) < 2:
+            return
+        try:  # the step opens the pipe for reading as it starts: a writer can open it then
+            fd = os.open(self.fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as e:
+            if e.errno != errno.ENXIO:  # no reader yet: the next redraw tries again
+                raise
+            return
+        with os.fdopen(fd, "w") as pipe:
+            pipe.write("go\n")
+        self.sent = True
+
+
+@pytest.mark.parametrize("columns", [80, 200])
+def test_live_table_ticks_and_shows_instance_keys(
+    tmp_path: Path, project: Path, state_dir: Path, columns: int
+) -> None:
+    """On a terminal, a pipeline's live table names each instance (``work[a]``), shows agent
+    text as text, fits the width, and its elapsed time moves while no event arrives."""
+    fifo = tmp_path / "release"
+    os.mkfifo(fifo)
+    release = _Release(fifo)
+    screen = in_terminal(
+        "run",
+        str(LIVE_PIPELINE),
+        "--cwd",
+        str(project),
+        "--policy",
+        "trusted",
+        "--set",
+        f"task={MARKUP_TASK}",
+        "--set",
+        f"release={fifo}",
+        cwd=tmp_path,
+        state=state_dir,
+        columns=columns,
+        watch=release,
+    )
+    assert screen.code == 0, screen.text
+    assert release.sent, screen.text  # two frames with different times, no event between
+    assert "Traceback" not in screen.text
+    for key in ("work[a]", "work[b]", "hold"):
+        assert re.search(rf"^ {re.escape(key)} .*│ succeeded ", screen.text, re.M), key
+    assert "Create notes-[/x].md" in screen.text  # the agent's tool call title, as written
+    assert max(len(line) for line in screen.table) <= columns
+
+
+@pytest.mark.parametrize("columns", [80, 200])
+def test_compare_live_table_fits_the_width(
+    tmp_path: Path, project: Path, state_dir: Path, columns: int
+) -> None:
+    """``compare`` with a task holding ``[/x]`` runs to its end on a terminal; at 80 columns
+    the table leaves out the agent and tokens columns and keeps each whole name and state, at
+    200 it shows every column."""
+    long_name = "a-rather-long-agent-label"
+    screen = in_terminal(
+        "compare",
+        "--agent",
+        f"{long_name}=demo",
+        "--agent",
+        "b=demo",
+        "--cwd",
+        str(project),
+        "--policy",
+        "edit",
+        MARKUP_TASK,
+        cwd=tmp_path,
+        state=state_dir,
+        columns=columns,
+    )
+    assert screen.code == 0, screen.text
+    assert "Traceback" not in screen.text and "MarkupError" not in screen.text
+    rows = screen.table
+    assert any(f" compare[{long_name}] " in row and " succeeded " in row for row in rows)
+    assert any(" compare[b] " in row and " succeeded " in row for row in rows)
+    header = next(line for line in screen.lines if line.lstrip().startswith("step "))
+    columns_shown = [c.strip() for c in header.split("┃")]
+    if columns == 80:
+        assert columns_shown == ["step", "state", "time", "last tool call"]
+    else:
+        assert columns_shown == ["step", "agent", "state", "time", "tokens", "last tool call"]
+        assert "Create notes-[/x].md (notes-[/x].md)" in screen.text
+    assert max(len(line) for line in screen.table) <= columns
+
+
+_PLAIN = re.compile(r"^\d\d:\d\d:\d\d (debug|info|warning|error|critical) +\S")
+
+
+def _progress_part(stderr: str, last: str) -> list[str]:
+    """The progress and log lines of a run's stderr: up to the first line matching ``last``,
+    the end of the run (what is printed after it is the result, not progress)."""
+    lines = stderr.splitlines()
+    end = next(i for i, line in enumerate(lines) if re.search(last, line))
+    return lines[: end + 1]
+
+
+def test_off_a_terminal_progress_and_logs_are_plain_lines(
+    tmp_path: Path, sample: Path, state_dir: Path
+) -> None:
+    """Off a terminal, progress and log lines share one plain format, and the merge conflict
+    of the demo pipeline is reported once on stderr (the result lists it)."""
+    done = cli(
+        "-v", "run", str(DEMO_PIPELINE), "--cwd", str(sample), "--policy", "trusted",
+        state=state_dir, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    progress = _progress_part(done.stderr, r"^\d\d:\d\d:\d\d info +run \w+: succeeded$")
+    assert [line for line in progress if not _PLAIN.match(line)] == []
+    assert any(" info    agent process started " in line for line in progress)  # a log line
+    assert any(" info    started  rename[shop/cart.py] (demo)" in line for line in progress)
+    conflicts = [line for line in progress if "README.md" in line and "conflict" in line]
+    assert [line[9:] for line in conflicts] == [
+        "warning conflict check: README.md (content) resolution=ours"
+    ]
+
+
+def test_log_json_makes_every_progress_and_log_line_json(
+    tmp_path: Path, sample: Path, state_dir: Path
+) -> None:
+    """With ``--log-json`` each progress event and log line is one JSON object on stderr, the
+    conflict among them once."""
+    done = cli(
+        "--log-json", "run", str(DEMO_PIPELINE), "--cwd", str(sample), "--policy", "trusted",
+        state=state_dir, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    progress = _progress_part(done.stderr, '"event":"run_finished"')
+    entries = [json.loads(line) for line in progress]
+    assert {"timestamp", "level", "logger", "event"} <= set(entries[0])
+    started = [e for e in entries if e["event"] == "step_started"]
+    assert {e["instance"] for e in started} >= {"rename[shop/cart.py]", "docs[alice]", "check"}
+    conflicts = [e for e in entries if "README.md" in json.dumps(e) and "conflict" in e["event"]]
+    assert [(c["event"], c["path"], c["resolution"]) for c in conflicts] == [
+        ("conflict", "README.md", "ours")
+    ]
+    assert entries[-1]["event"] == "run_finished" and entries[-1]["status"] == "succeeded"
+
+
+# --------------------------------------------------------------------------- the library's logs
+
+PROMPT_SCRIPT = """\
+import logging, sys
+if sys.argv[1] == "configured":
+    logging.basicConfig(level=logging.INFO)
+from orchestrator import prompt_sync
+run = prompt_sync("demo", 'append "world" to notes.md', cwd=sys.argv[2], policy="edit")
+print("stop:", run.turn.stop_reason)
+"""
+
+
+def _python(*args: str, state: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "ORCHESTRATOR_STATE_DIR": str(state)}
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=LIMIT
+    )
+
+
+def test_library_prints_nothing_unless_logging_is_configured(
+    tmp_path: Path, project: Path, state_dir: Path
+) -> None:
+    """``prompt_sync`` writes no log line to stdout or stderr; with ``logging.basicConfig``
+    its lines appear on stderr, under ``orchestrator`` loggers."""
+    (project / "notes.md").write_text("hello\n")
+    script = tmp_path / "prompt.py"
+    script.write_text(PROMPT_SCRIPT)
+    quiet = _python(str(script), "quiet", str(project), state=state_dir, cwd=tmp_path)
+    assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "stop: end_turn\n", "")
+    loud = _python(str(script), "configured", str(project), state=state_dir, cwd=tmp_path)
+    assert (loud.returncode, loud.stdout) == (0, "stop: end_turn\n")
+    assert "INFO:orchestrator.agent.process:agent process started agent=demo" in loud.stderr
+
+
+def test_library_example_prints_only_its_own_lines(tmp_path: Path, state_dir: Path) -> None:
+    """``examples/library_script.py`` prints its four lines and nothing else."""
+    done = _python(str(ROOT / "examples" / "library_script.py"), state=state_dir, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    assert [line.split(":")[0].split()[0] for line in done.stdout.splitlines()] == [
+        "a",
+        "b",
+        "pipeline",
+        "applied",
+    ]
