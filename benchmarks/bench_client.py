@@ -36,7 +36,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import structlog
 import trio
 from attrs import define
 from bare_client import AGENT, FILE_CONTENT, Probe
@@ -152,10 +151,7 @@ async def _ours_many(argv: list[str], agents: int, text: str, probe: Probe) -> d
 
 def _worker(args: argparse.Namespace) -> int:
     # as the CLI does by default: warnings and up, on stderr
-    structlog.configure(
-        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-    )
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
     argv = [args.python, str(args.agent)]
     probe = Probe()
     result: dict[str, Any]

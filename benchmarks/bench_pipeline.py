@@ -34,7 +34,6 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import structlog
 import trio
 from attrs import define, field
 
@@ -586,10 +585,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=RESULTS, help="the JSON results file")
     args = parser.parse_args(argv)
     # as the CLI does by default: warnings and up, on stderr
-    structlog.configure(
-        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-    )
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
     scenarios = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in scenarios}
     for i in range(args.repeat):
