@@ -104,6 +104,8 @@ class PlainView:
         text = f"{verb} {text}" if logs.style() == "json" or verb == "run" else f"{verb:<8} {text}"
         fields = {k: v for k, v in event.to_json().items() if v is not None and k != "time"}
         fields = {"event": fields.pop("type"), "instance": event.instance, **fields}
+        if event.instance is None:
+            del fields["instance"]
         line = logs.format_line(
             level, fields, text=text, logger="orchestrator.progress", created=event.time
         )

@@ -55,6 +55,7 @@ def format_line(
             "timestamp": f"{stamp}.{int(created % 1 * 1000):03d}Z",
             "level": level,
             "logger": logger,
+            "event": fields.get("event"),  # first, whatever order the fields came in
             **fields,
             **({"message": text} if text is not None else {}),
             **({"exception": exception} if exception else {}),
