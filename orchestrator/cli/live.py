@@ -117,8 +117,8 @@ class PlainView:
         """Nothing to tear down."""
 
 
-# the columns of the live table, most important first: (header, minimum width); the step,
-# state and time are always shown, the others only while the terminal is wide enough
+# the columns of the live table: the step, state and time always; the others, most important
+# first, only while the terminal is wide enough
 _ALWAYS = ("step", "state", "time")
 _OPTIONAL = ("last tool call", "agent", "tokens")
 #: the narrowest the last tool call column gets before it is left out
