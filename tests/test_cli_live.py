@@ -326,3 +326,28 @@ def test_library_example_prints_only_its_own_lines(tmp_path: Path, state_dir: Pa
         "pipeline",
         "applied",
     ]
+
+
+def test_a_failing_event_listener_is_logged_and_the_run_goes_on(
+    tmp_path: Path, project: Path
+) -> None:
+    """An ``on_event`` callback that raises (a progress view that cannot draw) is one error
+    line in the log, with its traceback; the run still succeeds."""
+    from log_capture import capture_logs
+
+    from orchestrator import run_pipeline_sync
+
+    pipeline = tmp_path / "one.py"
+    pipeline.write_text(
+        "from orchestrator.pipeline import step\n\n\n@step\ndef only() -> str:\n    return 'x'\n"
+    )
+
+    def listener(event: object) -> None:
+        raise ValueError("cannot draw [/x]")
+
+    with capture_logs() as logs:
+        run = run_pipeline_sync(pipeline, cwd=project, on_event=listener)
+    assert run.status == "succeeded"
+    failed = [e for e in logs if e["event"] == "event listener failed"]
+    assert failed and all(e["log_level"] == "error" and e["exc_info"] for e in failed)
+    assert failed[0]["event_type"] == "run_started"

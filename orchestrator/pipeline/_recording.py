@@ -23,11 +23,22 @@ from .branches import stored_changes
 from .results import EventType, RunEvent, StepResult, StepStatus
 from .spec import Step
 
-__all__ = ["EventSink", "Recorder"]
+__all__ = ["EventSink", "Recorder", "notify"]
 
 log = get_logger(__name__)
 
 EventSink = Callable[[RunEvent], None]
+
+
+def notify(on_event: EventSink | None, event: RunEvent) -> None:
+    """Give ``event`` to the run's listener, if any. A listener that fails (a progress view
+    that cannot draw) is logged and ignored: it does not fail the run, whose work and record
+    go on."""
+    if on_event is not None:
+        try:
+            on_event(event)
+        except Exception:
+            log.exception("event listener failed", event_type=event.type)
 
 
 @define(eq=False)
@@ -51,11 +62,7 @@ class Recorder:
 
     def notify(self, event: RunEvent) -> None:
         """Report ``event`` to the listener only (session updates are not stored)."""
-        if self.on_event is not None:
-            try:
-                self.on_event(event)
-            except Exception:
-                log.exception("event listener failed", event_type=event.type)
+        notify(self.on_event, event)
 
     # ------------------------------------------------------------------ whole steps
 

@@ -37,6 +37,7 @@ from ..config import Config
 from ..errors import AlreadyApplied, StoreError, SymlinkRefused, UsageError
 from ..pipeline import Pipeline, load_pipeline
 from ..pipeline._calls import safe
+from ..pipeline._recording import notify
 from ..pipeline._writer import open_store_writer
 from ..pipeline.branches import (
     FINAL,
@@ -469,8 +470,7 @@ async def run_pipeline(
             if _finish_result is not None:
                 outcome = attrs.evolve(outcome, result=_finish_result(outcome))
             await store.update_run(run_id, result=dict(outcome.result))
-            if on_event is not None:
-                on_event(RunEvent("run_finished", run_id, data={"status": status}))
+            notify(on_event, RunEvent("run_finished", run_id, data={"status": status}))
             if refused is not None:
                 raise refused  # the run is recorded (its changes too); the apply is bad input
             return outcome
