@@ -2,7 +2,7 @@
 
 The library logs through the standard ``logging`` module (``orchestrator._log``); this is the
 counterpart of ``structlog.testing.capture_logs`` for it: each entry is a line's fields with
-its ``log_level`` (and ``exc_info`` when it has one).
+its ``log_level`` (and, when it has one, ``exc_info`` and ``exception``, the traceback's text).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ class _Collect(logging.Handler):
         fields["log_level"] = record.levelname.lower()
         if record.exc_info:
             fields["exc_info"] = record.exc_info
+            fields["exception"] = logging.Formatter().formatException(record.exc_info)
         self.entries.append(fields)
 
 

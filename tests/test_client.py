@@ -11,11 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
 import trio
 import trio.testing
 from attrs import define, field
-from structlog.testing import capture_logs
+from log_capture import capture_logs
 
 from orchestrator._util import end_grace_periods
 from orchestrator.agent.client import AgentConnection, ClientOptions, Turn, open_agent_on_stream
@@ -96,7 +95,7 @@ def schema_violations_fail() -> Iterator[None]:
     The JSON-RPC layer logs and swallows exceptions of its frame observer, so without this a
     schema violation would only show up as a log line.
     """
-    with capture_logs(processors=[structlog.processors.format_exc_info]) as events:
+    with capture_logs() as events:
         yield
     failed = [e.get("exception", e) for e in events if e["event"] == "frame observer failed"]
     assert not failed, f"a frame our client sent failed the schema check: {failed[0]}"

@@ -11,11 +11,10 @@ from typing import Any
 
 import orjson
 import pytest
-import structlog
 import trio
 from conftest import is_process_watchdog, pid_gone
+from log_capture import capture_logs
 from run_helpers import timeline
-from structlog.testing import capture_logs
 
 import orchestrator.agent.launch as client_module
 from orchestrator.agent.client import (
@@ -149,7 +148,7 @@ def agent_pids(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
 @pytest.fixture(autouse=True)
 def schema_violations_fail() -> Iterator[None]:
     """Fail the test if a frame our client sent failed conftest's schema check (only logged)."""
-    with capture_logs(processors=[structlog.processors.format_exc_info]) as events:
+    with capture_logs() as events:
         yield
     failed = [e.get("exception", e) for e in events if e["event"] == "frame observer failed"]
     assert not failed, f"a frame our client sent failed the schema check: {failed[0]}"

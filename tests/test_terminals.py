@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import trio
-from structlog.testing import capture_logs
+from log_capture import capture_logs
 
 import orchestrator.agent.terminals as terminals_module
 from orchestrator.agent.services import ClientServices, SessionContext

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import make_chain
-from structlog.testing import capture_logs
+from log_capture import capture_logs
 
 from orchestrator.vfs import _fileio, checkout
 from orchestrator.vfs.branch import Branch

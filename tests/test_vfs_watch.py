@@ -6,7 +6,7 @@ import threading
 
 import pytest
 import trio
-from structlog.testing import capture_logs
+from log_capture import capture_logs
 
 from orchestrator.vfs.branch import Branch
 from orchestrator.vfs.tree import MemoryTree
