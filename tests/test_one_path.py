@@ -219,8 +219,12 @@ kinds = ["edit"]
 """
 
 
-async def _on_a_terminal(argv: list[str], *, cwd: Path, state: Path, answer: bytes) -> str:
-    """Run the console script with a terminal of its own; answer its question with ``answer``.
+async def _on_a_terminal(
+    argv: list[str], *, cwd: Path, state: Path, answer: bytes, watch: float = 0.0
+) -> str:
+    """Run the console script with a terminal of its own; answer its question with ``answer``
+    (after ``watch`` seconds of reading what the command writes while the question stands,
+    which is kept between ``<asking>`` and ``</asking>`` in what is returned).
 
     Returns everything the command wrote to the terminal.
     """
@@ -259,6 +263,7 @@ async def _on_a_terminal(argv: list[str], *, cwd: Path, state: Path, answer: byt
                     break
                 seen += chunk
                 if not answered and b"Allow?" in seen:
+                    seen += b"<asking>" + await _read_for(master, watch) + b"</asking>"
                     os.write(master, answer)
                     answered = True
             await proc.wait()
@@ -269,6 +274,42 @@ async def _on_a_terminal(argv: list[str], *, cwd: Path, state: Path, answer: byt
                     await proc.wait()
             os.close(master)
     return seen.decode(errors="replace")
+
+
+async def _read_for(fd: int, seconds: float) -> bytes:
+    """What arrives on ``fd`` within ``seconds``."""
+    got = b""
+    with trio.move_on_after(seconds):
+        while True:
+            await trio.lowlevel.wait_readable(fd)
+            try:
+                got += os.read(fd, 65536)
+            except OSError:
+                break
+    return got
+
+
+async def test_the_live_table_is_not_drawn_over_a_question(
+    tmp_path: Path, project: Path, state_dir: Path
+) -> None:
+    """While a question stands, the live table stops redrawing, then goes on after it."""
+    script = write_agent(tmp_path / "editor.json", editing_turn())
+    configure(project, editor=script)
+    policy = tmp_path / "ask.toml"
+    policy.write_text(ASK_EDITS)
+    pipeline = tmp_path / "edit.py"
+    pipeline.write_text(PIPELINE)
+    argv = ["run", str(pipeline), "--set", "task=go", "--policy", str(policy)]
+    # the table redraws four times a second: a second with the question up would show some
+    seen = await _on_a_terminal(
+        [*argv, "--cwd", str(project)], cwd=tmp_path, state=state_dir, answer=b"y\n", watch=1.0
+    )
+    before, rest = seen.split("<asking>")
+    during, after = rest.split("</asking>")
+    assert "Allow?" in before and "━" in before
+    assert during == ""
+    assert "succeeded" in after
+    assert prompts(script) == 1
 
 
 @pytest.mark.parametrize("command", ["run", "compare"])

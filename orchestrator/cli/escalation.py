@@ -16,6 +16,7 @@ import trio
 from .._log import get_logger
 from ..agent.permissions import Escalate, Escalation
 from ..policy import Answer
+from .live import paused_views
 from .output import terminal_text
 
 __all__ = ["choose_escalation", "terminal_prompt_escalation"]
@@ -108,7 +109,8 @@ async def terminal_prompt_escalation(
     text = _describe(escalation)
     async with _PROMPT_LOCK:
         try:
-            return await trio.to_thread.run_sync(_ask_tty, tty, text)
+            with paused_views():  # the live table would redraw over the question
+                return await trio.to_thread.run_sync(_ask_tty, tty, text)
         except OSError as exc:
             log.warning("cannot ask on the terminal", tty=tty, error=repr(exc))
             return None

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import IO, TYPE_CHECKING, Any
 
 from attrs import define, field
@@ -28,7 +29,7 @@ from .output import terminal_text
 if TYPE_CHECKING:
     from rich.console import Console, ConsoleOptions, RenderableType
 
-__all__ = ["LiveView", "PlainView", "open_view"]
+__all__ = ["LiveView", "PlainView", "open_view", "paused_views"]
 
 _STATE_STYLE = {
     "running": "yellow",
@@ -46,6 +47,8 @@ _ENDED = {
 }
 #: how often the live table redraws (and so its elapsed times move)
 REFRESH_PER_SECOND = 4
+#: the live tables on screen now (a question at the terminal pauses them)
+_SHOWN: list[LiveView] = []
 
 
 @define
@@ -149,7 +152,9 @@ class LiveView:
             redirect_stdout=False,
             transient=False,
         )
+        self._paused = False
         self._live.start()
+        _SHOWN.append(self)
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[Any]:
         with self._lock:
@@ -221,11 +226,46 @@ class LiveView:
                 line.state = "retrying"
             elif event.type == "conflict":
                 line.note = f"conflict: {data.get('path')}"
+            if self._paused:
+                return
         self._live.refresh()
+
+    def pause(self) -> None:
+        """Stop redrawing until :meth:`resume` (the table as it stands stays on screen)."""
+        with self._lock:
+            if self._paused or self not in _SHOWN:
+                return
+            self._paused = True
+        self._live.stop()
+
+    def resume(self) -> None:
+        """Redraw again after :meth:`pause`, below what was written meanwhile."""
+        with self._lock:
+            if not self._paused:
+                return
+            self._paused = False
+        if self in _SHOWN:
+            self._live.start()
 
     def close(self) -> None:
         """Stop refreshing (the last table stays on screen)."""
+        if self in _SHOWN:
+            _SHOWN.remove(self)
         self._live.stop()
+
+
+@contextmanager
+def paused_views() -> Iterator[None]:
+    """The live tables stop redrawing while the block runs: a question written to the
+    terminal meanwhile would be drawn over a few times a second."""
+    views = list(_SHOWN)
+    for view in views:
+        view.pause()
+    try:
+        yield
+    finally:
+        for view in views:
+            view.resume()
 
 
 def _elapsed(seconds: float) -> str:
