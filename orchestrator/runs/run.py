@@ -373,6 +373,9 @@ async def run_pipeline(
                 await store.update_run(
                     run_id, status="running", finished=None, error=None, options=recorded
                 )
+                # this attempt merges again what it reaches, reused branches too, and records
+                # the conflicts as they stand now (the merge strategy may have changed since)
+                await store.clear_conflicts(run_id)
             log.info("run started", run=run_id, pipeline=pipe.name, steps=len(pipe.steps))
             started = time.monotonic()
             status: RunStatus = "interrupted"
