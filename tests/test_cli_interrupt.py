@@ -186,6 +186,11 @@ async def interrupt(
     return code, pids, stdout_path.read_text(), stderr_path.read_text()
 
 
+def last_line(text: str) -> str:
+    """The last line of a command's output."""
+    return text.rstrip("\n").rsplit("\n", 1)[-1]
+
+
 async def run_ids(state: Path) -> list[str]:
     """The recorded run ids, newest first (read from the store)."""
     async with open_run_store(state) as store:
@@ -304,6 +309,47 @@ async def test_sigint_interrupts_a_pipeline_then_resume_completes_it(
     assert snapshot(project) == before  # resume without --apply writes nothing
     [listed_run] = as_json(await run_cli("runs", "--json", cwd=tmp_path, state=state_dir))["runs"]
     assert listed_run["status"] == "succeeded"
+
+
+async def test_an_interrupted_run_and_resume_end_with_how_to_go_on(
+    tmp_path: Path, project: Path, scripts: list[Path], pipeline: Path, state_dir: Path
+) -> None:
+    """SIGINT without --json: the last line on stderr names the run and its resume command."""
+    argv = ["run", str(pipeline), "--cwd", str(project), "--set", "task=x"]
+    argv += ["--policy", "trusted", "--no-progress"]
+    code, _, _, stderr = await interrupt(
+        argv, cwd=tmp_path, state=state_dir, scripts=scripts, out=tmp_path
+    )
+    assert code == EXIT_INTERRUPTED, stderr
+    [run_id] = await run_ids(state_dir)
+    hint = f"run {run_id} interrupted; orchestrator resume {run_id} goes on"
+    assert last_line(stderr) == hint
+    # a resume interrupted in its turn: the same run, the same way on
+    code, _, _, stderr = await interrupt(
+        ["resume", run_id, "--no-progress"],
+        cwd=tmp_path,
+        state=state_dir,
+        scripts=scripts,
+        out=tmp_path,
+        ready=lambda script: prompts(script) == 2,
+    )
+    assert code == EXIT_INTERRUPTED, stderr
+    assert last_line(stderr) == hint
+
+
+async def test_an_interrupted_prompt_ends_with_how_to_run_it_again(
+    tmp_path: Path, project: Path, scripts: list[Path], state_dir: Path
+) -> None:
+    """SIGINT of a prompt without --json: the last line says its resume runs the prompt again."""
+    argv = ["prompt", "--cwd", str(project)]
+    argv += ["--agent", f"a={shlex.join(agent_command(scripts[0]))}", "go"]
+    code, _, _, stderr = await interrupt(
+        argv, cwd=tmp_path, state=state_dir, scripts=scripts[:1], out=tmp_path
+    )
+    assert code == EXIT_INTERRUPTED, stderr
+    [run_id] = await run_ids(state_dir)
+    expected = f"run {run_id} interrupted; orchestrator resume {run_id} runs the prompt again"
+    assert last_line(stderr) == expected
 
 
 # ------------------------------------------------------------------------ ending turns the ACP way
@@ -519,6 +565,7 @@ async def interrupt_compare(
     assert all(pid_gone(pid) for pid in pids), [p for p in pids if not pid_gone(p)]
     assert snapshot(project) == before
     [run_id] = await run_ids(state)
+    assert last_line(stderr) == f"run {run_id} interrupted; orchestrator resume {run_id} goes on"
     shown = as_json(await run_cli("show", run_id, "--json", cwd=tmp_path, state=state))
     assert shown["kind"] == "compare"
     assert shown["status"] == "interrupted"
@@ -599,6 +646,7 @@ async def test_sigint_interrupts_a_prompt_and_it_is_recorded(
     error = json.loads(out)
     [run_id] = await run_ids(state_dir)
     assert error["runId"] == run_id
+    assert "orchestrator resume" not in err  # with --json, the error object names the run
     assert error["error"]["type"] == "Interrupted"
     shown = await run_cli("show", run_id, "--json", cwd=tmp_path, state=state_dir)
     assert as_json(shown)["kind"] == "prompt"

@@ -352,12 +352,14 @@ def track_run(
     args: argparse.Namespace, view: Callable[[RunEvent], None] | None
 ) -> Callable[[RunEvent], None]:
     """The ``on_event`` of a run command: keeps the run's id (for the error object of an
-    interrupted or failed run) and passes every event on to the progress view."""
+    interrupted or failed run) and kind, and passes every event on to the progress view."""
     ids: list[str] = getattr(args, "run_ids", [])
+    kinds: dict[str, str] = getattr(args, "run_kinds", {})
 
     def on_event(event: RunEvent) -> None:
         if event.type == "run_started" and event.run_id not in ids:
             ids.append(event.run_id)
+            kinds[event.run_id] = str(event.data.get("kind") or "")
         if view is not None:
             view(event)
 

@@ -422,7 +422,9 @@ async def run_pipeline(
                         max_file_size=settings.max_file_size,
                         max_turn_record_bytes=settings.max_turn_record_bytes,
                     )
-                    await runner.emit(RunEvent("run_started", run_id, data={"pipeline": pipe.name}))
+                    await runner.emit(
+                        RunEvent("run_started", run_id, data={"pipeline": pipe.name, "kind": _kind})
+                    )
                     await runner.run()
                 # the run's record is whole, its transcripts too, before anything is applied
                 with trio.CancelScope(shield=True):
