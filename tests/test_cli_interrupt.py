@@ -686,8 +686,10 @@ async def test_a_run_whose_process_was_killed_resumes(
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
     [run_id] = await run_ids(state_dir)
-    shown = await run_cli("show", run_id, "--json", cwd=tmp_path, state=state_dir)
-    assert as_json(shown)["status"] == "running"
+    shown = as_json(await run_cli("show", run_id, "--json", cwd=tmp_path, state=state_dir))
+    # recorded running, but its process is gone: it reads interrupted
+    assert (shown["status"], shown["statusReason"]) == ("interrupted", "its process is gone")
+    assert shown["steps"]["prompt"]["status"] == "interrupted"
     # its branch directory is still there: the resume must not trip over it
     assert list((state_dir / "runs" / run_id).glob("branches/*"))
     answer_now(scripts)
@@ -742,3 +744,62 @@ async def test_sigint_keeps_a_prompt_turn_the_agent_never_ended(
     assert applied.returncode == EXIT_OK, applied.stderr.decode()
     assert as_json(applied)["written"] == ["README.md"]
     assert snapshot(project) == {**before, "README.md": b"# edited by a\n"}
+
+
+async def kill_mid_turn(argv: list[str], *, cwd: Path, state: Path, scripts: list[Path]) -> None:
+    """Start the CLI, wait until every agent got its prompt, then SIGKILL the CLI (not its
+    agents: its watchdog ends them)."""
+    env = {**os.environ, "ORCHESTRATOR_STATE_DIR": str(state)}
+    with trio.fail_after(CLI_LIMIT):
+        cli = await trio.lowlevel.open_process([str(CLI), *argv], cwd=cwd, env=env)
+        pids: set[int] = set()
+        try:
+            while not all(prompted(s) for s in scripts):
+                assert cli.poll() is None
+                await trio.sleep(0.05)
+            pids = descendants(cli.pid)
+            cli.kill()
+            await cli.wait()
+        finally:
+            if cli.returncode is None:
+                cli.kill()
+            for pid in pids:  # a failure must not leave them
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+async def test_a_killed_compare_reads_interrupted_and_resumes(
+    tmp_path: Path, configured: Path, scripts: list[Path], state_dir: Path
+) -> None:
+    """SIGKILL of compare: runs and show say interrupted (its process is gone); resume ends it."""
+    argv = ["compare", "--cwd", str(configured), "--no-progress", "--policy", "trusted"]
+    for name in NAMES:
+        argv += ["--agent", name]
+    await kill_mid_turn([*argv, "write your name"], cwd=tmp_path, state=state_dir, scripts=scripts)
+    [run_id] = await run_ids(state_dir)
+    async with open_run_store(state_dir) as store:  # the record itself still says running
+        assert (await store.get_run(run_id)).status == "running"
+
+    listed = as_json(await run_cli("runs", "--json", cwd=tmp_path, state=state_dir))
+    assert [(r["runId"], r["status"], r["statusReason"]) for r in listed["runs"]] == [
+        (run_id, "interrupted", "its process is gone")
+    ]
+    text = (await run_cli("runs", cwd=tmp_path, state=state_dir)).stdout.decode()
+    assert "interrupted (its process is gone)" in text
+    shown = as_json(await run_cli("show", run_id, "--json", cwd=tmp_path, state=state_dir))
+    assert (shown["status"], shown["statusReason"]) == ("interrupted", "its process is gone")
+    assert [(a["name"], a["status"]) for a in shown["agents"]] == [
+        (name, "interrupted") for name in NAMES
+    ]
+    assert shown["winner"] is None
+    done = await run_cli("show", run_id, cwd=tmp_path, state=state_dir)
+    out = done.stdout.decode() + done.stderr.decode()
+    assert f"run {run_id} (compare) in {configured}: interrupted (its process is gone)" in out
+    assert "no agent succeeded)" not in out  # it never finished: nobody failed to win
+    assert "winner: none (interrupted before any agent succeeded)" in out
+
+    answer_now(scripts)
+    resumed = await run_cli("resume", run_id, "--json", cwd=tmp_path, state=state_dir)
+    assert resumed.returncode == EXIT_OK, resumed.stderr.decode()
+    assert as_json(resumed)["status"] == "succeeded"
+    assert as_json(resumed)["statusReason"] is None
