@@ -186,6 +186,11 @@ async def interrupt(
     return code, pids, stdout_path.read_text(), stderr_path.read_text()
 
 
+def last_line(text: str) -> str:
+    """The last line of a command's output."""
+    return text.rstrip("\n").rsplit("\n", 1)[-1]
+
+
 async def run_ids(state: Path) -> list[str]:
     """The recorded run ids, newest first (read from the store)."""
     async with open_run_store(state) as store:
@@ -304,6 +309,47 @@ async def test_sigint_interrupts_a_pipeline_then_resume_completes_it(
     assert snapshot(project) == before  # resume without --apply writes nothing
     [listed_run] = as_json(await run_cli("runs", "--json", cwd=tmp_path, state=state_dir))["runs"]
     assert listed_run["status"] == "succeeded"
+
+
+async def test_an_interrupted_run_and_resume_end_with_how_to_go_on(
+    tmp_path: Path, project: Path, scripts: list[Path], pipeline: Path, state_dir: Path
+) -> None:
+    """SIGINT without --json: the last line on stderr names the run and its resume command."""
+    argv = ["run", str(pipeline), "--cwd", str(project), "--set", "task=x"]
+    argv += ["--policy", "trusted", "--no-progress"]
+    code, _, _, stderr = await interrupt(
+        argv, cwd=tmp_path, state=state_dir, scripts=scripts, out=tmp_path
+    )
+    assert code == EXIT_INTERRUPTED, stderr
+    [run_id] = await run_ids(state_dir)
+    hint = f"run {run_id} interrupted; orchestrator resume {run_id} goes on"
+    assert last_line(stderr) == hint
+    # a resume interrupted in its turn: the same run, the same way on
+    code, _, _, stderr = await interrupt(
+        ["resume", run_id, "--no-progress"],
+        cwd=tmp_path,
+        state=state_dir,
+        scripts=scripts,
+        out=tmp_path,
+        ready=lambda script: prompts(script) == 2,
+    )
+    assert code == EXIT_INTERRUPTED, stderr
+    assert last_line(stderr) == hint
+
+
+async def test_an_interrupted_prompt_ends_with_how_to_run_it_again(
+    tmp_path: Path, project: Path, scripts: list[Path], state_dir: Path
+) -> None:
+    """SIGINT of a prompt without --json: the last line says its resume runs the prompt again."""
+    argv = ["prompt", "--cwd", str(project)]
+    argv += ["--agent", f"a={shlex.join(agent_command(scripts[0]))}", "go"]
+    code, _, _, stderr = await interrupt(
+        argv, cwd=tmp_path, state=state_dir, scripts=scripts[:1], out=tmp_path
+    )
+    assert code == EXIT_INTERRUPTED, stderr
+    [run_id] = await run_ids(state_dir)
+    expected = f"run {run_id} interrupted; orchestrator resume {run_id} runs the prompt again"
+    assert last_line(stderr) == expected
 
 
 # ------------------------------------------------------------------------ ending turns the ACP way
@@ -519,6 +565,7 @@ async def interrupt_compare(
     assert all(pid_gone(pid) for pid in pids), [p for p in pids if not pid_gone(p)]
     assert snapshot(project) == before
     [run_id] = await run_ids(state)
+    assert last_line(stderr) == f"run {run_id} interrupted; orchestrator resume {run_id} goes on"
     shown = as_json(await run_cli("show", run_id, "--json", cwd=tmp_path, state=state))
     assert shown["kind"] == "compare"
     assert shown["status"] == "interrupted"
@@ -599,6 +646,7 @@ async def test_sigint_interrupts_a_prompt_and_it_is_recorded(
     error = json.loads(out)
     [run_id] = await run_ids(state_dir)
     assert error["runId"] == run_id
+    assert "orchestrator resume" not in err  # with --json, the error object names the run
     assert error["error"]["type"] == "Interrupted"
     shown = await run_cli("show", run_id, "--json", cwd=tmp_path, state=state_dir)
     assert as_json(shown)["kind"] == "prompt"
@@ -638,8 +686,10 @@ async def test_a_run_whose_process_was_killed_resumes(
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
     [run_id] = await run_ids(state_dir)
-    shown = await run_cli("show", run_id, "--json", cwd=tmp_path, state=state_dir)
-    assert as_json(shown)["status"] == "running"
+    shown = as_json(await run_cli("show", run_id, "--json", cwd=tmp_path, state=state_dir))
+    # recorded running, but its process is gone: it reads interrupted
+    assert (shown["status"], shown["statusReason"]) == ("interrupted", "its process is gone")
+    assert shown["steps"]["prompt"]["status"] == "interrupted"
     # its branch directory is still there: the resume must not trip over it
     assert list((state_dir / "runs" / run_id).glob("branches/*"))
     answer_now(scripts)
@@ -694,3 +744,62 @@ async def test_sigint_keeps_a_prompt_turn_the_agent_never_ended(
     assert applied.returncode == EXIT_OK, applied.stderr.decode()
     assert as_json(applied)["written"] == ["README.md"]
     assert snapshot(project) == {**before, "README.md": b"# edited by a\n"}
+
+
+async def kill_mid_turn(argv: list[str], *, cwd: Path, state: Path, scripts: list[Path]) -> None:
+    """Start the CLI, wait until every agent got its prompt, then SIGKILL the CLI (not its
+    agents: its watchdog ends them)."""
+    env = {**os.environ, "ORCHESTRATOR_STATE_DIR": str(state)}
+    with trio.fail_after(CLI_LIMIT):
+        cli = await trio.lowlevel.open_process([str(CLI), *argv], cwd=cwd, env=env)
+        pids: set[int] = set()
+        try:
+            while not all(prompted(s) for s in scripts):
+                assert cli.poll() is None
+                await trio.sleep(0.05)
+            pids = descendants(cli.pid)
+            cli.kill()
+            await cli.wait()
+        finally:
+            if cli.returncode is None:
+                cli.kill()
+            for pid in pids:  # a failure must not leave them
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+async def test_a_killed_compare_reads_interrupted_and_resumes(
+    tmp_path: Path, configured: Path, scripts: list[Path], state_dir: Path
+) -> None:
+    """SIGKILL of compare: runs and show say interrupted (its process is gone); resume ends it."""
+    argv = ["compare", "--cwd", str(configured), "--no-progress", "--policy", "trusted"]
+    for name in NAMES:
+        argv += ["--agent", name]
+    await kill_mid_turn([*argv, "write your name"], cwd=tmp_path, state=state_dir, scripts=scripts)
+    [run_id] = await run_ids(state_dir)
+    async with open_run_store(state_dir) as store:  # the record itself still says running
+        assert (await store.get_run(run_id)).status == "running"
+
+    listed = as_json(await run_cli("runs", "--json", cwd=tmp_path, state=state_dir))
+    assert [(r["runId"], r["status"], r["statusReason"]) for r in listed["runs"]] == [
+        (run_id, "interrupted", "its process is gone")
+    ]
+    text = (await run_cli("runs", cwd=tmp_path, state=state_dir)).stdout.decode()
+    assert "interrupted (its process is gone)" in text
+    shown = as_json(await run_cli("show", run_id, "--json", cwd=tmp_path, state=state_dir))
+    assert (shown["status"], shown["statusReason"]) == ("interrupted", "its process is gone")
+    assert [(a["name"], a["status"]) for a in shown["agents"]] == [
+        (name, "interrupted") for name in NAMES
+    ]
+    assert shown["winner"] is None
+    done = await run_cli("show", run_id, cwd=tmp_path, state=state_dir)
+    out = done.stdout.decode() + done.stderr.decode()
+    assert f"run {run_id} (compare) in {configured}: interrupted (its process is gone)" in out
+    assert "no agent succeeded)" not in out  # it never finished: nobody failed to win
+    assert "winner: none (interrupted before any agent succeeded)" in out
+
+    answer_now(scripts)
+    resumed = await run_cli("resume", run_id, "--json", cwd=tmp_path, state=state_dir)
+    assert resumed.returncode == EXIT_OK, resumed.stderr.decode()
+    assert as_json(resumed)["status"] == "succeeded"
+    assert as_json(resumed)["statusReason"] is None

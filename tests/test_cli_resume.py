@@ -326,3 +326,58 @@ async def test_resume_a_compare_of_labelled_commands_reruns_its_failed_agent(
         ("flaky", "succeeded"),
     ]
     assert prompts(setup.fixed) == 1  # the good agent's turn was reused
+
+
+FAN_IN = """\
+from orchestrator import step
+
+
+@step
+def names() -> list[str]:
+    return ["a", "b", "c"]
+
+
+@step(agent="demo", over="names")
+def edit(item: str) -> str:
+    return f'replace "title" with "{item}" in README.md'
+
+
+@step(merge="fail")
+def join(edit: object) -> str:
+    return "joined"
+"""
+
+
+async def test_resume_after_a_new_merge_strategy_lists_the_conflicts_as_they_stand(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    """A conflicted fan-in resumed with merge="ours": only the conflicts of this merge remain."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "README.md").write_text("# title\nbody\n")
+    pipeline = tmp_path / "fan_in.py"
+    pipeline.write_text(FAN_IN)
+    argv = ["--policy", "edit", "--json"]
+    first = await run_cli(
+        "run", str(pipeline), "--cwd", str(project), *argv, cwd=tmp_path, state=state_dir
+    )
+    assert first.returncode == 4, first.stderr.decode()
+    run_id = as_json(first)["runId"]
+    assert [c["resolution"] for c in as_json(first)["conflicts"]] == ["fail"]
+
+    pipeline.write_text(FAN_IN.replace('merge="fail"', 'merge="ours"'))
+    for _ in range(2):  # each resume merges again: nothing piles up
+        resumed = await run_cli("resume", run_id, "--json", cwd=tmp_path, state=state_dir)
+        assert resumed.returncode == EXIT_OK, resumed.stderr.decode()
+        result = as_json(resumed)
+        assert result["status"] == "succeeded"
+        expected = [("join", "README.md", "ours")] * 2  # a+b, then c: two pairwise merges
+        assert [(c["step"], c["path"], c["resolution"]) for c in result["conflicts"]] == expected
+        shown = as_json(await run_cli("show", run_id, "--json", cwd=tmp_path, state=state_dir))
+        assert shown["conflicts"] == result["conflicts"]
+    text = await run_cli("resume", run_id, cwd=tmp_path, state=state_dir)
+    assert "unresolved" not in text.stdout.decode() + text.stderr.decode()
+    # no unsettled conflict is left to refuse the apply
+    applied = await run_cli("apply", run_id, "--json", cwd=tmp_path, state=state_dir)
+    assert applied.returncode == EXIT_OK, applied.stderr.decode()
+    assert (project / "README.md").read_text() == "# a\nbody\n"

@@ -85,6 +85,12 @@ def start_time(pid: int) -> int:
     return stat[2] if stat else 0
 
 
+def running_since(pid: int, started: int) -> bool:
+    """Whether ``pid`` is a live process (not a zombie) that started at ``started``."""
+    stat = _stat(pid)
+    return stat is not None and stat[0] not in (b"Z", b"X") and stat[2] == started
+
+
 def _scan(
     match: Match,
     sessions: Collection[int],

@@ -61,7 +61,9 @@ __all__ = [
     "ProcessTree",
     "close_tree",
     "open_tree",
+    "process_started",
     "release_tree",
+    "same_process",
     "stop_watchdog",
     "watchdog_command",
 ]
@@ -227,6 +229,24 @@ def stop_watchdog(wait: float = WATCHDOG_EXIT_WAIT) -> None:
     exit; a program that leaves by ``os._exit`` calls it itself. A later tree starts a new one.
     """
     _CONTAINMENT.stop_watchdog(wait)
+
+
+def process_started(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks after boot, as /proc says), or None when it
+    is not running or there is no /proc. With the pid, it names one process of this boot."""
+    if not _HAVE_PROC:
+        return None
+    return _sweep.start_time(pid) or None
+
+
+def same_process(pid: int, started: int) -> bool | None:
+    """Whether the process ``pid`` that started at ``started`` (:func:`process_started`) still
+    runs: False when that pid is gone, a zombie, or now names a later process; None without
+    /proc. Only meaningful on the boot, and in the pid namespace, that ``started`` was read in.
+    """
+    if not _HAVE_PROC:
+        return None
+    return _sweep.running_since(pid, started)
 
 
 # --------------------------------------------------------------------------- merged sweeps

@@ -267,6 +267,7 @@ async def _interruptible(handler: Callable[[argparse.Namespace], Any], args: Any
     as_json = bool(getattr(args, "json", False))
 
     args.run_ids = []  # filled by the run commands as their runs start
+    args.run_kinds = {}  # and each run's kind (prompt, compare, pipeline)
     # set by a command whose work an interrupt no longer stops once under way (an apply, all or
     # nothing) when it completed anyway: its outcome, not the interrupt, makes the exit code
     args.completed_despite_interrupt = None
@@ -344,7 +345,18 @@ async def _interruptible(handler: Callable[[argparse.Namespace], Any], args: Any
                 **run_id(),
             }
         )
+    elif interrupted and args.run_ids:
+        # the last word, whatever went before it (log lines, JSON ones off a terminal): which
+        # run stopped and how to go on with it
+        say(_resume_hint(args.run_ids[-1], args.run_kinds.get(args.run_ids[-1])), file=sys.stderr)
     return EXIT_INTERRUPTED if interrupted else code
+
+
+def _resume_hint(run_id: str, kind: str | None) -> str:
+    """The line that ends an interrupted run command: the run, and what ``resume`` does for it
+    (a prompt's one turn starts again; elsewhere finished step instances are reused)."""
+    does = "runs the prompt again" if kind == "prompt" else "goes on"
+    return f"run {run_id} interrupted; orchestrator resume {run_id} {does}"
 
 
 def _error(message: str) -> None:

@@ -352,12 +352,14 @@ def track_run(
     args: argparse.Namespace, view: Callable[[RunEvent], None] | None
 ) -> Callable[[RunEvent], None]:
     """The ``on_event`` of a run command: keeps the run's id (for the error object of an
-    interrupted or failed run) and passes every event on to the progress view."""
+    interrupted or failed run) and kind, and passes every event on to the progress view."""
     ids: list[str] = getattr(args, "run_ids", [])
+    kinds: dict[str, str] = getattr(args, "run_kinds", {})
 
     def on_event(event: RunEvent) -> None:
         if event.type == "run_started" and event.run_id not in ids:
             ids.append(event.run_id)
+            kinds[event.run_id] = str(event.data.get("kind") or "")
         if view is not None:
             view(event)
 
@@ -550,6 +552,11 @@ def _compare_lines(result: dict[str, Any]) -> list[str]:
         )
     if verdict.winner is not None:
         lines.append(f"winner: {verdict.winner} ({verdict.reason})")
+    elif agents and result.get("status") == "running":
+        lines.append("winner: none yet (the run is still running)")
+    elif agents and result.get("status") == "interrupted":
+        # the run never finished: its agents did not all get their chance
+        lines.append("winner: none (interrupted before any agent succeeded)")
     elif agents:
         lines.append("winner: none (no agent succeeded)")
     return lines
@@ -721,7 +728,8 @@ async def cmd_runs(args: argparse.Namespace) -> int:
         if _interrupted_of(interrupted, r.run_id):
             applied = " apply-interrupted"
         what = " ".join(str(what).split())  # one line per run, whatever the task holds
-        say(f"{r.run_id}  {when}  {r.kind:<8} {r.status:<11}{applied}  {what[:60]}")
+        status = f"{r.status} ({r.status_reason})" if r.status_reason else r.status
+        say(f"{r.run_id}  {when}  {r.kind:<8} {status:<11}{applied}  {what[:60]}")
     if not runs:
         say("no runs recorded", file=sys.stderr)
     _warn_interrupted(interrupted, None, None)
@@ -745,7 +753,8 @@ async def cmd_show(args: argparse.Namespace) -> int:
     if args.json:
         _emit(result)
         return EXIT_OK
-    say(f"run {result['runId']} ({result['kind']}) in {result['cwd']}: {result['status']}")
+    reason = f" ({result['statusReason']})" if result.get("statusReason") else ""
+    say(f"run {result['runId']} ({result['kind']}) in {result['cwd']}: {result['status']}{reason}")
     if result.get("kind") == "compare":
         say(f"task: {result.get('task')}")
         for line in _compare_lines(result):

@@ -1,23 +1,88 @@
-"""One process at a time per run: the lock a run (or an apply of it) holds on its directory.
+"""One process at a time per run: the lock a run (or an apply of it) holds on its directory,
+and who holds it.
 
 A run holds an exclusive ``flock`` on ``runs/RUN/lock`` in the state directory while it runs,
 and so does an apply of it; the lock goes with the process (a crash or a SIGKILL releases it),
 so a run whose record still says ``running`` but whose lock is free is one whose process died.
+
+The holder also writes who it is into the lock file: its pid, its start time, the kernel's boot
+id, its pid namespace and its host name. A reader can then tell whether a run recorded
+``running`` still has its process without taking the lock (which would make a resume starting
+at that moment find it busy): on the same boot of the same kernel, in the same pid namespace,
+a pid whose process started at the recorded time is the owner, and a pid that is gone, a zombie
+or a later process means the owner is gone. Elsewhere (another machine sharing the state
+directory, another container, a record this release did not write) nothing can be told.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Literal
 
+import orjson
+from attrs import frozen
+
+from ..agent.reaper import process_started, same_process
 from ..errors import RunBusy
 
-__all__ = ["hold_run_lock"]
+__all__ = ["RunOwner", "hold_run_lock", "run_owner"]
 
 LOCK_NAME = "lock"
+
+
+@frozen
+class RunOwner:
+    """Whether the process that holds (or last held) a run's lock is alive, as far as this
+    process can tell."""
+
+    #: ``alive``, ``gone``, or ``unknown`` (another machine, container or boot; no record)
+    state: Literal["alive", "gone", "unknown"]
+    #: the owner's pid and host, when recorded
+    pid: int | None = None
+    host: str | None = None
+
+    @property
+    def reason(self) -> str | None:
+        """Why a run recorded ``running`` reads as it does, for people; None if it runs."""
+        if self.state == "gone":
+            return "its process is gone"
+        if self.state == "unknown":
+            who = f"process {self.pid} on {self.host}" if self.pid is not None else "its process"
+            return f"unknown whether {who} is alive: it cannot be checked from here"
+        return None
+
+
+def _identity() -> dict[str, Any]:
+    """This process as a lock file records it."""
+    return {
+        "pid": os.getpid(),
+        "uid": os.getuid(),
+        "started": process_started(os.getpid()),
+        "boot": _boot_id(),
+        "pidNamespace": _pid_namespace(),
+        "host": socket.gethostname(),
+    }
+
+
+def _boot_id() -> str | None:
+    """The running kernel's boot id (new at each boot), if it can be read."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _pid_namespace() -> str | None:
+    """This process's pid namespace (pids name processes only within one), if it can be read."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
 
 
 @contextmanager
@@ -25,6 +90,7 @@ def hold_run_lock(run_dir: Path, run_id: str, *, doing: str) -> Iterator[None]:
     """Hold run ``run_id``'s lock for the block; :class:`RunBusy` if another process has it.
 
     ``doing`` says what the refused caller wanted, for the message (``resume``, ``apply``).
+    The lock file then says who holds it (:func:`run_owner` reads it).
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(run_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -35,6 +101,43 @@ def hold_run_lock(run_dir: Path, run_id: str, *, doing: str) -> Iterator[None]:
             raise RunBusy(
                 f"run {run_id} is running in another process: cannot {doing} it now", run_id
             ) from None
+        record = orjson.dumps(_identity())
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, record, 0)
         yield
     finally:
         os.close(fd)  # closing the file releases the lock
+
+
+def run_owner(run_dir: Path) -> RunOwner:
+    """Whether the process that last took the lock of the run in ``run_dir`` is alive.
+
+    ``unknown`` unless this process can check it: the record must be this boot's, from this
+    pid namespace (a pid is checked with its start time, so a reused pid is not taken for the
+    owner).
+    """
+    try:
+        owner = orjson.loads((run_dir / LOCK_NAME).read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return RunOwner("unknown")  # no record (an older release), or one being written
+    if not isinstance(owner, dict):
+        return RunOwner("unknown")
+    pid, started, host = owner.get("pid"), owner.get("started"), owner.get("host")
+    if not isinstance(pid, int) or not isinstance(host, str):
+        return RunOwner("unknown")
+    here = (
+        owner.get("boot") is not None
+        and owner.get("boot") == _boot_id()
+        and owner.get("pidNamespace") is not None
+        and owner.get("pidNamespace") == _pid_namespace()
+    )
+    if not here or not isinstance(started, int):
+        return RunOwner("unknown", pid, host)
+    alive = same_process(pid, started)
+    if alive is None:  # no /proc to look in
+        return RunOwner("unknown", pid, host)
+    hidden = os.getuid() != 0 and owner.get("uid") != os.getuid()
+    if not alive and hidden and not os.path.exists(f"/proc/{pid}"):
+        # another user's process may be hidden from this one (/proc mounted hidepid)
+        return RunOwner("unknown", pid, host)
+    return RunOwner("alive" if alive else "gone", pid, host)

@@ -5,11 +5,15 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import attrs
+import trio
+
 from .._names import name_json
 from ..errors import UsageError
 from ..pipeline.branches import FINAL
 from ..state import state_directory
-from ..store import RunRecord, RunStore, open_run_store
+from ..store import RunRecord, RunStore, StepRecord, open_run_store
+from ._lock import run_owner
 from .default_policy import count_default_rejections
 from .verdict import Verdict, judge
 
@@ -47,9 +51,39 @@ async def diff_run(
 async def list_runs(
     *, state_dir: str | os.PathLike[str] | None = None, limit: int | None = 50
 ) -> list[RunRecord]:
-    """The recorded runs, newest first."""
+    """The recorded runs, newest first; one recorded ``running`` whose process is gone reads
+    ``interrupted`` (see :func:`as_seen`)."""
     async with open_run_store(state_directory(state_dir)) as store:
-        return await store.list_runs(limit=limit)
+        return [(await as_seen(r, store))[0] for r in await store.list_runs(limit=limit)]
+
+
+async def as_seen(
+    record: RunRecord, store: RunStore, steps: list[StepRecord] | None = None
+) -> tuple[RunRecord, list[StepRecord]]:
+    """A run (and its step records) as they stand, not only as recorded.
+
+    A process killed outright (SIGKILL, a crash, a reboot) leaves its run recorded ``running``:
+    when the process that holds the run's lock is gone, the run reads ``interrupted`` with
+    :attr:`~orchestrator.store.RunRecord.status_reason` ``its process is gone``, and its running
+    and pending steps ``interrupted``, as an interrupted run's are (a resume goes on with it).
+    When that cannot be checked from here (another machine, container or boot shares the state
+    directory; a run recorded by an older release), it stays ``running`` with the reason.
+    """
+    steps = list(steps or ())
+    if record.status != "running":
+        return record, steps
+    run_dir = store.path.parent / "runs" / record.run_id
+    owner = await trio.to_thread.run_sync(run_owner, run_dir)
+    if owner.state == "alive":
+        return record, steps
+    if owner.state == "unknown":
+        return attrs.evolve(record, status_reason=owner.reason), steps
+    record = attrs.evolve(record, status="interrupted", status_reason=owner.reason)
+    steps = [
+        attrs.evolve(s, status="interrupted") if s.status in ("running", "pending") else s
+        for s in steps
+    ]
+    return record, steps
 
 
 def _step_entry() -> dict[str, Any]:
@@ -65,7 +99,7 @@ async def get_run_json(
         async with open_run_store(state_directory(state_dir)) as opened:
             return await get_run_json(run_id, store=opened)
     record = await store.get_run(run_id)
-    steps = await store.steps(record.run_id)
+    record, steps = await as_seen(record, store, await store.steps(record.run_id))
     options = dict(record.options)
     graph = options.get("graph") or {"nodes": [], "edges": []}
     # the steps whose instances are keyed (by agent or item): a record of such a step without
@@ -134,6 +168,8 @@ async def get_run_json(
         "kind": record.kind,
         "runId": record.run_id,
         "status": record.status,
+        # why the status reads as it does, when the record alone cannot say (or null)
+        "statusReason": record.status_reason,
         "cwd": record.cwd,
         "created": record.created,
         "finished": record.finished,

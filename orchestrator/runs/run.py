@@ -374,6 +374,9 @@ async def run_pipeline(
                 await store.update_run(
                     run_id, status="running", finished=None, error=None, options=recorded
                 )
+                # this attempt merges again what it reaches, reused branches too, and records
+                # the conflicts as they stand now (the merge strategy may have changed since)
+                await store.clear_conflicts(run_id)
             log.info("run started", run=run_id, pipeline=pipe.name, steps=len(pipe.steps))
             started = time.monotonic()
             status: RunStatus = "interrupted"
@@ -420,7 +423,9 @@ async def run_pipeline(
                         max_file_size=settings.max_file_size,
                         max_turn_record_bytes=settings.max_turn_record_bytes,
                     )
-                    await runner.emit(RunEvent("run_started", run_id, data={"pipeline": pipe.name}))
+                    await runner.emit(
+                        RunEvent("run_started", run_id, data={"pipeline": pipe.name, "kind": _kind})
+                    )
                     await runner.run()
                 # the run's record is whole, its transcripts too, before anything is applied
                 with trio.CancelScope(shield=True):

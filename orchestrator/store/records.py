@@ -89,6 +89,10 @@ class RunRecord:
     error: str | None = None
     #: when its changes were written to the workspace, if they were
     applied: float | None = None
+    #: not stored: why ``status`` reads as it does where the record alone cannot say (a run
+    #: recorded ``running`` read ``interrupted`` because its process is gone; one whose process
+    #: cannot be checked from here), set by the readers of :mod:`orchestrator.runs`
+    status_reason: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The camelCase JSON object."""
@@ -96,6 +100,7 @@ class RunRecord:
             "runId": self.run_id,
             "kind": self.kind,
             "status": self.status,
+            "statusReason": self.status_reason,
             "created": self.created,
             "finished": self.finished,
             "cwd": self.cwd,

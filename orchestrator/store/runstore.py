@@ -389,6 +389,20 @@ class RunStore(Database):
         """Append the merge conflicts (as JSON objects) met at step ``key``."""
         await self._write_staged(_sql.stage(AddConflicts(run_id, key, conflicts)))
 
+    async def clear_conflicts(self, run_id: str) -> None:
+        """Forget the merge conflicts recorded for run ``run_id``.
+
+        A resume merges again every branch it reaches (reused instances' branches too) and
+        records the conflicts as they stand now; those of an earlier attempt would stand beside
+        them, unresolved ones that a changed merge strategy now settles among them.
+        """
+
+        def clear(conn: sqlite3.Connection) -> None:
+            _sql.require_run(conn, run_id)
+            conn.execute("DELETE FROM conflicts WHERE run_id = ?", (run_id,))
+
+        await self._write(clear)
+
     async def conflicts(self, run_id: str) -> list[dict[str, Any]]:
         """The run's conflicts in order, each with ``"step"``: the key it was added under."""
 
