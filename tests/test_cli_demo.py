@@ -1,0 +1,101 @@
+"""The demo agent and the demo script as a user meets them: through the console script, and
+``examples/demo.py`` as a subprocess; and the ``git apply`` line that ``prompt`` prints.
+
+The ``git apply`` line must work where the workspace is: at the top of a git work tree, below
+it (git reads a patch's paths from the top and silently skips the others), or outside git.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+import trio
+
+from orchestrator.runs.git_apply import git_apply_command
+from orchestrator.vfs.testing import git
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI = Path(sys.executable).parent / "orchestrator"
+SAMPLE = ROOT / "examples" / "sample-project"
+LIMIT = 60.0
+HINT = re.compile(r"^not applied; to apply: orchestrator apply \w+ \(or (git -C .+)\)$", re.M)
+
+pytestmark = pytest.mark.skipif(not CLI.is_file(), reason=f"console script {CLI} not installed")
+
+
+async def run(
+    argv: list[str], cwd: Path, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` to its end, its output captured as text."""
+    with trio.fail_after(LIMIT):
+        done = await trio.run_process(
+            argv,
+            cwd=cwd,
+            env={**os.environ, **(env or {})},
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    return subprocess.CompletedProcess(
+        done.args, done.returncode, done.stdout.decode(), done.stderr.decode()
+    )
+
+
+async def prompt_demo(workspace: Path, text: str, *flags: str) -> subprocess.CompletedProcess[str]:
+    """``orchestrator prompt --agent demo --policy edit --cwd WORKSPACE TEXT``."""
+    argv = [str(CLI), "prompt", "--agent", "demo", "--policy", "edit", *flags]
+    return await run([*argv, "--cwd", str(workspace), text], cwd=workspace.parent)
+
+
+def sample_copy(at: Path) -> Path:
+    """A copy of the sample project at ``at``."""
+    shutil.copytree(SAMPLE, at, ignore=shutil.ignore_patterns("__pycache__"))
+    return at
+
+
+@pytest.mark.parametrize("where", ["below the top", "at the top", "outside git"])
+async def test_the_printed_git_apply_line_applies_the_changes(tmp_path: Path, where: str) -> None:
+    """Run as printed, from another directory, the git apply line changes the workspace's
+    files, wherever the workspace is in a git work tree (or outside one)."""
+    if where == "outside git":
+        workspace = sample_copy(tmp_path / "project")
+    else:
+        repo = tmp_path / "repo"
+        workspace = sample_copy(
+            repo / "examples" / "sample-project" if where == "below the top" else repo
+        )
+        git(repo, "init", "-q", "-b", "main")
+        git(repo, "add", "-A")
+        git(repo, "commit", "-q", "-m", "initial")
+    done = await prompt_demo(
+        workspace, 'append "- one" to CHANGES.md\ncreate docs/new.md with "new\\n"'
+    )
+    assert done.returncode == 0, done.stderr
+    hint = HINT.search(done.stderr)
+    assert hint is not None, done.stderr
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    applied = await run(["sh", "-c", hint.group(1)], cwd=elsewhere)
+    assert (applied.returncode, applied.stderr) == (0, "")
+    assert (workspace / "CHANGES.md").read_text() == "# Changes\n- one\n"
+    assert (workspace / "docs" / "new.md").read_text() == "new\n"
+
+
+def test_git_apply_command_names_the_workspace_below_the_top(tmp_path: Path) -> None:
+    """Below the top of a work tree: git -C TOP apply --directory=SUB; else git -C WORKSPACE."""
+    top = tmp_path / "my repo"
+    (top / ".git").mkdir(parents=True)
+    (top / "a b" / "c").mkdir(parents=True)
+    patch = tmp_path / "changes.patch"
+    assert git_apply_command(top / "a b" / "c", patch) == (
+        f"git -C '{top}' apply '--directory=a b/c' {patch}"
+    )
+    assert git_apply_command(top, patch) == f"git -C '{top}' apply {patch}"
+    assert git_apply_command(tmp_path, patch) == f"git -C {tmp_path} apply {patch}"
