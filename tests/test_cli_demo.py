@@ -7,6 +7,7 @@ it (git reads a patch's paths from the top and silently skips the others), or ou
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -19,6 +20,8 @@ import pytest
 import trio
 
 from orchestrator.runs.git_apply import git_apply_command
+from orchestrator.testing import AgentScript, ReadFile, Say, Turn
+from orchestrator.testing.scripted_agent import scripted_agent_command
 from orchestrator.vfs.testing import git
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,3 +102,39 @@ def test_git_apply_command_names_the_workspace_below_the_top(tmp_path: Path) -> 
     )
     assert git_apply_command(top, patch) == f"git -C '{top}' apply {patch}"
     assert git_apply_command(tmp_path, patch) == f"git -C {tmp_path} apply {patch}"
+
+
+async def test_a_missing_file_is_answered_and_the_run_succeeds(tmp_path: Path) -> None:
+    """``delete nope.txt``: the demo agent says the file does not exist, the other instructions'
+    changes are kept, and the run succeeds (exit 0)."""
+    workspace = sample_copy(tmp_path / "project")
+    done = await prompt_demo(
+        workspace,
+        'append "- one" to CHANGES.md\ndelete nope.txt\nappend "- two" to CHANGES.md',
+        "--json",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout)
+    assert (result["status"], result["stopReason"]) == ("succeeded", "end_turn")
+    assert result["text"] == (
+        "Done.\n"
+        "- Append a line to CHANGES.md: CHANGES.md\n"
+        "- Delete nope.txt: nope.txt does not exist\n"
+        "- Append a line to CHANGES.md: CHANGES.md\n"
+    )
+    assert result["diff"].endswith("+- one\n+- two\n")
+
+
+async def test_an_error_answer_to_an_agent_request_does_not_fail_the_run(tmp_path: Path) -> None:
+    """An agent that reads a missing file gets an error answer and goes on: the run succeeds."""
+    workspace = tmp_path / "project"
+    workspace.mkdir()
+    script = AgentScript(turns=(Turn(steps=(ReadFile(path="nope.txt"), Say(text="went on"))),))
+    agent = " ".join(scripted_agent_command(script, tmp_path))
+    done = await run(
+        [str(CLI), "prompt", "--json", "--agent", agent, "--cwd", str(workspace), "hi"],
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout)
+    assert (result["status"], result["text"]) == ("succeeded", "went on")
