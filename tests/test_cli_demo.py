@@ -27,6 +27,7 @@ from orchestrator.vfs.testing import git
 ROOT = Path(__file__).resolve().parent.parent
 CLI = Path(sys.executable).parent / "orchestrator"
 SAMPLE = ROOT / "examples" / "sample-project"
+DEMO = ROOT / "examples" / "demo.py"
 LIMIT = 60.0
 HINT = re.compile(r"^not applied; to apply: orchestrator apply \w+ \(or (git -C .+)\)$", re.M)
 
@@ -138,3 +139,36 @@ async def test_an_error_answer_to_an_agent_request_does_not_fail_the_run(tmp_pat
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(done.stdout)
     assert (result["status"], result["text"]) == ("succeeded", "went on")
+
+
+async def test_the_demo_script_refuses_a_missing_project_in_one_line(tmp_path: Path) -> None:
+    """``examples/demo.py --project MISSING``: one line on stderr, no traceback, exit 2."""
+    missing = tmp_path / "nonexistent"
+    done = await run([sys.executable, str(DEMO), "--project", str(missing)], cwd=ROOT)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == f"demo.py: error: {missing} is not a directory\n"
+
+
+async def test_the_demo_script_ends_with_both_ways_to_apply(tmp_path: Path) -> None:
+    """The demo's last lines name ``orchestrator apply RUN`` and ``examples/demo.py --project
+    COPY --apply``, as the README says; applied, CHANGES.md gains one line, no blank one."""
+    project = sample_copy(tmp_path / "copy")
+    done = await run([sys.executable, str(DEMO), "--project", str(project)], cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    untouched = next(i for i, line in enumerate(lines) if line.startswith("the project is "))
+    applied = re.fullmatch(
+        r"the project is untouched; apply the changes with: \S*orchestrator apply (\w+)",
+        lines[untouched],
+    )
+    assert applied is not None, lines[untouched:]
+    assert re.fullmatch(
+        r"or run the demo on a copy of the project and write its changes there: "
+        r"\S+ examples/demo\.py --project COPY --apply",
+        lines[untouched + 1],
+    ), lines[untouched:]
+    written = await run([str(CLI), "apply", applied.group(1)], cwd=tmp_path)
+    assert written.returncode == 0, written.stderr
+    assert (project / "CHANGES.md").read_text() == (
+        "# Changes\n- Renamed calc_total to compute_total.\n"
+    )
