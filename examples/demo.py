@@ -22,6 +22,7 @@ from pathlib import Path
 from orchestrator import render_report, run_pipeline_sync
 from orchestrator.cli import configure_logging
 from orchestrator.cli.live import open_view
+from orchestrator.errors import UsageError
 
 HERE = Path(__file__).resolve().parent
 SAMPLE = HERE / "sample-project"
@@ -36,6 +37,15 @@ def tree_digest(root: Path) -> str:
     return h.hexdigest()
 
 
+def _shown(path: Path) -> str:
+    """``path`` as the user would type it here: relative below this directory, else absolute."""
+    try:
+        shown = os.path.relpath(path)
+    except ValueError:  # another drive
+        return str(path)
+    return str(path) if shown.startswith("..") else shown
+
+
 def orchestrator_command() -> tuple[str, str]:
     """How to run ``orchestrator`` from here, and a hint when it is not on PATH (else "").
 
@@ -46,17 +56,20 @@ def orchestrator_command() -> tuple[str, str]:
     found = shutil.which("orchestrator")
     if found is not None or not script.is_file():
         return "orchestrator", ""
-    try:
-        shown = os.path.relpath(script)
-    except ValueError:  # another drive
-        shown = str(script)
-    if shown.startswith(".."):
-        shown = str(script)
+    shown = _shown(script)
     bin_dir = Path(shown).parent
     return shown, (
         f"(`orchestrator` is not on PATH: activate the venv with `. {bin_dir}/activate`, "
         "or install the command with `pipx install .` or `uv tool install .`)"
     )
+
+
+def python_command() -> str:
+    """How to run this interpreter from here: ``python`` when that is it, else its path."""
+    found = shutil.which("python")
+    if found is not None and Path(found).absolute() == Path(sys.executable).absolute():
+        return "python"
+    return _shown(Path(sys.executable))
 
 
 def main() -> int:
@@ -66,6 +79,9 @@ def main() -> int:
     parser.add_argument("--apply", action="store_true", help="write the changes to the project")
     parser.add_argument("--report", type=Path, help="report directory (default: in the run's)")
     args = parser.parse_args()
+    if not args.project.is_dir():
+        print(f"{parser.prog}: error: {args.project} is not a directory", file=sys.stderr)
+        return 2
     configure_logging(0, as_json=False)
     before = tree_digest(args.project)
     print(f"== demo pipeline {PIPELINE.name} on {args.project}", flush=True)
@@ -74,6 +90,9 @@ def main() -> int:
         run = run_pipeline_sync(
             PIPELINE, cwd=args.project, policy="trusted", apply=args.apply, on_event=view
         )
+    except UsageError as e:  # refused input: one line, as the command line does
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 2
     finally:
         if view is not None:
             view.close()
@@ -100,6 +119,10 @@ def main() -> int:
         print(
             f"the project is {'untouched' if untouched else 'CHANGED (unexpected!)'}; "
             f"apply the changes with: {command} apply {run.run_id}"
+        )
+        print(
+            "or run the demo on a copy of the project and write its changes there: "
+            f"{python_command()} {_shown(HERE / 'demo.py')} --project COPY --apply"
         )
         if hint:
             print(hint)

@@ -52,7 +52,7 @@ def docs(rename: object, ctx: StepContext) -> str:
         )
     return (
         'replace "The colour of" with "The badge colour of" in README.md\n'
-        'append "- Renamed calc_total to compute_total.\\n" to CHANGES.md\n'
+        'append "- Renamed calc_total to compute_total." to CHANGES.md\n'
     )
 
 

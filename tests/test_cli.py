@@ -213,13 +213,8 @@ async def test_prompt_json_reports_every_field(project: Path) -> None:
     assert result["stopReason"] == "end_turn"
     title = "Replace 'colour' with 'color' in **/*.md"
     assert result["text"] == f"Done.\n- {title}: README.md (permission refused)\n"
+    # CHANGES.md matches too but has no "colour": no tool call
     assert result["toolCalls"] == [
-        {
-            "toolCallId": "call-0-CHANGES.md",
-            "title": f"{title} (CHANGES.md)",
-            "kind": "edit",
-            "status": "completed",
-        },
         {
             "toolCallId": "call-0-README.md",
             "title": f"{title} (README.md)",
@@ -279,7 +274,7 @@ async def test_policy_edit_lets_the_demo_edit(project: Path, apply: bool) -> Non
     assert Path(result["patch"]).is_file()
     expected = readme.replace("colour", "color") if apply else readme
     assert (project / "README.md").read_text("utf-8") == expected
-    assert result["toolCalls"][1]["status"] == "completed"
+    assert [c["status"] for c in result["toolCalls"]] == ["completed"]
 
 
 async def test_prompt_streams_text_without_json(project: Path) -> None:

@@ -17,6 +17,7 @@ from orchestrator.agent.services import (
     ClientServices,
     SessionContext,
 )
+from orchestrator.agent.turn import TurnResult
 from orchestrator.agents import resolve_agent
 from orchestrator.demo.agent import HELP
 from orchestrator.errors import ResourceNotFound
@@ -139,8 +140,8 @@ async def test_tool_calls_carry_diffs_and_permissions_one_per_edit(project: Path
             session = await conn.new_session(project)
             result = await session.prompt(EVERY_INSTRUCTION)
     calls = result.tool_calls
+    # NOTES.md matches *.md but has no "colour": read, not announced, no permission asked
     assert list(calls) == [
-        "call-0-NOTES.md",
         "call-0-README.md",
         "call-1-src/app.py",
         "call-2-NOTES.md",
@@ -148,8 +149,6 @@ async def test_tool_calls_carry_diffs_and_permissions_one_per_edit(project: Path
         "call-4-junk.txt",
         "call-5-run",
     ]
-    # NOTES.md has no "colour": nothing to change, no permission asked, no diff
-    assert (calls["call-0-NOTES.md"].status, calls["call-0-NOTES.md"].diffs()) == ("completed", [])
     edits = {
         "call-0-README.md": (
             "README.md",
@@ -240,3 +239,122 @@ async def test_cancel_stops_between_instructions(project: Path) -> None:
     assert list(result.tool_calls) == ["call-0-a.txt"]
     assert result.plan is not None
     assert [e.status for e in result.plan] == ["completed", "in_progress"]
+
+
+async def prompt_demo(project: Path, text: str, fs: DirFs | None = None) -> TurnResult:
+    """One turn of the demo agent on ``project``, every permission allowed."""
+    services = ClientServices(fs=fs or DirFs(project), permission=AllowOnce(rule="allow-all"))
+    with trio.fail_after(LIMIT):
+        async with demo_agent(project, services) as conn:
+            session = await conn.new_session(project)
+            return await session.prompt(text)
+
+
+async def test_a_missing_file_is_reported_and_the_turn_goes_on(project: Path) -> None:
+    """delete or append of a missing file is answered per instruction; the others still run."""
+    result = await prompt_demo(
+        project,
+        'append "first" to NOTES.md\n'
+        "delete nope.txt\n"
+        'append "x" to missing/dir/file.md\n'
+        'append "last" to NOTES.md\n',
+    )
+    assert result.stop_reason == "end_turn"
+    assert result.text == (
+        "Done.\n"
+        "- Append a line to NOTES.md: NOTES.md\n"
+        "- Delete nope.txt: nope.txt does not exist\n"
+        "- Append a line to missing/dir/file.md: missing/dir/file.md does not exist\n"
+        "- Append a line to NOTES.md: NOTES.md\n"
+    )
+    assert (project / "NOTES.md").read_text("utf-8") == "notes\nfirst\nlast\n"
+    assert not (project / "missing").exists()
+    assert list(result.tool_calls) == ["call-0-NOTES.md", "call-3-NOTES.md"]
+
+
+async def test_an_error_answer_of_the_client_is_reported_and_the_turn_goes_on(
+    project: Path, tmp_path: Path
+) -> None:
+    """A file the client refuses to read is named with the client's error; the turn goes on."""
+    outside = tmp_path / "outside.md"
+    outside.write_text("colour\n", "utf-8")
+    (project / "link.md").symlink_to(outside)  # the fs service refuses what leads outside
+    result = await prompt_demo(
+        project, 'replace "colour" with "color" in *.md\nappend "more" to NOTES.md'
+    )
+    assert result.stop_reason == "end_turn"
+    assert (
+        f"- Replace 'colour' with 'color' in *.md: "
+        f"README.md, link.md (not read: {project / 'link.md'} is outside {project})\n"
+    ) in result.text
+    assert "- Append a line to NOTES.md: NOTES.md\n" in result.text
+    assert outside.read_text("utf-8") == "colour\n"
+    assert (project / "NOTES.md").read_text("utf-8") == "notes\nmore\n"
+
+
+async def test_double_star_alone_matches_every_file(project: Path) -> None:
+    """``**`` (alone or at the end of a GLOB) matches every file below, as documented."""
+    (project / "src" / "colour.txt").write_text("colour\n", "utf-8")
+    result = await prompt_demo(
+        project, 'replace "colour" with "color" in **\nreplace "notes" with "NOTES" in src/**'
+    )
+    assert result.text == (
+        "Done.\n"
+        "- Replace 'colour' with 'color' in **: README.md, src/colour.txt\n"
+        "- Replace 'notes' with 'NOTES' in src/**: nothing changed in the 2 matching files\n"
+    )
+    assert (project / "src" / "colour.txt").read_text("utf-8") == "color\n"
+
+
+async def test_files_an_edit_leaves_alone_are_no_tool_calls(project: Path) -> None:
+    """Only files the edit changes are announced, asked about and written; none: nothing changed."""
+    fs = DirFs(project)
+    result = await prompt_demo(
+        project, 'replace "colour" with "color" in **/*\nrename nothing_here to x in **/*.py', fs
+    )
+    assert list(result.tool_calls) == ["call-0-README.md"]
+    assert [p.tool_call_id for p in result.permissions] == ["call-0-README.md"]
+    assert fs.writes == ["README.md"]
+    assert "- Rename nothing_here to x in **/*.py: nothing changed in the 1 matching file\n" in (
+        result.text
+    )
+
+
+async def test_malformed_instruction_lines_are_answered_not_understood(project: Path) -> None:
+    """A line starting with an instruction word that does not parse gets "not understood"
+    with its reason, in its place; prose is ignored; the understood lines run."""
+    result = await prompt_demo(
+        project,
+        "Please do this.\n"
+        "rename a b to c in *.md\n"
+        "rename old_name to 1abc in src/*.py\n"
+        'append "oops to NOTES.md\n'
+        "replace '' with 'x' in README.md\n"
+        'append "done" to NOTES.md\n',
+    )
+    lines = result.text.splitlines()
+    assert lines[0] == "Done."
+    assert lines[1].startswith(
+        "- not understood: rename a b to c in *.md (expected 'to' after OLD, found 'b'; "
+        "the form is: rename OLD to NEW in GLOB)"
+    )
+    assert lines[2].startswith("- not understood: rename old_name to 1abc in src/*.py ('1abc'")
+    assert lines[3].startswith('- not understood: append "oops to NOTES.md (a " quote')
+    assert lines[4].startswith("- not understood: replace '' with 'x' in README.md (the text")
+    assert lines[5] == "- Append a line to NOTES.md: NOTES.md"
+    assert result.thoughts == "1 instruction(s). 4 line(s) not understood."
+    assert (project / "README.md").read_text("utf-8").startswith("The colour is green.")
+    assert (project / "NOTES.md").read_text("utf-8") == "notes\ndone\n"
+    assert result.plan is not None
+    assert [e.content for e in result.plan] == ["Append a line to NOTES.md"]
+
+
+async def test_only_lines_not_understood_get_them_answered_and_the_help(project: Path) -> None:
+    """With no instruction understood, the answer names the lines, then the help text."""
+    result = await prompt_demo(project, "delete two words")
+    assert result.text == (
+        "Nothing done.\n"
+        "- not understood: delete two words (unexpected 'words' after PATH; "
+        "the form is: delete PATH)\n\n" + HELP
+    )
+    assert result.tool_calls == {}

@@ -244,7 +244,7 @@ def test_readme_example_runs_as_written(block: Block, copy: Path) -> None:
 
 def test_the_demo_names_a_runnable_orchestrator_when_it_is_not_on_path(copy: Path) -> None:
     """Run by ``.venv/bin/python`` with the venv not active, the demo's last lines say how to
-    run ``orchestrator``: by its path, or after activating the venv."""
+    run ``orchestrator`` and the demo: by their paths, or after activating the venv."""
     done = subprocess.run(
         [".venv/bin/python", "examples/demo.py"],
         cwd=copy,
@@ -254,14 +254,18 @@ def test_the_demo_names_a_runnable_orchestrator_when_it_is_not_on_path(copy: Pat
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    last = done.stdout.splitlines()[-2:]
+    last = done.stdout.splitlines()[-3:]
     assert re.fullmatch(
         r"the project is untouched; apply the changes with: "
         r"\.venv/bin/orchestrator apply [0-9a-f]+",
         last[0],
     ), last
-    assert "`. .venv/bin/activate`" in last[1]
-    assert "pipx install ." in last[1]
+    assert last[1] == (
+        "or run the demo on a copy of the project and write its changes there: "
+        ".venv/bin/python examples/demo.py --project COPY --apply"
+    )
+    assert "`. .venv/bin/activate`" in last[2]
+    assert "pipx install ." in last[2]
 
 
 def test_blocks_and_markers_are_read_as_documented() -> None:

@@ -406,16 +406,17 @@ async def _cmd_prompt(args: argparse.Namespace) -> int:
         if run.turn.text and not run.turn.text.endswith("\n"):
             sys.stdout.write("\n")
         say(f"[{run.agent.name}: {run.turn.stop_reason}]", file=sys.stderr)
-        _report_changes(run)
+        _report_changes(run, args.cwd)
         say_default_policy_note(run.default_rejections, sys.stderr)
     if run.exit_code:
         return run.exit_code
     return EXIT_OK if run.turn.stop_reason == "end_turn" else EXIT_FAILED
 
 
-def _report_changes(run: Any) -> None:
+def _report_changes(run: Any, workspace: str) -> None:
     """What the agent changed, and whether it reached the workspace (human output, stderr)."""
     from .._names import display_name, display_names
+    from ..runs.git_apply import git_apply_command
 
     if not run.changes:
         say("no file changed", file=sys.stderr)
@@ -459,7 +460,7 @@ def _report_changes(run: Any) -> None:
     else:
         say(
             f"not applied; to apply: orchestrator apply {run.run_id} "
-            f"(or git apply {patch} in the workspace)",
+            f"(or {git_apply_command(workspace, patch)})",
             file=sys.stderr,
         )
 

@@ -3,6 +3,14 @@
 from __future__ import annotations
 
 from .agent import DemoAgent, serve_demo_agent
-from .instructions import Instruction, apply_edit, parse_instructions
+from .instructions import Instruction, NotUnderstood, apply_edit, parse_instructions, parse_prompt
 
-__all__ = ["DemoAgent", "Instruction", "apply_edit", "parse_instructions", "serve_demo_agent"]
+__all__ = [
+    "DemoAgent",
+    "Instruction",
+    "NotUnderstood",
+    "apply_edit",
+    "parse_instructions",
+    "parse_prompt",
+    "serve_demo_agent",
+]

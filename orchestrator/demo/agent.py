@@ -1,11 +1,13 @@
 """The demo agent: a small, deterministic ACP agent that does real work without a model.
 
 It follows the instructions of :mod:`orchestrator.demo.instructions` written in the prompt.
-For every file it edits it reports a tool call, asks permission, reads the file through
-``fs/read_text_file`` when the client offers it, and writes the result back through
-``fs/write_text_file``; files it creates it writes to disk itself, as many real agents do. It
-runs commands through the client's terminal. It is a demonstration and a test partner, not an
-AI: it understands nothing beyond those instructions.
+It reads each file an instruction matches through ``fs/read_text_file`` when the client offers
+it; for every file the instruction changes it reports a tool call, asks permission, and writes
+the result back through ``fs/write_text_file``; files it creates it writes to disk itself, as
+many real agents do. It runs commands through the client's terminal. Its answer says, per
+instruction, what changed or why not (a missing file, a refused permission, the client's error
+answer, a line not understood); one that cannot be done does not stop the others. It is a
+demonstration and a test partner, not an AI: it understands nothing beyond those instructions.
 
 Run it as ``python -m orchestrator.demo`` (ACP over stdin/stdout).
 """
@@ -22,7 +24,7 @@ from attrs import define, field
 from .._log import get_logger
 from ..errors import InvalidParams, JsonRpcError
 from ..jsonrpc.connection import JsonRpcConnection
-from .instructions import Instruction, apply_edit, parse_instructions
+from .instructions import Instruction, NotUnderstood, apply_edit, parse_prompt
 
 __all__ = ["DemoAgent", "serve_demo_agent"]
 
@@ -170,43 +172,63 @@ class DemoAgent:
         text = "\n".join(
             b.get("text", "") for b in params.get("prompt", []) if b.get("type") == "text"
         )
-        instructions = parse_instructions(text)
-        if not instructions:
+        lines = parse_prompt(text)
+        instructions = [line for line in lines if isinstance(line, Instruction)]
+        if not lines:
             await self._say(session, HELP)
             return {"stopReason": "end_turn"}
+        thought = f"{len(instructions)} instruction(s)."
+        if len(lines) > len(instructions):
+            thought += f" {len(lines) - len(instructions)} line(s) not understood."
         await self._update(
             session,
             {
                 "sessionUpdate": "agent_thought_chunk",
-                "content": {"type": "text", "text": f"{len(instructions)} instruction(s)."},
+                "content": {"type": "text", "text": thought},
             },
         )
-        await self._plan(session, instructions, done=0)
+        if instructions:
+            await self._plan(session, instructions, done=0)
         summary: list[str] = []
-        for i, instruction in enumerate(instructions):
+        i = 0  # the instruction's index, as in the plan and the tool call ids
+        for line in lines:
             if session.cancelled:
                 return {"stopReason": "cancelled"}
-            summary.append(await self._run(session, i, instruction))
-            await self._plan(session, instructions, done=i + 1)
+            if isinstance(line, NotUnderstood):
+                summary.append(line.describe())
+                continue
+            summary.append(await self._run(session, i, line))
+            i += 1
+            await self._plan(session, instructions, done=i)
         if session.cancelled:
             return {"stopReason": "cancelled"}
         done = f"Done (model {session.model}, mode {session.mode})." if session.chosen else "Done."
-        await self._say(session, done + "\n" + "\n".join(f"- {s}" for s in summary) + "\n")
+        if not instructions:
+            done = "Nothing done."
+        answer = done + "\n" + "\n".join(f"- {s}" for s in summary) + "\n"
+        await self._say(session, answer if instructions else f"{answer}\n{HELP}")
         used = sum(len(s) for s in summary) + len(text)
         await self._update(session, {"sessionUpdate": "usage_update", "used": used, "size": 200000})
         return {"stopReason": "end_turn"}
 
     async def _run(self, session: _Session, index: int, instruction: Instruction) -> str:
+        """Carry out one instruction; the answer's line for it (what changed, or why not)."""
+        head = instruction.describe()
         if session.mode == "plan":
-            return f"{instruction.describe()}: planned, not done (plan mode)"
+            return f"{head}: planned, not done (plan mode)"
         if instruction.op == "run":
             return await self._run_command(session, index, instruction)
-        if instruction.op in ("create", "delete"):
-            paths = [session.cwd / instruction.target]
+        if instruction.op in ("create", "delete", "append"):
+            path = session.cwd / instruction.target
+            # append and delete need the file (create makes new files)
+            if instruction.op != "create" and not path.is_file():
+                what = "is not a file" if path.exists() else "does not exist"
+                return f"{head}: {instruction.target} {what}"
+            paths = [path]
         else:
-            paths = sorted(p for p in session.cwd.glob(instruction.target) if p.is_file())
+            paths = _glob(session.cwd, instruction.target)
             if not paths:
-                return f"{instruction.describe()}: no file matches"
+                return f"{head}: no file matches"
         changed = []
         for path in paths:
             if session.cancelled:
@@ -214,14 +236,38 @@ class DemoAgent:
             result = await self._edit_file(session, index, instruction, path)
             if result:
                 changed.append(result)
-        return f"{instruction.describe()}: " + (
-            ", ".join(changed) if changed else "nothing changed"
-        )
+        if changed:
+            return f"{head}: " + ", ".join(changed)
+        if instruction.op in ("create", "delete", "append"):
+            return f"{head}: nothing changed"
+        return f"{head}: nothing changed in the {len(paths)} matching file{'s' * (len(paths) > 1)}"
 
     async def _edit_file(
         self, session: _Session, index: int, instruction: Instruction, path: Path
     ) -> str | None:
+        """Edit one file: its line in the answer, or None when the edit leaves it as it is.
+
+        The file is read first, so a file the edit leaves unchanged is not announced as a tool
+        call. An error answer of the client (a file it cannot read or write) is reported in
+        the answer, and the turn goes on.
+        """
         rel = os.path.relpath(path, session.cwd)
+        old = None
+        if instruction.op != "create" or path.is_file():
+            try:
+                old = await self._read(session, path)
+            except JsonRpcError as e:
+                return f"{rel} (not read: {e.message})"
+            except (OSError, UnicodeDecodeError) as e:
+                return f"{rel} (not read: {e})"
+        if instruction.op == "delete":
+            new = None
+        elif instruction.op == "create":
+            new = instruction.new
+        else:
+            new = apply_edit(instruction, old or "")
+        if old == new:
+            return None
         call_id = f"call-{index}-{rel}"
         kind = "delete" if instruction.op == "delete" else "edit"
         await self._update(
@@ -236,31 +282,19 @@ class DemoAgent:
                 "rawInput": {"path": str(path)},
             },
         )
-        old = None if instruction.op == "create" else await self._read(session, path)
-        if instruction.op == "delete":
-            new = None
-        elif instruction.op == "create":
-            new = instruction.new
-        else:
-            new = apply_edit(instruction, old or "")
-        if old == new:
-            await self._tool_status(session, call_id, "completed")
-            return None
         allowed = await self._ask(session, call_id, instruction, rel, path)
         if not allowed:
             await self._tool_status(session, call_id, "failed")
             return f"{rel} (permission refused)"
         await self._tool_status(session, call_id, "in_progress")
-        if new is None:
-            path.unlink(missing_ok=True)
-        elif instruction.op == "create" or not self._fs("writeTextFile"):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(new, encoding="utf-8")  # behind the client's back, on purpose
-        else:
-            await self.rpc.request(
-                "fs/write_text_file",
-                {"sessionId": session.session_id, "path": str(path), "content": new},
-            )
+        try:
+            await self._write(session, instruction, path, new)
+        except JsonRpcError as e:
+            await self._tool_status(session, call_id, "failed")
+            return f"{rel} (not written: {e.message})"
+        except OSError as e:
+            await self._tool_status(session, call_id, "failed")
+            return f"{rel} (not written: {e.strerror or e})"
         diff = {"type": "diff", "path": str(path), "oldText": old, "newText": new or ""}
         await self._update(
             session,
@@ -272,6 +306,21 @@ class DemoAgent:
             },
         )
         return rel
+
+    async def _write(
+        self, session: _Session, instruction: Instruction, path: Path, new: str | None
+    ) -> None:
+        """Write ``new`` to ``path`` (None: delete it)."""
+        if new is None:
+            path.unlink(missing_ok=True)
+        elif instruction.op == "create" or not self._fs("writeTextFile"):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(new, encoding="utf-8")  # behind the client's back, on purpose
+        else:
+            await self.rpc.request(
+                "fs/write_text_file",
+                {"sessionId": session.session_id, "path": str(path), "content": new},
+            )
 
     async def _ask(
         self, session: _Session, call_id: str, instruction: Instruction, rel: str, path: Path
@@ -395,6 +444,19 @@ class DemoAgent:
             for i, ins in enumerate(instructions)
         ]
         await self._update(session, {"sessionUpdate": "plan", "entries": entries})
+
+
+def _glob(root: Path, pattern: str) -> list[Path]:
+    """The files under ``root`` that ``pattern`` matches, sorted.
+
+    ``**`` at the end matches every file below (pathlib's own ``**`` matches directories only).
+    """
+    if pattern == "**" or pattern.endswith("/**"):
+        pattern += "/*"
+    try:
+        return sorted(p for p in root.glob(pattern) if p.is_file())
+    except ValueError:  # a pattern pathlib refuses, such as "a/**b/**"
+        return []
 
 
 async def serve_demo_agent(stream: trio.abc.Stream) -> None:
