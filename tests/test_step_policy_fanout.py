@@ -2,8 +2,8 @@
 
 A step with several agents, or with ``over=``, runs instances keyed ``plan[a]``, ``work[0]``,
 ``work[a/0]``; a policy given to the step (``policy="deny-all"``), or a policy file's
-``[steps.NAME]`` table, is scoped by the step's name and applies to each of them, retried
-attempts included, as it does to a step of one agent.
+``[steps.NAME]`` table and its ``[[elicitation]]`` rules with ``steps``, are scoped by the
+step's name and apply to each of them, retried attempts included, as to a step of one agent.
 """
 
 from __future__ import annotations
@@ -12,7 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from run_helpers import CLI, as_json, run_cli
+from run_helpers import CLI, as_json, configure, record_events, run_cli, write_agent
+
+from orchestrator.testing import Say, Turn
+from orchestrator.testing.script import Request
 
 through_cli = pytest.mark.skipif(not CLI.is_file(), reason=f"console script {CLI} not installed")
 
@@ -44,9 +47,7 @@ def plan(xs: object, ctx: object) -> str:
 """
 
 
-def pipeline(
-    directory: Path, shape: str, policy: str | None, *, fail_first: bool = False
-) -> Path:
+def pipeline(directory: Path, shape: str, policy: str | None, *, fail_first: bool = False) -> Path:
     """A pipeline file whose step ``plan`` fans out as ``shape`` under ``policy``."""
     path = directory / "fanout.py"
     given = f", policy={policy!r}" if policy else ""
@@ -115,7 +116,7 @@ async def test_step_preset_decides_without_a_run_policy(
             ("allow", "step:plan/edit: edit in workspace"),
             ("reject", "step:plan/edit: everything else"),
         }
-    assert result["defaultRejections"] == {"count": 0, "steps": {}}
+    assert result["defaultRejections"]["count"] == 0
     done = await run_cli("run", str(path), "--no-progress", cwd=project, state=state_dir)
     assert done.returncode == 0, done.stderr
     assert b"default policy" not in done.stdout + done.stderr
@@ -137,3 +138,43 @@ async def test_policy_file_step_table_applies_to_every_instance(
     found = decisions(as_json(done))
     assert len(found) == 8
     assert {(v, r) for _, v, r in found} == {("reject", "step:plan/read-only: everything else")}
+
+
+@pytest.mark.slow
+@through_cli
+async def test_elicitation_rules_of_a_step_answer_every_instance(
+    project: Path, state_dir: Path
+) -> None:
+    """An [[elicitation]] rule with steps = ["plan"] answers the agents of a fanned-out plan."""
+    question = {
+        "sessionId": "sess-1",
+        "mode": "form",
+        "message": "Which branch?",
+        "requestedSchema": {"type": "object", "properties": {"branch": {"type": "string"}}},
+    }
+    scripts = {
+        name: write_agent(
+            project.parent / f"{name}.json",
+            Turn((Request("elicitation/create", question), Say("ok"))),
+        )
+        for name in ("a", "b")
+    }
+    configure(project, **scripts)
+    path = project.parent / "ask.py"
+    path.write_text(
+        'from orchestrator import step\n\n\n@step(agent=["a", "b"])\n'
+        'def plan() -> str:\n    return "go"\n'
+    )
+    rules = project.parent / "answers.toml"
+    rules.write_text(
+        '[[elicitation]]\nsteps = ["plan"]\naction = "accept"\nvalues = { branch = "main" }\n'
+    )
+    done = await run_cli(
+        "run", str(path), "--policy", str(rules), "--json", cwd=project, state=state_dir
+    )
+    assert done.returncode == 0, done.stderr
+    for script in scripts.values():
+        (answer,) = [
+            e for e in record_events(script.with_suffix(".jsonl")) if e["event"] == "request"
+        ]
+        assert answer["result"] == {"action": "accept", "content": {"branch": "main"}}
