@@ -24,7 +24,10 @@ Evaluation
        when it runs and is outside, as is ``cd`` with no directory or ``-``.
     2. Scopes are searched narrowest first: the step's policies, then the agent's, then the run's.
        The first rule that matches decides (rule name ``<scope>/<rule>``).
-    3. No rule matches: reject (rule ``default``).
+    3. No rule matches: reject. The rule is named after the widest policy that was searched
+       and given (``run/ci.toml: default``, ``step:review/rules.toml: default``); ``default``
+       alone only when no policy applies at all (none given to the run, nor to the step or
+       the agent).
 
 A rule matches when every condition it sets holds (unset conditions match anything):
 
@@ -76,6 +79,7 @@ scope; rules added to a preset (:meth:`Policy.extend`) come before it.
 The TOML format (examples in ``examples/policies/``)::
 
     preset = "edit"              # run-wide preset, optional
+    name = "ci"                  # what decisions call this policy (default: the file's name)
     ask_timeout = 60             # seconds an `ask` waits for an answer
 
     [[rules]]                    # run-wide rules, tried before the preset's
@@ -157,7 +161,8 @@ Answer = Literal["allow", "allow_always", "reject", "reject_always"]
 
 #: rule name of the hard rejection of paths outside the session root
 OUTSIDE_WORKSPACE = "outside-workspace"
-#: rule name of the decision when no rule matches
+#: rule name of the decision when no rule matches and no policy was given; a given policy's
+#: own fallthrough is ``<scope>/<its name>: default``
 DEFAULT_RULE = "default"
 #: rule name (followed by ``: NAMES not allowed by RULE``) of the rejection of a command that
 #: sets a variable the deciding rule does not allow (nor :data:`FREE_ENV`)
@@ -765,15 +770,18 @@ class Policy:
     """An ordered list of rules; the first that matches decides."""
 
     rules: tuple[Rule, ...] = field(default=(), converter=_rules)
+    #: the name the policy was given by (a preset, a file's name): a request none of its rules
+    #: decides is rejected by rule ``<scope>/<source>: default``; None: not given (``default``)
+    source: str | None = None
 
     @classmethod
     def preset(cls, name: str, *extra: Rule) -> Policy:
         """A preset (see :data:`PRESETS`), with ``extra`` rules tried before its own."""
-        return cls((*extra, *_preset_rules(name)))
+        return cls((*extra, *_preset_rules(name)), source=name)
 
     def extend(self, *rules: Rule) -> Policy:
         """This policy with ``rules`` tried first."""
-        return Policy((*rules, *self.rules))
+        return Policy((*rules, *self.rules), source=self.source)
 
     def first_match(self, facts: Facts) -> Rule | None:
         """The first rule that matches, if any."""
@@ -785,7 +793,8 @@ class Evaluation:
     """The policy's verdict on one request."""
 
     verdict: RuleVerdict
-    #: the deciding rule as ``<scope>/<rule>``, or ``default`` / ``outside-workspace``
+    #: the deciding rule as ``<scope>/<rule>`` (``<scope>/<policy>: default`` when a given
+    #: policy's rules decide nothing), or ``default`` / ``outside-workspace``
     rule: str
     facts: Facts
 
@@ -823,6 +832,7 @@ class PolicySet:
         facts = analyze(query, realpath=realpath, glob=glob)
         if facts.outside:
             return Evaluation("reject", OUTSIDE_WORKSPACE, facts)
+        fallthrough = DEFAULT_RULE
         for scope, policy in self.scopes(query.agent, query.step):
             rule = policy.first_match(facts)
             if rule is not None:
@@ -832,7 +842,10 @@ class PolicySet:
                     reason = f"{', '.join(refused)} not allowed by {label}"
                     return Evaluation("reject", f"{COMMAND_ENVIRONMENT}: {reason}", facts)
                 return Evaluation(rule.verdict, label, facts)
-        return Evaluation("reject", DEFAULT_RULE, facts)
+            if policy.source is not None:
+                # a given policy decided nothing: its own end, not "no policy at all"
+                fallthrough = f"{scope}/{policy.source}: {DEFAULT_RULE}"
+        return Evaluation("reject", fallthrough, facts)
 
     @classmethod
     def resolve(cls, policy: str | os.PathLike[str] | PolicySet | None) -> PolicySet:
@@ -858,8 +871,10 @@ class PolicySet:
         if kind not in ("step", "agent") or not name:
             raise ValueError(f"scope must be step:NAME or agent:NAME, not {scope!r}")
         table = dict(self.steps if kind == "step" else self.agents)
-        rules = (*table[name].rules, *policy.run.rules) if name in table else policy.run.rules
-        table[name] = Policy(rules)
+        mine = table.get(name)
+        rules = (*mine.rules, *policy.run.rules) if mine is not None else policy.run.rules
+        source = policy.run.source or (mine.source if mine is not None else None)
+        table[name] = Policy(rules, source=source)
         if kind == "step":
             return attrs.evolve(self, steps=table)
         return attrs.evolve(self, agents=table)
@@ -870,6 +885,8 @@ class PolicySet:
         What a run records of its policy, so that a resumed run decides as the first attempt did.
         """
         out: dict[str, Any] = {"rules": [_rule_table(r) for r in self.run.rules]}
+        if self.run.source is not None:
+            out["name"] = self.run.source
         for key, scoped in (("agents", self.agents), ("steps", self.steps)):
             if scoped:
                 out[key] = {
@@ -903,7 +920,7 @@ class PolicySet:
     @classmethod
     def from_preset(cls, name: str) -> PolicySet:
         """A run-wide preset."""
-        return cls(run=Policy.preset(name))
+        return cls(run=Policy.preset(name))  # its fallthrough: the preset's catch-all
 
     @classmethod
     def load(cls, spec: str | Path) -> PolicySet:
@@ -924,21 +941,32 @@ class PolicySet:
             raise UsageError(f"cannot read policy {path}: {exc}") from exc
         except RecursionError:  # the parser recurses once per level of arrays and tables
             raise UsageError(f"cannot read policy {path}: values nested too deeply") from None
-        return cls.from_mapping(data, source=str(path))
+        return cls.from_mapping(data, source=str(path), name=Path(path).name)
 
     @classmethod
-    def from_mapping(cls, data: Mapping[str, Any], *, source: str = "policy") -> PolicySet:
-        """Build from the parsed TOML document (or an equal dict)."""
+    def from_mapping(
+        cls, data: Mapping[str, Any], *, source: str = "policy", name: str | None = None
+    ) -> PolicySet:
+        """Build from the parsed TOML document (or an equal dict).
+
+        ``source`` names it in errors; its ``name`` key, else ``name``, in decisions (see
+        :attr:`Policy.source`).
+        """
         _check_keys(
-            data, {"preset", "rules", "agents", "steps", "ask_timeout", "elicitation"}, source
+            data,
+            {"name", "preset", "rules", "agents", "steps", "ask_timeout", "elicitation"},
+            source,
         )
+        given = data.get("name", name)
+        if given is not None and (not isinstance(given, str) or not given.strip()):
+            raise UsageError(f"{source}: name must be a non-empty string")
         scoped: dict[str, dict[str, Policy]] = {"agents": {}, "steps": {}}
         for key, policies in scoped.items():
             tables = data.get(key, {})
             if not isinstance(tables, Mapping):
                 raise UsageError(f"{source}: [{key}] must be a table of tables")
             for name, table in tables.items():
-                policies[name] = _policy(table, f"{source}: [{key}.{name}]")
+                policies[name] = _policy(table, f"{source}: [{key}.{name}]", given)
         elicitation = data.get("elicitation", [])
         if not isinstance(elicitation, list) or not all(isinstance(t, dict) for t in elicitation):
             raise UsageError(f"{source}: elicitation must be an array of tables")
@@ -954,7 +982,7 @@ class PolicySet:
                 f"got {timeout!r}"
             )
         return cls(
-            run=_policy(data, source, top=True),
+            run=_policy(data, source, given, top=True),
             agents=scoped["agents"],
             steps=scoped["steps"],
             elicitation=tuple(elicitation),
@@ -977,7 +1005,7 @@ def _check_keys(table: Any, allowed: set[str], where: str) -> None:
         raise UsageError(f"{where}: unknown keys {unknown}; allowed: {sorted(allowed)}")
 
 
-def _policy(table: Any, where: str, *, top: bool = False) -> Policy:
+def _policy(table: Any, where: str, name: str | None, *, top: bool = False) -> Policy:
     if not top:
         _check_keys(table, {"preset", "rules"}, where)
     rules = table.get("rules", [])
@@ -986,10 +1014,10 @@ def _policy(table: Any, where: str, *, top: bool = False) -> Policy:
     parsed = [_rule(rule, f"{where} rules[{i}]") for i, rule in enumerate(rules)]
     preset = table.get("preset")
     if preset is None:
-        return Policy(parsed)
+        return Policy(parsed, source=name)
     if not isinstance(preset, str):
         raise UsageError(f"{where}: preset must be a string")
-    return Policy.preset(preset, *parsed)
+    return Policy(Policy.preset(preset, *parsed).rules, source=name)
 
 
 def _rule_table(rule: Rule) -> dict[str, Any]:

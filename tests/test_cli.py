@@ -201,7 +201,12 @@ async def test_prompt_json_reports_every_field(project: Path) -> None:
         "defaultRejections",
     }
     assert result["sandbox"] is None  # not confined unless asked
-    assert result["defaultRejections"] == {"count": 1, "steps": {"prompt": 1}}
+    assert result["defaultRejections"] == {
+        "count": 1,
+        "steps": {"prompt": 1},
+        "reused": 0,
+        "scoped": False,
+    }
     assert result["cut"] is None  # the run store keeps the whole turn
     # the demo's edit was refused by the default policy: nothing changed anywhere
     assert (result["changes"], result["diff"], result["applied"]) == ([], "", False)

@@ -32,8 +32,15 @@ ONE = (
     "1 permission request was rejected by the default policy (no policy was given); "
     "--policy edit allows edits"
 )
-TWO = ONE.replace("1 permission request was", "2 permission requests were")
-NONE = {"count": 0, "steps": {}}
+#: the line of a run some of whose steps (or agents) name a policy of their own
+SCOPED = ONE.replace("(no policy was given)", "(no policy was given to the run, nor to step edit)")
+#: the line of a resumed run whose rejections are all in the instances it reused
+REUSED = (
+    "1 permission request was rejected by the default policy in steps reused from an earlier"
+    " attempt of the run, which was given no policy; they keep their recorded result (a new run"
+    " asks again)"
+)
+NONE = {"count": 0, "steps": {}, "reused": 0, "scoped": False}
 
 PIPELINE = """\
 from orchestrator import step
@@ -106,7 +113,12 @@ async def test_prompt_says_the_default_policy_rejected_requests(
     done = await run_cli("prompt", "--agent", "demo", "--json", EDIT, cwd=colour, state=state_dir)
     result = as_json(done)
     check(result)
-    assert result["defaultRejections"] == {"count": 1, "steps": {"prompt": 1}}
+    assert result["defaultRejections"] == {
+        "count": 1,
+        "steps": {"prompt": 1},
+        "reused": 0,
+        "scoped": False,
+    }
     assert [p["rule"] for p in result["permissions"]] == ["default"]
 
 
@@ -155,7 +167,10 @@ async def test_compare_counts_per_agent_and_reports_it(
         cwd=colour, state=state_dir,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert ending(done, r"run [0-9a-f]{12}: succeeded")[-1] == TWO
+    assert ending(done, r"run [0-9a-f]{12}: succeeded")[-1] == (
+        "2 permission requests were rejected by the default policy (no policy was given to the"
+        " run, nor to agents demo, other); --policy edit allows edits"
+    )
     html, markdown = (report / "report.html").read_text(), (report / "report.md").read_text()
     notice = "2 permission requests were rejected by the default policy (no policy was given"
     assert f'<p class="notice" role="note">{notice}' in html
@@ -166,6 +181,8 @@ async def test_compare_counts_per_agent_and_reports_it(
     assert result["defaultRejections"] == {
         "count": 2,
         "steps": {"compare[demo]": 1, "compare[other]": 1},
+        "reused": 0,
+        "scoped": True,
     }
     shown = as_json(await run_cli("show", "--json", result["runId"], cwd=colour, state=state_dir))
     assert shown["defaultRejections"] == result["defaultRejections"]
@@ -196,19 +213,25 @@ async def test_compare_with_a_policy_says_nothing(
 @pytest.mark.slow
 @through_cli
 async def test_run_counts_only_the_steps_without_a_policy(colour: Path, state_dir: Path) -> None:
-    """run: the step that names a policy is not counted; the line ends the output."""
+    """run: the step that names a policy is not counted; the line ends the output and names
+    the step that had no policy."""
     pipeline = colour.parent / "pipe.py"
     pipeline.write_text(PIPELINE)
     args = ("run", str(pipeline), "--set", f"task={EDIT}")
     done = await run_cli(*args, "--no-progress", cwd=colour, state=state_dir)
     assert done.returncode == 0, done.stderr
-    assert ending(done, r"run [0-9a-f]{12}: succeeded")[-1] == ONE
+    assert ending(done, r"run [0-9a-f]{12}: succeeded")[-1] == SCOPED
     result = as_json(await run_cli(*args, "--json", cwd=colour, state=state_dir))
     check(result)
     assert [p["rule"] for p in result["steps"]["check"]["instances"]["check"]["permissions"]] == [
         "step:check/read-only: everything else"
     ]
-    assert result["defaultRejections"] == {"count": 1, "steps": {"edit": 1}}
+    assert result["defaultRejections"] == {
+        "count": 1,
+        "steps": {"edit": 1},
+        "reused": 0,
+        "scoped": True,
+    }
     done = await run_cli(*args, "--policy", "edit", "--json", cwd=colour, state=state_dir)
     assert as_json(done)["defaultRejections"] == NONE
 
@@ -216,7 +239,8 @@ async def test_run_counts_only_the_steps_without_a_policy(colour: Path, state_di
 @pytest.mark.slow
 @through_cli
 async def test_resume_says_it_too(colour: Path, state_dir: Path) -> None:
-    """resume: the rejections of the reused instance still count, in text and --json."""
+    """resume: the rejections of the reused instance still count, in text and --json, as
+    reused ones: no option is offered, as resuming reuses them again."""
     pipeline, gate = colour.parent / "gated.py", colour.parent / "gate"
     pipeline.write_text(GATED)
     done = await run_cli(
@@ -228,10 +252,114 @@ async def test_resume_says_it_too(colour: Path, state_dir: Path) -> None:
     gate.touch()
     done = await run_cli("resume", "--no-progress", run_id, cwd=colour, state=state_dir)
     assert done.returncode == 0, done.stderr
-    assert ending(done, f"run {run_id}: succeeded")[-1] == ONE
+    assert ending(done, f"run {run_id}: succeeded")[-1] == REUSED
     result = as_json(await run_cli("resume", "--json", run_id, cwd=colour, state=state_dir))
     check(result)
-    assert result["defaultRejections"] == {"count": 1, "steps": {"edit": 1}}
+    assert result["defaultRejections"] == {
+        "count": 1,
+        "steps": {"edit": 1},
+        "reused": 1,
+        "scoped": False,
+    }
+
+
+@pytest.mark.slow
+@through_cli
+async def test_resume_with_a_policy_offers_no_option_it_was_given(
+    colour: Path, state_dir: Path
+) -> None:
+    """resume --policy edit of a prompt made without one: the reused turn's rejection is said
+    to keep its recorded result, and --policy edit is not offered again."""
+    done = await run_cli("prompt", "--agent", "demo", "--json", EDIT, cwd=colour, state=state_dir)
+    run_id = as_json(done)["runId"]
+    done = await run_cli(
+        "resume", "--no-progress", run_id, "--policy", "edit", cwd=colour, state=state_dir
+    )
+    assert done.returncode == 0, done.stderr
+    err = done.stderr.decode()
+    assert "replaced by this resume: policy" in err
+    assert err.splitlines()[-1] == REUSED
+    assert "--policy edit" not in err
+    result = as_json(
+        await run_cli("resume", "--json", run_id, "--policy", "edit", cwd=colour, state=state_dir)
+    )
+    check(result)
+    assert result["defaultRejections"] == {
+        "count": 1,
+        "steps": {"prompt": 1},
+        "reused": 1,
+        "scoped": False,
+    }
+
+
+@pytest.mark.slow
+@through_cli
+async def test_resume_counts_the_latest_attempt_of_an_instance_run_again(
+    colour: Path, state_dir: Path
+) -> None:
+    """An instance a resume runs again counts its new rejections, not its earlier attempt's,
+    and with the option, since a policy given to a resume would decide them."""
+    gate = colour.parent / "gate"
+    done = await run_cli(
+        "compare", "--json", "--agent", "demo", "--verify", f"test -e {gate}", EDIT,
+        cwd=colour, state=state_dir,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    run_id = as_json(done)["runId"]
+    gate.touch()
+    done = await run_cli("resume", "--no-progress", run_id, cwd=colour, state=state_dir)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.decode().splitlines()[-1] == ONE
+    result = as_json(await run_cli("show", "--json", run_id, cwd=colour, state=state_dir))
+    assert result["defaultRejections"] == {
+        "count": 1,
+        "steps": {"compare[demo]": 1},
+        "reused": 0,
+        "scoped": False,
+    }
+
+
+@pytest.mark.slow
+@through_cli
+async def test_a_given_policy_that_decides_nothing_is_not_counted(
+    colour: Path, state_dir: Path
+) -> None:
+    """A policy file whose rules match nothing rejects under a rule named after it, in the
+    run's scope or a step's, and the default policy's notice says nothing of it."""
+    nomatch = colour.parent / "nomatch.toml"
+    nomatch.write_text('[[rules]]\nname = "docs"\nverdict = "allow"\npaths = ["docs/**"]\n')
+    args = ("prompt", "--agent", "demo", "--policy", str(nomatch))
+    done = await run_cli(*args, "--json", EDIT, cwd=colour, state=state_dir)
+    result = as_json(done)
+    assert [p["rule"] for p in result["permissions"]] == ["run/nomatch.toml: default"]
+    assert result["defaultRejections"] == NONE
+    done = await run_cli(*args, EDIT, cwd=colour, state=state_dir)
+    assert done.returncode == 0, done.stderr
+    assert "default policy" not in (done.stdout + done.stderr).decode()
+    named = colour.parent / "named.toml"
+    named.write_text(f'name = "docs only"\n{nomatch.read_text()}')
+    done = await run_cli(
+        "prompt", "--agent", "demo", "--policy", str(named), "--json", EDIT,
+        cwd=colour, state=state_dir,
+    )  # fmt: skip
+    assert [p["rule"] for p in as_json(done)["permissions"]] == ["run/docs only: default"]
+    pipeline = colour.parent / "pipe.py"
+    pipeline.write_text(PIPELINE.replace('policy="read-only"', f"policy={str(nomatch)!r}"))
+    done = await run_cli(
+        "run", str(pipeline), "--json", "--set", f"task={EDIT}", cwd=colour, state=state_dir
+    )
+    result = as_json(done)
+    rules = {
+        name: [p["rule"] for i in step["instances"].values() for p in i["permissions"]]
+        for name, step in result["steps"].items()
+    }
+    assert rules == {"edit": ["default"], "check": ["step:check/nomatch.toml: default"]}
+    assert result["defaultRejections"] == {
+        "count": 1,
+        "steps": {"edit": 1},
+        "reused": 0,
+        "scoped": True,
+    }
 
 
 def test_library_results_count_default_rejections(colour: Path) -> None:
@@ -242,7 +370,12 @@ def test_library_results_count_default_rejections(colour: Path) -> None:
     assert run.default_rejections.message == (
         "1 permission request was rejected by the default policy (no policy was given)"
     )
-    assert run.to_json()["defaultRejections"] == {"count": 1, "steps": {"prompt": 1}}
+    assert run.to_json()["defaultRejections"] == {
+        "count": 1,
+        "steps": {"prompt": 1},
+        "reused": 0,
+        "scoped": False,
+    }
     edited = prompt_sync("demo", EDIT, cwd=colour, policy="edit")
     assert (edited.default_rejections.count, edited.default_rejections.message) == (0, None)
     pipeline = colour.parent / "pipe.py"
@@ -250,7 +383,16 @@ def test_library_results_count_default_rejections(colour: Path) -> None:
     outcome = run_pipeline_sync(pipeline, {"task": EDIT}, cwd=colour)
     assert outcome.default_rejections.count == 1
     assert dict(outcome.default_rejections.steps) == {"edit": 1}
-    assert outcome.result["defaultRejections"] == {"count": 1, "steps": {"edit": 1}}
+    assert outcome.default_rejections.message == (
+        "1 permission request was rejected by the default policy (no policy was given to the"
+        " run, nor to step edit)"
+    )
+    assert outcome.result["defaultRejections"] == {
+        "count": 1,
+        "steps": {"edit": 1},
+        "reused": 0,
+        "scoped": True,
+    }
 
 
 def test_report_notice_only_when_requests_were_rejected_by_default() -> None:

@@ -287,6 +287,49 @@ def test_reject_never_picks_an_allow_option(answer: Answer, kinds: list[str]) ->
         assert next(o.kind for o in options if o.option_id == choice.option_id).startswith("reject")
 
 
+def test_a_given_policy_that_decides_nothing_names_its_own_end(tmp_path: Path) -> None:
+    """A file whose rules match nothing rejects as ``run/FILE: default``, or as its ``name``
+    says; ``default`` alone stays for no policy at all."""
+    nomatch = tmp_path / "nomatch.toml"
+    nomatch.write_text('[[rules]]\nverdict = "allow"\npaths = ["docs/**"]\n')
+    read = query(claude("Read", "read", file_path=P))
+    evaluation = PolicySet.load(str(nomatch)).evaluate(read)
+    assert (evaluation.verdict, evaluation.rule) == ("reject", "run/nomatch.toml: default")
+    named = PolicySet.from_mapping({"name": "docs only", "rules": []})
+    assert named.evaluate(read).rule == "run/docs only: default"
+    assert PolicySet.from_mapping({"rules": []}).evaluate(read).rule == DEFAULT_RULE
+    with pytest.raises(UsageError, match="name must be a non-empty string"):
+        PolicySet.from_mapping({"name": 3})
+
+
+def test_the_widest_given_policy_names_the_end_of_a_narrowed_one(tmp_path: Path) -> None:
+    """A step's file narrowing no policy ends as ``step:NAME/FILE: default``; narrowing a given
+    run policy, the run's end decides the name; a step's preset never falls through."""
+    steps = tmp_path / "steps.toml"
+    steps.write_text('[[rules]]\nverdict = "allow"\npaths = ["docs/**"]\n')
+    ci = tmp_path / "ci.toml"
+    ci.write_text('name = "ci"\n')
+    read = query(with_(claude("Read", "read", file_path=P), step="plan"))
+    alone = PolicySet().narrowed("step:plan", PolicySet.load(str(steps)))
+    assert alone.evaluate(read).rule == "step:plan/steps.toml: default"
+    under_ci = PolicySet.load(str(ci)).narrowed("step:plan", PolicySet.load(str(steps)))
+    assert under_ci.evaluate(read).rule == "run/ci: default"
+    preset = PolicySet.load(str(ci)).narrowed("agent:claude", PolicySet.from_preset("deny-all"))
+    assert preset.evaluate(read).rule == "agent:claude/deny-all: everything else"
+
+
+def test_the_name_of_a_policy_is_kept_by_its_mapping(tmp_path: Path) -> None:
+    """to_mapping keeps the policy's name, so a resumed run names its end as the first did."""
+    nomatch = tmp_path / "nomatch.toml"
+    nomatch.write_text('[steps.review]\npreset = "read-only"\n')
+    policy = PolicySet.load(str(nomatch))
+    assert policy.to_mapping()["name"] == "nomatch.toml"
+    again = PolicySet.from_mapping(policy.to_mapping(), source="the recorded policy")
+    assert again == policy
+    read = query(claude("Read", "read", file_path=P))
+    assert again.evaluate(read).rule == "run/nomatch.toml: default"
+
+
 def test_allow_once_never_picks_allow_always() -> None:
     """An allow-once verdict does not grant "always" when only allow_always is offered."""
     choice = choose_option("allow", opts(("always", "allow_always"), ("no", "reject_once")))

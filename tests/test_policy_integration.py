@@ -219,13 +219,16 @@ def running_with(marker: str) -> list[int]:
 
 @pytest.mark.parametrize("form", ["python", "toml"])
 async def test_rules_pick_each_agents_own_option_ids(scratch: Path, form: str) -> None:
-    """Kind, path-glob, command-prefix and title rules answer with the agent's own option ids."""
+    """Kind, path-glob, command-prefix and title rules answer with the agent's own option ids;
+    what no rule decides is the file's own end, or ``default`` for rules given in code."""
     root = str(scratch)
     if form == "toml":
         (scratch.parent / "policy.toml").write_text(RULES_TOML, "utf-8")
         policy = PolicySet.from_toml(scratch.parent / "policy.toml")
+        end = "run/policy.toml: default"
     else:
         policy = PolicySet(run=RULES)
+        end = "default"
     service = PolicyPermissionService(policy)
     steps = (
         ask("read-1", "read", "Read README.md", path=f"{root}/README.md"),
@@ -267,10 +270,10 @@ async def test_rules_pick_each_agents_own_option_ids(scratch: Path, form: str) -
     assert audit(service.records) == [
         ("read-1", "allow", "allow", "run/read anything"),
         ("edit-src", "allow", "proceed_once", "run/python sources"),
-        ("edit-docs", "reject", "cancel", "default"),
+        ("edit-docs", "reject", "cancel", end),
         ("exec-tests", "allow", "approved", "run/run tests"),
         ("edit-config", "reject", "reject", "run/no config files"),
-        ("exec-chain", "reject", "abort", "default"),
+        ("exec-chain", "reject", "abort", end),
     ]
     assert service.records == result.permissions == session.permissions
     by_id = {r.tool_call_id: r for r in service.records}
@@ -280,7 +283,7 @@ async def test_rules_pick_each_agents_own_option_ids(scratch: Path, form: str) -
     assert {(r.agent, r.session_id) for r in service.records} == {("scripted", session.session_id)}
     rows = service.audit_json()
     assert rows == [r.to_json() for r in service.records]
-    assert [row["rule"] for row in rows][-1] == "default"
+    assert [row["rule"] for row in rows][-1] == end
 
 
 # --------------------------------------------------------------------------- escalation

@@ -87,6 +87,9 @@ def say(text: str, file: IO[str] | None = None, *, flush: bool = False) -> None:
 
 def say_default_policy_note(rejections: DefaultRejections, file: IO[str] | None = None) -> None:
     """End a run's human output with a line saying how many permission requests were rejected
-    because no policy was given, and the option that allows edits (nothing when none were)."""
-    if rejections.message:
-        say(f"{rejections.message}; --policy edit allows edits", file)
+    because no policy was given (nothing when none were), and the option that allows edits
+    when it would: not for the rejections of steps a resume reused, which keep their result."""
+    if not rejections.message:
+        return
+    advice = "; --policy edit allows edits" if rejections.fresh else ""
+    say(f"{rejections.message}{advice}", file)

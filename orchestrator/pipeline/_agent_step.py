@@ -195,8 +195,10 @@ class AgentTurns:
             sandbox=sandbox,
         ) as made:
             services = made.services
+            # the session's step is the step's name, not the instance's (``plan[a]``): what
+            # policies scope by (``step:plan``, a rule's ``steps``) in every fan-out alike
             async with self.pool.lease(
-                spec, cwd=workdir.root, services=services, step=name
+                spec, cwd=workdir.root, services=services, step=step.name
             ) as lease:
                 session = lease.session
                 # the agent's own choice (``claude:sonnet``) is more specific than the step's

@@ -178,7 +178,9 @@ async def get_run_json(
         "sandbox": options.get("sandbox"),
         # the permission requests rejected because no policy was given
         "defaultRejections": count_default_rejections(
-            await store.permissions(record.run_id), options
+            await store.permissions(record.run_id),
+            options,
+            {s.key: s.started for s in steps if s.started is not None},
         ).to_json(),
     }
     if record.kind == "prompt" and record.result:

@@ -367,6 +367,9 @@ async def run_pipeline(
                 recorded = dict((await store.get_run(run_id)).options)
                 # what confines this attempt, and what a later resume keeps
                 recorded["sandbox"] = confinement
+                # this attempt's policy, and when it began: the instances recorded before
+                # were decided by the earlier attempts' (see count_default_rejections)
+                recorded["attempt"] = {"started": time.time(), "policy": settings.policy_source}
                 recorded["settings"] = {
                     **dict(recorded.get("settings") or {}),
                     "sandbox": settings.to_json()["sandbox"],
