@@ -14,6 +14,7 @@ from typing import Any
 import attrs
 from attrs import frozen
 
+from .._rejections import DefaultRejections
 from ..errors import ReportError
 from ._diff import FileDiff, count_lines, parse_diff
 
@@ -330,21 +331,22 @@ def conflicts_text(conflicts: Sequence[ConflictView]) -> str:
     return f"{len(conflicts)} ({unresolved} unresolved)"
 
 
-def _default_rejections(result: Mapping[str, Any]) -> int:
-    """The result's ``defaultRejections`` count (0 when missing or malformed)."""
-    count = as_num(as_map(result.get("defaultRejections")).get("count"))
-    return max(0, int(count)) if count is not None else 0
+def _default_rejections(result: Mapping[str, Any]) -> DefaultRejections:
+    """The result's ``defaultRejections`` (none when missing or malformed)."""
+    return DefaultRejections.from_json(result.get("defaultRejections"))
 
 
-def default_policy_text(count: int) -> str | None:
+def default_policy_text(rejections: DefaultRejections) -> str | None:
     """The notice of a run whose permission requests the default policy rejected because no
-    policy was given; None when it rejected none."""
-    if count <= 0:
+    policy was given (the sentence the command line ends with); None when it rejected none."""
+    said = rejections.message
+    if said is None:
         return None
-    what = "permission request was" if count == 1 else "permission requests were"
+    # a policy given now decides only what the latest attempt asked (reused steps keep theirs)
     return (
-        f"{count} {what} rejected by the default policy (no policy was given: without one, "
-        "every request is rejected); a policy (the edit preset, for one) allows edits."
+        f"{said}; a policy (the edit preset, for one) allows edits."
+        if rejections.fresh
+        else said + "."
     )
 
 
@@ -368,7 +370,7 @@ class CompareView:
     #: "compare" or "prompt"
     kind: str
     #: permission requests rejected by the default rule because no policy was given
-    default_rejections: int = 0
+    default_rejections: DefaultRejections = attrs.field(factory=DefaultRejections)
 
     @classmethod
     def from_json(cls, result: Mapping[str, Any]) -> CompareView:
@@ -579,7 +581,7 @@ class PipelineView:
     applied: str | bool | None
     kind: str = "pipeline"
     #: permission requests rejected by the default rule because no policy was given
-    default_rejections: int = 0
+    default_rejections: DefaultRejections = attrs.field(factory=DefaultRejections)
 
     @classmethod
     def from_json(cls, result: Mapping[str, Any]) -> PipelineView:
