@@ -13,6 +13,7 @@ from typing import IO, Any
 
 from attrs import define, field
 
+from .._words import count
 from ..pipeline.results import RunEvent
 from .output import say, terminal_text
 
@@ -56,7 +57,7 @@ class PlainView:
         if event.type == "step_started":
             text = f"started  {name}" + (f" ({event.agent})" if event.agent else "")
         elif event.type == "step_finished":
-            text = f"done     {name} ({data.get('changes', 0)} files changed)"
+            text = f"done     {name} ({count(data.get('changes', 0), 'file')} changed)"
         elif event.type == "step_failed":
             text = f"FAILED   {name}: {data.get('error')}"
         elif event.type == "step_skipped":
