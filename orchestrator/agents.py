@@ -464,8 +464,10 @@ def resolve_agent(text: str, known: Mapping[str, AgentSpec] | None = None) -> Ag
         argv = tuple(shlex.split(text))
     except ValueError as e:
         raise UsageError(f"cannot parse agent command {text!r}: {e}") from e
-    if not argv:
-        raise UsageError("an agent needs a name or a command")
+    if not argv:  # NAME= with nothing after it: a name given, its command left out
+        raise UsageError(
+            f"{label}=: no command after the =" if label else "an agent needs a name or a command"
+        )
     if len(argv) == 1:
         _refuse_typo(argv[0], table)
     return AgentSpec(label or derive_label(argv), argv)

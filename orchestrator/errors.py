@@ -10,6 +10,7 @@ JSON-RPC error objects map to subclasses of :class:`JsonRpcError` by their ``cod
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
@@ -124,9 +125,8 @@ class JsonRpcError(OrchestratorError):
 
     def __str__(self) -> str:
         text = f"{self.message} (code {self.code})"
-        if self.data is not None:
-            text += f": {self.data!r}"
-        return text
+        detail = _data_text(self.data)
+        return f"{text}: {detail}" if detail else text
 
     def to_error_object(self) -> dict[str, Any]:
         """The wire form: ``{"code", "message"[, "data"]}``."""
@@ -147,6 +147,27 @@ class JsonRpcError(OrchestratorError):
         if not isinstance(message, str):
             message = str(message) if message is not None else None
         return error_from_code(code, message, obj.get("data"))
+
+
+#: how many characters of an error's data its message shows
+DATA_CHARS = 300
+
+
+def _data_text(data: Any) -> str:
+    """An error's ``data`` as one line of text for its message (empty when it holds nothing):
+    a string as itself, anything else as compact JSON, never a Python repr; bounded."""
+    if data is None or data == "" or data == {} or data == []:
+        return ""
+    if isinstance(data, str):
+        text = " ".join(data.split())
+    else:
+        try:
+            text = json.dumps(data, ensure_ascii=False, separators=(", ", ": "), default=str)
+        except (ValueError, RecursionError):  # a cycle or a structure too deep to show
+            text = f"({type(data).__name__})"
+    if len(text) > DATA_CHARS:
+        text = text[: DATA_CHARS - 3] + "..."
+    return text
 
 
 class ParseError(JsonRpcError):
@@ -260,7 +281,9 @@ class MessageTooLarge(ProtocolError):
 class ConnectionClosed(OrchestratorError):
     """The stream to the peer ended (EOF or broken) while something still waited on it.
 
-    ``exit_status`` and ``stderr_tail`` are filled in when the peer is a process.
+    ``exit_status`` and ``stderr_tail`` are filled in when the peer is a process;
+    ``malformed`` is the start of the first line it sent that was not JSON (quoted and escaped,
+    see :func:`~orchestrator.jsonrpc.framing.excerpt`), if it sent one.
     """
 
     def __init__(
@@ -270,17 +293,25 @@ class ConnectionClosed(OrchestratorError):
         peer: str | None = None,
         exit_status: int | None = None,
         stderr_tail: str = "",
+        malformed: str | None = None,
     ):
         self.reason = reason
         self.peer = peer
         self.exit_status = exit_status
         self.stderr_tail = stderr_tail
+        self.malformed = malformed
         super().__init__(self._describe())
+
+    def __str__(self) -> str:
+        # described when shown: the connection adds ``malformed`` after a factory built it
+        return self._describe()
 
     def _describe(self) -> str:
         text = f"{self.peer}: {self.reason}" if self.peer else self.reason
         if self.exit_status is not None:
             text += f" (exit status {self.exit_status})"
+        if self.malformed:
+            text += f"; it had sent a line that is not JSON: {self.malformed}"
         if self.stderr_tail:
             tail = self.stderr_tail.rstrip()[-2000:]
             text += f"\n--- last stderr lines ---\n{tail}"

@@ -317,7 +317,7 @@ async def test_an_interrupted_apply_that_cannot_be_completed_is_rolled_back_arou
         "be completed: f3.txt changed since the crash and are left as they are (its changes to "
         "them not made); 1 file restored, the other files hold what they held before it"
     ) in said
-    assert f"applied run {second}: 1 files" in said
+    assert f"applied run {second}: 1 file" in said
     assert (project / "f3.txt").read_text() == "edited after the crash\n"
     assert [(project / f"f{i}.txt").read_text() for i in range(3)] == [
         f"old {i}\n" for i in range(3)

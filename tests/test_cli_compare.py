@@ -261,7 +261,7 @@ async def test_fewest_changed_lines_wins_among_those_that_passed(
     )
     assert text.returncode == EXIT_OK, text.stderr.decode()
     err = text.stderr.decode()
-    assert "winner: terse2 (verify passed, 1 lines changed, " in err, err
+    assert "winner: terse2 (verify passed, 1 line changed, " in err, err
     [marked] = [line for line in err.splitlines() if line.lstrip().startswith("*")]
     assert "terse2" in marked
 

@@ -27,7 +27,7 @@ from orchestrator.report import (
 from orchestrator.report._dag import dag_svg
 from orchestrator.report._diff import parse_diff
 from orchestrator.report._format import cost_text, seconds_text
-from orchestrator.report._markdown import cell, fence
+from orchestrator.report._markdown import cell, fence, paragraph
 from orchestrator.report._markup import Markup, el, escape, join
 from orchestrator.report._model import PipelineView, layers
 from orchestrator.testing import Say, ToolCall, ToolUpdate, Turn, WriteDisk
@@ -973,8 +973,8 @@ def test_pipeline_markdown_has_graph_steps_and_conflicts() -> None:
     assert "  n0 --> n2" in md
     assert "| Step | Kind | Status | Agents | Instances | Time | Lines | Error / cause |" in md
     assert "**Base**\n\n```text\n# Title\nline 1\nline 2\n```" in md
-    assert "**Ours: implement\\[alice\\]**\n\n```text\n# Title\nline 1 by alice\n" in md
-    assert "**Theirs: implement\\[bob\\]**\n\n```text\n# Title\nline 1 by bob\n" in md
+    assert "**Ours: implement[alice]**\n\n```text\n# Title\nline 1 by alice\n" in md
+    assert "**Theirs: implement[bob]**\n\n```text\n# Title\nline 1 by bob\n" in md
     assert "(deleted)" in md
     assert "## Final diff" in md and "```diff\n" in md
 
@@ -987,6 +987,64 @@ def test_markdown_fences_outlast_backticks_inside() -> None:
     result["agents"][0]["text"] = "```\n# not a heading\n````"
     md = render_markdown(result)
     assert "`````text\n```\n# not a heading\n````\n`````" in md
+
+
+#: text that reads as written: identifiers, shell lines, paths; no Markdown can start in them
+PLAIN = ["edit[alice]", "end_turn", "my_var_name", "a > b", "2 * 3", "C:\\dir\\file", "x[0] = 1"]
+
+#: text that would be Markdown if left as it is: each must render as itself
+MARKUP = [
+    "[click](http://evil.example)",
+    "![img](http://evil.example/x.png)",
+    "[ref][1]",
+    "<http://evil.example>",
+    "<b>bold</b> <!-- c -->",
+    "**strong** *em* _em_ __init__ a*b*c",
+    "`code` ``more``",
+    "\\*not em\\* and \\[x\\](y)",
+    "&amp; &#60; &copy;",
+    "a|b",
+    "[a](b)](c) [x] (y)",
+]
+
+
+@pytest.mark.parametrize("text", PLAIN + MARKUP)
+def test_markdown_cells_render_as_their_text(text: str) -> None:
+    """Every cell renders (CommonMark) to exactly its text: no link, tag, emphasis or entity."""
+    rendered = MarkdownIt("commonmark").renderInline(cell(text))
+    assert rendered == escape(text), cell(text)
+
+
+@pytest.mark.parametrize("text", PLAIN)
+def test_markdown_leaves_text_without_markup_alone(text: str) -> None:
+    """Identifiers, instance keys and stop reasons read as written, without backslashes."""
+    assert cell(text) == text
+
+
+@pytest.mark.parametrize(
+    "text", ["# title", "> quote", "- item", "+ item", "1. first", "2) b", "==="]
+)
+def test_markdown_paragraphs_cannot_start_a_block(text: str) -> None:
+    """A value on a line of its own (a step's description) stays a paragraph of its text."""
+    html = MarkdownIt("commonmark").render(paragraph(text))
+    assert html == f"<p>{escape(text)}</p>\n"
+
+
+def test_markdown_single_instance_steps_and_failed_values() -> None:
+    """A step run once is headed by its name alone (not polite[polite]); a failed step shows no
+    value (it returned none)."""
+    result = pipeline_result()
+    result["graph"]["nodes"].append({"name": "polite", "kind": "agent", "agents": ["demo"]})
+    result["steps"]["polite"] = {
+        "status": "failed",
+        "instances": {"polite": {**_instance("polite", "failed", error="boom"), "value": None}},
+    }
+    md = render_markdown(result)
+    assert "#### polite\n" in md and "polite[polite]" not in md
+    section = md[md.index("### Step polite") :]
+    assert "Error: boom" in section and "Value:" not in section
+    assert "#### implement[alice]\n" in md  # a fanned-out step keeps its keys
+    assert render_html(result).count("<h4>Value</h4>") == 1  # the python step's, not polite's
 
 
 def test_markdown_cells_stay_in_their_column() -> None:
@@ -1224,7 +1282,7 @@ def test_a_conflict_shows_its_labels_and_the_branches_that_joined_it() -> None:
     assert "Ours: implement[alice]" in page and "Theirs: implement[bob]" in page
     assert "Also: implement[carol]" in page and "line 1 by carol" in page
     md = render_markdown(result)
-    assert "**Also changed by: implement\\[carol\\]**" in md
+    assert "**Also changed by: implement[carol]**" in md
     assert "line 1 by carol" in md
 
 

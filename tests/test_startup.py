@@ -57,14 +57,14 @@ def imported(argv: list[str]) -> tuple[int, set[str]]:
     return done.returncode, modules
 
 
-@pytest.mark.parametrize("args", [["--help"], ["prompt"], ["no-such-command"]])
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["prompt"], ["no-such-command"]])
 def test_console_script_takes_the_same_fast_exit_as_python_m(args: list[str]) -> None:
     """``orchestrator ARGS`` and ``python -m orchestrator ARGS`` exit alike, importing the same
-    modules of the package and nothing heavy, for help and usage errors."""
+    modules of the package and nothing heavy, for help, the version and usage errors."""
     assert CLI.exists(), CLI
     script_code, script = imported([str(CLI), *args])
     module_code, module = imported(["-m", "orchestrator", *args])
-    assert script_code == module_code == (0 if args == ["--help"] else 2)
+    assert script_code == module_code == (0 if args in (["--help"], ["--version"]) else 2)
     ours = {m for m in script | module if m.startswith("orchestrator")}
     assert {m for m in script if m.startswith("orchestrator")} == ours - {"orchestrator.__main__"}
     assert not {m for m in script | module if m.split(".")[0] in HEAVY or m.startswith(HEAVY)}

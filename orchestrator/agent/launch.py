@@ -19,8 +19,10 @@ from .._util import single_error
 from ..errors import (
     AgentExited,
     AgentStartError,
+    JsonRpcError,
 )
 from ..jsonrpc.connection import JsonRpcConnection
+from ..protocol.codec import StructureError
 from ..sandbox import Sandbox
 from .connection import AgentConnection
 from .process import open_agent_process
@@ -81,6 +83,8 @@ async def open_agent_on_stream(
                             f"no answer to initialize within {options.init_timeout:g}s",
                             agent=name,
                         ) from None
+                    except JsonRpcError as e:
+                        raise AgentStartError(_init_failure(e), agent=name) from e
                     yield conn
                 finally:
                     serving.cancel()
@@ -90,6 +94,14 @@ async def open_agent_on_stream(
             for session in list(conn.sessions.values()):
                 await session.release()
             await rpc.aclose()
+
+
+def _init_failure(error: JsonRpcError) -> str:
+    """What went wrong with ``initialize``: an answer that does not fit the protocol, or the
+    error the agent answered with."""
+    if isinstance(error.__cause__, StructureError):  # ours: its answer did not fit
+        return f"its answer to initialize is not an InitializeResponse: {error.__cause__}"
+    return f"it answered initialize with an error: {error}"
 
 
 @asynccontextmanager

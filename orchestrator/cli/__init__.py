@@ -71,8 +71,10 @@ class _Parser(argparse.ArgumentParser):
                 {"error": {"type": "UsageError", "message": message}, "exitCode": EXIT_USAGE}
             )
             self.exit(EXIT_USAGE)
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, terminal_text(f"{self.prog}: error: {message}\n"))
+        # one line, as every other usage error: the usage block would bury it (--help has it)
+        self.exit(
+            EXIT_USAGE, terminal_text(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,6 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run ACP coding agents as their client.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    from .. import __version__
+
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {__version__}", help="print the version"
     )
     _log_flags(parser, before=True)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -416,6 +423,7 @@ async def _cmd_prompt(args: argparse.Namespace) -> int:
 def _report_changes(run: Any, workspace: str) -> None:
     """What the agent changed, and whether it reached the workspace (human output, stderr)."""
     from .._names import display_name, display_names
+    from .._words import count
     from ..runs.git_apply import git_apply_command
 
     if not run.changes:
@@ -428,7 +436,7 @@ def _report_changes(run: Any, workspace: str) -> None:
     patch = f"{run.run_dir}/changes.patch"
     left_out = ", ".join(display_names(run.patch_left_out))
     if run.applied:
-        say(f"applied to the workspace ({len(run.changes)} files)", file=sys.stderr)
+        say(f"applied to the workspace ({count(len(run.changes), 'file')})", file=sys.stderr)
     elif run.workspace_changed:
         say(
             "NOT applied: changed in the workspace during the run: "

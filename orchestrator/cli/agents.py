@@ -96,10 +96,9 @@ async def cmd_agents(args: argparse.Namespace) -> int:
 
     config = await project_config(".", None)
     named = bool(args.names)
-    specs = [
-        config.resolve_agent(name).resolved(os.getcwd())
-        for name in (args.names or list(config.agents))
-    ]
+    # a name given twice is checked once, where it first appears
+    names = list(dict.fromkeys(args.names)) or list(config.agents)
+    specs = [config.resolve_agent(name).resolved(os.getcwd()) for name in names]
     rows = [_listing(spec) for spec in specs]
     if args.check:
         checks: list[dict[str, Any] | None] = [None] * len(specs)
@@ -232,7 +231,7 @@ async def check_agent(spec: AgentSpec) -> dict[str, Any]:
         stderr = error.stderr_tail  # read to its end once the agent exited
     needs_login = step == "session/new" and isinstance(error, AuthRequired | AuthenticationError)
     status = NEEDS_LOGIN if needs_login else FAILED
-    cause, next_step = _diagnose(spec, step, error, methods)
+    cause, next_step = _diagnose(spec, step, error, methods, has_stderr=_tail(stderr) is not None)
     return {
         **facts,
         "sessionNew": status if step == "session/new" else None,
@@ -343,15 +342,22 @@ def _tail(stderr: str) -> str | None:
 
 
 def _diagnose(
-    spec: AgentSpec, step: str, error: BaseException, methods: Sequence[t.AuthMethod]
+    spec: AgentSpec,
+    step: str,
+    error: BaseException,
+    methods: Sequence[t.AuthMethod],
+    *,
+    has_stderr: bool,
 ) -> tuple[str, str]:
-    """The likely cause of a failed check, and what to do about it."""
+    """The likely cause of a failed check, and what to do about it (``has_stderr``: whether
+    the check shows what the agent wrote on stderr)."""
     from ..errors import (
         AgentHung,
         AgentStartError,
         AuthenticationError,
         AuthRequired,
         ConnectionClosed,
+        JsonRpcError,
         ProtocolVersionMismatch,
     )
 
@@ -390,10 +396,24 @@ def _diagnose(
         status = f" (exit status {error.exit_status})" if error.exit_status is not None else ""
         when = "before answering initialize" if step == "initialize" else f"during {step}"
         cause = f"the agent exited{status} {when}"
-        hint = f"read its stderr below, or run `{command}` yourself to see all it prints"
+        hint = f"run `{command}` yourself to see all it prints"
+        if error.malformed:  # what it wrote instead of an answer tells the most
+            cause += f"; instead of JSON-RPC it wrote on stdout: {error.malformed}"
+            hint = (
+                "an ACP agent writes only JSON-RPC messages on stdout (its logs go to stderr): "
+                + hint
+            )
+        if has_stderr:
+            hint = f"read its stderr below, or {hint}"
         if unset:
             hint = f"set {' or '.join(missing)} (it may need an API key); or {hint}"
         return cause, hint
+    if step == "initialize" and isinstance(error.__cause__, JsonRpcError):
+        return (
+            "its answer to initialize does not follow ACP",
+            f"make sure `{command}` starts an ACP agent (protocol version 1): run it yourself "
+            "to see what it answers",
+        )
     if isinstance(error, AgentStartError | AgentHung):
         cause = _error_text(spec, error)
         if step == "initialize":

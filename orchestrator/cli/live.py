@@ -22,6 +22,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from attrs import define, field
 
+from .._words import count
 from ..pipeline.results import RunEvent
 from . import logs
 from .output import terminal_text
@@ -73,7 +74,7 @@ def _progress(event: RunEvent) -> tuple[str, str, str] | None:
     if event.type == "step_started":
         return "info", "started", name + (f" ({event.agent})" if event.agent else "")
     if event.type == "step_finished":
-        return "info", "done", f"{name} ({data.get('changes', 0)} files changed)"
+        return "info", "done", f"{name} ({count(data.get('changes', 0), 'file')} changed)"
     if event.type == "step_failed":
         return "error", "FAILED", f"{name}: {data.get('error')}"
     if event.type == "step_skipped":

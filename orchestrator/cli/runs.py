@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from ..pipeline.results import RunEvent
 
 from .._names import display_names
+from .._words import count
 from . import EXIT_FAILED, EXIT_MERGE_CONFLICTS, EXIT_OK, EXIT_USAGE, SANDBOX_HELP
 from .output import say, say_default_policy_note, terminal_text
 
@@ -311,6 +312,19 @@ def _inputs(pairs: list[str]) -> dict[str, Any]:
         try:
             out[key] = json.loads(value)
             deep = _depth(out[key]) > MAX_SET_DEPTH
+        except json.JSONDecodeError as e:
+            if value.lstrip().startswith(("[", "{")):
+                # meant as a list or an object: as text it would reach the pipeline as a string
+                where = (
+                    f"line {e.lineno}, column {e.colno}" if e.lineno > 1 else f"column {e.colno}"
+                )
+                raise UsageError(
+                    f"--set {key}: the value starts like JSON but is not valid JSON: {e.msg} "
+                    f"at {where} (give text that starts with [ or {{ as a JSON string: "
+                    "'\"...\"')"
+                ) from None
+            out[key] = value
+            deep = False
         except ValueError:
             out[key] = value
             deep = False
@@ -382,11 +396,12 @@ def _view(args: argparse.Namespace, title: str) -> Iterator[Any]:
         from pathlib import Path
 
         from ..errors import UsageError
+        from ..report import dir_problem
 
         try:
             Path(report).mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise UsageError(f"--report {report}: {e.strerror or e}") from e
+            raise UsageError(f"--report {report}: {dir_problem(Path(report), e)}") from e
 
     view = open_view(title, enabled=not getattr(args, "no_progress", False) and not args.json)
     try:
@@ -546,8 +561,9 @@ def _compare_lines(result: dict[str, Any]) -> list[str]:
         wtext = f"{wall:.1f} s" if isinstance(wall, (int, float)) else "-"
         lines.append(
             f"{mark} {agent.get('name'):<12} {agent.get('status'):<10} "
-            f"{agent.get('stopReason') or '-':<17} {len(agent.get('changes') or [])} files  "
-            f"{changed_lines(str(agent.get('diff') or ''))} lines  {wtext}{vtext}"
+            f"{agent.get('stopReason') or '-':<17} "
+            f"{count(len(agent.get('changes') or []), 'file')}  "
+            f"{count(changed_lines(str(agent.get('diff') or '')), 'line')}  {wtext}{vtext}"
             + (f"  {agent['error']}" if agent.get("error") else "")
         )
     if verdict.winner is not None:
@@ -697,7 +713,8 @@ def _warn_interrupted(found: list[dict[str, Any]], run_id: str | None, cwd: str 
         else:
             finish = f"the next orchestrator apply, run or prompt finishes it ({a['journal']})"
         say(
-            f"interrupted apply: {whose} half written to {ws} ({len(a['files'])} files); {finish}",
+            f"interrupted apply: {whose} half written to {ws} ({count(len(a['files']), 'file')}); "
+            f"{finish}",
             file=sys.stderr,
         )
 
@@ -764,8 +781,9 @@ async def cmd_show(args: argparse.Namespace) -> int:
     elif result.get("kind") == "prompt" and "stopReason" in result:
         agent = (result.get("agent") or {}).get("name")
         say(
-            f"  {agent}: {result.get('stopReason')}, {len(result.get('permissions') or [])} "
-            f"permission requests, {len(result.get('toolCalls') or [])} tool calls"
+            f"  {agent}: {result.get('stopReason')}, "
+            f"{count(len(result.get('permissions') or []), 'permission request')}, "
+            f"{count(len(result.get('toolCalls') or []), 'tool call')}"
         )
         _print_cut(result.get("cut"), "  ")
         for c in result.get("changes") or []:
@@ -859,10 +877,6 @@ async def cmd_apply(args: argparse.Namespace) -> int:
     return int(outcome.exit_code)
 
 
-def _files(n: int) -> str:
-    return f"{n} file" if n == 1 else f"{n} files"
-
-
 def _apply_summary(outcome: Any) -> None:
     """What ``orchestrator apply`` did, for people (stderr)."""
     for report in outcome.recovered:
@@ -875,7 +889,7 @@ def _apply_summary(outcome: Any) -> None:
             say(
                 f"rolled back the interrupted {what}{where} first, as it could not be completed: "
                 f"{edited} changed since the crash and are left as they are (its changes to "
-                f"them not made); {_files(len(report.changed))} restored, the other files "
+                f"them not made); {count(len(report.changed), 'file')} restored, the other files "
                 f"hold what they held before it (what {edited} held before it is kept in "
                 f"{report.journal})",
                 file=sys.stderr,
@@ -883,7 +897,7 @@ def _apply_summary(outcome: Any) -> None:
         else:
             say(
                 f"finished the interrupted {what}{where} first: {report.action} "
-                f"({len(report.paths)} files)",
+                f"({count(len(report.paths), 'file')})",
                 file=sys.stderr,
             )
     what = f"run {outcome.run_id}"
@@ -893,11 +907,11 @@ def _apply_summary(outcome: Any) -> None:
     if outcome.applied and outcome.git_branch:
         say(
             f"committed {what} on git branch {outcome.git_branch} ({outcome.git_commit[:12]}): "
-            f"{files} files; the working tree, index and HEAD are untouched",
+            f"{count(files, 'file')}; the working tree, index and HEAD are untouched",
             file=sys.stderr,
         )
     elif outcome.applied:
-        say(f"applied {what}: {files} files written or deleted", file=sys.stderr)
+        say(f"applied {what}: {count(files, 'file')} written or deleted", file=sys.stderr)
     elif outcome.workspace_changed:
         where = "differ at HEAD from" if outcome.git_branch else "changed in the workspace since"
         say(

@@ -41,6 +41,7 @@ from orchestrator.jsonrpc.framing import (
     OversizedLine,
     decode_message,
     encode_message,
+    excerpt,
 )
 from orchestrator.jsonrpc.interfaces import (
     CANCEL_REQUEST_METHOD,
@@ -190,6 +191,9 @@ class JsonRpcConnection:
     _running_inbound: int = field(init=False, default=0)
     _oversized_dropped: int = field(init=False, default=0)
     _parse_errors: int = field(init=False, default=0)
+    # the start of the first line that was not JSON: what the peer sent instead, for the close
+    # error (an agent that prints to stdout before dying is otherwise a mystery)
+    _malformed: str | None = field(init=False, default=None)
     _invalid_messages: int = field(init=False, default=0)
 
     def __attrs_post_init__(self) -> None:
@@ -447,6 +451,8 @@ class JsonRpcConnection:
 
     def _set_close_error(self, exc: ConnectionClosed) -> None:
         if self._close_exc is None:
+            if exc.malformed is None:
+                exc.malformed = self._malformed
             self._close_exc = exc
         self._close_exc_ready.set()
 
@@ -542,7 +548,7 @@ class JsonRpcConnection:
                     try:
                         obj = decode_message(line)
                     except ParseError as exc:
-                        self._answer_parse_error(exc)
+                        self._answer_parse_error(exc, line)
                         continue
             # Fast path for the flood: a well-formed notification is dispatched with a few
             # lookups, without building a message object.
@@ -838,9 +844,12 @@ class JsonRpcConnection:
             self._nursery.cancel_scope.cancel()
         self._fail_pending(error)
 
-    def _answer_parse_error(self, exc: ParseError) -> None:
+    def _answer_parse_error(self, exc: ParseError, line: bytes) -> None:
         self._parse_errors += 1
-        self._log.warning("malformed JSON from peer", error=exc.message)
+        shown = excerpt(line)
+        if self._malformed is None:
+            self._malformed = shown
+        self._log.warning("malformed JSON from peer", error=exc.message, line=shown)
         self._answer(_encode_error(None, ParseError(exc.message)))
 
     def _dropped_oversized(self, size: int) -> None:

@@ -24,6 +24,7 @@ __all__ = [
     "OversizedLine",
     "decode_message",
     "encode_message",
+    "excerpt",
     "scrubbed_keys",
 ]
 
@@ -168,6 +169,34 @@ def decode_message(line: bytes | bytearray | memoryview) -> Any:
         return orjson.loads(line)
     except orjson.JSONDecodeError as exc:
         return _decode_tolerantly(line, exc)
+
+
+#: how many characters of a line that is not JSON :func:`excerpt` shows
+EXCERPT_CHARS = 80
+
+
+def excerpt(line: bytes | bytearray | memoryview, limit: int = EXCERPT_CHARS) -> str:
+    """The start of a received ``line``, fit to quote in a message: in double quotes, at most
+    ``limit`` characters (``...`` after the quote marks a cut), each character that is not
+    printable (a control, a newline) escaped as Python writes it, each byte that is not UTF-8
+    as ``\\xHH`` and a backslash doubled; the text is the peer's, so nothing in it may act on
+    a terminal or pass for our own words."""
+    head = bytes(line[: limit * 4 + 4])  # UTF-8 takes at most 4 bytes a character
+    text = head.decode("utf-8", "surrogateescape").removesuffix("\n").removesuffix("\r")
+    cut = len(text) > limit or len(head) < len(line)
+    shown = "".join(_escaped(char) for char in text[:limit])
+    return f'"{shown}"' + ("..." if cut else "")
+
+
+def _escaped(char: str) -> str:
+    code = ord(char)
+    if 0xDC80 <= code <= 0xDCFF:  # a byte that is not UTF-8, held by surrogateescape
+        return f"\\x{code - 0xDC00:02x}"
+    if char == "\\":
+        return "\\\\"
+    if char.isprintable():
+        return char
+    return repr(char)[1:-1]
 
 
 def _reject_constant(name: str) -> NoReturn:

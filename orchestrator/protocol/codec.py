@@ -639,7 +639,10 @@ def structure(value: Any, tp: Any) -> Any:
     try:
         result = converter.structure(value, tp)
     except StructureError as e:
-        raise InvalidParams(f"invalid {_type_name(tp)}: {e}", data={"path": _path(e)}) from e
+        path = _path(e)  # none when the whole value misfits: the message says it all
+        raise InvalidParams(
+            f"invalid {_type_name(tp)}: {e}", data={"path": path} if path else None
+        ) from e
     return result
 
 

@@ -29,7 +29,14 @@ from ._html import html_page
 from ._markdown import markdown_document
 from ._model import ReportError, load
 
-__all__ = ["ReportError", "ReportPaths", "render_html", "render_markdown", "render_report"]
+__all__ = [
+    "ReportError",
+    "ReportPaths",
+    "dir_problem",
+    "render_html",
+    "render_markdown",
+    "render_report",
+]
 
 log = get_logger(__name__)
 
@@ -72,16 +79,38 @@ def render_report(result: Mapping[str, Any], out_dir: str | os.PathLike[str]) ->
     view = load(result)
     html_text = html_page(view)
     md_text = markdown_document(view)
-    out = Path(out_dir).absolute()  # absolute: the paths returned can become file:// URIs
+    out = _make_dir(out_dir)
     paths = ReportPaths(html=out / HTML_NAME, markdown=out / MARKDOWN_NAME)
     try:
-        out.mkdir(parents=True, exist_ok=True)
         _write(paths.html, html_text)
         _write(paths.markdown, md_text)
     except OSError as e:
         raise ReportError(f"cannot write the report to {out}: {e}") from e
     log.info("report written", html=str(paths.html), markdown=str(paths.markdown), kind=view.kind)
     return paths
+
+
+def _make_dir(out_dir: str | os.PathLike[str]) -> Path:
+    """Create the directory ``out_dir`` for a report (and its parents) if need be; returns it
+    absolute (the paths of a report can become file:// URIs). Raises :class:`ReportError`
+    saying why it cannot be one."""
+    out = Path(out_dir).absolute()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ReportError(f"cannot write the report to {out}: {dir_problem(out, e)}") from e
+    return out
+
+
+def dir_problem(path: Path, error: OSError) -> str:
+    """Why ``path`` could not be made a directory, said of ``path`` (``not a directory``: a
+    file is there) or of the first path above it that is no directory."""
+    if isinstance(error, FileExistsError | NotADirectoryError):
+        # mkdir says "File exists" of a file standing where the directory should be
+        for above in (path, *path.parents):
+            if os.path.lexists(above) and not above.is_dir():
+                return "not a directory" if above == path else f"{above} is not a directory"
+    return error.strerror or str(error)
 
 
 def _write(path: Path, text: str) -> None:

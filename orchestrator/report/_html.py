@@ -12,6 +12,7 @@ import difflib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from .._words import count
 from ._dag import STATUSES, dag_svg, status_class, step_anchor
 from ._diff import DiffLine, FileDiff, count_lines
 from ._format import (
@@ -43,6 +44,7 @@ from ._model import (
     as_str,
     conflicts_text,
     default_policy_text,
+    instance_label,
     sum_costs,
     sum_tokens,
     tool_call_error,
@@ -263,7 +265,7 @@ def diff_html(
     out = [
         el(
             "div",
-            f"{len(files)} file{'s' if len(files) != 1 else ''} changed, ",
+            f"{count(len(files), 'file')} changed, ",
             _lines_cell(added, removed),
             class_="diff-totals",
         )
@@ -337,7 +339,7 @@ def _compare_meta(view: CompareView) -> Markup:
         el("span", badge(view.status)) if view.status else None,
         el("span", "run ", el("code", _dash(view.run_id))),
         el("span", "cwd ", el("code", _dash(view.cwd))),
-        el("span", f"{len(view.agents)} agent{'s' if len(view.agents) != 1 else ''}"),
+        el("span", count(len(view.agents), "agent")),
         el("span", seconds_text(view.times.wall_seconds)) if view.times.wall_seconds else None,
     )
 
@@ -507,7 +509,7 @@ def _compare_steps(view: CompareView) -> Markup:
                 "summary",
                 a.name,
                 " ",
-                el("span", f"{len(a.tool_calls)} tool calls", class_="muted"),
+                el("span", count(len(a.tool_calls), "tool call"), class_="muted"),
             ),
             _tool_call_table(a),
             class_="card",
@@ -584,7 +586,7 @@ def _pipeline_meta(view: PipelineView) -> Markup:
 
 
 def _pipeline_sections(view: PipelineView) -> list[Section]:
-    owners = [(f"{s.name}[{i.name}]", i) for s, i in view.instances()]
+    owners = [(instance_label(s, i), i) for s, i in view.instances()]
     return [
         ("summary", "Summary", _pipeline_summary(view)),
         ("dag", "Graph", _pipeline_dag(view)),
@@ -732,7 +734,9 @@ def _step_card(n: int, s: StepView) -> Markup:
             _traceback(i.traceback),
             el("h4", "Message") if i.text else None,
             _pre(i.text) if i.text else None,
-            join(el("h4", "Value"), _pre(json_text(i.value))) if i.has_value else None,
+            join(el("h4", "Value"), _pre(json_text(i.value)))
+            if i.has_value and i.status != "failed"  # a failed step returned nothing
+            else None,
             el("h4", "Tool calls"),
             _tool_call_table(i),
             el("h4", "Changes"),

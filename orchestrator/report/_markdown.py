@@ -1,11 +1,12 @@
 """The Markdown report: the same facts as the HTML page, readable as plain text and on forges.
 
 Text from agents is inert here too, and reads as written in a terminal: table cells escape
-Markdown's own way (a backslash before ``|``, ``\\``, backticks, ``*``, ``_``, ``[``, ``]``, a
-``<`` and an ``&`` that would start an entity: never HTML entities) and fold line breaks; longer
-text goes into fenced blocks whose fence is longer than any backtick run inside, so nothing can
-close it early. The graph is a ``mermaid`` block (drawn by forges that support it, readable
-elsewhere).
+Markdown's own way (a backslash, never HTML entities), only where a character would start
+Markdown in its place (see :data:`_CELL_SPECIAL`: ``edit[alice]`` and ``end_turn`` stay as they
+are, ``[x](y)``, ``<b>`` and ``**`` do not become a link, a tag or emphasis), and fold line
+breaks; longer text goes into fenced blocks whose fence is longer than any backtick run inside,
+so nothing can close it early. The graph is a ``mermaid`` block (drawn by forges that support
+it, readable elsewhere).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from .._words import count
 from ._dag import STATUSES
 from ._diff import FileDiff, count_lines
 from ._format import (
@@ -43,6 +45,7 @@ from ._model import (
     as_str,
     conflicts_text,
     default_policy_text,
+    instance_label,
     sum_costs,
     sum_tokens,
     tool_call_error,
@@ -62,9 +65,20 @@ def markdown_document(view: CompareView | PipelineView) -> str:
 
 # --------------------------------------------------------------------------- escaping
 
-#: backslash escapes (CommonMark's, for any ASCII punctuation): ``<`` so no tag or autolink can
-#: open, ``&`` only where an entity reference would start; ``>`` and ``&&`` stay as written
-_CELL_SPECIAL = re.compile(r"([\\`*_\[\]|<]|&(?=#|[A-Za-z0-9]+;))")
+# Backslash escapes (CommonMark's, for ASCII punctuation), only where the character would
+# start Markdown in its place, so that text reads as written in a terminal (``end_turn``,
+# ``edit[alice]``, ``a > b``): a backtick and a ``|`` always; a backslash before punctuation
+# (it would escape it); ``*`` unless spaces stand on both sides and ``_`` unless letters or
+# digits do (they cannot open or close emphasis there); ``]`` before ``(``, ``[`` or ``:`` (a
+# link, a reference or a definition; one whose text ends there is then no link); ``<`` before
+# what would open a tag or an autolink; ``&`` where an entity reference would start.
+_CELL_SPECIAL = re.compile(
+    r"""[`|]|\\(?=[!-/:-@[-`{-~])|(?<!\s)\*|\*(?!\s)|(?<![^\W_])_|_(?![^\W_])"""
+    r"""|\](?=[(\[:])|<(?=[A-Za-z/!?])|&(?=#|[A-Za-z0-9]+;)"""
+)
+# what would start a block (a heading, quote, list item, thematic break, setext underline or
+# fence) at the start of a line
+_BLOCK_START = re.compile(r"(\d{1,9})([.)])|([#>+=~-])")
 
 
 def cell(value: object) -> str:
@@ -72,8 +86,19 @@ def cell(value: object) -> str:
     text = value if isinstance(value, str) else str(value)
     if text == "":
         return DASH
-    text = _CELL_SPECIAL.sub(r"\\\1", text)
-    return " ".join(text.split()) or DASH  # tables are one line per row
+    text = " ".join(text.split())  # tables are one line per row
+    return _CELL_SPECIAL.sub(lambda m: "\\" + m.group(), text) or DASH
+
+
+def paragraph(value: object) -> str:
+    """A value as a paragraph of its own: :func:`cell`, and what would start a block escaped."""
+    text = cell(value)
+    found = _BLOCK_START.match(text)
+    if found is None:
+        return text
+    if found.group(1):
+        return f"{found.group(1)}\\{found.group(2)}{text[found.end() :]}"
+    return "\\" + text
 
 
 def code(value: str | None) -> str:
@@ -119,7 +144,7 @@ def _diffs(files: Sequence[FileDiff], level: str, changes: AgentView | None = No
         return ["No changes.", ""]
     added, removed = count_lines(files)
     out = [
-        f"{len(files)} file{'s' if len(files) != 1 else ''} changed, {lines_text(added, removed)}",
+        f"{count(len(files), 'file')} changed, {lines_text(added, removed)}",
         "",
     ]
     for f in files:
@@ -355,7 +380,7 @@ def _pipeline(view: PipelineView) -> list[str]:
     else:
         out += ["No conflicts.", ""]
     out += ["## Final diff", "", *_diffs(view.files, "###")]
-    owners = [(f"{s.name}[{i.name}]", i) for s, i in view.instances()]
+    owners = [(instance_label(s, i), i) for s, i in view.instances()]
     out += ["## Permissions", "", *_permissions(owners, "Step[instance]")]
     return out
 
@@ -363,7 +388,7 @@ def _pipeline(view: PipelineView) -> list[str]:
 def _step(s: StepView) -> list[str]:
     out = [f"### Step {cell(s.name)}: {_dash(s.status)}", ""]
     if s.description:
-        out += [cell(s.description), ""]
+        out += [paragraph(s.description), ""]
     facts = [
         f"kind {_dash(s.kind)}",
         f"agents {_dash(', '.join(s.agents))}",
@@ -412,7 +437,7 @@ def _step(s: StepView) -> list[str]:
         ],
     )
     for i in s.instances:
-        out += [f"#### {cell(s.name)}[{cell(i.name)}]", ""]
+        out += [f"#### {cell(instance_label(s, i))}", ""]
         facts = [f"agent {_dash(i.agent)}" + (f" ({cell(i.identity)})" if i.identity else "")]
         if i.session_id:
             facts.append(f"session {code(i.session_id)}")
@@ -428,7 +453,7 @@ def _step(s: StepView) -> list[str]:
         out += _traceback(i.traceback)
         if i.text:
             out += fence(i.text, "text")
-        if i.has_value:
+        if i.has_value and i.status != "failed":  # a failed step returned nothing
             out += ["Value:", "", *fence(json_text(i.value), "json")]
         if i.files:
             out += _diffs(i.files, "#####", i)

@@ -30,6 +30,7 @@ __all__ = [
     "applied_text",
     "conflicts_text",
     "default_policy_text",
+    "instance_label",
     "layers",
     "load",
     "tool_call_error",
@@ -321,6 +322,12 @@ def applied_text(applied: str | bool | None) -> str:
     if isinstance(applied, str):
         return applied
     return "yes" if applied else "not applied"
+
+
+def instance_label(step: StepView, instance: AgentView) -> str:
+    """How an instance of ``step`` is named: ``STEP[KEY]``, or the step's name alone when its
+    one instance is keyed by it (a step of one agent)."""
+    return step.name if instance.name == step.name else f"{step.name}[{instance.name}]"
 
 
 def conflicts_text(conflicts: Sequence[ConflictView]) -> str:

@@ -78,6 +78,7 @@ from ..vfs import (
 from ..vfs import interrupted_applies as _interrupted_applies
 from ..vfs.apply import logged_paths
 from ._lock import hold_run_lock
+from .recorded import no_such_step
 
 __all__ = [
     "ApplyOutcome",
@@ -288,8 +289,7 @@ async def _select(store: RunStore, record: RunRecord, step: str | None) -> tuple
                 f"step {step} of run {run_id} has no changes to apply ({one.status}{why})"
             )
         return (step,)
-    known = sorted({s.key for s in steps if s.status == "succeeded"})
-    raise UsageError(f"run {run_id} has no step {step!r} (finished: {', '.join(known) or 'none'})")
+    raise no_such_step(run_id, step, steps)
 
 
 async def _whole_run(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -23,6 +24,7 @@ __all__ = [
     "get_run",
     "get_run_json",
     "list_runs",
+    "no_such_step",
 ]
 
 
@@ -44,8 +46,15 @@ async def diff_run(
         else:
             keys = [s.key for s in steps if s.key == step or s.step == step]
             if not keys:
-                raise UsageError(f"run {record.run_id} has no step {step!r}")
+                raise no_such_step(record.run_id, step, steps)
         return "".join([await store.diff(record.run_id, key) for key in keys])
+
+
+def no_such_step(run_id: str, step: str, steps: Sequence[StepRecord]) -> UsageError:
+    """The error for ``step`` (a step name or ``STEP[KEY]``) that names none of the run's
+    ``steps``; it lists those that finished."""
+    known = sorted({s.key for s in steps if s.status == "succeeded"})
+    return UsageError(f"run {run_id} has no step {step!r} (finished: {', '.join(known) or 'none'})")
 
 
 async def list_runs(

@@ -18,6 +18,8 @@ from typing import Any, Literal
 
 from attrs import frozen
 
+from .._words import count
+
 __all__ = ["Verdict", "changed_lines", "judge"]
 
 _HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
@@ -60,7 +62,7 @@ def judge(agents: Sequence[Mapping[str, Any]]) -> Verdict:
     # min() keeps the first of equals: the order the agents were given breaks ties
     best = min(succeeded, key=rank)
     lines = changed_lines(str(best.get("diff") or ""))
-    reason = [f"{lines} lines changed"]
+    reason = [f"{count(lines, 'line')} changed"]
     if _verify_passed(best):
         reason.insert(0, "verify passed")
     wall = best.get("wallSeconds")
