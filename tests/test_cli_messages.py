@@ -96,7 +96,7 @@ async def test_an_agent_that_prints_no_json_is_quoted_in_the_check(
     (escaped, bounded), and the next step points at no stderr section that is not there."""
     command = agent_file(tmp_path / "garbage", GARBAGE)
     done = await run_cli(
-        "agents", "--check", "--json", f"g={command}", cwd=tmp_path, state=state_dir
+        "agents", "--check", "--json", "--log-json", f"g={command}", cwd=tmp_path, state=state_dir
     )
     assert done.returncode == EXIT_FAILED, done.stderr.decode()
     check = as_json(done)["agents"][0]["check"]
@@ -107,7 +107,7 @@ async def test_an_agent_that_prints_no_json_is_quoted_in_the_check(
     )
     assert "read its stderr" not in check["nextStep"]
     assert "only JSON-RPC messages on stdout" in check["nextStep"]
-    # the log line names the line too, bounded
+    # the log line names the line too, bounded (JSON lines with --log-json)
     logs = [json.loads(line) for line in done.stderr.decode().splitlines()]
     malformed = [e for e in logs if e["event"] == "malformed JSON from peer"]
     assert [e["line"] for e in malformed] == [
