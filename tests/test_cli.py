@@ -283,11 +283,16 @@ async def test_policy_edit_lets_the_demo_edit(project: Path, apply: bool) -> Non
 
 
 async def test_prompt_streams_text_without_json(project: Path) -> None:
-    """Without --json the agent's text goes to stdout and the stop reason to stderr."""
+    """Without --json the agent's text and the result (stop reason, run status) go to stdout;
+    stderr holds no part of the result."""
     done = await run_cli("prompt", "--agent", "demo", "--cwd", str(project), "hello", cwd=project)
     assert done.returncode == EXIT_OK
-    assert done.stdout.decode().startswith("I am the demo agent")
-    assert "[demo: end_turn]" in done.stderr.decode()
+    out = done.stdout.decode()
+    assert out.startswith("I am the demo agent")
+    assert "demo (demo-agent 1.0.0): end_turn, 0 tool calls" in out
+    assert out.endswith("no file changed\n")
+    assert "end_turn" not in done.stderr.decode()
+    assert "run " not in done.stderr.decode()
 
 
 async def test_transcript_is_schema_valid(project: Path, tmp_path: Path) -> None:

@@ -260,9 +260,9 @@ async def test_fewest_changed_lines_wins_among_those_that_passed(
         as_json=False,
     )
     assert text.returncode == EXIT_OK, text.stderr.decode()
-    err = text.stderr.decode()
-    assert "winner: terse2 (verify passed, 1 line changed, " in err, err
-    [marked] = [line for line in err.splitlines() if line.lstrip().startswith("*")]
+    out = text.stdout.decode()
+    assert "winner: terse2 (verify passed, 1 line changed, " in out, out
+    [marked] = [line for line in out.splitlines() if line.lstrip().startswith("*")]
     assert "terse2" in marked
 
 

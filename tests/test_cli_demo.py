@@ -82,8 +82,8 @@ async def test_the_printed_git_apply_line_applies_the_changes(tmp_path: Path, wh
         workspace, 'append "- one" to CHANGES.md\ncreate docs/new.md with "new\\n"'
     )
     assert done.returncode == 0, done.stderr
-    hint = HINT.search(done.stderr)
-    assert hint is not None, done.stderr
+    hint = HINT.search(done.stdout)  # the result's ending
+    assert hint is not None, done.stdout
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     applied = await run(["sh", "-c", hint.group(1)], cwd=elsewhere)

@@ -67,10 +67,11 @@ async def test_prompt_diff_and_show_print_agent_control_characters_visibly(
     assert done.returncode == 0, done.stderr.decode(errors="replace")
     assert raw_controls(done.stdout) == []
     assert raw_controls(done.stderr) == []
-    assert done.stdout.decode() == f"all good{SHOWN}\\rdone\\u009b2K\n"
+    out = done.stdout.decode()
+    assert out.startswith(f"all good{SHOWN}\\rdone\\u009b2K\n")
+    assert f" ok{SHOWN}hidden.txt (new) | 1 +\n" in out
     err = done.stderr.decode()
     assert f"  > other: read{SHOWN}\\x1b]0;owned\\x07\n" in err
-    assert f"  added    ok{SHOWN}hidden.txt\n" in err
     (run_id,) = os.listdir(state_dir / "runs")
 
     diff = await run_cli("diff", run_id, cwd=tmp_path, state=state_dir)
@@ -81,7 +82,7 @@ async def test_prompt_diff_and_show_print_agent_control_characters_visibly(
     show = await run_cli("show", run_id, cwd=tmp_path, state=state_dir)
     assert show.returncode == 0, show.stderr.decode(errors="replace")
     assert raw_controls(show.stdout + show.stderr) == []
-    assert f"  added    ok{SHOWN}hidden.txt\n" in show.stdout.decode()
+    assert f" ok{SHOWN}hidden.txt (new) | 1 +\n" in show.stdout.decode()
 
 
 async def test_diff_of_ordinary_text_is_the_patch_itself(tmp_path: Path, state_dir: Path) -> None:

@@ -794,7 +794,8 @@ async def test_a_killed_compare_reads_interrupted_and_resumes(
     assert shown["winner"] is None
     done = await run_cli("show", run_id, cwd=tmp_path, state=state_dir)
     out = done.stdout.decode() + done.stderr.decode()
-    assert f"run {run_id} (compare) in {configured}: interrupted (its process is gone)" in out
+    assert f"run {run_id} (compare) in {configured}\n" in out
+    assert f"\nrun {run_id}: interrupted (its process is gone)\n" in out
     assert "no agent succeeded)" not in out  # it never finished: nobody failed to win
     assert "winner: none (interrupted before any agent succeeded)" in out
 

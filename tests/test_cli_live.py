@@ -250,7 +250,10 @@ def test_off_a_terminal_progress_and_logs_are_plain_lines(
         state=state_dir, cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    progress = _progress_part(done.stderr, r"^\d\d:\d\d:\d\d info +run \w+: succeeded$")
+    # the result (its `run RUN: succeeded` line included) is on stdout: stderr is progress
+    assert re.search(r"^run \w+: succeeded$", done.stdout, re.MULTILINE), done.stdout
+    progress = done.stderr.splitlines()
+    assert not [line for line in progress if re.search(r"run \w+: succeeded", line)]
     assert [line for line in progress if not _PLAIN.match(line)] == []
     assert any(" info    agent process started " in line for line in progress)  # a log line
     assert any(" info    started  rename[shop/cart.py] (demo)" in line for line in progress)

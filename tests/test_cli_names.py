@@ -106,7 +106,9 @@ async def test_prompt_applies_to_the_exact_files_and_every_output_names_them_ali
     assert shown["changes"] == CHANGES
     assert shown["status"] == "succeeded"
     text = await run_cli("show", run_id, cwd=tmp_path, state=state_dir)
-    assert "modified caf\\xe9.txt" in text.stdout.decode()
+    # the diff stat names it as --json does, with its count from the diff
+    [stat] = [line for line in text.stdout.decode().splitlines() if " caf\\xe9.txt " in line]
+    assert stat.split("|")[1].split()[0].isdigit(), stat
     diff = await run_cli("diff", run_id, cwd=tmp_path, state=state_dir)
     assert '+++ "b/n\\377w.txt"' in diff.stdout.decode()
 

@@ -233,7 +233,7 @@ async def test_show_report_writes_the_report(setup: Setup, state_dir: Path) -> N
         "show", run_id[:8], "--report", str(report), cwd=setup.root, state=state_dir
     )
     assert shown.returncode == EXIT_OK, shown.stderr.decode()
-    assert f"report: {report / 'report.html'}" in shown.stderr.decode()
+    assert f"report: {report / 'report.html'}" in shown.stdout.decode()
     assert run_id in shown.stdout.decode()
     html = (report / "report.html").read_text()
     markdown = (report / "report.md").read_text()

@@ -321,7 +321,7 @@ def test_show_keeps_a_python_failures_traceback_and_an_empty_fan_out(
     error = "ValueError: invalid literal for int() with base 10: 'not a number'"
     done = cli("run", str(pipeline), "--cwd", str(project), state=state_dir)
     assert done.returncode == 1, done.stderr
-    assert f'      File "{pipeline}", line 6, in boom\n' in done.stderr
+    assert f'      File "{pipeline}", line 6, in boom\n' in done.stdout
     run_id = as_json(cli("runs", "--json", state=state_dir))["runs"][0]["runId"]
     shown = cli("show", run_id, state=state_dir)
     assert shown.returncode == 0, shown.stderr

@@ -276,10 +276,10 @@ async def test_resume_with_a_policy_offers_no_option_it_was_given(
         "resume", "--no-progress", run_id, "--policy", "edit", cwd=colour, state=state_dir
     )
     assert done.returncode == 0, done.stderr
-    err = done.stderr.decode()
-    assert "replaced by this resume: policy" in err
-    assert err.splitlines()[-1] == REUSED
-    assert "--policy edit" not in err
+    assert "replaced by this resume: policy" in done.stderr.decode()
+    # the note ends the result, on stdout
+    assert done.stdout.decode().splitlines()[-1] == REUSED
+    assert "--policy edit" not in (done.stdout + done.stderr).decode()
     result = as_json(
         await run_cli("resume", "--json", run_id, "--policy", "edit", cwd=colour, state=state_dir)
     )
@@ -309,7 +309,7 @@ async def test_resume_counts_the_latest_attempt_of_an_instance_run_again(
     gate.touch()
     done = await run_cli("resume", "--no-progress", run_id, cwd=colour, state=state_dir)
     assert done.returncode == 0, done.stderr
-    assert done.stderr.decode().splitlines()[-1] == ONE
+    assert done.stdout.decode().splitlines()[-1] == ONE  # the result's last line
     result = as_json(await run_cli("show", "--json", run_id, cwd=colour, state=state_dir))
     assert result["defaultRejections"] == {
         "count": 1,

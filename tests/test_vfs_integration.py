@@ -744,7 +744,7 @@ async def test_cli_run_change_applies_once_the_workspace_file_is_restored(
     assert applied.returncode == 0, applied.stderr.decode()
     assert orjson.loads(applied.stdout)["written"] == ["notes.txt"]
     assert (ws / "notes.txt").read_bytes() == b"one\nTWO\nthree\n"
-    err = done.stderr.decode()
+    err = done.stdout.decode()  # the result
     assert "NOT applied: changed in the workspace during the run: notes.txt" in err
     assert (
         f"the changes are kept in the run store: orchestrator diff {run_id} shows them; "
@@ -773,7 +773,7 @@ async def test_cli_prompt_never_points_at_a_patch_that_lacks_the_change(
     run_id = orjson.loads(listed.stdout)["runs"][0]["runId"]
     patch = state_dir / "runs" / run_id / "changes.patch"
     assert patch.read_bytes() == b""
-    err = done.stderr.decode()
+    err = done.stdout.decode()  # the result
     assert f"the changes are kept in the run store ({patch} leaves out notes.txt): " in err
     assert f"orchestrator diff {run_id} shows them" in err
     assert f"orchestrator apply {run_id} writes them" in err
@@ -816,4 +816,4 @@ async def test_cli_prompt_patch_holds_a_change_to_a_file_changed_in_the_workspac
     with trio.fail_after(LIMIT):
         await trio.run_process(["git", "apply", str(patch)], cwd=ws, capture_stderr=True)
     assert (ws / "notes.txt").read_bytes() == b"one\nTWO\nthree\n"
-    assert f"the changes are kept in the run store and in {patch}: " in done.stderr.decode()
+    assert f"the changes are kept in the run store and in {patch}: " in done.stdout.decode()

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from .output import say, say_default_policy_note, terminal_text
+from .output import say, terminal_text
 
 if TYPE_CHECKING:  # the heavy imports stay out of `--help`
     from ..protocol import types as t
@@ -93,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     _log_flags(parser, before=True)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     from .runs import (
+        DIFF_HELP,
         FILE_SIZE_HELP,
         PROMPT_NO_PROGRESS_HELP,
         add_parsers,
@@ -128,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--transcript", help="write every wire frame to this ND-JSON file")
     p.add_argument("--json", action="store_true", help="print one JSON result object")
+    p.add_argument("--diff", action="store_true", help=DIFF_HELP)
     p.add_argument("--timeout", type=positive_seconds, help="seconds allowed for the whole turn")
     p.add_argument(
         "--idle-timeout", type=positive_seconds, help="seconds allowed without any update"
@@ -408,69 +410,18 @@ async def _cmd_prompt(args: argparse.Namespace) -> int:
     if args.json:
         _emit_json(run.to_json())
     else:
+        from .render import prompt_ending
+
         if args.no_progress:
             sys.stdout.write(terminal_text(run.turn.text))
         if run.turn.text and not run.turn.text.endswith("\n"):
             sys.stdout.write("\n")
-        say(f"[{run.agent.name}: {run.turn.stop_reason}]", file=sys.stderr)
-        _report_changes(run, args.cwd)
-        say_default_policy_note(run.default_rejections, sys.stderr)
+        say("")  # the streamed reply, then its ending, as `show RUN` lays them out
+        # the object show RUN reads back (the prompt's, with its workspace)
+        prompt_ending({"cwd": args.cwd, **run.to_json()}, sys.stdout, diff=args.diff)
     if run.exit_code:
         return run.exit_code
     return EXIT_OK if run.turn.stop_reason == "end_turn" else EXIT_FAILED
-
-
-def _report_changes(run: Any, workspace: str) -> None:
-    """What the agent changed, and whether it reached the workspace (human output, stderr)."""
-    from .._names import display_name, display_names
-    from .._words import count
-    from ..runs.git_apply import git_apply_command
-
-    if not run.changes:
-        say("no file changed", file=sys.stderr)
-        return
-    links = dict(run.symlinks)
-    for path, change in run.changes:
-        link = f" -> {display_name(links[path])} (symlink)" if path in links else ""
-        say(f"  {change:<8} {display_name(path)}{link}", file=sys.stderr)
-    patch = f"{run.run_dir}/changes.patch"
-    left_out = ", ".join(display_names(run.patch_left_out))
-    if run.applied:
-        say(f"applied to the workspace ({count(len(run.changes), 'file')})", file=sys.stderr)
-    elif run.workspace_changed:
-        say(
-            "NOT applied: changed in the workspace during the run: "
-            + ", ".join(display_names(run.workspace_changed)),
-            file=sys.stderr,
-        )
-        # the patch is named only if it holds every change
-        where = (
-            f"in the run store ({patch} leaves out {left_out})"
-            if left_out
-            else f"in the run store and in {patch}"
-        )
-        say(
-            f"the changes are kept {where}: orchestrator diff {run.run_id} shows them; "
-            f"once those files are as they were when the run started, "
-            f"orchestrator apply {run.run_id} writes them",
-            file=sys.stderr,
-        )
-    elif left_out:
-        say(
-            f"not applied; {patch} leaves out {left_out} (changed in the workspace during the "
-            f"run): orchestrator diff {run.run_id} shows every change; once those files are as "
-            f"they were when the run started, orchestrator apply {run.run_id} writes them",
-            file=sys.stderr,
-        )
-    elif links:
-        # git apply would write a symlink wherever it leads; orchestrator apply checks each
-        say(f"not applied; to apply: orchestrator apply {run.run_id}", file=sys.stderr)
-    else:
-        say(
-            f"not applied; to apply: orchestrator apply {run.run_id} "
-            f"(or {git_apply_command(workspace, patch)})",
-            file=sys.stderr,
-        )
 
 
 def _print_update(update: t.SessionUpdate) -> None:

@@ -104,8 +104,12 @@ class PlainView:
         if said is None:
             return
         level, verb, text = said
+        if verb == "run" and logs.style() != "json":
+            # a person reads `run RUN: STATUS` once, at the end of the result on stdout; a
+            # stream of JSON events keeps its last one
+            return
         # a person's line aligns the verbs; a JSON line carries the event's fields too
-        text = f"{verb} {text}" if logs.style() == "json" or verb == "run" else f"{verb:<8} {text}"
+        text = f"{verb} {text}" if logs.style() == "json" else f"{verb:<8} {text}"
         fields = {k: v for k, v in event.to_json().items() if v is not None and k != "time"}
         fields = {"event": fields.pop("type"), "instance": event.instance, **fields}
         if event.instance is None:

@@ -7,9 +7,9 @@ import json
 import math
 import re
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..pipeline.results import RunEvent
@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 from .._names import display_names
 from .._words import count
 from . import EXIT_FAILED, EXIT_MERGE_CONFLICTS, EXIT_OK, EXIT_USAGE, SANDBOX_HELP
-from .output import say, say_default_policy_note, terminal_text
+from .output import say, terminal_text
+from .render import conflict_line, sandbox_lines, step_details
 
 RUN_EXAMPLES = """\
 examples:
@@ -175,6 +176,10 @@ async def read_prompt(args: argparse.Namespace) -> str:
     return text
 
 
+#: the help of every command's --diff
+DIFF_HELP = "print the diff with the result (else: orchestrator diff RUN)"
+
+
 def _shared(p: argparse.ArgumentParser, *, state_only: bool = False) -> None:
     p.add_argument(
         "--state-dir",
@@ -195,6 +200,7 @@ def _shared(p: argparse.ArgumentParser, *, state_only: bool = False) -> None:
     )
     p.add_argument("--max-file-size", type=file_size, metavar="SIZE", help=FILE_SIZE_HELP)
     p.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
+    p.add_argument("--diff", action="store_true", help=DIFF_HELP)
     p.add_argument("--sandbox", action="store_true", help=SANDBOX_HELP)
 
 
@@ -246,6 +252,7 @@ def add_parsers(sub: Any) -> None:
     s = sub.add_parser("show", help="show a run", description="Show a recorded run's steps.")
     s.add_argument("run", help="a run id (a unique prefix is enough)")
     s.add_argument("--report", metavar="DIR", help="write report.html and report.md into DIR")
+    s.add_argument("--diff", action="store_true", help=DIFF_HELP)
     _shared(s, state_only=True)
 
     u = sub.add_parser(
@@ -271,6 +278,7 @@ def add_parsers(sub: Any) -> None:
     )
     u.add_argument("--report", metavar="DIR", help="write report.html and report.md into DIR")
     u.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
+    u.add_argument("--diff", action="store_true", help=DIFF_HELP)
     u.add_argument(
         "--sandbox",
         action="store_true",
@@ -418,14 +426,11 @@ def _finish(args: argparse.Namespace, outcome: Any) -> int:
 
         paths = render_report(result, args.report)
         result["report"] = {"html": str(paths.html), "markdown": str(paths.markdown)}
-        if not args.json:
-            say(f"report: {paths.html}", file=sys.stderr)
     if args.json:
         _emit(result)
     else:
         _restored_line(result.get("restored"))
-        _summary(result, outcome.run_id)
-        say_default_policy_note(outcome.default_rejections, sys.stderr)
+        _summary(result, outcome.run_id, diff=args.diff)
     return int(outcome.exit_code)
 
 
@@ -455,127 +460,24 @@ def _restored_line(restored: Any) -> None:
         say(f"not set now (recorded by name only): {missing}", file=sys.stderr)
 
 
-def sandbox_lines(sandbox: Any) -> list[str]:
-    """What confined a run's agents (its ``sandbox`` object), for people; [] when nothing."""
-    if not isinstance(sandbox, dict) or not sandbox.get("confined"):
-        return []
-    lines = [f"sandbox: Landlock ABI {sandbox.get('landlockAbi')}"]
-    for step, agents in (sandbox.get("confined") or {}).items():
-        for agent, rules in (agents or {}).items():
-            ports = rules.get("ports")
-            if ports is None:
-                net = "any TCP port"
-            else:
-                net = "TCP ports " + ",".join(map(str, ports)) if ports else "no TCP connection"
-            writes = ", ".join(["its branch", f"home {rules.get('home')}", "a private temp"])
-            writes += "".join(f", {p}" for p in rules.get("write") or [])
-            reads = ", ".join(rules.get("read") or []) or "nothing"
-            lines.append(f"  {step}/{agent}: writes {writes}; reads {reads}; {net}")
-    return lines
+def _summary(result: dict[str, Any], run_id: str, *, diff: bool = False) -> None:
+    """The human result of run, compare and resume, on stdout (see :mod:`.render`)."""
+    from .render import compare_result, prompt_ending, run_ending, steps_result
 
-
-def _print_traceback(text: Any, indent: str, out: IO[str] | None = None) -> None:
-    """A failure's Python traceback (if it has one), indented under the line it explains."""
-    if not isinstance(text, str) or not text:
+    out = sys.stdout
+    if result.get("kind") == "prompt" and "stopReason" in result:
+        # a resumed prompt ends as the prompt would have
+        for line in sandbox_lines(result.get("sandbox")):
+            say(line, out)
+        prompt_ending(result, out, diff=diff)
         return
-    for line in text.rstrip("\n").splitlines():
-        say(f"{indent}{line}", file=out or sys.stdout)
-
-
-def _conflict_line(c: Mapping[str, Any]) -> str:
-    """One conflict as a line: where, what, how settled, and whose versions ours and theirs are.
-
-    ``ours`` is the merge so far in the fan-in's order, ``theirs`` the instance merged into it.
-    """
-    resolution = c.get("resolution")
-    settled = "unresolved" if resolution in (None, "fail") else f"resolved: {resolution}"
-    line = f"  conflict in {c.get('path')} at {c.get('step')} ({c.get('kind')}): {settled}"
-    branches = c.get("branches") or []
-    ours = c.get("oursLabel") or (branches[0] if branches else None)
-    theirs = c.get("theirsLabel") or (branches[1] if len(branches) > 1 else None)
-    if ours and theirs:
-        line += f"; ours {ours}, theirs {theirs}"
-    also = [a.get("label") for a in c.get("alsoChanged") or [] if isinstance(a, Mapping)]
-    if also:
-        line += f"; also changed by {', '.join(map(str, also))}"
-    return line
-
-
-def _summary(result: dict[str, Any], run_id: str) -> None:
-    """The human ending of run, compare and resume (stderr; the diff on stdout)."""
-    err = sys.stderr
     if result.get("kind") == "compare":
-        for line in _compare_lines(result):
-            say(line, file=err)
+        compare_result(result, out, diff=diff)
     else:
-        for name, step in (result.get("steps") or {}).items():
-            extra = step.get("error") or step.get("cause") or ""
-            say(f"  {name:<20} {step.get('status'):<10} {extra}", file=err)
-            _print_traceback(step.get("traceback"), "      ", err)
-        for c in result.get("conflicts") or []:
-            say(_conflict_line(c), file=err)
-        if result.get("diff"):
-            sys.stdout.write(terminal_text(result["diff"]))
+        steps_result(result, out, diff=diff)
     for line in sandbox_lines(result.get("sandbox")):
-        say(line, file=err)
-    status = result.get("status")
-    say(f"run {run_id}: {status}", file=err)
-    if result.get("applied"):
-        return
-    compare = result.get("kind") == "compare"
-    how = (
-        f"orchestrator apply {run_id} --step compare[{result.get('winner') or 'NAME'}]"
-        if compare
-        else f"orchestrator apply {run_id}"
-    )
-    if result.get("workspaceChanged"):
-        changed = ", ".join(result["workspaceChanged"])
-        say(f"NOT applied: changed in the workspace during the run: {changed}", file=err)
-        say(
-            f"the changes are kept in the run store: orchestrator diff {run_id} shows them; "
-            f"once those files are as they were when the run started: {how}",
-            file=err,
-        )
-    elif status != "succeeded":
-        # nothing to offer: the run's final changes do not exist (finished steps can be applied
-        # one by one: orchestrator apply RUN --step STEP)
-        say(f"nothing was written to the workspace; see: orchestrator show {run_id}", file=err)
-    elif result.get("changes") or (compare and result.get("winner")):
-        say(f"nothing was written to the workspace; to apply: {how}", file=err)
-    else:
-        say("no file changed", file=err)
-
-
-def _compare_lines(result: dict[str, Any]) -> list[str]:
-    """A comparison's agents, one line each with the winner starred, then the winner and why."""
-    from ..runs.verdict import changed_lines, judge
-
-    agents = result.get("agents") or []
-    verdict = judge(agents)
-    lines = []
-    for agent in agents:
-        mark = "*" if agent.get("name") == verdict.winner else " "
-        verify = agent.get("verify") or {}
-        vtext = f"  verify={verify.get('exitCode')}" if verify else ""
-        wall = agent.get("wallSeconds")
-        wtext = f"{wall:.1f} s" if isinstance(wall, (int, float)) else "-"
-        lines.append(
-            f"{mark} {agent.get('name'):<12} {agent.get('status'):<10} "
-            f"{agent.get('stopReason') or '-':<17} "
-            f"{count(len(agent.get('changes') or []), 'file')}  "
-            f"{count(changed_lines(str(agent.get('diff') or '')), 'line')}  {wtext}{vtext}"
-            + (f"  {agent['error']}" if agent.get("error") else "")
-        )
-    if verdict.winner is not None:
-        lines.append(f"winner: {verdict.winner} ({verdict.reason})")
-    elif agents and result.get("status") == "running":
-        lines.append("winner: none yet (the run is still running)")
-    elif agents and result.get("status") == "interrupted":
-        # the run never finished: its agents did not all get their chance
-        lines.append("winner: none (interrupted before any agent succeeded)")
-    elif agents:
-        lines.append("winner: none (no agent succeeded)")
-    return lines
+        say(line, out)
+    run_ending(result, run_id, out)
 
 
 async def cmd_run(args: argparse.Namespace) -> int:
@@ -754,8 +656,10 @@ async def cmd_runs(args: argparse.Namespace) -> int:
 
 
 async def cmd_show(args: argparse.Namespace) -> int:
-    """``orchestrator show``."""
+    """``orchestrator show``: what the run's command printed when it finished, from the
+    record (a comparison's messages whole)."""
     from ..runs import get_run_json
+    from .render import compare_result, prompt_details, prompt_ending, run_ending, steps_result
 
     result = await get_run_json(args.run, state_dir=args.state_dir)
     interrupted = await _interrupted(args)
@@ -765,61 +669,44 @@ async def cmd_show(args: argparse.Namespace) -> int:
 
         paths = render_report(result, args.report)
         result["report"] = {"html": str(paths.html), "markdown": str(paths.markdown)}
-        if not args.json:
-            say(f"report: {paths.html}", file=sys.stderr)
     if args.json:
         _emit(result)
         return EXIT_OK
-    reason = f" ({result['statusReason']})" if result.get("statusReason") else ""
-    say(f"run {result['runId']} ({result['kind']}) in {result['cwd']}: {result['status']}{reason}")
+    run_id = result["runId"]
     if result.get("kind") == "compare":
+        say(f"run {run_id} (compare) in {result['cwd']}")
         say(f"task: {result.get('task')}")
-        for line in _compare_lines(result):
-            say(line)
-        for agent in result.get("agents") or []:
-            _print_cut(agent.get("cut"), f"  {agent.get('name')}: ")
+        say("")
+        compare_result(result, sys.stdout, message_lines=None, diff=args.diff)
+        _show_tail(result)
+        run_ending(result, run_id, sys.stdout)
     elif result.get("kind") == "prompt" and "stopReason" in result:
-        agent = (result.get("agent") or {}).get("name")
-        say(
-            f"  {agent}: {result.get('stopReason')}, "
-            f"{count(len(result.get('permissions') or []), 'permission request')}, "
-            f"{count(len(result.get('toolCalls') or []), 'tool call')}"
-        )
-        _print_cut(result.get("cut"), "  ")
-        for c in result.get("changes") or []:
-            link = f" -> {c['symlink']} (symlink)" if "symlink" in c else ""
-            say(f"  {c['change']:<8} {c['path']}{link}")
+        say(f"run {run_id} (prompt) in {result['cwd']}")
+        say("")
+        prompt_details(result, sys.stdout)
+        say("")
+        _show_tail(result)
+        prompt_ending(result, sys.stdout, diff=args.diff)
     else:
-        for name, step in (result.get("steps") or {}).items():
-            extra = step.get("error") or step.get("cause") or ""
-            say(f"  {name:<20} {step.get('status'):<10} {extra}")
-            shown = {k: i for k, i in (step.get("instances") or {}).items() if k != name}
-            # a fanned-out step's traceback is its first failed instance's: shown with it
-            if not any(i.get("traceback") == step.get("traceback") for i in shown.values()):
-                _print_traceback(step.get("traceback"), "      ")
-            for key, inst in shown.items():
-                say(f"    [{key}] {inst.get('status')} {inst.get('error') or ''}")
-                _print_traceback(inst.get("traceback"), "        ")
-            for inst in (step.get("instances") or {}).values():
-                _print_cut(inst.get("cut"), "      ")
-    for c in result.get("conflicts") or []:
-        say(_conflict_line(c))
-    _warn_interrupted(interrupted, result["runId"], result.get("cwd"))
-    for line in sandbox_lines(result.get("sandbox")):
-        say(line)
+        reason = f" ({result['statusReason']})" if result.get("statusReason") else ""
+        say(f"run {run_id} ({result['kind']}) in {result['cwd']}: {result['status']}{reason}")
+        step_details(result, sys.stdout)
+        # the conflicts, the diff (with --diff) and the diff stat, as run printed them
+        steps_result({**result, "steps": {}}, sys.stdout, diff=args.diff)
+        _show_tail(result, conflicts=False)
+        if result.get("report"):  # the endings of the others say it
+            say(f"report: {result['report']['html']}")
+    _warn_interrupted(interrupted, run_id, result.get("cwd"))
     return EXIT_OK
 
 
-def _print_cut(cut: Any, prefix: str) -> None:
-    """Say what the run store left out of a turn (its ``cut``), if anything."""
-    if not isinstance(cut, dict):
-        return
-    say(
-        f"{prefix}turn cut in the run store (limit max_turn_record_bytes = "
-        f"{cut.get('limit'):,} bytes): {cut.get('droppedTextBytes'):,} of "
-        f"{cut.get('textBytes'):,} bytes of text and {cut.get('droppedToolCalls'):,} of "
-        f"{cut.get('toolCalls'):,} tool calls left out"
-    )
+def _show_tail(result: dict[str, Any], *, conflicts: bool = True) -> None:
+    """The conflicts (unless already listed) and the sandbox of a shown run."""
+    if conflicts:
+        for c in result.get("conflicts") or []:
+            say(conflict_line(c))
+    for line in sandbox_lines(result.get("sandbox")):
+        say(line)
 
 
 async def cmd_apply(args: argparse.Namespace) -> int:
@@ -929,8 +816,12 @@ async def cmd_diff(args: argparse.Namespace) -> int:
     from ..runs import diff_run
     from ..runs.recorded import get_run
 
-    text = await diff_run(args.run, step=args.step, state_dir=args.state_dir)
     record = await get_run(args.run, state_dir=args.state_dir)
+    if record.kind == "compare" and args.step in (None, "compare") and not args.json:
+        # a comparison's agents are alternatives: each diff under a line naming its agent
+        text = await _labelled_diffs(record.run_id, args.state_dir)
+    else:
+        text = await diff_run(args.run, step=args.step, state_dir=args.state_dir)
     interrupted = await _interrupted(args)
     if args.json:
         _emit(
@@ -946,6 +837,20 @@ async def cmd_diff(args: argparse.Namespace) -> int:
         sys.stdout.write(terminal_text(text))
         _warn_interrupted(interrupted, record.run_id, record.cwd)
     return EXIT_OK
+
+
+async def _labelled_diffs(run_id: str, state_dir: str | None) -> str:
+    """Each agent's diff of comparison ``run_id``, under a ``# compare[NAME]: ...`` line."""
+    from ..runs import get_run_json
+    from .render import diff_header
+
+    result = await get_run_json(run_id, state_dir=state_dir)
+    parts = []
+    for agent in result.get("agents") or []:
+        name = str(agent.get("name"))
+        diff = str(agent.get("diff") or "")
+        parts.append(diff_header(name, agent) + "\n" + (diff or "# (no changes)\n"))
+    return "\n".join(parts)
 
 
 HANDLERS = {

@@ -152,8 +152,15 @@ async def compare(
             return RunOutcome(outcome.run_id, "failed", result, outcome.run_dir)
         applied = await apply_run(outcome.run_id, step=f"compare[{apply}]", state_dir=state_dir)
         changed = applied.workspace_changed
+        entries = [
+            {**a, "applied": applied.applied, "workspaceChanged": display_names(changed)}
+            if a.get("name") == apply
+            else a
+            for a in outcome.result.get("agents") or ()
+        ]
         result = {
             **outcome.result,
+            "agents": entries,
             "applied": apply if applied.applied else None,
             "workspaceChanged": display_names(changed),
         }

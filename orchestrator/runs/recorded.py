@@ -19,6 +19,7 @@ from .default_policy import count_default_rejections
 from .verdict import Verdict, judge
 
 __all__ = [
+    "compare_agent_json",
     "compare_verdict",
     "diff_run",
     "get_run",
@@ -206,13 +207,6 @@ async def get_run_json(
     if record.kind == "compare":
         compare_info = options.get("compare") or {}
         verify = (options.get("verify") or {}).get("compare")
-        agents = []
-        for key, body in by_step.get("compare", {}).get("instances", {}).items():
-            one = dict(body)
-            one["name"] = key
-            if verify and not one.get("verify"):
-                one["verify"] = None
-            agents.append(one)
         # a comparison's agents are alternatives: ``applied`` names the one written to the
         # workspace (the latest, if several were), or is null
         written = [
@@ -220,6 +214,12 @@ async def get_run_json(
             for key in applied_keys
             if key.startswith("compare[") and key.endswith("]")
         ]
+        agents = []
+        for key, body in by_step.get("compare", {}).get("instances", {}).items():
+            one = compare_agent_json(body, key, record.run_id, written[-1:] == [key])
+            if verify and not one.get("verify"):
+                one["verify"] = None
+            agents.append(one)
         result.update(
             task=compare_info.get("task") or record.inputs.get("task"),
             agents=agents,
@@ -240,6 +240,27 @@ async def get_run_json(
         )
     result["conflicts"] = await store.conflicts(record.run_id)
     return result
+
+
+def compare_agent_json(
+    body: dict[str, Any], name: str, run_id: str, applied: bool
+) -> dict[str, Any]:
+    """One agent's entry in a comparison's object: its step instance's fields, ``name`` (its
+    label), and the fields of a ``prompt`` object (``agent`` {name, version, reportedName},
+    ``runId``, ``applied``, ``workspaceChanged``), so one reader serves both."""
+    info = body.get("agentInfo") or {}
+    return {
+        **body,
+        "name": name,
+        "runId": run_id,
+        "agent": {
+            "name": name,
+            "version": info.get("version") or None,
+            "reportedName": info.get("name") or None,
+        },
+        "applied": applied,
+        "workspaceChanged": [],
+    }
 
 
 async def compare_verdict(run_id: str, *, store: RunStore) -> Verdict:

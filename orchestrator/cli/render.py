@@ -1,0 +1,551 @@
+"""The human result of the run commands, rendered from a run's recorded result object.
+
+One rule for every run command (``prompt``, ``compare``, ``run``, ``resume``): the result goes
+to stdout, progress and logs to stderr, and diffs only when asked (``--diff``, or
+``orchestrator diff RUN``). The ending a command prints when its run finishes and what ``show
+RUN`` prints later come from the same functions here, fed by the same object (the ``--json``
+one), so the two cannot drift apart.
+
+Every value that came from an agent, a file or a user goes through :func:`~.output.say`, so no
+control character reaches the terminal raw.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import IO, Any
+
+from .output import say, say_default_policy_note, terminal_text
+
+__all__ = [
+    "COMPARE_MESSAGE_LINES",
+    "compare_result",
+    "conflict_line",
+    "cut_line",
+    "default_policy_note",
+    "diff_header",
+    "diff_stat",
+    "prompt_details",
+    "prompt_ending",
+    "run_ending",
+    "sandbox_lines",
+    "step_details",
+    "steps_result",
+    "terminal_width",
+]
+
+#: the width of a table written to a pipe or a file, where no terminal says how wide it is
+PIPE_WIDTH = 120
+#: how many lines of each agent's final message ``compare`` prints
+COMPARE_MESSAGE_LINES = 10
+
+
+def terminal_width(out: IO[str] | None = None) -> int:
+    """The width to render for: ``$COLUMNS``, else the terminal's, else :data:`PIPE_WIDTH`."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    try:
+        return os.get_terminal_size((out or sys.stdout).fileno()).columns
+    except (OSError, ValueError, AttributeError):
+        return PIPE_WIDTH
+
+
+def _width(text: str) -> int:
+    """The cells ``text`` takes on a terminal (wide characters take two)."""
+    from rich.cells import cell_len
+
+    return cell_len(text)
+
+
+def _pad(text: str, width: int, right: bool = False) -> str:
+    fill = " " * max(0, width - _width(text))
+    return fill + text if right else text + fill
+
+
+# ---------------------------------------------------------------------------------------------
+# the pieces
+
+
+def _view(obj: Mapping[str, Any], default: str) -> Any:
+    from ..report._model import AgentView
+
+    return AgentView.from_json(obj, default)
+
+
+def diff_stat(
+    diff: str, changes: Sequence[Mapping[str, Any]], width: int | None = None
+) -> list[str]:
+    """The changed files as ``git diff --stat`` lists them: one line per file (with ``(new)``,
+    ``(deleted)`` or its symlink target), then the totals. [] when nothing changed."""
+    from ..report._diff import parse_diff
+
+    files = {f.path: f for f in parse_diff(diff)}
+    # (name shown, count column, lines added and removed: None when the diff counts none)
+    rows: list[tuple[str, str, tuple[int, int] | None]] = []
+    listed = list(changes) or [
+        {"path": f.path, "change": f.change if f.change in ("added", "deleted") else "modified"}
+        for f in files.values()
+    ]
+    for c in listed:
+        path = str(c.get("path"))
+        name = path
+        if c.get("symlink") is not None:
+            name += f" -> {c['symlink']} (symlink)"
+        elif c.get("change") == "added":
+            name += " (new)"
+        elif c.get("change") == "deleted":
+            name += " (deleted)"
+        f = files.get(path)
+        if f is None:  # named by the changes, not in the diff (too large to show, say)
+            rows.append((name, "-", None))
+        elif f.binary:
+            rows.append((name, "Bin", None))
+        else:
+            rows.append((name, str(f.added + f.removed), (f.added, f.removed)))
+    if not rows:
+        return []
+    name_w = max(_width(terminal_text(n)) for n, _, _ in rows)
+    count_w = max(len(c) for _, c, _ in rows)
+    # as git does: the +/- bar is scaled down to the room the width leaves
+    room = max(10, (width or terminal_width()) - name_w - count_w - 5)
+    most = max((sum(lines) for _, _, lines in rows if lines), default=0)
+    scale = min(1.0, room / most) if most else 1.0
+    out = []
+    for name, count, counted in rows:
+        bar = ""
+        if counted:
+            plus, minus = counted
+            bar = " " + "+" * max(round(plus * scale), min(plus, 1))
+            bar += "-" * max(round(minus * scale), min(minus, 1))
+        out.append(f" {_pad(terminal_text(name), name_w)} | {_pad(count, count_w, True)}{bar}")
+    added = sum(lines[0] for _, _, lines in rows if lines)
+    removed = sum(lines[1] for _, _, lines in rows if lines)
+    n = len(rows)
+    total = f" {n} file{'s' if n != 1 else ''} changed"
+    if added:
+        total += f", {added} insertion{'s' if added != 1 else ''}(+)"
+    if removed:
+        total += f", {removed} deletion{'s' if removed != 1 else ''}(-)"
+    out.append(total)
+    return out
+
+
+def _message(text: str | None, limit: int | None, more: str) -> list[str]:
+    """An agent's final message, indented; its first ``limit`` lines and a line saying how
+    many more there are and where to read them (``more``: the command)."""
+    lines = (text or "").rstrip("\n").splitlines()
+    if not lines:
+        return ["  (no message)"]
+    shown = lines if limit is None else lines[:limit]
+    out = [f"  {line}" for line in shown]
+    if len(lines) > len(shown):
+        out.append(f"  \u2026 ({len(lines) - len(shown)} more lines: {more})")
+    return out
+
+
+def diff_header(name: str, agent: Mapping[str, Any]) -> str:
+    """The line above one agent's diff in a comparison's diffs (``# compare[NAME]: ...``): a
+    comment to ``git apply`` and ``patch``, which skip text before a file's header."""
+    view = _view(agent, name)
+    added, removed = view.lines
+    n = view.files_changed
+    return (
+        f"# compare[{name}]: {view.status or '-'}, {n} file{'s' if n != 1 else ''} changed, "
+        f"+{added} -{removed}"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# compare
+
+
+def _columns() -> tuple[tuple[str, int, bool, Callable[[Any], str]], ...]:
+    """The table's columns: (header, priority, right-aligned, the cell of an agent); the lowest
+    priority is dropped first when the table is too wide."""
+    from ..report._format import DASH, agent_cost_text, count_text, seconds_text
+
+    def verify(a: Any) -> str:
+        if a.verify is None:
+            return DASH
+        return "passed" if a.verify_passed else "failed"
+
+    def tools(a: Any) -> str:
+        failed = a.failed_tool_calls
+        return f"{len(a.tool_calls)}" + (f" ({failed} failed)" if failed else "")
+
+    def permissions(a: Any) -> str:
+        c = a.permission_counts
+        return f"{c.asked}/{c.allowed}/{c.rejected}"
+
+    return (
+        ("AGENT", 100, False, lambda a: a.name),
+        ("OUTCOME", 90, False, lambda a: a.status or DASH),
+        ("VERIFY", 60, False, verify),
+        ("FILES", 70, True, lambda a: str(a.files_changed)),
+        ("+/-", 80, True, lambda a: "+{} -{}".format(*a.lines)),
+        ("TOOLS", 40, True, tools),
+        ("ASK/OK/NO", 30, True, permissions),
+        ("TOKENS", 20, True, lambda a: count_text(a.total_tokens)),
+        ("COST", 10, True, agent_cost_text),
+        ("TIME", 50, True, lambda a: seconds_text(a.wall_seconds)),
+    )
+
+
+def compare_table(agents: Sequence[Mapping[str, Any]], winner: str | None, width: int) -> list[str]:
+    """One row per agent, the winner starred; columns dropped, least useful first, until the
+    table fits ``width`` (never the agent's name, which is never cut). Verify, tokens and cost
+    show only when some agent has one."""
+    from ..report._format import DASH
+
+    views = [_view(a, f"agent {i + 1}") for i, a in enumerate(agents)]
+    cols = []
+    for header, priority, right, value in _columns():
+        cells = [terminal_text(value(v)) for v in views]
+        if header in ("VERIFY", "TOKENS", "COST") and all(c == DASH for c in cells):
+            continue
+        cols.append((header, priority, right, cells))
+
+    def total(chosen: list[Any]) -> int:
+        widths = [max(_width(h), *(_width(c) for c in cells)) for h, _, _, cells in chosen]
+        return 2 + sum(widths) + 2 * (len(widths) - 1)
+
+    while total(cols) > width and len(cols) > 2:
+        cols.remove(min(cols[2:], key=lambda c: c[1]))
+    widths = [max(_width(h), *(_width(c) for c in cells)) for h, _, _, cells in cols]
+    last = len(cols) - 1
+
+    def row(mark: str, cells: list[str]) -> str:
+        parts = [
+            _pad(cell, w, right) if i < last or right else cell
+            for i, (cell, w, (_, _, right, _)) in enumerate(zip(cells, widths, cols, strict=True))
+        ]
+        return (mark + " " + "  ".join(parts)).rstrip()
+
+    lines = [row(" ", [h for h, _, _, _ in cols])]
+    for i, v in enumerate(views):
+        lines.append(row("*" if v.name == winner else " ", [cells[i] for _, _, _, cells in cols]))
+    return lines
+
+
+def compare_result(
+    result: Mapping[str, Any],
+    out: IO[str],
+    *,
+    message_lines: int | None = COMPARE_MESSAGE_LINES,
+    diff: bool = False,
+    width: int | None = None,
+) -> None:
+    """A comparison's result: the table, each agent's final message (its first
+    ``message_lines``; all with None), each agent's diff with ``diff``, the winner and why."""
+    from ..runs.verdict import judge
+
+    agents = list(result.get("agents") or [])
+    run_id = str(result.get("runId") or "RUN")
+    verdict = judge(agents)
+    width = width or terminal_width(out)
+    for line in compare_table(agents, verdict.winner, width):
+        say(line, out)
+    for i, agent in enumerate(agents):
+        view = _view(agent, f"agent {i + 1}")
+        say("", out)
+        about = ", ".join(p for p in (view.identity, view.stop_reason) if p)
+        say(f"{view.name}" + (f" ({about})" if about else "") + ":", out)
+        for line in _message(view.text, message_lines, f"orchestrator show {run_id}"):
+            say(line, out)
+        if view.error:
+            first, *rest = view.error.rstrip("\n").splitlines() or [""]
+            say(f"  error: {first}", out)
+            for line in rest:
+                say(f"    {line}", out)
+        cut_line(agent.get("cut"), "  ", out)
+    if diff:
+        for i, agent in enumerate(agents):
+            text = str(agent.get("diff") or "")
+            if text:
+                say("", out)
+                say(diff_header(str(agent.get("name") or f"agent {i + 1}"), agent), out)
+                out.write(terminal_text(text))
+    say("", out)
+    if verdict.winner is not None:
+        say(f"winner: {verdict.winner} ({verdict.reason})", out)
+    elif agents and result.get("status") == "running":
+        say("winner: none yet (the run is still running)", out)
+    elif agents and result.get("status") == "interrupted":
+        # the run never finished: its agents did not all get their chance
+        say("winner: none (interrupted before any agent succeeded)", out)
+    elif agents:
+        say("winner: none (no agent succeeded)", out)
+
+
+# ---------------------------------------------------------------------------------------------
+# prompt
+
+
+def prompt_details(result: Mapping[str, Any], out: IO[str]) -> None:
+    """What ``show`` adds above a prompt's ending (``prompt`` streamed it as it came): the
+    agent's message, its tool calls and the permission decisions."""
+    text = str(result.get("text") or "")
+    if text:
+        out.write(terminal_text(text if text.endswith("\n") else text + "\n"))
+    else:
+        say("(no message)", out)
+    calls = list(result.get("toolCalls") or [])
+    if calls:
+        say("", out)
+        say("tool calls:", out)
+        for c in calls:
+            status, kind = c.get("status") or "-", c.get("kind") or "tool"
+            say(f"  {status:<11} {kind:<8} {c.get('title')}", out)
+            if c.get("error"):  # why a failed call failed, as the agent said
+                say(f"{'':<14}{c['error']}", out)
+    permissions = list(result.get("permissions") or [])
+    if permissions:
+        say("", out)
+        say("permissions:", out)
+        for p in permissions:
+            say(
+                f"  {p.get('verdict') or '-':<9} {p.get('kind') or '-':<8} {p.get('title')}"
+                f"  (rule {p.get('rule') or '-'})",
+                out,
+            )
+    cut_line(result.get("cut"), "", out)
+
+
+def prompt_ending(result: Mapping[str, Any], out: IO[str], *, diff: bool = False) -> None:
+    """A prompt's ending: one line on the turn (agent, stop reason, tool calls, permissions,
+    tokens, cost, time), the diff with ``diff``, the diff stat, the run's status, whether the
+    changes reached the workspace (or how to apply them), where ``--report`` wrote the report,
+    and the default policy's rejections."""
+    from ..report._format import agent_cost_text, count_text, permissions_text, seconds_text
+
+    view = _view(result, "agent")
+    facts = [view.stop_reason or "no stop reason"]
+    n = len(view.tool_calls)
+    facts.append(f"{n} tool call{'s' if n != 1 else ''}")
+    if view.failed_tool_calls:
+        facts[-1] += f" ({view.failed_tool_calls} failed)"
+    facts.append(f"permissions {permissions_text(view.permission_counts)}")
+    if view.total_tokens is not None:
+        facts.append(f"{count_text(view.total_tokens)} tokens")
+    if view.cost is not None:
+        facts.append(agent_cost_text(view))
+    facts.append(seconds_text(view.wall_seconds))
+    name = view.agent or view.name
+    about = f" ({view.identity})" if view.identity else ""
+    say(f"{name}{about}: " + ", ".join(facts), out)
+    text = str(result.get("diff") or "")
+    if diff and text:
+        out.write(terminal_text(text))
+    for line in diff_stat(text, list(result.get("changes") or []), terminal_width(out)):
+        say(line, out)
+    run_id = str(result.get("runId") or "")
+    _run_line(result, run_id, out)
+    _prompt_apply(result, run_id, out)
+    _report_line(result, out)
+    default_policy_note(result, out)
+
+
+def _prompt_apply(result: Mapping[str, Any], run_id: str, out: IO[str]) -> None:
+    """Whether a prompt's changes reached the workspace, else how to apply them."""
+    changes = list(result.get("changes") or [])
+    if not changes:
+        say("no file changed", out)
+        return
+    patch = result.get("patch") or "changes.patch"
+    left_out = ", ".join(result.get("patchLeftOut") or [])
+    changed = list(result.get("workspaceChanged") or [])
+    if result.get("applied"):
+        from .._words import count
+
+        say(f"applied to the workspace ({count(len(changes), 'file')})", out)
+    elif changed:
+        say("NOT applied: changed in the workspace during the run: " + ", ".join(changed), out)
+        # the patch is named only if it holds every change
+        where = (
+            f"in the run store ({patch} leaves out {left_out})"
+            if left_out
+            else f"in the run store and in {patch}"
+        )
+        say(
+            f"the changes are kept {where}: orchestrator diff {run_id} shows them; "
+            f"once those files are as they were when the run started, "
+            f"orchestrator apply {run_id} writes them",
+            out,
+        )
+    elif left_out:
+        say(
+            f"not applied; {patch} leaves out {left_out} (changed in the workspace during the "
+            f"run): orchestrator diff {run_id} shows every change; once those files are as "
+            f"they were when the run started, orchestrator apply {run_id} writes them",
+            out,
+        )
+    elif any(c.get("symlink") is not None for c in changes):
+        # git apply would write a symlink wherever it leads; orchestrator apply checks each
+        say(f"not applied; to apply: orchestrator apply {run_id}", out)
+    else:
+        from ..runs.git_apply import git_apply_command
+
+        # a command that works from any directory, also below the top of a git work tree
+        git = git_apply_command(str(result.get("cwd") or "."), patch)
+        say(f"not applied; to apply: orchestrator apply {run_id} (or {git})", out)
+
+
+# ---------------------------------------------------------------------------------------------
+# pipelines, and the ending every run shares
+
+
+def steps_result(result: Mapping[str, Any], out: IO[str], *, diff: bool = False) -> None:
+    """A pipeline run's result: its steps, their failures' tracebacks, its conflicts, the diff
+    with ``diff``, and the diff stat of its final changes."""
+    for name, step in (result.get("steps") or {}).items():
+        extra = step.get("error") or step.get("cause") or ""
+        say(f"  {name:<20} {step.get('status'):<10} {extra}".rstrip(), out)
+        _traceback(step.get("traceback"), "      ", out)
+    for c in result.get("conflicts") or []:
+        say(conflict_line(c), out)
+    text = str(result.get("diff") or "")
+    if diff and text:
+        out.write(terminal_text(text))
+    for line in diff_stat(text, list(result.get("changes") or []), terminal_width(out)):
+        say(line, out)
+
+
+def run_ending(result: Mapping[str, Any], run_id: str, out: IO[str]) -> None:
+    """The last lines of a comparison or pipeline run: ``run RUN: STATUS``, then whether its
+    changes reached the workspace, or how to apply them, where ``--report`` wrote the report,
+    and the default policy's rejections."""
+    _run_line(result, run_id, out)
+    if not result.get("applied"):
+        _run_apply(result, run_id, out)
+    _report_line(result, out)
+    default_policy_note(result, out)
+
+
+def _run_line(result: Mapping[str, Any], run_id: str, out: IO[str]) -> None:
+    """``run RUN: STATUS``, with why when the record says (a run whose process is gone)."""
+    reason = f" ({result['statusReason']})" if result.get("statusReason") else ""
+    say(f"run {run_id}: {result.get('status')}{reason}", out)
+
+
+def _report_line(result: Mapping[str, Any], out: IO[str]) -> None:
+    """Where ``--report`` wrote the run's report, when it did."""
+    report = result.get("report")
+    if isinstance(report, Mapping) and report.get("html"):
+        say(f"report: {report['html']}", out)
+
+
+def _run_apply(result: Mapping[str, Any], run_id: str, out: IO[str]) -> None:
+    """How to apply the changes of a comparison or pipeline run that were not applied."""
+    status = result.get("status")
+    compare = result.get("kind") == "compare"
+    how = (
+        f"orchestrator apply {run_id} --step compare[{result.get('winner') or 'NAME'}]"
+        if compare
+        else f"orchestrator apply {run_id}"
+    )
+    if result.get("workspaceChanged"):
+        changed = ", ".join(result["workspaceChanged"])
+        say(f"NOT applied: changed in the workspace during the run: {changed}", out)
+        say(
+            f"the changes are kept in the run store: orchestrator diff {run_id} shows them; "
+            f"once those files are as they were when the run started: {how}",
+            out,
+        )
+    elif status != "succeeded":
+        # nothing to offer: the run's final changes do not exist (finished steps can be applied
+        # one by one: orchestrator apply RUN --step STEP)
+        say(f"nothing was written to the workspace; see: orchestrator show {run_id}", out)
+    elif compare and result.get("winner"):
+        say(f"nothing was written to the workspace; to apply: {how}", out)
+        say(f"each agent's diff: orchestrator diff {run_id}", out)
+    elif result.get("changes"):
+        say(f"nothing was written to the workspace; to apply: {how}", out)
+    else:
+        say("no file changed", out)
+
+
+def step_details(result: Mapping[str, Any], out: IO[str]) -> None:
+    """What ``show`` prints of a pipeline's steps: each step's outcome and traceback, its
+    instances' outcomes and tracebacks, and what the run store cut from their turns."""
+    for name, step in (result.get("steps") or {}).items():
+        extra = step.get("error") or step.get("cause") or ""
+        say(f"  {name:<20} {step.get('status'):<10} {extra}", out)
+        shown = {k: i for k, i in (step.get("instances") or {}).items() if k != name}
+        # a fanned-out step's traceback is its first failed instance's: shown with it
+        if not any(i.get("traceback") == step.get("traceback") for i in shown.values()):
+            _traceback(step.get("traceback"), "      ", out)
+        for key, inst in shown.items():
+            say(f"    [{key}] {inst.get('status')} {inst.get('error') or ''}", out)
+            _traceback(inst.get("traceback"), "        ", out)
+        for inst in (step.get("instances") or {}).values():
+            cut_line(inst.get("cut"), "      ", out)
+
+
+def sandbox_lines(sandbox: Any) -> list[str]:
+    """What confined a run's agents (its ``sandbox`` object), for people; [] when nothing."""
+    if not isinstance(sandbox, dict) or not sandbox.get("confined"):
+        return []
+    lines = [f"sandbox: Landlock ABI {sandbox.get('landlockAbi')}"]
+    for step, agents in (sandbox.get("confined") or {}).items():
+        for agent, rules in (agents or {}).items():
+            ports = rules.get("ports")
+            if ports is None:
+                net = "any TCP port"
+            else:
+                net = "TCP ports " + ",".join(map(str, ports)) if ports else "no TCP connection"
+            writes = ", ".join(["its branch", f"home {rules.get('home')}", "a private temp"])
+            writes += "".join(f", {p}" for p in rules.get("write") or [])
+            reads = ", ".join(rules.get("read") or []) or "nothing"
+            lines.append(f"  {step}/{agent}: writes {writes}; reads {reads}; {net}")
+    return lines
+
+
+def conflict_line(c: Mapping[str, Any]) -> str:
+    """One conflict as a line: where, what, how settled, and whose versions ours and theirs are.
+
+    ``ours`` is the merge so far in the fan-in's order, ``theirs`` the instance merged into it.
+    """
+    resolution = c.get("resolution")
+    settled = "unresolved" if resolution in (None, "fail") else f"resolved: {resolution}"
+    line = f"  conflict in {c.get('path')} at {c.get('step')} ({c.get('kind')}): {settled}"
+    branches = c.get("branches") or []
+    ours = c.get("oursLabel") or (branches[0] if branches else None)
+    theirs = c.get("theirsLabel") or (branches[1] if len(branches) > 1 else None)
+    if ours and theirs:
+        line += f"; ours {ours}, theirs {theirs}"
+    also = [a.get("label") for a in c.get("alsoChanged") or [] if isinstance(a, Mapping)]
+    if also:
+        line += f"; also changed by {', '.join(map(str, also))}"
+    return line
+
+
+def default_policy_note(result: Mapping[str, Any], out: IO[str]) -> None:
+    """The last line of a run's result when the default policy rejected permission requests
+    (no policy was given): how many, and the option that allows edits."""
+    from ..runs.default_policy import DefaultRejections
+
+    say_default_policy_note(DefaultRejections.from_json(result.get("defaultRejections")), out)
+
+
+def _traceback(text: Any, indent: str, out: IO[str]) -> None:
+    """A failure's Python traceback (if it has one), indented under the line it explains."""
+    if not isinstance(text, str) or not text:
+        return
+    for line in text.rstrip("\n").splitlines():
+        say(f"{indent}{line}", out)
+
+
+def cut_line(cut: Any, prefix: str, out: IO[str]) -> None:
+    """Say what the run store left out of a turn (its ``cut``), if anything."""
+    if not isinstance(cut, dict):
+        return
+    say(
+        f"{prefix}turn cut in the run store (limit max_turn_record_bytes = "
+        f"{cut.get('limit'):,} bytes): {cut.get('droppedTextBytes'):,} of "
+        f"{cut.get('textBytes'):,} bytes of text and {cut.get('droppedToolCalls'):,} of "
+        f"{cut.get('toolCalls'):,} tool calls left out",
+        out,
+    )
