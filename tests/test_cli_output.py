@@ -133,7 +133,7 @@ async def test_compare_prints_the_table_and_messages_on_stdout_at_80_columns(
         + out.split("winner: short (1 line changed, ")[1].split("\n")[0]
         + f"\nrun {run_id}: succeeded\n"
         f"nothing was written to the workspace; to apply: orchestrator apply {run_id} "
-        "--step compare[short]\n"
+        "--step 'compare[short]'\n"
         f"each agent's diff: orchestrator diff {run_id}\n"
     )
     assert "+++ " not in out  # no diff without --diff

@@ -55,14 +55,25 @@ def test_verify_passed_then_fewest_lines_then_fastest() -> None:
     )
     assert verdict.succeeded == ("small-unverified", "big", "slow", "fast")
     assert verdict.winner == "fast"
-    assert verdict.reason == "verify passed, 0 lines changed, 2.5 s"
+    assert verdict.reason == "verify passed, no file changed, 2.5 s"
     assert verdict.status == "succeeded"
+
+
+def test_an_agent_that_changed_nothing_does_not_win_by_fewest_lines() -> None:
+    """An agent whose edits were all refused (no change) ranks after one that changed a file,
+    however few lines that one changed; verify passing still ranks first."""
+    edited = [{"path": "a.txt", "change": "modified"}]
+    verdict = judge([agent("idle", wallSeconds=0.1), agent("worker", diff=DIFF, changes=edited)])
+    assert (verdict.winner, verdict.reason) == ("worker", "4 lines changed, 1.0 s")
+    passed = {"exitCode": 0}
+    verdict = judge([agent("worker", diff=DIFF, changes=edited), agent("idle", verify=passed)])
+    assert (verdict.winner, verdict.reason) == ("idle", "verify passed, no file changed, 1.0 s")
 
 
 def test_equal_agents_the_first_given_wins() -> None:
     """A full tie goes to the agent given first; without verify the reason does not claim it."""
     verdict = judge([agent("b"), agent("a")])
-    assert (verdict.winner, verdict.reason) == ("b", "0 lines changed, 1.0 s")
+    assert (verdict.winner, verdict.reason) == ("b", "no file changed, 1.0 s")
 
 
 @pytest.mark.parametrize(

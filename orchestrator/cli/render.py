@@ -13,6 +13,7 @@ control character reaches the terminal raw.
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
@@ -441,11 +442,11 @@ def _run_apply(result: Mapping[str, Any], run_id: str, out: IO[str]) -> None:
     """How to apply the changes of a comparison or pipeline run that were not applied."""
     status = result.get("status")
     compare = result.get("kind") == "compare"
-    how = (
-        f"orchestrator apply {run_id} --step compare[{result.get('winner') or 'NAME'}]"
-        if compare
-        else f"orchestrator apply {run_id}"
-    )
+    # quoted: a shell such as zsh reads compare[NAME] as a glob
+    step = shlex.quote(f"compare[{result.get('winner') or 'NAME'}]")
+    how = f"orchestrator apply {run_id}" + (f" --step {step}" if compare else "")
+    winner = [a for a in result.get("agents") or () if a.get("name") == result.get("winner")]
+    changed = bool(winner and winner[0].get("changes"))
     if result.get("workspaceChanged"):
         changed = ", ".join(result["workspaceChanged"])
         say(f"NOT applied: changed in the workspace during the run: {changed}", out)
@@ -458,7 +459,7 @@ def _run_apply(result: Mapping[str, Any], run_id: str, out: IO[str]) -> None:
         # nothing to offer: the run's final changes do not exist (finished steps can be applied
         # one by one: orchestrator apply RUN --step STEP)
         say(f"nothing was written to the workspace; see: orchestrator show {run_id}", out)
-    elif compare and result.get("winner"):
+    elif compare and result.get("winner") and changed:
         say(f"nothing was written to the workspace; to apply: {how}", out)
         say(f"each agent's diff: orchestrator diff {run_id}", out)
     elif result.get("changes"):

@@ -2,8 +2,10 @@
 
 A comparison exists to pick one. It succeeded when at least one agent did (see
 :func:`~orchestrator.pipeline.results.agent_failure` for when an agent succeeds). The winner is
-the succeeded agent whose verify command passed, then the one with the fewest changed lines
-(added plus removed in its diff), then the fastest; the order of the agents breaks a tie.
+the succeeded agent whose verify command passed, then one that changed something (an agent
+whose edits were all refused, or that did nothing, does not win by changing the fewest lines),
+then the one with the fewest changed lines (added plus removed in its diff), then the fastest;
+the order of the agents breaks a tie.
 
 The live result of a comparison and the one rebuilt from the run store both come from
 :func:`judge`, so ``compare --json``, ``show --json`` and the run's status always agree.
@@ -51,10 +53,11 @@ def judge(agents: Sequence[Mapping[str, Any]]) -> Verdict:
     if not succeeded:
         return Verdict((), None, None)
 
-    def rank(agent: Mapping[str, Any]) -> tuple[bool, int, float]:
+    def rank(agent: Mapping[str, Any]) -> tuple[bool, bool, int, float]:
         wall = agent.get("wallSeconds")
         return (
             not _verify_passed(agent),
+            not agent.get("changes"),
             changed_lines(str(agent.get("diff") or "")),
             float(wall) if isinstance(wall, (int, float)) else math.inf,
         )
@@ -62,7 +65,7 @@ def judge(agents: Sequence[Mapping[str, Any]]) -> Verdict:
     # min() keeps the first of equals: the order the agents were given breaks ties
     best = min(succeeded, key=rank)
     lines = changed_lines(str(best.get("diff") or ""))
-    reason = [f"{count(lines, 'line')} changed"]
+    reason = [f"{count(lines, 'line')} changed" if best.get("changes") else "no file changed"]
     if _verify_passed(best):
         reason.insert(0, "verify passed")
     wall = best.get("wallSeconds")
