@@ -72,8 +72,7 @@ class Recorder:
 
     def skipped(self, step: str, cause: str, finished: float) -> None:
         """``step`` was skipped, because of ``cause``."""
-        self._own_record(step, "skipped", cause=cause, finished=finished)
-        self.emit(RunEvent("step_skipped", self.run_id, step, data={"cause": cause}))
+        self._end_step(step, "skipped", cause=cause, finished=finished)
 
     def conflicts(self, step: str, conflicts: list[dict[str, Any]]) -> None:
         """The conflicts (as JSON) found merging ``step``'s parents, resolved or not."""
@@ -102,20 +101,21 @@ class Recorder:
         traceback: str | None = None,
     ) -> None:
         """``step`` failed as a whole (before any instance ran), with ``error``."""
-        self._own_record(
+        self._end_step(
             step, "failed", error=error, started=started, finished=finished, traceback=traceback
         )
-        self.emit(RunEvent("step_failed", self.run_id, step, data={"error": error}))
 
     def no_instances(self, step: str, started: float | None, finished: float) -> None:
         """``step`` fanned out over nothing: it succeeded without any instance.
 
         Its own record is all the store has of it (there is no instance to derive it from).
         """
-        self._own_record(step, "succeeded", started=started, finished=finished)
+        self._end_step(step, "succeeded", started=started, finished=finished)
 
-    def _own_record(self, step: str, status: StepStatus, **fields: Any) -> None:
-        """The record of ``step`` itself (not of an instance of it)."""
+    def _end_step(self, step: str, status: StepStatus, **fields: Any) -> None:
+        """``step`` itself (not an instance of it) ended in ``status``: its record, and its one
+        ending event, the one that matches ``status`` (a step that failed or was skipped is
+        never also reported finished)."""
         self.put_step(
             StepRecord(
                 run_id=self.run_id,
@@ -127,9 +127,15 @@ class Recorder:
                 **fields,
             )
         )
-        self.emit(
-            RunEvent("step_finished", self.run_id, step, data={"status": "succeeded", "changes": 0})
-        )
+        data: dict[str, Any]
+        kind: EventType
+        if status == "failed":
+            kind, data = "step_failed", {"error": fields["error"]}
+        elif status == "skipped":
+            kind, data = "step_skipped", {"cause": fields["cause"]}
+        else:
+            kind, data = "step_finished", {"status": status, "changes": 0}
+        self.emit(RunEvent(kind, self.run_id, step, data=data))
 
     # ------------------------------------------------------------------ instances
 

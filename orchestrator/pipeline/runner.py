@@ -185,26 +185,29 @@ class PipelineRunner:
             except trio.Cancelled:
                 raise
             except Exception as e:
-                # a step's own set-up failed (its condition, its fan-out source, a merge):
-                # the step fails and its descendants are skipped; the rest of the run goes on
-                state.status = "failed"
-                state.error = describe(e)
-                state.finished = time.time()
-                self._recorder.step_failed(
-                    state.step.name,
-                    state.error,
-                    state.started,
-                    state.finished,
-                    traceback=user_traceback(e),
-                )
+                # a step's own set-up failed (its condition, its fan-out source): the step
+                # fails and its descendants are skipped; the rest of the run goes on
+                self._fail(state, describe(e), traceback=user_traceback(e))
         finally:
             state.done.set()
+
+    # A step that ends before any instance of it starts (skipped, or failed in its input
+    # stage: its condition, its parents' merge, its fan-out source) ends here, once, with its
+    # own record and one ending event; its instances report their own endings otherwise.
 
     def _skip(self, state: StepState, cause: str) -> None:
         state.status = "skipped"
         state.cause = cause
         state.finished = time.time()
         self._recorder.skipped(state.step.name, cause, state.finished)
+
+    def _fail(self, state: StepState, error: str, *, traceback: str | None = None) -> None:
+        state.status = "failed"
+        state.error = error
+        state.finished = time.time()
+        self._recorder.step_failed(
+            state.step.name, error, state.started, state.finished, traceback=traceback
+        )
 
     def _arguments(self, step: Step, names: Sequence[str]) -> dict[str, Any]:
         args: dict[str, Any] = {}
@@ -315,9 +318,6 @@ class PipelineRunner:
             self._recorder.conflicts(step.name, state.conflicts)
         if merged.conflicts:
             paths = ", ".join(display_names(sorted({c.path for c in merged.conflicts})))
-            state.status = "failed"
-            state.error = f"merge conflict in {paths} (merge={step.merge!r})"
-            state.finished = time.time()
-            self._recorder.step_failed(step.name, state.error, state.started, state.finished)
+            self._fail(state, f"merge conflict in {paths} (merge={step.merge!r})")
             return None
         return merged
