@@ -446,7 +446,7 @@ def _run_apply(result: Mapping[str, Any], run_id: str, out: IO[str]) -> None:
     step = shlex.quote(f"compare[{result.get('winner') or 'NAME'}]")
     how = f"orchestrator apply {run_id}" + (f" --step {step}" if compare else "")
     winner = [a for a in result.get("agents") or () if a.get("name") == result.get("winner")]
-    changed = bool(winner and winner[0].get("changes"))
+    winner_changed = bool(winner and winner[0].get("changes"))
     if result.get("workspaceChanged"):
         changed = ", ".join(result["workspaceChanged"])
         say(f"NOT applied: changed in the workspace during the run: {changed}", out)
@@ -459,7 +459,7 @@ def _run_apply(result: Mapping[str, Any], run_id: str, out: IO[str]) -> None:
         # nothing to offer: the run's final changes do not exist (finished steps can be applied
         # one by one: orchestrator apply RUN --step STEP)
         say(f"nothing was written to the workspace; see: orchestrator show {run_id}", out)
-    elif compare and result.get("winner") and changed:
+    elif compare and winner_changed:
         say(f"nothing was written to the workspace; to apply: {how}", out)
         say(f"each agent's diff: orchestrator diff {run_id}", out)
     elif result.get("changes"):
