@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import re
@@ -348,6 +349,37 @@ def pipeline_result() -> dict[str, Any]:
         "diff": DIFF_A,
         "applied": False,
     }
+
+
+def _graph_result(names: list[str], edges: list[tuple[str, str]]) -> dict[str, Any]:
+    """A finished pipeline result with the graph given, every step succeeded."""
+    return {
+        "kind": "pipeline",
+        "runId": "ef56",
+        "name": "shape",
+        "status": "succeeded",
+        "graph": {
+            "nodes": [{"name": n, "kind": "agent", "agents": ["claude"]} for n in names],
+            "edges": [list(e) for e in edges],
+        },
+        "steps": {
+            n: {"status": "succeeded", "instances": {"claude": _instance("claude", "succeeded")}}
+            for n in names
+        },
+    }
+
+
+def chain_pipeline(n: int) -> dict[str, Any]:
+    """A pipeline of ``n`` steps in a chain, each step after the one before."""
+    names = [f"stage-{i + 1:02d}-implement" for i in range(n)]
+    return _graph_result(names, list(itertools.pairwise(names)))
+
+
+def fan_out_pipeline(n: int) -> dict[str, Any]:
+    """One step fanning out to ``n`` parallel steps that join in a last one."""
+    middle = [f"worker-{i + 1:02d}" for i in range(n)]
+    edges = [("plan", m) for m in middle] + [(m, "merge") for m in middle]
+    return _graph_result(["plan", *middle, "merge"], edges)
 
 
 def hostile_compare() -> dict[str, Any]:

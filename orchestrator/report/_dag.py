@@ -34,14 +34,18 @@ STATUSES = (
     "cancelled",
 )
 
-NODE_W = 184
+# narrow enough that a chain of 8 steps fits a 1400 px window at a readable scale
+NODE_W = 160
 NODE_H = 54
-GAP_X = 64
+GAP_X = 40
 GAP_Y = 22
 MARGIN = 16
 MAX_DOTS = 8
 #: an average glyph width of the node font, to cut long names before they overflow the box
 CHAR_W = 7.6
+#: the smallest the page may shrink the graph to fit its width: the smallest text in it (11.5 px,
+#: see ``_style``) stays above 9 px. A graph that would need less scrolls in its own box instead.
+MIN_SCALE = 0.8
 
 
 def status_class(status: str | None) -> str:
@@ -177,6 +181,9 @@ def dag_svg(steps: Sequence[StepView], edges: Sequence[tuple[str, str]]) -> Mark
         width=str(width),
         height=str(height),
         viewBox=f"0 0 {width} {height}",
+        # the stylesheet scales the graph to its box's width (``width: 100%``): never larger
+        # than drawn, never smaller than readable
+        style=f"max-width:{width}px;min-width:{width * MIN_SCALE:g}px",
         role="img",
         aria_label="Pipeline graph",
         class_="dag",
