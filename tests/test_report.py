@@ -1011,6 +1011,20 @@ def test_pipeline_markdown_has_graph_steps_and_conflicts() -> None:
     assert "## Final diff" in md and "```diff\n" in md
 
 
+def test_markdown_graph_of_a_long_chain_reads_top_down_in_one_path() -> None:
+    """Twenty steps in a chain: a top-down mermaid graph and one path naming each step once."""
+    md = render_markdown(chain_pipeline(20))
+    assert "```mermaid\nflowchart TD\n" in md
+    names = [f"stage-{i + 1:02d}-implement" for i in range(20)]
+    assert "Edges:\n\n- " + " → ".join(names) + "\n\n" in md
+    fan = render_markdown(fan_out_pipeline(3))
+    assert "```mermaid\nflowchart LR\n" in fan
+    assert "- plan → worker-01\n- plan → worker-02\n- plan → worker-03\n" in fan
+    assert "- worker-03 → merge\n" in fan
+    cycle = _graph_result(["a", "b"], [("a", "b"), ("b", "a")])
+    assert "- a → b → a\n" in render_markdown(cycle), "a cycle ends where it began"
+
+
 def test_markdown_fences_outlast_backticks_inside() -> None:
     """A fence is longer than any backtick run in its text, so the text cannot close it."""
     assert fence("a\n```\nb", "text") == ["````text", "a\n```\nb", "````", ""]
