@@ -1466,3 +1466,26 @@ def test_no_edge_of_any_dag_crosses_a_box() -> None:
             for i in rng.sample(range(j), k=min(j, rng.randint(1, 3)))
         ]
         assert _edges_crossing_boxes(names, edges) == [], edges
+
+
+def test_a_long_graph_wraps_to_rows_and_no_edge_crosses_a_box() -> None:
+    """Past 8 generations the graph continues on a row below; edges between rows avoid boxes."""
+    view = PipelineView.from_json(chain_pipeline(20))
+    boxes, _ = _svg_geometry(str(dag_svg(view.steps, view.edges)))
+    rows = sorted({y for _, y, _, _ in boxes.values()})
+    assert len(rows) == 3
+    assert [sum(1 for b in boxes.values() if b[1] == y) for y in rows] == [8, 8, 4]
+    assert boxes["stage-09-implement"][0] == boxes["stage-01-implement"][0]
+    chain = [f"s{i}" for i in range(20)]
+    assert _edges_crossing_boxes(chain, list(itertools.pairwise(chain))) == []
+    rng = random.Random(20)
+    for _ in range(40):
+        n = rng.randint(12, 30)
+        names = [f"s{i}" for i in range(n)]
+        # mostly a chain (so it runs long and wraps), with skips and fan-outs across rows
+        edges = [(names[j - 1], names[j]) for j in range(1, n)]
+        edges += [
+            (names[i], names[rng.randint(i + 1, n - 1)]) for i in rng.sample(range(n - 1), n // 3)
+        ]
+        edges = list(dict.fromkeys(edges))
+        assert _edges_crossing_boxes(names, edges) == [], edges

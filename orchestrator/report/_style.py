@@ -174,23 +174,21 @@ table.diff tr.l-meta td, table.diff tr.l-note td { color: var(--muted); font-sty
 /* the graph */
 /* the graph shrinks to its box's width down to its min-width (set on the svg: text stays
    readable); past that it scrolls in its box, where a fade at each cut edge shows there is more
-   (at rest a fade lies over the graph's blank margin, where it cannot be seen) */
+   (at rest each fade lies over the box's side padding, where there is nothing to fade) */
 .dag-wrap {
   display: flex; align-items: flex-start; overflow-x: auto; border: 1px solid var(--border);
-  border-radius: 6px; padding: 8px;
+  border-radius: 6px; padding: 8px 20px;
 }
 svg.dag { display: block; font-family: inherit; flex: 1 1 auto; width: 100%; height: auto; }
 .dag-wrap .fade {
-  position: sticky; z-index: 1; flex: 0 0 28px; align-self: stretch; pointer-events: none;
+  position: sticky; z-index: 1; flex: 0 0 20px; align-self: stretch; margin: -8px 0;
+  pointer-events: none;
 }
-/* each fade takes no room (its negative margins) and reaches over the box's padding */
 .dag-wrap .fade.start {
-  left: -8px; margin: -8px -20px -8px -8px;
-  background: linear-gradient(to left, transparent, var(--bg));
+  left: -20px; margin-left: -20px; background: linear-gradient(to left, transparent, var(--bg));
 }
 .dag-wrap .fade.end {
-  right: -8px; margin: -8px -8px -8px -20px;
-  background: linear-gradient(to right, transparent, var(--bg));
+  right: -20px; margin-right: -20px; background: linear-gradient(to right, transparent, var(--bg));
 }
 svg.dag .node rect { stroke-width: 1.5; fill: var(--idle-bg); stroke: var(--idle); }
 svg.dag .node .name { font-size: 13.5px; font-weight: 600; fill: var(--fg); }
