@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import re
@@ -348,6 +349,37 @@ def pipeline_result() -> dict[str, Any]:
         "diff": DIFF_A,
         "applied": False,
     }
+
+
+def _graph_result(names: list[str], edges: list[tuple[str, str]]) -> dict[str, Any]:
+    """A finished pipeline result with the graph given, every step succeeded."""
+    return {
+        "kind": "pipeline",
+        "runId": "ef56",
+        "name": "shape",
+        "status": "succeeded",
+        "graph": {
+            "nodes": [{"name": n, "kind": "agent", "agents": ["claude"]} for n in names],
+            "edges": [list(e) for e in edges],
+        },
+        "steps": {
+            n: {"status": "succeeded", "instances": {"claude": _instance("claude", "succeeded")}}
+            for n in names
+        },
+    }
+
+
+def chain_pipeline(n: int) -> dict[str, Any]:
+    """A pipeline of ``n`` steps in a chain, each step after the one before."""
+    names = [f"stage-{i + 1:02d}-implement" for i in range(n)]
+    return _graph_result(names, list(itertools.pairwise(names)))
+
+
+def fan_out_pipeline(n: int) -> dict[str, Any]:
+    """One step fanning out to ``n`` parallel steps that join in a last one."""
+    middle = [f"worker-{i + 1:02d}" for i in range(n)]
+    edges = [("plan", m) for m in middle] + [(m, "merge") for m in middle]
+    return _graph_result(["plan", *middle, "merge"], edges)
 
 
 def hostile_compare() -> dict[str, Any]:
@@ -979,6 +1011,20 @@ def test_pipeline_markdown_has_graph_steps_and_conflicts() -> None:
     assert "## Final diff" in md and "```diff\n" in md
 
 
+def test_markdown_graph_of_a_long_chain_reads_top_down_in_one_path() -> None:
+    """Twenty steps in a chain: a top-down mermaid graph and one path naming each step once."""
+    md = render_markdown(chain_pipeline(20))
+    assert "```mermaid\nflowchart TD\n" in md
+    names = [f"stage-{i + 1:02d}-implement" for i in range(20)]
+    assert "Edges:\n\n- " + " → ".join(names) + "\n\n" in md
+    fan = render_markdown(fan_out_pipeline(3))
+    assert "```mermaid\nflowchart LR\n" in fan
+    assert "- plan → worker-01\n- plan → worker-02\n- plan → worker-03\n" in fan
+    assert "- worker-03 → merge\n" in fan
+    cycle = _graph_result(["a", "b"], [("a", "b"), ("b", "a")])
+    assert "- a → b → a\n" in render_markdown(cycle), "a cycle ends where it began"
+
+
 def test_markdown_fences_outlast_backticks_inside() -> None:
     """A fence is longer than any backtick run in its text, so the text cannot close it."""
     assert fence("a\n```\nb", "text") == ["````text", "a\n```\nb", "````", ""]
@@ -1419,4 +1465,27 @@ def test_no_edge_of_any_dag_crosses_a_box() -> None:
             for j in range(1, n)
             for i in rng.sample(range(j), k=min(j, rng.randint(1, 3)))
         ]
+        assert _edges_crossing_boxes(names, edges) == [], edges
+
+
+def test_a_long_graph_wraps_to_rows_and_no_edge_crosses_a_box() -> None:
+    """Past 8 generations the graph continues on a row below; edges between rows avoid boxes."""
+    view = PipelineView.from_json(chain_pipeline(20))
+    boxes, _ = _svg_geometry(str(dag_svg(view.steps, view.edges)))
+    rows = sorted({y for _, y, _, _ in boxes.values()})
+    assert len(rows) == 3
+    assert [sum(1 for b in boxes.values() if b[1] == y) for y in rows] == [8, 8, 4]
+    assert boxes["stage-09-implement"][0] == boxes["stage-01-implement"][0]
+    chain = [f"s{i}" for i in range(20)]
+    assert _edges_crossing_boxes(chain, list(itertools.pairwise(chain))) == []
+    rng = random.Random(20)
+    for _ in range(40):
+        n = rng.randint(12, 30)
+        names = [f"s{i}" for i in range(n)]
+        # mostly a chain (so it runs long and wraps), with skips and fan-outs across rows
+        edges = [(names[j - 1], names[j]) for j in range(1, n)]
+        edges += [
+            (names[i], names[rng.randint(i + 1, n - 1)]) for i in rng.sample(range(n - 1), n // 3)
+        ]
+        edges = list(dict.fromkeys(edges))
         assert _edges_crossing_boxes(names, edges) == [], edges

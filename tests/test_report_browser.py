@@ -26,7 +26,9 @@ import pytest
 from attrs import frozen
 from conftest import pid_gone
 from test_report import (
+    chain_pipeline,
     compare_result,
+    fan_out_pipeline,
     hostile_compare,
     hostile_pipeline,
     pipeline_result,
@@ -262,18 +264,24 @@ document.body.setAttribute("data-measured", JSON.stringify(found));
 </script>"""
 
 
-def measure_tables(
-    binary: str, tmp_path: Path, page: str, selectors: list[str], width: int
-) -> list[dict[str, Any]]:
-    """What :data:`MEASURE` finds in ``page`` shown in a window ``width`` pixels wide."""
+def measure(binary: str, tmp_path: Path, page: str, script: str, width: int) -> Any:
+    """What ``script`` puts in the body's ``data-measured``, ``page`` shown ``width`` px wide."""
     test_copy = re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", page)
-    script = MEASURE % json.dumps(", ".join(selectors))
     path = tmp_path / f"measure-{uuid.uuid4().hex[:8]}.html"
     path.write_text(test_copy.replace("</body>", script + "</body>"), encoding="utf-8")
     run = run_chromium(binary, tmp_path, f"--window-size={width},900", "--dump-dom", path.as_uri())
     found = re.search(r'data-measured="([^"]*)"', run.stdout)
     assert found is not None, run.stderr[-2000:]
-    measured: list[dict[str, Any]] = json.loads(html.unescape(found.group(1)))
+    return json.loads(html.unescape(found.group(1)))
+
+
+def measure_tables(
+    binary: str, tmp_path: Path, page: str, selectors: list[str], width: int
+) -> list[dict[str, Any]]:
+    """What :data:`MEASURE` finds in ``page`` shown in a window ``width`` pixels wide."""
+    measured: list[dict[str, Any]] = measure(
+        binary, tmp_path, page, MEASURE % json.dumps(", ".join(selectors)), width
+    )
     return measured
 
 
@@ -306,3 +314,69 @@ def test_many_agents_scroll_inside_their_table_not_the_page(chromium: str, tmp_p
     assert table["scrollWidth"] > table["clientWidth"], "wider than its box: it scrolls there"
     (page_size,) = [f for f in found if "page" in f]
     assert page_size["page"] <= page_size["window"]
+
+
+#: measures the graph: its box's visible area, the node boxes outside it, the rendered size of
+#: every text, and where the fade at the box's right edge lies
+MEASURE_DAG = """<script>{
+const wrap = document.querySelector(".dag-wrap"), svg = wrap.querySelector("svg.dag");
+const outer = wrap.getBoundingClientRect();
+const left = outer.left + wrap.clientLeft, top = outer.top + wrap.clientTop;
+const right = left + wrap.clientWidth, bottom = top + wrap.clientHeight;
+const scale = svg.getBoundingClientRect().width / svg.viewBox.baseVal.width;
+const cut = [];
+for (const node of svg.querySelectorAll(".node")) {
+  const r = node.querySelector("rect").getBoundingClientRect();
+  if (r.left < left - 0.5 || r.right > right + 0.5 || r.top < top - 0.5 || r.bottom > bottom + 0.5)
+    cut.push({name: node.querySelector("text").textContent, left: r.left, right: r.right});
+}
+const fonts = [...svg.querySelectorAll("text")].map(
+  t => parseFloat(getComputedStyle(t).fontSize) * scale);
+const fade = wrap.querySelector(".fade.end");
+const cue = fade && {left: fade.getBoundingClientRect().left,
+  right: fade.getBoundingClientRect().right, image: getComputedStyle(fade).backgroundImage};
+document.body.setAttribute("data-measured", JSON.stringify({
+  left, right, scale, cut, smallestText: Math.min(...fonts), cue,
+  scrolls: wrap.scrollWidth > wrap.clientWidth, overflowX: getComputedStyle(wrap).overflowX,
+  page: document.documentElement.scrollWidth, window: window.innerWidth}));
+}</script>"""
+
+GRAPHS: dict[str, Callable[[], dict[str, Any]]] = {
+    "chain-3": lambda: chain_pipeline(3),
+    "chain-8": lambda: chain_pipeline(8),
+    "chain-20": lambda: chain_pipeline(20),
+    "fan-out-12": lambda: fan_out_pipeline(12),
+}
+
+
+@pytest.mark.parametrize(
+    ("graph", "width", "fits"),
+    [
+        ("chain-3", 1400, True),
+        ("chain-3", 800, True),
+        ("chain-8", 1400, True),
+        ("chain-8", 800, False),
+        ("chain-20", 1400, True),
+        ("chain-20", 800, False),
+        ("fan-out-12", 1400, True),
+        ("fan-out-12", 800, True),
+    ],
+)
+def test_the_graph_fits_its_box_or_shows_where_it_is_cut(
+    chromium: str, tmp_path: Path, graph: str, width: int, fits: bool
+) -> None:
+    """Every node is in view, or the graph scrolls in its own box with a fade at the cut edge."""
+    paths = render_report(GRAPHS[graph](), tmp_path / graph)
+    m = measure(chromium, tmp_path, paths.html.read_text(encoding="utf-8"), MEASURE_DAG, width)
+    assert m["page"] <= m["window"], "the page itself never scrolls sideways"
+    assert m["smallestText"] >= 9, m
+    if fits:
+        assert m["cut"] == [] and not m["scrolls"], m
+        return
+    assert m["cut"] and m["scrolls"] and m["overflowX"] == "auto", m
+    cue = m["cue"]
+    assert cue is not None and "gradient" in cue["image"], m
+    # the fade lies on the visible right edge, over the first node cut there
+    assert abs(cue["right"] - m["right"]) <= 1 and cue["right"] - cue["left"] >= 20, m
+    first_cut = m["cut"][0]
+    assert first_cut["left"] < cue["right"] and first_cut["right"] > cue["left"], m

@@ -4,7 +4,9 @@ Nodes sit in columns by generation (see :func:`~._model.layers`), each column ce
 tallest; edges run from the right side of a node to the left side of its child, curving only in
 the gaps between columns. An edge that skips columns crosses each column between in a free lane
 (a gap between two boxes, or above or below the column), so it never runs under a box it does
-not connect.
+not connect. Past :data:`BAND` columns the drawing wraps onto a row below, like text; an edge to
+a later row runs down the right margin, back left along the gap under its row and down the left
+margin, where there are no boxes.
 A node's colour says its status; a fan-out step shows one dot per instance, coloured the same
 way. Every node links to its step's details in the page and carries a tooltip (``<title>``).
 """
@@ -34,14 +36,22 @@ STATUSES = (
     "cancelled",
 )
 
-NODE_W = 184
+# narrow enough that a chain of 8 steps fits a 1400 px window at a readable scale
+NODE_W = 160
 NODE_H = 54
-GAP_X = 64
+GAP_X = 36
 GAP_Y = 22
 MARGIN = 16
+#: columns in a row of the drawing (8 fit a 1400 px window); a longer graph wraps below
+BAND = 8
+#: between two rows: the gap where edges from one row run back left to the next
+BAND_GAP = 40
 MAX_DOTS = 8
 #: an average glyph width of the node font, to cut long names before they overflow the box
 CHAR_W = 7.6
+#: the smallest the page may shrink the graph to fit its width: the smallest text in it (11.5 px,
+#: see ``_style``) stays above 9 px. A graph that would need less scrolls in its own box instead.
+MIN_SCALE = 0.8
 
 
 def status_class(status: str | None) -> str:
@@ -100,19 +110,32 @@ def dag_svg(steps: Sequence[StepView], edges: Sequence[tuple[str, str]]) -> Mark
     names = [s.name for s in steps]
     by_name = {s.name: (i, s) for i, s in enumerate(steps)}
     grouped = layers(names, edges)
-    tallest = max((len(g) for g in grouped), default=0)
-    width = 2 * MARGIN + len(grouped) * NODE_W + max(0, len(grouped) - 1) * GAP_X
-    height = 2 * MARGIN + tallest * NODE_H + max(0, tallest - 1) * GAP_Y
+    # past BAND columns the graph wraps to another row of columns below, like text
+    bands = [grouped[n : n + BAND] for n in range(0, len(grouped), BAND)]
+    row_h = [max(len(g) for g in band) * (NODE_H + GAP_Y) - GAP_Y for band in bands]
+    tops = [MARGIN + sum(h + BAND_GAP for h in row_h[:n]) for n in range(len(bands))]
+    shown = min(len(grouped), BAND)
+    width = 2 * MARGIN + shown * NODE_W + max(0, shown - 1) * GAP_X
+    height = (tops[-1] + row_h[-1] + MARGIN) if bands else 2 * MARGIN
     boxes: dict[str, _Box] = {}
     for col, group in enumerate(grouped):
-        offset = (tallest - len(group)) * (NODE_H + GAP_Y) / 2
+        band = col // BAND
+        offset = (row_h[band] - len(group) * (NODE_H + GAP_Y) + GAP_Y) / 2
         for row, name in enumerate(group):
-            boxes[name] = _Box(
-                MARGIN + col * (NODE_W + GAP_X), MARGIN + offset + row * (NODE_H + GAP_Y)
-            )
+            boxes[name] = _Box(_left(col), tops[band] + offset + row * (NODE_H + GAP_Y))
 
     column_of = {name: col for col, group in enumerate(grouped) for name in group}
     lanes = _Lanes(grouped, boxes, height)
+    # where an edge to a later row turns: down the right margin, back left along the gap
+    # under its row, down the left margin (nudged apart where edges share them)
+    turns: dict[tuple[str, int], int] = {}
+
+    def turn(kind: str, at: int, spread: float) -> float:
+        n = turns.get((kind, at), 0)
+        turns[(kind, at)] = n + 1
+        step = (n + 1) // 2 * (1 if n % 2 else -1) * 4
+        return float(max(-spread, min(spread, step)))
+
     edge_parts: list[Markup] = []
     seen: set[tuple[str, str]] = set()
     for a, b in edges:
@@ -122,25 +145,39 @@ def dag_svg(steps: Sequence[StepView], edges: Sequence[tuple[str, str]]) -> Mark
         src, dst = boxes[a], boxes[b]
         x1, y1 = src.x + NODE_W, src.y + NODE_H / 2
         x2, y2 = dst.x - 2, dst.y + NODE_H / 2  # stop short so the arrowhead stays visible
-        if x2 <= x1:  # an edge inside a cycle's column: loop around below
+        first, last = column_of[a], column_of[b]
+        if first == last:  # an edge inside a cycle's column: loop around below
             bend = max(src.y, dst.y) + NODE_H + GAP_Y / 2
             d = f"M{x1:g},{y1:g} C{x1 + 40:g},{bend:g} {x2 - 40:g},{bend:g} {x2:g},{y2:g}"
-        else:
+        elif first // BAND == last // BAND:
             # through each column between, a lane near the straight line; curves only in gaps
-            first, last = column_of[a], column_of[b]
             points = [(x1, y1)]
             for col in range(first + 1, last):
                 along = (col - first) / (last - first)
-                y = lanes.take(col, y1 + (y2 - y1) * along)
-                left = MARGIN + col * (NODE_W + GAP_X)
-                points += [(left - 2, y), (left + NODE_W + 2, y)]
-            points.append((x2, y2))
-            d = f"M{x1:g},{y1:g}"
-            for (px, py), (qx, qy) in zip(points[::2], points[1::2], strict=True):
-                mid = (px + qx) / 2
-                if (px, py) != (x1, y1):
-                    d += f" L{px:g},{py:g}"
-                d += f" C{mid:g},{py:g} {mid:g},{qy:g} {qx:g},{qy:g}"
+                points += _lane(lanes, col, y1 + (y2 - y1) * along)
+            d = _path([*points, (x2, y2)])
+        else:
+            # to a later row: level through the rest of this row to the right margin, down to
+            # the gap under the row, back left along it, down the left margin, then level
+            # through the target's row (every turn in a margin or a gap, clear of the boxes)
+            band = first // BAND
+            right = width - MARGIN / 2 + turn("right", band, MARGIN / 2 - 3)
+            gap = tops[band] + row_h[band] + BAND_GAP / 2 + turn("gap", band, BAND_GAP / 2 - 4)
+            left = MARGIN / 2 + turn("left", last // BAND, MARGIN / 2 - 3)
+            out = [(x1, y1)]
+            for col in range(first + 1, (band + 1) * BAND):
+                out += _lane(lanes, col, y1)
+            py = out[-1][1]
+            d = _path(out) + f" C{right:g},{py:g} {right:g},{py:g} {right:g},{gap:g}"
+            d += f" L{left:g},{gap:g}"
+            into: list[tuple[float, float]] = []
+            for col in range(last // BAND * BAND, last):
+                into += _lane(lanes, col, y2)
+            into.append((x2, y2))
+            qx, qy = into[0]
+            d += f" C{left:g},{qy:g} {left:g},{qy:g} {qx:g},{qy:g}"
+            if len(into) > 1:
+                d += " L" + _path(into[1:])[1:]
         target = by_name[b][1]
         edge_parts.append(
             el(
@@ -177,10 +214,39 @@ def dag_svg(steps: Sequence[StepView], edges: Sequence[tuple[str, str]]) -> Mark
         width=str(width),
         height=str(height),
         viewBox=f"0 0 {width} {height}",
+        # the stylesheet scales the graph to its box's width (``width: 100%``): never larger
+        # than drawn, never smaller than readable
+        style=f"max-width:{width}px;min-width:{width * MIN_SCALE:g}px",
         role="img",
         aria_label="Pipeline graph",
         class_="dag",
     )
+
+
+def _left(col: int) -> float:
+    """The x of the boxes of column ``col`` (columns wrap to a new row every BAND)."""
+    return MARGIN + col % BAND * (NODE_W + GAP_X)
+
+
+def _lane(lanes: _Lanes, col: int, near: float) -> list[tuple[float, float]]:
+    """The two points where an edge enters and leaves column ``col`` in a free lane."""
+    y = lanes.take(col, near)
+    return [(_left(col) - 2, y), (_left(col) + NODE_W + 2, y)]
+
+
+def _path(points: Sequence[tuple[float, float]]) -> str:
+    """Path data from ``points[0]`` through (enter, leave) pairs of points: curved in the gap
+    before each pair, straight across the column between them."""
+    (x1, y1), *_ = points
+    d = f"M{x1:g},{y1:g}"
+    for n, ((px, py), (qx, qy)) in enumerate(zip(points[::2], points[1::2], strict=False)):
+        mid = (px + qx) / 2
+        if n:
+            d += f" L{px:g},{py:g}"
+        d += f" C{mid:g},{py:g} {mid:g},{qy:g} {qx:g},{qy:g}"
+    if len(points) % 2 and len(points) > 1:  # ends leaving a column, not at a box
+        d += f" L{points[-1][0]:g},{points[-1][1]:g}"
+    return d
 
 
 def _node(index: int, step: StepView, box: _Box) -> Markup:

@@ -641,7 +641,16 @@ def _pipeline_dag(view: PipelineView) -> Markup:
         [el("span", el("span", class_=f"sw {status_class(s)}"), s) for s in present],
         class_="legend",
     )
-    return join(el("div", dag_svg(view.steps, view.edges), class_="dag-wrap"), legend)
+    # the fades stick to the box's edges while the graph scrolls under them: where a graph too
+    # wide to shrink readably is cut, its nodes fade out, so the cut edge says there is more
+    graph = el(
+        "div",
+        el("span", class_="fade start", aria_hidden="true"),
+        dag_svg(view.steps, view.edges),
+        el("span", class_="fade end", aria_hidden="true"),
+        class_="dag-wrap",
+    )
+    return join(graph, legend)
 
 
 def _step_agents(step: StepView) -> str:

@@ -46,6 +46,7 @@ from ._model import (
     conflicts_text,
     default_policy_text,
     instance_label,
+    layers,
     sum_costs,
     sum_tokens,
     tool_call_error,
@@ -484,7 +485,10 @@ def _mermaid(view: PipelineView) -> list[str]:
     if not view.steps:
         return ["No graph in this result.", ""]
     ids = {s.name: f"n{i}" for i, s in enumerate(view.steps)}
-    lines = ["flowchart LR"]
+    # a viewer draws the graph at its page's width: a long one left to right would shrink
+    # past reading, top to bottom it keeps its size and the page scrolls
+    long = len(layers([s.name for s in view.steps], view.edges)) > MERMAID_WIDE_LAYERS
+    lines = ["flowchart TD" if long else "flowchart LR"]
     for s in view.steps:
         label = _mermaid_label(f"{s.name}\n{s.status or 'unknown'}")
         status = s.status if s.status in STATUSES else "unknown"
@@ -495,9 +499,47 @@ def _mermaid(view: PipelineView) -> list[str]:
     lines += _MERMAID_CLASSES
     out = fence("\n".join(lines), "mermaid")
     # an edge list too, for readers whose viewer does not draw mermaid
-    if view.edges:
-        out += ["Edges: " + ", ".join(f"{cell(a)} → {cell(b)}" for a, b in view.edges), ""]
+    if paths := _paths(view.edges):
+        out += ["Edges:", "", *(f"- {' → '.join(cell(n) for n in p)}" for p in paths), ""]
     return out
+
+
+def _paths(edges: Sequence[tuple[str, str]]) -> list[list[str]]:
+    """The edges as paths: a run of steps each the only child of the one before is one path.
+
+    A chain of twenty steps reads as one line, not nineteen pairs that name each step twice.
+    """
+    unique = list(dict.fromkeys((a, b) for a, b in edges if a != b))
+    children: dict[str, list[str]] = {}
+    parents: dict[str, list[str]] = {}
+    for a, b in unique:
+        children.setdefault(a, []).append(b)
+        parents.setdefault(b, []).append(a)
+
+    def follows(a: str, b: str) -> bool:  # b continues a path that reached a
+        return children[a] == [b] and parents[b] == [a]
+
+    used: set[tuple[str, str]] = set()
+    paths: list[list[str]] = []
+    # paths start where a step is not the middle of a run (a cycle's edges are left to the end)
+    starts = [
+        e
+        for e in unique
+        if not (len(parents.get(e[0], [])) == 1 and follows(parents[e[0]][0], e[0]))
+    ]
+    for a, b in starts + unique:
+        if (a, b) in used:
+            continue
+        used.add((a, b))
+        path = [a, b]
+        while len(children.get(path[-1], [])) == 1:
+            nxt = children[path[-1]][0]
+            if (path[-1], nxt) in used or not follows(path[-1], nxt):
+                break
+            used.add((path[-1], nxt))
+            path.append(nxt)
+        paths.append(path)
+    return paths
 
 
 def _mermaid_label(text: str) -> str:
@@ -512,6 +554,9 @@ def _mermaid_label(text: str) -> str:
         text = text.replace(raw, entity)
     return text.replace("\n", "<br/>")
 
+
+#: past this many columns the mermaid graph is drawn top to bottom
+MERMAID_WIDE_LAYERS = 6
 
 _MERMAID_CLASSES = [
     "  classDef succeeded fill:#dafbe1,stroke:#1a7f37",

@@ -172,8 +172,24 @@ table.diff tr.l-meta td, table.diff tr.l-note td { color: var(--muted); font-sty
 .three .absent { padding: 10px 12px; color: var(--muted); font-style: italic; }
 .three mark { background: var(--mark-bg); color: inherit; }
 /* the graph */
-.dag-wrap { overflow-x: auto; border: 1px solid var(--border); border-radius: 6px; padding: 8px; }
-svg.dag { display: block; font-family: inherit; }
+/* the graph shrinks to its box's width down to its min-width (set on the svg: text stays
+   readable); past that it scrolls in its box, where a fade at each cut edge shows there is more
+   (at rest each fade lies over the box's side padding, where there is nothing to fade) */
+.dag-wrap {
+  display: flex; align-items: flex-start; overflow-x: auto; border: 1px solid var(--border);
+  border-radius: 6px; padding: 8px 20px;
+}
+svg.dag { display: block; font-family: inherit; flex: 1 1 auto; width: 100%; height: auto; }
+.dag-wrap .fade {
+  position: sticky; z-index: 1; flex: 0 0 20px; align-self: stretch; margin: -8px 0;
+  pointer-events: none;
+}
+.dag-wrap .fade.start {
+  left: -20px; margin-left: -20px; background: linear-gradient(to left, transparent, var(--bg));
+}
+.dag-wrap .fade.end {
+  right: -20px; margin-right: -20px; background: linear-gradient(to right, transparent, var(--bg));
+}
 svg.dag .node rect { stroke-width: 1.5; fill: var(--idle-bg); stroke: var(--idle); }
 svg.dag .node .name { font-size: 13.5px; font-weight: 600; fill: var(--fg); }
 svg.dag .node .sub, svg.dag .node .more { font-size: 11.5px; fill: var(--muted); }
