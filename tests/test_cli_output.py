@@ -293,3 +293,49 @@ async def test_diff_flag_prints_the_diff_of_prompt_run_resume_and_show(project: 
         assert f"run {run_id}: succeeded\n" in resumed.stdout.decode(), name
         resumed = await project.cli("resume", run_id, "--diff")
         assert DIFF in resumed.stdout.decode(), name
+
+
+VALUES_PIPELINE = """\
+from orchestrator import step
+
+
+@step()
+def numbers() -> list[int]:
+    return list(range(30))
+
+
+@step(over="numbers")
+def square(item: int) -> int:
+    return item * item
+
+
+@step()
+def table(numbers: list[int]) -> str:
+    return "\\n".join(f"row {n}" for n in numbers)
+
+
+@step()
+def nothing(numbers: list[int]) -> None:
+    return None
+"""
+
+
+async def test_run_prints_the_values_of_its_final_steps_and_show_prints_them_whole(
+    project: Project,
+) -> None:
+    """run prints what its final steps returned (each instance, the first 20 lines, then how
+    many more and where); steps something depends on and None values are left out; show
+    prints the values whole."""
+    pipeline = project.root / "values.py"
+    pipeline.write_text(VALUES_PIPELINE)
+    done = await project.cli("run", str(pipeline), "--cwd", str(project.workspace))
+    assert done.returncode == 0, done.stderr.decode()
+    out = done.stdout.decode()
+    run_id = run_id_of(out)
+    assert "square[0]:\n  0\n" in out and "square[29]:\n  841\n" in out
+    rows = "".join(f"  row {n}\n" for n in range(20))
+    assert f"table:\n{rows}  \u2026 (10 more lines: orchestrator show {run_id} --json)\n" in out
+    assert "numbers:" not in out and "nothing:" not in out
+    assert out.index("table:") < out.index(f"run {run_id}: succeeded")
+    shown = (await project.cli("show", run_id)).stdout.decode()
+    assert "table:\n" + "".join(f"  row {n}\n" for n in range(30)) in shown

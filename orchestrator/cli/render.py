@@ -12,6 +12,7 @@ control character reaches the terminal raw.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
@@ -398,20 +399,55 @@ def _prompt_apply(result: Mapping[str, Any], run_id: str, out: IO[str]) -> None:
 # pipelines, and the ending every run shares
 
 
-def steps_result(result: Mapping[str, Any], out: IO[str], *, diff: bool = False) -> None:
-    """A pipeline run's result: its steps, their failures' tracebacks, its conflicts, the diff
-    with ``diff``, and the diff stat of its final changes."""
+#: lines of a final step's value in a run's result (``show --json`` has all of it)
+VALUE_LINES = 20
+
+
+def steps_result(
+    result: Mapping[str, Any], out: IO[str], *, diff: bool = False, limit: int | None = VALUE_LINES
+) -> None:
+    """A pipeline run's result: its steps, their failures' tracebacks, its conflicts, the
+    values of its final steps (what the pipeline is for), the diff with ``diff``, and the diff
+    stat of its final changes."""
     for name, step in (result.get("steps") or {}).items():
         extra = step.get("error") or step.get("cause") or ""
         say(f"  {name:<20} {step.get('status'):<10} {extra}".rstrip(), out)
         _traceback(step.get("traceback"), "      ", out)
     for c in result.get("conflicts") or []:
         say(conflict_line(c), out)
+    for line in final_values(result, limit):
+        say(line, out)
     text = str(result.get("diff") or "")
     if diff and text:
         out.write(terminal_text(text))
     for line in diff_stat(text, list(result.get("changes") or []), terminal_width(out)):
         say(line, out)
+
+
+def final_values(result: Mapping[str, Any], limit: int | None = VALUE_LINES) -> list[str]:
+    """The values the final steps (those no step depends on) of a pipeline run returned: a
+    heading per instance, then the value (a string as it is, anything else as JSON), its first
+    ``limit`` lines. Steps of an agent, failed ones and values of None are left out."""
+    raw = result.get("graph")
+    graph: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+    nodes = [n for n in graph.get("nodes") or () if isinstance(n, Mapping)]
+    parents = {str(e[0]) for e in graph.get("edges") or () if isinstance(e, list) and e}
+    agents = {str(n.get("name")) for n in nodes if n.get("agents") or n.get("agentsInput")}
+    steps = result.get("steps") or {}
+    lines: list[str] = []
+    more = f"orchestrator show {result.get('runId')} --json"
+    for node in nodes:
+        name = str(node.get("name"))
+        if name in parents or name in agents or not isinstance(steps.get(name), Mapping):
+            continue
+        for key, instance in (steps[name].get("instances") or {}).items():
+            value = instance.get("value")
+            if instance.get("status") != "succeeded" or value is None:
+                continue
+            text = value if isinstance(value, str) else json.dumps(value, indent=2)
+            lines.append(f"{name}:" if key == name else f"{name}[{key}]:")
+            lines += _message(text, limit, more)
+    return lines
 
 
 def run_ending(result: Mapping[str, Any], run_id: str, out: IO[str]) -> None:
@@ -473,7 +509,7 @@ def step_details(result: Mapping[str, Any], out: IO[str]) -> None:
     instances' outcomes and tracebacks, and what the run store cut from their turns."""
     for name, step in (result.get("steps") or {}).items():
         extra = step.get("error") or step.get("cause") or ""
-        say(f"  {name:<20} {step.get('status'):<10} {extra}", out)
+        say(f"  {name:<20} {step.get('status'):<10} {extra}".rstrip(), out)
         shown = {k: i for k, i in (step.get("instances") or {}).items() if k != name}
         # a fanned-out step's traceback is its first failed instance's: shown with it
         if not any(i.get("traceback") == step.get("traceback") for i in shown.values()):

@@ -18,7 +18,7 @@ from .._names import display_names
 from .._words import count
 from . import EXIT_FAILED, EXIT_MERGE_CONFLICTS, EXIT_OK, EXIT_USAGE, SANDBOX_HELP
 from .output import say, terminal_text
-from .render import conflict_line, sandbox_lines, step_details
+from .render import conflict_line, final_values, sandbox_lines, step_details
 
 RUN_EXAMPLES = """\
 examples:
@@ -691,6 +691,8 @@ async def cmd_show(args: argparse.Namespace) -> int:
         reason = f" ({result['statusReason']})" if result.get("statusReason") else ""
         say(f"run {run_id} ({result['kind']}) in {result['cwd']}: {result['status']}{reason}")
         step_details(result, sys.stdout)
+        for line in final_values(result, None):  # whole, where run printed their first lines
+            say(line)
         # the conflicts, the diff (with --diff) and the diff stat, as run printed them
         steps_result({**result, "steps": {}}, sys.stdout, diff=args.diff)
         _show_tail(result, conflicts=False)
