@@ -71,7 +71,7 @@ async def test_prompt_diff_and_show_print_agent_control_characters_visibly(
     assert out.startswith(f"all good{SHOWN}\\rdone\\u009b2K\n")
     assert f" ok{SHOWN}hidden.txt (new) | 1 +\n" in out
     err = done.stderr.decode()
-    assert f"  > other: read{SHOWN}\\x1b]0;owned\\x07\n" in err
+    assert f" tool     > other: read{SHOWN}\\x1b]0;owned\\x07\n" in err
     (run_id,) = os.listdir(state_dir / "runs")
 
     diff = await run_cli("diff", run_id, cwd=tmp_path, state=state_dir)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -126,8 +127,8 @@ async def test_prompt_no_progress_prints_the_reply_without_streaming(
     # the same reply; the endings (after a blank line) differ only in run id and time
     assert quiet.stdout.split(b"\n\n")[0] == shown.stdout.split(b"\n\n")[0]
     assert quiet.stdout.startswith(b"Done.\n")
-    assert b"  > edit: " in shown.stderr
-    assert b"  > " not in quiet.stderr and b"  < " not in quiet.stderr
+    assert b" tool     > edit: " in shown.stderr
+    assert b" tool " not in quiet.stderr
 
 
 @pytest.mark.parametrize("command", ["prompt", "compare", "run", "resume"])
@@ -146,7 +147,7 @@ async def test_every_run_command_takes_no_progress(command: str, ws: Path, tmp_p
     done = await cli(*argv[command], "--no-progress", cwd=ws, state=state)
     assert done.returncode == EXIT_OK, done.stderr.decode()
     err = done.stderr.decode()
-    for progress in ("started ", "done     ", "permit ", "  > "):
+    for progress in ("started ", "done     ", "permit ", "tool "):
         assert progress not in err
 
 
@@ -347,3 +348,22 @@ async def test_a_pipeline_step_names_an_agent_on_a_model(ws: Path, tmp_path: Pat
     (instance,) = step["instances"].values()
     assert (instance["agent"], instance["model"]) == ("demo:demo-slow", "demo-slow")
     assert instance["text"].startswith("Done (model demo-slow, mode edit).\n")
+
+
+async def test_prompt_tool_calls_off_a_terminal_are_progress_lines(
+    ws: Path, tmp_path: Path
+) -> None:
+    """Off a terminal prompt's tool calls are lines in the log format, JSON with --log-json
+    (every stderr line then parses), as the progress of the other run commands."""
+    state = tmp_path / "state"
+    plain = await cli("prompt", "--agent", "demo", "--policy", "edit", TASK, cwd=ws, state=state)
+    assert plain.returncode == EXIT_OK, plain.stderr.decode()
+    lines = plain.stderr.decode().splitlines()
+    assert lines and all(re.match(r"\d\d:\d\d:\d\d (info|warning) +tool +[<>] ", x) for x in lines)
+    done = await cli(
+        "prompt", "--agent", "demo", "--policy", "edit", "--log-json", TASK, cwd=ws, state=state
+    )
+    assert done.returncode == EXIT_OK, done.stderr.decode()
+    events = [json.loads(line) for line in done.stderr.decode().splitlines()]
+    assert [e["event"] for e in events][:2] == ["tool_call", "tool_call_update"]
+    assert events[0]["kind"] == "edit" and events[1]["status"] == "completed"

@@ -248,7 +248,7 @@ async def test_prompt_ending_goes_to_stdout_and_show_prints_the_same(project: Pr
     ]
     assert lines[4].startswith(f"not applied; to apply: orchestrator apply {run_id} ")
     assert "+++ " not in out
-    assert "  > edit: write new.txt\n" in err
+    assert " tool     > edit: write new.txt\n" in err
     assert "end_turn" not in err and "run " not in err and "new.txt (new)" not in err
 
     shown = await project.cli("show", run_id)

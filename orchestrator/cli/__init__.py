@@ -432,12 +432,32 @@ def _print_update(update: t.SessionUpdate) -> None:
         sys.stdout.write(terminal_text(content_text(update.content)))
         sys.stdout.flush()
     elif isinstance(update, t.ToolCall):
-        say(f"  > {update.kind or 'tool'}: {update.title}", file=sys.stderr)
+        kind = update.kind or "tool"
+        fields = {"toolCallId": update.tool_call_id, "kind": kind, "title": update.title}
+        _tool_line("info", "tool_call", f"> {kind}: {update.title}", fields)
     elif isinstance(update, t.ToolCallUpdateSessionUpdate) and update.status in (
         "completed",
         "failed",
     ):
-        say(f"  < {update.tool_call_id}: {update.status}", file=sys.stderr)
+        level = "warning" if update.status == "failed" else "info"
+        fields = {"toolCallId": update.tool_call_id, "status": update.status}
+        _tool_line(level, "tool_call_update", f"< {update.tool_call_id}: {update.status}", fields)
+
+
+def _tool_line(level: str, event: str, text: str, fields: dict[str, Any]) -> None:
+    """A prompt's tool call as progress on stderr: an indented line on a terminal, else a line
+    in the log lines' format (JSON with --log-json), as the progress of the other commands."""
+    from . import logs
+
+    if logs.style() == "terminal" and sys.stderr.isatty():
+        say(f"  {text}", file=sys.stderr)
+        return
+    text = f"tool {text}" if logs.style() == "json" else f"tool     {text}"  # as PlainView's
+    line = logs.format_line(
+        level, {"event": event, **fields}, text=text, logger="orchestrator.progress"
+    )
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def entry() -> NoReturn:
