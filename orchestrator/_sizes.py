@@ -31,6 +31,17 @@ _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 _SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMG]?)(?:I?B)?\s*", re.IGNORECASE | re.ASCII)
 
 
+#: a failed tool call's error text is kept (and shown) up to this many characters
+MAX_TOOL_ERROR_CHARS = 2000
+
+
+def bounded_text(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, saying how many more there were."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}\u2026 ({len(text) - limit:,} more characters)"
+
+
 def parse_size(value: object) -> int:
     """A size in bytes from an int or a string such as ``"100M"`` (see the module doc).
 

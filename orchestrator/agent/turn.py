@@ -12,7 +12,7 @@ from typing import Any
 
 from attrs import define, field, frozen
 
-from .._sizes import DEFAULT_MAX_TURN_RECORD_BYTES
+from .._sizes import DEFAULT_MAX_TURN_RECORD_BYTES, MAX_TOOL_ERROR_CHARS, bounded_text
 from ..protocol import types as t
 from ..protocol.codec import unstructure
 from .services import PermissionRecord
@@ -27,7 +27,6 @@ __all__ = [
 ]
 
 #: a failed tool call's error text keeps at most this many characters in ``--json``
-MAX_TOOL_ERROR_CHARS = 2000
 
 
 @define
@@ -80,12 +79,7 @@ class ToolCallState:
         if not text and self.raw_output is not None:
             raw = self.raw_output
             text = raw if isinstance(raw, str) else json.dumps(raw, default=str, sort_keys=True)
-        if not text:
-            return None
-        if len(text) > MAX_TOOL_ERROR_CHARS:
-            more = len(text) - MAX_TOOL_ERROR_CHARS
-            text = f"{text[:MAX_TOOL_ERROR_CHARS]}\u2026 ({more:,} more characters)"
-        return text
+        return bounded_text(text, MAX_TOOL_ERROR_CHARS) if text else None
 
     def to_json(self) -> dict[str, Any]:
         """The summary used in ``--json`` output (with ``error`` when a failed call said why)."""

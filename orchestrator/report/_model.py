@@ -15,6 +15,7 @@ import attrs
 from attrs import frozen
 
 from .._rejections import DefaultRejections
+from .._sizes import MAX_TOOL_ERROR_CHARS, bounded_text
 from ..errors import ReportError
 from ._diff import FileDiff, count_lines, parse_diff
 
@@ -273,21 +274,13 @@ class AgentView:
         return None if code is None else code == 0
 
 
-#: a failed tool call's error text shows at most this many characters
-MAX_TOOL_ERROR_CHARS = 2000
-
-
 def tool_call_error(call: Mapping[str, Any]) -> str | None:
     """The error text a failed tool call carries (``error``), bounded; None when there is none."""
     if as_str(call.get("status")) != "failed":
         return None
     text = as_str(call.get("error"))
-    if not text:
-        return None
-    if len(text) > MAX_TOOL_ERROR_CHARS:
-        more = len(text) - MAX_TOOL_ERROR_CHARS
-        text = f"{text[:MAX_TOOL_ERROR_CHARS]}\u2026 ({more:,} more characters)"
-    return text
+    # a result file is read as it is: bounded again here
+    return bounded_text(text, MAX_TOOL_ERROR_CHARS) if text else None
 
 
 def _error_text(value: Any) -> str | None:
