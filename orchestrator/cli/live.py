@@ -29,6 +29,7 @@ from .output import terminal_text
 
 if TYPE_CHECKING:
     from rich.console import Console, ConsoleOptions, RenderableType
+    from rich.live import Live
 
 __all__ = ["LiveView", "PlainView", "open_view", "paused_views"]
 
@@ -141,15 +142,27 @@ class LiveView:
 
     def __init__(self, title: str, out: IO[str] | None = None):
         from rich.console import Console
-        from rich.live import Live
 
         self._title = title
         self._lines: dict[str, _Line] = {}
         # the refresh thread renders while events arrive: one at a time
         self._lock = threading.Lock()
         self._console = Console(file=out or sys.stderr)
+        self._paused = False
+        self._live = self._start()
+        _SHOWN.append(self)
+
+    def _start(self) -> Live:
+        """A new live display of this table, drawn from where the cursor stands.
+
+        Each start gets a new one: a restarted display remembers the height of its last frame
+        and would move up that many lines to draw over it, over what was written below the
+        table meanwhile (a question and its answer).
+        """
+        from rich.live import Live
+
         # stderr is redirected (log lines print above the table); stdout is the result's
-        self._live = Live(
+        live = Live(
             self,
             console=self._console,
             auto_refresh=True,
@@ -157,9 +170,8 @@ class LiveView:
             redirect_stdout=False,
             transient=False,
         )
-        self._paused = False
-        self._live.start()
-        _SHOWN.append(self)
+        live.start()
+        return live
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[Any]:
         with self._lock:
@@ -250,7 +262,7 @@ class LiveView:
                 return
             self._paused = False
         if self in _SHOWN:
-            self._live.start()
+            self._live = self._start()
 
     def close(self) -> None:
         """Stop refreshing (the last table stays on screen)."""
