@@ -493,3 +493,35 @@ def test_two_answered_questions_of_compare_stay_on_the_screen(
     )  # fmt: skip
     assert screen.code == 0, screen.text
     _after_each_question(screen.shown, 2)
+
+
+class _Interrupt:
+    """Types Ctrl-C once the table shows the step running its command."""
+
+    def __init__(self) -> None:
+        self.sent = False
+
+    def __call__(self, text: str) -> bytes:
+        if self.sent or not re.search(r"running\s*│[^\r\n]*│ Run sleep 30", text):
+            return b""
+        self.sent = True
+        return b"\x03"
+
+
+def test_the_last_frame_after_ctrl_c_shows_the_steps_interrupted(
+    tmp_path: Path, project: Path, state_dir: Path
+) -> None:
+    """Ctrl-C during a run: its last table shows the step that was running as interrupted,
+    as the run is recorded, not still running."""
+    (tmp_path / "slow.py").write_text(ONE_STEP)
+    interrupt = _Interrupt()
+    screen = in_terminal(
+        "run", "slow.py", "--policy", "trusted", "--cwd", str(project), "--set",
+        "task=run sleep 30",
+        cwd=tmp_path, state=state_dir, columns=100, typing=interrupt,
+    )  # fmt: skip
+    assert interrupt.sent, screen.text
+    assert screen.code == 130, screen.text
+    rows = [line for line in screen.shown if line.startswith(" edit ")]
+    assert len(rows) == 1, "\n".join(screen.shown)
+    assert re.match(r" edit +│ demo +│ interrupted +│ [0-9.]+s ", rows[0]), "\n".join(screen.shown)

@@ -40,6 +40,7 @@ _STATE_STYLE = {
     "skipped": "dim",
     "retrying": "magenta",
     "reused": "cyan",
+    "interrupted": "red",
 }
 _ENDED = {
     "step_finished": "succeeded",
@@ -265,7 +266,17 @@ class LiveView:
             self._live = self._start()
 
     def close(self) -> None:
-        """Stop refreshing (the last table stays on screen)."""
+        """Stop refreshing (the last table stays on screen).
+
+        A row still running or retrying then was cut short (Ctrl-C, or the run ended with an
+        error): the last frame shows it ``interrupted``, its time stopped, as the run's record
+        has it.
+        """
+        with self._lock:
+            ended = time.monotonic()
+            for line in self._lines.values():
+                if line.state in ("running", "retrying"):
+                    line.state, line.ended = "interrupted", ended
         if self in _SHOWN:
             _SHOWN.remove(self)
         self._live.stop()
