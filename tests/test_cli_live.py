@@ -525,3 +525,24 @@ def test_the_last_frame_after_ctrl_c_shows_the_steps_interrupted(
     rows = [line for line in screen.shown if line.startswith(" edit ")]
     assert len(rows) == 1, "\n".join(screen.shown)
     assert re.match(r" edit +│ demo +│ interrupted +│ [0-9.]+s ", rows[0]), "\n".join(screen.shown)
+
+
+def test_a_long_step_name_leaves_out_the_last_tool_call_before_it_folds(
+    tmp_path: Path, project: Path, state_dir: Path
+) -> None:
+    """At 60 columns a long instance name keeps its line whole: the last tool call column is
+    left out first, the name is folded only when the step, state and time alone do not fit."""
+    (project / "README.md").write_text("# project\n\nIn colour.\n")
+    long_name = "a-long-agent-name"
+    screen = in_terminal(
+        "compare", "--agent", f"{long_name}=demo", "--agent", "b=demo", "--policy", "trusted",
+        "--cwd", str(project), 'run sleep 2\nreplace "colour" with "color" in README.md',
+        cwd=tmp_path, state=state_dir, columns=60,
+    )  # fmt: skip
+    assert screen.code == 0, screen.text
+    rows = [line for line in screen.table if "│" in line]
+    assert rows, screen.text
+    assert {row.split("│")[0].strip() for row in rows} == {f"compare[{long_name}]", "compare[b]"}
+    header = [line for line in screen.lines if line.lstrip().startswith("step ")][-1]
+    assert [c.strip() for c in header.split("┃")] == ["step", "state", "time"]
+    assert max(len(line) for line in screen.table) <= 60

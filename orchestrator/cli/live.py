@@ -310,10 +310,11 @@ def _columns(rows: list[dict[str, Any]], width: int) -> tuple[list[str], int, in
     """The columns that fit in ``width``, in display order; the step and last tool call
     columns' widths.
 
-    The step, state and time are always shown; then the last tool call, the agent and the
-    tokens while they fit (the least important is left out first). The step column gets its
-    whole width when the others leave room for it, else a third of the line at least (longer
-    names are folded onto more lines, never cut); the last tool call takes what is left.
+    The step, state and time are always shown, the step at its whole width; then the last
+    tool call, the agent and the tokens while they fit beside them (the least important is
+    left out first). Only when the step, state and time alone do not fit is the step column
+    narrowed (to a third of the line at least): longer names are folded onto more lines, never
+    cut. The last tool call takes what is left.
     """
 
     def natural(column: str) -> int:
@@ -321,8 +322,6 @@ def _columns(rows: list[dict[str, Any]], width: int) -> tuple[list[str], int, in
 
     need = {column: natural(column) for column in (*_ALWAYS, *_OPTIONAL)}
     need["last tool call"] = _MIN_TOOL
-    step = need["step"]
-    need["step"] = min(step, max(12, width // 3))
 
     def total(columns: tuple[str, ...]) -> int:
         # a space pads each cell on both sides, a rule stands between two columns
@@ -332,11 +331,11 @@ def _columns(rows: list[dict[str, Any]], width: int) -> tuple[list[str], int, in
     while kept and total((*_ALWAYS, *kept)) > width:
         kept.pop()
     shown = (*_ALWAYS, *kept)
-    step_width = max(need["step"], min(step, width - total(shown) + need["step"]))
-    need["step"] = step_width
+    # no optional column is left, and still the whole name does not fit: it folds
+    need["step"] = min(need["step"], max(12, width // 3, width - total(shown) + need["step"]))
     tool_width = width - total(shown) + need["last tool call"]
     order = ("step", "agent", "state", "time", "tokens", "last tool call")
-    return [c for c in order if c in shown], step_width, tool_width
+    return [c for c in order if c in shown], need["step"], tool_width
 
 
 def open_view(title: str, *, enabled: bool = True) -> LiveView | PlainView | None:
