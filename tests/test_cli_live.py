@@ -35,6 +35,10 @@ MARKUP_TASK = 'create notes-[/x].md with "[bold]x[/bold]"'
 #: an escape sequence (the terminal's own control sequences, not the content)
 _ESCAPE = re.compile(r"\x1b(\[[0-9;?]*[ -/]*[@-~]|\][^\x07]*\x07|[()][0-9A-Za-z]|[=>])")
 
+#: one piece of terminal output: a control sequence (its number and final letter), another
+#: escape sequence, or one character
+_TERMINAL_OUTPUT = re.compile(r"\x1b\[([0-9;?]*)[ -/]*([@-~])|" + _ESCAPE.pattern + "|.", re.S)
+
 pytestmark = pytest.mark.slow
 
 
@@ -45,6 +49,7 @@ class Screen:
     raw: str
     stdout: str
     code: int
+    columns: int = 80
 
     @property
     def text(self) -> str:
@@ -61,6 +66,44 @@ class Screen:
         """The lines of the live table: its header, rule and rows."""
         return [line for line in self.lines if any(c in line for c in "│┃━")]
 
+    @property
+    def shown(self) -> list[str]:
+        """The lines left on the terminal at the end: the output played on a terminal
+        ``columns`` wide that moves its cursor and erases lines as asked (tall enough never to
+        scroll)."""
+        rows: list[list[str]] = []
+        row = col = 0
+        for token in _TERMINAL_OUTPUT.finditer(self.raw):
+            text, kind = token.group(0), token.group(2)
+            n = int(token.group(1)) if (token.group(1) or "").isdigit() else 0
+            if kind == "A":
+                row = max(0, row - (n or 1))
+            elif kind == "B":
+                row += n or 1
+            elif kind == "G":
+                col = max(0, n - 1)
+            elif text == "\r":
+                col = 0
+            elif text == "\n":
+                row += 1
+            elif not text.startswith("\x1b") and col >= self.columns:
+                row, col = row + 1, 0  # the line is full: the text goes on below
+            rows += [[] for _ in range(row + 1 - len(rows))]
+            if kind == "K":  # erase the line (2), or from the cursor to its end (0)
+                del rows[row][0 if n == 2 else col :]
+            elif not text.startswith("\x1b") and text not in "\r\n":
+                line = rows[row]
+                line += [" "] * (col + 1 - len(line))
+                line[col] = text
+                col += 1
+        return ["".join(line).rstrip() for line in rows]
+
+
+def _controlling_terminal() -> None:
+    """In the child, after setsid: its stdin, the pseudo-terminal, becomes its terminal
+    (``/dev/tty``, where questions are asked; Ctrl-C typed there interrupts it)."""
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
 
 def in_terminal(
     *args: str,
@@ -68,9 +111,11 @@ def in_terminal(
     state: Path,
     columns: int,
     watch: Callable[[str], None] | None = None,
+    typing: Callable[[str], bytes] | None = None,
 ) -> Screen:
-    """Run the console script with its stdin and stderr on a pseudo-terminal ``columns`` wide
-    (stdout a pipe); ``watch`` sees the terminal text so far each time more arrives."""
+    """Run the console script with its stdin and stderr on a pseudo-terminal ``columns`` wide,
+    its controlling terminal (stdout a pipe); ``watch`` sees the terminal text so far each time
+    more arrives, and what ``typing`` returns for it is typed at the terminal."""
     main, side = pty.openpty()
     fcntl.ioctl(side, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
     env = {**os.environ, "ORCHESTRATOR_STATE_DIR": str(state), "COLUMNS": str(columns)}
@@ -78,7 +123,14 @@ def in_terminal(
     for name in ("NO_COLOR", "FORCE_COLOR"):
         env.pop(name, None)
     proc = subprocess.Popen(
-        [str(CLI), *args], stdin=side, stdout=subprocess.PIPE, stderr=side, cwd=cwd, env=env
+        [str(CLI), *args],
+        stdin=side,
+        stdout=subprocess.PIPE,
+        stderr=side,
+        cwd=cwd,
+        env=env,
+        start_new_session=True,
+        preexec_fn=_controlling_terminal,
     )
     os.close(side)
     raw = b""
@@ -101,6 +153,8 @@ def in_terminal(
             raw += chunk
             if watch is not None:
                 watch(_ESCAPE.sub("", raw.decode(errors="replace")))
+            if typing is not None:
+                os.write(main, typing(_ESCAPE.sub("", raw.decode(errors="replace"))))
         assert proc.stdout is not None
         stdout = proc.stdout.read().decode()
         code = proc.wait(timeout=LIMIT)
@@ -111,7 +165,7 @@ def in_terminal(
             proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
-    return Screen(raw.decode(errors="replace"), stdout, code)
+    return Screen(raw.decode(errors="replace"), stdout, code, columns)
 
 
 def cli(*args: str, state: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -355,3 +409,140 @@ def test_a_failing_event_listener_is_logged_and_the_run_goes_on(
     failed = [e for e in logs if e["event"] == "event listener failed"]
     assert failed and all(e["log_level"] == "error" and e["exc_info"] for e in failed)
     assert failed[0]["event_type"] == "run_started"
+
+
+# --------------------------------------------------------------------------- questions, Ctrl-C
+
+ASK_POLICY = """\
+preset = "trusted"
+ask_timeout = 30
+
+[[rules]]
+name = "ask to edit"
+verdict = "ask"
+kinds = ["edit"]
+"""
+#: a demo agent's task: a command, an edit (the question), a command after the answer
+ASK_TASK = 'run sleep 1\nreplace "colour" with "color" in README.md\nrun sleep 2'
+ONE_STEP = """\
+from orchestrator import step
+
+
+@step(agent="demo")
+def edit(task: str) -> str:
+    return task
+"""
+
+
+class _Answer:
+    """Types ``y`` and Enter at each new question, once the question is on the terminal."""
+
+    def __init__(self) -> None:
+        self.answered = 0
+
+    def __call__(self, text: str) -> bytes:
+        if text.count("Allow?") <= self.answered:
+            return b""
+        self.answered += 1
+        return b"y\r"
+
+
+def _after_each_question(shown: list[str], answered: int) -> None:
+    """Each question is on the screen in full, answered, and the table goes on below it."""
+    asked = [i for i, line in enumerate(shown) if line.startswith("Allow?")]
+    assert len(asked) == answered, "\n".join(shown)
+    for at in asked:
+        assert shown[at].endswith(": y"), "\n".join(shown)
+        assert shown[at - 1].endswith("ask to edit"), "\n".join(shown)
+        assert shown[at - 2].startswith("  path: "), "\n".join(shown)
+        assert shown[at - 4].startswith("Permission request from "), "\n".join(shown)
+    after = shown[asked[-1] + 1 :]
+    assert any(" succeeded " in line for line in after), "\n".join(shown)
+
+
+def test_an_answered_question_stays_on_the_screen(
+    tmp_path: Path, project: Path, state_dir: Path
+) -> None:
+    """A question asked while the live table is up, and its answer, stay on the screen; the
+    table is drawn again below them."""
+    (project / "README.md").write_text("# project\n\nIn colour.\n")
+    (tmp_path / "ask.toml").write_text(ASK_POLICY)
+    (tmp_path / "ask1.py").write_text(ONE_STEP)
+    answer = _Answer()
+    screen = in_terminal(
+        "run", "ask1.py", "--policy", "ask.toml", "--cwd", str(project), "--set",
+        f"task={ASK_TASK}",
+        cwd=tmp_path, state=state_dir, columns=100, typing=answer,
+    )  # fmt: skip
+    assert screen.code == 0, screen.text
+    _after_each_question(screen.shown, 1)
+
+
+def test_two_answered_questions_of_compare_stay_on_the_screen(
+    tmp_path: Path, project: Path, state_dir: Path
+) -> None:
+    """``compare`` with two agents asks twice; both questions and answers stay on the screen
+    above the table drawn after them."""
+    (project / "README.md").write_text("# project\n\nIn colour.\n")
+    (tmp_path / "ask.toml").write_text(ASK_POLICY)
+    answer = _Answer()
+    screen = in_terminal(
+        "compare", "--agent", "demo", "--agent", "b=demo", "--policy", "ask.toml",
+        "--cwd", str(project), ASK_TASK,
+        cwd=tmp_path, state=state_dir, columns=100, typing=answer,
+    )  # fmt: skip
+    assert screen.code == 0, screen.text
+    _after_each_question(screen.shown, 2)
+
+
+class _Interrupt:
+    """Types Ctrl-C once the table shows the step running its command."""
+
+    def __init__(self) -> None:
+        self.sent = False
+
+    def __call__(self, text: str) -> bytes:
+        if self.sent or not re.search(r"running\s*│[^\r\n]*│ Run sleep 30", text):
+            return b""
+        self.sent = True
+        return b"\x03"
+
+
+def test_the_last_frame_after_ctrl_c_shows_the_steps_interrupted(
+    tmp_path: Path, project: Path, state_dir: Path
+) -> None:
+    """Ctrl-C during a run: its last table shows the step that was running as interrupted,
+    as the run is recorded, not still running."""
+    (tmp_path / "slow.py").write_text(ONE_STEP)
+    interrupt = _Interrupt()
+    screen = in_terminal(
+        "run", "slow.py", "--policy", "trusted", "--cwd", str(project), "--set",
+        "task=run sleep 30",
+        cwd=tmp_path, state=state_dir, columns=100, typing=interrupt,
+    )  # fmt: skip
+    assert interrupt.sent, screen.text
+    assert screen.code == 130, screen.text
+    rows = [line for line in screen.shown if line.startswith(" edit ")]
+    assert len(rows) == 1, "\n".join(screen.shown)
+    assert re.match(r" edit +│ demo +│ interrupted +│ [0-9.]+s ", rows[0]), "\n".join(screen.shown)
+
+
+def test_a_long_step_name_leaves_out_the_last_tool_call_before_it_folds(
+    tmp_path: Path, project: Path, state_dir: Path
+) -> None:
+    """At 60 columns a long instance name keeps its line whole: the last tool call column is
+    left out first, the name is folded only when the step, state and time alone do not fit."""
+    (project / "README.md").write_text("# project\n\nIn colour.\n")
+    long_name = "a-long-agent-name"
+    screen = in_terminal(
+        "compare", "--agent", f"{long_name}=demo", "--agent", "b=demo", "--policy", "trusted",
+        "--cwd", str(project), 'run sleep 2\nreplace "colour" with "color" in README.md',
+        cwd=tmp_path, state=state_dir, columns=60,
+    )  # fmt: skip
+    assert screen.code == 0, screen.text
+    rows = [line for line in screen.table if "│" in line]
+    assert rows, screen.text
+    assert {row.split("│")[0].strip() for row in rows} == {f"compare[{long_name}]", "compare[b]"}
+    header = [line for line in screen.lines if line.lstrip().startswith("step ")][-1]
+    assert [c.strip() for c in header.split("┃")] == ["step", "state", "time"]
+    assert max(len(line) for line in screen.table) <= 60

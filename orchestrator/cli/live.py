@@ -29,6 +29,7 @@ from .output import terminal_text
 
 if TYPE_CHECKING:
     from rich.console import Console, ConsoleOptions, RenderableType
+    from rich.live import Live
 
 __all__ = ["LiveView", "PlainView", "open_view", "paused_views"]
 
@@ -39,6 +40,7 @@ _STATE_STYLE = {
     "skipped": "dim",
     "retrying": "magenta",
     "reused": "cyan",
+    "interrupted": "red",
 }
 _ENDED = {
     "step_finished": "succeeded",
@@ -141,15 +143,27 @@ class LiveView:
 
     def __init__(self, title: str, out: IO[str] | None = None):
         from rich.console import Console
-        from rich.live import Live
 
         self._title = title
         self._lines: dict[str, _Line] = {}
         # the refresh thread renders while events arrive: one at a time
         self._lock = threading.Lock()
         self._console = Console(file=out or sys.stderr)
+        self._paused = False
+        self._live = self._start()
+        _SHOWN.append(self)
+
+    def _start(self) -> Live:
+        """A new live display of this table, drawn from where the cursor stands.
+
+        Each start gets a new one: a restarted display remembers the height of its last frame
+        and would move up that many lines to draw over it, over what was written below the
+        table meanwhile (a question and its answer).
+        """
+        from rich.live import Live
+
         # stderr is redirected (log lines print above the table); stdout is the result's
-        self._live = Live(
+        live = Live(
             self,
             console=self._console,
             auto_refresh=True,
@@ -157,9 +171,8 @@ class LiveView:
             redirect_stdout=False,
             transient=False,
         )
-        self._paused = False
-        self._live.start()
-        _SHOWN.append(self)
+        live.start()
+        return live
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[Any]:
         with self._lock:
@@ -250,10 +263,20 @@ class LiveView:
                 return
             self._paused = False
         if self in _SHOWN:
-            self._live.start()
+            self._live = self._start()
 
     def close(self) -> None:
-        """Stop refreshing (the last table stays on screen)."""
+        """Stop refreshing (the last table stays on screen).
+
+        A row still running or retrying then was cut short (Ctrl-C, or the run ended with an
+        error): the last frame shows it ``interrupted``, its time stopped, as the run's record
+        has it.
+        """
+        with self._lock:
+            ended = time.monotonic()
+            for line in self._lines.values():
+                if line.state in ("running", "retrying"):
+                    line.state, line.ended = "interrupted", ended
         if self in _SHOWN:
             _SHOWN.remove(self)
         self._live.stop()
@@ -287,10 +310,11 @@ def _columns(rows: list[dict[str, Any]], width: int) -> tuple[list[str], int, in
     """The columns that fit in ``width``, in display order; the step and last tool call
     columns' widths.
 
-    The step, state and time are always shown; then the last tool call, the agent and the
-    tokens while they fit (the least important is left out first). The step column gets its
-    whole width when the others leave room for it, else a third of the line at least (longer
-    names are folded onto more lines, never cut); the last tool call takes what is left.
+    The step, state and time are always shown, the step at its whole width; then the last
+    tool call, the agent and the tokens while they fit beside them (the least important is
+    left out first). Only when the step, state and time alone do not fit is the step column
+    narrowed (to a third of the line at least): longer names are folded onto more lines, never
+    cut. The last tool call takes what is left.
     """
 
     def natural(column: str) -> int:
@@ -298,8 +322,6 @@ def _columns(rows: list[dict[str, Any]], width: int) -> tuple[list[str], int, in
 
     need = {column: natural(column) for column in (*_ALWAYS, *_OPTIONAL)}
     need["last tool call"] = _MIN_TOOL
-    step = need["step"]
-    need["step"] = min(step, max(12, width // 3))
 
     def total(columns: tuple[str, ...]) -> int:
         # a space pads each cell on both sides, a rule stands between two columns
@@ -309,11 +331,11 @@ def _columns(rows: list[dict[str, Any]], width: int) -> tuple[list[str], int, in
     while kept and total((*_ALWAYS, *kept)) > width:
         kept.pop()
     shown = (*_ALWAYS, *kept)
-    step_width = max(need["step"], min(step, width - total(shown) + need["step"]))
-    need["step"] = step_width
+    # no optional column is left, and still the whole name does not fit: it folds
+    need["step"] = min(need["step"], max(12, width // 3, width - total(shown) + need["step"]))
     tool_width = width - total(shown) + need["last tool call"]
     order = ("step", "agent", "state", "time", "tokens", "last tool call")
-    return [c for c in order if c in shown], step_width, tool_width
+    return [c for c in order if c in shown], need["step"], tool_width
 
 
 def open_view(title: str, *, enabled: bool = True) -> LiveView | PlainView | None:
