@@ -350,6 +350,13 @@ async def test_an_interrupted_prompt_ends_with_how_to_run_it_again(
     [run_id] = await run_ids(state_dir)
     expected = f"run {run_id} interrupted; orchestrator resume {run_id} runs the prompt again"
     assert last_line(stderr) == expected
+    # show says the same way on, not the command just run
+    shown = await run_cli("show", run_id, cwd=tmp_path, state=state_dir)
+    assert shown.returncode == EXIT_OK, shown.stderr.decode()
+    assert shown.stdout.decode().endswith(
+        f"\nrun {run_id}: interrupted\nnothing was written to the workspace; "
+        f"orchestrator resume {run_id} runs the prompt again\n"
+    )
 
 
 # ------------------------------------------------------------------------ ending turns the ACP way
