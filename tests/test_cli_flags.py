@@ -324,16 +324,32 @@ async def test_compare_model_and_mode_for_every_agent(ws: Path, tmp_path: Path) 
     assert ran == {"demo": ("demo-slow", "plan"), "b": ("demo-fast", "plan")}
 
 
-async def test_compare_with_a_model_not_offered_exits_2(ws: Path, tmp_path: Path) -> None:
-    """A comparison with an agent on a model it does not offer is recorded, and the command
-    says so in one line (exit 2)."""
-    done = await cli(
-        "compare", "--agent", "demo:demo-fast", "--agent", "demo:nope", "--no-progress", TASK,
-        cwd=ws, state=tmp_path / "state",
-    )  # fmt: skip
-    one_error_line(done, "agent demo:nope offers no model 'nope'; it offers: demo-fast, demo-slow")
-    runs = as_json(await cli("runs", "--json", cwd=ws, state=tmp_path / "state"))["runs"]
-    assert [r["kind"] for r in runs] == ["compare"]
+async def test_compare_with_a_model_not_offered_fails_that_agent_alone(
+    ws: Path, tmp_path: Path
+) -> None:
+    """A compared agent on a model it does not offer fails like any failed agent (its entry
+    failed with the error naming the models it offers); the other one runs and wins, the
+    table and the winner are printed and the exit follows the comparison (0), text and --json."""
+    state = tmp_path / "state"
+    agents = ["--agent", "demo:demo-fast", "--agent", "demo:nope"]
+    error = "agent demo:nope offers no model 'nope'; it offers: demo-fast, demo-slow"
+    done = await cli("compare", *agents, "--no-progress", TASK, cwd=ws, state=state)
+    assert done.returncode == EXIT_OK, done.stderr.decode()
+    out = done.stdout.decode()
+    rows = out.split("\n\n")[0].splitlines()
+    assert rows[1].split()[:3] == ["*", "demo:demo-fast", "succeeded"]
+    assert rows[2].split()[:2] == ["demo:nope", "failed"]
+    assert f"demo:nope:\n  (no message)\n  error: {error}\n" in out
+    assert "winner: demo:demo-fast (" in out
+    assert "orchestrator: error" not in done.stderr.decode()
+    result = as_json(await cli("compare", *agents, "--json", TASK, cwd=ws, state=state))
+    assert (result["status"], result["winner"]) == ("succeeded", "demo:demo-fast")
+    assert [(a["name"], a["status"], a["error"]) for a in result["agents"]] == [
+        ("demo:demo-fast", "succeeded", None),
+        ("demo:nope", "failed", error),
+    ]
+    runs = as_json(await cli("runs", "--json", cwd=ws, state=state))["runs"]
+    assert [r["kind"] for r in runs] == ["compare", "compare"]
 
 
 async def test_a_pipeline_step_names_an_agent_on_a_model(ws: Path, tmp_path: Path) -> None:

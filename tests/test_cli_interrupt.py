@@ -350,6 +350,13 @@ async def test_an_interrupted_prompt_ends_with_how_to_run_it_again(
     [run_id] = await run_ids(state_dir)
     expected = f"run {run_id} interrupted; orchestrator resume {run_id} runs the prompt again"
     assert last_line(stderr) == expected
+    # show says the same way on, not the command just run
+    shown = await run_cli("show", run_id, cwd=tmp_path, state=state_dir)
+    assert shown.returncode == EXIT_OK, shown.stderr.decode()
+    assert shown.stdout.decode().endswith(
+        f"\nrun {run_id}: interrupted\nnothing was written to the workspace; "
+        f"orchestrator resume {run_id} runs the prompt again\n"
+    )
 
 
 # ------------------------------------------------------------------------ ending turns the ACP way
@@ -798,9 +805,71 @@ async def test_a_killed_compare_reads_interrupted_and_resumes(
     assert f"\nrun {run_id}: interrupted (its process is gone)\n" in out
     assert "no agent succeeded)" not in out  # it never finished: nobody failed to win
     assert "winner: none (interrupted before any agent succeeded)" in out
+    # how to go on with it, not the command just run
+    assert out.endswith(
+        f"\nrun {run_id}: interrupted (its process is gone)\n"
+        f"nothing was written to the workspace; orchestrator resume {run_id} goes on\n"
+    )
 
     answer_now(scripts)
     resumed = await run_cli("resume", run_id, "--json", cwd=tmp_path, state=state_dir)
     assert resumed.returncode == EXIT_OK, resumed.stderr.decode()
     assert as_json(resumed)["status"] == "succeeded"
     assert as_json(resumed)["statusReason"] is None
+
+
+async def test_an_interrupted_pipeline_shows_how_to_go_on_and_diffs_each_step_labelled(
+    tmp_path: Path, configured: Path, scripts: list[Path], state_dir: Path
+) -> None:
+    """SIGINT of a pipeline whose second step builds on the first: show ends with how to go
+    on (resume); diff RUN prints each step's diff under a `# STEP: STATUS, ...` line (the
+    second holds the first's change again), and a step's alone applies cleanly."""
+    write_script(scripts[0], answering_turn("a"))
+    write_script(scripts[1], stalling_turn("b"))
+    pipeline = tmp_path / "chain.py"
+    pipeline.write_text(
+        "from orchestrator import step\n\n\n"
+        '@step(agent="a")\n'
+        "def first(task: str) -> str:\n"
+        "    return task\n\n\n"
+        '@step(agent="b")\n'
+        "def second(first: object) -> str:\n"
+        "    return 'go on'\n"
+    )
+    argv = ["run", str(pipeline), "--cwd", str(configured), "--no-progress"]
+    argv += ["--policy", "trusted", "--set", "task=go"]
+    code, _, _, stderr = await interrupt(
+        argv,
+        cwd=tmp_path,
+        state=state_dir,
+        scripts=[scripts[1]],
+        out=tmp_path,
+        ready=recorded("disk_write"),
+    )
+    assert code == EXIT_INTERRUPTED, stderr
+    [run_id] = await run_ids(state_dir)
+    shown = await run_cli("show", run_id, cwd=tmp_path, state=state_dir)
+    assert shown.returncode == EXIT_OK, shown.stderr.decode()
+    assert shown.stdout.decode().endswith(
+        f"\nrun {run_id}: interrupted\n"
+        f"nothing was written to the workspace; orchestrator resume {run_id} goes on\n"
+    )
+    done = await run_cli("diff", run_id, cwd=tmp_path, state=state_dir)
+    assert done.returncode == EXIT_OK, done.stderr.decode()
+    text = done.stdout.decode()
+    first = "# first: succeeded, 1 file changed, +1 -0\n"
+    second = "# second: interrupted, 2 files changed, +2 -0\n"
+    assert text.startswith(first + "--- /dev/null\n+++ b/a.txt\n")
+    assert "\n" + second in text
+    # the second step's branch holds the first's change too: each diff is one to apply alone
+    assert "+from a\n" in text.split(second)[1] and "+half done\n" in text.split(second)[1]
+    # one step's diff, as --step prints it, applies by itself
+    alone = await run_cli("diff", run_id, "--step", "second", cwd=tmp_path, state=state_dir)
+    check = await trio.run_process(
+        ["git", "apply", "--check", "-"],
+        cwd=configured,
+        stdin=alone.stdout,
+        capture_stderr=True,
+        check=False,
+    )
+    assert check.returncode == 0, check.stderr.decode()

@@ -146,18 +146,22 @@ async def test_compare_prints_the_table_and_messages_on_stdout_at_80_columns(
 async def test_compare_table_at_200_columns_has_every_column(
     project: Project, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """At 200 columns no column is dropped; cost shows as the agent reported it."""
+    """At 200 columns no column is dropped; tokens (the context use the agents reported) and
+    cost show as the agents reported them."""
     monkeypatch.setenv("COLUMNS", "200")
     done = await project.compare("--no-progress")
     assert done.returncode == 0, done.stderr.decode()
     rows = table(done.stdout.decode())
     assert rows[0].split() == [
-        "AGENT", "OUTCOME", "FILES", "+/-", "TOOLS", "ASK/OK/NO", "COST", "TIME"
+        "AGENT", "OUTCOME", "FILES", "+/-", "TOOLS", "ASK/OK/NO", "TOKENS", "COST", "TIME"
     ]  # fmt: skip
     long_row = rows[1].split()
-    assert long_row[:8] == [LONG, "succeeded", "1", "+2", "-0", "1", "0/0/0", "0.25"]
-    assert long_row[8] == "USD"
-    assert rows[2].split()[:9] == ["*", "short", "succeeded", "1", "+1", "-0", "1", "0/0/0", "-"]
+    # TOKENS: the agents reported only a usage_update (used 1200), no token counts at the end
+    assert long_row[:9] == [LONG, "succeeded", "1", "+2", "-0", "1", "0/0/0", "1,200", "0.25"]
+    assert long_row[9] == "USD"
+    assert rows[2].split()[:10] == [
+        "*", "short", "succeeded", "1", "+1", "-0", "1", "0/0/0", "1,200", "-"
+    ]  # fmt: skip
     assert done.stderr.decode() == ""
 
 
@@ -238,7 +242,7 @@ async def test_prompt_ending_goes_to_stdout_and_show_prints_the_same(project: Pr
     lines = ending.splitlines()
     assert re.fullmatch(
         r"solo \(0\.1\.0\): end_turn, 1 tool call, permissions none asked, "
-        r"0\.50 USD, \d+\.\d+ s",
+        r"1,200 tokens, 0\.50 USD, \d+\.\d+ s",
         lines[0],
     ), lines[0]
     assert lines[1:4] == [
@@ -339,3 +343,87 @@ async def test_run_prints_the_values_of_its_final_steps_and_show_prints_them_who
     assert out.index("table:") < out.index(f"run {run_id}: succeeded")
     shown = (await project.cli("show", run_id)).stdout.decode()
     assert "table:\n" + "".join(f"  row {n}\n" for n in range(30)) in shown
+
+
+async def test_the_winner_line_gives_the_time_the_table_gives(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The winner's time in `winner: NAME (...)` reads as in the table's TIME column."""
+    monkeypatch.setenv("COLUMNS", "200")
+    done = await project.compare("--no-progress")
+    assert done.returncode == 0, done.stderr.decode()
+    out = done.stdout.decode()
+    row = next(r for r in table(out) if r.startswith("* short "))
+    time = " ".join(row.split()[-2:])  # "0.34 s"
+    assert re.fullmatch(r"\d+\.\d+ s", time), row
+    assert f"winner: short (1 line changed, {time})\n" in out
+
+
+DEMO_PIPELINE = """\
+from orchestrator import step
+
+
+@step(agent="demo")
+def edit(task: str) -> str:
+    return task
+"""
+
+
+async def test_show_of_a_pipeline_ends_as_run_did(project: Project) -> None:
+    """show RUN of a pipeline ends with the lines run ended with: `run RUN: STATUS`, whether
+    and how to apply, and the default policy's rejections."""
+    pipeline = project.root / "edit.py"
+    pipeline.write_text(DEMO_PIPELINE)
+    task = 'append "- z" to README.md'
+    argv = ("run", str(pipeline), "--cwd", str(project.workspace), "--no-progress")
+    done = await project.cli(*argv, "--set", f"task={task}")
+    assert done.returncode == 0, done.stderr.decode()
+    out = done.stdout.decode()
+    run_id = run_id_of(out)
+    ending = out[out.index(f"run {run_id}: succeeded\n") :]
+    assert ending == (
+        f"run {run_id}: succeeded\n"
+        "no file changed\n"
+        "1 permission request was rejected by the default policy (no policy was given); "
+        "--policy edit allows edits\n"
+    )
+    shown = await project.cli("show", run_id)
+    assert shown.returncode == 0, shown.stderr.decode()
+    assert shown.stdout.decode().endswith("\n" + ending)
+
+
+async def test_compare_and_run_apply_say_they_applied(project: Project) -> None:
+    """compare --apply NAME ends `applied compare[NAME] to the workspace (N files)`, run
+    --apply and resume --apply `applied to the workspace (N files)`; show of each ends so."""
+    done = await project.compare("--no-progress", "--apply", "short")
+    assert done.returncode == 0, done.stderr.decode()
+    out = done.stdout.decode()
+    run_id = run_id_of(out)
+    ending = f"run {run_id}: succeeded\napplied compare[short] to the workspace (1 file)\n"
+    assert out.endswith("\n" + ending)
+    assert (project.workspace / "short.txt").read_text() == "s\n"
+    assert (await project.cli("show", run_id)).stdout.decode().endswith("\n" + ending)
+
+    configure(
+        project.workspace, writer=write_script(project.scripts / "w.json", busy("w.txt", "w\n"))
+    )
+    pipeline = project.root / "pipe.py"
+    pipeline.write_text(PIPELINE)
+    argv = ("--cwd", str(project.workspace), "--set", "task=go", "--no-progress")
+    done = await project.cli("run", str(pipeline), *argv, "--apply")
+    assert done.returncode == 0, done.stderr.decode()
+    out = done.stdout.decode()
+    run_id = run_id_of(out)
+    ending = f"run {run_id}: succeeded\napplied to the workspace (1 file)\n"
+    assert out.endswith("\n" + ending)
+    assert (project.workspace / "w.txt").read_text() == "w\n"
+    assert (await project.cli("show", run_id)).stdout.decode().endswith("\n" + ending)
+
+    (project.workspace / "w.txt").unlink()
+    done = await project.cli("run", str(pipeline), *argv)
+    run_id = run_id_of(done.stdout.decode())
+    resumed = await project.cli("resume", run_id, "--apply", "--no-progress")
+    assert resumed.returncode == 0, resumed.stderr.decode()
+    ending = f"run {run_id}: succeeded\napplied to the workspace (1 file)\n"
+    assert resumed.stdout.decode().endswith("\n" + ending)
+    assert (project.workspace / "w.txt").read_text() == "w\n"

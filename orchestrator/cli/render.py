@@ -31,6 +31,7 @@ __all__ = [
     "diff_stat",
     "prompt_details",
     "prompt_ending",
+    "resume_hint",
     "run_ending",
     "sandbox_lines",
     "step_details",
@@ -148,16 +149,29 @@ def _message(text: str | None, limit: int | None, more: str) -> list[str]:
     return out
 
 
-def diff_header(name: str, agent: Mapping[str, Any]) -> str:
-    """The line above one agent's diff in a comparison's diffs (``# compare[NAME]: ...``): a
-    comment to ``git apply`` and ``patch``, which skip text before a file's header."""
+def diff_header(name: str, agent: Mapping[str, Any], step: str = "compare") -> str:
+    """The line above one diff among several (``# STEP[NAME]: STATUS, N files changed, +A
+    -R``: an agent of a comparison, an instance of a pipeline's step; ``STEP`` alone when
+    ``name`` is the step's): a comment to ``git apply`` and ``patch``, which skip text before a
+    file's header."""
     view = _view(agent, name)
     added, removed = view.lines
     n = view.files_changed
+    label = step if name == step else f"{step}[{name}]"
     return (
-        f"# compare[{name}]: {view.status or '-'}, {n} file{'s' if n != 1 else ''} changed, "
+        f"# {label}: {view.status or '-'}, {n} file{'s' if n != 1 else ''} changed, "
         f"+{added} -{removed}"
     )
+
+
+def _tokens(view: Any) -> float | None:
+    """An agent's tokens: the turn's total the prompt response reported, else the context
+    window's use from its last ``usage_update`` (``used``: what the live view and a step's
+    token budget count); None when it reported neither."""
+    from ..report._model import as_num
+
+    total: float | None = view.total_tokens
+    return total if total is not None else as_num(view.usage.get("used"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -190,7 +204,7 @@ def _columns() -> tuple[tuple[str, int, bool, Callable[[Any], str]], ...]:
         ("+/-", 80, True, lambda a: "+{} -{}".format(*a.lines)),
         ("TOOLS", 40, True, tools),
         ("ASK/OK/NO", 30, True, permissions),
-        ("TOKENS", 20, True, lambda a: count_text(a.total_tokens)),
+        ("TOKENS", 20, True, lambda a: count_text(_tokens(a))),
         ("COST", 10, True, agent_cost_text),
         ("TIME", 50, True, lambda a: seconds_text(a.wall_seconds)),
     )
@@ -330,8 +344,9 @@ def prompt_ending(result: Mapping[str, Any], out: IO[str], *, diff: bool = False
     if view.failed_tool_calls:
         facts[-1] += f" ({view.failed_tool_calls} failed)"
     facts.append(f"permissions {permissions_text(view.permission_counts)}")
-    if view.total_tokens is not None:
-        facts.append(f"{count_text(view.total_tokens)} tokens")
+    tokens = _tokens(view)
+    if tokens is not None:
+        facts.append(f"{count_text(tokens)} tokens")
     if view.cost is not None:
         facts.append(agent_cost_text(view))
     facts.append(seconds_text(view.wall_seconds))
@@ -353,6 +368,14 @@ def prompt_ending(result: Mapping[str, Any], out: IO[str], *, diff: bool = False
 def _prompt_apply(result: Mapping[str, Any], run_id: str, out: IO[str]) -> None:
     """Whether a prompt's changes reached the workspace, else how to apply them."""
     changes = list(result.get("changes") or [])
+    if result.get("status") == "interrupted":
+        # its turn never ended: the run has no final changes to apply, its one step has what
+        # the agent did before it stopped
+        hint = resume_hint(run_id, "prompt")
+        if changes:
+            hint += f" (what it changed so far: orchestrator apply {run_id} --step prompt)"
+        say(f"nothing was written to the workspace; {hint}", out)
+        return
     if not changes:
         say("no file changed", out)
         return
@@ -452,11 +475,10 @@ def final_values(result: Mapping[str, Any], limit: int | None = VALUE_LINES) -> 
 
 def run_ending(result: Mapping[str, Any], run_id: str, out: IO[str]) -> None:
     """The last lines of a comparison or pipeline run: ``run RUN: STATUS``, then whether its
-    changes reached the workspace, or how to apply them, where ``--report`` wrote the report,
-    and the default policy's rejections."""
+    changes reached the workspace, else how to apply them (or to resume the run), where
+    ``--report`` wrote the report, and the default policy's rejections."""
     _run_line(result, run_id, out)
-    if not result.get("applied"):
-        _run_apply(result, run_id, out)
+    _run_apply(result, run_id, out)
     _report_line(result, out)
     default_policy_note(result, out)
 
@@ -474,10 +496,30 @@ def _report_line(result: Mapping[str, Any], out: IO[str]) -> None:
         say(f"report: {report['html']}", out)
 
 
+def resume_hint(run_id: str, kind: Any) -> str:
+    """What ``orchestrator resume RUN`` does for a run that did not finish: a prompt's one
+    turn starts again; elsewhere finished step instances are reused and the rest run."""
+    does = "runs the prompt again" if kind == "prompt" else "goes on"
+    return f"orchestrator resume {run_id} {does}"
+
+
 def _run_apply(result: Mapping[str, Any], run_id: str, out: IO[str]) -> None:
-    """How to apply the changes of a comparison or pipeline run that were not applied."""
+    """Whether the changes of a comparison or pipeline run were applied, else how to apply
+    them, or how to go on with a run that did not finish."""
+    from .._words import count
+
     status = result.get("status")
     compare = result.get("kind") == "compare"
+    applied = result.get("applied")
+    if applied:
+        if compare:  # the name of the agent whose changes were written
+            agents = [a for a in result.get("agents") or () if a.get("name") == applied]
+            n = len(agents[0].get("changes") or ()) if agents else 0
+            say(f"applied compare[{applied}] to the workspace ({count(n, 'file')})", out)
+        else:
+            n = len(result.get("changes") or ())
+            say(f"applied to the workspace ({count(n, 'file')})", out)
+        return
     # quoted: a shell such as zsh reads compare[NAME] as a glob
     step = shlex.quote(f"compare[{result.get('winner') or 'NAME'}]")
     how = f"orchestrator apply {run_id}" + (f" --step {step}" if compare else "")
@@ -491,9 +533,12 @@ def _run_apply(result: Mapping[str, Any], run_id: str, out: IO[str]) -> None:
             f"once those files are as they were when the run started: {how}",
             out,
         )
+    elif status in ("interrupted", "failed"):
+        # the run's final changes do not exist (finished steps can be applied one by one:
+        # orchestrator apply RUN --step STEP); a resume runs what did not succeed again
+        say(f"nothing was written to the workspace; {resume_hint(run_id, result.get('kind'))}", out)
     elif status != "succeeded":
-        # nothing to offer: the run's final changes do not exist (finished steps can be applied
-        # one by one: orchestrator apply RUN --step STEP)
+        # merge conflicts: settled by a merge strategy and a resume, or step by step
         say(f"nothing was written to the workspace; see: orchestrator show {run_id}", out)
     elif compare and winner_changed:
         say(f"nothing was written to the workspace; to apply: {how}", out)

@@ -696,8 +696,7 @@ async def cmd_show(args: argparse.Namespace) -> int:
         # the conflicts, the diff (with --diff) and the diff stat, as run printed them
         steps_result({**result, "steps": {}}, sys.stdout, diff=args.diff)
         _show_tail(result, conflicts=False)
-        if result.get("report"):  # the endings of the others say it
-            say(f"report: {result['report']['html']}")
+        run_ending(result, run_id, sys.stdout)
     _warn_interrupted(interrupted, run_id, result.get("cwd"))
     return EXIT_OK
 
@@ -824,6 +823,10 @@ async def cmd_diff(args: argparse.Namespace) -> int:
         text = await _labelled_diffs(record.run_id, args.state_dir)
     else:
         text = await diff_run(args.run, step=args.step, state_dir=args.state_dir)
+        if args.step is None and not args.json and record.kind == "pipeline":
+            # no final changes: the step instances' diffs, each from its own branch (a later
+            # step's holds its parents' changes again), so each under a line naming it
+            text = await _step_diffs(record.run_id, args.state_dir) or text
     interrupted = await _interrupted(args)
     if args.json:
         _emit(
@@ -853,6 +856,31 @@ async def _labelled_diffs(run_id: str, state_dir: str | None) -> str:
         diff = str(agent.get("diff") or "")
         parts.append(diff_header(name, agent) + "\n" + (diff or "# (no changes)\n"))
     return "\n".join(parts)
+
+
+async def _step_diffs(run_id: str, state_dir: str | None) -> str | None:
+    """The diffs of pipeline run ``run_id``'s step instances, each under a ``# STEP[KEY]: ...``
+    line, when the run has no final changes (an interrupted or failed run); else None. Each is
+    what ``diff RUN --step STEP[KEY]`` prints: its branch against the run's base, so a step's
+    holds its parents' changes again (apply one, not all)."""
+    from ..runs import diff_run, get_run_json
+    from .render import diff_header
+
+    result = await get_run_json(run_id, state_dir=state_dir)
+    if result.get("diff") or result.get("status") == "succeeded":
+        return None
+    parts = []
+    for name, step in (result.get("steps") or {}).items():
+        for key, instance in (step.get("instances") or {}).items():
+            # as the unlabelled diff: what finished, and what an interruption stopped
+            if instance.get("status") not in ("succeeded", "interrupted"):
+                continue
+            full = name if key == name else f"{name}[{key}]"
+            diff = await diff_run(run_id, step=full, state_dir=state_dir)
+            if diff:
+                about = {"status": instance.get("status"), "diff": diff}
+                parts.append(diff_header(str(key), about, str(name)) + "\n" + diff)
+    return "\n".join(parts) if parts else None
 
 
 HANDLERS = {

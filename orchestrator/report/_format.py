@@ -7,6 +7,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from .._words import seconds_text
 from ._model import AgentView, PermissionCounts, as_num, as_str
 
 __all__ = [
@@ -30,20 +31,6 @@ __all__ = [
 
 #: what an unknown value renders as
 DASH = "-"
-
-
-def seconds_text(seconds: float | None) -> str:
-    """``0.08 s``, ``12.3 s``, ``2 min 05 s``, ``1 h 02 min``; ``-`` when unknown."""
-    if seconds is None or seconds < 0:
-        return DASH
-    if seconds < 1:
-        return f"{seconds:.2f} s"
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    whole = round(seconds)
-    if whole < 3600:
-        return f"{whole // 60} min {whole % 60:02d} s"
-    return f"{whole // 3600} h {whole % 3600 // 60:02d} min"
 
 
 def time_text(epoch: float | None) -> str:

@@ -13,7 +13,7 @@ from .._log import get_logger
 from .._names import display_names
 from ..agents import AgentSpec
 from ..config import Config
-from ..errors import NotOffered, UsageError
+from ..errors import UsageError
 from ..pipeline import Pipeline, Step
 from ..pipeline import step as step_decorator
 from .apply import apply_run
@@ -96,8 +96,8 @@ async def compare(
     known agent, see :func:`~orchestrator.agents.resolve_agent`), labelled apart, each model
     set through the agent's ``model`` config option. ``model`` is the model of the agents
     that name none, ``mode`` the session mode of every agent. A model or mode an agent does
-    not offer fails that agent; once the comparison is recorded, the first such
-    :class:`~orchestrator.errors.NotOffered` is raised (bad input, whatever the others did).
+    not offer fails that agent like any failure (its entry ``failed``, its ``error`` the
+    :class:`~orchestrator.errors.NotOffered` message naming what it offers); the others run.
     """
     if len(agents) < 1:
         raise UsageError("compare needs at least one agent")
@@ -139,9 +139,6 @@ async def compare(
         _extra_options={"compare": info},
         **kwargs,
     )
-    for failure in outcome.outcomes.get("compare", {}).values():
-        if isinstance(failure, NotOffered):
-            raise failure  # asked for what an agent does not have: bad input
     state_dir = kwargs.get("state_dir")
     if apply is not None and outcome.status == "succeeded":
         if apply not in outcome.result.get("succeeded", ()):

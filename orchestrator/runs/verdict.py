@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from attrs import frozen
 
-from .._words import count
+from .._words import count, seconds_text
 
 __all__ = ["Verdict", "changed_lines", "judge"]
 
@@ -70,7 +70,7 @@ def judge(agents: Sequence[Mapping[str, Any]]) -> Verdict:
         reason.insert(0, "verify passed")
     wall = best.get("wallSeconds")
     if isinstance(wall, (int, float)):
-        reason.append(f"{wall:.1f} s")
+        reason.append(seconds_text(wall))  # as the table shows it
     return Verdict(
         tuple(str(a.get("name")) for a in succeeded), str(best.get("name")), ", ".join(reason)
     )
