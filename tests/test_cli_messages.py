@@ -221,9 +221,10 @@ async def test_counts_of_one_are_singular(tmp_path: Path, project: Path, state_d
         "prompt", "--agent", "demo", "--policy", "edit", "--apply", "--cwd", str(project),
         'append "y" to NOTES.md', cwd=tmp_path, state=state_dir,
     )  # fmt: skip
-    assert "applied to the workspace (1 file)\n" in again.stderr.decode()
-    shown = await run_cli("show", run_id, cwd=tmp_path, state=state_dir)
-    assert "demo: end_turn, 1 permission request, 1 tool call\n" in shown.stdout.decode()
+    assert "applied to the workspace (1 file)\n" in again.stdout.decode()
+    shown = (await run_cli("show", run_id, cwd=tmp_path, state=state_dir)).stdout.decode()
+    assert "end_turn, 1 tool call, permissions 1 asked: 1 allowed, 0 rejected," in shown
+    assert " 1 file changed, 1 insertion(+)\n" in shown
 
 
 async def test_a_name_with_no_command_says_so(
