@@ -8,6 +8,9 @@ one stream:
 - ``terminal``: stderr is a terminal: log lines readable (colours), progress in a live table;
 - ``plain``: off a terminal: ``HH:MM:SS level    text`` lines;
 - ``json``: with ``--log-json``: one JSON object per line, progress events included.
+
+The command line's own lines on stderr (an error, a note, how to resume an interrupted run) go
+through :func:`note`: as they are, one line each, or as JSON lines with ``--log-json``.
 """
 
 from __future__ import annotations
@@ -20,16 +23,45 @@ from typing import Any, Literal
 from .._log import EVENT_ATTR, ROOT, plain_message
 from .output import terminal_text
 
-__all__ = ["Style", "configure", "format_line", "style"]
+__all__ = ["Style", "configure", "configured", "format_line", "note", "set_style", "style"]
 
 Style = Literal["terminal", "plain", "json"]
 
 _style: Style = "plain"
+#: the logger named in the command line's own JSON lines
+_CLI = "orchestrator.cli"
 
 
 def style() -> Style:
     """The format chosen by the last :func:`configure` (``plain`` before any)."""
     return _style
+
+
+def set_style(as_json: bool) -> None:
+    """Choose the format before :func:`configure` can (the command line is not parsed yet):
+    JSON lines with ``as_json``, else readable on a terminal and plain lines off one."""
+    global _style
+    _style = "json" if as_json else "terminal" if sys.stderr.isatty() else "plain"
+
+
+def configured() -> bool:
+    """Whether :func:`configure` gave the library's logger its handler (the command line was
+    parsed, so its format is known)."""
+    return any(isinstance(h, _Handler) for h in logging.getLogger(ROOT).handlers)
+
+
+def note(
+    message: str, *, level: str = "info", event: str = "note", prefix: str = "", **fields: Any
+) -> None:
+    """Say one line of the command line itself on stderr (not a log record: shown at every
+    verbosity): ``prefix`` and ``message`` as they are, or with ``--log-json`` one JSON object
+    in the log lines' shape, ``message`` and ``fields`` in it (``event`` names the line)."""
+    if _style == "json":
+        line = format_line(level, {"event": event, **fields}, text=message, logger=_CLI)
+    else:
+        line = terminal_text(prefix + message)
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def format_line(
@@ -101,8 +133,7 @@ class _Handler(logging.Handler):
 def configure(verbosity: int, as_json: bool) -> None:
     """Show the library's log lines on stderr: warnings, ``-v`` info, ``-vv`` debug; JSON
     lines with ``as_json``, else readable on a terminal and plain lines off one."""
-    global _style
-    _style = "json" if as_json else "terminal" if sys.stderr.isatty() else "plain"
+    set_style(as_json)
     logger = logging.getLogger(ROOT)
     for old in [h for h in logger.handlers if isinstance(h, _Handler)]:
         logger.removeHandler(old)
