@@ -20,8 +20,10 @@ import sys
 import time
 from typing import Any, Literal
 
-from .._log import EVENT_ATTR, ROOT, plain_message
 from .output import terminal_text
+
+# the library's logging (.._log) is imported where needed: it loads structlog, which a usage
+# error, said through note() before anything else is loaded, does without
 
 __all__ = ["Style", "configure", "configured", "format_line", "note", "set_style", "style"]
 
@@ -30,6 +32,8 @@ Style = Literal["terminal", "plain", "json"]
 _style: Style = "plain"
 #: the logger named in the command line's own JSON lines
 _CLI = "orchestrator.cli"
+#: whether configure() gave the library's logger its handler
+_configured = False
 
 
 def style() -> Style:
@@ -47,7 +51,7 @@ def set_style(as_json: bool) -> None:
 def configured() -> bool:
     """Whether :func:`configure` gave the library's logger its handler (the command line was
     parsed, so its format is known)."""
-    return any(isinstance(h, _Handler) for h in logging.getLogger(ROOT).handlers)
+    return _configured
 
 
 def note(
@@ -69,14 +73,18 @@ def format_line(
     fields: dict[str, Any],
     *,
     text: str | None = None,
-    logger: str = ROOT,
+    logger: str | None = None,
     created: float | None = None,
     exception: str | None = None,
     as_style: Style | None = None,
 ) -> str:
     """One line of stderr (no newline): a log record's or a progress event's ``fields``
     (``event`` first) at ``level``, in the current style; ``text`` is what a person reads
-    (default: the fields as ``event key=value ...``)."""
+    (default: the fields as ``event key=value ...``); ``logger`` defaults to the library's."""
+    if logger is None:
+        from .._log import ROOT
+
+        logger = ROOT
     chosen = as_style or _style
     created = time.time() if created is None else created
     if chosen == "json":
@@ -94,6 +102,8 @@ def format_line(
         }
         return orjson.dumps(body, default=str).decode()
     if text is None:
+        from .._log import plain_message
+
         text = plain_message(fields)
     line = f"{time.strftime('%H:%M:%S', time.localtime(created))} {level:<7} {text}"
     if exception:
@@ -110,6 +120,8 @@ class _Handler(logging.Handler):
     record: the live view redirects it to print above its table)."""
 
     def emit(self, record: logging.LogRecord) -> None:
+        from .._log import EVENT_ATTR
+
         try:
             fields = getattr(record, EVENT_ATTR, None)
             if not isinstance(fields, dict):
@@ -133,7 +145,11 @@ class _Handler(logging.Handler):
 def configure(verbosity: int, as_json: bool) -> None:
     """Show the library's log lines on stderr: warnings, ``-v`` info, ``-vv`` debug; JSON
     lines with ``as_json``, else readable on a terminal and plain lines off one."""
+    global _configured
+    from .._log import ROOT
+
     set_style(as_json)
+    _configured = True
     logger = logging.getLogger(ROOT)
     for old in [h for h in logger.handlers if isinstance(h, _Handler)]:
         logger.removeHandler(old)
