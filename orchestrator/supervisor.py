@@ -446,7 +446,6 @@ class Supervisor:
                 started = True
                 proc.ready.set()
                 task_status.started()
-                log.info("agent process started", agent=proc.label, pid=conn.pid)
                 # Shielded: when the supervisor's caller is cancelled (Ctrl-C), the turns on
                 # this process are ended the ACP way and recorded before it is stopped. It
                 # stops when retired, at the latest when the supervisor closes.

@@ -271,7 +271,8 @@ class PolicyPermissionService:
     ) -> PermissionRecord:
         record = _record_of(query, evaluation, verdict, option_id, rule)
         self.records.append(record)
-        log.info("permission decision", **record.to_json())
+        # debug: the record is the report (the session's decisions, a run's progress event)
+        log.debug("permission decision", **record.to_json())
         return record
 
 

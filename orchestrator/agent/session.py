@@ -410,7 +410,8 @@ class AcpSession:
                 idle is not None and trio.current_time() >= turn._last_activity + idle
             ):
                 what = "total" if trio.current_time() >= deadline else "idle"
-                log.warning("turn timed out", agent=self.connection.name, kind=what)
+                # debug: the TurnTimeout raised below is the report (a step's failure)
+                log.debug("turn timed out", agent=self.connection.name, kind=what)
                 await self.cancel()
                 await self._wait_after_cancel(
                     turn, f"turn exceeded its {what} timeout", TurnTimeout

@@ -60,6 +60,8 @@ SANDBOX_HELP = (
 
 #: whether the command line being parsed asked for --json (its usage errors are JSON too)
 _json_errors = False
+#: whether it holds --log-json, for the lines said before it is parsed (a usage error)
+_log_json_argv = False
 
 
 class _Parser(argparse.ArgumentParser):
@@ -72,9 +74,13 @@ class _Parser(argparse.ArgumentParser):
             )
             self.exit(EXIT_USAGE)
         # one line, as every other usage error: the usage block would bury it (--help has it)
-        self.exit(
-            EXIT_USAGE, terminal_text(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        _note_before_parsed(
+            f"{message} (see {self.prog} --help)",
+            level="error",
+            event="usage_error",
+            prefix=f"{self.prog}: error: ",
         )
+        self.exit(EXIT_USAGE)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -195,9 +201,11 @@ def configure_logging(verbosity: int, as_json: bool) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
-    global _json_errors
+    global _json_errors, _log_json_argv
     argv = sys.argv[1:] if argv is None else list(argv)
     _json_errors = "--json" in argv
+    options = argv[: argv.index("--")] if "--" in argv else argv
+    _log_json_argv = "--log-json" in options
     refused = _not_utf8(argv)
     if refused is not None:
         _error(refused)
@@ -288,7 +296,7 @@ async def _interruptible(handler: Callable[[argparse.Namespace], Any], args: Any
         return {"runId": known} if isinstance(known, str) and known else {}
 
     def fail(e: BaseException, exit_code: int) -> int:
-        _error(str(e))
+        _error(str(e), type(e).__name__, exit_code)
         if as_json:  # scripts still get one JSON object on stdout
             from .._names import display_names
 
@@ -344,7 +352,14 @@ async def _interruptible(handler: Callable[[argparse.Namespace], Any], args: Any
                 code = fail(e, EXIT_FAILED)
         nursery.cancel_scope.cancel()
     if interrupted and args.completed_despite_interrupt:
-        say(f"orchestrator: {args.completed_despite_interrupt}", file=sys.stderr)
+        from .logs import note
+
+        note(
+            args.completed_despite_interrupt,
+            level="warning",
+            event="interrupted",
+            prefix="orchestrator: ",
+        )
         return code
     if interrupted and as_json:
         _emit_json(
@@ -357,7 +372,16 @@ async def _interruptible(handler: Callable[[argparse.Namespace], Any], args: Any
     elif interrupted and args.run_ids:
         # the last word, whatever went before it (log lines, JSON ones off a terminal): which
         # run stopped and how to go on with it
-        say(_resume_hint(args.run_ids[-1], args.run_kinds.get(args.run_ids[-1])), file=sys.stderr)
+        from .logs import note
+
+        last = args.run_ids[-1]
+        note(
+            _resume_hint(last, args.run_kinds.get(last)),
+            level="warning",
+            event="run_interrupted",
+            runId=last,
+            resume=f"orchestrator resume {last}",
+        )
     return EXIT_INTERRUPTED if interrupted else code
 
 
@@ -368,8 +392,27 @@ def _resume_hint(run_id: str, kind: str | None) -> str:
     return f"run {run_id} interrupted; orchestrator resume {run_id} {does}"
 
 
-def _error(message: str) -> None:
-    say(f"orchestrator: error: {message}", file=sys.stderr)
+def _error(message: str, kind: str = "UsageError", exit_code: int = EXIT_USAGE) -> None:
+    """The one line of an error on stderr: ``orchestrator: error: MESSAGE``, or with
+    ``--log-json`` a JSON line (event ``usage_error`` for exit code 2, else ``error``)."""
+    _note_before_parsed(
+        message,
+        level="error",
+        event="usage_error" if exit_code == EXIT_USAGE else "error",
+        prefix="orchestrator: error: ",
+        type=kind,
+        exitCode=exit_code,
+    )
+
+
+def _note_before_parsed(message: str, **how: Any) -> None:
+    """:func:`.logs.note`, in the format the command line asks for even when it was not
+    parsed (yet, or at all: a usage error): then ``--log-json`` is looked for in it."""
+    from . import logs
+
+    if not logs.configured():
+        logs.set_style(_log_json_argv)
+    logs.note(message, **how)
 
 
 def _emit_json(obj: Any) -> None:
@@ -468,6 +511,9 @@ def entry() -> NoReturn:
     returns, everything it opened is closed (agents reaped, stores and files closed, threads
     joined), so only the standard streams and logging handlers are left to flush.
     """
+    from .output import pipe_safe_stdout
+
+    pipe_safe_stdout()  # before anything is printed: a reader may go away
     code = main()
     reaper = sys.modules.get("orchestrator.agent.reaper")
     if reaper is not None:  # atexit handlers do not run on os._exit
@@ -475,7 +521,7 @@ def entry() -> NoReturn:
     try:
         sys.stdout.flush()
         sys.stderr.flush()
-    except BrokenPipeError:  # the reader went away; nothing more to say
+    except BrokenPipeError:  # stderr's reader went away; nothing more to say
         pass
     logging.shutdown()
     os._exit(code)

@@ -8,6 +8,9 @@ one stream:
 - ``terminal``: stderr is a terminal: log lines readable (colours), progress in a live table;
 - ``plain``: off a terminal: ``HH:MM:SS level    text`` lines;
 - ``json``: with ``--log-json``: one JSON object per line, progress events included.
+
+The command line's own lines on stderr (an error, a note, how to resume an interrupted run) go
+through :func:`note`: as they are, one line each, or as JSON lines with ``--log-json``.
 """
 
 from __future__ import annotations
@@ -17,14 +20,20 @@ import sys
 import time
 from typing import Any, Literal
 
-from .._log import EVENT_ATTR, ROOT, plain_message
 from .output import terminal_text
 
-__all__ = ["Style", "configure", "format_line", "style"]
+# the library's logging (.._log) is imported where needed: it loads structlog, which a usage
+# error, said through note() before anything else is loaded, does without
+
+__all__ = ["Style", "configure", "configured", "format_line", "note", "set_style", "style"]
 
 Style = Literal["terminal", "plain", "json"]
 
 _style: Style = "plain"
+#: the logger named in the command line's own JSON lines
+_CLI = "orchestrator.cli"
+#: whether configure() gave the library's logger its handler
+_configured = False
 
 
 def style() -> Style:
@@ -32,19 +41,50 @@ def style() -> Style:
     return _style
 
 
+def set_style(as_json: bool) -> None:
+    """Choose the format before :func:`configure` can (the command line is not parsed yet):
+    JSON lines with ``as_json``, else readable on a terminal and plain lines off one."""
+    global _style
+    _style = "json" if as_json else "terminal" if sys.stderr.isatty() else "plain"
+
+
+def configured() -> bool:
+    """Whether :func:`configure` gave the library's logger its handler (the command line was
+    parsed, so its format is known)."""
+    return _configured
+
+
+def note(
+    message: str, *, level: str = "info", event: str = "note", prefix: str = "", **fields: Any
+) -> None:
+    """Say one line of the command line itself on stderr (not a log record: shown at every
+    verbosity): ``prefix`` and ``message`` as they are, or with ``--log-json`` one JSON object
+    in the log lines' shape, ``message`` and ``fields`` in it (``event`` names the line)."""
+    if _style == "json":
+        line = format_line(level, {"event": event, **fields}, text=message, logger=_CLI)
+    else:
+        line = terminal_text(prefix + message)
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def format_line(
     level: str,
     fields: dict[str, Any],
     *,
     text: str | None = None,
-    logger: str = ROOT,
+    logger: str | None = None,
     created: float | None = None,
     exception: str | None = None,
     as_style: Style | None = None,
 ) -> str:
     """One line of stderr (no newline): a log record's or a progress event's ``fields``
     (``event`` first) at ``level``, in the current style; ``text`` is what a person reads
-    (default: the fields as ``event key=value ...``)."""
+    (default: the fields as ``event key=value ...``); ``logger`` defaults to the library's."""
+    if logger is None:
+        from .._log import ROOT
+
+        logger = ROOT
     chosen = as_style or _style
     created = time.time() if created is None else created
     if chosen == "json":
@@ -62,6 +102,8 @@ def format_line(
         }
         return orjson.dumps(body, default=str).decode()
     if text is None:
+        from .._log import plain_message
+
         text = plain_message(fields)
     line = f"{time.strftime('%H:%M:%S', time.localtime(created))} {level:<7} {text}"
     if exception:
@@ -78,6 +120,8 @@ class _Handler(logging.Handler):
     record: the live view redirects it to print above its table)."""
 
     def emit(self, record: logging.LogRecord) -> None:
+        from .._log import EVENT_ATTR
+
         try:
             fields = getattr(record, EVENT_ATTR, None)
             if not isinstance(fields, dict):
@@ -101,8 +145,11 @@ class _Handler(logging.Handler):
 def configure(verbosity: int, as_json: bool) -> None:
     """Show the library's log lines on stderr: warnings, ``-v`` info, ``-vv`` debug; JSON
     lines with ``as_json``, else readable on a terminal and plain lines off one."""
-    global _style
-    _style = "json" if as_json else "terminal" if sys.stderr.isatty() else "plain"
+    global _configured
+    from .._log import ROOT
+
+    set_style(as_json)
+    _configured = True
     logger = logging.getLogger(ROOT)
     for old in [h for h in logger.handlers if isinstance(h, _Handler)]:
         logger.removeHandler(old)

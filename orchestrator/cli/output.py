@@ -11,6 +11,7 @@ file name holds, no control character reaches the terminal raw.
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import sys
@@ -23,6 +24,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "emit_json",
     "output_schema",
+    "pipe_safe_stdout",
     "say",
     "say_default_policy_note",
     "terminal_text",
@@ -48,6 +50,48 @@ def output_schema() -> dict[str, Any]:
     text = resources.files("orchestrator").joinpath("schemas/output.schema.json").read_text()
     schema: dict[str, Any] = json.loads(text)
     return schema
+
+
+class _ReaderMayLeave(io.FileIO):
+    """Standard output's file descriptor, written to as long as someone reads it.
+
+    When the reader goes away (``orchestrator runs | head -1``), a write fails with EPIPE
+    (Python ignores SIGPIPE); here that write, and every later one, is dropped as if written:
+    the rest of the output has no reader, and the command's work and exit code stand.
+    """
+
+    gone = False
+
+    def write(self, data: Any) -> int:
+        size = memoryview(data).nbytes
+        if self.gone:
+            return size
+        try:
+            return super().write(data)
+        except BrokenPipeError:
+            self.gone = True
+            return size
+
+
+def pipe_safe_stdout() -> None:
+    """Make ``sys.stdout`` safe against a reader that goes away: an ``orchestrator`` command
+    never fails, nor prints a traceback, because its output is no longer read.
+
+    The new stream writes to the same descriptor, with the same encoding, error handler and
+    buffering (line-buffered on a terminal); call it before anything is printed.
+    """
+    old = sys.stdout
+    try:
+        fd = old.fileno()
+    except (AttributeError, OSError, ValueError):  # no descriptor (replaced by a caller)
+        return
+    raw = _ReaderMayLeave(fd, "w", closefd=False)
+    sys.stdout = io.TextIOWrapper(
+        io.BufferedWriter(raw),
+        encoding=old.encoding,
+        errors=old.errors,
+        line_buffering=bool(old.line_buffering),
+    )
 
 
 # C0 controls but newline and tab, a carriage return not ending a line (``\r\n`` is a line end a

@@ -435,29 +435,46 @@ def _finish(args: argparse.Namespace, outcome: Any) -> int:
 
 
 def _restored_line(restored: Any) -> None:
-    """What a resume restored from the record and what its options replaced (stderr)."""
+    """What a resume restored from the record and what its options replaced, with what
+    (stderr)."""
+    from .logs import note
+
     if not isinstance(restored, dict):
         return
-    said = []
-    if "policy" in restored.get("restored", []):
-        said.append(
-            f"policy {restored.get('policy') or '(default)'} ({restored.get('policyRules')})"
-        )
-    if "maxSessions" in restored.get("restored", []):
-        said.append(f"max sessions {restored.get('maxSessions')}")
-    if "maxFileSize" in restored.get("restored", []):
-        said.append(f"max file size {restored.get('maxFileSize')} bytes")
-    if "agents" in restored.get("restored", []):
-        said.append("agents " + ", ".join(restored.get("agents") or []))
-    if "sandbox" in restored.get("restored", []):
-        said.append("the sandbox")
+    said = [_setting(restored, key) for key in _SETTINGS if key in restored.get("restored", [])]
     if said:
-        say("restored from the run: " + "; ".join(said), file=sys.stderr)
-    if restored.get("overridden"):
-        say("replaced by this resume: " + ", ".join(restored["overridden"]), file=sys.stderr)
+        note("restored from the run: " + "; ".join(said), event="resume_restored")
+    replaced = [_setting(restored, key) for key in restored.get("overridden") or []]
+    if replaced:
+        note("replaced by this resume: " + "; ".join(replaced), event="resume_replaced")
     if restored.get("missingSecrets"):
         missing = ", ".join(restored["missingSecrets"])
-        say(f"not set now (recorded by name only): {missing}", file=sys.stderr)
+        note(
+            f"not set now (recorded by name only): {missing}",
+            level="warning",
+            event="resume_missing_secrets",
+        )
+
+
+#: the settings a resume restores or replaces, in the order they are said
+_SETTINGS = ("policy", "maxSessions", "maxFileSize", "agents", "sandbox")
+
+
+def _setting(restored: dict[str, Any], key: str) -> str:
+    """A resume's setting ``key`` (as ``Restored.to_json`` names it) and its value now."""
+    if key == "policy":
+        return f"policy {restored.get('policy') or '(default)'} ({restored.get('policyRules')})"
+    if key == "maxSessions":
+        return f"max sessions {restored.get('maxSessions')}"
+    if key == "maxFileSize":
+        return f"max file size {restored.get('maxFileSize')} bytes"
+    if key == "agents":
+        return "agents " + ", ".join(restored.get("agents") or [])
+    if key == "sandbox":
+        return "the sandbox"
+    if key.startswith("agents."):
+        return f"agent {key.removeprefix('agents.')} as the config defines it now"
+    return key
 
 
 def _summary(result: dict[str, Any], run_id: str, *, diff: bool = False) -> None:
@@ -594,6 +611,8 @@ def _warn_interrupted(found: list[dict[str, Any]], run_id: str | None, cwd: str 
     (all of them when both are None), and how to finish it."""
     import os
 
+    from .logs import note
+
     for a in found:
         ws = a["workspace"]
         here = cwd is not None and os.path.realpath(cwd) == os.path.realpath(ws)
@@ -614,10 +633,11 @@ def _warn_interrupted(found: list[dict[str, Any]], run_id: str | None, cwd: str 
             )
         else:
             finish = f"the next orchestrator apply, run or prompt finishes it ({a['journal']})"
-        say(
+        note(
             f"interrupted apply: {whose} half written to {ws} ({count(len(a['files']), 'file')}); "
             f"{finish}",
-            file=sys.stderr,
+            level="warning",
+            event="apply_interrupted",
         )
 
 
@@ -650,7 +670,9 @@ async def cmd_runs(args: argparse.Namespace) -> int:
         status = f"{r.status} ({r.status_reason})" if r.status_reason else r.status
         say(f"{r.run_id}  {when}  {r.kind:<8} {status:<11}{applied}  {what[:60]}")
     if not runs:
-        say("no runs recorded", file=sys.stderr)
+        from .logs import note
+
+        note("no runs recorded", event="no_runs")
     _warn_interrupted(interrupted, None, None)
     return EXIT_OK
 
@@ -716,6 +738,7 @@ async def cmd_apply(args: argparse.Namespace) -> int:
 
     from ..errors import ApplyRefused, RunBusy, UnsettledConflicts, UsageError
     from ..runs import apply_run
+    from .logs import note
 
     try:
         outcome = await apply_run(
@@ -723,7 +746,12 @@ async def cmd_apply(args: argparse.Namespace) -> int:
         )
     except trio.Cancelled:
         # interrupted before the write began (once begun, it is completed): none of it happened
-        say("orchestrator: interrupted: nothing applied", file=sys.stderr)
+        note(
+            "interrupted: nothing applied",
+            level="warning",
+            event="interrupted",
+            prefix="orchestrator: ",
+        )
         raise
     except (ApplyRefused, RunBusy) as e:
         if isinstance(e, UnsettledConflicts):
@@ -732,7 +760,14 @@ async def cmd_apply(args: argparse.Namespace) -> int:
             code = EXIT_USAGE
         else:
             code = EXIT_FAILED
-        say(f"orchestrator: error: {e}", file=sys.stderr)
+        note(
+            str(e),
+            level="error",
+            event="usage_error" if code == EXIT_USAGE else "error",
+            prefix="orchestrator: error: ",
+            type=type(e).__name__,
+            exitCode=code,
+        )
         if args.json:
             error = {"type": type(e).__name__, "message": str(e)}
             _emit(
@@ -767,6 +802,8 @@ async def cmd_apply(args: argparse.Namespace) -> int:
 
 def _apply_summary(outcome: Any) -> None:
     """What ``orchestrator apply`` did, for people (stderr)."""
+    from .logs import note
+
     for report in outcome.recovered:
         apply = report.apply
         of = dict(apply.origin or {}).get("runId") if apply is not None else None
@@ -774,42 +811,46 @@ def _apply_summary(outcome: Any) -> None:
         where = f" to {apply.workspace}" if apply is not None else ""
         if report.problems:
             edited = ", ".join(display_names(report.problems))
-            say(
+            note(
                 f"rolled back the interrupted {what}{where} first, as it could not be completed: "
                 f"{edited} changed since the crash and are left as they are (its changes to "
                 f"them not made); {count(len(report.changed), 'file')} restored, the other files "
                 f"hold what they held before it (what {edited} held before it is kept in "
                 f"{report.journal})",
-                file=sys.stderr,
+                level="warning",
+                event="apply_recovered",
             )
         else:
-            say(
+            note(
                 f"finished the interrupted {what}{where} first: {report.action} "
                 f"({count(len(report.paths), 'file')})",
-                file=sys.stderr,
+                level="info",
+                event="apply_recovered",
             )
     what = f"run {outcome.run_id}"
     if outcome.step is not None:
         what = f"{outcome.step} of {what}"
     files = len(outcome.written) + len(outcome.deleted) + len(outcome.mode_changed)
     if outcome.applied and outcome.git_branch:
-        say(
+        note(
             f"committed {what} on git branch {outcome.git_branch} ({outcome.git_commit[:12]}): "
             f"{count(files, 'file')}; the working tree, index and HEAD are untouched",
-            file=sys.stderr,
+            level="info",
+            event="applied",
         )
     elif outcome.applied:
-        say(f"applied {what}: {count(files, 'file')} written or deleted", file=sys.stderr)
+        note(f"applied {what}: {count(files, 'file')} written or deleted", event="applied")
     elif outcome.workspace_changed:
         where = "differ at HEAD from" if outcome.git_branch else "changed in the workspace since"
-        say(
+        note(
             f"NOT applied: files {where} the run: "
             f"{', '.join(display_names(outcome.workspace_changed))}; "
             "none of its changes were written",
-            file=sys.stderr,
+            level="warning",
+            event="apply_refused",
         )
     else:
-        say(f"nothing to apply: {what} changed no files", file=sys.stderr)
+        note(f"nothing to apply: {what} changed no files", event="applied")
 
 
 async def cmd_diff(args: argparse.Namespace) -> int:

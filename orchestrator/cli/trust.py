@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -110,7 +109,14 @@ async def project_config(cwd: str, state_dir: str | None) -> Config:
     config = await trio.to_thread.run_sync(functools.partial(Config.load, cwd, state_dir=state_dir))
     if config.ignored:
         changed = await trio.to_thread.run_sync(_changed, config, state_dir)
-        print(untrusted_note(config, cwd, changed=changed), file=sys.stderr)
+        from .logs import note
+
+        note(
+            untrusted_note(config, cwd, changed=changed),
+            level="warning",
+            event="untrusted_config",
+            prefix="orchestrator: note: ",
+        )
     return config
 
 
@@ -128,12 +134,13 @@ def _changed(config: Config, state_dir: str | None) -> bool:
 
 
 def untrusted_note(config: Config, cwd: str, *, changed: bool = False) -> str:
-    """One line: which file was not trusted, what of it was ignored, how to trust it."""
+    """One line (after ``orchestrator: note: ``): which file was not trusted, what of it was
+    ignored, how to trust it."""
     keys = ", ".join(_keys(config))
     where = "" if os.path.abspath(cwd) == os.getcwd() else f" {cwd}"
     why = "changed since it was trusted" if changed else "not trusted to start programs"
     return (
-        f"orchestrator: note: {', '.join(_files(config))} is {why}, so "
+        f"{', '.join(_files(config))} is {why}, so "
         f"{keys} {'was' if len(config.ignored) == 1 else 'were'} ignored; "
         f"`orchestrator trust{where}` trusts it as it is now"
     )

@@ -449,7 +449,9 @@ async def run_pipeline(
                             await store.update_run(run_id, status="failed", error=error)
                             log.error("run failed", run=run_id, error=error)
                         else:
-                            log.warning("run interrupted", run=run_id)
+                            # debug: the caller hears of it (Cancelled; the command line's
+                            # last line says how to resume)
+                            log.debug("run interrupted", run=run_id)
                     if not imported:
                         await _import_transcripts(store, run_id, run_dir, transcript)
             result = await get_run_json(run_id, store=store)

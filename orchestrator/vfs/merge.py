@@ -426,8 +426,10 @@ def _fold(branches: Sequence[Branch], strategy: ConflictStrategy | Callable[...,
             else:
                 acc[path] = change
         ours_name = f"{ours_name}+{branch.name}"
+    # debug: a caller reports its conflicts (a run's progress, its result); a warning here
+    # would say each one a second time
     for conflict in conflicts:
-        log.warning(
+        log.debug(
             "merge conflict",
             path=conflict.path,
             kind=conflict.kind,
