@@ -491,16 +491,12 @@ def _tool_line(level: str, event: str, text: str, fields: dict[str, Any]) -> Non
     """A prompt's tool call as progress on stderr: an indented line on a terminal, else a line
     in the log lines' format (JSON with --log-json), as the progress of the other commands."""
     from . import logs
+    from .live import progress_line
 
     if logs.style() == "terminal" and sys.stderr.isatty():
         say(f"  {text}", file=sys.stderr)
         return
-    text = f"tool {text}" if logs.style() == "json" else f"tool     {text}"  # as PlainView's
-    line = logs.format_line(
-        level, {"event": event, **fields}, text=text, logger="orchestrator.progress"
-    )
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()
+    progress_line(level, "tool", text, {"event": event, **fields})
 
 
 def entry() -> NoReturn:

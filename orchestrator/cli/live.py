@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from rich.console import Console, ConsoleOptions, RenderableType
     from rich.live import Live
 
-__all__ = ["LiveView", "PlainView", "open_view", "paused_views"]
+__all__ = ["LiveView", "PlainView", "open_view", "paused_views", "progress_line"]
 
 _STATE_STYLE = {
     "running": "yellow",
@@ -95,6 +95,26 @@ def _progress(event: RunEvent) -> tuple[str, str, str] | None:
     return None
 
 
+def progress_line(
+    level: str,
+    verb: str,
+    text: str,
+    fields: dict[str, Any],
+    *,
+    created: float | None = None,
+    out: IO[str] | None = None,
+) -> None:
+    """Write one progress line on stderr (or ``out``) in the log lines' format: a person's
+    line aligns the verbs; a JSON line carries ``fields`` (``event`` first) too."""
+    text = f"{verb} {text}" if logs.style() == "json" else f"{verb:<8} {text}"
+    line = logs.format_line(
+        level, fields, text=text, logger="orchestrator.progress", created=created
+    )
+    stream = out or sys.stderr
+    stream.write(line + "\n")
+    stream.flush()
+
+
 @define
 class PlainView:
     """One line per meaningful event on stderr, in the log lines' format (for logs and pipes)."""
@@ -110,18 +130,11 @@ class PlainView:
             # a person reads `run RUN: STATUS` once, at the end of the result on stdout; a
             # stream of JSON events keeps its last one
             return
-        # a person's line aligns the verbs; a JSON line carries the event's fields too
-        text = f"{verb} {text}" if logs.style() == "json" else f"{verb:<8} {text}"
         fields = {k: v for k, v in event.to_json().items() if v is not None and k != "time"}
         fields = {"event": fields.pop("type"), "instance": event.instance, **fields}
         if event.instance is None:
             del fields["instance"]
-        line = logs.format_line(
-            level, fields, text=text, logger="orchestrator.progress", created=event.time
-        )
-        out = self.out or sys.stderr
-        out.write(line + "\n")
-        out.flush()
+        progress_line(level, verb, text, fields, created=event.time, out=self.out)
 
     def close(self) -> None:
         """Nothing to tear down."""
