@@ -133,6 +133,7 @@ def _full_script() -> AgentScript:
                 steps,
                 stop_reason="refusal",
                 when_prompt_contains="x",
+                when_prompt_matches=r"^x\d+",
                 ignore_cancel=True,
                 cancel_stop_reason="end_turn",
                 updates_after_response=(Say("late"),),
@@ -278,3 +279,38 @@ def test_generated_turns_round_trip(steps: list[Step], stop_reason: Any) -> None
     """Generated turns come back equal after a trip through JSON text."""
     script = AgentScript(turns=(Turn(tuple(steps), stop_reason=stop_reason),))
     assert AgentScript.from_json(_through_json(script.to_json())) == script
+
+
+def test_a_turns_regex_is_checked_when_the_script_is_made() -> None:
+    """A regex that does not compile is refused, in Python and in JSON, naming the field."""
+    with pytest.raises(ValueError, match=r"when_prompt_matches: '\(' is not a regular"):
+        Turn(when_prompt_matches="(")
+    with pytest.raises(UsageError, match=r"when_prompt_matches: '\[a' is not a regular"):
+        AgentScript.from_json({"turns": [{"when_prompt_matches": "[a"}]})
+
+
+def test_a_turns_conditions_all_hold_for_it_to_match() -> None:
+    """Turn.matches: a turn without conditions never matches; with several, all must hold."""
+
+    def has_digit(text: str) -> bool:
+        return any(c.isdigit() for c in text)
+
+    assert not Turn().conditional
+    assert not Turn().matches("anything")
+    turn = Turn(when_prompt_contains="fix", when_prompt_matches=r"#\d+$", when=has_digit)
+    assert turn.conditional
+    assert turn.matches("fix #12")
+    assert not turn.matches("fix #12 now")  # the regex fails
+    assert not turn.matches("mend #12")  # the substring fails
+    assert Turn(when=has_digit).matches("a1")
+    assert not Turn(when=has_digit).matches("a")
+
+
+def test_a_predicate_turn_has_no_json_form() -> None:
+    """A script with a Python predicate cannot be written as JSON (nor a predicate read from
+    it): the error says to use a regex for a subprocess agent."""
+    script = AgentScript(turns=(Turn(when=lambda text: "x" in text),))
+    with pytest.raises(UsageError, match="when_prompt_matches"):
+        script.to_json()
+    with pytest.raises(UsageError, match=r"extra fields found \(when\)"):
+        AgentScript.from_json({"turns": [{"when": "x"}]})

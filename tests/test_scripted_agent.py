@@ -412,6 +412,45 @@ async def test_turns_are_taken_in_order_per_session_and_the_last_repeats() -> No
     assert second == "sess-2"
 
 
+async def test_turns_are_picked_by_regex_or_predicate_before_the_ordered_ones() -> None:
+    """A turn's regex (searched, flags inline) or predicate picks it; a turn with several
+    conditions needs them all; turns without one are taken in order, untouched by the others."""
+    seen_by_predicate: list[str] = []
+
+    def long_prompt(text: str) -> bool:
+        seen_by_predicate.append(text)
+        return len(text) > 20
+
+    script = AgentScript(
+        turns=(
+            Turn((Say("ordered"),)),
+            Turn((Say("fix"),), when_prompt_matches=r"(?i)^fix issue #\d+$"),
+            Turn((Say("both"),), when_prompt_contains="urgent", when_prompt_matches=r"\bdocs?\b"),
+            Turn((Say("long"),), when=long_prompt),
+        )
+    )
+    prompts = (
+        "FIX issue #12",
+        "please fix issue #12",
+        "urgent: the docs",
+        "urgent: the code",
+        "a prompt longer than twenty characters",
+        "short",
+    )
+    async with connected(script) as (client, record):
+        session_id = await open_session(client)
+        said = [texts((await client.prompt(session_id, p))[1]) for p in prompts]
+    assert said == ["fix", "ordered", "both", "ordered", "long", "ordered"]
+    assert [e["turn"] for e in record.of("prompt")] == [1, 0, 2, 0, 3, 0]
+    # the predicate is asked only once the turns before it did not match
+    assert seen_by_predicate == [
+        "please fix issue #12",
+        "urgent: the code",
+        "a prompt longer than twenty characters",
+        "short",
+    ]
+
+
 async def test_no_turns_means_end_turn_at_once() -> None:
     """A script without turns answers every prompt with end_turn."""
     async with connected(AgentScript()) as (client, record):
@@ -1195,6 +1234,24 @@ async def test_subprocess_agent_serves_a_turn_and_writes_its_record(tmp_path: Pa
     }
     assert record.events[-1] == {"event": "eof"}
     assert b"scripted agent" in stderr
+
+
+async def test_subprocess_agent_picks_its_turn_by_regex(tmp_path: Path) -> None:
+    """A subprocess agent's script carries its regex in JSON and picks the turn by it."""
+    script = AgentScript(
+        turns=(
+            Turn((Say("ordered"),)),
+            Turn((Say("reviewed"),), when_prompt_matches=r"^Review \S+\.md:\n"),
+        )
+    )
+    async with spawned(script, tmp_path) as (client, process, _):
+        session_id = await open_session(client, cwd=str(tmp_path))
+        said = [
+            texts((await client.prompt(session_id, p))[1])
+            for p in ("Review README.md:\n+color", "Review main.py:\n+x", "Please Review a.md:\n")
+        ]
+    assert process.returncode == 0
+    assert said == ["reviewed", "ordered", "ordered"]
 
 
 async def test_subprocess_crash_exits_with_the_scripted_code(tmp_path: Path) -> None:

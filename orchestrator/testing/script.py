@@ -49,12 +49,17 @@ Agent (``AgentScript``)
 Turns (``Turn``)
 ----------------
 ``{"steps": [...], "stop_reason": "end_turn", "when_prompt_contains": null,
-"cancel_stop_reason": "cancelled", "ignore_cancel": false, "updates_after_response": [],
-"error": null}``.
+"when_prompt_matches": null, "cancel_stop_reason": "cancelled", "ignore_cancel": false,
+"updates_after_response": [], "error": null}``.
 
-Each ``session/prompt`` takes a turn: the first turn whose ``when_prompt_contains`` is a
-substring of the prompt's text wins; otherwise the turns without that field are taken in
-order, counted per session, and the last one repeats once they are used up.
+Each ``session/prompt`` takes a turn: the first turn whose conditions all hold for the
+prompt's text wins; otherwise the turns without any condition are taken in order, counted
+per session, and the last one repeats once they are used up. The conditions are
+``when_prompt_contains`` (a substring of the text), ``when_prompt_matches`` (a Python regular
+expression found anywhere in the text, as :func:`re.search` finds it: anchor it with ``^``
+and ``$``, give flags inline such as ``(?i)``; one that does not compile is refused with the
+script) and, for agents served in memory only, ``when`` (a Python callable given the text,
+true to take the turn): a script with one cannot be written as JSON.
 ``session/cancel`` stops the running turn at once (between steps, or while it sleeps,
 stalls or waits for any answer of the client) and the prompt answers
 ``cancel_stop_reason``; with ``ignore_cancel`` the turn goes on as if nothing happened (a
@@ -129,11 +134,15 @@ can also test how a client refuses what it did not advertise.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from typing import Any, ClassVar, Literal, TypeAlias, get_args
 
 import attrs
 from attrs import field, frozen
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
+from orchestrator.errors import UsageError
 from orchestrator.testing._script_json import JsonMixin, JsonObject, converter
 from orchestrator.testing._script_pieces import (
     ALLOW_REJECT,
@@ -179,6 +188,7 @@ __all__ = [
     "PermissionToolCall",
     "Plan",
     "PlanEntry",
+    "PromptPredicate",
     "Raw",
     "ReadFile",
     "Replace",
@@ -484,9 +494,22 @@ _STEP_CLASSES: dict[str, type[Any]] = {cls.op: cls for cls in get_args(Step)}
 # --------------------------------------------------------------------------- turns and agent
 
 
+def _check_pattern(_: Any, attribute: attrs.Attribute[Any], value: str | None) -> None:
+    if value is None:
+        return
+    try:
+        re.compile(value)
+    except re.error as e:
+        raise ValueError(f"{attribute.name}: {value!r} is not a regular expression: {e}") from e
+
+
+#: a condition on the prompt's text, for a turn of an agent served in memory
+PromptPredicate: TypeAlias = Callable[[str], bool]
+
+
 @frozen
 class Turn(JsonMixin):
-    """What the agent does for one ``session/prompt``."""
+    """What the agent does for one ``session/prompt``; see the module docs for its conditions."""
 
     steps: tuple[Step, ...] = ()
     stop_reason: StopReason = "end_turn"
@@ -495,6 +518,28 @@ class Turn(JsonMixin):
     ignore_cancel: bool = False
     updates_after_response: tuple[Step, ...] = ()
     error: ErrorReply | None = None
+    when_prompt_matches: str | None = field(default=None, validator=_check_pattern)
+    #: in memory only: a script with it has no JSON form
+    when: PromptPredicate | None = field(default=None, kw_only=True)
+
+    @property
+    def conditional(self) -> bool:
+        """Whether the turn is taken by a condition on the prompt, not in order."""
+        return (
+            self.when_prompt_contains is not None
+            or self.when_prompt_matches is not None
+            or self.when is not None
+        )
+
+    def matches(self, text: str) -> bool:
+        """Whether the turn has conditions and they all hold for the prompt's ``text``."""
+        if not self.conditional:
+            return False
+        if self.when_prompt_contains is not None and self.when_prompt_contains not in text:
+            return False
+        if self.when_prompt_matches is not None and not re.search(self.when_prompt_matches, text):
+            return False
+        return self.when is None or bool(self.when(text))
 
 
 @frozen
@@ -541,3 +586,27 @@ def _unstructure_step(step: Any) -> JsonObject:
 
 converter.register_structure_hook(Step, _structure_step)
 converter.register_unstructure_hook(Step, _unstructure_step)
+
+
+# A turn's predicate is Python code: it has no JSON form, and JSON cannot give one.
+_structure_turn = make_dict_structure_fn(
+    Turn, converter, _cattrs_forbid_extra_keys=True, when=override(omit=True)
+)
+_unstructure_turn_fields = make_dict_unstructure_fn(
+    Turn, converter, _cattrs_omit_if_default=True, when=override(omit=True)
+)
+
+
+def _unstructure_turn(turn: Turn) -> JsonObject:
+    if turn.when is not None:
+        raise UsageError(
+            "a turn matched by a Python predicate (when=...) has no JSON form: it works only in "
+            "an agent served in memory; match a subprocess agent's prompt with "
+            "when_prompt_matches (a regular expression) or when_prompt_contains"
+        )
+    data: JsonObject = _unstructure_turn_fields(turn)
+    return data
+
+
+converter.register_structure_hook(Turn, _structure_turn)
+converter.register_unstructure_hook(Turn, _unstructure_turn)

@@ -489,9 +489,9 @@ class _Agent:
     def _pick_turn(self, session: Session, text: str) -> tuple[int, Turn]:
         turns = self.script.turns
         for i, turn in enumerate(turns):
-            if turn.when_prompt_contains is not None and turn.when_prompt_contains in text:
+            if turn.matches(text):
                 return i, turn
-        ordered = [(i, t) for i, t in enumerate(turns) if t.when_prompt_contains is None]
+        ordered = [(i, t) for i, t in enumerate(turns) if not t.conditional]
         if not ordered:
             return -1, Turn()
         pick = ordered[min(session.prompts, len(ordered) - 1)]
