@@ -17,6 +17,10 @@ from schema_check import FrameValidator
 import orchestrator.agent.launch as client_module
 from orchestrator.jsonrpc.connection import JsonRpcConnection
 
+# the fixtures acp-orchestrator's users get (a pytest11 entry point in an installed package):
+# the suite runs with them loaded, as theirs do
+pytest_plugins = ["orchestrator.testing.pytest_plugin"]
+
 #: every validator created during the session, for the summary line
 VALIDATORS: list[FrameValidator] = []
 

@@ -32,6 +32,7 @@ from ..pipeline.results import RunEvent, StepResult, changes_from_json, changes_
 from ..policy import PolicySet
 from ..protocol import types as t
 from ..sandbox import SandboxChoice
+from ..supervisor import Connector
 from .default_policy import DefaultRejections
 from .run import RunOutcome, launchable, run_pipeline, workspace_root
 
@@ -243,6 +244,7 @@ async def prompt(
     max_file_size: int | str | None = None,
     model: str | None = None,
     mode: str | None = None,
+    connector: Connector | None = None,
 ) -> PromptRun:
     """Run one turn of ``agent`` with ``text`` on a branch of ``cwd``: a one-step run.
 
@@ -275,6 +277,11 @@ async def prompt(
     may name its model itself (``"claude:sonnet"``); another ``model`` as well is a
     :class:`~orchestrator.errors.UsageError`. The result's ``model`` and ``mode`` say what
     the session ran.
+
+    ``connector`` starts the agent instead of a subprocess (as for
+    :func:`~orchestrator.runs.run_pipeline`), e.g.
+    :class:`~orchestrator.testing.connector.InProcessAgents` in tests: its command is then not
+    looked for.
     """
     root = workspace_root(cwd)
     cfg = (
@@ -288,7 +295,8 @@ async def prompt(
     if model is not None and spec.model is not None and model != spec.model:
         raise UsageError(f"agent {spec.name} runs model {spec.model!r}: it cannot run {model!r}")
     spec = spec.resolved(os.getcwd())  # the agent runs elsewhere: its branch directory
-    launchable(spec)  # as every run checks its agents: before anything starts
+    if connector is None:  # as every run checks its agents: before anything starts
+        launchable(spec)
     cfg = cfg.with_agents({spec.name: spec})
     started = time.monotonic()
     made: list[PromptRun] = []
@@ -315,6 +323,7 @@ async def prompt(
         services=services,
         sandbox=sandbox,
         max_file_size=max_file_size,
+        connector=connector,
         # a prompt keeps its turn, audit and changes; its wire transcript only when asked
         # (a flood of updates is tens of megabytes of frames)
         record_transcripts=transcript is not None,

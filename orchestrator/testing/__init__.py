@@ -6,6 +6,11 @@ Build an :class:`AgentScript` (the format is documented in
 :func:`scripted_agent_command`. The agent's :class:`AgentRecord` tells what your client
 sent (see :mod:`orchestrator.testing.scripted_agent`).
 
+To test your own pipelines: :class:`InProcessAgents` serves the demo agent and scripted
+agents in your test's process (pass it as ``connector=``), :class:`TempProjects` makes
+projects, and :mod:`orchestrator.testing.pytest_plugin` hands both out as pytest fixtures,
+with a state directory of the test's own.
+
 :mod:`orchestrator.testing.hostile` is a catalogue of hostile agents (:data:`ATTACKS`) and
 :func:`probe_policy`, which runs them against your policy and says which held.
 """
@@ -36,6 +41,7 @@ from orchestrator.testing.script import (
     PermissionToolCall,
     Plan,
     PlanEntry,
+    PromptPredicate,
     Raw,
     ReadFile,
     Replace,
@@ -61,6 +67,7 @@ from orchestrator.testing.script import (
 )
 
 if TYPE_CHECKING:
+    from orchestrator.testing.connector import InProcessAgents
     from orchestrator.testing.hostile import (
         ATTACKS,
         Attack,
@@ -68,6 +75,7 @@ if TYPE_CHECKING:
         probe_policy,
         probe_policy_sync,
     )
+    from orchestrator.testing.project import TempProjects
     from orchestrator.testing.scripted_agent import (
         AgentRecord,
         scripted_agent_command,
@@ -93,6 +101,7 @@ __all__ = [
     "Flood",
     "FloodRequests",
     "HugeLine",
+    "InProcessAgents",
     "Location",
     "Mode",
     "Notify",
@@ -100,6 +109,7 @@ __all__ = [
     "PermissionToolCall",
     "Plan",
     "PlanEntry",
+    "PromptPredicate",
     "Raw",
     "ReadFile",
     "Replace",
@@ -109,6 +119,7 @@ __all__ = [
     "Spawn",
     "Stall",
     "Step",
+    "TempProjects",
     "Terminal",
     "Think",
     "ToolCall",
@@ -129,6 +140,7 @@ __all__ = [
 ]
 
 _AGENT_NAMES = frozenset({"AgentRecord", "scripted_agent_command", "serve_scripted_agent"})
+_LAZY = {"InProcessAgents": "connector", "TempProjects": "project"}
 _HOSTILE_NAMES = frozenset(
     {"ATTACKS", "Attack", "AttackResult", "probe_policy", "probe_policy_sync"}
 )
@@ -141,6 +153,10 @@ def __getattr__(name: str) -> Any:
         from orchestrator.testing import scripted_agent
 
         return getattr(scripted_agent, name)
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
     if name in _HOSTILE_NAMES:
         from orchestrator.testing import hostile
 
