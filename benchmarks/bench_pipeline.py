@@ -403,7 +403,7 @@ async def _steps(count: int, shape: str, parallel: int) -> dict[str, Any]:
     # time of all of it (removals included, which run beside the next steps)
     io_wall = float(io.get("critical_seconds", 0.0)) / count * 1000
     io_cpu = sum(float(io.get(f"{k}_cpu_seconds", 0.0)) for k in _IO_KINDS) / count * 1000
-    succeeded = sum(1 for s in outcome.steps.values() if s.get("status") == "succeeded")
+    succeeded = sum(1 for s in outcome.steps.values() if s.status == "succeeded")
     return {
         "steps": count,
         "shape": shape,

@@ -31,10 +31,16 @@ def main() -> int:
         policy="edit",
         verify="grep -q color README.md",
     )
-    for agent in side.result["agents"]:
-        print(agent["name"], agent["status"], "verify exit", agent["verify"]["exitCode"])
+    for agent in side.agents:  # typed entries (AgentOutcome), in the order given
+        print(agent.name, agent.status, "verify passed:", agent.verify_passed, agent.changed_files)
+    print("winner:", side.winner)
     run = run_pipeline_sync(HERE / "demo_pipeline.py", cwd=project, policy="trusted")
-    print("pipeline:", run.status, "conflicts:", [c["path"] for c in run.result["conflicts"]])
+    # typed steps (StepOutcome) by name; run.result stays the raw --json object
+    steps = {name: step.status for name, step in run.steps.items()}
+    print(
+        "pipeline:", run.status, steps, "conflicts:", [c["path"] for c in run.result["conflicts"]]
+    )
+    print("check:", run.steps["check"].value)
     applied = apply_run_sync(run.run_id)
     print("applied:", applied.applied, sorted(applied.written))
     return 0 if side.exit_code == 0 and run.exit_code == 0 and applied.applied else 1

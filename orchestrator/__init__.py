@@ -52,6 +52,15 @@ _EXPORTS: dict[str, str] = {
     "Sandbox": "orchestrator.sandbox",
     "ApplyOutcome": "orchestrator.runs",
     "RunOutcome": "orchestrator.runs",
+    "AgentIdentity": "orchestrator.runs",
+    "AgentOutcome": "orchestrator.runs",
+    "FileChange": "orchestrator.runs",
+    "InstanceOutcome": "orchestrator.runs",
+    "PermissionEntry": "orchestrator.runs",
+    "StepOutcome": "orchestrator.runs",
+    "ToolCallEntry": "orchestrator.runs",
+    "VerifyEntry": "orchestrator.runs",
+    "Verdict": "orchestrator.runs",
     "apply_run": "orchestrator.runs",
     "apply_run_sync": "orchestrator.runs",
     "compare": "orchestrator.runs",
@@ -124,9 +133,18 @@ if TYPE_CHECKING:
     from .pipeline.results import StepContext as StepContext
     from .pipeline.results import StepResult as StepResult
     from .report import render_report as render_report
+    from .runs import AgentIdentity as AgentIdentity
+    from .runs import AgentOutcome as AgentOutcome
     from .runs import ApplyOutcome as ApplyOutcome
+    from .runs import FileChange as FileChange
+    from .runs import InstanceOutcome as InstanceOutcome
+    from .runs import PermissionEntry as PermissionEntry
     from .runs import PromptRun as PromptRun
     from .runs import RunOutcome as RunOutcome
+    from .runs import StepOutcome as StepOutcome
+    from .runs import ToolCallEntry as ToolCallEntry
+    from .runs import Verdict as Verdict
+    from .runs import VerifyEntry as VerifyEntry
     from .runs import apply_run as apply_run
     from .runs import apply_run_sync as apply_run_sync
     from .runs import compare as compare

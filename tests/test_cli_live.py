@@ -374,14 +374,16 @@ def test_library_prints_nothing_unless_logging_is_configured(
 
 
 def test_library_example_prints_only_its_own_lines(tmp_path: Path, state_dir: Path) -> None:
-    """``examples/library_script.py`` prints its four lines and nothing else."""
+    """``examples/library_script.py`` prints its six lines and nothing else."""
     done = _python(str(ROOT / "examples" / "library_script.py"), state=state_dir, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
     assert [line.split(":")[0].split()[0] for line in done.stdout.splitlines()] == [
         "a",
         "b",
+        "winner",
         "pipeline",
+        "check",
         "applied",
     ]
 

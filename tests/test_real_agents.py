@@ -480,18 +480,18 @@ async def test_pipeline_fans_out_over_files(
                 transcript=transcript,
             )
     steps = outcome.steps
-    assert outcome.status == "succeeded", {n: s["error"] for n, s in steps.items()}
-    assert {name: s["status"] for name, s in steps.items()} == dict.fromkeys(
+    assert outcome.status == "succeeded", {n: s.error for n, s in steps.items()}
+    assert {name: s.status for name, s in steps.items()} == dict.fromkeys(
         ("files", "edit", "check"), "succeeded"
     )
-    assert steps["files"]["instances"]["files"]["value"] == sorted(PIPELINE_FILES)
-    edits = steps["edit"]["instances"]
-    assert sorted(one["item"] for one in edits.values()) == sorted(PIPELINE_FILES)
+    assert steps["files"].instances["files"].value == sorted(PIPELINE_FILES)
+    edits = steps["edit"].instances
+    assert sorted(one.item for one in edits.values()) == sorted(PIPELINE_FILES)
     for one in edits.values():
-        assert one["agent"] == agent.name and one["stopReason"] == "end_turn"
-        assert [(c["path"], c["change"]) for c in one["changes"]] == [(one["item"], "modified")]
-        assert f"Edited {one['item']}." in one["text"]
-    assert steps["check"]["instances"]["check"]["value"] == 0
+        assert one.agent == agent.name and one.stop_reason == "end_turn"
+        assert [(c.path, c.change) for c in one.changes] == [(one.item, "modified")]
+        assert f"Edited {one.item}." in str(one.text)
+    assert steps["check"].instances["check"].value == 0
     # the merged diff: both edits and the check's log, nothing else
     changes = {c["path"]: c["change"] for c in outcome.result["changes"]}
     assert changes == {"mod_a.py": "modified", "mod_b.py": "modified", "check.log": "added"}

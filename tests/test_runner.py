@@ -140,7 +140,7 @@ async def test_diamond_runs_its_three_implementers_concurrently(tmp_path: Path) 
         pipe, workspace(tmp_path), config(*specs), inputs={"task": "x"}, on_event=events.append
     )
     assert outcome.status == "succeeded"
-    assert outcome.steps["review"]["instances"]["review"]["value"] == ["built"] * 3
+    assert outcome.steps["review"].instances["review"].value == ["built"] * 3
     implementers = ("one", "two", "three")
     started = {e.step: e.time for e in events_of(events, "step_started") if e.step in implementers}
     finished = {
@@ -196,15 +196,15 @@ async def test_fan_out_over_fifty_items_never_holds_more_than_max_sessions(
     # never more than the limit; how close a run gets to it depends on timing
     assert 2 <= pool.peak <= 8
     assert 2 <= stats["peakSessions"] <= 8
-    instances = outcome.steps["work"]["instances"]
+    instances = outcome.steps["work"].instances
     assert len(instances) == 50
-    assert {i["status"] for i in instances.values()} == {"succeeded"}
+    assert {i.status for i in instances.values()} == {"succeeded"}
     assert len(seen) == 1
     results = seen[0]
     assert isinstance(results, Results)
     assert set(results) == {f"file{n:02d}" for n in range(50)}
     assert all(isinstance(r, StepResult) and r.text == "ok" for r in results.values())
-    assert outcome.steps["collect"]["instances"]["collect"]["value"] == 50
+    assert outcome.steps["collect"].instances["collect"].value == 50
 
 
 async def test_fan_out_events_never_show_more_than_max_sessions_running(tmp_path: Path) -> None:
@@ -321,15 +321,15 @@ async def test_failed_step_skips_its_descendants_and_a_sibling_finishes(
     assert outcome.status == "failed"
     assert outcome.exit_code == 1
     steps = outcome.steps
-    assert steps["plan"]["status"] == "succeeded"
-    assert steps["sibling"]["status"] == "succeeded"
-    assert steps["broken"]["status"] == "failed"
-    assert steps["broken"]["error"]
+    assert steps["plan"].status == "succeeded"
+    assert steps["sibling"].status == "succeeded"
+    assert steps["broken"].status == "failed"
+    assert steps["broken"].error
     if how == "error":
-        assert "on fire" in steps["broken"]["error"]
-    assert steps["after"]["status"] == "skipped"
-    assert "broken" in steps["after"]["cause"]
-    assert steps["last"]["status"] == "skipped"
+        assert "on fire" in steps["broken"].error
+    assert steps["after"].status == "skipped"
+    assert "broken" in str(steps["after"].cause)
+    assert steps["last"].status == "skipped"
     skipped = {e.step: e.data["cause"] for e in events_of(events, "step_skipped")}
     assert set(skipped) == {"after", "last"}
     assert "broken" in skipped["after"]
@@ -347,8 +347,8 @@ async def test_skip_cause_of_a_grandchild_names_the_failed_step(tmp_path: Path) 
     outcome = await run(
         failing_pipeline(), workspace(tmp_path), config(*specs), inputs={"task": "t"}
     )
-    assert outcome.steps["last"]["status"] == "skipped"
-    assert "broken" in outcome.steps["last"]["cause"]
+    assert outcome.steps["last"].status == "skipped"
+    assert "broken" in str(outcome.steps["last"].cause)
 
 
 def attempt_pipeline(retries: int) -> Pipeline:
@@ -392,9 +392,9 @@ async def test_crash_mid_turn_is_retried_on_a_fresh_process(tmp_path: Path) -> N
     """With retries=1 a turn lost to a crash runs again on a new process and the step succeeds."""
     outcome, events, entries = await run_crash_first(tmp_path, retries=1)
     assert outcome.status == "succeeded"
-    fix = outcome.steps["fix"]["instances"]["fix"]
-    assert fix["text"] == "fixed"
-    assert fix["attempt"] == 2
+    fix = outcome.steps["fix"].instances["fix"]
+    assert fix.text == "fixed"
+    assert fix.attempt == 2
     retries = events_of(events, "step_retry", "fix")
     assert len(retries) == 1
     assert retries[0].data["attempt"] == 1
@@ -410,8 +410,8 @@ async def test_crash_mid_turn_without_retries_fails_the_step(tmp_path: Path) -> 
     """With retries=0 the same crash fails the step and nothing is re-sent."""
     outcome, events, entries = await run_crash_first(tmp_path, retries=0)
     assert outcome.status == "failed"
-    assert outcome.steps["fix"]["status"] == "failed"
-    assert outcome.steps["fix"]["error"]
+    assert outcome.steps["fix"].status == "failed"
+    assert outcome.steps["fix"].error
     assert not events_of(events, "step_retry")
     prompts = [e for e in entries if e["event"] == "prompt"]
     assert len(prompts) == 1
@@ -432,7 +432,7 @@ async def test_idle_timeout_fails_a_stalled_step(tmp_path: Path) -> None:
         config(spec_for(stalled, tmp_path, "staller")),
     )
     assert outcome.status == "failed"
-    error = outcome.steps["wait"]["error"]
+    error = str(outcome.steps["wait"].error)
     assert "idle timeout" in error
     assert trio.current_time() - start < LIMIT / 2
 
@@ -481,9 +481,9 @@ async def test_merge_conflict_with_fail_strategy_fails_the_dependent_step(tmp_pa
     outcome, events, ws = await run_conflict(tmp_path, "fail")
     assert outcome.status == "conflicts"
     assert outcome.exit_code == 4
-    assert outcome.steps["edit"]["status"] == "succeeded"
-    assert outcome.steps["join"]["status"] == "failed"
-    assert "merge conflict in shared.txt" in outcome.steps["join"]["error"]
+    assert outcome.steps["edit"].status == "succeeded"
+    assert outcome.steps["join"].status == "failed"
+    assert "merge conflict in shared.txt" in str(outcome.steps["join"].error)
     conflicts = outcome.result["conflicts"]
     assert [c["path"] for c in conflicts] == ["shared.txt"]
     assert conflicts[0]["resolution"] == "fail"
@@ -502,7 +502,7 @@ async def test_merge_conflict_with_ours_strategy_succeeds_and_reports_it(tmp_pat
     assert outcome.exit_code == 0
     conflicts = outcome.result["conflicts"]
     assert [(c["path"], c["resolution"]) for c in conflicts] == [("shared.txt", "ours")]
-    joined = outcome.steps["join"]["instances"]["join"]["value"]
+    joined = outcome.steps["join"].instances["join"].value
     # branches merge in fan-out order, so "ours" is the first agent's side
     assert joined == conflicts[0]["ours"] == "edited by left\n"
     assert conflicts[0]["theirs"] == "edited by right\n"
@@ -537,10 +537,10 @@ async def test_a_step_whose_set_up_fails_fails_alone(tmp_path: Path) -> None:
         config(spec),
     )
     assert outcome.status == "failed"
-    assert outcome.steps["each"]["status"] == "failed"
-    assert "TypeError" in outcome.steps["each"]["error"]
-    assert outcome.steps["report"]["status"] == "skipped"
-    assert outcome.steps["other"]["status"] == "succeeded"
+    assert outcome.steps["each"].status == "failed"
+    assert "TypeError" in str(outcome.steps["each"].error)
+    assert outcome.steps["report"].status == "skipped"
+    assert outcome.steps["other"].status == "succeeded"
 
 
 async def test_false_condition_skips_the_step_and_its_descendants(tmp_path: Path) -> None:
@@ -572,11 +572,11 @@ async def test_false_condition_skips_the_step_and_its_descendants(tmp_path: Path
         on_event=events.append,
     )
     assert outcome.status == "succeeded"
-    assert outcome.steps["fix"]["status"] == "skipped"
-    assert outcome.steps["fix"]["cause"] == "its condition was false"
-    assert outcome.steps["report"]["status"] == "skipped"
-    assert "fix" in outcome.steps["report"]["cause"]
-    assert outcome.steps["other"]["status"] == "succeeded"
+    assert outcome.steps["fix"].status == "skipped"
+    assert outcome.steps["fix"].cause == "its condition was false"
+    assert outcome.steps["report"].status == "skipped"
+    assert "fix" in str(outcome.steps["report"].cause)
+    assert outcome.steps["other"].status == "succeeded"
     assert {e.step for e in events_of(events, "step_skipped")} == {"fix", "report"}
     assert not marker.exists()
 
@@ -610,7 +610,7 @@ async def test_python_step_workdir_holds_its_parents_merged_files(tmp_path: Path
         connector=memory_connector(script_for),
     )
     assert outcome.status == "succeeded"
-    seen = outcome.steps["check"]["instances"]["check"]["value"]
+    seen = outcome.steps["check"].instances["check"].value
     assert seen == {"back.txt": "from back\n", "base.txt": "base\n", "front.txt": "from front\n"}
     assert sorted(p.name for p in ws.iterdir()) == ["base.txt"]
 
@@ -753,9 +753,9 @@ async def test_token_budget_fails_the_step_that_exceeds_it(tmp_path: Path) -> No
         inputs={"task": "x"},
         connector=memory_connector(lambda _: script),
     )
-    assert outcome.steps["spend"]["status"] == "failed"
-    assert "budget exceeded: 500 tokens > 100" in outcome.steps["spend"]["error"]
-    assert outcome.steps["cheap"]["status"] == "succeeded"
+    assert outcome.steps["spend"].status == "failed"
+    assert "budget exceeded: 500 tokens > 100" in str(outcome.steps["spend"].error)
+    assert outcome.steps["cheap"].status == "succeeded"
 
 
 async def test_recorded_diffs_show_the_changes_against_the_workspace(tmp_path: Path) -> None:
@@ -781,11 +781,11 @@ async def test_recorded_diffs_show_the_changes_against_the_workspace(tmp_path: P
         connector=memory_connector(script_for),
     )
     assert outcome.status == "succeeded"
-    diff = outcome.steps["look"]["instances"]["look"]["value"]
+    diff = outcome.steps["look"].instances["look"].value
     assert "-one\n+two\n" in diff
-    edit_result = outcome.steps["edit"]["instances"]["edit"]
-    assert edit_result["diff"] == diff
-    assert edit_result["changes"] == [{"path": "a.txt", "change": "modified"}]
+    edit_result = outcome.steps["edit"].instances["edit"]
+    assert edit_result.diff == diff
+    assert [c.to_json() for c in edit_result.changes] == [{"path": "a.txt", "change": "modified"}]
 
 
 def test_branch_io_counts_overlapping_waits_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -909,7 +909,7 @@ async def test_a_chained_step_keeps_its_own_diff_and_stores_the_cumulative_one(
         state_dir=state,
     )
     assert outcome.status == "succeeded"
-    own = outcome.steps["two"]["instances"]["two"]["diff"]
+    own = str(outcome.steps["two"].instances["two"].diff)
     assert "+dos\n" in own and "a.txt" not in own
     stored = await diff_run(outcome.run_id, step="two", state_dir=state)
     assert "+two\n" in stored and "+dos\n" in stored

@@ -79,10 +79,10 @@ async def test_fan_out_over_nothing_succeeds_and_its_dependents_run(
     )
     assert outcome.status == "succeeded"
     for name in ("each", "edit"):
-        assert outcome.steps[name]["status"] == "succeeded"
-        assert outcome.steps[name]["instances"] == {}
-        assert outcome.steps[name]["error"] is None
-    assert outcome.steps["total"]["instances"]["total"]["value"] == 0
+        assert outcome.steps[name].status == "succeeded"
+        assert outcome.steps[name].instances == {}
+        assert outcome.steps[name].error is None
+    assert outcome.steps["total"].instances["total"].value == 0
     assert [(type(r), r.step, dict(r)) for r in seen] == [
         (Results, "each", {}),
         (Results, "edit", {}),
@@ -123,22 +123,22 @@ async def test_python_step_exception_keeps_its_traceback(tmp_path: Path, state_d
     )
     assert outcome.status == "failed"
     single = outcome.steps["compute"]
-    instance = single["instances"]["compute"]
-    assert instance["error"] == "ValueError: bad value 7"
-    trace = instance["traceback"]
+    instance = single.instances["compute"]
+    assert instance.error == "ValueError: bad value 7"
+    trace = str(instance.traceback)
     assert trace.startswith("Traceback (most recent call last):\n")
     assert trace.endswith("ValueError: bad value 7\n")
     assert "in compute\n" in trace and "in helper_that_raises\n" in trace
     # the frames that called the step function (the runner's, trio's) are left out
     assert set(re.findall(r'File "([^"]+)"', trace)) == {__file__}
-    assert single["traceback"] == trace
+    assert single.traceback == trace
     fanned = outcome.steps["per_item"]
-    assert fanned["instances"]["1"]["traceback"] is None
-    assert "bad value 2" in fanned["instances"]["2"]["traceback"]
-    assert fanned["traceback"] == fanned["instances"]["2"]["traceback"]
+    assert fanned.instances["1"].traceback is None
+    assert "bad value 2" in str(fanned.instances["2"].traceback)
+    assert fanned.traceback == fanned.instances["2"].traceback
     stored = await records(state_dir, outcome.run_id)
     assert stored["compute"].traceback == trace
-    assert stored["per_item[2]"].traceback == fanned["instances"]["2"]["traceback"]
+    assert stored["per_item[2]"].traceback == fanned.instances["2"].traceback
     assert stored["nums"].traceback is None
 
 
@@ -176,18 +176,18 @@ async def test_set_up_exceptions_keep_their_traceback(tmp_path: Path, state_dir:
     )
     assert outcome.status == "failed"
     guarded_json = outcome.steps["guarded"]
-    assert guarded_json["status"] == "failed"
-    assert guarded_json["error"] == "ZeroDivisionError: division by zero"
-    assert "in never_ready\n" in guarded_json["traceback"]
-    assert guarded_json["traceback"].endswith("ZeroDivisionError: division by zero\n")
+    assert guarded_json.status == "failed"
+    assert guarded_json.error == "ZeroDivisionError: division by zero"
+    assert "in never_ready\n" in str(guarded_json.traceback)
+    assert str(guarded_json.traceback).endswith("ZeroDivisionError: division by zero\n")
     each_json = outcome.steps["each"]
-    assert each_json["status"] == "failed"
-    assert each_json["instances"] == {}, "no instance ran"
-    assert "in __iter__\n" in each_json["traceback"]
-    assert each_json["traceback"].endswith("RuntimeError: cannot list the items\n")
+    assert each_json.status == "failed"
+    assert each_json.instances == {}, "no instance ran"
+    assert "in __iter__\n" in str(each_json.traceback)
+    assert str(each_json.traceback).endswith("RuntimeError: cannot list the items\n")
     stored = await records(state_dir, outcome.run_id)
-    assert stored["each"].traceback == each_json["traceback"]
-    assert stored["guarded"].traceback == guarded_json["traceback"]
+    assert stored["each"].traceback == each_json.traceback
+    assert stored["guarded"].traceback == guarded_json.traceback
 
 
 async def test_agent_step_failure_has_no_traceback(tmp_path: Path) -> None:
@@ -202,11 +202,11 @@ async def test_agent_step_failure_has_no_traceback(tmp_path: Path) -> None:
         Pipeline.from_steps([fix], name="agent-fails"), workspace(tmp_path), config(spec)
     )
     assert outcome.status == "failed"
-    instance = outcome.steps["fix"]["instances"]["fix"]
-    assert instance["status"] == "failed"
-    assert instance["error"]
-    assert instance["traceback"] is None
-    assert outcome.steps["fix"]["traceback"] is None
+    instance = outcome.steps["fix"].instances["fix"]
+    assert instance.status == "failed"
+    assert instance.error
+    assert instance.traceback is None
+    assert outcome.steps["fix"].traceback is None
 
 
 # --------------------------------------------------------------------------- attempts
@@ -240,7 +240,7 @@ async def test_every_instance_reports_its_attempt(tmp_path: Path, state_dir: Pat
         config(spec),
     )
     attempts = {
-        name: (entry["instances"][name]["status"], entry["instances"][name]["attempt"])
+        name: (entry.instances[name].status, entry.instances[name].attempt)
         for name, entry in outcome.steps.items()
     }
     assert attempts == {
@@ -249,8 +249,8 @@ async def test_every_instance_reports_its_attempt(tmp_path: Path, state_dir: Pat
         "steady": ("succeeded", 1),
         "agent_fails": ("failed", 1),
     }
-    assert outcome.steps["flaky"]["instances"]["flaky"]["value"] == 2
-    assert "OSError: never" in outcome.steps["hopeless"]["instances"]["hopeless"]["traceback"]
+    assert outcome.steps["flaky"].instances["flaky"].value == 2
+    assert "OSError: never" in str(outcome.steps["hopeless"].instances["hopeless"].traceback)
     stored = await records(state_dir, outcome.run_id)
     assert (stored["flaky"].attempt, stored["hopeless"].attempt) == (2, 2)
 
@@ -275,6 +275,6 @@ async def test_changes_before_an_empty_fan_out_reach_its_dependents(tmp_path: Pa
         Pipeline.from_steps([write, each, after], name="through"), workspace(tmp_path)
     )
     assert outcome.status == "succeeded"
-    assert outcome.steps["after"]["instances"]["after"]["value"] == "made\n"
+    assert outcome.steps["after"].instances["after"].value == "made\n"
     assert outcome.result["changes"] == [{"path": "made.txt", "change": "added"}]
     assert "+made" in outcome.diff

@@ -358,7 +358,7 @@ async def test_an_in_memory_agent_cannot_be_confined(tmp_path: Path, state_dir: 
         connector=connector,
     )
     assert outcome.status == "failed"
-    assert "cannot be confined" in str(outcome.steps["_task"]["error"])
+    assert "cannot be confined" in str(outcome.steps["_task"].error)
 
 
 def _task(task: str) -> str:

@@ -15,6 +15,7 @@ Every run is recorded in the run store under the state directory: ``list_runs``,
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 import uuid
@@ -75,8 +76,10 @@ from ..vfs import (
 from ._lock import hold_run_lock
 from .apply import apply_recorded, recover
 from .default_policy import DefaultRejections
+from .outcomes import AgentOutcome, FileChange, StepOutcome, read_agents, read_steps
 from .recorded import compare_verdict, get_run_json
 from .settings import RunSettings, configured_limits, file_size_option, policy_source
+from .verdict import Verdict, judge
 
 __all__ = ["RunOutcome", "run_pipeline", "run_pipeline_sync", "workspace_root"]
 
@@ -88,11 +91,17 @@ RunKind = Literal["prompt", "pipeline", "compare"]
 
 @frozen
 class RunOutcome:
-    """How a run ended; :attr:`result` is its ``--json`` object (see the README)."""
+    """How a run ended.
+
+    :attr:`result` is the run's ``--json`` object as it is (a plain mapping, see the README);
+    :attr:`steps`, :attr:`agents`, :attr:`verdict`, :attr:`winner` and :attr:`changes` read
+    it as typed values (:mod:`orchestrator.runs.outcomes`) whose ``to_json()`` gives its parts
+    back exactly.
+    """
 
     run_id: str
     status: RunStatus
-    #: the ``--json`` object: steps, conflicts, changes, diff, ...
+    #: the raw ``--json`` object: steps, agents, conflicts, changes, diff, ... (JSON values)
     result: Mapping[str, Any]
     #: the run's directory in the state directory
     run_dir: str
@@ -124,9 +133,40 @@ class RunOutcome:
         so, for people); none when a policy was given."""
         return DefaultRejections.from_json(self.result.get("defaultRejections"))
 
+    @functools.cached_property
+    def steps(self) -> Mapping[str, StepOutcome]:
+        """A pipeline's steps by name, typed (read from :attr:`result`'s ``steps``); empty for
+        a comparison."""
+        return read_steps(self.result)
+
+    @functools.cached_property
+    def agents(self) -> tuple[AgentOutcome, ...]:
+        """A comparison's agents in the order given, typed (read from :attr:`result`'s
+        ``agents``); empty for other runs."""
+        return read_agents(self.result)
+
     @property
-    def steps(self) -> Mapping[str, Any]:
-        return self.result.get("steps") or {}
+    def verdict(self) -> Verdict | None:
+        """A comparison's verdict: the agents that succeeded and the winner (None when none
+        did), and why it won; None for other runs."""
+        if self.result.get("kind") != "compare":
+            return None
+        return judge([a for a in self.result.get("agents") or () if isinstance(a, Mapping)])
+
+    @property
+    def winner(self) -> str | None:
+        """The label of a comparison's winning agent; None when none succeeded, or for other
+        runs."""
+        verdict = self.verdict
+        return verdict.winner if verdict is not None else None
+
+    @functools.cached_property
+    def changes(self) -> tuple[FileChange, ...]:
+        """The files the run changed, typed (read from :attr:`result`'s ``changes``)."""
+        raw = self.result.get("changes")
+        if not isinstance(raw, list):
+            return ()
+        return tuple(FileChange.from_json(c) for c in raw if isinstance(c, Mapping))
 
 
 def launchable(spec: AgentSpec) -> AgentSpec:
