@@ -1,8 +1,11 @@
 """acp-orchestrator: run many ACP coding agents at once, as their client.
 
 The public API is listed in ``__all__`` and pinned by ``tests/test_public_api.py``; everything
-else is internal and may change. Test helpers (a scripted ACP agent) live in
-:mod:`orchestrator.testing`; the generated protocol types in :mod:`orchestrator.protocol.types`.
+else is internal and may change. The run functions are trio's (``prompt``); their twins for
+scripts and threads (``prompt_sync``) live in :mod:`orchestrator.sync`, those for asyncio in
+:mod:`orchestrator.aio` (``await orchestrator.aio.prompt(...)``). Test helpers (a scripted ACP
+agent) live in :mod:`orchestrator.testing`; the generated protocol types in
+:mod:`orchestrator.protocol.types`.
 """
 
 from __future__ import annotations
@@ -34,7 +37,6 @@ _EXPORTS: dict[str, str] = {
     "resolve_agent": "orchestrator.agents",
     "PromptRun": "orchestrator.runs",
     "prompt": "orchestrator.runs",
-    "prompt_sync": "orchestrator.runs",
     "Config": "orchestrator.config",
     "AgentInput": "orchestrator.pipeline",
     "Budget": "orchestrator.pipeline",
@@ -62,27 +64,36 @@ _EXPORTS: dict[str, str] = {
     "VerifyEntry": "orchestrator.runs",
     "Verdict": "orchestrator.runs",
     "apply_run": "orchestrator.runs",
-    "apply_run_sync": "orchestrator.runs",
     "compare": "orchestrator.runs",
-    "compare_sync": "orchestrator.runs",
     "diff_run": "orchestrator.runs",
     "get_run_json": "orchestrator.runs",
     "list_runs": "orchestrator.runs",
     "resume_run": "orchestrator.runs",
-    "resume_run_sync": "orchestrator.runs",
     "run_pipeline": "orchestrator.runs",
-    "run_pipeline_sync": "orchestrator.runs",
     "RunStore": "orchestrator.store",
     "open_run_store": "orchestrator.store",
     "Limits": "orchestrator.supervisor",
     "Supervisor": "orchestrator.supervisor",
     "open_supervisor": "orchestrator.supervisor",
     "errors": "orchestrator.errors",
+    "aio": "orchestrator.aio",
+    "CancelToken": "orchestrator.sync",
+    "apply_run_sync": "orchestrator.sync",
+    "compare_sync": "orchestrator.sync",
+    "diff_run_sync": "orchestrator.sync",
+    "get_run_json_sync": "orchestrator.sync",
+    "list_runs_sync": "orchestrator.sync",
+    "prompt_sync": "orchestrator.sync",
+    "resume_run_sync": "orchestrator.sync",
+    "run_pipeline_sync": "orchestrator.sync",
 }
+# the names above that are modules
+_MODULES = {"aio", "errors"}
 
 __all__ = sorted([*_EXPORTS, "__version__"])
 
 if TYPE_CHECKING:
+    from . import aio as aio
     from . import errors as errors
     from .agent.client import (
         AcpSession as AcpSession,
@@ -146,24 +157,28 @@ if TYPE_CHECKING:
     from .runs import Verdict as Verdict
     from .runs import VerifyEntry as VerifyEntry
     from .runs import apply_run as apply_run
-    from .runs import apply_run_sync as apply_run_sync
     from .runs import compare as compare
-    from .runs import compare_sync as compare_sync
     from .runs import diff_run as diff_run
     from .runs import get_run_json as get_run_json
     from .runs import list_runs as list_runs
     from .runs import prompt as prompt
-    from .runs import prompt_sync as prompt_sync
     from .runs import resume_run as resume_run
-    from .runs import resume_run_sync as resume_run_sync
     from .runs import run_pipeline as run_pipeline
-    from .runs import run_pipeline_sync as run_pipeline_sync
     from .sandbox import Sandbox as Sandbox
     from .store import RunStore as RunStore
     from .store import open_run_store as open_run_store
     from .supervisor import Limits as Limits
     from .supervisor import Supervisor as Supervisor
     from .supervisor import open_supervisor as open_supervisor
+    from .sync import CancelToken as CancelToken
+    from .sync import apply_run_sync as apply_run_sync
+    from .sync import compare_sync as compare_sync
+    from .sync import diff_run_sync as diff_run_sync
+    from .sync import get_run_json_sync as get_run_json_sync
+    from .sync import list_runs_sync as list_runs_sync
+    from .sync import prompt_sync as prompt_sync
+    from .sync import resume_run_sync as resume_run_sync
+    from .sync import run_pipeline_sync as run_pipeline_sync
 
 
 def __getattr__(name: str) -> Any:
@@ -173,7 +188,7 @@ def __getattr__(name: str) -> Any:
     import importlib
 
     module = importlib.import_module(module_name)
-    value = module if name == "errors" else getattr(module, name)
+    value = module if name in _MODULES else getattr(module, name)
     globals()[name] = value
     return value
 

@@ -46,6 +46,7 @@ __all__ = [
     "ResourceNotFound",
     "ResumeConflict",
     "RunBusy",
+    "RunCancelled",
     "RunNotFound",
     "SandboxUnavailable",
     "StateDirectoryError",
@@ -463,6 +464,23 @@ class ResumeConflict(OrchestratorError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.paths, self.run_id))
+
+
+class RunCancelled(OrchestratorError):
+    """A call of the sync face was cancelled through its :class:`~orchestrator.CancelToken`.
+
+    The call ended as an interrupted command does: its turns were cancelled and its agents
+    stopped, nothing was applied after the cancel, and a run it had started is recorded
+    ``interrupted`` (``run_id``; ``None`` when the call was cancelled before its run started).
+    """
+
+    def __init__(self, run_id: str | None = None):
+        #: the interrupted run's full id, when the call had started one
+        self.run_id = run_id
+        super().__init__(f"run {run_id} interrupted" if run_id else "cancelled")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.run_id,))
 
 
 class ReportError(UsageError):

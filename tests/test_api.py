@@ -21,7 +21,8 @@ from orchestrator.agent.turn import TurnAccumulator
 from orchestrator.agents import AgentSpec, resolve_agent
 from orchestrator.errors import TurnTimeout, UsageError
 from orchestrator.protocol import types as t
-from orchestrator.runs import PromptRun, prompt, prompt_sync
+from orchestrator.runs import PromptRun, prompt
+from orchestrator.sync import prompt_sync
 from orchestrator.testing import AgentScript, Stall, Turn
 from orchestrator.testing.scripted_agent import scripted_agent_command
 

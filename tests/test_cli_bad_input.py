@@ -27,7 +27,7 @@ from run_helpers import (
     write_agent,
 )
 
-from orchestrator.runs import run_pipeline_sync
+from orchestrator.sync import run_pipeline_sync
 from orchestrator.testing import Say, Turn, WriteFile
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -265,12 +265,16 @@ async def test_an_exit_raised_in_a_step_fails_that_step_and_the_run_goes_on(
 def test_a_real_interrupt_during_a_step_still_interrupts_the_run(
     tmp_path: Path, project: Path, state_dir: Path
 ) -> None:
-    """SIGINT delivered while a step's code runs (not raised by it) interrupts the whole run."""
+    """SIGINT delivered to the process while a step's code runs (not raised by it) interrupts
+    the whole run."""
     pipeline = tmp_path / "p.py"
+    # to the process, as Ctrl-C sends it: its main thread handles it, wherever the run is
     pipeline.write_text(
-        "import signal\nfrom orchestrator import step\n\n"
+        "import os, signal, trio\nfrom orchestrator import step\n\n"
         "@step\nasync def hello() -> str:\n"
-        "    signal.raise_signal(signal.SIGINT)\n    return 'not interrupted'\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    await trio.sleep_forever()\n"
+        "    return 'not interrupted'\n"
     )
     try:
         run_pipeline_sync(str(pipeline), cwd=project, state_dir=state_dir)

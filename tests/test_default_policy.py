@@ -22,7 +22,7 @@ from run_helpers import CLI, as_json, project_config, run_cli
 from orchestrator.agents import resolve_agent
 from orchestrator.cli.output import output_schema
 from orchestrator.report import render_html, render_markdown
-from orchestrator.runs import prompt_sync, run_pipeline_sync
+from orchestrator.sync import prompt_sync, run_pipeline_sync
 
 #: a test through the console script: slow, and only where it is installed
 through_cli = pytest.mark.skipif(not CLI.is_file(), reason=f"console script {CLI} not installed")

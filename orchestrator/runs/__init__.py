@@ -2,13 +2,14 @@
 
 Every run goes one way: resolved through :class:`~orchestrator.config.Config`, started through
 the supervisor, recorded in the run store before anything is applied, and applied by one apply
-path. Each function has an ``async`` form for trio code and a ``*_sync`` twin for scripts.
+path. The functions here are trio's; :mod:`orchestrator.sync` and :mod:`orchestrator.aio` have
+their twins for scripts and threads, and for asyncio.
 """
 
 from __future__ import annotations
 
-from .apply import ApplyOutcome, apply_run, apply_run_sync, recover
-from .compare import compare, compare_sync
+from .apply import ApplyOutcome, apply_run, recover
+from .compare import compare
 from .default_policy import DefaultRejections
 from .outcomes import (
     AgentIdentity,
@@ -20,10 +21,10 @@ from .outcomes import (
     ToolCallEntry,
     VerifyEntry,
 )
-from .prompt import PromptRun, prompt, prompt_sync
+from .prompt import PromptRun, prompt
 from .recorded import diff_run, get_run_json, list_runs
-from .resume import resume_run, resume_run_sync
-from .run import RunOutcome, run_pipeline, run_pipeline_sync
+from .resume import resume_run
+from .run import RunOutcome, run_pipeline
 from .verdict import Verdict
 
 __all__ = [
@@ -41,17 +42,12 @@ __all__ = [
     "Verdict",
     "VerifyEntry",
     "apply_run",
-    "apply_run_sync",
     "compare",
-    "compare_sync",
     "diff_run",
     "get_run_json",
     "list_runs",
     "prompt",
-    "prompt_sync",
     "recover",
     "resume_run",
-    "resume_run_sync",
     "run_pipeline",
-    "run_pipeline_sync",
 ]

@@ -84,7 +84,6 @@ __all__ = [
     "ApplyOutcome",
     "apply_recorded",
     "apply_run",
-    "apply_run_sync",
     "interrupted_applies",
     "interrupted_json",
     "recover",
@@ -563,8 +562,3 @@ async def _finished_by_recovery(
                 at=at[-1] if at else None,
             )
     return None
-
-
-def apply_run_sync(run_id: str, **kwargs: Any) -> ApplyOutcome:
-    """:func:`apply_run` for scripts: runs its own trio loop."""
-    return trio.run(lambda: apply_run(run_id, **kwargs))

@@ -7,7 +7,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
-import trio
 
 from .._log import get_logger
 from .._names import display_names
@@ -21,7 +20,7 @@ from .run import RunOutcome, run_pipeline, workspace_root
 
 log = get_logger(__name__)
 
-__all__ = ["compare", "compare_sync"]
+__all__ = ["compare"]
 
 
 def _compare_config(
@@ -163,11 +162,6 @@ async def compare(
         }
         return RunOutcome(outcome.run_id, outcome.status, result, outcome.run_dir, changed)
     return outcome
-
-
-def compare_sync(agents: Sequence[str | AgentSpec], task: str, **kwargs: Any) -> RunOutcome:
-    """:func:`compare` for scripts: runs its own trio loop."""
-    return trio.run(lambda: compare(agents, task, **kwargs))
 
 
 def _agent_text(agent: str | AgentSpec) -> str:

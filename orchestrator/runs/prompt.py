@@ -38,7 +38,7 @@ from .run import RunOutcome, launchable, run_pipeline, workspace_root
 
 ChangeKind = Literal["added", "modified", "deleted"]
 
-__all__ = ["PromptRun", "prompt", "prompt_result", "prompt_sync"]
+__all__ = ["PromptRun", "prompt", "prompt_result"]
 
 
 @frozen
@@ -341,12 +341,3 @@ async def prompt(
         _finish_result=finish,
     )
     return made[0]
-
-
-def prompt_sync(agent: str | AgentSpec, text: str, **kwargs: Any) -> PromptRun:
-    """:func:`prompt` for scripts: runs its own trio loop."""
-
-    async def run() -> PromptRun:
-        return await prompt(agent, text, **kwargs)
-
-    return trio.run(run)

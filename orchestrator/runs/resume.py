@@ -26,7 +26,7 @@ from .settings import file_size_option, restore_settings
 
 log = get_logger(__name__)
 
-__all__ = ["resume_run", "resume_run_sync"]
+__all__ = ["resume_run"]
 
 
 async def resume_run(
@@ -137,8 +137,3 @@ async def resume_run(
         )
     except ResumeConflict as e:
         raise ResumeConflict(e.paths, record.run_id) from None
-
-
-def resume_run_sync(run_id: str, **kwargs: Any) -> RunOutcome:
-    """:func:`resume_run` for scripts: runs its own trio loop."""
-    return trio.run(lambda: resume_run(run_id, **kwargs))

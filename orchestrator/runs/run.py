@@ -81,7 +81,7 @@ from .recorded import compare_verdict, get_run_json
 from .settings import RunSettings, configured_limits, file_size_option, policy_source
 from .verdict import Verdict, judge
 
-__all__ = ["RunOutcome", "run_pipeline", "run_pipeline_sync", "workspace_root"]
+__all__ = ["RunOutcome", "run_pipeline", "workspace_root"]
 
 log = get_logger(__name__)
 
@@ -665,12 +665,3 @@ def _json_inputs(values: Mapping[str, Any]) -> dict[str, Any]:
         return dict(orjson.loads(orjson.dumps(dict(values))))
     except TypeError:
         return {k: repr(v) for k, v in values.items()}
-
-
-def run_pipeline_sync(
-    pipeline: Pipeline | str | os.PathLike[str],
-    inputs: Mapping[str, Any] | None = None,
-    **kwargs: Any,
-) -> RunOutcome:
-    """:func:`run_pipeline` for scripts: runs its own trio loop."""
-    return trio.run(lambda: run_pipeline(pipeline, inputs, **kwargs))
