@@ -23,23 +23,31 @@ pytestmark = pytest.mark.slow
 #: seconds a run with a few demo agent turns may take
 LIMIT = 60.0
 
-HEADER = """\
+EDIT = """\
 from pathlib import Path
 
 from orchestrator.pipeline import step
-
-
-@step
-def build(edit: object, marker: str) -> str:
-    if not Path(marker).exists():
-        raise RuntimeError("the marker is missing")
-    return "built"
 
 
 @step(agent="demo")
 def edit(task: str) -> str:
     return 'create notes.txt with "first\\\\n"\\ncreate list.txt with "x\\\\n"'
 """
+
+
+def build_after(parent: str) -> str:
+    """A step ``build`` after ``parent`` that fails until its marker file exists."""
+    return f"""
+
+@step
+def build({parent}: object, marker: str) -> str:
+    if not Path(marker).exists():
+        raise RuntimeError("the marker is missing")
+    return "built"
+"""
+
+
+HEADER = EDIT + build_after("edit")
 
 #: ``edit`` is the common ancestor of the re-run ``after`` and the reused ``side``
 ANCESTOR = (
@@ -76,6 +84,31 @@ def right(edit: object) -> str:
 def fan(edit: object, item: str) -> str:
     if item == "a":
         return 'append "a" to list.txt'
+    return 'create b.txt with "b\\\\n"'
+"""
+)
+
+#: a fan-out after a merge of reused siblings changes what one of them created; the step
+#: after it merges its instances again
+FAN_AFTER_MERGE = (
+    EDIT
+    + build_after("fan")
+    + """
+
+@step(agent="demo")
+def left(edit: object) -> str:
+    return 'create left.txt with "left\\\\n"'
+
+
+@step(agent="demo")
+def right(edit: object) -> str:
+    return 'create right.txt with "right\\\\n"'
+
+
+@step(agent="demo", over="items")
+def fan(left: object, right: object, item: str) -> str:
+    if item == "a":
+        return 'append "a" to right.txt'
     return 'create b.txt with "b\\\\n"'
 """
 )
@@ -157,6 +190,28 @@ async def test_resume_merges_reused_siblings_and_fanned_out_instances_over_their
         "notes.txt": b"first\nleft\n",
         "list.txt": b"x\na\n",
         "right.txt": b"right\n",
+        "b.txt": b"b\n",
+    }
+    assert files == await final_files(straight.run_id, state_dir)
+
+
+async def test_fanned_out_instances_after_a_merge_merge_over_the_merged_tree(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    """A fan-out after a merge merges cleanly, straight through and reused by a resume."""
+    resumed, straight = await resumed_and_straight(tmp_path, FAN_AFTER_MERGE, {"items": ["a", "b"]})
+    assert straight.result["conflicts"] == []
+    assert straight.status == "succeeded"
+    assert resumed.result["reused"] == ["edit", "fan[a]", "fan[b]", "left", "right"]
+    assert resumed.steps["build"].status == "succeeded"
+    assert resumed.result["conflicts"] == []
+    assert resumed.status == "succeeded"
+    files = await final_files(resumed.run_id, state_dir)
+    assert files == {
+        "notes.txt": b"first\n",
+        "list.txt": b"x\n",
+        "left.txt": b"left\n",
+        "right.txt": b"right\na\n",
         "b.txt": b"b\n",
     }
     assert files == await final_files(straight.run_id, state_dir)
