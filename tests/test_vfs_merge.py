@@ -422,6 +422,23 @@ def test_merge_of_forks_uses_the_nearest_common_base() -> None:
         merge_branches([])
 
 
+def test_forks_of_one_merge_merge_against_the_merged_tree() -> None:
+    """Branches forked from one merge (a fan-out after it) merge against the merged tree."""
+    root = Branch.from_tree(MemoryTree.from_files({}), "root")
+    x, y = root.fork("x"), root.fork("y")
+    x.write("notes.txt", b"first\n")
+    y.write("other.txt", b"other\n")
+    merged = merge_branches([x, y])
+    a, b = merged.fork("a"), merged.fork("b")
+    assert common_base([a, b]) is merged.tree()
+    a.write("notes.txt", b"first\na\n")
+    b.write("b.txt", b"b\n")
+    both = merge_branches([a, b])
+    assert both.ok
+    assert both.tree().read("notes.txt") == b"first\na\n"
+    assert both.tree().read("b.txt") == b"b\n"
+
+
 def test_merge_file_direct() -> None:
     """merge_file merges one path's three versions."""
     base = FileState(b"1\n2\n3\n")

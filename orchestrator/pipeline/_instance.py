@@ -24,7 +24,7 @@ from ._recording import Recorder
 from ._state import StepState
 from .results import RunEvent, StepContext, StepResult
 
-__all__ = ["InstanceExecutor", "fork_from"]
+__all__ = ["InstanceExecutor", "fork_from", "reuse_branch"]
 
 
 @define(eq=False)
@@ -34,7 +34,8 @@ class InstanceExecutor:
     run_id: str
     workspace: Path
     inputs: Mapping[str, Any]
-    #: instances already finished in an earlier attempt of this run: key -> (record, branch)
+    #: instances already finished in an earlier attempt of this run: key -> (record, branch
+    #: rebuilt over the run's snapshot; see :func:`reuse_branch`)
     reused: Mapping[str, tuple[StepRecord, Branch]]
     #: held by an attempt while it runs: the run's limit on instances at once
     slots: trio.Semaphore
@@ -58,7 +59,8 @@ class InstanceExecutor:
         name = f"{step.name}[{key}]" if key is not None else step.name
         reused = self.reused.get(name)
         if reused is not None:
-            record, branch = reused
+            record, recorded = reused
+            branch = reuse_branch(base, recorded)
             state.outputs[key] = (
                 StepResult.from_json(record.result) if record.result is not None else record.value
             )
@@ -193,6 +195,24 @@ class InstanceExecutor:
         finally:
             # removed in the background: nothing the step reports depends on it
             self.dirs.remove(workdir)
+
+
+def reuse_branch(base: Branch | MergeResult | Snapshot, recorded: Branch) -> Branch:
+    """The branch of a reused instance: forked from what the instance starts from in this
+    attempt, as a fresh run's would be, holding what ``recorded`` holds.
+
+    ``recorded`` is the instance's branch rebuilt from the run store, over the run's snapshot
+    (an instance's changes are stored relative to it). Merged as it is, it would share no base
+    but the snapshot with its parents' and siblings' branches: what they changed in common
+    (a file their ancestor created) would conflict with itself.
+    """
+    branch = fork_from(base, recorded.name)
+    # what its parents changed is in the fork already; where the instance's content differs
+    # (its own changes, or a parent's change it undid) it takes the recorded one
+    for path in recorded.changes.keys() | branch.net_changes().keys():
+        branch.set_state(path, recorded.state(path))
+    branch.close()
+    return branch
 
 
 def fork_from(base: Branch | MergeResult | Snapshot, name: str) -> Branch:

@@ -299,6 +299,18 @@ class MergeResult:
     resolved: tuple[Conflict, ...] = ()
     #: the names of the merged branches, in merge order
     sources: tuple[str, ...] = ()
+    # one tree for every fork: branches forked from this merge (a fan-out after it) then share
+    # it as their base, and merging them compares against it, not against :attr:`base`, where
+    # what the merge brought in would be a change of each side
+    _tree: Layer = field(
+        init=False,
+        eq=False,
+        repr=False,
+        default=attrs.Factory(
+            lambda self: Layer(self.base, self.changes, f"merge of {'+'.join(self.sources)}"),
+            takes_self=True,
+        ),
+    )
 
     @property
     def ok(self) -> bool:
@@ -311,8 +323,8 @@ class MergeResult:
         return root_of(self.base)
 
     def tree(self) -> Layer:
-        """The merged tree: :attr:`changes` over :attr:`base`."""
-        return Layer(self.base, self.changes, f"merge of {'+'.join(self.sources)}")
+        """The merged tree: :attr:`changes` over :attr:`base` (the same one each time)."""
+        return self._tree
 
     def net_changes(self) -> ChangeSet:
         """All merged changes relative to :attr:`root`, no-ops dropped."""
@@ -323,6 +335,8 @@ class MergeResult:
         self, name: str, *, watch: ConflictWatch | None = None, allow_conflicts: bool = False
     ) -> Branch:
         """A new branch starting from the merged tree (a pipeline step after its parents).
+
+        Every fork shares that tree, so merging forks of one merge compares against it.
 
         Raises :class:`MergeConflictError` when conflicts are left, unless ``allow_conflicts``
         (then the conflicted files are at their base version).
