@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import orjson
 
 __all__ = [
     "DEFAULT_MAX_FILE_SIZE",
     "DEFAULT_MAX_TURN_RECORD_BYTES",
     "MAX_FILE_SIZE_CEILING",
+    "first_within",
     "format_size",
     "parse_size",
 ]
@@ -40,6 +45,19 @@ def bounded_text(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}\u2026 ({len(text) - limit:,} more characters)"
+
+
+def first_within(items: Iterable[Mapping[str, Any]], limit: int | None) -> list[dict[str, Any]]:
+    """The first JSON objects of ``items`` whose JSON fits in ``limit`` bytes together (None:
+    all): what a record keeps of a list an agent can make as long as it likes."""
+    kept: list[dict[str, Any]] = []
+    used = 0
+    for item in items:
+        used += len(orjson.dumps(dict(item)))
+        if limit is not None and used > limit:
+            break
+        kept.append(dict(item))
+    return kept
 
 
 def parse_size(value: object) -> int:

@@ -22,6 +22,9 @@ from pathlib import Path
 
 import pytest
 from attrs import define
+from run_helpers import configure, write_agent
+
+from orchestrator.testing import Say, Turn, Update
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "examples" / "sample-project"
@@ -551,3 +554,35 @@ def test_a_long_step_name_leaves_out_the_last_tool_call_before_it_folds(
     header = [line for line in screen.lines if line.lstrip().startswith("step ")][-1]
     assert [c.strip() for c in header.split("┃")] == ["step", "state", "time"]
     assert max(len(line) for line in screen.table) <= 60
+
+
+NOTICE_PIPELINE = """\
+from orchestrator import step
+
+
+@step(agent="noter")
+def write(task: str) -> str:
+    return task
+"""
+
+
+def test_a_notice_stays_on_the_screen_above_the_live_table(
+    tmp_path: Path, project: Path, state_dir: Path
+) -> None:
+    """On a terminal, an agent's notice is a line printed above the live table that stays on
+    the screen once the run ended, not a cell the next update overwrites."""
+    notice = {"sessionUpdate": "notice", "severity": "warning", "title": "Context almost full"}
+    turn = Turn(steps=(Update(notice), Say("done\n")))
+    configure(project, noter=write_agent(tmp_path / "noter.json", turn))
+    pipeline = tmp_path / "notice.py"
+    pipeline.write_text(NOTICE_PIPELINE)
+    screen = in_terminal(
+        "run", str(pipeline), "--cwd", str(project), "--set", "task=go",
+        cwd=tmp_path, state=state_dir, columns=100,
+    )  # fmt: skip
+    assert screen.code == 0, screen.text
+    shown = screen.shown
+    [line] = [n for n, text in enumerate(shown) if "write: Context almost full" in text]
+    assert re.search(r"\bwarning\s+notice\s+write: Context almost full$", shown[line])
+    # the table's last frame is drawn below it
+    assert any(re.search(r"^ write .*│ succeeded ", text) for text in shown[line + 1 :])

@@ -20,7 +20,7 @@ from rich.cells import cell_len
 from run_helpers import CLI, agent_command, as_json, configure, run_cli, write_script
 
 from orchestrator.cli.output import output_schema
-from orchestrator.testing import Say, ToolCall, ToolUpdate, Turn, Usage, WriteDisk
+from orchestrator.testing import Say, ToolCall, ToolUpdate, Turn, Update, Usage, WriteDisk
 
 pytestmark = [
     pytest.mark.slow,
@@ -261,6 +261,67 @@ async def test_prompt_ending_goes_to_stdout_and_show_prints_the_same(project: Pr
     assert text.startswith(f"run {run_id} (prompt) in {project.workspace}\n\n{reply}\n")
     assert "tool calls:\n  completed   edit     write new.txt\n" in text
     assert text.endswith("\n" + ending)
+
+
+#: a notice an agent sends for the user, as the run's JSON keeps it
+NOTICE = {
+    "severity": "warning",
+    "title": "Context almost full",
+    "description": "Older messages will be summarized.",
+}
+#: a turn that sends NOTICE, then its message
+NOTICE_TURN = Turn(steps=(Update({"sessionUpdate": "notice", **NOTICE}), Say("done\n")))
+
+
+async def test_a_prompt_shows_a_notice_keeps_it_and_show_prints_it(project: Project) -> None:
+    """An agent's notice is a line on stderr while prompt runs, is kept in the --json object
+    (so in the record), and show RUN prints it with the turn."""
+    agent = project.agent("noter", NOTICE_TURN)
+    argv = ("prompt", "--cwd", str(project.workspace), "--agent", agent)
+    done = await project.cli(*argv, "go")
+    assert done.returncode == 0, done.stderr.decode()
+    assert "notice   Context almost full (Older messages will be summarized.)\n" in (
+        done.stderr.decode()
+    )
+    run_id = run_id_of(done.stdout.decode())
+    shown = await project.cli("show", run_id)
+    assert shown.returncode == 0, shown.stderr.decode()
+    assert (
+        "notices:\n  warning   Context almost full (Older messages will be summarized.)\n"
+        in shown.stdout.decode()
+    )
+    as_json_done = await project.cli(*argv, "--json", "go")
+    assert as_json_done.returncode == 0, as_json_done.stderr.decode()
+    result = as_json(as_json_done)
+    assert result["notices"] == [NOTICE]
+    jsonschema.validate(result, output_schema())
+    shown_json = await project.cli("show", result["runId"], "--json")
+    assert as_json(shown_json)["notices"] == [NOTICE]
+
+
+async def test_a_run_shows_a_notice_and_its_step_keeps_it(project: Project) -> None:
+    """In a pipeline run an agent's notice is a progress line naming the step, its step
+    instance keeps it, and show RUN prints it under the step."""
+    configure(project.workspace, writer=write_script(project.scripts / "w.json", NOTICE_TURN))
+    pipeline = project.root / "pipe.py"
+    pipeline.write_text(PIPELINE)
+    argv = ("run", str(pipeline), "--cwd", str(project.workspace), "--set", "task=go")
+    done = await project.cli(*argv)
+    assert done.returncode == 0, done.stderr.decode()
+    assert "notice   write: Context almost full (Older messages will be summarized.)\n" in (
+        done.stderr.decode()
+    )
+    run_id = run_id_of(done.stdout.decode())
+    shown_json = await project.cli("show", run_id, "--json")
+    result = as_json(shown_json)
+    assert result["steps"]["write"]["instances"]["write"]["notices"] == [NOTICE]
+    jsonschema.validate(result, output_schema())
+    shown = await project.cli("show", run_id)
+    assert shown.returncode == 0, shown.stderr.decode()
+    assert (
+        "    notices:\n      warning   Context almost full (Older messages will be summarized.)\n"
+        in shown.stdout.decode()
+    )
 
 
 async def test_diff_flag_prints_the_diff_of_prompt_run_resume_and_show(project: Project) -> None:

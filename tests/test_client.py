@@ -334,13 +334,15 @@ class Awaited:
 
 
 async def test_initialize_advertises_no_fs_or_terminal_by_default() -> None:
-    """With no services installed, initialize advertises no fs, no terminal, no elicitation."""
+    """With no services installed, initialize advertises no fs, no terminal, no elicitation;
+    only that notices are shown (every turn keeps them)."""
     async with connect(AgentScript()) as (conn, record):
         init = record.first("initialize")
     assert init["protocolVersion"] == 1
     assert init["clientCapabilities"] == {
         "fs": {"readTextFile": False, "writeTextFile": False},
         "terminal": False,
+        "session": {"notices": {}},
     }
     assert init["clientInfo"]["name"] == "acp-orchestrator"
     assert conn.agent_info is not None
@@ -351,7 +353,11 @@ async def test_initialize_advertises_installed_fs() -> None:
     """An fs service is advertised as readTextFile and writeTextFile, and nothing more."""
     async with connect(AgentScript(), services=ClientServices(fs=MemoryFs())) as (_, record):
         caps = record.first("initialize")["clientCapabilities"]
-    assert caps == {"fs": {"readTextFile": True, "writeTextFile": True}, "terminal": False}
+    assert caps == {
+        "fs": {"readTextFile": True, "writeTextFile": True},
+        "terminal": False,
+        "session": {"notices": {}},
+    }
 
 
 async def test_initialize_advertises_installed_terminal() -> None:
@@ -359,7 +365,11 @@ async def test_initialize_advertises_installed_terminal() -> None:
     services = ClientServices(terminal=FakeTerminals())
     async with connect(AgentScript(), services=services) as (_, record):
         caps = record.first("initialize")["clientCapabilities"]
-    assert caps == {"fs": {"readTextFile": False, "writeTextFile": False}, "terminal": True}
+    assert caps == {
+        "fs": {"readTextFile": False, "writeTextFile": False},
+        "terminal": True,
+        "session": {"notices": {}},
+    }
 
 
 async def test_protocol_version_mismatch_is_refused() -> None:
@@ -698,10 +708,18 @@ EVERY_KIND: tuple[Step, ...] = (
         }
     ),
     Update({"sessionUpdate": "notice_v9", "level": "info", "message": "from the future"}),
+    Update(
+        {
+            "sessionUpdate": "notice",
+            "severity": "warning",
+            "title": "Context almost full",
+            "description": "Older messages will be summarized.",
+        }
+    ),
     Usage(used=1500, size=200_000),
 )
 #: how many session/update notifications EVERY_KIND sends
-EVERY_KIND_UPDATES = 19
+EVERY_KIND_UPDATES = 20
 #: of those, message and thought chunks (folded into text and thoughts, not kept by default)
 EVERY_KIND_CHUNKS = 5
 
@@ -765,6 +783,20 @@ async def test_turn_accumulates_every_update_kind(tmp_path: Path) -> None:
     [unknown] = result.unknown_updates
     assert unknown.session_update == "notice_v9"
     assert unknown.raw["message"] == "from the future"
+    assert result.notices == [
+        t.Notice(
+            severity="warning",
+            title="Context almost full",
+            description="Older messages will be summarized.",
+        )
+    ]
+    assert result.notices_json() == [
+        {
+            "severity": "warning",
+            "title": "Context almost full",
+            "description": "Older messages will be summarized.",
+        }
+    ]
     assert not result.cancel_requested
     assert session.background_updates == []
 

@@ -93,6 +93,12 @@ def stable_properties(cls: type) -> frozenset[str] | None:
     return None
 
 
+def min_length(cls: type, wire: str) -> int:
+    """The ``minLength`` the stable schema gives a string property of ``cls`` (0: none)."""
+    prop = STABLE_DEFS.get(cls.__name__, {}).get("properties", {}).get(wire, {})
+    return int(prop.get("minLength", 0)) if prop.get("type") == "string" else 0
+
+
 def scope_alternatives(cls: type) -> list[frozenset[str]]:
     """Required keys of each alternative a stable def mixes in (one of them must be present)."""
     schema = STABLE_DEFS.get(cls.__name__, {})
@@ -209,6 +215,10 @@ def _class(cls: type, valid: bool) -> st.SearchStrategy[Any]:
                 and f.metadata["wire"] not in known
             ):
                 kwargs[f.alias] = st.none()  # a field newer than the stable schema
+            elif valid and min_length(cls, f.metadata["wire"]):
+                # a schema string with a minLength (Notice.title must not be empty)
+                size = min_length(cls, f.metadata["wire"])
+                kwargs[f.alias] = st.text(min_size=size, max_size=size + 5)
             else:
                 kwargs[f.alias] = strategy_for(f.type, valid)
     alternatives = scope_alternatives(cls) if valid else []
@@ -417,6 +427,16 @@ def test_enum_values_newer_than_the_schema_pass_through() -> None:
     assert unstructure(structure(option, t.PermissionOption)) == option
 
 
+def test_fields_no_longer_lenient_are_refused() -> None:
+    """fs/read_text_file's ``line`` lost x-deserialize-default-on-error: a bad one is an error."""
+    with pytest.raises(InvalidParams, match="line: expected an integer, got string"):
+        structure({"sessionId": "s", "path": "/a", "line": "ten"}, t.ReadTextFileRequest)
+    with pytest.raises(InvalidParams, match="outputByteLimit"):
+        structure(
+            {"sessionId": "s", "command": "ls", "outputByteLimit": "x"}, t.CreateTerminalRequest
+        )
+
+
 def test_enum_values_must_still_be_strings() -> None:
     """An enum field holding a number is an error, not an unknown value."""
     with pytest.raises(InvalidParams, match="stopReason: expected a string, got number"):
@@ -429,8 +449,8 @@ def test_lenient_fields_fall_back_to_none() -> None:
     assert structure({"toolCallId": "c1", **bad}, t.ToolCallUpdate) == t.ToolCallUpdate(
         tool_call_id="c1"
     )
-    request = structure({"sessionId": "s", "path": "/a", "line": "ten"}, t.ReadTextFileRequest)
-    assert request.line is None
+    location = structure({"path": "/a", "line": "ten"}, t.ToolCallLocation)
+    assert location == t.ToolCallLocation(path="/a")
     chunk = structure(
         {"content": {"type": "text", "text": "x", "annotations": 7}, "messageId": 5},
         t.ContentChunk,

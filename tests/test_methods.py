@@ -1,4 +1,9 @@
-"""Tests for orchestrator.protocol.methods: the generated method table against meta.json."""
+"""Tests for orchestrator.protocol.methods: the generated method table against the schema.
+
+The table comes from the defs that carry ``x-method``; it is checked here against what the
+JSON-RPC envelope unions route (``ClientRequest`` holds what the client sends, so the agent
+handles it, and so on), and its stability flag against the stable ``schema.json``.
+"""
 
 from __future__ import annotations
 
@@ -13,36 +18,66 @@ from orchestrator.protocol import types as t
 from orchestrator.protocol.methods import NOTIFICATIONS, REQUESTS, MethodInfo
 
 SCHEMA_DIR = Path(t.__file__).parent / "schema"
-META: dict[str, Any] = json.loads((SCHEMA_DIR / "meta.json").read_text())
-META_UNSTABLE: dict[str, Any] = json.loads((SCHEMA_DIR / "meta.unstable.json").read_text())
 DEFS: dict[str, Any] = json.loads((SCHEMA_DIR / "schema.unstable.json").read_text())["$defs"]
-TABLES = ("agentMethods", "clientMethods", "protocolMethods")
-SIDE_OF_TABLE = {"agentMethods": "agent", "clientMethods": "client", "protocolMethods": "protocol"}
+STABLE_DEFS: dict[str, Any] = json.loads((SCHEMA_DIR / "schema.json").read_text())["$defs"]
+# envelope union -> the side that handles the methods it routes
+SIDE_OF_ENVELOPE = {
+    "ClientRequest": "agent",
+    "ClientNotification": "agent",
+    "AgentRequest": "client",
+    "AgentNotification": "client",
+    "ProxyRequest": "proxy",
+    "ProxyNotification": "proxy",
+}
 
 
-def methods_of(meta: dict[str, Any]) -> set[str]:
-    """Every wire method name listed in a meta file."""
-    return {name for table in TABLES for name in meta[table].values()}
+def refs_in(node: Any) -> set[str]:
+    """Names of the defs a schema node refers to, at any depth."""
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        own = {ref.rsplit("/", 1)[-1]} if isinstance(ref, str) else set()
+        return own.union(*(refs_in(v) for v in node.values()))
+    if isinstance(node, list):
+        return set().union(*(refs_in(v) for v in node))
+    return set()
 
 
-def expected_side(name: str) -> str:
-    """agentMethods -> agent, clientMethods -> client, protocolMethods -> protocol; both tables
-    -> both."""
-    sides = {SIDE_OF_TABLE[table] for table in TABLES if name in META_UNSTABLE[table].values()}
+def routed(envelope: str) -> set[tuple[str, str]]:
+    """(kind, method) of every method def an envelope union routes."""
+    out = set()
+    for name in refs_in(DEFS[envelope]):
+        if "x-method" in DEFS[name]:
+            kind = "notification" if name.endswith("Notification") else "request"
+            out.add((kind, DEFS[name]["x-method"]))
+    return out
+
+
+def methods_of(defs: dict[str, Any]) -> set[str]:
+    """Every wire method name a schema's defs carry in ``x-method``."""
+    return {d["x-method"] for d in defs.values() if "x-method" in d}
+
+
+def expected_side(info: MethodInfo) -> str:
+    """The side of the envelope that routes the method; ``$/cancel_request`` is routed by none
+    (either side sends it): protocol."""
+    key = (info.kind, info.name)
+    sides = {side for env, side in SIDE_OF_ENVELOPE.items() if key in routed(env)}
+    if not sides:
+        return "protocol"
     return sides.pop() if len(sides) == 1 else "both"
 
 
 ALL_INFOS: list[MethodInfo] = [*REQUESTS.values(), *NOTIFICATIONS.values()]
 
 
-def test_tables_cover_every_meta_method() -> None:
-    """REQUESTS and NOTIFICATIONS together name exactly the methods of meta.unstable.json."""
-    assert set(REQUESTS) | set(NOTIFICATIONS) == methods_of(META_UNSTABLE)
+def test_tables_cover_every_schema_method() -> None:
+    """REQUESTS and NOTIFICATIONS together name exactly the x-method names of the schema."""
+    assert set(REQUESTS) | set(NOTIFICATIONS) == methods_of(DEFS)
 
 
-def test_stable_meta_is_a_subset() -> None:
-    """meta.json (stable) lists no method the unstable meta lacks."""
-    assert methods_of(META) <= methods_of(META_UNSTABLE)
+def test_stable_methods_are_a_subset() -> None:
+    """The stable schema has no method the unstable one lacks."""
+    assert methods_of(STABLE_DEFS) <= methods_of(DEFS)
 
 
 def test_keys_are_wire_names() -> None:
@@ -54,9 +89,9 @@ def test_keys_are_wire_names() -> None:
 
 
 @pytest.mark.parametrize("info", ALL_INFOS, ids=lambda i: f"{i.kind}:{i.name}")
-def test_side_matches_meta(info: MethodInfo) -> None:
-    """The side is the meta table the method is listed in ("both" when in two)."""
-    assert info.side == expected_side(info.name)
+def test_side_matches_the_envelopes(info: MethodInfo) -> None:
+    """The side is the one whose envelope union routes the method to it."""
+    assert info.side == expected_side(info)
 
 
 def test_sides_of_known_methods() -> None:
@@ -69,13 +104,13 @@ def test_sides_of_known_methods() -> None:
 
 
 @pytest.mark.parametrize("info", ALL_INFOS, ids=lambda i: f"{i.kind}:{i.name}")
-def test_unstable_flag_matches_stable_meta(info: MethodInfo) -> None:
-    """A method is unstable exactly when the stable meta.json does not list it."""
-    assert info.unstable == (info.name not in methods_of(META))
+def test_unstable_flag_matches_stable_schema(info: MethodInfo) -> None:
+    """A method is unstable exactly when the stable schema.json does not carry it."""
+    assert info.unstable == (info.name not in methods_of(STABLE_DEFS))
 
 
 def _is_params_type(tp: Any) -> bool:
-    return attrs.has(tp) or tp in t.TAGGED_UNIONS or tp is Any
+    return attrs.has(tp) or tp in t.TAGGED_UNIONS or tp in t.UNTAGGED_UNIONS or tp is Any
 
 
 @pytest.mark.parametrize("info", ALL_INFOS, ids=lambda i: f"{i.kind}:{i.name}")

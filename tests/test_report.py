@@ -531,25 +531,31 @@ def sections(s: Structure) -> list[str | None]:
 # --------------------------------------------------------------------------- HTML structure
 
 
+#: the sections of a compare report (and of a prompt's), in order
+COMPARE_SECTIONS = ("summary", "agents", "steps", "conflicts", "diffs", "permissions", "notices")
+
+
 def test_compare_html_has_its_sections_in_order() -> None:
-    """A compare report has summary, agents, steps, conflicts, diffs and permissions."""
+    """A compare report has summary, agents, steps, conflicts, diffs, permissions and
+    notices."""
     s = parse(render_html(compare_result()))
-    assert sections(s) == ["summary", "agents", "steps", "conflicts", "diffs", "permissions"]
-    toc = [a.get("href") for a in s.find("a")][:6]
-    assert toc == [
-        "#summary",
-        "#agents",
-        "#steps",
-        "#conflicts",
-        "#diffs",
-        "#permissions",
-    ]
+    assert sections(s) == [*COMPARE_SECTIONS]
+    toc = [a.get("href") for a in s.find("a")][:7]
+    assert toc == [f"#{section}" for section in COMPARE_SECTIONS]
 
 
 def test_pipeline_html_has_its_sections_in_order() -> None:
-    """A pipeline report has summary, dag, steps, conflicts, diffs and permissions."""
+    """A pipeline report has summary, dag, steps, conflicts, diffs, permissions and notices."""
     s = parse(render_html(pipeline_result()))
-    assert sections(s) == ["summary", "dag", "steps", "conflicts", "diffs", "permissions"]
+    assert sections(s) == [
+        "summary",
+        "dag",
+        "steps",
+        "conflicts",
+        "diffs",
+        "permissions",
+        "notices",
+    ]
 
 
 def test_page_is_self_contained() -> None:
@@ -805,7 +811,7 @@ def test_a_prompt_result_renders_as_a_one_agent_compare() -> None:
     del prompt["status"]
     prompt["runId"] = "p1"
     s = parse(render_html(prompt))
-    assert sections(s) == ["summary", "agents", "steps", "conflicts", "diffs", "permissions"]
+    assert sections(s) == [*COMPARE_SECTIONS]
     text = "".join(s.text)
     assert "claude" in text and "succeeded" in text
     assert render_markdown({**prompt, "kind": "prompt"}).startswith("# Prompt")
@@ -980,6 +986,24 @@ def test_permissions_table_lists_every_request() -> None:
     assert len(s.find("span", class_="v-reject")) == 1
     s = parse(render_html(pipeline_result()))
     assert "plan[claude]" in "".join(s.text)
+
+
+def test_notices_are_listed_with_their_agent_in_both_reports() -> None:
+    """The notices section has a row per notice (its agent, severity, title, description),
+    in the HTML and the Markdown report; without notices it says so."""
+    result = compare_result()
+    result["agents"][0]["notices"] = [
+        {"severity": "warning", "title": "Context <almost> full", "description": "Summarizing"}
+    ]
+    html = render_html(result)
+    notices = html[html.index('id="notices"') :]
+    assert "warning" in notices and "Context &lt;almost&gt; full" in notices
+    assert "Summarizing" in notices
+    md = render_markdown(result)
+    assert "## Notices" in md
+    assert "| claude | warning | Context <almost> full | Summarizing |" in md.replace("\\", "")
+    assert "No notices." in render_html(compare_result())
+    assert "No notices." in render_markdown(pipeline_result())
 
 
 # --------------------------------------------------------------------------- Markdown

@@ -240,6 +240,10 @@ async def test_decline_elicitation_declines() -> None:
 # --------------------------------------------------------------------------- ClientServices
 
 
+#: what every client advertises: notices are kept in each turn's result, whatever the services
+NOTICES: dict[str, Any] = {"session": {"notices": {}}}
+
+
 def test_default_services() -> None:
     """By default nothing is offered and permission requests are rejected."""
     services = ClientServices()
@@ -252,15 +256,15 @@ def test_default_services() -> None:
     [
         (
             ClientServices(),
-            {"fs": {"readTextFile": False, "writeTextFile": False}, "terminal": False},
+            {"fs": {"readTextFile": False, "writeTextFile": False}, "terminal": False, **NOTICES},
         ),
         (
             ClientServices(fs=MemoryFs()),
-            {"fs": {"readTextFile": True, "writeTextFile": True}, "terminal": False},
+            {"fs": {"readTextFile": True, "writeTextFile": True}, "terminal": False, **NOTICES},
         ),
         (
             ClientServices(terminal=NoTerminals()),
-            {"fs": {"readTextFile": False, "writeTextFile": False}, "terminal": True},
+            {"fs": {"readTextFile": False, "writeTextFile": False}, "terminal": True, **NOTICES},
         ),
         (
             ClientServices(elicitation=CancelElicitation()),
@@ -268,6 +272,7 @@ def test_default_services() -> None:
                 "fs": {"readTextFile": False, "writeTextFile": False},
                 "terminal": False,
                 "elicitation": {"form": {}},
+                **NOTICES,
             },
         ),
         (
@@ -276,6 +281,7 @@ def test_default_services() -> None:
                 "fs": {"readTextFile": True, "writeTextFile": True},
                 "terminal": True,
                 "elicitation": {"form": {}},
+                **NOTICES,
             },
         ),
     ],

@@ -171,6 +171,35 @@ def test_unknown_update_kinds_are_kept_whole() -> None:
     assert unknown.raw == {"sessionUpdate": "hologram_update", "beam": 3}
 
 
+def test_notices_are_kept_in_order() -> None:
+    """``notice`` updates (stable since the schema of SDK 2.4.0) land in ``notices``, in order;
+    a severity newer than the schema passes."""
+    acc = TurnAccumulator()
+    acc.add(update({"sessionUpdate": "notice", "severity": "info", "title": "Indexing"}))
+    acc.add(update({"sessionUpdate": "notice", "severity": "_quota", "title": "Slow down"}))
+    result = acc.result("end_turn")
+    assert [(n.severity, n.title) for n in result.notices] == [
+        ("info", "Indexing"),
+        ("_quota", "Slow down"),
+    ]
+    assert result.unknown_updates == []
+    assert result.notices_json() == [
+        {"severity": "info", "title": "Indexing"},
+        {"severity": "_quota", "title": "Slow down"},
+    ]
+
+
+def test_notices_json_keeps_the_first_that_fit() -> None:
+    """What the record keeps of a flood of notices is bounded by bytes, first ones first."""
+    acc = TurnAccumulator()
+    for i in range(100):
+        acc.add(update({"sessionUpdate": "notice", "severity": "info", "title": f"n{i:03}"}))
+    one = len(b'{"severity":"info","title":"n000"}')
+    kept = acc.result("end_turn").notices_json(limit=10 * one)
+    assert [n["title"] for n in kept] == [f"n{i:03}" for i in range(10)]
+    assert len(acc.result("end_turn").notices_json(limit=None)) == 100
+
+
 def test_usage_json_is_none_without_usage() -> None:
     """No usage reported means no usage object."""
     assert TurnAccumulator().result("end_turn").usage_json() is None

@@ -33,6 +33,9 @@ ENVELOPES = frozenset(
         "ClientRequest",
         "ClientResponse",
         "ClientNotification",
+        "ProxyRequest",
+        "ProxyResponse",
+        "ProxyNotification",
     }
 )
 ANNOTATION_ONLY_KEYS = frozenset(
@@ -40,6 +43,7 @@ ANNOTATION_ONLY_KEYS = frozenset(
         "description",
         "title",
         "x-deserialize-default-on-error",
+        "x-deserialize-default-on-null",
         "x-method",
         "x-side",
         "x-docs-ignore",
@@ -92,10 +96,9 @@ def tag_of(variant: dict[str, Any]) -> tuple[str, str] | None:
 
 
 class Loader:
-    def __init__(self, unstable: dict[str, Any], stable: dict[str, Any], meta: dict[str, Any]):
+    def __init__(self, unstable: dict[str, Any], stable: dict[str, Any]):
         self.defs: dict[str, Any] = unstable["$defs"]
         self.stable_names = set(stable["$defs"])
-        self.meta = meta
         self.model = Model()
         self.ref_counts: Counter[str] = Counter()
         self._count_refs(unstable)
@@ -156,6 +159,10 @@ class Loader:
         for wire, sub in (schema.get("properties") or {}).items():
             if not isinstance(sub, dict):
                 raise SchemaShapeError(f"property {wire} is not an object")
+            if sub.get("type") == "null" and set(sub) - {"type"} <= ANNOTATION_ONLY_KEYS:
+                # only ever null (IdleStateUpdate's "no stop reason" variant): the same as
+                # absent, so no field; a null on the wire is kept in ``extra``
+                continue
             annotation = self.annotation(sub)
             is_required = wire in required
             if not is_required and "None" not in split_union(annotation) and annotation != "Any":
@@ -189,13 +196,20 @@ class Loader:
             for variant in variants:
                 tagged = tag_of(variant) if isinstance(variant, dict) else None
                 base = ref_name(variant) if isinstance(variant, dict) else None
-                if tagged and base and self.ref_counts[base] == 1:
+                if tagged and base and self.ref_counts[base] == 1 and not self.is_union(base):
                     self.folded[base] = (name, tagged[0], tagged[1])
         for name, schema in self.defs.items():
             if name not in ENVELOPES:
                 self.load_def(name, schema)
         self.load_methods()
         return self.model
+
+    def is_union(self, name: str) -> bool:
+        """Whether a def is itself a tagged union (so it cannot take another union's tag)."""
+        variants = self.defs[name].get("oneOf") or self.defs[name].get("anyOf")
+        return isinstance(variants, list) and any(
+            isinstance(v, dict) and tag_of(v) for v in variants
+        )
 
     def load_def(self, name: str, schema: dict[str, Any]) -> None:
         doc = schema.get("description", "")
@@ -312,6 +326,9 @@ class Loader:
             if union.tag_wire not in (None, prop):
                 raise SchemaShapeError(f"{name}: two tag properties")
             union.tag_wire = prop
+            # the object may also declare the tag property itself (IdleStateUpdate's
+            # stopReason): each variant has it as its tag field, not twice
+            common = [f for f in common if f.wire != prop]
             vdoc = variant.get("description", "")
             if base is not None and base in self.folded and self.folded[base][0] == name:
                 if common:
@@ -321,12 +338,19 @@ class Loader:
                 continue
             # a variant over a shared base reads well by its tag alone (``AgentMessageChunk``);
             # an inline one, or one whose tag names an existing type, gets the union's name too
+            inline = variant
+            if base is not None and self.is_union(base):
+                # a variant that is itself a union (StateUpdate's idle: IdleStateUpdate, told
+                # apart by stopReason): one class with the inner union's own fields
+                inline, base = self.defs[base], None
             cls_name = pascal(value)
             if base is None or cls_name in self.defs or cls_name in self.model.classes:
                 cls_name = f"{cls_name}{name}"
+            if cls_name in self.defs:
+                cls_name = f"{name}{pascal(value)}"
             fields = [tag_field(prop, value), *common]
             if base is None:
-                fields += [f for f in self.fields_of(variant) if f.wire != prop]
+                fields += [f for f in self.fields_of(inline) if f.wire != prop]
             self.model.classes[cls_name] = ClassSpec(
                 cls_name, vdoc, fields, self.unstable(name), base=base
             )
@@ -334,6 +358,9 @@ class Loader:
         if union.tag_wire is None:
             raise SchemaShapeError(f"{name}: no tag")
         unknown = f"Unknown{name}"
+        if unknown in self.defs:
+            # the schema has a variant of that name (StateUpdate's state "unknown")
+            unknown = f"Other{name}"
         self.model.classes[unknown] = ClassSpec(
             unknown,
             f"A ``{name}`` whose ``{union.tag_wire}`` this schema release does not know.\n\n"
@@ -362,6 +389,20 @@ class Loader:
                 union.members.append(member)
                 union.required_keys[member] = list(self.defs[item].get("required") or [])
                 continue
+            title = variant.get("title")
+            if title and "properties" in variant:
+                # an inline object alternative (MessageMcpResponse's Result / Error), told
+                # apart by its required keys like the $ref members
+                member = f"{name}{pascal(title)}"
+                self.model.classes[member] = ClassSpec(
+                    member,
+                    variant.get("description", ""),
+                    self.fields_of(variant),
+                    self.unstable(name),
+                )
+                union.members.append(member)
+                union.required_keys[member] = list(variant.get("required") or [])
+                continue
             raise SchemaShapeError(f"{name}: cannot map variant {json.dumps(variant)[:200]}")
         self.model.unions[name] = union
 
@@ -370,6 +411,7 @@ class Loader:
         for base, common in self.pending_common.items():
             spec = self.model.classes[base]
             tag = spec.fields[0]
+            common = [c for c in common if c.wire != tag.wire]
             rest = [f for f in spec.fields[1:] if f.wire not in {c.wire for c in common}]
             spec.fields = [tag, *common, *rest]
 
@@ -391,16 +433,11 @@ class Loader:
                 raise SchemaShapeError(f"{name}: cannot tell params from result")
             kind = "notification" if name.endswith("Notification") else "request"
             by_method.setdefault(f"{kind}:{method}", {})[role] = (name, side)
-        known = set()
-        for table in ("agentMethods", "clientMethods", "protocolMethods"):
-            known |= set(self.meta[table].values())
         for key, roles in sorted(by_method.items()):
             kind, method = key.split(":", 1)
             params = roles.get("params")
             result = roles.get("result")
             side = (params or result or ("", ""))[1]
-            if method not in known:
-                raise SchemaShapeError(f"{method} missing from meta.unstable.json")
             self.model.methods.append(
                 MethodSpec(
                     method,
@@ -411,10 +448,6 @@ class Loader:
                     self.unstable((params or result or ("", ""))[0]),
                 )
             )
-        found = {m.name for m in self.model.methods}
-        missing = known - found
-        if missing:
-            raise SchemaShapeError(f"meta lists methods without types: {sorted(missing)}")
 
 
 def tag_field(prop: str, value: str) -> FieldSpec:

@@ -273,4 +273,7 @@ class ClientServices:
             fs=fs or t.FileSystemCapabilities(read_text_file=False, write_text_file=False),
             terminal=self.terminal is not None,
             elicitation=elicitation,
+            # notices are kept in every turn's result (TurnResult.notices), which the command
+            # line shows and records, whatever the services
+            session=t.ClientSessionCapabilities(notices=t.NoticeCapabilities()),
         )

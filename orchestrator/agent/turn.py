@@ -12,7 +12,12 @@ from typing import Any
 
 from attrs import define, field, frozen
 
-from .._sizes import DEFAULT_MAX_TURN_RECORD_BYTES, MAX_TOOL_ERROR_CHARS, bounded_text
+from .._sizes import (
+    DEFAULT_MAX_TURN_RECORD_BYTES,
+    MAX_TOOL_ERROR_CHARS,
+    bounded_text,
+    first_within,
+)
 from ..protocol import types as t
 from ..protocol.codec import unstructure
 from .services import PermissionRecord
@@ -123,6 +128,8 @@ class TurnResult:
     session_info: list[t.SessionInfoUpdate]
     #: the latest available commands
     available_commands: list[t.AvailableCommand] | None
+    #: the notices the agent sent for the user (``notice`` updates), in order
+    notices: list[t.Notice]
     #: updates of kinds this schema release does not know, kept whole
     unknown_updates: list[t.UnknownSessionUpdate]
     #: the updates in arrival order; message and thought chunks only when the accumulator
@@ -133,6 +140,18 @@ class TurnResult:
     permissions: list[PermissionRecord]
     #: True when the client sent session/cancel during the turn
     cancel_requested: bool
+
+    def notices_json(
+        self, limit: int | None = DEFAULT_MAX_TURN_RECORD_BYTES
+    ) -> list[dict[str, Any]]:
+        """The notices for ``--json`` output and the record: each as on the wire without its
+        ``sessionUpdate`` tag, the first ones that fit in ``limit`` bytes (None: all)."""
+        out = []
+        for notice in self.notices:
+            wire = unstructure(notice)
+            wire.pop("sessionUpdate", None)
+            out.append(wire)
+        return first_within(out, limit)
 
     def usage_json(self) -> dict[str, Any] | None:
         """Usage for ``--json`` output: the latest usage update and the response's token counts."""
@@ -169,6 +188,7 @@ class TurnAccumulator:
     config_options: list[t.SessionConfigOption] | None = None
     session_info: list[t.SessionInfoUpdate] = field(factory=list)
     available_commands: list[t.AvailableCommand] | None = None
+    notices: list[t.Notice] = field(factory=list)
     unknown_updates: list[t.UnknownSessionUpdate] = field(factory=list)
     updates: list[t.SessionUpdate] = field(factory=list)
     permissions: list[PermissionRecord] = field(factory=list)
@@ -217,6 +237,8 @@ class TurnAccumulator:
             self.session_info.append(update)
         elif isinstance(update, t.AvailableCommandsUpdate):
             self.available_commands = list(update.available_commands)
+        elif isinstance(update, t.Notice):
+            self.notices.append(update)
         elif isinstance(update, t.UnknownSessionUpdate):
             self.unknown_updates.append(update)
 
@@ -234,6 +256,7 @@ class TurnAccumulator:
             config_options=self.config_options,
             session_info=list(self.session_info),
             available_commands=self.available_commands,
+            notices=list(self.notices),
             unknown_updates=list(self.unknown_updates),
             updates=list(self.updates),
             permissions=list(self.permissions),

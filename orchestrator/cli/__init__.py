@@ -485,6 +485,24 @@ def _print_update(update: t.SessionUpdate) -> None:
         level = "warning" if update.status == "failed" else "info"
         fields = {"toolCallId": update.tool_call_id, "status": update.status}
         _tool_line(level, "tool_call_update", f"< {update.tool_call_id}: {update.status}", fields)
+    elif isinstance(update, t.Notice):
+        _notice_line(update)
+
+
+def _notice_line(notice: t.Notice) -> None:
+    """An agent's notice for the user, on stderr: an indented line on a terminal (after the
+    message text streamed so far), else a line in the log lines' format."""
+    from . import logs
+    from .live import notice_progress, progress_line
+
+    fields = {"severity": notice.severity, "title": notice.title}
+    if notice.description:
+        fields["description"] = notice.description
+    level, verb, text = notice_progress(None, fields)
+    if logs.style() == "terminal" and sys.stderr.isatty():
+        say(f"  ! {text}", file=sys.stderr)
+        return
+    progress_line(level, verb, text, {"event": "notice", **fields})
 
 
 def _tool_line(level: str, event: str, text: str, fields: dict[str, Any]) -> None:

@@ -5,7 +5,8 @@ one row per step instance: state, elapsed time, agent, tokens and the last tool 
 failed); it redraws itself a few times a second, so the elapsed times move between events, and
 it fits its columns to the terminal's width. The line view prints one line per event that
 matters (not per streamed update) to stderr, in the format of the log lines around it
-(:mod:`.logs`: plain lines, or JSON lines with ``--log-json``).
+(:mod:`.logs`: plain lines, or JSON lines with ``--log-json``). A notice an agent sends for the
+user is such a line in both views (above the live table).
 
 Everything shown comes from agents, files or users, and is shown as text: never read as rich
 markup, control characters made visible.
@@ -16,7 +17,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import IO, TYPE_CHECKING, Any
 
@@ -92,7 +93,22 @@ def _progress(event: RunEvent) -> tuple[str, str, str] | None:
         return "info", "permit", f"{name}: {data.get('verdict')} {data.get('title')}"
     if event.type == "run_finished":
         return "info", "run", f"{event.run_id}: {data.get('status')}"
+    if event.type == "update" and data.get("kind") == "notice":
+        return notice_progress(name, data)
     return None
+
+
+def notice_progress(name: str | None, notice: Mapping[str, Any]) -> tuple[str, str, str]:
+    """The level, verb and text of an agent's notice (``{severity, title, description?}``):
+    the one line a person sees of it, live or in a log (``name``: the step instance's)."""
+    severity = str(notice.get("severity") or "info")
+    level = severity if severity in ("warning", "error") else "info"
+    text = f"{name}: {notice.get('title')}" if name else str(notice.get("title"))
+    if notice.get("description"):
+        text += f" ({notice['description']})"
+    if level == "info" and severity != "info":  # a severity newer than the schema: said
+        text += f" [{severity}]"
+    return level, "notice", text
 
 
 def progress_line(
@@ -231,6 +247,11 @@ class LiveView:
     def __call__(self, event: RunEvent) -> None:
         name = event.instance
         if name is None:
+            return
+        if event.type == "update" and event.data.get("kind") == "notice":
+            # a notice is for the user to read: a line that stays, printed above the table
+            # (rich moves what is written to stderr there), not a cell the next update hides
+            PlainView()(event)
             return
         with self._lock:
             line = self._lines.get(name)

@@ -327,7 +327,19 @@ def prompt_details(result: Mapping[str, Any], out: IO[str]) -> None:
                 f"  (rule {p.get('rule') or '-'})",
                 out,
             )
+    notices = list(result.get("notices") or [])
+    if notices:
+        say("", out)
+        say("notices:", out)
+        notice_lines(notices, "  ", out)
     cut_line(result.get("cut"), "", out)
+
+
+def notice_lines(notices: Sequence[Mapping[str, Any]], indent: str, out: IO[str]) -> None:
+    """An agent's notices for the user, one line each: severity, title, description."""
+    for n in notices:
+        detail = f" ({n['description']})" if n.get("description") else ""
+        say(f"{indent}{n.get('severity') or '-':<9} {n.get('title')}{detail}", out)
 
 
 def prompt_ending(result: Mapping[str, Any], out: IO[str], *, diff: bool = False) -> None:
@@ -562,7 +574,10 @@ def step_details(result: Mapping[str, Any], out: IO[str]) -> None:
         for key, inst in shown.items():
             say(f"    [{key}] {inst.get('status')} {inst.get('error') or ''}", out)
             _traceback(inst.get("traceback"), "        ", out)
-        for inst in (step.get("instances") or {}).values():
+        for key, inst in (step.get("instances") or {}).items():
+            if inst.get("notices"):
+                say(f"    notices{'' if key == name else f' [{key}]'}:", out)
+                notice_lines(inst["notices"], "      ", out)
             cut_line(inst.get("cut"), "      ", out)
 
 

@@ -332,6 +332,7 @@ class AgentTurns:
             mode=session.current_choice("mode"),
             tool_calls=tuple(c.to_json() for c in turn.tool_calls.values()),
             permissions=tuple(p.to_json() for p in audit),
+            notices=tuple(turn.notices_json()),
             usage=turn.usage_json(),
             changes=change_kinds(branch.base, own),
             symlinks=symlink_targets(own),

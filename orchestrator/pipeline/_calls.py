@@ -180,6 +180,10 @@ def update_event(
         data.update(title=update.title, toolKind=update.kind, status=update.status)
     elif isinstance(update, t.UsageUpdate):
         data.update(tokens=update.used)
+    elif isinstance(update, t.Notice):
+        data.update(severity=update.severity, title=update.title)
+        if update.description:
+            data.update(description=update.description)
     return RunEvent("update", run_id, step, key, agent, data)
 
 

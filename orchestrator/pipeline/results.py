@@ -17,6 +17,7 @@ import orjson
 from attrs import field, frozen
 
 from .._names import name_from_json, name_json
+from .._sizes import first_within
 
 if TYPE_CHECKING:
     from ..agent.turn import TurnResult
@@ -187,6 +188,8 @@ class StepResult:
     tool_calls: tuple[Mapping[str, Any], ...] = ()
     #: permission audit records (``PermissionRecord.to_json``)
     permissions: tuple[Mapping[str, Any], ...] = ()
+    #: the notices the agent sent for the user: ``{severity, title, description?}``
+    notices: tuple[Mapping[str, Any], ...] = ()
     #: usage as the agent reported it
     usage: Mapping[str, Any] | None = None
     #: files changed by this instance, relative to where its branch forked
@@ -236,6 +239,7 @@ class StepResult:
             "toolCalls": calls,
             "cut": cut if cut is not None else (dict(self.cut) if self.cut else None),
             "permissions": [dict(p) for p in self.permissions],
+            "notices": first_within(self.notices, max_turn_bytes),
             "usage": dict(self.usage) if self.usage is not None else None,
             "changes": changes_json(self.changes, self.symlinks),
             "diff": self.diff,
@@ -264,6 +268,7 @@ class StepResult:
             mode=data.get("mode"),
             tool_calls=tuple(data.get("toolCalls") or ()),
             permissions=tuple(data.get("permissions") or ()),
+            notices=tuple(data.get("notices") or ()),
             usage=data.get("usage"),
             changes=changes,
             symlinks=symlinks,

@@ -3,7 +3,7 @@
 Every value from the result goes through :mod:`._markup`, which escapes all text; a
 Content-Security-Policy that allows no script and no fetch is a second line of defence should
 anything ever slip through. Sections have stable ids (``summary``, ``agents`` or ``dag``,
-``steps``, ``conflicts``, ``diffs``, ``permissions``) for links and tests.
+``steps``, ``conflicts``, ``diffs``, ``permissions``, ``notices``) for links and tests.
 """
 
 from __future__ import annotations
@@ -352,6 +352,7 @@ def _compare_sections(view: CompareView) -> list[Section]:
         ("conflicts", "Conflicts", _compare_conflicts(view)),
         ("diffs", "Diffs", _compare_diffs(view)),
         ("permissions", "Permissions", _permissions([(a.name, a) for a in view.agents], "Agent")),
+        ("notices", "Notices", _notices([(a.name, a) for a in view.agents], "Agent")),
     ]
 
 
@@ -572,6 +573,23 @@ def _permissions(owners: Sequence[tuple[str, AgentView]], owner_label: str) -> M
     )
 
 
+def _notices(owners: Sequence[tuple[str, AgentView]], owner_label: str) -> Markup:
+    """The notices the agents sent for the user, in order, each with its owner."""
+    rows: list[list[Any]] = [
+        [
+            owner,
+            _dash(as_str(n.get("severity"))),
+            _dash(as_str(n.get("title"))),
+            _dash(as_str(n.get("description"))),
+        ]
+        for owner, agent in owners
+        for n in agent.notices
+    ]
+    if not rows:
+        return _empty("No notices.")
+    return _table([owner_label, "Severity", "Title", "Description"], rows)
+
+
 # --------------------------------------------------------------------------- pipeline
 
 
@@ -594,6 +612,7 @@ def _pipeline_sections(view: PipelineView) -> list[Section]:
         ("conflicts", "Conflicts", _pipeline_conflicts(view)),
         ("diffs", "Final diff", diff_html(view.files)),
         ("permissions", "Permissions", _permissions(owners, "Step[instance]")),
+        ("notices", "Notices", _notices(owners, "Step[instance]")),
     ]
 
 

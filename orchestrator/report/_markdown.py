@@ -164,6 +164,23 @@ def _traceback(text: str | None) -> list[str]:
     return ["Traceback:", "", *fence(text, "pytb")] if text else []
 
 
+def _notices(owners: Sequence[tuple[str, AgentView]], owner_label: str) -> list[str]:
+    """The notices the agents sent for the user, in order, each with its owner."""
+    rows = [
+        [
+            cell(owner),
+            _dash(as_str(n.get("severity"))),
+            _dash(as_str(n.get("title"))),
+            _dash(as_str(n.get("description"))),
+        ]
+        for owner, agent in owners
+        for n in agent.notices
+    ]
+    if not rows:
+        return ["No notices.", ""]
+    return table([owner_label, "Severity", "Title", "Description"], rows)
+
+
 def _permissions(owners: Sequence[tuple[str, AgentView]], owner_label: str) -> list[str]:
     rows = []
     total = PermissionCounts()
@@ -304,6 +321,7 @@ def _compare(view: CompareView) -> list[str]:
     for a in agents:
         out += [f"### {cell(a.name)}", "", *_diffs(a.files, "####", a)]
     out += ["## Permissions", "", *_permissions([(a.name, a) for a in agents], "Agent")]
+    out += ["## Notices", "", *_notices([(a.name, a) for a in agents], "Agent")]
     return out
 
 
@@ -383,6 +401,7 @@ def _pipeline(view: PipelineView) -> list[str]:
     out += ["## Final diff", "", *_diffs(view.files, "###")]
     owners = [(instance_label(s, i), i) for s, i in view.instances()]
     out += ["## Permissions", "", *_permissions(owners, "Step[instance]")]
+    out += ["## Notices", "", *_notices(owners, "Step[instance]")]
     return out
 
 

@@ -135,6 +135,8 @@ class AgentView:
     wall_seconds: float | None
     tool_calls: tuple[Mapping[str, Any], ...]
     permissions: tuple[Mapping[str, Any], ...]
+    #: the notices the agent sent for the user: ``{severity, title, description?}``
+    notices: tuple[Mapping[str, Any], ...]
     usage: Mapping[str, Any]
     changes: tuple[Mapping[str, Any], ...]
     diff: str
@@ -182,6 +184,7 @@ class AgentView:
             wall_seconds=as_num(obj.get("wallSeconds")),
             tool_calls=as_maps(obj.get("toolCalls")),
             permissions=as_maps(obj.get("permissions")),
+            notices=as_maps(obj.get("notices")),
             usage=as_map(obj.get("usage")),
             changes=as_maps(obj.get("changes")),
             diff=diff,

@@ -131,6 +131,7 @@ class PromptRun:
                 }
                 for p in self.turn.permissions
             ],
+            "notices": self.turn.notices_json(),
             "usage": self.turn.usage_json(),
             "changes": changes_json(self.changes, self.symlinks),
             "diff": self.diff,
