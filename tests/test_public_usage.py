@@ -1,4 +1,4 @@
-"""Every public function, called as a user's typed program calls it (mypy --strict checks this file).
+"""Every public function, called as a typed user program calls it (mypy --strict checks it).
 
 The calls run on the built-in demo agent served in this process (the testing plugin's
 connector) or, for the lowest layer, as a real subprocess; the point is the types and the
@@ -13,6 +13,7 @@ import inspect
 import sys
 from pathlib import Path
 
+import pytest
 import trio
 import trio.testing
 
@@ -93,9 +94,7 @@ def test_every_public_function_is_called_here() -> None:
             elif isinstance(fn, ast.Attribute) and isinstance(fn.value, ast.Name):
                 called.add(f"{fn.value.id}.{fn.attr}")
     public = {
-        name
-        for name in orchestrator.__all__
-        if inspect.isfunction(getattr(orchestrator, name))
+        name for name in orchestrator.__all__ if inspect.isfunction(getattr(orchestrator, name))
     }
     public |= {f"aio.{name}" for name in aio.__all__}
     # the decorator is applied, not called, above
@@ -139,12 +138,9 @@ def test_the_sync_face(
 
     token = CancelToken()
     token.cancel()
-    try:
+    with pytest.raises(RunCancelled) as cancelled:
         prompt_sync("demo", EDIT, cwd=project, connector=orchestrator_agents, cancel=token)
-    except RunCancelled as e:
-        assert e.run_id is None  # cancelled before the run started: nothing recorded
-    else:
-        raise AssertionError("a cancelled call returned")
+    assert cancelled.value.run_id is None  # cancelled before the run started: nothing recorded
 
 
 def test_the_asyncio_face(
@@ -236,9 +232,6 @@ async def test_the_supervisor_and_the_connections(tmp_path: Path) -> None:
 
 def test_bad_usage_raises_a_usage_error(orchestrator_state_dir: Path, tmp_path: Path) -> None:
     """Bad usage is the one thing raised, and every error is an OrchestratorError."""
-    try:
+    with pytest.raises(UsageError, match="not a directory") as bad:
         run_pipeline_sync(PIPE, {"task": EDIT}, cwd=tmp_path / "missing")
-    except UsageError as e:
-        assert isinstance(e, OrchestratorError) and "not a directory" in str(e)
-    else:
-        raise AssertionError("a missing workspace was accepted")
+    assert isinstance(bad.value, OrchestratorError)
