@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from typing import ParamSpec, TypeVar
 
 import trio
 from attrs import define, field
 
-__all__ = ["end_grace_periods", "grace_period", "grace_periods_ended", "single_error"]
+__all__ = [
+    "end_grace_periods",
+    "grace_period",
+    "grace_periods_ended",
+    "plain_cancelled",
+    "single_error",
+    "without_cancelled",
+]
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 def _only(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
@@ -46,6 +58,47 @@ def single_error() -> Iterator[None]:
         if only is None:
             raise
         raise only from only.__cause__
+
+
+def without_cancelled(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """What a trio caller should see of ``group`` coming out of a library call: a group of
+    nothing but ``trio.Cancelled`` (however nested) is one ``Cancelled``; another group keeps
+    its other exceptions (the cancellation's own ``Cancelled`` is the caller's scope's to
+    catch, as trio's own scopes drop theirs), as itself when only one is left."""
+    cancelled, rest = group.split(trio.Cancelled)
+    if rest is None:
+        return _first_leaf(group)
+    if cancelled is None:
+        return group
+    leaves = list(_leaves(rest))
+    return leaves[0] if len(leaves) == 1 else rest
+
+
+def _leaves(exc: BaseException) -> Iterator[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield exc
+
+
+def plain_cancelled(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+    """``fn`` (an async library function) raising what trio code expects: a cancellation as a
+    plain ``trio.Cancelled`` (``except trio.Cancelled`` sees it, ``move_on_after`` catches
+    it), not inside the exception groups of the nurseries it ran (see
+    :func:`without_cancelled`)."""
+
+    @functools.wraps(fn)
+    async def call(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return await fn(*args, **kwargs)
+        except BaseExceptionGroup as group:
+            plain = without_cancelled(group)
+            if plain is group:
+                raise
+            raise plain from plain.__cause__
+
+    return call
 
 
 @define(eq=False)

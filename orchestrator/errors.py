@@ -6,22 +6,47 @@ boundary with ``raise X from e`` so the original cause stays attached.
 
 JSON-RPC error objects map to subclasses of :class:`JsonRpcError` by their ``code``
 (see :func:`error_from_code`); unknown codes become a plain :class:`JsonRpcError`.
+
+Every error class the library raises is importable from here: the virtual filesystem's
+(:class:`WorkspaceChanged`, :class:`FileTooLarge`, ... defined in :mod:`orchestrator.vfs.errors`),
+the protocol codec's :class:`StructureError` and the test model server's :class:`UnsafeBind` are
+looked up when first asked for (they live in modules that import this one).
+
+:data:`ErrorKind` names why a step instance failed (``errorKind`` in a run's ``--json`` object).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeAlias
 
 from ._names import display_names
 
+if TYPE_CHECKING:
+    from .protocol.codec import StructureError
+    from .testing.model_server import UnsafeBind
+    from .vfs.errors import (
+        ApplyError,
+        FileTooLarge,
+        MergeConflictError,
+        PathNotFound,
+        PathRefused,
+        SymlinkOutside,
+        VfsError,
+        WorkspaceChanged,
+    )
+    from .vfs.export import GitBranchRefused
+
 __all__ = [
+    "ERROR_KINDS",
     "AgentError",
     "AgentExited",
     "AgentHung",
+    "AgentNotFound",
     "AgentStartError",
     "AlreadyApplied",
+    "ApplyError",
     "ApplyRefused",
     "AuthRequired",
     "AuthenticationError",
@@ -29,15 +54,21 @@ __all__ = [
     "CapabilityNotSupported",
     "CommandRefused",
     "ConnectionClosed",
+    "ErrorKind",
+    "FileTooLarge",
+    "GitBranchRefused",
     "InternalError",
     "InvalidParams",
     "InvalidRequest",
     "JsonRpcError",
+    "MergeConflictError",
     "MessageTooLarge",
     "MethodNotFound",
     "NotOffered",
     "OrchestratorError",
     "ParseError",
+    "PathNotFound",
+    "PathRefused",
     "PipelineError",
     "ProtocolError",
     "ProtocolVersionMismatch",
@@ -53,13 +84,104 @@ __all__ = [
     "StepAborted",
     "StoreError",
     "StoreVersionError",
+    "StructureError",
+    "SymlinkOutside",
     "SymlinkRefused",
     "TurnTimeout",
     "UnknownAgent",
+    "UnsafeBind",
     "UnsettledConflicts",
     "UsageError",
+    "VfsError",
+    "WorkspaceChanged",
     "error_from_code",
 ]
+
+#: why a step instance (or a step as a whole) failed, as a run records it (``errorKind``):
+#:
+#: - ``timeout``: its turn ran past its timeout or idle timeout, or the agent stopped answering
+#: - ``agent-exited``: the agent process ended (or closed its connection) during the turn
+#: - ``agent-start``: the agent could not be started, or did not complete ``initialize``
+#: - ``agent-error``: the agent answered an error, or broke the protocol
+#: - ``stopped``: the turn ended with a stop reason other than ``end_turn`` (``refusal``,
+#:   ``max_tokens``, ``max_turn_requests``, ``cancelled``)
+#: - ``verify``: the step's verify command failed
+#: - ``budget``: the turn went over the step's token budget
+#: - ``policy``: the permission policy or the sandbox refused what the step needed
+#: - ``conflict``: merging the step's parents left conflicts
+#: - ``file-too-large``: the step left a file larger than the limit on a changed file
+#: - ``workspace-changed``: a file the step needed changed in the workspace during the run
+#: - ``exception``: the pipeline's own Python code raised (a step function, a condition, a
+#:   fan-out source)
+#: - ``usage``: bad input met while running (a model or mode the agent does not offer, ...)
+#: - ``store``: the run store failed
+#: - ``internal``: anything else
+ErrorKind: TypeAlias = Literal[
+    "timeout",
+    "agent-exited",
+    "agent-start",
+    "agent-error",
+    "stopped",
+    "verify",
+    "budget",
+    "policy",
+    "conflict",
+    "file-too-large",
+    "workspace-changed",
+    "exception",
+    "usage",
+    "store",
+    "internal",
+]
+#: every :data:`ErrorKind`, in the order documented there
+ERROR_KINDS: tuple[ErrorKind, ...] = (
+    "timeout",
+    "agent-exited",
+    "agent-start",
+    "agent-error",
+    "stopped",
+    "verify",
+    "budget",
+    "policy",
+    "conflict",
+    "file-too-large",
+    "workspace-changed",
+    "exception",
+    "usage",
+    "store",
+    "internal",
+)
+
+#: the error classes defined in modules that import this one, by the module defining them
+_ELSEWHERE = {
+    "ApplyError": "orchestrator.vfs.errors",
+    "FileTooLarge": "orchestrator.vfs.errors",
+    "MergeConflictError": "orchestrator.vfs.errors",
+    "PathNotFound": "orchestrator.vfs.errors",
+    "PathRefused": "orchestrator.vfs.errors",
+    "SymlinkOutside": "orchestrator.vfs.errors",
+    "VfsError": "orchestrator.vfs.errors",
+    "WorkspaceChanged": "orchestrator.vfs.errors",
+    "GitBranchRefused": "orchestrator.vfs.export",
+    "StructureError": "orchestrator.protocol.codec",
+    "UnsafeBind": "orchestrator.testing.model_server",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # looked up on first use: those modules import this one (an import here would be a cycle)
+    module = _ELSEWHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_ELSEWHERE})
 
 
 class OrchestratorError(Exception):
@@ -81,6 +203,21 @@ class UnknownAgent(UsageError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.name, self.suggestion))
+
+
+class AgentNotFound(UsageError):
+    """An agent whose program cannot be found (not installed, or not on ``PATH``): ``name`` is
+    the agent, ``program`` what was looked for, ``install`` how to install it, if known."""
+
+    def __init__(self, name: str, program: str, install: str | None = None):
+        self.name = name
+        self.program = program
+        self.install = install
+        hint = f" (install: {install})" if install else ""
+        super().__init__(f"agent {name}: {program!r} not found{hint}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.name, self.program, self.install))
 
 
 class PipelineError(UsageError):

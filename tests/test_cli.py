@@ -199,6 +199,8 @@ async def test_prompt_json_reports_every_field(project: Path) -> None:
         "wallSeconds",
         "sandbox",
         "defaultRejections",
+        "didNothing",
+        "warnings",
     }
     assert result["sandbox"] is None  # not confined unless asked
     assert result["defaultRejections"] == {

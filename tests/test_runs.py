@@ -21,7 +21,7 @@ from run_helpers import config, spec_for, workspace
 from orchestrator.agent.permissions import Escalation
 from orchestrator.agents import AgentSpec
 from orchestrator.config import Config
-from orchestrator.errors import AlreadyApplied, PipelineError, UsageError
+from orchestrator.errors import AgentNotFound, AlreadyApplied, PipelineError, UsageError
 from orchestrator.pipeline import Pipeline, step
 from orchestrator.pipeline.branches import FINAL, diff_of, stored_changes
 from orchestrator.pipeline.results import RunEvent, StepResult
@@ -113,7 +113,8 @@ async def test_missing_run_input_is_refused_before_any_agent_starts(tmp_path: Pa
 async def test_agent_whose_program_is_missing_is_refused_before_any_agent_starts(
     tmp_path: Path,
 ) -> None:
-    """A step whose agent command is not on PATH is refused before another step's agent starts."""
+    """A step whose agent command is not on PATH is refused before another step's agent starts,
+    with the error a prompt gives (AgentNotFound), its note naming the step."""
     marker = tmp_path / "agent-started"
     spec = AgentSpec("a", ("sh", "-c", f"touch {marker}"))
 
@@ -128,7 +129,9 @@ async def test_agent_whose_program_is_missing_is_refused_before_any_agent_starts
     pipe = Pipeline.from_steps([plan, build], name="unknown-agent")
     with trio.fail_after(LIMIT), pytest.raises(UsageError) as caught:
         await run_pipeline(pipe, {"task": "t"}, cwd=workspace(tmp_path), config=config(spec))
-    assert "build" in str(caught.value)
+    assert isinstance(caught.value, AgentNotFound)
+    assert str(caught.value) == "agent nobody-has-this-agent: 'nobody-has-this-agent' not found"
+    assert caught.value.__notes__ == ["named by step build"]
     assert not marker.exists()
 
 

@@ -20,7 +20,7 @@ from ..agent.permissions import Escalate
 from ..agent.services import ClientServices
 from ..agent.turn import TurnResult
 from ..agents import AgentSpec, label_agents
-from ..errors import UsageError
+from ..errors import ErrorKind, UsageError
 from ..policy import PolicySet
 from ..protocol import types as t
 from ..sandbox import Sandbox
@@ -272,13 +272,18 @@ class AgentTurns:
         if command is not None:
             verify = await run_verify(command, Path(workdir.root), sandbox=sandbox)
         error: str | None
+        kind: ErrorKind | None = None
         if over_budget:
             error = f"budget exceeded: {over_budget[0]} tokens > {step.budget.max_tokens}"  # type: ignore[union-attr]
+            kind = "budget"
         else:
             error = agent_failure(turn.stop_reason, verify)
+            if error is not None:
+                kind = "stopped" if turn.stop_reason != "end_turn" else "verify"
         return self._result(
             step, key, agent, item, turn, lease.session, made, started, attempt,
             status="failed" if error else "succeeded", verify=verify, error=error,
+            error_kind=kind,
         )  # fmt: skip
 
     def _permission_events(self, step: Step, key: str | None, agent: str, turn: TurnResult) -> None:
@@ -309,6 +314,7 @@ class AgentTurns:
         status: StepStatus,
         verify: VerifyResult | None = None,
         error: str | None = None,
+        error_kind: ErrorKind | None = None,
     ) -> StepResult:
         """The instance's result from its turn, once its branch is harvested."""
         info = session.connection.agent_info
@@ -339,6 +345,7 @@ class AgentTurns:
             diff=diffs[2],
             verify=verify,
             error=error,
+            error_kind=error_kind,
             wall_seconds=time.monotonic() - started,
             attempt=attempt,
             turn=turn,

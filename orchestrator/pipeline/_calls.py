@@ -19,9 +19,27 @@ from .._names import decode_text
 from ..agent import reaper
 from ..agent.confine import Confined, confine
 from ..agent.content import PromptInput
-from ..errors import OrchestratorError, StepAborted, UsageError
+from ..errors import (
+    AgentError,
+    AgentHung,
+    AgentStartError,
+    AuthenticationError,
+    AuthRequired,
+    CommandRefused,
+    ConnectionClosed,
+    ErrorKind,
+    JsonRpcError,
+    OrchestratorError,
+    ProtocolError,
+    ProtocolVersionMismatch,
+    SandboxUnavailable,
+    StepAborted,
+    StoreError,
+    UsageError,
+)
 from ..protocol import types as t
 from ..sandbox import Sandbox
+from ..vfs import FileTooLarge, MergeConflictError, WorkspaceChanged
 from .results import RunEvent, StepResult, VerifyResult
 
 MISSING = object()
@@ -93,6 +111,34 @@ def item_key(key: Any, value: Any, mapping: bool) -> str:
 
 def safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:100] or "step"
+
+
+#: the error kind of each class (the first match in this order wins)
+_KINDS: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], ErrorKind], ...] = (
+    (AgentHung, "timeout"),
+    ((AgentStartError, ProtocolVersionMismatch, AuthenticationError, AuthRequired), "agent-start"),
+    (ConnectionClosed, "agent-exited"),
+    ((SandboxUnavailable, CommandRefused), "policy"),
+    ((JsonRpcError, ProtocolError, AgentError), "agent-error"),
+    (StoreError, "store"),
+    (UsageError, "usage"),
+)
+
+
+def error_kind(e: BaseException) -> ErrorKind:
+    """The :data:`~orchestrator.errors.ErrorKind` of an exception that failed a step."""
+    if isinstance(e, StepAborted) or user_traceback(e) is not None:
+        return "exception"  # the pipeline's own code raised it
+    if isinstance(e, FileTooLarge):
+        return "file-too-large"
+    if isinstance(e, WorkspaceChanged):
+        return "workspace-changed"
+    if isinstance(e, MergeConflictError):
+        return "conflict"
+    for classes, kind in _KINDS:
+        if isinstance(e, classes):
+            return kind
+    return "internal"
 
 
 def describe(e: BaseException) -> str:

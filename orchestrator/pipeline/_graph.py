@@ -318,7 +318,10 @@ class Pipeline:
         """Call ``known(name)`` for every agent the steps use; report all its refusals at once.
 
         ``known`` raises :class:`~orchestrator.errors.UsageError` for a name it cannot launch
-        (:func:`orchestrator.agents.resolve_agent` does); other exceptions propagate.
+        (:func:`orchestrator.agents.resolve_agent` does); other exceptions propagate. One agent
+        that steps name, the only problem, is refused with ``known``'s own error (an unknown
+        agent reads the same from a pipeline as from a prompt); several problems, or an agent a
+        run input gave, make one :class:`~orchestrator.errors.PipelineError` naming where.
         """
         unbound = [s.name for s in self.steps.values() if s.needs_agents]
         if unbound:  # a programming error: the run binds its inputs first
@@ -336,6 +339,8 @@ class Pipeline:
                 elif s.agents_input.name not in inputs:
                     inputs.append(s.agents_input.name)
         problems: list[str] = []
+        refused: list[UsageError] = []
+        where = ""
         for agent, (inputs, steps) in places.items():
             try:
                 known(agent)
@@ -344,7 +349,13 @@ class Pipeline:
                 parts = [f"input {name!r}" for name in inputs]
                 if steps:
                     parts.append(f"{'step' if len(steps) == 1 else 'steps'} {', '.join(steps)}")
-                problems.append(f"{', '.join(parts)}: {e}")
+                where = ", ".join(parts)
+                if not inputs:
+                    refused.append(e)
+                problems.append(f"{where}: {e}")
+        if len(problems) == 1 and len(refused) == 1:
+            refused[0].add_note(f"named by {where}")  # shown with a traceback, not in the message
+            raise refused[0]
         if problems:
             raise PipelineError(problems, self.path or self.name)
 

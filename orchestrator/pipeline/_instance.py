@@ -19,7 +19,7 @@ from ..store import StepRecord
 from ..vfs import Branch, MergeResult, Snapshot
 from ._agent_step import AgentTurns
 from ._branchio import BranchDirs
-from ._calls import call, describe, user_traceback
+from ._calls import call, describe, error_kind, user_traceback
 from ._recording import Recorder
 from ._state import StepState
 from .results import RunEvent, StepContext, StepResult
@@ -103,6 +103,7 @@ class InstanceExecutor:
             output = await self._attempt(state, branch, args, name, key, agent, item, attempt)
         except Exception as e:
             error = describe(e)
+            kind = error_kind(e)
             if attempt <= step.retries:
                 recorder.emit(
                     RunEvent(
@@ -116,6 +117,7 @@ class InstanceExecutor:
                 )
                 return True
             state.failures[key] = error
+            state.failure_kinds[key] = kind
             state.last[key] = e
             recorder.record(
                 name,
@@ -126,10 +128,18 @@ class InstanceExecutor:
                 attempt,
                 started=started,
                 error=error,
+                error_kind=kind,
                 traceback=user_traceback(e),
             )
             recorder.emit(
-                RunEvent("step_failed", self.run_id, step.name, key, agent, {"error": error})
+                RunEvent(
+                    "step_failed",
+                    self.run_id,
+                    step.name,
+                    key,
+                    agent,
+                    {"error": error, "errorKind": kind},
+                )
             )
             return False
         except BaseException:
@@ -143,6 +153,7 @@ class InstanceExecutor:
         state.last[key] = output
         if isinstance(output, StepResult) and not output.ok:
             state.failures[key] = output.error or "failed"
+            state.failure_kinds[key] = output.error_kind or "internal"
         else:
             state.outputs[key] = output
             state.branches.append(branch)

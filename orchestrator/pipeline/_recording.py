@@ -14,6 +14,7 @@ from attrs import define
 
 from .._log import get_logger
 from ..agent.turn import DEFAULT_MAX_TURN_RECORD_BYTES
+from ..errors import ErrorKind
 from ..store import AddConflicts, AddEvent, AddPermissions, PutChanges, PutStep, StepRecord
 from ..vfs import Branch, ChangeSet, Snapshot
 from ._branchio import branch_diffs
@@ -95,6 +96,7 @@ class Recorder:
         self,
         step: str,
         error: str,
+        kind: ErrorKind,
         started: float | None,
         finished: float,
         *,
@@ -102,7 +104,13 @@ class Recorder:
     ) -> None:
         """``step`` failed as a whole (before any instance ran), with ``error``."""
         self._end_step(
-            step, "failed", error=error, started=started, finished=finished, traceback=traceback
+            step,
+            "failed",
+            error=error,
+            error_kind=kind,
+            started=started,
+            finished=finished,
+            traceback=traceback,
         )
 
     def no_instances(self, step: str, started: float | None, finished: float) -> None:
@@ -130,7 +138,10 @@ class Recorder:
         data: dict[str, Any]
         kind: EventType
         if status == "failed":
-            kind, data = "step_failed", {"error": fields["error"]}
+            kind, data = (
+                "step_failed",
+                {"error": fields["error"], "errorKind": fields["error_kind"]},
+            )
         elif status == "skipped":
             kind, data = "step_skipped", {"cause": fields["cause"]}
         else:
@@ -150,6 +161,7 @@ class Recorder:
         *,
         started: float | None = None,
         error: str | None = None,
+        error_kind: ErrorKind | None = None,
         traceback: str | None = None,
     ) -> None:
         """The instance ``name`` of ``step`` is in ``status`` (finished now unless running)."""
@@ -165,6 +177,7 @@ class Recorder:
                 started=started,
                 finished=time.time() if status not in ("running", "pending") else None,
                 error=error,
+                error_kind=error_kind,
                 traceback=traceback,
             )
         )
@@ -215,6 +228,7 @@ class Recorder:
                 value=value,
                 value_stored=stored,
                 error=result.error if result else None,
+                error_kind=result.error_kind if result else None,
                 usage=result.usage if result else None,
             )
         )
@@ -225,5 +239,6 @@ class Recorder:
             data.update(stopReason=result.stop_reason, wallSeconds=round(result.wall_seconds, 3))
             if result.error:
                 data["error"] = result.error
+                data["errorKind"] = result.error_kind
         kind: EventType = "step_finished" if status == "succeeded" else "step_failed"
         self.emit(RunEvent(kind, self.run_id, step.name, key, agent, data))

@@ -15,6 +15,7 @@ from ..agent.content import PromptInput
 from ..agent.services import ClientServices
 from ..agent.turn import TurnResult
 from ..agents import AgentSpec
+from ..errors import ErrorKind
 from ..protocol import types as t
 from ..vfs import Branch
 from .results import Results, StepStatus
@@ -64,11 +65,15 @@ class StepState:
     #: the branches of the succeeded instances, for the step's dependents
     branches: list[Branch] = field(factory=list)
     error: str | None = None
+    #: why it failed, as a kind (see :data:`~orchestrator.errors.ErrorKind`)
+    error_kind: ErrorKind | None = None
     cause: str | None = None
     started: float | None = None
     finished: float | None = None
     #: instances failed (for the summary)
     failures: dict[str | None, str] = field(factory=dict)
+    #: the kind of each failure in :attr:`failures`
+    failure_kinds: dict[str | None, ErrorKind] = field(factory=dict)
     #: the failed step a skip comes from (through skipped steps), if any
     root_failure: str | None = None
     #: conflicts found merging the parents: (conflict JSON)

@@ -24,6 +24,7 @@ from ..vfs import (
     Tree,
     WorkspaceChanged,
     Write,
+    disk_digest,
     git_patch,
     large_paths,
     unified_diff,
@@ -46,6 +47,7 @@ __all__ = [
     "rebuild_branch",
     "stored_changes",
     "symlink_targets",
+    "workspace_moved",
 ]
 
 
@@ -168,6 +170,24 @@ def base_moved(tree: Tree, changes: Sequence[StoredChange]) -> list[str]:
         try:
             now = tree.digest(c.path) if tree.exists(c.path) else None
         except WorkspaceChanged:  # changing while we look
+            moved.append(c.path)
+            continue
+        if now != c.base_digest:
+            moved.append(c.path)
+    return moved
+
+
+def workspace_moved(root: str, changes: Sequence[StoredChange]) -> list[str]:
+    """The paths of ``changes`` whose file in the workspace ``root`` is not, now, the base
+    the run recorded for it (blocking: hashes those files, and only those)."""
+    moved: list[str] = []
+    for c in changes:
+        if c.base_digest == BASE_UNKNOWN:
+            moved.append(c.path)
+            continue
+        try:
+            now = disk_digest(root, c.path)
+        except OSError:  # cannot be read: not the base any more, as far as an apply can tell
             moved.append(c.path)
             continue
         if now != c.base_digest:

@@ -18,6 +18,7 @@ from attrs import field, frozen
 
 from .._names import name_from_json, name_json
 from .._sizes import first_within
+from ..errors import ErrorKind
 
 if TYPE_CHECKING:
     from ..agent.turn import TurnResult
@@ -200,6 +201,8 @@ class StepResult:
     diff: str = ""
     verify: VerifyResult | None = None
     error: str | None = None
+    #: why it failed, as a kind (see :data:`~orchestrator.errors.ErrorKind`); None if it did not
+    error_kind: ErrorKind | None = None
     wall_seconds: float = 0.0
     attempt: int = 1
     #: the turn as the client saw it (typed), for callers in this process; not recorded
@@ -245,6 +248,7 @@ class StepResult:
             "diff": self.diff,
             "verify": self.verify.to_json() if self.verify else None,
             "error": self.error,
+            "errorKind": self.error_kind,
             "wallSeconds": round(self.wall_seconds, 3),
             "attempt": self.attempt,
         }
@@ -275,6 +279,7 @@ class StepResult:
             diff=str(data.get("diff") or ""),
             verify=VerifyResult.from_json(verify) if verify else None,
             error=data.get("error"),
+            error_kind=data.get("errorKind"),
             wall_seconds=float(data.get("wallSeconds") or 0.0),
             attempt=int(data.get("attempt") or 1),
             cut=data.get("cut"),

@@ -30,7 +30,7 @@ from ..agent.permissions import Escalate
 from ..agent.services import ClientServices
 from ..agent.turn import DEFAULT_MAX_TURN_RECORD_BYTES
 from ..agents import AgentSpec
-from ..errors import UsageError
+from ..errors import ErrorKind, UsageError
 from ..policy import PolicySet
 from ..protocol import types as t
 from ..sandbox import Sandbox
@@ -38,7 +38,7 @@ from ..store import StepRecord
 from ..vfs import Branch, MergeResult, Snapshot, merge_branches
 from ._agent_step import AgentTurns, label_run_agents
 from ._branchio import BranchDirs, BranchIO
-from ._calls import MISSING, call, describe, fan_out_items, user_traceback
+from ._calls import MISSING, call, describe, error_kind, fan_out_items, user_traceback
 from ._instance import InstanceExecutor, fork_from
 from ._recording import EventSink, Recorder
 from ._state import AgentPool, LeaseLike, StepState
@@ -89,6 +89,9 @@ class PipelineRunner:
     #: all of them); see :func:`~orchestrator.pipeline.results.cut_turn`
     max_turn_record_bytes: int | None = DEFAULT_MAX_TURN_RECORD_BYTES
     states: dict[str, StepState] = field(factory=dict)
+    #: files branches changed that changed in the workspace too before a branch kept their
+    #: content, so merges found no base for them (see :attr:`MergeResult.base_gone`)
+    base_gone: set[str] = field(init=False, factory=set)
     #: what branch directories cost this run (see :meth:`statistics`)
     io: BranchIO = field(init=False, factory=BranchIO)
     #: each step's parents, in definition order
@@ -187,7 +190,7 @@ class PipelineRunner:
             except Exception as e:
                 # a step's own set-up failed (its condition, its fan-out source): the step
                 # fails and its descendants are skipped; the rest of the run goes on
-                self._fail(state, describe(e), traceback=user_traceback(e))
+                self._fail(state, describe(e), error_kind(e), traceback=user_traceback(e))
         finally:
             state.done.set()
 
@@ -201,12 +204,15 @@ class PipelineRunner:
         state.finished = time.time()
         self._recorder.skipped(state.step.name, cause, state.finished)
 
-    def _fail(self, state: StepState, error: str, *, traceback: str | None = None) -> None:
+    def _fail(
+        self, state: StepState, error: str, kind: ErrorKind, *, traceback: str | None = None
+    ) -> None:
         state.status = "failed"
         state.error = error
+        state.error_kind = kind
         state.finished = time.time()
         self._recorder.step_failed(
-            state.step.name, error, state.started, state.finished, traceback=traceback
+            state.step.name, error, kind, state.started, state.finished, traceback=traceback
         )
 
     def _arguments(self, step: Step, names: Sequence[str]) -> dict[str, Any]:
@@ -270,6 +276,7 @@ class PipelineRunner:
             first = next(iter(state.failures.items()))
             where = f"{step.name}[{first[0]}]" if first[0] is not None else step.name
             state.error = f"{where}: {first[1]}"
+            state.error_kind = state.failure_kinds.get(first[0], "internal")
         else:
             state.status = "succeeded"
 
@@ -310,6 +317,7 @@ class PipelineRunner:
         merged = await trio.to_thread.run_sync(
             lambda: merge_branches(branches, strategy=step.merge)
         )
+        self.base_gone.update(merged.base_gone)
         for conflict in merged.resolved:
             state.conflicts.append(conflict_json(step.name, conflict, step.merge))
         for conflict in merged.conflicts:
@@ -318,6 +326,6 @@ class PipelineRunner:
             self._recorder.conflicts(step.name, state.conflicts)
         if merged.conflicts:
             paths = ", ".join(display_names(sorted({c.path for c in merged.conflicts})))
-            self._fail(state, f"merge conflict in {paths} (merge={step.merge!r})")
+            self._fail(state, f"merge conflict in {paths} (merge={step.merge!r})", "conflict")
             return None
         return merged

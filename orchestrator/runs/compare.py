@@ -145,7 +145,7 @@ async def compare(
             # the store, for a deliberate apply_run(..., step="compare[NAME]")
             log.warning("not applied: the agent did not succeed", agent=apply)
             result = {**outcome.result, "applied": None}
-            return RunOutcome(outcome.run_id, "failed", result, outcome.run_dir)
+            return attrs.evolve(outcome, status="failed", result=result)
         applied = await apply_run(outcome.run_id, step=f"compare[{apply}]", state_dir=state_dir)
         changed = applied.workspace_changed
         entries = [
@@ -160,7 +160,7 @@ async def compare(
             "applied": apply if applied.applied else None,
             "workspaceChanged": display_names(changed),
         }
-        return RunOutcome(outcome.run_id, outcome.status, result, outcome.run_dir, changed)
+        return attrs.evolve(outcome, result=result, workspace_changed=changed, apply_asked=True)
     return outcome
 
 

@@ -65,8 +65,9 @@ class PromptRun:
     diff: str = ""
     #: whether the changes were written to the workspace (``apply=True`` and no conflict)
     applied: bool = False
-    #: files changed in the workspace during the run, so the changes were not applied; they
-    #: are kept in the run store (``orchestrator apply RUN`` once the workspace is settled)
+    #: files the agent changed that changed in the workspace during the run too (asked to apply
+    #: or not), so the changes were not applied; they are kept in the run store (``orchestrator
+    #: apply RUN`` once the workspace is settled)
     workspace_changed: tuple[str, ...] = ()
     #: changed files that ``changes.patch`` leaves out: they changed in the workspace before the
     #: run kept their content, so there is no base to patch (the run store keeps their changes)
@@ -90,6 +91,11 @@ class PromptRun:
     model: str | None = None
     #: the session mode it ran in, if the agent has modes
     mode: str | None = None
+    #: the agent asked for permissions, every one was refused, and it changed nothing: the turn
+    #: may have ended well, but did none of its work (see :attr:`warnings`)
+    did_nothing: bool = False
+    #: what a caller should know although the run did not fail, one sentence each
+    warnings: tuple[str, ...] = ()
 
     @property
     def permissions(self) -> list[PermissionRecord]:
@@ -142,6 +148,8 @@ class PromptRun:
             "wallSeconds": round(self.wall_seconds, 3),
             "sandbox": dict(self.sandbox) if self.sandbox is not None else None,
             "defaultRejections": self.default_rejections.to_json(),
+            "didNothing": self.did_nothing,
+            "warnings": list(self.warnings),
         }
 
 
@@ -202,6 +210,8 @@ def _prompt_run(outcome: RunOutcome, last: Any, spec: AgentSpec, wall_seconds: f
         default_rejections=DefaultRejections.from_json(result.get("defaultRejections")),
         model=last.model,
         mode=last.mode,
+        did_nothing=outcome.did_nothing,
+        warnings=outcome.warnings,
     )
 
 

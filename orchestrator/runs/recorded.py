@@ -98,7 +98,14 @@ async def as_seen(
 
 def _step_entry() -> dict[str, Any]:
     """A step's entry in a run's ``--json`` object before any of its records is read."""
-    return {"status": "pending", "instances": {}, "error": None, "cause": None, "traceback": None}
+    return {
+        "status": "pending",
+        "instances": {},
+        "error": None,
+        "errorKind": None,
+        "cause": None,
+        "traceback": None,
+    }
 
 
 async def get_run_json(
@@ -128,7 +135,13 @@ async def get_run_json(
         entry = by_step.setdefault(s.step, _step_entry())
         own = s.instance is None and s.agent is None and s.result is None
         if own and s.status in ("skipped", "failed"):
-            entry.update(status=s.status, error=s.error, cause=s.cause, traceback=s.traceback)
+            entry.update(
+                status=s.status,
+                error=s.error,
+                errorKind=s.error_kind,
+                cause=s.cause,
+                traceback=s.traceback,
+            )
         if own and s.key == s.step and (s.status == "skipped" or s.step in fanning):
             if s.status not in ("skipped", "failed"):
                 entry["status"] = s.status
@@ -138,6 +151,7 @@ async def get_run_json(
             status=s.status,
             agent=s.agent,
             error=s.error or body.get("error"),
+            errorKind=s.error_kind or body.get("errorKind"),
             traceback=s.traceback,
             attempt=s.attempt,
         )
@@ -152,7 +166,12 @@ async def get_run_json(
         if statuses and entry["status"] not in ("failed", "skipped"):
             if "failed" in statuses:
                 failed = next(i for i in entry["instances"].values() if i["status"] == "failed")
-                entry.update(status="failed", error=failed["error"], traceback=failed["traceback"])
+                entry.update(
+                    status="failed",
+                    error=failed["error"],
+                    errorKind=failed["errorKind"],
+                    traceback=failed["traceback"],
+                )
             elif "running" in statuses:
                 entry["status"] = "running"
             elif "interrupted" in statuses:

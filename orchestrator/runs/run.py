@@ -30,12 +30,13 @@ from attrs import field, frozen
 from .._log import get_logger
 from .._names import display_name, display_names, is_utf8
 from .._sizes import DEFAULT_MAX_FILE_SIZE
+from .._util import plain_cancelled
 from ..agent.client import ClientOptions
 from ..agent.permissions import Escalate
 from ..agent.services import ClientServices
 from ..agents import AgentSpec
 from ..config import Config
-from ..errors import AlreadyApplied, StoreError, SymlinkRefused, UsageError
+from ..errors import AgentNotFound, AlreadyApplied, StoreError, SymlinkRefused, UsageError
 from ..pipeline import Pipeline, load_pipeline
 from ..pipeline._calls import safe
 from ..pipeline._recording import notify
@@ -48,6 +49,7 @@ from ..pipeline.branches import (
     patch_of,
     rebuild_branch,
     stored_changes,
+    workspace_moved,
 )
 from ..pipeline.results import RunEvent
 from ..pipeline.runner import AgentPool, PipelineRunner, label_run_agents
@@ -105,9 +107,18 @@ class RunOutcome:
     result: Mapping[str, Any]
     #: the run's directory in the state directory
     run_dir: str
-    #: asked to apply, the run succeeded but wrote nothing: these files it changed changed in
-    #: the workspace during the run (its changes stay in the run store, to apply later)
+    #: files the run changed that changed in the workspace during the run too: asked to apply,
+    #: the run wrote nothing (its changes stay in the run store, to apply later); where
+    #: branches merged such a file they found no base for it (see ``MergeResult.base_gone``).
+    #: Never raised: the run ends with this outcome
     workspace_changed: tuple[str, ...] = ()
+    #: the run asked for permissions, every one was refused, and it changed nothing: it may
+    #: have succeeded, but did none of its work (see :attr:`warnings`)
+    did_nothing: bool = False
+    #: what a caller should know although the run did not fail, one sentence each
+    warnings: tuple[str, ...] = ()
+    #: whether the run was asked to apply its changes (``apply=True``)
+    apply_asked: bool = False
     #: each succeeded step's value as this process saw it (a :class:`StepResult`, a
     #: :class:`Results` of a fanned-out step, a Python step's return value); not recorded
     values: Mapping[str, Any] = field(factory=dict, eq=False, repr=False)
@@ -117,9 +128,9 @@ class RunOutcome:
 
     @property
     def exit_code(self) -> int:
-        """0 done, 1 a step failed, 3 left unapplied because the workspace changed, 4 merge
-        conflicts between branches, 130 interrupted."""
-        if self.status == "succeeded" and self.workspace_changed:
+        """0 done, 1 a step failed, 3 asked to apply, left unapplied because the workspace
+        changed, 4 merge conflicts between branches, 130 interrupted."""
+        if self.status == "succeeded" and self.workspace_changed and self.apply_asked:
             return 3
         return {"succeeded": 0, "failed": 1, "conflicts": 4, "interrupted": 130}[self.status]
 
@@ -170,10 +181,10 @@ class RunOutcome:
 
 
 def launchable(spec: AgentSpec) -> AgentSpec:
-    """``spec``, if its program can be found; else a UsageError saying how to install it."""
+    """``spec``, if its program can be found; else :class:`AgentNotFound` saying how to
+    install it."""
     if not spec.resolved(os.getcwd()).executable_found():
-        hint = f" (install: {spec.install})" if spec.install else ""
-        raise UsageError(f"agent {spec.name}: {spec.command[0]!r} not found{hint}")
+        raise AgentNotFound(spec.name, spec.command[0], spec.install or None)
     return spec
 
 
@@ -265,6 +276,7 @@ def _check_sandboxes(sandboxes: Mapping[tuple[str, str], Sandbox]) -> dict[str, 
     return {**rights_json(abi), "devices": list(DEVICES), "confined": confined}
 
 
+@plain_cancelled
 async def run_pipeline(
     pipeline: Pipeline | str | os.PathLike[str],
     inputs: Mapping[str, Any] | None = None,
@@ -506,12 +518,17 @@ async def run_pipeline(
                 # changes.patch leaves them out (the run store keeps their changes)
                 "patchLeftOut": display_names(left_out),
             }
+            nothing, warnings = _did_nothing(result)
+            result = {**result, "didNothing": nothing, "warnings": list(warnings)}
             outcome = RunOutcome(
                 run_id,
                 status,
                 result,
                 str(run_dir),
                 unapplied,
+                did_nothing=nothing,
+                warnings=warnings,
+                apply_asked=apply,
                 values={
                     name: s.value() for name, s in runner.states.items() if s.status == "succeeded"
                 },
@@ -524,6 +541,23 @@ async def run_pipeline(
             if refused is not None:
                 raise refused  # the run is recorded (its changes too); the apply is bad input
             return outcome
+
+
+def _did_nothing(result: Mapping[str, Any]) -> tuple[bool, tuple[str, ...]]:
+    """Whether the run of ``result`` (its ``--json`` object) asked for permissions, had every
+    one refused and changed nothing; and the warning that says so."""
+    instances = [
+        instance
+        for entry in (result.get("steps") or {}).values()
+        for instance in (entry.get("instances") or {}).values()
+    ]
+    instances += list(result.get("agents") or ())  # a comparison's, one per agent
+    asked = [p for i in instances for p in i.get("permissions") or ()]
+    changed = result.get("changes") or any(i.get("changes") for i in instances)
+    if not asked or changed or any(p.get("verdict") == "allow" for p in asked):
+        return False, ()
+    count = f"{len(asked)} permission request{'s' if len(asked) != 1 else ''}"
+    return True, (f"every one of the run's {count} was refused and it changed nothing",)
 
 
 async def _conclude(
@@ -539,7 +573,7 @@ async def _conclude(
     """
     states = runner.states
     failed = [s for s in states.values() if s.status == "failed"]
-    conflicted = [s for s in failed if s.error and s.error.startswith("merge conflict")]
+    conflicted = [s for s in failed if s.error_kind == "conflict"]
     status: RunStatus = "succeeded"
     if failed:
         status = "conflicts" if len(conflicted) == len(failed) else "failed"
@@ -554,6 +588,7 @@ async def _conclude(
             final = sinks[0]
         elif sinks:
             merged = await trio.to_thread.run_sync(lambda: merge_branches(sinks, strategy="fail"))
+            runner.base_gone.update(merged.base_gone)
             if merged.conflicts:
                 await store.add_conflicts(
                     runner.run_id,
@@ -567,34 +602,38 @@ async def _conclude(
         net = final.net_changes()
         # recorded before anything is applied: the apply reads them from the store, and a run
         # whose changes could not be recorded fails (raised: recorded as failed with it)
+        stored = stored_changes(runner.snapshot, net)
+        # the files it changed that the workspace changed too, before or after the run kept
+        # them: named in the outcome whether or not it applies (an apply would refuse them)
+        runner.base_gone.update(
+            await trio.to_thread.run_sync(workspace_moved, str(runner.workspace), stored)
+        )
         try:
-            await store.put_changes(
-                runner.run_id,
-                FINAL,
-                stored_changes(runner.snapshot, net),
-                diff=diff_of(final, net),
-            )
+            await store.put_changes(runner.run_id, FINAL, stored, diff=diff_of(final, net))
         except StoreError as e:
             raise StoreError(f"recording the run's changes failed: {e}") from e
         left_out = tuple(await trio.to_thread.run_sync(lambda: patch_left_out(final.root, net)))
         patch = await trio.to_thread.run_sync(lambda: patch_of(final.root, net))
         await trio.to_thread.run_sync((runner.run_dir / "changes.patch").write_bytes, patch)
     await store.update_run(runner.run_id, status=status, finished=time.time())
+    # files both the run and the workspace changed, found by its merges: named as an apply
+    # would name them (the outcome says so; the run is not refused for it)
+    moved = tuple(sorted(runner.base_gone))
     if not (apply and status == "succeeded"):
-        return status, (), left_out, None
+        return status, moved, left_out, None
     try:
         outcome = await apply_recorded(store, runner.run_id, state=state)
     except AlreadyApplied as e:  # a resume of a run applied before
         log.warning("not applied again", run=runner.run_id, reason=str(e))
-        return status, (), left_out, None
+        return status, moved, left_out, None
     except SymlinkRefused as e:
-        return status, (), left_out, e
+        return status, moved, left_out, e
     if outcome.workspace_changed:
         log.warning(
             "workspace changed during the run; nothing applied",
             files=display_names(outcome.workspace_changed),
         )
-    return status, outcome.workspace_changed, left_out, None
+    return status, tuple(sorted({*moved, *outcome.workspace_changed})), left_out, None
 
 
 async def _reusable(

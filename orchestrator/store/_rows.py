@@ -41,7 +41,7 @@ RUN_COLUMNS = (
 #: the columns of the ``steps`` table, in the order of :func:`step_values`
 STEP_COLUMNS = (
     "run_id, key, step, instance, agent, status, attempt, started, finished, session_id, "
-    "result, value, value_stored, error, cause, usage, traceback"
+    "result, value, value_stored, error, cause, usage, traceback, error_kind"
 )
 
 
@@ -119,13 +119,14 @@ def step_values(step: StepRecord) -> tuple[Any, ...]:
         step.cause,
         None if step.usage is None else dumps(dict(step.usage), f"{what} usage"),
         step.traceback,
+        step.error_kind,
     )
 
 
 def step_from_row(row: Sequence[Any]) -> StepRecord:
     """The record of a row selected in ``STEP_COLUMNS`` order."""
     (run_id, key, step, instance, agent, status, attempt, started, finished) = row[:9]
-    session_id, result, value, value_stored, error, cause, usage, traceback = row[9:]
+    session_id, result, value, value_stored, error, cause, usage, traceback, error_kind = row[9:]
     return StepRecord(
         run_id=run_id,
         key=key,
@@ -144,6 +145,7 @@ def step_from_row(row: Sequence[Any]) -> StepRecord:
         cause=cause,
         usage=loads(usage),
         traceback=traceback,
+        error_kind=error_kind,
     )
 
 

@@ -183,8 +183,11 @@ _V3 = _sql(
 # v4: the traceback of a step that failed with a Python exception (NULL for older rows).
 _V4 = _sql("ALTER TABLE steps ADD COLUMN traceback TEXT")
 
+# v5: why a step failed, as a kind (``orchestrator.errors.ErrorKind``; NULL for older rows).
+_V5 = _sql("ALTER TABLE steps ADD COLUMN error_kind TEXT")
+
 #: the migrations, in order: ``MIGRATIONS[i]`` takes a database from version i to i + 1
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4)
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5)
 #: the version this code writes
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -145,6 +145,9 @@ class StepRecord:
     value_stored: bool = False
     #: why the step failed
     error: str | None = None
+    #: why it failed, as a kind (see :data:`~orchestrator.errors.ErrorKind`); None if it did not
+    #: (and for records written before the store kept it)
+    error_kind: str | None = None
     #: the failure's class or origin (timeout, agent exit, conflict, ...)
     cause: str | None = None
     #: token and cost figures the agent reported
@@ -170,6 +173,7 @@ class StepRecord:
             "value": self.value,
             "valueStored": self.value_stored,
             "error": self.error,
+            "errorKind": self.error_kind,
             "cause": self.cause,
             "usage": None if self.usage is None else dict(self.usage),
             "traceback": self.traceback,

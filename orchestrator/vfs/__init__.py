@@ -52,6 +52,7 @@ from .apply import (
     apply_changes,
     apply_changes_async,
     check_symlinks,
+    disk_digest,
     interrupted_applies,
     recover_applies,
 )
@@ -140,6 +141,7 @@ __all__ = [
     "check_git_branch",
     "check_path_limits",
     "check_symlinks",
+    "disk_digest",
     "git_commit",
     "git_commit_async",
     "git_head_tree",

@@ -86,6 +86,7 @@ __all__ = [
     "apply_changes",
     "apply_changes_async",
     "check_symlinks",
+    "disk_digest",
     "interrupted_applies",
     "recover_applies",
 ]
@@ -224,6 +225,11 @@ def _blob_digest(path: str) -> str | None:
         return None
     finally:
         os.close(fd)
+
+
+def disk_digest(root: str, path: str) -> str | None:
+    """The digest of workspace path ``path`` under ``root`` as it is now (None if absent)."""
+    return _disk(root, path)[0]
 
 
 def _disk(root: str, path: str) -> tuple[str | None, int | None]:

@@ -34,7 +34,7 @@ from ._fileio import is_binary, is_symlink
 from ._lines import LineMatcher
 from .branch import Branch
 from .changes import Change, ChangeSet, FileState, ModeChange, Write
-from .errors import MergeConflictError
+from .errors import MergeConflictError, WorkspaceChanged
 from .tree import Layer, Tree, ancestors, change_between, compose, net_changes, root_of
 from .watch import ConflictWatch
 
@@ -311,6 +311,10 @@ class MergeResult:
             takes_self=True,
         ),
     )
+    #: paths several branches changed whose content at the base is gone from the workspace
+    #: (it changed there before a branch kept it): merged without a base, as if each side had
+    #: added the file (the same version, else an ``add/add`` conflict)
+    base_gone: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -388,6 +392,7 @@ def _fold(branches: Sequence[Branch], strategy: ConflictStrategy | Callable[...,
     open_conflicts: dict[str, int] = {}  # unresolved paths -> their index in ``conflicts``
     conflicts: list[Conflict] = []
     resolved: list[Conflict] = []
+    gone: list[str] = []
     ours_name = names[0]
     for branch in branches[1:]:
         side = branch.net_changes(base)
@@ -406,7 +411,14 @@ def _fold(branches: Sequence[Branch], strategy: ConflictStrategy | Callable[...,
                 acc[path] = side[path]
                 continue
             ours = _state_in(base, acc_set, path)
-            base_state = base.state(path)
+            try:
+                base_state = base.state(path)
+            except WorkspaceChanged:
+                # the workspace no longer holds it and no branch kept it: there is no common
+                # version to merge against, so each side is whole (never raised: a run that
+                # meets this still ends with its outcome)
+                base_state = None
+                gone.append(path)
             outcome = merge_file(
                 path, base_state, ours, theirs, ours_name=ours_name, theirs_name=branch.name
             )
@@ -451,7 +463,14 @@ def _fold(branches: Sequence[Branch], strategy: ConflictStrategy | Callable[...,
             theirs=conflict.theirs_name,
             also_changed=[name for name, _ in conflict.also_changed],
         )
-    return MergeResult(base, ChangeSet.of(acc), tuple(conflicts), tuple(resolved), tuple(names))
+    return MergeResult(
+        base,
+        ChangeSet.of(acc),
+        tuple(conflicts),
+        tuple(resolved),
+        tuple(names),
+        tuple(sorted(set(gone))),
+    )
 
 
 def merge_branches(branches: Sequence[Branch], *, strategy: Strategy = "fail") -> MergeResult:
