@@ -201,6 +201,7 @@ async def test_prompt_json_reports_every_field(project: Path) -> None:
         "defaultRejections",
         "didNothing",
         "warnings",
+        "notices",
     }
     assert result["sandbox"] is None  # not confined unless asked
     assert result["defaultRejections"] == {

@@ -250,6 +250,7 @@ def _defined_exceptions() -> set[type[BaseException]]:
 #: own control flow): not part of the library's error contract
 INTERNAL = {
     "orchestrator.demo.instructions._Refused",
+    "orchestrator.runs.outcomes._Unreadable",
     "orchestrator.testing._steps.ScriptedCrash",
     "orchestrator.testing._wire.PeerGone",
 }
