@@ -224,6 +224,7 @@ async def resume_run(
     max_file_size: int | str | None = None,
     config: Config | None = None,
     sandbox: SandboxChoice = None,
+    pipeline: Pipeline | str | os.PathLike[str] | None = None,
     escalate: Escalate | None = None,
     apply: bool = False,
     on_event: Callable[[RunEvent], None] | None = None,
@@ -233,7 +234,7 @@ async def resume_run(
     verify: Mapping[str, str] | None = None,
     options: ClientOptions | None = None,
     services: ClientServices | None = None,
-    record_transcripts: bool = True,
+    record_transcripts: bool | None = None,
 ) -> RunOutcome:
     """:func:`~orchestrator.runs.resume.resume_run` awaited from asyncio (see the module)."""
     return await _threaded.call_async(
@@ -246,6 +247,7 @@ async def resume_run(
             max_file_size=max_file_size,
             config=config,
             sandbox=sandbox,
+            pipeline=pipeline,
             escalate=escalate,
             apply=apply,
             on_event=on_event,

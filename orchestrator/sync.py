@@ -234,6 +234,7 @@ def resume_run_sync(
     max_file_size: int | str | None = None,
     config: Config | None = None,
     sandbox: SandboxChoice = None,
+    pipeline: Pipeline | str | os.PathLike[str] | None = None,
     escalate: Escalate | None = None,
     apply: bool = False,
     on_event: Callable[[RunEvent], None] | None = None,
@@ -243,7 +244,7 @@ def resume_run_sync(
     verify: Mapping[str, str] | None = None,
     options: ClientOptions | None = None,
     services: ClientServices | None = None,
-    record_transcripts: bool = True,
+    record_transcripts: bool | None = None,
     cancel: CancelToken | None = None,
 ) -> RunOutcome:
     """:func:`~orchestrator.runs.resume.resume_run` in a thread of its own (see the module)."""
@@ -257,6 +258,7 @@ def resume_run_sync(
             max_file_size=max_file_size,
             config=config,
             sandbox=sandbox,
+            pipeline=pipeline,
             escalate=escalate,
             apply=apply,
             on_event=on_event,

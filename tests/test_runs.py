@@ -215,6 +215,63 @@ WRITER = AgentScript(
 )
 
 
+def flaky_in_code(flag: Path) -> Pipeline:
+    """write (the in-memory writer) -> gate (Python: fails until ``flag`` exists)."""
+
+    @step(agent="m")
+    def write() -> str:
+        return "write notes"
+
+    @step
+    def gate(write: StepResult) -> int:
+        if not flag.exists():
+            raise RuntimeError("not yet")
+        return len(write.changes)
+
+    return Pipeline.from_steps([write, gate], name="in-code")
+
+
+async def test_a_pipeline_built_in_code_resumes_when_given_again(tmp_path: Path) -> None:
+    """No file holds it: resume asks for the pipeline, and with it reuses the finished step."""
+    ws = workspace(tmp_path)
+    flag = tmp_path / "flag"
+    pipe = flaky_in_code(flag)
+    kwargs: dict[str, Any] = {
+        "config": config(AgentSpec("m", ("unused-in-memory-agent",))),
+        "connector": memory_connector(memory_writer),
+    }
+    with trio.fail_after(LIMIT):
+        first = await run_pipeline(pipe, cwd=ws, **kwargs)
+    assert (first.status, first.steps["gate"].error_kind) == ("failed", "exception")
+    with pytest.raises(UsageError, match="built in code"):
+        await resume_run(first.run_id, **kwargs)
+    flag.touch()
+    events: list[RunEvent] = []
+    with trio.fail_after(LIMIT):
+        second = await resume_run(first.run_id, pipeline=pipe, on_event=events.append, **kwargs)
+    assert (second.status, second.steps["gate"].value) == ("succeeded", 1)
+    assert {e.step for e in events if e.type == "step_reused"} == {"write"}
+
+
+async def test_resume_keeps_the_verify_commands_the_run_was_started_with(tmp_path: Path) -> None:
+    """A step that failed its verify command fails it again on resume, unless verify is given."""
+    ws = workspace(tmp_path)
+    kwargs: dict[str, Any] = {
+        "config": config(AgentSpec("m", ("unused-in-memory-agent",))),
+        "connector": memory_connector(memory_writer),
+    }
+    pipe = two_step_pipeline()
+    with trio.fail_after(LIMIT):
+        first = await run_pipeline(
+            pipe, {"name": "notes"}, cwd=ws, verify={"write": "test -f verified.txt"}, **kwargs
+        )
+        assert first.steps["write"].error == "verify failed: exit 1"
+        again = await resume_run(first.run_id, pipeline=pipe, **kwargs)
+        assert (again.status, again.steps["write"].error) == ("failed", "verify failed: exit 1")
+        relaxed = await resume_run(first.run_id, pipeline=pipe, verify={}, **kwargs)
+    assert relaxed.status == "succeeded"
+
+
 async def test_branch_changes_reach_the_diff_and_are_applied_only_on_request(
     tmp_path: Path,
 ) -> None:

@@ -7,11 +7,11 @@ Usage::
 
 Each function of :data:`FUNCTIONS` gets a twin in each face with the same parameters (names,
 kinds, defaults and annotations, read with :func:`inspect.signature`); the twins of the sync
-face also take ``cancel``. A function whose ``**kwargs`` go on to :func:`run_pipeline` gets that
-function's keyword parameters in their place, so that every parameter is checked. Private
-parameters (``_kind``) and those that only make sense inside one trio run (an open run store,
-an agent pool) are left out. The types the annotations name are imported where the trio
-function's module imports them.
+face also take ``cancel``. A trio function with ``*args`` or ``**kwargs`` is refused: every
+parameter is named, so that mypy checks every call of every face. Private parameters
+(``_kind``) and those that only make sense inside one trio run (an open run store, an agent
+pool) are left out. The types the annotations name are imported where the trio function's
+module imports them.
 """
 
 from __future__ import annotations
@@ -43,10 +43,6 @@ FUNCTIONS = [
     ("orchestrator.runs.recorded", "get_run_json"),
     ("orchestrator.runs.recorded", "diff_run"),
 ]
-#: where ``**kwargs`` go: their keyword parameters replace it
-KWARGS_TO = ("orchestrator.runs.run", "run_pipeline")
-#: parameters a function passes to run_pipeline itself (its caller cannot)
-NOT_FORWARDED = {"resume_run": {"cwd"}}
 #: parameters bound to one trio run: a run store opened in it, an agent pool serving in it
 LEFT_OUT = {"store", "pool"}
 
@@ -137,17 +133,9 @@ def parameters(module_name: str, name: str) -> tuple[list[inspect.Parameter], st
     params: list[inspect.Parameter] = []
     used: set[str] = set()
     for p in signature.parameters.values():
-        if p.kind is p.VAR_KEYWORD:
-            target = importlib.import_module(KWARGS_TO[0])
-            target_imports = _source_imports(target)
-            own = {q.name for q in params} | NOT_FORWARDED.get(name, set())
-            for q in inspect.signature(getattr(target, KWARGS_TO[1])).parameters.values():
-                if q.kind is q.KEYWORD_ONLY and not q.name.startswith("_") and q.name not in own:
-                    if q.name in LEFT_OUT:
-                        continue
-                    params.append(q)
-                    used |= {target_imports[n] for n in _names(str(q.annotation))}
-            continue
+        if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
+            # a twin's parameters are the trio function's, checked by mypy: none may hide
+            raise ValueError(f"{module_name}.{name}: *{p.name} hides parameters; name them")
         if p.name.startswith("_") or p.name in LEFT_OUT:
             continue
         params.append(p)

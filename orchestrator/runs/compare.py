@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from .._log import get_logger
 from .._names import display_names
+from ..agent.client import ClientOptions
+from ..agent.permissions import Escalate
+from ..agent.services import ClientServices
 from ..agents import AgentSpec
 from ..config import Config
 from ..errors import UsageError
 from ..pipeline import Pipeline, Step
 from ..pipeline import step as step_decorator
+from ..pipeline.results import RunEvent
+from ..pipeline.runner import AgentPool
+from ..policy import PolicySet
+from ..protocol import types as t
+from ..sandbox import SandboxChoice
+from ..supervisor import Connector
 from .apply import apply_run
 from .run import RunOutcome, run_pipeline, workspace_root
 
@@ -78,7 +87,20 @@ async def compare(
     idle_timeout: float | None = None,
     model: str | None = None,
     mode: str | None = None,
-    **kwargs: Any,
+    policy: str | os.PathLike[str] | PolicySet | None = None,
+    escalate: Escalate | None = None,
+    max_sessions: int | None = None,
+    max_file_size: int | str | None = None,
+    on_event: Callable[[RunEvent], None] | None = None,
+    on_update: Callable[[t.SessionUpdate], None] | None = None,
+    state_dir: str | os.PathLike[str] | None = None,
+    transcript: str | os.PathLike[str] | None = None,
+    connector: Connector | None = None,
+    pool: AgentPool | None = None,
+    options: ClientOptions | None = None,
+    services: ClientServices | None = None,
+    record_transcripts: bool = True,
+    sandbox: SandboxChoice = None,
 ) -> RunOutcome:
     """The same task to each agent at once, each in its own branch; side by side.
 
@@ -88,7 +110,7 @@ async def compare(
     succeeds when at least one agent did; its result names them (``succeeded``) and the
     ``winner`` (see :mod:`orchestrator.runs.verdict`). ``apply`` names the agent whose
     changes to write to the workspace, if that agent succeeded (else the status is failed).
-    Other keyword arguments are :func:`~orchestrator.runs.run_pipeline`'s (``policy``,
+    The other keyword arguments are :func:`~orchestrator.runs.run_pipeline`'s (``policy``,
     ``sandbox``, ``state_dir``, ...); under a sandbox the verify command runs confined too.
 
     One agent on several models: ``["claude:sonnet", "claude:opus"]`` (``NAME:MODEL`` of a
@@ -103,7 +125,7 @@ async def compare(
     if verify is not None and not verify.strip():  # else no check would run, yet all pass
         raise UsageError("the verify command is empty")
     root = workspace_root(cwd)
-    cfg = config if config is not None else Config.load(root, state_dir=kwargs.get("state_dir"))
+    cfg = config if config is not None else Config.load(root, state_dir=state_dir)
     specs = cfg.resolve_agents(agents, base=os.getcwd())
     names = [s.name for s in specs]
     for i, name in enumerate(names):
@@ -136,9 +158,21 @@ async def compare(
         verify={"compare": verify} if verify else None,
         _kind="compare",
         _extra_options={"compare": info},
-        **kwargs,
+        policy=policy,
+        escalate=escalate,
+        max_sessions=max_sessions,
+        max_file_size=max_file_size,
+        on_event=on_event,
+        on_update=on_update,
+        state_dir=state_dir,
+        transcript=transcript,
+        connector=connector,
+        pool=pool,
+        options=options,
+        services=services,
+        record_transcripts=record_transcripts,
+        sandbox=sandbox,
     )
-    state_dir = kwargs.get("state_dir")
     if apply is not None and outcome.status == "succeeded":
         if apply not in outcome.result.get("succeeded", ()):
             # only work that passed is written on the way; a failed agent's branch stays in

@@ -5,20 +5,27 @@ from __future__ import annotations
 import functools
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import trio
 
 from .._log import get_logger
+from ..agent.client import ClientOptions
+from ..agent.permissions import Escalate
+from ..agent.services import ClientServices
 from ..agents import AgentSpec
 from ..config import Config
 from ..errors import ResumeConflict, UsageError
-from ..pipeline import load_pipeline
+from ..pipeline import Pipeline, load_pipeline
+from ..pipeline.results import RunEvent
+from ..pipeline.runner import AgentPool
 from ..policy import PolicySet
+from ..protocol import types as t
 from ..sandbox import SandboxChoice
 from ..state import state_directory
 from ..store import open_run_store
+from ..supervisor import Connector
 from .compare import _compare_config, _compare_pipeline
 from .prompt import prompt_pipeline, prompt_result
 from .run import RunOutcome, run_pipeline
@@ -38,7 +45,18 @@ async def resume_run(
     max_file_size: int | str | None = None,
     config: Config | None = None,
     sandbox: SandboxChoice = None,
-    **kwargs: Any,
+    pipeline: Pipeline | str | os.PathLike[str] | None = None,
+    escalate: Escalate | None = None,
+    apply: bool = False,
+    on_event: Callable[[RunEvent], None] | None = None,
+    on_update: Callable[[t.SessionUpdate], None] | None = None,
+    transcript: str | os.PathLike[str] | None = None,
+    connector: Connector | None = None,
+    pool: AgentPool | None = None,
+    verify: Mapping[str, str] | None = None,
+    options: ClientOptions | None = None,
+    services: ClientServices | None = None,
+    record_transcripts: bool | None = None,
 ) -> RunOutcome:
     """Run ``run_id`` again: finished instances are reused with their branches, the rest re-run.
 
@@ -52,11 +70,17 @@ async def resume_run(
     files the finished steps changed.
     ``apply=True`` applies the run's final changes at its end (not for a comparison: apply
     one agent's afterwards).
+
+    A pipeline run is resumed from its recorded file; ``pipeline`` gives it instead (a file,
+    or the :class:`~orchestrator.pipeline.Pipeline` a program built in code, which has no
+    file to read again). ``verify`` replaces the recorded verify commands, and
+    ``record_transcripts`` the first attempt's choice (a prompt keeps its wire transcript only
+    when asked). The other keyword arguments are :func:`~orchestrator.runs.run_pipeline`'s.
     """
     state = state_directory(state_dir)
     async with open_run_store(state) as store:
         record = await store.get_run(run_id)
-    options = dict(record.options)
+    recorded = dict(record.options)
     base = (
         config
         if config is not None
@@ -65,7 +89,7 @@ async def resume_run(
         )
     )
     restored = restore_settings(
-        options.get("settings"),
+        recorded.get("settings"),
         base,
         policy=policy,
         max_sessions=max_sessions,
@@ -74,9 +98,9 @@ async def resume_run(
     )
     spec: AgentSpec | None = None  # a prompt's agent
     if record.kind == "compare":
-        info = options.get("compare") or {}
+        info = recorded.get("compare") or {}
         names = list(info.get("agents") or [])
-        if kwargs.get("apply"):
+        if apply:
             # the agents' branches are alternatives: which one to apply is a choice
             choices = ", ".join(f"compare[{name}]" for name in names)
             raise UsageError(
@@ -91,11 +115,10 @@ async def resume_run(
             info.get("model"),
             info.get("mode"),
         )
-        kwargs.setdefault("verify", options.get("verify") or {})
-        if "settings" not in options:  # recorded before settings were kept
+        if "settings" not in recorded:  # recorded before settings were kept
             base = _compare_config(record.cwd, names, info.get("commands") or {}, state_dir=state)
     elif record.kind == "prompt":
-        info = options.get("prompt") or {}
+        info = recorded.get("prompt") or {}
         if not info.get("agent"):
             raise UsageError(f"run {record.run_id} does not record its agent")
         agent = str(info["agent"])
@@ -104,13 +127,22 @@ async def resume_run(
         )
         spec = restored.settings.agents.get(agent) or base.resolve_agent(agent)
     else:
-        if not record.pipeline:
-            raise UsageError(f"run {record.run_id} has no pipeline to resume")
-        pipe = load_pipeline(record.pipeline)
+        if pipeline is None and not record.pipeline:
+            raise UsageError(
+                f"run {record.run_id} ran a pipeline built in code, which no file holds: "
+                "give that pipeline to resume it"
+            )
+        if isinstance(pipeline, Pipeline):
+            pipe = pipeline
+        else:
+            pipe = load_pipeline(pipeline if pipeline is not None else str(record.pipeline))
         if pipe.digest != record.pipeline_digest:
-            log.warning("the pipeline file changed since the run", pipeline=record.pipeline)
-    # as the first attempt: a prompt keeps its wire transcript only when asked
-    kwargs.setdefault("record_transcripts", record.kind != "prompt")
+            log.warning("the pipeline changed since the run", pipeline=pipe.path or pipe.name)
+    if verify is None:  # the verify commands the run was started with
+        verify = dict(recorded.get("verify") or {})
+    if record_transcripts is None:
+        # as the first attempt: a prompt keeps its wire transcript only when asked
+        record_transcripts = record.kind != "prompt"
     said = restored.to_json()
     started = time.monotonic()
 
@@ -133,7 +165,17 @@ async def resume_run(
             _resume=record.run_id,
             _settings_restored=restored.settings,
             _finish_result=finish,
-            **kwargs,
+            escalate=escalate,
+            apply=apply,
+            on_event=on_event,
+            on_update=on_update,
+            transcript=transcript,
+            connector=connector,
+            pool=pool,
+            verify=verify,
+            options=options,
+            services=services,
+            record_transcripts=record_transcripts,
         )
     except ResumeConflict as e:
         raise ResumeConflict(e.paths, record.run_id) from None
