@@ -485,3 +485,296 @@ def test_a_resolved_clash_labels_ours_as_the_merge_so_far() -> None:
     assert (second.ours_name, second.theirs_name) == ("s[a]+s[b]", "s[c]")
     assert second.ours == b"# Changes\n- s[a]\n- s[b]\n"
     assert result.tree().read("CHANGES") == b"# Changes\n- s[a]\n- s[b]\n- s[c]\n"
+
+
+# --------------------------------------------------------------------------- nearest bases
+
+
+def ancestor_with_three_sinks() -> tuple[Branch, Branch, Branch]:
+    """``x`` and ``y`` forked from ``a``, which created notes.txt (y appends to it), and ``z``
+    beside ``a``."""
+    root = Branch.from_tree(MemoryTree.from_files({}), "root")
+    a = root.fork("a")
+    a.write("notes.txt", b"first\n")
+    x, y = a.fork("x"), a.fork("y")
+    y.write("notes.txt", b"first\ny\n")
+    z = root.fork("z")
+    z.write("z.txt", b"z\n")
+    return x, y, z
+
+
+def test_branches_of_a_nearer_base_merge_against_it_whatever_else_is_merged() -> None:
+    """Two forks of a step and a third branch beside it merge cleanly, in every order."""
+    x, y, z = ancestor_with_three_sinks()
+    for order in itertools.permutations([x, y, z]):
+        result = merge_branches(order)
+        assert result.ok, order
+        assert result.tree().read("notes.txt") == b"first\ny\n"
+        assert result.tree().read("z.txt") == b"z\n"
+        assert dict(result.net_changes()) == {
+            "notes.txt": Write(b"first\ny\n"),
+            "z.txt": Write(b"z\n"),
+        }
+    # the nearer pair merges first, then the rest: merge order and names say so
+    assert merge_branches([z, x, y]).sources == ("z", "x", "y")
+    assert merge_branches([x, z, y]).sources == ("x", "y", "z")
+
+
+def test_a_conflict_of_a_nearer_base_keeps_its_base_versions_and_labels() -> None:
+    """A clash between forks of one step is against that step's version, labelled by them."""
+    x, y, z = ancestor_with_three_sinks()
+    x.write("notes.txt", b"first\nx\n")
+    (conflict,) = merge_branches([z, x, y]).conflicts
+    assert (conflict.path, conflict.kind) == ("notes.txt", "content")
+    assert (conflict.base, conflict.ours, conflict.theirs) == (
+        b"first\n",
+        b"first\nx\n",
+        b"first\ny\n",
+    )
+    assert (conflict.ours_name, conflict.theirs_name, conflict.also_changed) == ("x", "y", ())
+    result = merge_branches([z, x, y])
+    # the conflicted file stays at its conflict's base version (the step's), the rest merges
+    assert result.tree().read("notes.txt") == b"first\n"
+    assert result.tree().read("z.txt") == b"z\n"
+    # a branch beside them that changed the path too joins the one conflict, in merge order
+    z.write("notes.txt", b"z\n")
+    (conflict,) = merge_branches([z, x, y]).conflicts
+    assert (conflict.ours_name, conflict.theirs_name) == ("x", "y")
+    assert conflict.also_changed == (("z", b"z\n"),)
+    (conflict,) = merge_branches([x, y, z]).conflicts
+    assert conflict.also_changed == (("z", b"z\n"),)
+
+
+def test_strategies_settle_each_merge_against_its_own_base() -> None:
+    """`theirs` settles the forks' clash, then the merge of them against the branch beside."""
+    x, y, z = ancestor_with_three_sinks()
+    x.write("notes.txt", b"first\nx\n")
+    z.write("notes.txt", b"z\n")
+    result = merge_branches([z, x, y], strategy="theirs")
+    assert result.ok
+    first, second = result.resolved
+    assert (first.ours_name, first.theirs_name, first.base) == ("x", "y", b"first\n")
+    assert (second.ours_name, second.theirs_name, second.kind) == ("z", "x+y", "add/add")
+    assert (second.base, second.ours, second.theirs) == (None, b"z\n", b"first\ny\n")
+    assert result.tree().read("notes.txt") == b"first\ny\n"
+    ours = merge_branches([z, x, y], strategy="ours")
+    assert ours.tree().read("notes.txt") == b"z\n"
+
+
+def test_a_step_and_one_forked_from_it_merge_against_the_fork_point() -> None:
+    """A branch and its fork merge against the tree the fork started from, while it is current."""
+    root = Branch.from_tree(MemoryTree.from_files({}), "root")
+    a = root.fork("a")
+    a.write("notes.txt", b"first\n")
+    after = a.fork("after")
+    after.write("notes.txt", b"first\nafter\n")
+    assert common_base([a, after]) is after.base
+    result = merge_branches([a, after])
+    assert result.ok
+    assert result.tree().read("notes.txt") == b"first\nafter\n"
+    assert merge_branches([after, a]).tree().read("notes.txt") == b"first\nafter\n"
+    # a branch changed after the fork came from the fork point: a clash is against it
+    a.write("notes.txt", b"first\na\n")
+    (conflict,) = merge_branches([a, after]).conflicts
+    assert (conflict.kind, conflict.base) == ("content", b"first\n")
+    assert (conflict.ours, conflict.theirs) == (b"first\na\n", b"first\nafter\n")
+    a.write("notes.txt", b"first\n")
+    a.write("a.txt", b"a\n")
+    result = merge_branches([a, after])
+    assert result.ok
+    assert result.tree().read("notes.txt") == b"first\nafter\n"
+    assert result.tree().read("a.txt") == b"a\n"
+
+
+def parents() -> tuple[Branch, Branch]:
+    """Two branches of an empty tree, each creating a file."""
+    root = Branch.from_tree(MemoryTree.from_files({}), "root")
+    a, b = root.fork("a"), root.fork("b")
+    a.write("a.txt", b"a\n")
+    b.write("b.txt", b"b\n")
+    return a, b
+
+
+def test_a_step_after_a_merge_and_one_after_a_parent_merge_against_that_parent() -> None:
+    """A fork of a merge and a fork of one merged branch merge against that branch's state."""
+    a, b = parents()
+    after_both = merge_branches([a, b]).fork("after_both")
+    after_a = a.fork("after_a")
+    after_a.write("a.txt", b"a\nafter a\n")
+    for order in ([after_both, after_a], [after_a, after_both]):
+        result = merge_branches(order)
+        assert result.ok
+        assert dict(result.net_changes()) == {
+            "a.txt": Write(b"a\nafter a\n"),
+            "b.txt": Write(b"b\n"),
+        }
+
+
+def test_forks_of_separate_merges_of_the_same_branches_merge_against_them() -> None:
+    """Two steps after the same parents merge them apart; their branches still merge cleanly."""
+    a, b = parents()
+    first, second = merge_branches([a, b]), merge_branches([b, a])
+    assert first.tree() is not second.tree()
+    left, right = first.fork("left"), second.fork("right")
+    left.write("a.txt", b"a\nleft\n")
+    right.write("right.txt", b"right\n")
+    result = merge_branches([left, right])
+    assert result.ok
+    assert dict(result.net_changes()) == {
+        "a.txt": Write(b"a\nleft\n"),
+        "b.txt": Write(b"b\n"),
+        "right.txt": Write(b"right\n"),
+    }
+
+
+def test_merges_that_settled_a_clash_apart_merge_against_a_virtual_base() -> None:
+    """Forks of two merges of one clash compare against the clash's own merge (criss-cross)."""
+    a, b = parents()
+    a.write("f.txt", b"a\n")
+    b.write("f.txt", b"b\n")
+    first, second = merge_branches([a, b], strategy="ours"), merge_branches([a, b], strategy="ours")
+    left, right = first.fork("left"), second.fork("right")
+    left.write("left.txt", b"left\n")
+    # settled the same way: no change of either side against their parents' merge
+    result = merge_branches([left, right])
+    assert result.ok
+    assert result.tree().read("f.txt") == b"a\n"
+    assert result.tree().read("left.txt") == b"left\n"
+    # settled differently: the clash is theirs again, against the version both parents had
+    other = merge_branches([a, b], strategy="theirs").fork("other")
+    (conflict,) = merge_branches([left, other]).conflicts
+    assert (conflict.path, conflict.kind) == ("f.txt", "add/add")
+    assert (conflict.base, conflict.ours, conflict.theirs) == (None, b"a\n", b"b\n")
+    assert (conflict.ours_name, conflict.theirs_name) == ("left", "other")
+
+
+PATHS = ("p", "q", "r")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_random_forks_merge_each_against_their_nearest_common_base(data: st.DataObject) -> None:
+    """Any set of branches of a random tree of forks and edits merges as its nearest bases say.
+
+    A model of the branches' frozen states (a branch never changed is its base; one frozen by a
+    fork is that tree until it changes; a later state comes from the last one frozen) gives
+    each branch's chain of trees. Merging, for every tree from the nearest up, what the
+    branches through each tree above it merged to gives the expected files. A path no two
+    branches changed differently from their nearest common tree never conflicts and holds
+    that; with no such path at all, the merge is clean and the same in any order.
+    """
+    Files = dict[str, bytes]
+    contents: dict[object, Files] = {"root": {"p": b"0\n"}}  # tree -> its files
+    below: dict[object, object] = {}  # tree -> the tree its state came from
+    branches = [Branch.from_tree(MemoryTree.from_files(contents["root"]), "b0")]
+    states: list[Files] = [dict(contents["root"])]
+    bases: list[object] = ["root"]
+    frozen: list[object | None] = [None]  # the branch frozen as it is now, if it was
+    last: list[object | None] = [None]  # the last tree the branch was frozen to
+    versions = [0]
+    written = itertools.count(1)
+
+    def freeze(i: int) -> object:
+        """The tree branch ``i`` is now, as Branch.freeze makes it."""
+        if frozen[i] is None:
+            if last[i] is None and states[i] == contents[bases[i]]:
+                return bases[i]
+            tree = ("state of", i, versions[i])
+            contents[tree] = dict(states[i])
+            below[tree] = bases[i] if last[i] is None else last[i]
+            frozen[i] = last[i] = tree
+        return frozen[i]
+
+    for _ in range(data.draw(st.integers(2, 20), label="ops")):
+        i = data.draw(st.integers(0, len(branches) - 1), label="branch")
+        op = data.draw(st.sampled_from(["fork", "fork", "write", "write", "delete"]), label="op")
+        if op == "fork":
+            branches.append(branches[i].fork(f"b{len(branches)}"))
+            bases.append(freeze(i))
+            states.append(dict(states[i]))
+            frozen.append(None)
+            last.append(None)
+            versions.append(0)
+            continue
+        path = data.draw(st.sampled_from(PATHS), label="path")
+        if op == "delete" and path not in states[i]:
+            continue
+        if op == "delete":
+            branches[i].delete(path)
+            del states[i][path]
+        else:
+            # one line, never written before: two different changes of a file conflict, and
+            # two branches make the same change only by sharing it (or both deleting a file)
+            value = b"%d\n" % next(written)
+            branches[i].write(path, value)
+            states[i][path] = value
+        versions[i] += 1
+        frozen[i] = None
+    chosen = data.draw(st.permutations(range(len(branches))), label="order")
+    members = chosen[: data.draw(st.integers(min(2, len(chosen)), len(chosen)), label="how many")]
+
+    def chain(i: int) -> list[object]:
+        trees = []
+        tree: object | None = freeze(i)
+        while tree is not None:
+            trees.append(tree)
+            tree = below.get(tree)
+        return trees
+
+    def nearest(group: Sequence[int]) -> object:
+        return next(t for t in chain(group[0]) if all(t in chain(j) for j in group[1:]))
+
+    def expect(group: Sequence[int], base: object) -> tuple[Files, set[str]]:
+        """The merge of ``group`` over ``base``, their nearest common tree: files, conflicts."""
+        by_tree: dict[object, list[int]] = {}
+        for j in group:
+            trees = chain(j)
+            at = trees.index(base)
+            by_tree.setdefault(trees[at - 1] if at else ("own", j), []).append(j)
+        sides = [
+            expect(g, nearest(g)) if len(g) > 1 else (states[g[0]], set()) for g in by_tree.values()
+        ]
+        files, conflicts = dict(contents[base]), set().union(*(c for _, c in sides))
+        for path in PATHS:
+            changed = {s.get(path) for s, _ in sides if s.get(path) != files.get(path)}
+            if len(changed) > 1:
+                conflicts.add(path)
+            elif changed and path not in conflicts:
+                value = changed.pop()
+                if value is None:
+                    files.pop(path, None)
+                else:
+                    files[path] = value
+        return files, conflicts
+
+    def differently(i: int, j: int, path: str) -> bool:
+        base = contents[nearest([i, j])].get(path)
+        ours, theirs = states[i].get(path), states[j].get(path)
+        return ours != base and theirs != base and ours != theirs
+
+    files, _ = expect(members, nearest(members))
+    names = {branches[j].name for j in members}
+    clean = [
+        p
+        for p in PATHS
+        if not any(differently(i, j, p) for i, j in itertools.combinations(members, 2))
+    ]
+    outcomes = []
+    for order in (members, members[::-1]):
+        result = merge_branches([branches[j] for j in order])
+        conflicted = [c.path for c in result.conflicts]
+        assert len(set(conflicted)) == len(conflicted)  # one conflict per path
+        for c in result.conflicts:
+            # a real one: both sides changed the path from its base, differently
+            assert len({c.base, c.ours, c.theirs}) == 3
+            labels = [c.ours_name, c.theirs_name, *(name for name, _ in c.also_changed)]
+            assert {n for label in labels for n in label.split("+")} <= names
+        merged = result.tree()
+        for p in clean:
+            assert p not in conflicted
+            assert merged.state(p) == (None if p not in files else FileState(files[p]))
+        outcomes.append(outcome(result))
+        if len(clean) == len(PATHS):
+            assert result.ok
+    if len(clean) == len(PATHS):
+        assert outcomes[0] == outcomes[1]

@@ -230,10 +230,11 @@ def _text(data: bytes | None) -> str | None:
 def conflict_json(step: str, conflict: Conflict, resolution: str) -> dict[str, Any]:
     """A conflict as ``--json`` output, reports and the run store show it.
 
-    ``ours`` is the content of the merge so far (the step's parent instances before
-    ``theirsLabel``, in fan-in order), labelled ``oursLabel``; ``theirs`` is the content of the
-    instance being merged in, labelled ``theirsLabel``; ``alsoChanged`` lists the instances
-    merged after an unresolved conflict that changed the path too. ``branches`` is every label.
+    ``ours`` is the content of the merge so far (the instances merged before ``theirsLabel``,
+    closest first then in fan-in order), labelled ``oursLabel``; ``theirs`` is the content of
+    what is merged into it (an instance, or a merge of instances of a nearer ancestor: ``a+b``),
+    labelled ``theirsLabel``; ``alsoChanged`` lists the other instances that changed the path
+    too, whose changes an unresolved conflict leaves out. ``branches`` is every label.
     """
     also = [{"label": name, "content": _text(data)} for name, data in conflict.also_changed]
     return {

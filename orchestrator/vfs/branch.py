@@ -47,6 +47,8 @@ class Branch:
     _changes: dict[str, Change] = field(factory=dict, alias="_changes")
     _closed: bool = field(default=False, alias="_closed")
     _frozen: Tree | None = field(default=None, alias="_frozen", repr=False)
+    # the last tree :meth:`freeze` made: what the branch's state came from since
+    _last_frozen: Tree | None = field(default=None, alias="_last_frozen", repr=False)
     _lock: threading.RLock = field(factory=threading.RLock, alias="_lock", repr=False)
 
     @classmethod
@@ -62,14 +64,31 @@ class Branch:
         Forks taken while this branch is unchanged share one frozen base, so merging them later
         compares against exactly the fork point.
         """
+        return Branch.from_tree(
+            self.freeze(), name, watch=watch if watch is not None else self.watch
+        )
+
+    def freeze(self) -> Tree:
+        """The branch's current state as a frozen tree: its base if it was never changed.
+
+        The same tree until the branch changes: its forks share it, and merges compare against
+        it (:func:`~orchestrator.vfs.merge.merge_branches`). A later one comes from it
+        (:attr:`Layer.origins <orchestrator.vfs.tree.Layer.origins>`): merging the branch with
+        a fork taken earlier compares against the fork point.
+        """
         with self._lock:
             if self._frozen is None:
                 changes = ChangeSet.of(dict(self._changes))
-                self._frozen = (
-                    Layer(self.base, changes, f"fork of {self.name}") if changes else self.base
-                )
-            base = self._frozen
-        return Branch.from_tree(base, name, watch=watch if watch is not None else self.watch)
+                last = self._last_frozen
+                if last is not None:
+                    self._frozen = Layer(self.base, changes, f"fork of {self.name}", (last,))
+                elif changes:
+                    self._frozen = Layer(self.base, changes, f"fork of {self.name}")
+                else:
+                    self._frozen = self.base
+                if self._frozen is not self.base:
+                    self._last_frozen = self._frozen
+            return self._frozen
 
     # ---------------------------------------------------------------- reading
 

@@ -3,8 +3,10 @@
 Every branch has a base tree. The root of a chain of trees is a workspace :class:`Snapshot`
 (:mod:`orchestrator.vfs.snapshot`) or a :class:`MemoryTree`; a :class:`Layer` is a frozen change
 set over a parent tree (what a branch looked like when another branch forked from it, or a merge
-result that a pipeline step forks from). Merges find the nearest tree that the branches' chains
-share and compare every side against it.
+result that a pipeline step forks from). A layer whose state came from more than its parent names
+those trees (:attr:`Layer.origins`: what a merge merged, a branch's state when it was last
+frozen); the history of a tree (:func:`history`) is everything its state came from, and merges
+compare two sides against the nearest trees their histories share.
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ __all__ = [
     "MemoryTree",
     "Tree",
     "ancestors",
+    "came_from",
     "change_between",
     "compose",
+    "history",
     "net_changes",
     "root_of",
 ]
@@ -91,6 +95,29 @@ def ancestors(tree: Tree) -> list[Tree]:
     while (parent := chain[-1].parent) is not None:
         chain.append(parent)
     return chain
+
+
+def came_from(tree: Tree) -> tuple[Tree, ...]:
+    """The trees ``tree``'s state came from: a layer's :attr:`~Layer.origins`, else its parent."""
+    if isinstance(tree, Layer) and tree.origins:
+        return tree.origins
+    return () if tree.parent is None else (tree.parent,)
+
+
+def history(tree: Tree) -> dict[int, Tree]:
+    """``tree`` and every tree its state came from (:func:`came_from`, repeatedly), by id.
+
+    In a fixed order (depth first, origins in their order). A layer's parent is in the history
+    of its origins.
+    """
+    seen: dict[int, Tree] = {}
+    todo = [tree]
+    while todo:
+        current = todo.pop()
+        if id(current) not in seen:
+            seen[id(current)] = current
+            todo.extend(reversed(came_from(current)))
+    return seen
 
 
 def root_of(tree: Tree) -> Tree:
@@ -219,6 +246,9 @@ class Layer:
     changes: ChangeSet
     #: what the layer is: ``"fork of impl-claude"``, ``"merge of a+b"``
     label: str = ""
+    #: the trees its state came from, when that is not (only) its parent: the trees a merge
+    #: merged; a branch's state before it changed since a fork (:func:`history`)
+    origins: tuple[Tree, ...] = field(default=(), repr=False)
     _paths: frozenset[str] | None = field(default=None, init=False, repr=False)
 
     @property
