@@ -440,6 +440,10 @@ class Supervisor:
         started = False
         try:
             async with self.connector(spec, args) as conn:
+                # A lease cancelled while the agent started (no checkpoint may have seen it):
+                # trio would leave this task under that cancelled lease (``started()`` does
+                # nothing then), where the shielded wait below would never end.
+                await trio.lowlevel.checkpoint_if_cancelled()
                 proc.conn = conn
                 conn.agent = spec.name  # audit records name the agent, not the process
                 proc.starting = False

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import trio
 from conftest import pid_gone
@@ -37,6 +38,7 @@ from run_helpers import (
 
 from orchestrator.store import open_run_store
 from orchestrator.testing import (
+    AgentScript,
     AskPermission,
     PermissionToolCall,
     Say,
@@ -873,3 +875,56 @@ async def test_an_interrupted_pipeline_shows_how_to_go_on_and_diffs_each_step_la
         check=False,
     )
     assert check.returncode == 0, check.stderr.decode()
+
+
+# --------------------------------------------------------------------------- other moments
+
+
+async def test_sigint_while_the_agents_start(
+    tmp_path: Path, project: Path, scripts: list[Path], pipeline: Path, state_dir: Path
+) -> None:
+    """SIGINT while every agent of the fan-out holds its answer to initialize: exit 130, no
+    process left, the run recorded interrupted."""
+    for name, script in zip(NAMES, scripts, strict=True):
+        record = script.with_suffix(".jsonl")
+        slow = AgentScript(
+            name=name, initialize_delay=600, turns=(stalling_turn(name),), record_path=str(record)
+        )
+        script.write_bytes(orjson.dumps(slow.to_json()))
+    code, pids, _, stderr = await interrupt(
+        run_argv(pipeline, project),
+        cwd=tmp_path,
+        state=state_dir,
+        scripts=scripts,
+        out=tmp_path,
+        ready=recorded("recv initialize"),
+    )
+    assert code == EXIT_INTERRUPTED, stderr
+    assert "Traceback" not in stderr
+    assert all(pid_gone(pid) for pid in pids), [p for p in pids if not pid_gone(p)]
+    assert all(prompts(s) == 0 for s in scripts)
+    [run_id] = await run_ids(state_dir)
+    listed = as_json(await run_cli("runs", "--json", cwd=tmp_path, state=state_dir))
+    assert [(r["runId"], r["status"]) for r in listed["runs"]] == [(run_id, "interrupted")]
+
+
+async def test_sigint_while_instances_wait_for_a_session_slot(
+    tmp_path: Path, project: Path, scripts: list[Path], pipeline: Path, state_dir: Path
+) -> None:
+    """SIGINT mid-turn of the one instance ``--max-sessions 1`` lets run, the others queued,
+    every agent deaf to session/cancel: exit 130, no process left, the run interrupted."""
+    code, pids, _, stderr = await interrupt(
+        [*run_argv(pipeline, project), "--max-sessions", "1"],
+        cwd=tmp_path,
+        state=state_dir,
+        scripts=scripts[:1],
+        out=tmp_path,
+        ready=lambda _: any(recorded("disk_write")(s) for s in scripts),
+    )
+    assert code == EXIT_INTERRUPTED, stderr
+    assert "Traceback" not in stderr
+    assert all(pid_gone(pid) for pid in pids), [p for p in pids if not pid_gone(p)]
+    assert sorted(prompts(s) for s in scripts) == [0, 0, 1]  # two were queued on the limit
+    [run_id] = await run_ids(state_dir)
+    listed = as_json(await run_cli("runs", "--json", cwd=tmp_path, state=state_dir))
+    assert [(r["runId"], r["status"]) for r in listed["runs"]] == [(run_id, "interrupted")]

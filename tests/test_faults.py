@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager
@@ -355,6 +356,43 @@ async def test_line_over_the_limit_of_a_stream_connection(
                 result = await session.prompt("go")
                 dropped = conn.rpc.statistics().oversized_dropped
     assert (result.text, dropped) == ("ab", 1)
+
+
+async def test_a_connection_opened_by_a_cancelled_caller_ends_at_once(
+    tmp_path: Path, agent_pids: list[int]
+) -> None:
+    """A caller cancelled before the connection's read loop started (cancelled while its agent
+    was being spawned, which no checkpoint saw) leaves with Cancelled at once: the read loop,
+    shielded once started, must not keep it waiting on an agent that says nothing."""
+    command = scripted_agent_command(turns(Say("a")), tmp_path)
+    left = trio.Event()
+    with trio.fail_after(LIMIT):
+        async with open_agent_process(
+            command, name=AGENT, stdin_close_grace=GRACE, term_grace=GRACE
+        ) as proc:
+            agent_pids.append(proc.pid)
+
+            async def open_cancelled() -> None:
+                with trio.CancelScope() as scope:
+                    scope.cancel()
+                    try:
+                        async with open_agent_on_stream(
+                            proc.stream, name=AGENT, close_error=proc.exit_error
+                        ):
+                            pytest.fail("initialized although cancelled")
+                    except AgentExited:
+                        return  # killed below, having kept waiting: the failure is below
+                assert scope.cancelled_caught
+                left.set()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(open_cancelled)
+                with trio.move_on_after(PROMPTLY):
+                    await left.wait()
+                ended = left.is_set()
+                if not ended:  # the only way out of a shielded read: the agent's end
+                    os.kill(proc.pid, signal.SIGKILL)
+    assert ended, "the cancelled caller kept waiting on the connection's read loop"
 
 
 async def test_unknown_request_mid_turn_is_answered_and_the_turn_completes(

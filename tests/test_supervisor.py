@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
@@ -14,7 +18,7 @@ from run_helpers import timeline
 from orchestrator.agent.client import ClientOptions
 from orchestrator.agents import AgentSpec
 from orchestrator.errors import AgentError, AgentExited, AgentStartError, TurnTimeout
-from orchestrator.supervisor import Limits, open_supervisor
+from orchestrator.supervisor import ConnectArgs, Limits, open_supervisor, subprocess_connector
 from orchestrator.testing import (
     AgentScript,
     Capabilities,
@@ -401,3 +405,43 @@ async def test_lease_cancelled_while_a_process_starts_gives_its_room_back() -> N
                         pass
             [proc] = next(iter(sup._pools.values())).processes
             assert proc.sessions == 0
+
+
+async def test_lease_cancelled_as_its_agent_finishes_starting_ends(tmp_path: Path) -> None:
+    """A lease cancelled just as its agent finished starting (no checkpoint saw the cancel yet)
+    ends with Cancelled and the agent is stopped, instead of the start waiting for ever."""
+    scope = trio.CancelScope()
+    pids: list[int] = []
+
+    @asynccontextmanager
+    async def cancelled_as_started(spec: AgentSpec, args: ConnectArgs) -> AsyncIterator[Any]:
+        async with subprocess_connector(spec, args) as conn:
+            assert conn.pid is not None
+            pids.append(conn.pid)
+            scope.cancel()  # lands between the answer to initialize and the start's end
+            yield conn
+
+    left = trio.Event()
+    with trio.fail_after(30):
+        async with open_supervisor(connector=cancelled_as_started) as sup:
+
+            async def lease() -> None:
+                with scope:
+                    try:
+                        async with sup.lease(spec_for(SAY, tmp_path), cwd=tmp_path):
+                            pytest.fail("leased although cancelled")
+                    except AgentExited:
+                        return  # killed below, having kept waiting: the failure is below
+                left.set()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(lease)
+                with trio.move_on_after(5):
+                    await left.wait()
+                ended = left.is_set()
+                if not ended:  # what else would end the start: the agent's end
+                    os.kill(pids[0], signal.SIGKILL)
+                    nursery.cancel_scope.cancel()
+    assert ended, "the cancelled lease kept waiting for its agent's start"
+    assert scope.cancelled_caught
+    assert pid_gone(pids[0])

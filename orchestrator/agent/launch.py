@@ -63,8 +63,10 @@ async def open_agent_on_stream(
     conn = AgentConnection(name, rpc, options, services or ClientServices())
     conn.install_handlers(extensions)
     # The read loop (and the agent's requests it serves) is shielded until the block is left:
-    # a turn whose caller is cancelled (Ctrl-C) must still hear the agent end it.
-    serving = trio.CancelScope(shield=True)
+    # a turn whose caller is cancelled (Ctrl-C) must still hear the agent end it. Shielded
+    # only once started: trio leaves a task started under a caller cancelled meanwhile where
+    # it is (``started()`` does nothing), and a shielded read loop there would never end.
+    serving = trio.CancelScope()
 
     async def serve(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         with serving:
@@ -74,6 +76,7 @@ async def open_agent_on_stream(
         with single_error():
             async with trio.open_nursery() as nursery:
                 await nursery.start(serve)
+                serving.shield = True
                 try:
                     try:
                         with trio.fail_after(options.init_timeout):
