@@ -428,3 +428,141 @@ def test_asyncio_example_runs(state_dir: Path) -> None:
     assert "+from .pricing import compute_total" in done.stdout
     assert "+- Totals are computed once." in done.stdout
     assert done.stdout.rstrip().endswith("interrupted")
+
+
+# --------------------------------------------------------------------------- the point of no return
+
+
+@pytest.fixture
+def cancel_at_apply(monkeypatch: pytest.MonkeyPatch) -> list[Callable[[], Any]]:
+    """Runs each callable appended to the list (in the run's trio thread) as the run's apply
+    begins: past the point where a cancel can stop the run."""
+    hooks: list[Callable[[], Any]] = []
+    real = orchestrator.runs.apply.apply_recorded
+
+    async def apply_recorded(*args: Any, **kwargs: Any) -> Any:
+        for hook in hooks:
+            result = hook()
+            if inspect.isawaitable(result):
+                await result
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(orchestrator.runs.run, "apply_recorded", apply_recorded)
+    return hooks
+
+
+def test_a_cancel_once_the_apply_began_is_too_late_for_a_sync_call(
+    project: Path, state_dir: Path, cancel_at_apply: list[Callable[[], Any]]
+) -> None:
+    """The token's cancel lands as the apply begins: the call returns the applied outcome."""
+    (project / "notes.md").write_text("colour\n")
+    token = CancelToken()
+    cancel_at_apply.append(token.cancel)
+    run = prompt_sync(
+        "demo",
+        'replace "colour" with "color" in *.md',
+        cwd=project,
+        policy="edit",
+        apply=True,
+        cancel=token,
+    )
+    assert token.cancelled
+    assert (run.status, run.applied) == ("succeeded", True)
+    assert (project / "notes.md").read_text() == "color\n"
+    assert runs(state_dir)[0].status == "succeeded"
+
+
+def test_a_cancel_once_the_apply_began_is_too_late_for_asyncio(
+    project: Path, state_dir: Path, cancel_at_apply: list[Callable[[], Any]]
+) -> None:
+    """The task is cancelled as the apply begins: the coroutine returns the applied outcome
+    and takes the cancel back (the task is not left cancelling)."""
+    (project / "notes.md").write_text("colour\n")
+
+    async def main() -> tuple[orchestrator.PromptRun, int]:
+        loop = asyncio.get_running_loop()
+        delivered = threading.Event()
+        task: asyncio.Task[tuple[orchestrator.PromptRun, int]] | None = None
+
+        def cancel_and_wait() -> None:
+            # in the run's thread: the task's cancel is sent, and handled, before the apply
+            assert task is not None
+            loop.call_soon_threadsafe(task.cancel)
+            loop.call_soon_threadsafe(lambda: loop.call_soon(delivered.set))
+            assert delivered.wait(CLI_LIMIT)
+
+        async def in_run_thread() -> None:
+            import trio
+
+            await trio.to_thread.run_sync(cancel_and_wait)
+
+        cancel_at_apply.append(in_run_thread)
+
+        async def call() -> tuple[orchestrator.PromptRun, int]:
+            run = await aio.prompt(
+                "demo",
+                'replace "colour" with "color" in *.md',
+                cwd=project,
+                policy="edit",
+                apply=True,
+            )
+            current = asyncio.current_task()
+            assert current is not None
+            return run, current.cancelling()
+
+        task = asyncio.ensure_future(call())
+        return await task
+
+    run, cancelling = asyncio.run(main())
+    assert (run.status, run.applied, cancelling) == ("succeeded", True, 0)
+    assert (project / "notes.md").read_text() == "color\n"
+    assert runs(state_dir)[0].status == "succeeded"
+
+
+async def test_a_cancel_once_the_apply_began_is_too_late_for_trio(
+    project: Path, state_dir: Path, cancel_at_apply: list[Callable[[], Any]]
+) -> None:
+    """The scope is cancelled as the apply begins: run_pipeline returns the applied outcome."""
+    import trio
+
+    (project / "notes.md").write_text("colour\n")
+    with trio.CancelScope() as scope:
+        cancel_at_apply.append(scope.cancel)
+        run = await orchestrator.runs.prompt(
+            "demo",
+            'replace "colour" with "color" in *.md',
+            cwd=project,
+            policy="edit",
+            apply=True,
+        )
+    assert scope.cancel_called
+    assert (run.status, run.applied) == ("succeeded", True)
+    assert (project / "notes.md").read_text() == "color\n"
+
+
+def test_a_cancel_before_the_point_of_no_return_applies_nothing(
+    project: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The token's cancel lands as the run concludes, before its status is final: nothing is
+    applied, the run is recorded interrupted, the call raises RunCancelled."""
+    (project / "notes.md").write_text("colour\n")
+    token = CancelToken()
+    real = orchestrator.runs.run._conclude
+
+    async def conclude(*args: Any, **kwargs: Any) -> Any:
+        token.cancel()
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(orchestrator.runs.run, "_conclude", conclude)
+    with pytest.raises(RunCancelled) as stopped:
+        prompt_sync(
+            "demo",
+            'replace "colour" with "color" in *.md',
+            cwd=project,
+            policy="edit",
+            apply=True,
+            cancel=token,
+        )
+    assert stopped.value.run_id == runs(state_dir)[0].run_id
+    assert (project / "notes.md").read_text() == "colour\n"
+    assert runs(state_dir)[0].status == "interrupted"

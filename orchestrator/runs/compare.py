@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
+import trio
 
 from .._log import get_logger
 from .._names import display_names
@@ -180,7 +181,10 @@ async def compare(
             log.warning("not applied: the agent did not succeed", agent=apply)
             result = {**outcome.result, "applied": None}
             return attrs.evolve(outcome, status="failed", result=result)
-        applied = await apply_run(outcome.run_id, step=f"compare[{apply}]", state_dir=state_dir)
+        # past the run's point of no return (its verdict is recorded): the apply asked for
+        # goes through, however late a cancel comes, as for a pipeline's apply
+        with trio.CancelScope(shield=True):
+            applied = await apply_run(outcome.run_id, step=f"compare[{apply}]", state_dir=state_dir)
         changed = applied.workspace_changed
         entries = [
             {**a, "applied": applied.applied, "workspaceChanged": display_names(changed)}

@@ -506,7 +506,10 @@ async def run_pipeline(
                             log.debug("run interrupted", run=run_id)
                     if not imported:
                         await _import_transcripts(store, run_id, run_dir, transcript)
-            result = await get_run_json(run_id, store=store)
+            # past the point of no return (see _conclude): the outcome is the caller's, however
+            # late a cancel comes
+            with trio.CancelScope(shield=True):
+                result = await get_run_json(run_id, store=store)
             result = {
                 **result,
                 "wallSeconds": round(time.monotonic() - started, 3),
@@ -536,7 +539,8 @@ async def run_pipeline(
             )
             if _finish_result is not None:
                 outcome = attrs.evolve(outcome, result=_finish_result(outcome))
-            await store.update_run(run_id, result=dict(outcome.result))
+            with trio.CancelScope(shield=True):
+                await store.update_run(run_id, result=dict(outcome.result))
             notify(on_event, RunEvent("run_finished", run_id, data={"status": status}))
             if refused is not None:
                 raise refused  # the run is recorded (its changes too); the apply is bad input
@@ -615,19 +619,24 @@ async def _conclude(
         left_out = tuple(await trio.to_thread.run_sync(lambda: patch_left_out(final.root, net)))
         patch = await trio.to_thread.run_sync(lambda: patch_of(final.root, net))
         await trio.to_thread.run_sync((runner.run_dir / "changes.patch").write_bytes, patch)
-    await store.update_run(runner.run_id, status=status, finished=time.time())
-    # files both the run and the workspace changed, found by its merges: named as an apply
-    # would name them (the outcome says so; the run is not refused for it)
-    moved = tuple(sorted(runner.base_gone))
-    if not (apply and status == "succeeded"):
-        return status, moved, left_out, None
-    try:
-        outcome = await apply_recorded(store, runner.run_id, state=state)
-    except AlreadyApplied as e:  # a resume of a run applied before
-        log.warning("not applied again", run=runner.run_id, reason=str(e))
-        return status, moved, left_out, None
-    except SymlinkRefused as e:
-        return status, moved, left_out, e
+    # the point of no return: a cancel that comes before it interrupts the run (nothing
+    # recorded final, nothing applied); past it, recording the status and the apply asked for
+    # go through together, and the caller gets the run's outcome (a cancel is then too late)
+    await trio.lowlevel.checkpoint_if_cancelled()
+    with trio.CancelScope(shield=True):
+        await store.update_run(runner.run_id, status=status, finished=time.time())
+        # files both the run and the workspace changed, found by its merges: named as an
+        # apply would name them (the outcome says so; the run is not refused for it)
+        moved = tuple(sorted(runner.base_gone))
+        if not (apply and status == "succeeded"):
+            return status, moved, left_out, None
+        try:
+            outcome = await apply_recorded(store, runner.run_id, state=state)
+        except AlreadyApplied as e:  # a resume of a run applied before
+            log.warning("not applied again", run=runner.run_id, reason=str(e))
+            return status, moved, left_out, None
+        except SymlinkRefused as e:
+            return status, moved, left_out, e
     if outcome.workspace_changed:
         log.warning(
             "workspace changed during the run; nothing applied",

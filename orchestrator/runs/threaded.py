@@ -339,7 +339,19 @@ async def call_async(fn: Callable[[], Awaitable[T]]) -> T:
             cancelled += 1
             call._request(cancelled)
     if cancelled:
-        raise asyncio.CancelledError
+        try:
+            value = call.result()
+        except RunCancelled:
+            raise asyncio.CancelledError from None
+        # the run was past its point of no return (its outcome recorded final, the apply asked
+        # for under way): it finished, and saying it stopped would hide what it wrote. The
+        # coroutine returns its outcome and, as asyncio asks of a task that declines a
+        # cancel, takes back the cancels it was sent
+        task = asyncio.current_task()
+        if task is not None:
+            for _ in range(cancelled):
+                task.uncancel()
+        return value
     return call.result()
 
 
