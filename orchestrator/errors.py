@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeAlias, get_args
 
 from ._names import display_names
 
@@ -134,23 +134,7 @@ ErrorKind: TypeAlias = Literal[
     "internal",
 ]
 #: every :data:`ErrorKind`, in the order documented there
-ERROR_KINDS: tuple[ErrorKind, ...] = (
-    "timeout",
-    "agent-exited",
-    "agent-start",
-    "agent-error",
-    "stopped",
-    "verify",
-    "budget",
-    "policy",
-    "conflict",
-    "file-too-large",
-    "workspace-changed",
-    "exception",
-    "usage",
-    "store",
-    "internal",
-)
+ERROR_KINDS: tuple[ErrorKind, ...] = get_args(ErrorKind)
 
 #: the error classes defined in modules that import this one, by the module defining them
 _ELSEWHERE = {
