@@ -10,6 +10,14 @@ The convention, for whoever edits README.md:
       <!-- readme-test: skip (needs claude) -->
 
   The reason in parentheses is required. An unmarked block that fails fails this test.
+- Every ``python`` block, skipped or not, is also type-checked: all of them, each as a module of
+  its own, go through one ``mypy --strict`` run, which must be clean (checking needs no agent).
+  A block that is no complete module (a fragment such as a top-level ``async with``) has this
+  line before its fence, next to any ``readme-test`` marker::
+
+      <!-- readme-typecheck: skip (a fragment of a trio function) -->
+
+  Use it sparingly: a reader copies these blocks into typed code.
 - The examples run in README order, in one copy of the working tree (tracked and new files),
   as a reader who followed the quick start would: this Python environment's ``bin`` on PATH (so
   ``orchestrator`` resolves) and as ``.venv`` in the copy, a private HOME and state directory,
@@ -34,6 +42,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -43,7 +52,8 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 VENV = Path(sys.executable).parent.parent
 LANGUAGES = ("sh", "console", "python")
-MARKER = re.compile(r"<!--\s*readme-test:\s*(.*?)\s*-->")
+MARKER = "readme-test"  # skips running a block
+TYPECHECK_MARKER = "readme-typecheck"  # skips type-checking a python block
 SKIP = re.compile(r"skip \((.+)\)")
 
 #: (language, text in the block) -> what its output must contain; each names one runnable block
@@ -91,6 +101,8 @@ class Block:
     text: str
     #: the skip reason, or None for a block that runs
     skip: str | None
+    #: why a python block is not type-checked, or None for one that is
+    typecheck_skip: str | None = None
 
     @property
     def id(self) -> str:
@@ -98,8 +110,19 @@ class Block:
         return f"README.md:{self.line}:{self.language}"
 
 
+def _marker_reason(name: str, line: str, lineno: int) -> str | None:
+    """The reason of the skip marker ``name`` on ``line``, None when it has none."""
+    marker = re.search(rf"<!--\s*{name}:\s*(.*?)\s*-->", line)
+    if marker is None:
+        return None
+    reason = SKIP.fullmatch(marker.group(1))
+    if reason is None:
+        raise ValueError(f"README.md:{lineno}: not `{name}: skip (REASON)`")
+    return reason.group(1)
+
+
 def readme_blocks(text: str) -> list[Block]:
-    """Every ``sh``, ``console`` and ``python`` block, with the marker on the line before it."""
+    """Every ``sh``, ``console`` and ``python`` block, with the markers on the lines before it."""
     blocks = []
     lines = text.splitlines()
     i = 0
@@ -110,20 +133,21 @@ def readme_blocks(text: str) -> list[Block]:
             continue
         end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith(fence.group(1)))
         if fence.group(2) in LANGUAGES:
-            skip = None
-            marker = MARKER.search(lines[i - 1]) if i else None
-            if marker is not None:
-                reason = SKIP.fullmatch(marker.group(1))
-                if reason is None:
-                    raise ValueError(f"README.md:{i}: not `readme-test: skip (REASON)`")
-                skip = reason.group(1)
-            blocks.append(Block(i + 1, fence.group(2), "\n".join(lines[i + 1 : end]) + "\n", skip))
+            skip = typecheck_skip = None
+            j = i - 1  # the markers: the comment lines right before the fence
+            while j >= 0 and lines[j].startswith("<!--"):
+                skip = skip or _marker_reason(MARKER, lines[j], j + 1)
+                typecheck_skip = typecheck_skip or _marker_reason(TYPECHECK_MARKER, lines[j], j + 1)
+                j -= 1
+            body = "\n".join(lines[i + 1 : end]) + "\n"
+            blocks.append(Block(i + 1, fence.group(2), body, skip, typecheck_skip))
         i = end + 1
     return blocks
 
 
 BLOCKS = readme_blocks(README.read_text("utf-8"))
 RUNNABLE = [b for b in BLOCKS if b.skip is None]
+TYPECHECKED = [b for b in BLOCKS if b.language == "python" and b.typecheck_skip is None]
 
 
 def console_commands(text: str) -> str:
@@ -268,6 +292,40 @@ def test_the_demo_names_a_runnable_orchestrator_when_it_is_not_on_path(copy: Pat
     assert "pipx install ." in last[2]
 
 
+def test_readme_python_examples_pass_mypy_strict(tmp_path: Path) -> None:
+    """Every python block not marked ``readme-typecheck: skip``, run or not, passes
+    ``mypy --strict`` against this tree's package (one mypy run for them all)."""
+    assert TYPECHECKED, "no README python block is type-checked"
+    files = {}
+    for block in TYPECHECKED:
+        path = tmp_path / f"readme_line_{block.line}.py"
+        path.write_text(block.text)
+        files[path.name] = block
+    (tmp_path / "mypy.ini").write_text("[mypy]\nstrict = True\npython_version = 3.11\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "--config-file", "mypy.ini", "--cache-dir",
+         str(ROOT / ".mypy_cache"), *files],
+        cwd=tmp_path,
+        # this tree's package, not the one the venv was installed from
+        env={**os.environ, "MYPYPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+    report = done.stdout + done.stderr
+    for name, block in files.items():  # name the README's lines, not the temporary files
+        report = report.replace(name, f"{block.id} (+{block.text.count(chr(10))} lines)")
+    assert done.returncode == 0, report
+
+
+def test_the_examples_directory_is_type_checked_by_lint() -> None:
+    """``./dev lint`` runs mypy as configured, and that configuration covers ``examples/``."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["tool"]["mypy"]
+    assert config["strict"] is True
+    assert "examples" in config["files"]
+    assert "\n    .venv/bin/mypy\n" in (ROOT / "dev").read_text("utf-8")
+
+
 def test_blocks_and_markers_are_read_as_documented() -> None:
     """sh/console/python fences are examples; the marker right before one skips it with its
     reason; a marker without a reason is refused; console blocks keep their ``$`` lines."""
@@ -281,4 +339,11 @@ def test_blocks_and_markers_are_read_as_documented() -> None:
     ]
     with pytest.raises(ValueError, match="REASON"):
         readme_blocks("<!-- readme-test: skip -->\n```sh\na\n```\n")
+    both = (
+        "<!-- readme-test: skip (needs claude) -->\n"
+        "<!-- readme-typecheck: skip (a fragment) -->\n```python\nawait x\n```\n"
+    )
+    assert readme_blocks(both) == [Block(3, "python", "await x\n", "needs claude", "a fragment")]
+    with pytest.raises(ValueError, match=r"readme-typecheck: skip \(REASON\)"):
+        readme_blocks("<!-- readme-typecheck: skip -->\n```python\na\n```\n")
     assert console_commands("$ one \\\n  two\noutput\n$ three\n") == "one \\\n  two\nthree\n"

@@ -161,6 +161,38 @@ def test_defaults_are_left_out_of_json() -> None:
     assert Turn(steps=(Sleep(1),)).to_json() == {"steps": [{"op": "sleep", "seconds": 1.0}]}
 
 
+def test_sequence_fields_take_lists_and_keep_tuples() -> None:
+    """Steps, turns and other script values may be given as lists (mypy accepts them too):
+    the script holds tuples, stays hashable, and its JSON is that of the tuple form."""
+    listed = AgentScript(
+        modes=[Mode("ask", "Ask")],
+        turns=[Turn(steps=[Say("hi"), Plan([PlanEntry("x")])], updates_after_response=[Stall()])],
+        load_history=[UserMessage("q")],
+    )
+    tupled = AgentScript(
+        modes=(Mode("ask", "Ask"),),
+        turns=(
+            Turn(steps=(Say("hi"), Plan((PlanEntry("x"),))), updates_after_response=(Stall(),)),
+        ),
+        load_history=(UserMessage("q"),),
+    )
+    assert listed == tupled and hash(listed) == hash(tupled)
+    assert isinstance(listed.turns, tuple) and isinstance(listed.turns[0].steps, tuple)
+    assert listed.to_json() == tupled.to_json()
+    assert AgentScript.from_json(_through_json(listed.to_json())) == tupled
+
+
+def test_ask_permission_has_a_default_tool_call() -> None:
+    """``AskPermission()`` asks about tool call ``call-1``; the default is left out of its JSON
+    and read back, and a script's own tool call is kept as before."""
+    ask = AskPermission()
+    assert ask.tool_call == PermissionToolCall("call-1", title="scripted tool call")
+    assert ask.to_json() == {"op": "ask_permission"}
+    assert AskPermission.from_json({"op": "ask_permission"}) == ask
+    own = AskPermission(PermissionToolCall("t1", title="rm"))
+    assert own.to_json() == {"op": "ask_permission", "tool_call": {"id": "t1", "title": "rm"}}
+
+
 def test_acp_objects_use_their_wire_names() -> None:
     """Permission options and config options are written in ACP's camelCase wire form."""
     assert [o.to_json() for o in ALLOW_REJECT] == [

@@ -12,6 +12,7 @@ import attrs
 import trio
 from attrs import define, field
 
+from .._log import get_logger
 from .._util import single_error
 from ..agent.branch_services import BranchServices, open_branch_services
 from ..agent.client import AcpSession
@@ -34,6 +35,8 @@ from .results import RunEvent, StepResult, StepStatus, VerifyResult, agent_failu
 from .spec import Pipeline, Step
 
 __all__ = ["AgentTurns", "label_run_agents"]
+
+log = get_logger(__name__)
 
 
 def label_run_agents(
@@ -219,7 +222,12 @@ class AgentTurns:
 
                 def on_update(update: t.SessionUpdate) -> None:
                     if hook is not None:
-                        hook(update)
+                        # the caller's callback, as on_event's: one that fails is logged and
+                        # costs neither the listener, the token budget nor the turn
+                        try:
+                            hook(update)
+                        except Exception:
+                            log.exception("event listener failed", event_type="session_update")
                     if listener is not None:
                         recorder.notify(update_event(self.run_id, step.name, key, agent, update))
                     if (

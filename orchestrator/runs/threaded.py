@@ -26,6 +26,7 @@ from typing import Any, Generic, TypeVar
 import outcome
 import trio
 
+from .._log import get_logger
 from .._util import end_grace_periods
 from ..errors import RunCancelled
 
@@ -269,10 +270,22 @@ def _on_loop(
     if not isinstance(fn, functools.partial):
         return fn
     changed: dict[str, Any] = {}
+
+    # a listener that fails is logged as in the trio face, not left to the loop's exception
+    # handler; the run goes on
+    def logged(listener: Callable[..., None], name: str) -> Callable[..., None]:
+        def call(*args: Any) -> None:
+            try:
+                listener(*args)
+            except Exception:
+                get_logger(__name__).exception("event listener failed", callback=name)
+
+        return call
+
     for name in ("on_event", "on_update"):
         listener = fn.keywords.get(name)
         if listener is not None:
-            changed[name] = functools.partial(loop.call_soon_threadsafe, listener)
+            changed[name] = functools.partial(loop.call_soon_threadsafe, logged(listener, name))
     escalate = fn.keywords.get("escalate")
     if escalate is not None:
         changed["escalate"] = functools.partial(_escalate_on, loop, escalate)

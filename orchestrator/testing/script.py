@@ -1,8 +1,9 @@
 """The script of a scripted ACP agent: what it advertises and what it does on each prompt.
 
-A script is plain data. Build it in Python with this module's frozen classes, or write it as
-JSON (``AgentScript.to_json()`` / ``AgentScript.from_json()``; the subprocess agent reads
-a JSON file). Field names are the Python names (snake_case); objects that ACP itself
+A script is plain data. Build it in Python with this module's frozen classes (a field that
+holds steps, turns or other script values takes a list or any iterable and keeps a tuple), or
+write it as JSON (``AgentScript.to_json()`` / ``AgentScript.from_json()``; the subprocess
+agent reads a JSON file). Field names are the Python names (snake_case); objects that ACP itself
 defines are written in their ACP wire form (``optionId``, ``currentValue``, ...). Fields
 left at their default may be omitted.
 
@@ -80,8 +81,9 @@ Steps (``{"op": ..., fields}``)
     ``raw_output`` (each null = not sent): a ``tool_call_update``.
 ``usage``  ``used``, ``size``, ``cost`` (null), ``currency`` ("USD"): ``usage_update``.
 ``update``  ``update``: any raw ``sessionUpdate`` object, unknown kinds included.
-``ask_permission``  ``tool_call`` ``{"id", "title"?, "kind"?, "status"?, "locations"?,
-    "raw_input"?, "content"?}``, ``options`` (allow_once "allow" / reject_once "reject";
+``ask_permission``  ``tool_call`` (``{"id": "call-1", "title": "scripted tool call"}``;
+    ``{"id", "title"?, "kind"?, "status"?, "locations"?, "raw_input"?, "content"?}``),
+    ``options`` (allow_once "allow" / reject_once "reject";
     ``[{"optionId", "name", "kind"}]``), ``on_reject`` ("end_turn" | "continue" |
     "cancelled"): sends ``session/request_permission``; a reject_* option (or an error
     answer) then ends the turn with ``end_turn``, goes on, or ends it with ``cancelled``;
@@ -135,7 +137,7 @@ can also test how a client refuses what it did not advertise.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, Literal, TypeAlias, get_args
 
 import attrs
@@ -213,6 +215,9 @@ __all__ = [
     "text_content",
 ]
 
+# the tool call of an ``AskPermission`` that names none
+_DEFAULT_TOOL_CALL = PermissionToolCall("call-1", title="scripted tool call")
+
 StopReason = Literal["end_turn", "max_tokens", "max_turn_requests", "refusal", "cancelled"]
 
 
@@ -230,6 +235,41 @@ class _StepJson(JsonMixin):
 
 _ge0 = attrs.validators.ge(0)
 _ge0_float = attrs.validators.ge(0.0)
+
+
+# Sequence fields take any iterable (a list reads best in a script) and keep a tuple, so a
+# script stays frozen and hashable. One named converter per element type: mypy's attrs plugin
+# types ``__init__`` from the converter's parameter, and reads no generic one.
+def _plan_entries(value: Iterable[PlanEntry]) -> tuple[PlanEntry, ...]:
+    return tuple(value)
+
+
+def _locations(value: Iterable[Location]) -> tuple[Location, ...]:
+    return tuple(value)
+
+
+def _options(value: Iterable[PermissionOption]) -> tuple[PermissionOption, ...]:
+    return tuple(value)
+
+
+def _steps(value: Iterable[Step]) -> tuple[Step, ...]:
+    return tuple(value)
+
+
+def _turns(value: Iterable[Turn]) -> tuple[Turn, ...]:
+    return tuple(value)
+
+
+def _auth_methods(value: Iterable[AuthMethod]) -> tuple[AuthMethod, ...]:
+    return tuple(value)
+
+
+def _modes(value: Iterable[Mode]) -> tuple[Mode, ...]:
+    return tuple(value)
+
+
+def _config_options(value: Iterable[ConfigOption]) -> tuple[ConfigOption, ...]:
+    return tuple(value)
 
 
 @frozen
@@ -263,7 +303,7 @@ class Plan(_StepJson):
     """A ``plan`` update."""
 
     op: ClassVar[str] = "plan"
-    entries: tuple[PlanEntry, ...] = ()
+    entries: tuple[PlanEntry, ...] = field(default=(), converter=_plan_entries)
 
 
 @frozen
@@ -275,7 +315,7 @@ class ToolCall(_StepJson):
     title: str
     kind: ToolKind = "other"
     status: ToolStatus = "pending"
-    locations: tuple[Location, ...] = ()
+    locations: tuple[Location, ...] = field(default=(), converter=_locations)
     raw_input: Any = None
     content: tuple[JsonObject, ...] = ()
 
@@ -318,8 +358,8 @@ class AskPermission(_StepJson):
     """``session/request_permission``; see the module docs for ``on_reject``."""
 
     op: ClassVar[str] = "ask_permission"
-    tool_call: PermissionToolCall
-    options: tuple[PermissionOption, ...] = ALLOW_REJECT
+    tool_call: PermissionToolCall = _DEFAULT_TOOL_CALL  # frozen: safe to share
+    options: tuple[PermissionOption, ...] = field(default=ALLOW_REJECT, converter=_options)
     on_reject: Literal["end_turn", "continue", "cancelled"] = "end_turn"
 
 
@@ -511,12 +551,12 @@ PromptPredicate: TypeAlias = Callable[[str], bool]
 class Turn(JsonMixin):
     """What the agent does for one ``session/prompt``; see the module docs for its conditions."""
 
-    steps: tuple[Step, ...] = ()
+    steps: tuple[Step, ...] = field(default=(), converter=_steps)
     stop_reason: StopReason = "end_turn"
     when_prompt_contains: str | None = None
     cancel_stop_reason: StopReason = "cancelled"
     ignore_cancel: bool = False
-    updates_after_response: tuple[Step, ...] = ()
+    updates_after_response: tuple[Step, ...] = field(default=(), converter=_steps)
     error: ErrorReply | None = None
     when_prompt_matches: str | None = field(default=None, validator=_check_pattern)
     #: in memory only: a script with it has no JSON form
@@ -552,17 +592,17 @@ class AgentScript(JsonMixin):
     protocol_version: int = 1
     # A frozen value, safe to share (ruff cannot see that through the import).
     capabilities: Capabilities = Capabilities()  # noqa: RUF009
-    auth_methods: tuple[AuthMethod, ...] = ()
+    auth_methods: tuple[AuthMethod, ...] = field(default=(), converter=_auth_methods)
     require_auth: bool = False
-    modes: tuple[Mode, ...] = ()
+    modes: tuple[Mode, ...] = field(default=(), converter=_modes)
     current_mode: str | None = None
-    config_options: tuple[ConfigOption, ...] = ()
+    config_options: tuple[ConfigOption, ...] = field(default=(), converter=_config_options)
     id_style: Literal["int", "string"] = "int"
     session_id_prefix: str = "sess-"
     exit_at_start: ExitAtStart | None = None
     initialize_delay: float = field(default=0.0, validator=_ge0_float)
-    turns: tuple[Turn, ...] = ()
-    load_history: tuple[Step, ...] = ()
+    turns: tuple[Turn, ...] = field(default=(), converter=_turns)
+    load_history: tuple[Step, ...] = field(default=(), converter=_steps)
     record_path: str | None = None
 
 
