@@ -79,7 +79,7 @@ from ._lock import hold_run_lock
 from .apply import apply_recorded, recover
 from .default_policy import DefaultRejections
 from .outcomes import AgentOutcome, FileChange, StepOutcome, read_agents, read_steps
-from .recorded import compare_verdict, get_run_json
+from .recorded import compare_verdict, finished_run_json, rebuild_run_json
 from .settings import RunSettings, configured_limits, file_size_option, policy_source
 from .verdict import Verdict, judge
 
@@ -506,20 +506,15 @@ async def run_pipeline(
                             log.debug("run interrupted", run=run_id)
                     if not imported:
                         await _import_transcripts(store, run_id, run_dir, transcript)
-            result = await get_run_json(run_id, store=store)
-            result = {
-                **result,
-                "wallSeconds": round(time.monotonic() - started, 3),
-                # instances finished in an earlier attempt and reused by this resume
-                "reused": sorted(reused),
-                # asked to apply: the files that changed in the workspace during the run
-                "workspaceChanged": display_names(unapplied),
-                # changed files whose content at the start of the run is gone from the workspace:
-                # changes.patch leaves them out (the run store keeps their changes)
-                "patchLeftOut": display_names(left_out),
-            }
-            nothing, warnings = _did_nothing(result)
-            result = {**result, "didNothing": nothing, "warnings": list(warnings)}
+            # the object get_run_json gives back from the record, once kept there (below)
+            result = finished_run_json(
+                await rebuild_run_json(run_id, store=store),
+                wall_seconds=time.monotonic() - started,
+                reused=reused,
+                workspace_changed=unapplied,
+                patch_left_out=left_out,
+            )
+            nothing, warnings = bool(result["didNothing"]), tuple(result["warnings"])
             outcome = RunOutcome(
                 run_id,
                 status,
@@ -541,23 +536,6 @@ async def run_pipeline(
             if refused is not None:
                 raise refused  # the run is recorded (its changes too); the apply is bad input
             return outcome
-
-
-def _did_nothing(result: Mapping[str, Any]) -> tuple[bool, tuple[str, ...]]:
-    """Whether the run of ``result`` (its ``--json`` object) asked for permissions, had every
-    one refused and changed nothing; and the warning that says so."""
-    instances = [
-        instance
-        for entry in (result.get("steps") or {}).values()
-        for instance in (entry.get("instances") or {}).values()
-    ]
-    instances += list(result.get("agents") or ())  # a comparison's, one per agent
-    asked = [p for i in instances for p in i.get("permissions") or ()]
-    changed = result.get("changes") or any(i.get("changes") for i in instances)
-    if not asked or changed or any(p.get("verdict") == "allow" for p in asked):
-        return False, ()
-    count = f"{len(asked)} permission request{'s' if len(asked) != 1 else ''}"
-    return True, (f"every one of the run's {count} was refused and it changed nothing",)
 
 
 async def _conclude(
