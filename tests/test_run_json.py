@@ -22,7 +22,7 @@ from run_helpers import CLI, as_json, config, run_cli, spec_for, workspace
 
 from orchestrator.cli.output import SCHEMA_VERSION, output_schema
 from orchestrator.pipeline import Pipeline, step
-from orchestrator.runs import apply_run, compare, get_run_json, prompt, run_pipeline
+from orchestrator.runs import FileChange, apply_run, compare, get_run_json, prompt, run_pipeline
 from orchestrator.runs.recorded import LATER
 from orchestrator.store import open_run_store
 from orchestrator.testing import AgentScript, Say, Spawn, Turn, WriteDisk
@@ -160,3 +160,24 @@ async def test_an_attempt_that_did_not_end_is_rebuilt(tmp_path: Path) -> None:
     shown = await get_run_json(ran.run_id)
     assert shown["status"] == "interrupted"
     assert "wallSeconds" not in shown and shown["didNothing"] is False
+
+
+async def test_a_prompts_changes_are_file_changes_as_a_runs(tmp_path: Path) -> None:
+    """``PromptRun.changes`` are ``FileChange`` values, as ``RunOutcome.changes`` are, and its
+    object is unchanged; a comparison's ``changes`` are empty, each agent's in its entry."""
+    import shutil
+
+    project = tmp_path / "prompt"
+    shutil.copytree(SAMPLE, project)
+    with trio.fail_after(LIMIT):
+        run = await prompt("demo", DEMO_EDIT, cwd=project, policy="edit")
+        project = tmp_path / "compare"
+        shutil.copytree(SAMPLE, project)
+        side = await compare(["a=demo", "b=demo"], DEMO_EDIT, cwd=project, policy="edit")
+    assert run.changes == (FileChange(path="README.md", change="modified"),)
+    assert run.changes[0].name == "README.md"
+    assert run.to_json()["changes"] == [{"path": "README.md", "change": "modified"}]
+    assert run.to_json()["changes"] == (await get_run_json(run.run_id))["changes"]
+    # a comparison's branches are alternatives, never merged: no changes of its own
+    assert side.changes == ()
+    assert [a.changes for a in side.agents] == [run.changes, run.changes]

@@ -173,7 +173,9 @@ class RunOutcome:
 
     @functools.cached_property
     def changes(self) -> tuple[FileChange, ...]:
-        """The files the run changed, typed (read from :attr:`result`'s ``changes``)."""
+        """The files the run changed, typed (read from :attr:`result`'s ``changes``); empty for a
+        comparison, whose agents' branches are alternatives, never merged (each agent's are in
+        :attr:`agents`)."""
         raw = self.result.get("changes")
         if not isinstance(raw, list):
             return ()
