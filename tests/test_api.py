@@ -21,7 +21,7 @@ from orchestrator.agent.turn import TurnAccumulator
 from orchestrator.agents import AgentSpec, resolve_agent
 from orchestrator.errors import TurnTimeout, UsageError
 from orchestrator.protocol import types as t
-from orchestrator.runs import PromptRun, prompt
+from orchestrator.runs import FileChange, PromptRun, prompt
 from orchestrator.sync import prompt_sync
 from orchestrator.testing import AgentScript, Stall, Turn
 from orchestrator.testing.scripted_agent import scripted_agent_command
@@ -132,7 +132,7 @@ async def test_prompt_with_edit_policy_changes_files(project: Path) -> None:
     with trio.fail_after(LIMIT):
         run = await prompt("demo", DEMO_EDIT, cwd=project, policy="edit", on_update=seen.append)
     assert (project / "README.md").read_text("utf-8") == readme  # the workspace is untouched
-    assert run.changes == (("README.md", "modified"),)
+    assert run.changes == (FileChange(path="README.md", change="modified"),)
     assert "-A tiny project" in run.diff or "colour" in run.diff
     assert "+" in run.diff and "color" in run.diff
     assert not run.applied

@@ -239,7 +239,8 @@ async def test_an_exit_raised_in_a_step_fails_that_step_and_the_run_goes_on(
     tmp_path: Path, project: Path, state_dir: Path, kind: str, statement: str, says: str
 ) -> None:
     """SystemExit / KeyboardInterrupt from a step's code: that step fails (where it was raised
-    in the message), its dependents are skipped, the others run; the run is recorded."""
+    in the message, its traceback kept), its dependents are skipped, the others run; the run is
+    recorded."""
     pipeline = tmp_path / "p.py"
     pipeline.write_text(
         "import sys\nfrom orchestrator import step\n\n"
@@ -257,7 +258,13 @@ async def test_an_exit_raised_in_a_step_fails_that_step_and_the_run_goes_on(
     assert (steps["leaves"]["status"], steps["other"]["status"]) == ("failed", "succeeded")
     assert steps["after"]["status"] == "skipped"
     assert steps["leaves"]["error"].startswith(f"{says} raised at {pipeline}:6 in leaves")
-    assert steps["leaves"].get("traceback") is None
+    # its traceback, as any exception's: from the step's own frame, where it was raised
+    trace = str(steps["leaves"]["traceback"])
+    assert trace.startswith("Traceback (most recent call last):"), trace
+    assert f'File "{pipeline}", line 6, in leaves' in trace and statement in trace, trace
+    assert trace.splitlines()[-1].startswith(says.partition("(")[0]), trace
+    assert "orchestrator/pipeline" not in trace, trace
+    assert steps["leaves"]["errorKind"] == "exception"
     listed = await run_cli("runs", "--json", cwd=tmp_path, state=state_dir)
     assert [r["status"] for r in as_json(listed)["runs"]] == ["failed"]
 

@@ -290,7 +290,7 @@ async def test_an_fs_write_over_the_limit_is_refused_and_the_turn_goes_on(tmp_pa
     assert error["data"]["size"] == 4096 and error["data"]["limit"] == 1024
     assert "result" in small
     assert run.status == "succeeded" and run.turn.stop_reason == "end_turn"
-    assert run.changes == (("small.txt", "added"),)
+    assert [(c.path, c.change) for c in run.changes] == [("small.txt", "added")]
     assert snapshot(ws) == {"a.txt": b"hello\n", "small.txt": b"ok\n"}
 
 

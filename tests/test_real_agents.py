@@ -102,7 +102,10 @@ def check_task_run(run: PromptRun, server: ModelServer, transcript: Path, projec
     """What the full task must have produced, whichever way the agent wrote its files."""
     assert run.turn.stop_reason == "end_turn", run.turn.text
     assert "Task complete." in run.turn.text
-    assert dict(run.changes) == {"greet.py": "modified", Project.NEW_FILE: "added"}
+    assert {c.path: c.change for c in run.changes} == {
+        "greet.py": "modified",
+        Project.NEW_FILE: "added",
+    }
     assert '+    return "Hi, " + name' in run.diff
     assert f"+{Project.NEW_CONTENT.splitlines()[0]}" in run.diff
     # the permission audit holds exactly one record per request on the wire, and one per

@@ -118,7 +118,10 @@ async def test_confined_agent_does_the_whole_task(
             )
     assert run.turn.stop_reason == "end_turn", run.turn.text
     assert "Task complete." in run.turn.text
-    assert dict(run.changes) == {"greet.py": "modified", Project.NEW_FILE: "added"}
+    assert {c.path: c.change for c in run.changes} == {
+        "greet.py": "modified",
+        Project.NEW_FILE: "added",
+    }
     results = [r for req in server.requests for r in req.tool_results()]
     assert any(Project.OUTPUT in r for r in results), "the command's output never reached the model"
     assert run.sandbox is not None
@@ -151,4 +154,4 @@ async def test_confined_agent_cannot_write_outside_its_branch(
     assert not (outside / "escaped.txt").exists()
     results = [r for req in server.requests for r in req.tool_results()]
     assert any(REFUSED in r and "write-refused" in r for r in results), results
-    assert dict(run.changes) == {"escape.sh": "added"}
+    assert {c.path: c.change for c in run.changes} == {"escape.sh": "added"}

@@ -513,7 +513,7 @@ async def test_prompt_lists_diffs_and_applies_the_changes(tmp_path: Path, state_
         run = await prompt(spec, "go", cwd=ws, policy="trusted", apply=True, state_dir=state_dir)
 
     assert run.turn.stop_reason == "end_turn" and run.turn.text == "done"
-    assert sorted(run.changes) == [
+    assert sorted((c.path, c.change) for c in run.changes) == [
         ("docs/new.md", "added"),
         ("notes.txt", "modified"),
         ("obsolete.txt", "deleted"),
@@ -592,7 +592,10 @@ async def test_prompt_apply_is_refused_when_the_workspace_changed(
         except WorkspaceChanged as e:
             pytest.fail(f"prompt raised instead of reporting workspaceChanged: {e!r}")
 
-    assert sorted(run.changes) == [("docs/new.md", "added"), ("notes.txt", "modified")]
+    assert sorted((c.path, c.change) for c in run.changes) == [
+        ("docs/new.md", "added"),
+        ("notes.txt", "modified"),
+    ]
     assert not run.applied
     assert run.workspace_changed == ("notes.txt",)
     assert run.to_json()["workspaceChanged"] == ["notes.txt"]

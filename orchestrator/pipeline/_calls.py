@@ -10,7 +10,7 @@ import subprocess
 import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
 import trio
@@ -64,7 +64,16 @@ async def call(fn: Callable[..., Any], kwargs: Mapping[str, Any], *, inline: boo
             return await result
         return result
     except (SystemExit, KeyboardInterrupt) as e:
-        raise _aborted(e) from None
+        _reraise_aborted(e)
+
+
+def _reraise_aborted(e: SystemExit | KeyboardInterrupt) -> NoReturn:
+    """Raise what ``e`` out of the pipeline's code means (see :func:`_aborted`): a
+    :class:`StepAborted` caused by ``e``, whose traceback is the step's (:func:`user_traceback`)."""
+    aborted = _aborted(e)
+    if aborted is e:
+        raise e
+    raise aborted from e
 
 
 def _aborted(e: SystemExit | KeyboardInterrupt) -> BaseException:
@@ -157,7 +166,7 @@ def fan_out_items(source: Any) -> list[tuple[str, Any]]:
     try:  # the source may be the pipeline's own iterable
         values = list(source.items()) if mapping else list(enumerate(source))
     except (SystemExit, KeyboardInterrupt) as e:
-        raise _aborted(e) from None
+        _reraise_aborted(e)
     items = [(item_key(k, v, mapping), v) for k, v in values]
     if len({k for k, _ in items}) != len(items):
         items = [(str(i), v) for i, (_, v) in enumerate(items)]
@@ -177,8 +186,11 @@ def user_traceback(e: BaseException) -> str | None:
     sources in :func:`fan_out_items`: the frames down to there (and trio's, of the worker
     thread) are the orchestrator's and are left out. An exception that the pipeline's code did
     not raise (an agent's failure, a timeout, a merge conflict) has no traceback here: its
-    message says it all.
+    message says it all. A :class:`StepAborted` has the traceback of the ``SystemExit`` or
+    ``KeyboardInterrupt`` that caused it.
     """
+    if isinstance(e, StepAborted) and e.__cause__ is not None:
+        return user_traceback(e.__cause__)
     frames = [frame for frame, _ in traceback.walk_tb(e.__traceback__)]
     entries = [i for i, frame in enumerate(frames) if frame.f_code in _ENTRIES]
     if not entries:

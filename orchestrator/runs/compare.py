@@ -24,6 +24,8 @@ from ..pipeline.runner import AgentPool
 from ..policy import PolicySet
 from ..protocol import types as t
 from ..sandbox import SandboxChoice
+from ..state import state_directory
+from ..store import open_run_store
 from ..supervisor import Connector
 from .apply import apply_run
 from .run import RunOutcome, run_pipeline, workspace_root
@@ -198,6 +200,10 @@ async def compare(
             "applied": apply if applied.applied else None,
             "workspaceChanged": display_names(changed),
         }
+        # kept as the run's object, as run_pipeline keeps it: get_run_json gives it back
+        with trio.CancelScope(shield=True):
+            async with open_run_store(state_directory(state_dir)) as store:
+                await store.update_run(outcome.run_id, result=result)
         return attrs.evolve(outcome, result=result, workspace_changed=changed, apply_asked=True)
     return outcome
 

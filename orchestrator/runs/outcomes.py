@@ -27,6 +27,7 @@ from typing import Any, Literal, TypeVar
 import attrs
 from attrs import frozen
 
+from .._names import name_from_json
 from .verdict import changed_lines
 
 __all__ = [
@@ -211,6 +212,12 @@ class FileChange:
     def from_json(cls, data: Mapping[str, Any]) -> FileChange:
         """The change a ``changes`` entry describes."""
         return _read(cls, data)
+
+    @property
+    def name(self) -> str:
+        """The path as the filesystem names it: :attr:`path` is its display form, which
+        differs for a name that is not plain UTF-8 (its bytes are kept in :attr:`path_bytes`)."""
+        return name_from_json({"path": self.path, "pathBytes": self.path_bytes})
 
     def to_json(self) -> dict[str, Any]:
         """The entry it was read from."""

@@ -28,12 +28,13 @@ from ..config import Config
 from ..errors import OrchestratorError, UsageError
 from ..pipeline import Pipeline, Step
 from ..pipeline import step as step_decorator
-from ..pipeline.results import RunEvent, StepResult, changes_from_json, changes_json, cut_turn
+from ..pipeline.results import RunEvent, StepResult, changes_from_json, cut_turn
 from ..policy import PolicySet
 from ..protocol import types as t
 from ..sandbox import SandboxChoice
 from ..supervisor import Connector
 from .default_policy import DefaultRejections
+from .outcomes import FileChange
 from .run import RunOutcome, launchable, run_pipeline, workspace_root
 
 ChangeKind = Literal["added", "modified", "deleted"]
@@ -57,9 +58,10 @@ class PromptRun:
     turn: TurnResult
     #: wall-clock seconds from start to the end of the turn
     wall_seconds: float
-    #: the files the agent changed in its branch: (path relative to the workspace, change)
-    changes: tuple[tuple[str, ChangeKind], ...] = ()
-    #: (path, target) of the changed paths that are symbolic links after the change
+    #: the files the agent changed in its branch, as a run's :attr:`RunOutcome.changes`
+    changes: tuple[FileChange, ...] = ()
+    #: (path, target) of the changed paths that are symbolic links after the change (also
+    #: each such change's ``symlink``)
     symlinks: tuple[tuple[str, str], ...] = ()
     #: the unified diff of those changes
     diff: str = ""
@@ -139,7 +141,7 @@ class PromptRun:
             ],
             "notices": self.turn.notices_json(),
             "usage": self.turn.usage_json(),
-            "changes": changes_json(self.changes, self.symlinks),
+            "changes": [c.to_json() for c in self.changes],
             "diff": self.diff,
             "applied": self.applied,
             "workspaceChanged": display_names(self.workspace_changed),
@@ -186,7 +188,7 @@ def _prompt_run(outcome: RunOutcome, last: Any, spec: AgentSpec, wall_seconds: f
     if not isinstance(last, StepResult) or last.turn is None:
         raise OrchestratorError(f"run {outcome.run_id}: the prompt's turn left no result")
     result = outcome.result
-    changes, symlinks = changes_from_json(result.get("changes"))
+    _, symlinks = changes_from_json(result.get("changes"))
     stored = (result.get("steps") or {}).get("prompt", {}).get("instances", {}).get("prompt")
     unapplied = tuple(parse_name(p) for p in result.get("workspaceChanged") or ())
     return PromptRun(
@@ -196,7 +198,7 @@ def _prompt_run(outcome: RunOutcome, last: Any, spec: AgentSpec, wall_seconds: f
         session_id=last.session_id or "",
         turn=last.turn,
         wall_seconds=wall_seconds,
-        changes=changes,
+        changes=outcome.changes,
         symlinks=symlinks,
         diff=str(result.get("diff") or ""),
         applied=bool(result.get("applied")),

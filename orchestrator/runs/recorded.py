@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
 import trio
 
-from .._names import name_json
+from .._names import display_names, name_json
 from ..errors import UsageError
 from ..pipeline.branches import FINAL
 from ..state import state_directory
@@ -19,13 +19,17 @@ from .default_policy import count_default_rejections
 from .verdict import Verdict, judge
 
 __all__ = [
+    "LATER",
     "compare_agent_json",
     "compare_verdict",
+    "did_nothing",
     "diff_run",
+    "finished_run_json",
     "get_run",
     "get_run_json",
     "list_runs",
     "no_such_step",
+    "rebuild_run_json",
 ]
 
 
@@ -111,12 +115,119 @@ def _step_entry() -> dict[str, Any]:
 async def get_run_json(
     run_id: str, *, state_dir: str | os.PathLike[str] | None = None, store: RunStore | None = None
 ) -> dict[str, Any]:
-    """A run as its ``--json`` object, rebuilt from the store (works for unfinished runs too)."""
+    """A run as its ``--json`` object: the one the run returned, as recorded at its end.
+
+    What a later apply changes is read as it stands now (:data:`LATER`: ``applied``,
+    ``appliedSteps``, a comparison's agents' ``applied``). A run with no such object (running,
+    interrupted, crashed, or recorded by a release that kept none) is rebuilt from its records,
+    without what only its process knew (``wallSeconds``, ``reused``, a resume's ``restored``).
+    """
     if store is None:
         async with open_run_store(state_directory(state_dir)) as opened:
             return await get_run_json(run_id, store=opened)
     record = await store.get_run(run_id)
     record, steps = await as_seen(record, store, await store.steps(record.run_id))
+    rebuilt = await _rebuild(record, steps, store)
+    kept = _kept_result(record)
+    if kept is None:
+        nothing, warnings = did_nothing(rebuilt)
+        return {**rebuilt, "didNothing": nothing, "warnings": list(warnings)}
+    # the record's own fields fill in what an older release's object lacks
+    shown = {**{k: rebuilt[k] for k in _RECORD_FIELDS}, **kept}
+    shown.update((key, rebuilt[key]) for key in LATER if key in rebuilt)
+    if record.kind == "compare" and isinstance(shown.get("agents"), list):
+        written = {a.get("name"): a.get("applied") for a in rebuilt.get("agents") or ()}
+        shown["agents"] = [
+            {**a, "applied": written.get(a.get("name"), a.get("applied"))}
+            if isinstance(a, dict)
+            else a
+            for a in shown["agents"]
+        ]
+    return shown
+
+
+#: the fields of a run's object that change after its end: a later apply (``apply_run``) sets
+#: them, as a comparison's agents' ``applied``; the rest is the object the run returned
+LATER = ("applied", "appliedSteps")
+
+#: the fields every run's object takes from its record
+_RECORD_FIELDS = (
+    "kind",
+    "runId",
+    "status",
+    "statusReason",
+    "cwd",
+    "created",
+    "finished",
+    "sandbox",
+    "defaultRejections",
+)
+
+
+def _kept_result(record: RunRecord) -> dict[str, Any] | None:
+    """The object the run returned, kept in its record, if it is the record's as it stands.
+
+    A resume starts the run again (``finished`` cleared): the object of an earlier attempt is
+    not this one's, whose end may never have come (interrupted, crashed) and kept none.
+    """
+    kept = record.result
+    if not kept or kept.get("finished") != record.finished or kept.get("status") != record.status:
+        return None
+    return dict(kept)
+
+
+def finished_run_json(
+    rebuilt: Mapping[str, Any],
+    *,
+    wall_seconds: float,
+    reused: Iterable[str],
+    workspace_changed: Sequence[str],
+    patch_left_out: Sequence[str],
+) -> dict[str, Any]:
+    """The object a run returns at its end (and keeps in its record): its records' object
+    (:func:`rebuild_run_json`) with what only its process knows."""
+    result = {
+        **rebuilt,
+        "wallSeconds": round(wall_seconds, 3),
+        # instances finished in an earlier attempt and reused by this resume
+        "reused": sorted(reused),
+        # asked to apply: the files that changed in the workspace during the run
+        "workspaceChanged": display_names(workspace_changed),
+        # changed files whose content at the start of the run is gone from the workspace:
+        # changes.patch leaves them out (the run store keeps their changes)
+        "patchLeftOut": display_names(patch_left_out),
+    }
+    nothing, warnings = did_nothing(result)
+    return {**result, "didNothing": nothing, "warnings": list(warnings)}
+
+
+def did_nothing(result: Mapping[str, Any]) -> tuple[bool, tuple[str, ...]]:
+    """Whether the run of ``result`` (its ``--json`` object) asked for permissions, had every
+    one refused and changed nothing; and the warning that says so."""
+    instances = [
+        instance
+        for entry in (result.get("steps") or {}).values()
+        for instance in (entry.get("instances") or {}).values()
+    ]
+    instances += list(result.get("agents") or ())  # a comparison's, one per agent
+    asked = [p for i in instances for p in i.get("permissions") or ()]
+    changed = result.get("changes") or any(i.get("changes") for i in instances)
+    if not asked or changed or any(p.get("verdict") == "allow" for p in asked):
+        return False, ()
+    count = f"{len(asked)} permission request{'s' if len(asked) != 1 else ''}"
+    return True, (f"every one of the run's {count} was refused and it changed nothing",)
+
+
+async def rebuild_run_json(run_id: str, *, store: RunStore) -> dict[str, Any]:
+    """A run's object as its records give it, without what only its process knew (see
+    :func:`finished_run_json`)."""
+    record = await store.get_run(run_id)
+    record, steps = await as_seen(record, store, await store.steps(record.run_id))
+    return await _rebuild(record, steps, store)
+
+
+async def _rebuild(record: RunRecord, steps: list[StepRecord], store: RunStore) -> dict[str, Any]:
+    """A run's object from its records: its steps, its agents, its final changes, its applies."""
     options = dict(record.options)
     graph = options.get("graph") or {"nodes": [], "edges": []}
     # the steps whose instances are keyed (by agent or item): a record of such a step without
@@ -212,10 +323,6 @@ async def get_run_json(
             {s.key: s.started for s in steps if s.started is not None},
         ).to_json(),
     }
-    if record.kind == "prompt" and record.result:
-        # a finished prompt's result is its --json object, kept whole; an unfinished one (a
-        # crash, an interruption) reads like the one-step run it is
-        return {**dict(record.result), **result, "conflicts": []}
     # what the applies wrote to the workspace: the run's final changes, or step instances
     applied_keys = [
         key
@@ -284,7 +391,7 @@ def compare_agent_json(
 
 async def compare_verdict(run_id: str, *, store: RunStore) -> Verdict:
     """The verdict of the comparison ``run_id`` as recorded: who succeeded, who won."""
-    return judge((await get_run_json(run_id, store=store)).get("agents") or [])
+    return judge((await rebuild_run_json(run_id, store=store)).get("agents") or [])
 
 
 async def get_run(run_id: str, *, state_dir: str | os.PathLike[str] | None = None) -> RunRecord:

@@ -79,7 +79,7 @@ from ._lock import hold_run_lock
 from .apply import apply_recorded, recover
 from .default_policy import DefaultRejections
 from .outcomes import AgentOutcome, FileChange, StepOutcome, read_agents, read_steps
-from .recorded import compare_verdict, get_run_json
+from .recorded import compare_verdict, finished_run_json, rebuild_run_json
 from .settings import RunSettings, configured_limits, file_size_option, policy_source
 from .verdict import Verdict, judge
 
@@ -173,7 +173,9 @@ class RunOutcome:
 
     @functools.cached_property
     def changes(self) -> tuple[FileChange, ...]:
-        """The files the run changed, typed (read from :attr:`result`'s ``changes``)."""
+        """The files the run changed, typed (read from :attr:`result`'s ``changes``); empty for a
+        comparison, whose agents' branches are alternatives, never merged (each agent's are in
+        :attr:`agents`)."""
         raw = self.result.get("changes")
         if not isinstance(raw, list):
             return ()
@@ -507,22 +509,18 @@ async def run_pipeline(
                     if not imported:
                         await _import_transcripts(store, run_id, run_dir, transcript)
             # past the point of no return (see _conclude): the outcome is the caller's, however
-            # late a cancel comes
+            # late a cancel comes; the object get_run_json gives back from the record, once kept
+            # there (below)
             with trio.CancelScope(shield=True):
-                result = await get_run_json(run_id, store=store)
-            result = {
-                **result,
-                "wallSeconds": round(time.monotonic() - started, 3),
-                # instances finished in an earlier attempt and reused by this resume
-                "reused": sorted(reused),
-                # asked to apply: the files that changed in the workspace during the run
-                "workspaceChanged": display_names(unapplied),
-                # changed files whose content at the start of the run is gone from the workspace:
-                # changes.patch leaves them out (the run store keeps their changes)
-                "patchLeftOut": display_names(left_out),
-            }
-            nothing, warnings = _did_nothing(result)
-            result = {**result, "didNothing": nothing, "warnings": list(warnings)}
+                rebuilt = await rebuild_run_json(run_id, store=store)
+            result = finished_run_json(
+                rebuilt,
+                wall_seconds=time.monotonic() - started,
+                reused=reused,
+                workspace_changed=unapplied,
+                patch_left_out=left_out,
+            )
+            nothing, warnings = bool(result["didNothing"]), tuple(result["warnings"])
             outcome = RunOutcome(
                 run_id,
                 status,
@@ -545,23 +543,6 @@ async def run_pipeline(
             if refused is not None:
                 raise refused  # the run is recorded (its changes too); the apply is bad input
             return outcome
-
-
-def _did_nothing(result: Mapping[str, Any]) -> tuple[bool, tuple[str, ...]]:
-    """Whether the run of ``result`` (its ``--json`` object) asked for permissions, had every
-    one refused and changed nothing; and the warning that says so."""
-    instances = [
-        instance
-        for entry in (result.get("steps") or {}).values()
-        for instance in (entry.get("instances") or {}).values()
-    ]
-    instances += list(result.get("agents") or ())  # a comparison's, one per agent
-    asked = [p for i in instances for p in i.get("permissions") or ()]
-    changed = result.get("changes") or any(i.get("changes") for i in instances)
-    if not asked or changed or any(p.get("verdict") == "allow" for p in asked):
-        return False, ()
-    count = f"{len(asked)} permission request{'s' if len(asked) != 1 else ''}"
-    return True, (f"every one of the run's {count} was refused and it changed nothing",)
 
 
 async def _conclude(

@@ -389,7 +389,7 @@ class _Probe:
         if attack.expect_failure:
             self.failures.append("the run was recorded as succeeded though the turn never ended")
             return
-        changed = {path for path, _ in run.changes}
+        changed = {c.name for c in run.changes}
         cwd = next((str(e["cwd"]) for e in events if e.get("event") == "session_new"), None)
         made = [
             _relative(str(e["path"]), cwd)
