@@ -1,0 +1,93 @@
+"""``prompt`` keeps the library's one contract: a run that started returns its recorded outcome,
+however it failed; bad usage raises before anything is recorded or started."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+import trio
+from run_helpers import CLI, as_json, config, configure, run_cli, spec_for, write_agent
+
+from orchestrator import list_runs_sync, prompt_sync
+from orchestrator.errors import AgentExited, AgentStartError
+from orchestrator.runs import run_pipeline
+from orchestrator.testing import AgentScript, Crash, ErrorReply, ExitAtStart, Turn
+
+pytestmark = pytest.mark.skipif(not CLI.exists(), reason="the console script is not installed")
+
+#: seconds one run may take (its agent is a Python subprocess)
+LIMIT = 60.0
+
+#: agents whose turn never ends well, with the error kind a pipeline step records for each
+FAILING: dict[str, tuple[AgentScript, str]] = {
+    "exit-at-start": (AgentScript(exit_at_start=ExitAtStart(exit_code=3)), "agent-start"),
+    "crash-mid-turn": (
+        AgentScript(turns=(Turn(steps=(Crash(exit_code=2, stderr="boom"),)),)),
+        "agent-exited",
+    ),
+    "error-reply": (
+        AgentScript(turns=(Turn(error=ErrorReply(code=-32603, message="it broke")),)),
+        "agent-error",
+    ),
+    "auth-required": (AgentScript(require_auth=True), "agent-start"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FAILING))
+def test_a_failing_agent_returns_a_failed_prompt_run(tmp_path: Path, case: str) -> None:
+    """prompt_sync returns the run failed, its error and error kind those of a pipeline step."""
+    script, kind = FAILING[case]
+    spec = spec_for(script, tmp_path, case)
+    project = tmp_path / "project"
+    project.mkdir()
+    state = tmp_path / "state"
+    run = prompt_sync(spec, "go", cwd=project, config=config(spec), state_dir=state, timeout=LIMIT)
+    assert (run.status, run.exit_code, run.error_kind) == ("failed", 1, kind)
+    assert run.exception is not None and run.error == str(run.exception)
+    assert run.to_json()["errorKind"] == kind and run.to_json()["error"] == run.error
+    assert run.turn.stop_reason is None and run.changes == ()
+    [listed] = list_runs_sync(state_dir=state)
+    assert (listed.run_id, listed.status) == (run.run_id, "failed")
+
+
+async def test_the_same_agents_in_a_pipeline_fail_with_the_same_kinds(tmp_path: Path) -> None:
+    """A pipeline step of each failing agent records the error kind the prompt returns."""
+    from orchestrator.runs.prompt import prompt_pipeline
+
+    for case, (script, kind) in sorted(FAILING.items()):
+        spec = spec_for(script, tmp_path, case)
+        project = tmp_path / case
+        project.mkdir()
+        with trio.fail_after(LIMIT):
+            outcome = await run_pipeline(
+                prompt_pipeline(spec.name, LIMIT, None),
+                {"text": "go"},
+                cwd=project,
+                config=config(spec),
+                state_dir=tmp_path / "state",
+            )
+        assert (outcome.status, outcome.steps["prompt"].error_kind) == ("failed", kind), case
+
+
+async def test_the_cli_says_a_failed_turn_as_an_error_exit_1(
+    tmp_path: Path, project: Path, state_dir: Path
+) -> None:
+    """orchestrator prompt with an agent that exits at start or crashes: exit 1, one error line."""
+    starter = tmp_path / "starter.json"
+    starter.write_bytes(orjson.dumps(AgentScript(exit_at_start=ExitAtStart(exit_code=3)).to_json()))
+    crasher = write_agent(tmp_path / "crasher.json", Turn(steps=(Crash(exit_code=2),)))
+    configure(project, starter=starter, crasher=crasher)
+    for name, error in (("starter", AgentStartError), ("crasher", AgentExited)):
+        argv = ("prompt", "--agent", name, "--cwd", str(project), "--no-progress", "go")
+        text = await run_cli(*argv, cwd=tmp_path, state=state_dir)
+        assert text.returncode == 1, text.stderr.decode()
+        lines = [line for line in text.stderr.decode().splitlines() if "error:" in line]
+        assert len(lines) == 1 and lines[0].startswith("orchestrator: error: "), lines
+        assert text.stdout == b""
+        done = await run_cli(*argv, "--json", cwd=tmp_path, state=state_dir)
+        assert done.returncode == 1, done.stderr.decode()
+        body = as_json(done)
+        assert (body["exitCode"], body["error"]["type"]) == (1, error.__name__)
+        assert body["runId"]
