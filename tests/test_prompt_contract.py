@@ -4,6 +4,7 @@ however it failed; bad usage raises before anything is recorded or started."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -11,7 +12,7 @@ import trio
 from run_helpers import CLI, as_json, config, configure, run_cli, spec_for, write_agent
 
 from orchestrator import list_runs_sync, prompt_sync
-from orchestrator.errors import AgentExited, AgentStartError
+from orchestrator.errors import AgentExited, AgentStartError, UsageError
 from orchestrator.runs import run_pipeline
 from orchestrator.testing import AgentScript, Crash, ErrorReply, ExitAtStart, Turn
 
@@ -91,3 +92,27 @@ async def test_the_cli_says_a_failed_turn_as_an_error_exit_1(
         body = as_json(done)
         assert (body["exitCode"], body["error"]["type"]) == (1, error.__name__)
         assert body["runId"]
+
+
+@pytest.mark.parametrize(
+    ("text", "got"), [(42, "got int"), (None, "got None"), (["go", 7], "holding int")]
+)
+def test_a_prompt_that_is_no_prompt_is_refused_before_anything_is_recorded(
+    project: Path, state_dir: Path, text: Any, got: str
+) -> None:
+    """A prompt that is neither text nor content blocks: UsageError saying what a prompt is,
+    no run recorded."""
+    with pytest.raises(UsageError, match=rf"a prompt is text \(str\), a content block.*{got}"):
+        prompt_sync("demo", text, cwd=project, state_dir=state_dir)
+    assert list_runs_sync(state_dir=state_dir) == []
+
+
+def test_a_prompt_of_content_blocks_runs(project: Path, state_dir: Path) -> None:
+    """Text, a content block and a list mixing them are prompts the demo agent follows."""
+    from orchestrator.agent.content import text as block
+
+    edit = 'replace "colour" with "color" in *.txt'
+    for prompt in (edit, block(edit), ["", block(edit)]):
+        (project / "a.txt").write_text("colour\n")
+        run = prompt_sync("demo", prompt, cwd=project, policy="edit")  # type: ignore[arg-type]
+        assert (run.status, run.changes) == ("succeeded", (("a.txt", "modified"),))

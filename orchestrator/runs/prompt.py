@@ -20,6 +20,7 @@ from attrs import field, frozen
 
 from .._names import display_names, parse_name
 from ..agent.client import ClientOptions
+from ..agent.content import check_prompt
 from ..agent.permissions import Escalate
 from ..agent.services import ClientServices, PermissionRecord
 from ..agent.turn import TurnAccumulator, TurnResult
@@ -292,6 +293,10 @@ async def prompt(
 ) -> PromptRun:
     """Run one turn of ``agent`` with ``text`` on a branch of ``cwd``: a one-step run.
 
+    ``text`` is the prompt: text, or (as for a session's prompt) a content block or a list of
+    texts and blocks; anything else is a :class:`~orchestrator.errors.UsageError`, raised
+    before anything is recorded or started.
+
     The agent is resolved through the config (``config``, else the user's and ``cwd``'s
     ``.orchestrator.toml`` over the built-in table), started through the supervisor, and works
     in its own copy of the workspace (a VFS branch materialized under the state directory):
@@ -329,6 +334,7 @@ async def prompt(
     :class:`~orchestrator.testing.connector.InProcessAgents` in tests: its command is then not
     looked for.
     """
+    check_prompt(text)  # bad usage: refused before anything is recorded or started
     root = workspace_root(cwd)
     cfg = (
         config
