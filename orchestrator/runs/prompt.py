@@ -34,6 +34,7 @@ from ..policy import PolicySet
 from ..protocol import types as t
 from ..sandbox import SandboxChoice
 from ..supervisor import Connector
+from ._face import check_trio_face
 from .default_policy import DefaultRejections
 from .run import RunOutcome, launchable, run_pipeline, workspace_root
 
@@ -334,6 +335,7 @@ async def prompt(
     :class:`~orchestrator.testing.connector.InProcessAgents` in tests: its command is then not
     looked for.
     """
+    check_trio_face("prompt")  # before anything starts
     check_prompt(text)  # bad usage: refused before anything is recorded or started
     root = workspace_root(cwd)
     cfg = (
