@@ -116,3 +116,43 @@ def test_a_prompt_of_content_blocks_runs(project: Path, state_dir: Path) -> None
         (project / "a.txt").write_text("colour\n")
         run = prompt_sync("demo", prompt, cwd=project, policy="edit")  # type: ignore[arg-type]
         assert (run.status, run.changes) == ("succeeded", (("a.txt", "modified"),))
+
+
+@pytest.mark.parametrize("sandbox", ["yes", 1, "true", 0.0])
+async def test_a_sandbox_that_is_no_choice_is_refused_by_every_run(
+    tmp_path: Path, project: Path, state_dir: Path, sandbox: Any
+) -> None:
+    """sandbox= other than None, True, False or a Sandbox: UsageError naming those, nothing
+    recorded, for prompt, compare, run_pipeline, resume_run and @step."""
+    from orchestrator import compare, list_runs, prompt, resume_run, step
+    from orchestrator.pipeline import Pipeline
+
+    accepted = r"sandbox must be None, True, False or a Sandbox \(orchestrator\.sandbox\.Sandbox\)"
+
+    @step(agent="demo")
+    def edit(task: str) -> str:
+        return task
+
+    pipe = Pipeline.from_steps([edit])
+    with trio.fail_after(LIMIT):
+        with pytest.raises(UsageError, match=accepted):
+            await prompt("demo", "hi", cwd=project, sandbox=sandbox)
+        with pytest.raises(UsageError, match=accepted):
+            await compare(["demo", "demo:demo-slow"], "hi", cwd=project, sandbox=sandbox)
+        with pytest.raises(UsageError, match=accepted):
+            await run_pipeline(pipe, {"task": "hi"}, cwd=project, sandbox=sandbox)
+        assert await list_runs() == []
+        done = await prompt("demo", "hi", cwd=project)
+        with pytest.raises(UsageError, match=accepted):
+            await resume_run(done.run_id, sandbox=sandbox)
+        assert [r.status for r in await list_runs()] == ["succeeded"]
+    with pytest.raises(UsageError, match=accepted):
+        step(agent="demo", sandbox=sandbox)(edit.fn)
+
+
+async def test_a_negative_list_limit_is_a_usage_error(state_dir: Path) -> None:
+    """list_runs(limit=-1) is bad usage: UsageError, not a plain ValueError."""
+    from orchestrator import list_runs
+
+    with pytest.raises(UsageError, match="limit must be None or a number not below 0, not -1"):
+        await list_runs(limit=-1)
