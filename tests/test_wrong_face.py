@@ -5,6 +5,7 @@ before anything is recorded or started."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,11 @@ def test_the_trio_function_inside_asyncio_names_the_asyncio_face(
     with pytest.raises(UsageError, match=r"^orchestrator\.prompt is for trio; from asyncio await "
                        r"orchestrator\.aio\.prompt$"):  # fmt: skip
         asyncio.run(orchestrator.prompt("demo", EDIT, cwd=project))
-    for call in (
+
+    async def awaiting(call: Awaitable[object]) -> object:
+        return await call
+
+    calls: list[Awaitable[object]] = [
         orchestrator.run_pipeline("pipeline.py", cwd=project),
         orchestrator.list_runs(),
         orchestrator.get_run_json("abc"),
@@ -49,9 +54,10 @@ def test_the_trio_function_inside_asyncio_names_the_asyncio_face(
         orchestrator.apply_run("abc"),
         orchestrator.resume_run("abc"),
         orchestrator.compare(["demo"], EDIT, cwd=project),
-    ):
+    ]
+    for call in calls:
         with pytest.raises(UsageError, match=r"is for trio; from asyncio await orchestrator\.aio"):
-            asyncio.run(call)
+            asyncio.run(awaiting(call))
     _nothing_recorded(state_dir)
 
 

@@ -246,7 +246,7 @@ def _prompt_run(outcome: RunOutcome, last: Any, spec: AgentSpec, wall_seconds: f
         did_nothing=outcome.did_nothing,
         warnings=outcome.warnings,
         error=error,
-        error_kind=kind,  # type: ignore[arg-type]
+        error_kind=kind,
     )
 
 
