@@ -178,6 +178,8 @@ def choose_sandbox(*layers: SandboxChoice, rules: Sandbox | None = None) -> Sand
     another asked for. The rules are the most specific layer's own, else ``rules``, else the
     defaults. None: unconfined.
     """
+    for layer in layers:  # anything else would read as "not asked": refused, not ignored
+        sandbox_choice(layer)
     if not any(layer is True or isinstance(layer, Sandbox) for layer in layers):
         return None
     for layer in layers:
@@ -186,11 +188,15 @@ def choose_sandbox(*layers: SandboxChoice, rules: Sandbox | None = None) -> Sand
     return rules if rules is not None else Sandbox()
 
 
-def sandbox_choice(value: Any, what: str) -> SandboxChoice:
-    """``value`` checked as a :data:`SandboxChoice` (TypeError naming ``what`` otherwise)."""
+def sandbox_choice(value: Any, what: str = "") -> SandboxChoice:
+    """``value`` checked as a :data:`SandboxChoice`; else a :class:`UsageError` (naming
+    ``what``) that says what it may be."""
     if value is None or isinstance(value, bool | Sandbox):
         return value
-    raise TypeError(f"{what}: sandbox must be True, False or a Sandbox, not {type(value).__name__}")
+    raise UsageError(
+        f"{what + ': ' if what else ''}sandbox must be None, True, False or a Sandbox "
+        f"(orchestrator.sandbox.Sandbox), not {value!r}"
+    )
 
 
 # --------------------------------------------------------------------------- the kernel

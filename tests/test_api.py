@@ -210,12 +210,15 @@ async def test_prompt_missing_agent_command_fails_to_start(tmp_path: Path) -> No
         await prompt("no-such-agent-xyz --acp", "hi", cwd=tmp_path)
 
 
-async def test_prompt_timeout_raises_turn_timeout(tmp_path: Path) -> None:
-    """A turn that outlives ``timeout`` is cancelled and reported as TurnTimeout."""
+async def test_prompt_timeout_fails_the_run_with_turn_timeout(tmp_path: Path) -> None:
+    """A turn that outlives ``timeout`` is cancelled: the run is returned failed, a timeout."""
     script = AgentScript(turns=(Turn(steps=(Stall(),)),))
     spec = AgentSpec("staller", tuple(scripted_agent_command(script, tmp_path)))
-    with trio.fail_after(LIMIT), pytest.raises(TurnTimeout, match="timeout"):
-        await prompt(spec, "go", cwd=tmp_path, timeout=0.5)
+    with trio.fail_after(LIMIT):
+        run = await prompt(spec, "go", cwd=tmp_path, timeout=0.5)
+    assert (run.status, run.exit_code, run.error_kind) == ("failed", 1, "timeout")
+    assert isinstance(run.exception, TurnTimeout)
+    assert run.error is not None and "timeout" in run.error
 
 
 async def test_prompt_first_recovers_an_interrupted_apply(tmp_path: Path) -> None:

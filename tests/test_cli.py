@@ -202,7 +202,10 @@ async def test_prompt_json_reports_every_field(project: Path) -> None:
         "didNothing",
         "warnings",
         "notices",
+        "error",
+        "errorKind",
     }
+    assert (result["error"], result["errorKind"]) == (None, None)  # it did not fail
     assert result["sandbox"] is None  # not confined unless asked
     assert result["defaultRejections"] == {
         "count": 1,

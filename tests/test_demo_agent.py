@@ -358,3 +358,26 @@ async def test_only_lines_not_understood_get_them_answered_and_the_help(project:
         "the form is: delete PATH)\n\n" + HELP
     )
     assert result.tool_calls == {}
+
+
+async def test_a_file_name_that_is_not_utf8_is_skipped_and_the_others_edited(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    """A name JSON cannot carry (bytes not UTF-8) is skipped, said so; the other files change."""
+    import os
+
+    from orchestrator.runs import prompt
+
+    root = tmp_path / "ws"
+    root.mkdir()
+    (root / "ok.md").write_text("colour\n")
+    odd = root / os.fsdecode(b"caf\xe9-colour.md")  # its byte 0xe9 held as a surrogate
+    odd.write_bytes(b"colour\n")
+    with trio.fail_after(30):
+        run = await prompt(
+            "demo", 'replace "colour" with "color" in **/*.md', cwd=root, policy="edit"
+        )
+    assert (run.status, run.changes) == ("succeeded", (("ok.md", "modified"),))
+    assert "caf\\xe9-colour.md (skipped: its name is not UTF-8" in run.turn.text
+    assert "ok.md" in run.turn.text.splitlines()[1]
+    assert odd.read_bytes() == b"colour\n"

@@ -264,7 +264,7 @@ def test_step_sandbox_is_for_agent_steps() -> None:
         @step(sandbox=True)
         def python_step() -> None: ...
 
-    with pytest.raises(TypeError, match="sandbox must be True, False or a Sandbox"):
+    with pytest.raises(UsageError, match="sandbox must be None, True, False or a Sandbox"):
         step(agent="demo", sandbox=cast(Any, "yes"))(_task)
 
     @step(agent="demo", sandbox=Sandbox(ports=(443,)))

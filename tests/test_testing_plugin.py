@@ -187,10 +187,13 @@ async def test_a_pipeline_runs_the_demo_agent_under_labels_and_scripted_agents_b
 async def test_an_agent_not_served_in_process_is_refused(
     orchestrator_project: TempProjects, orchestrator_agents: InProcessAgents
 ) -> None:
-    """An agent that is neither the demo agent nor given a script is not started at all."""
+    """An agent that is neither the demo agent nor given a script is not started at all: the
+    run fails as one whose agent could not start."""
     project = orchestrator_project({"x.txt": "one\n"})
-    with pytest.raises(AgentStartError, match="agent stranger is not served in this process"):
-        await prompt("stranger", "hi", cwd=project, connector=orchestrator_agents)
+    run = await prompt("stranger", "hi", cwd=project, connector=orchestrator_agents)
+    assert (run.status, run.error_kind) == ("failed", "agent-start")
+    assert isinstance(run.exception, AgentStartError)
+    assert "agent stranger is not served in this process" in str(run.error)
 
 
 def test_is_demo_agent_knows_the_demo_agent_under_any_label() -> None:

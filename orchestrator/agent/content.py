@@ -7,12 +7,14 @@ import mimetypes
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import get_args
 
 from ..errors import CapabilityNotSupported, UsageError
 from ..protocol import types as t
 
 __all__ = [
     "audio_from_file",
+    "check_prompt",
     "check_prompt_capabilities",
     "embedded_resource_from_file",
     "image_from_file",
@@ -80,6 +82,28 @@ def embedded_resource_from_file(path: str | os.PathLike[str]) -> t.EmbeddedResou
             uri=p.as_uri(), blob=base64.b64encode(data).decode("ascii"), mime_type=mime
         )
     return t.EmbeddedResource(resource=resource)
+
+
+#: the classes of a content block
+_BLOCKS: tuple[type, ...] = get_args(t.ContentBlock)
+
+
+def check_prompt(prompt: object) -> PromptInput:
+    """``prompt`` when it is one: text, a content block, or a sequence (list, tuple) of texts
+    and blocks; else a :class:`~orchestrator.errors.UsageError` saying what a prompt is."""
+    if isinstance(prompt, (str, *_BLOCKS)):
+        return prompt  # type: ignore[return-value]
+    if isinstance(prompt, Sequence) and not isinstance(prompt, (bytes, bytearray)):
+        wrong = [p for p in prompt if not isinstance(p, (str, *_BLOCKS))]
+        if not wrong:
+            return prompt
+        got = f"a sequence holding {type(wrong[0]).__name__}"
+    else:
+        got = "None" if prompt is None else type(prompt).__name__
+    raise UsageError(
+        "a prompt is text (str), a content block (orchestrator.protocol.types.ContentBlock) "
+        f"or a list of texts and blocks; got {got}"
+    )
 
 
 def to_blocks(prompt: PromptInput) -> list[t.ContentBlock]:

@@ -450,6 +450,11 @@ async def _cmd_prompt(args: argparse.Namespace) -> int:
         model=args.model,
         mode=args.mode,
     )
+    if run.exception is not None:
+        # the turn never ended (the agent did not start, exited, answered an error): the
+        # command line says so as it says every error, in one line or --json's error object,
+        # exit 1 (the run is recorded failed; its runId is in the object)
+        raise run.exception
     if args.json:
         _emit_json(run.to_json())
     else:

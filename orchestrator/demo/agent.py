@@ -252,6 +252,13 @@ class DemoAgent:
         the answer, and the turn goes on.
         """
         rel = os.path.relpath(path, session.cwd)
+        try:
+            str(path).encode("utf-8")
+        except UnicodeEncodeError:
+            # a name that is not UTF-8 (Python holds its bytes as surrogates): JSON cannot
+            # carry it to the client, in a request or an update; the other files go on
+            shown = os.fsencode(rel).decode("utf-8", "backslashreplace")
+            return f"{shown} (skipped: its name is not UTF-8, which ACP's JSON cannot carry)"
         old = None
         if instruction.op != "create" or path.is_file():
             try:

@@ -18,7 +18,7 @@ import trio
 from .._names import decode_text
 from ..agent import reaper
 from ..agent.confine import Confined, confine
-from ..agent.content import PromptInput
+from ..agent.content import PromptInput, check_prompt
 from ..errors import (
     AgentError,
     AgentHung,
@@ -107,7 +107,10 @@ def prompt_input(prompt: Any) -> PromptInput:
         raise UsageError("an agent step returned no prompt")
     if isinstance(prompt, StepResult):
         return prompt.text
-    return prompt  # type: ignore[no-any-return]
+    try:  # refused here, naming the step's mistake, not by the agent as a broken request
+        return check_prompt(prompt)
+    except UsageError as e:
+        raise UsageError(f"an agent step must return its prompt: {e}") from None
 
 
 def item_key(key: Any, value: Any, mapping: bool) -> str:

@@ -77,6 +77,7 @@ from ..vfs import (
 )
 from ..vfs import interrupted_applies as _interrupted_applies
 from ..vfs.apply import logged_paths
+from ._face import check_trio_face
 from ._lock import hold_run_lock
 from .recorded import no_such_step
 
@@ -524,6 +525,7 @@ async def apply_run(
     workspace's git repository instead, leaving the working tree, index and ``HEAD`` alone.
     See :func:`apply_recorded` for what is checked and refused.
     """
+    check_trio_face("apply_run")  # before anything starts
     state = state_directory(state_dir)
     reports = tuple(r for r in await recover(state) if r.action != "discarded")
     async with open_run_store(state) as store:

@@ -27,6 +27,7 @@ from ..sandbox import SandboxChoice
 from ..state import state_directory
 from ..store import open_run_store
 from ..supervisor import Connector
+from ._face import check_trio_face
 from .apply import apply_run
 from .run import RunOutcome, run_pipeline, workspace_root
 
@@ -123,6 +124,7 @@ async def compare(
     not offer fails that agent like any failure (its entry ``failed``, its ``error`` the
     :class:`~orchestrator.errors.NotOffered` message naming what it offers); the others run.
     """
+    check_trio_face("compare")  # before anything starts
     if len(agents) < 1:
         raise UsageError("compare needs at least one agent")
     if verify is not None and not verify.strip():  # else no check would run, yet all pass

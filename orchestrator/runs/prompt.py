@@ -20,9 +20,10 @@ from attrs import field, frozen
 
 from .._names import display_names, parse_name
 from ..agent.client import ClientOptions
+from ..agent.content import check_prompt
 from ..agent.permissions import Escalate
 from ..agent.services import ClientServices, PermissionRecord
-from ..agent.turn import TurnResult
+from ..agent.turn import TurnAccumulator, TurnResult
 from ..agents import AgentSpec
 from ..config import Config
 from ..errors import OrchestratorError, UsageError
@@ -33,6 +34,7 @@ from ..policy import PolicySet
 from ..protocol import types as t
 from ..sandbox import SandboxChoice
 from ..supervisor import Connector
+from ._face import check_trio_face
 from .default_policy import DefaultRejections
 from .outcomes import FileChange
 from .run import RunOutcome, launchable, run_pipeline, workspace_root
@@ -98,6 +100,15 @@ class PromptRun:
     did_nothing: bool = False
     #: what a caller should know although the run did not fail, one sentence each
     warnings: tuple[str, ...] = ()
+    #: why the run failed, for people (as its step's ``error``); None when it did not
+    error: str | None = None
+    #: what kind of failure it was (``agent-start``, ``agent-exited``, ``timeout``, ...: see
+    #: :data:`~orchestrator.errors.ErrorKind`), as its step's ``error_kind``; None when it did
+    #: not fail
+    error_kind: str | None = None
+    #: the exception that failed the turn (an agent that could not start, exited, answered an
+    #: error, ...), None when none did: the turn is then empty
+    exception: Exception | None = field(default=None, eq=False, repr=False)
 
     @property
     def permissions(self) -> list[PermissionRecord]:
@@ -152,6 +163,8 @@ class PromptRun:
             "defaultRejections": self.default_rejections.to_json(),
             "didNothing": self.did_nothing,
             "warnings": list(self.warnings),
+            "error": self.error,
+            "errorKind": self.error_kind,
         }
 
 
@@ -182,12 +195,32 @@ def _implementation(info: Mapping[str, Any] | None) -> t.Implementation | None:
 
 
 def _prompt_run(outcome: RunOutcome, last: Any, spec: AgentSpec, wall_seconds: float) -> PromptRun:
-    """The prompt's result, from the run's one step instance (its typed turn kept)."""
-    if isinstance(last, BaseException):
-        raise last
-    if not isinstance(last, StepResult) or last.turn is None:
-        raise OrchestratorError(f"run {outcome.run_id}: the prompt's turn left no result")
+    """The prompt's result, from the run's one step instance (its typed turn kept); a turn that
+    failed before it ended (the agent did not start, exited, answered an error) gives an empty
+    one, the run failed with the step's error."""
     result = outcome.result
+    step = outcome.steps.get("prompt")
+    error = step.error if step is not None else None
+    kind = step.error_kind if step is not None else None
+    if not isinstance(last, StepResult) or last.turn is None:
+        if not isinstance(last, Exception):
+            raise OrchestratorError(f"run {outcome.run_id}: the prompt's turn left no result")
+        return PromptRun(
+            run_id=outcome.run_id,
+            agent=spec,
+            agent_info=None,
+            session_id="",
+            turn=TurnAccumulator().result(None),
+            wall_seconds=wall_seconds,
+            run_dir=outcome.run_dir,
+            status=outcome.status,
+            exit_code=outcome.exit_code,
+            sandbox=result.get("sandbox"),
+            default_rejections=DefaultRejections.from_json(result.get("defaultRejections")),
+            error=error,
+            error_kind=kind,
+            exception=last,
+        )
     _, symlinks = changes_from_json(result.get("changes"))
     stored = (result.get("steps") or {}).get("prompt", {}).get("instances", {}).get("prompt")
     unapplied = tuple(parse_name(p) for p in result.get("workspaceChanged") or ())
@@ -214,6 +247,8 @@ def _prompt_run(outcome: RunOutcome, last: Any, spec: AgentSpec, wall_seconds: f
         mode=last.mode,
         did_nothing=outcome.did_nothing,
         warnings=outcome.warnings,
+        error=error,
+        error_kind=kind,
     )
 
 
@@ -261,6 +296,10 @@ async def prompt(
 ) -> PromptRun:
     """Run one turn of ``agent`` with ``text`` on a branch of ``cwd``: a one-step run.
 
+    ``text`` is the prompt: text, or (as for a session's prompt) a content block or a list of
+    texts and blocks; anything else is a :class:`~orchestrator.errors.UsageError`, raised
+    before anything is recorded or started.
+
     The agent is resolved through the config (``config``, else the user's and ``cwd``'s
     ``.orchestrator.toml`` over the built-in table), started through the supervisor, and works
     in its own copy of the workspace (a VFS branch materialized under the state directory):
@@ -276,7 +315,9 @@ async def prompt(
     verdicts. The agent gets real terminals (in its branch directory) whose commands the same
     policy vets. Passing ``services`` replaces the permission, terminal and elicitation services
     (the fs service of the branch is always installed). If the agent cannot be started or its
-    turn fails, the error is raised after the run is recorded as failed. A file changed to
+    turn fails (it exits, answers an error, asks to authenticate, times out), the run is
+    recorded failed and returned so: ``error`` and ``error_kind`` say why (as a pipeline step's),
+    ``exception`` holds the error, the turn is empty when it never ended. A file changed to
     more than ``max_file_size`` bytes (default: the config's, else 100 MiB) fails the run,
     naming the file (see :func:`~orchestrator.runs.run_pipeline`).
 
@@ -286,16 +327,18 @@ async def prompt(
     ``model`` and ``mode`` are set in the session before the turn: the model through the
     agent's config option of category ``model`` (by value or name), the mode through its
     ``mode`` option or ``session/set_mode``. One the agent does not offer fails the run,
-    recorded, with :class:`~orchestrator.errors.NotOffered` naming those it does. ``agent``
-    may name its model itself (``"claude:sonnet"``); another ``model`` as well is a
-    :class:`~orchestrator.errors.UsageError`. The result's ``model`` and ``mode`` say what
-    the session ran.
+    recorded, its ``exception`` a :class:`~orchestrator.errors.NotOffered` naming those it
+    does. ``agent`` may name its model itself (``"claude:sonnet"``); another ``model`` as well
+    is a :class:`~orchestrator.errors.UsageError`. The result's ``model`` and ``mode`` say
+    what the session ran.
 
     ``connector`` starts the agent instead of a subprocess (as for
     :func:`~orchestrator.runs.run_pipeline`), e.g.
     :class:`~orchestrator.testing.connector.InProcessAgents` in tests: its command is then not
     looked for.
     """
+    check_trio_face("prompt")  # before anything starts
+    check_prompt(text)  # bad usage: refused before anything is recorded or started
     root = workspace_root(cwd)
     cfg = (
         config
@@ -318,7 +361,9 @@ async def prompt(
         last = outcome.outcomes.get("prompt", {}).get(None)
         run = _prompt_run(outcome, last, spec, time.monotonic() - started)
         made.append(run)
-        return _as_prompt(outcome, run)
+        # a prompt whose turn never ended reads like the one-step run it is, its step's error
+        # there (as when resumed: see prompt_result)
+        return dict(outcome.result) if run.exception is not None else _as_prompt(outcome, run)
 
     await run_pipeline(
         prompt_pipeline(spec.name, timeout, idle_timeout, model, mode),

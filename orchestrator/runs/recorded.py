@@ -14,6 +14,7 @@ from ..errors import UsageError
 from ..pipeline.branches import FINAL
 from ..state import state_directory
 from ..store import RunRecord, RunStore, StepRecord, open_run_store
+from ._face import check_trio_face
 from ._lock import run_owner
 from .default_policy import count_default_rejections
 from .verdict import Verdict, judge
@@ -37,6 +38,7 @@ async def diff_run(
     run_id: str, *, step: str | None = None, state_dir: str | os.PathLike[str] | None = None
 ) -> str:
     """The unified diff of a run's changes (or one step's), as stored."""
+    check_trio_face("diff_run")  # before anything starts
     async with open_run_store(state_directory(state_dir)) as store:
         record = await store.get_run(run_id)
         steps = await store.steps(record.run_id)
@@ -67,6 +69,7 @@ async def list_runs(
 ) -> list[RunRecord]:
     """The recorded runs, newest first; one recorded ``running`` whose process is gone reads
     ``interrupted`` (see :func:`as_seen`)."""
+    check_trio_face("list_runs")  # before anything starts
     async with open_run_store(state_directory(state_dir)) as store:
         return [(await as_seen(r, store))[0] for r in await store.list_runs(limit=limit)]
 
@@ -122,6 +125,7 @@ async def get_run_json(
     interrupted, crashed, or recorded by a release that kept none) is rebuilt from its records,
     without what only its process knew (``wallSeconds``, ``reused``, a resume's ``restored``).
     """
+    check_trio_face("get_run_json")  # before anything starts
     if store is None:
         async with open_run_store(state_directory(state_dir)) as opened:
             return await get_run_json(run_id, store=opened)

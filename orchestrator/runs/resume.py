@@ -26,6 +26,7 @@ from ..sandbox import SandboxChoice
 from ..state import state_directory
 from ..store import open_run_store
 from ..supervisor import Connector
+from ._face import check_trio_face
 from .compare import _compare_config, _compare_pipeline
 from .prompt import prompt_pipeline, prompt_result
 from .run import RunOutcome, run_pipeline
@@ -77,6 +78,7 @@ async def resume_run(
     ``record_transcripts`` the first attempt's choice (a prompt keeps its wire transcript only
     when asked). The other keyword arguments are :func:`~orchestrator.runs.run_pipeline`'s.
     """
+    check_trio_face("resume_run")  # before anything starts
     state = state_directory(state_dir)
     async with open_run_store(state) as store:
         record = await store.get_run(run_id)

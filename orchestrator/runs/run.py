@@ -75,6 +75,7 @@ from ..vfs import (
     merge_branches,
     remove_tree,
 )
+from ._face import check_trio_face
 from ._lock import hold_run_lock
 from .apply import apply_recorded, recover
 from .default_policy import DefaultRejections
@@ -343,6 +344,7 @@ async def run_pipeline(
     would make a symlink leading outside the workspace raises
     :class:`~orchestrator.errors.SymlinkRefused` once the run is recorded.
     """
+    check_trio_face("run_pipeline")  # before anything starts
     root = workspace_root(cwd)
     check_transcript_path(transcript)
     pipe = pipeline if isinstance(pipeline, Pipeline) else load_pipeline(pipeline)

@@ -28,7 +28,7 @@ from ..agents import _REDACTED, AgentSpec  # the marker AgentSpec.to_json writes
 from ..config import Config
 from ..errors import UsageError
 from ..policy import PolicySet
-from ..sandbox import Sandbox, SandboxChoice, choose_sandbox
+from ..sandbox import Sandbox, SandboxChoice, choose_sandbox, sandbox_choice
 
 __all__ = [
     "LIMITS",
@@ -210,6 +210,7 @@ def restore_settings(
     ``recorded``) restores nothing: the resume's options and the config decide, as for a new
     run.
     """
+    sandbox_choice(sandbox)  # bad usage, refused before the run is touched
     env = os.environ if environ is None else environ
     restored: list[str] = []
     overridden: list[str] = []

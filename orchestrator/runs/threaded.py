@@ -29,6 +29,7 @@ import trio
 from .._log import get_logger
 from .._util import end_grace_periods
 from ..errors import RunCancelled
+from ._face import check_asyncio_face, check_sync_face
 
 __all__ = ["CancelToken", "ThreadedCall", "call_async", "call_sync", "cancel_all"]
 
@@ -249,6 +250,7 @@ def call_sync(fn: Callable[[], Awaitable[T]], cancel: CancelToken | None) -> T:
     The callbacks ``fn`` was given (``on_event``, ``on_update``, ``escalate``) run in that
     thread, in its trio run.
     """
+    check_sync_face(_name(fn))  # before anything starts
     holder: list[ThreadedCall[T]] = []
     call: ThreadedCall[T] = ThreadedCall(lambda: _watching(fn, holder[0])(), name=_name(fn))
     holder.append(call)
@@ -323,6 +325,7 @@ async def call_async(fn: Callable[[], Awaitable[T]]) -> T:
     Cancelling the awaiting task cancels the run; the coroutine still waits until the run
     stopped (agents gone, recorded ``interrupted``), then raises ``CancelledError``.
     """
+    check_asyncio_face(_name(fn))  # before anything starts
     loop = asyncio.get_running_loop()
     holder: list[ThreadedCall[T]] = []
     call: ThreadedCall[T] = ThreadedCall(

@@ -139,7 +139,7 @@ class RunStore(Database):
         if kind is not None and kind not in RUN_KINDS:
             raise UsageError(f"unknown run kind {kind!r}; one of: {', '.join(sorted(RUN_KINDS))}")
         if limit is not None and limit < 0:
-            raise ValueError("limit must not be negative")
+            raise UsageError(f"limit must be None or a number not below 0, not {limit!r}")
         where: list[str] = []
         args: list[Any] = []
         if status is not None:
