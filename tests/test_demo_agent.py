@@ -377,7 +377,10 @@ async def test_a_file_name_that_is_not_utf8_is_skipped_and_the_others_edited(
         run = await prompt(
             "demo", 'replace "colour" with "color" in **/*.md', cwd=root, policy="edit"
         )
-    assert (run.status, run.changes) == ("succeeded", (("ok.md", "modified"),))
+    assert (run.status, [(c.path, c.change) for c in run.changes]) == (
+        "succeeded",
+        [("ok.md", "modified")],
+    )
     assert "caf\\xe9-colour.md (skipped: its name is not UTF-8" in run.turn.text
     assert "ok.md" in run.turn.text.splitlines()[1]
     assert odd.read_bytes() == b"colour\n"

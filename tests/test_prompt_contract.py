@@ -115,7 +115,10 @@ def test_a_prompt_of_content_blocks_runs(project: Path, state_dir: Path) -> None
     for prompt in (edit, block(edit), ["", block(edit)]):
         (project / "a.txt").write_text("colour\n")
         run = prompt_sync("demo", prompt, cwd=project, policy="edit")  # type: ignore[arg-type]
-        assert (run.status, run.changes) == ("succeeded", (("a.txt", "modified"),))
+        assert (run.status, [(c.path, c.change) for c in run.changes]) == (
+            "succeeded",
+            [("a.txt", "modified")],
+        )
 
 
 @pytest.mark.parametrize("sandbox", ["yes", 1, "true", 0.0])
