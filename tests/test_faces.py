@@ -566,3 +566,58 @@ def test_a_cancel_before_the_point_of_no_return_applies_nothing(
     assert stopped.value.run_id == runs(state_dir)[0].run_id
     assert (project / "notes.md").read_text() == "colour\n"
     assert runs(state_dir)[0].status == "interrupted"
+
+
+CTRL_C_AT_APPLY = """
+import os, signal, sys
+from pathlib import Path
+
+import trio
+
+import orchestrator.runs.run as run_module
+from orchestrator.runs import threaded
+from orchestrator.runs.apply import apply_recorded
+from orchestrator.sync import prompt_sync
+
+
+async def ctrl_c_then_apply(*args, **kwargs):
+    # as a terminal's Ctrl-C: SIGINT to the process, as the apply begins; the apply waits
+    # until the main thread's handler has asked every live call to stop
+    os.kill(os.getpid(), signal.SIGINT)
+    while not all(call._level for call in list(threaded._LIVE)):
+        await trio.sleep(0.01)
+    return await apply_recorded(*args, **kwargs)
+
+
+run_module.apply_recorded = ctrl_c_then_apply
+project = Path(sys.argv[1])
+prompt_sync(
+    "demo", 'replace "colour" with "color" in *.md', cwd=project, policy="edit", apply=True
+)
+print("returned")
+"""
+
+
+def test_ctrl_c_once_the_apply_began_stops_the_program_and_says_the_run_finished(
+    tmp_path: Path, project: Path, state_dir: Path
+) -> None:
+    """SIGINT as the apply begins: the program still stops with KeyboardInterrupt, whose note
+    says the run finished; the changes are written and the run recorded succeeded."""
+    (project / "notes.md").write_text("colour\n")
+    path = tmp_path / "script.py"
+    path.write_text(CTRL_C_AT_APPLY)
+    env = {**os.environ, "ORCHESTRATOR_STATE_DIR": str(state_dir), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, str(path), str(project)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=CLI_LIMIT,
+    )
+    assert done.returncode == -signal.SIGINT, done.stderr
+    assert "returned" not in done.stdout
+    [run] = runs(state_dir)
+    assert f"run {run.run_id} was past its point of no return" in done.stderr
+    assert "it finished succeeded" in done.stderr
+    assert run.status == "succeeded"
+    assert (project / "notes.md").read_text() == "color\n"

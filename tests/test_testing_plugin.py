@@ -196,6 +196,28 @@ async def test_an_agent_not_served_in_process_is_refused(
     assert "agent stranger is not served in this process" in str(run.error)
 
 
+async def test_a_scripted_agent_is_served_under_a_label_too(
+    orchestrator_project: TempProjects, orchestrator_agents: InProcessAgents
+) -> None:
+    """``y=refuser`` in a comparison is the scripted agent ``refuser`` labelled ``y``; its record
+    is kept under its own name."""
+    from orchestrator import compare
+
+    project = orchestrator_project({"x.txt": "one\n"})
+    orchestrator_agents.add("refuser", AgentScript(turns=(Turn(stop_reason="refusal"),)))
+    side = await compare(
+        ["x=demo", "y=refuser"],
+        'replace "one" with "two" in x.txt',
+        cwd=project,
+        policy="edit",
+        connector=orchestrator_agents,
+    )
+    by_name = {a.name: a for a in side.agents}
+    assert (by_name["x"].status, by_name["y"].status) == ("succeeded", "failed")
+    assert by_name["y"].error_kind == "stopped"
+    assert len(orchestrator_agents.records["refuser"]) == 1
+
+
 def test_is_demo_agent_knows_the_demo_agent_under_any_label() -> None:
     """``demo``, a label of it and the demo on a model are the demo agent; others are not."""
     from orchestrator.agents import resolve_agent

@@ -130,7 +130,20 @@ class ThreadedCall(Generic[T]):
                 interrupts += 1
                 self._request(interrupts)
         if interrupts:
-            raise KeyboardInterrupt
+            interrupt = KeyboardInterrupt()
+            try:
+                value = self.result()
+            except BaseException:
+                raise interrupt from None
+            # the run was past its point of no return: it finished, and what it applied is
+            # written. The program still stops (Ctrl-C), but does not pretend the run did
+            status = getattr(value, "status", None)
+            interrupt.add_note(
+                f"run {getattr(value, 'run_id', None) or self.run_id} was past its point of no"
+                f" return when interrupted: it finished"
+                f" {status}, its changes applied if it was asked to apply (see its record)"
+            )
+            raise interrupt
         return self.result()
 
     def result(self) -> T:

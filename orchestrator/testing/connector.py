@@ -99,7 +99,8 @@ class InProcessAgents:
 
     Pass it as ``connector=`` to :func:`~orchestrator.runs.run_pipeline`,
     :func:`~orchestrator.runs.prompt` or :func:`~orchestrator.runs.compare`. An agent whose
-    name (its label in the run) was given a script with :meth:`add` is that scripted agent; an
+    name (its label in the run, or the one word it is started as: ``y=reviewer`` is the agent
+    ``reviewer`` labelled ``y``) was given a script with :meth:`add` is that scripted agent; an
     agent that is the built-in demo agent (``demo``, ``alice=demo``, ``demo:demo-slow``) is the
     demo agent, following the instructions of :mod:`orchestrator.demo.instructions` exactly as
     ``python -m orchestrator.demo`` does. Any other agent is refused
@@ -135,10 +136,14 @@ class InProcessAgents:
 
     @asynccontextmanager
     async def _connect(self, spec: AgentSpec, args: ConnectArgs) -> AsyncIterator[AgentConnection]:
-        script = self.scripts.get(spec.name)
+        # by its label, else by the one word it was started as (`y=reviewer` is `reviewer`)
+        name = spec.name
+        if name not in self.scripts and len(spec.command) == 1 and spec.command[0] in self.scripts:
+            name = spec.command[0]
+        script = self.scripts.get(name)
         if script is not None:
             record = AgentRecord()
-            self.records.setdefault(spec.name, []).append(record)
+            self.records.setdefault(name, []).append(record)
 
             async def serve_script(stream: trio.abc.Stream) -> None:
                 await serve_scripted_agent(stream, script, record=record)
