@@ -283,15 +283,18 @@ async def test_cancel_mid_turn(
 async def test_turn_timeout_cancels(
     agent: RealAgent, project: Project, tmp_path: Path, tag: str, state_dir: Path
 ) -> None:
-    """The turn timeout cancels a stalled turn; the agent answers the cancel and is gone."""
+    """The turn timeout cancels a stalled turn; the agent answers the cancel and is gone; the
+    prompt returns its failed run (a run that started returns its outcome)."""
     async with open_model_server([stall_scenario()]) as server:
         spec = agent.spec(server, tmp_path / "home", tag=tag)
-        with trio.fail_after(LIMIT), pytest.raises(TurnTimeout) as caught:
-            await prompt(
+        with trio.fail_after(LIMIT):
+            run = await prompt(
                 spec, "Please do RA-STALL.", cwd=project.root, timeout=10, state_dir=state_dir
             )
         assert server.wait_stalled(0), "the turn timed out before the model request stalled"
-    assert caught.value.unresponsive is False  # it answered session/cancel in time
+    assert (run.status, run.error_kind) == ("failed", "timeout")
+    assert isinstance(run.exception, TurnTimeout)
+    assert run.exception.unresponsive is False  # it answered session/cancel in time
     assert_no_orphans(tag)
 
 
