@@ -12,7 +12,6 @@ import attrs
 import trio
 from attrs import define, field
 
-from .._log import get_logger
 from .._util import single_error
 from ..agent.branch_services import BranchServices, open_branch_services
 from ..agent.client import AcpSession
@@ -28,15 +27,13 @@ from ..sandbox import Sandbox
 from ..vfs import Workdir
 from ._branchio import BranchDirs
 from ._calls import jsonable, prompt_input, run_verify, update_event
-from ._recording import Recorder
+from ._recording import Recorder, call_listener
 from ._state import AgentPool, LeaseLike
 from .branches import change_kinds, symlink_targets
 from .results import RunEvent, StepResult, StepStatus, VerifyResult, agent_failure
 from .spec import Pipeline, Step
 
 __all__ = ["AgentTurns", "label_run_agents"]
-
-log = get_logger(__name__)
 
 
 def label_run_agents(
@@ -224,10 +221,7 @@ class AgentTurns:
                     if hook is not None:
                         # the caller's callback, as on_event's: one that fails is logged and
                         # costs neither the listener, the token budget nor the turn
-                        try:
-                            hook(update)
-                        except Exception:
-                            log.exception("event listener failed", event_type="session_update")
+                        call_listener(hook, update, event_type="session_update")
                     if listener is not None:
                         recorder.notify(update_event(self.run_id, step.name, key, agent, update))
                     if (

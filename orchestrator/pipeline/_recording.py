@@ -31,15 +31,20 @@ log = get_logger(__name__)
 EventSink = Callable[[RunEvent], None]
 
 
+def call_listener(listener: Callable[[Any], object], value: Any, **fields: Any) -> None:
+    """``listener(value)``: a caller's callback (``on_event``, ``on_update``), in every face.
+    One that fails (a progress view that cannot draw) is logged as ``event listener failed``
+    with ``fields`` and ignored: it does not fail the run, whose work and record go on."""
+    try:
+        listener(value)
+    except Exception:
+        log.exception("event listener failed", **fields)
+
+
 def notify(on_event: EventSink | None, event: RunEvent) -> None:
-    """Give ``event`` to the run's listener, if any. A listener that fails (a progress view
-    that cannot draw) is logged and ignored: it does not fail the run, whose work and record
-    go on."""
+    """Give ``event`` to the run's listener, if any (see :func:`call_listener`)."""
     if on_event is not None:
-        try:
-            on_event(event)
-        except Exception:
-            log.exception("event listener failed", event_type=event.type)
+        call_listener(on_event, event, event_type=event.type)
 
 
 @define(eq=False)

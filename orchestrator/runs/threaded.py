@@ -26,9 +26,9 @@ from typing import Any, Generic, TypeVar
 import outcome
 import trio
 
-from .._log import get_logger
 from .._util import end_grace_periods
 from ..errors import RunCancelled
+from ..pipeline._recording import call_listener
 from ._face import check_asyncio_face, check_sync_face
 
 __all__ = ["CancelToken", "ThreadedCall", "call_async", "call_sync", "cancel_all"]
@@ -286,21 +286,13 @@ def _on_loop(
         return fn
     changed: dict[str, Any] = {}
 
-    # a listener that fails is logged as in the trio face, not left to the loop's exception
-    # handler; the run goes on
-    def logged(listener: Callable[..., None], name: str) -> Callable[..., None]:
-        def call(*args: Any) -> None:
-            try:
-                listener(*args)
-            except Exception:
-                get_logger(__name__).exception("event listener failed", callback=name)
-
-        return call
-
     for name in ("on_event", "on_update"):
         listener = fn.keywords.get(name)
         if listener is not None:
-            changed[name] = functools.partial(loop.call_soon_threadsafe, logged(listener, name))
+            # one that fails is logged as in the trio face, not left to the loop's exception
+            # handler; the run goes on
+            logged = functools.partial(call_listener, listener, callback=name)
+            changed[name] = functools.partial(loop.call_soon_threadsafe, logged)
     escalate = fn.keywords.get("escalate")
     if escalate is not None:
         changed["escalate"] = functools.partial(_escalate_on, loop, escalate)
