@@ -22,12 +22,14 @@ comparison's entry carries a prompt's fields, so one reader serves both).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import attrs
 from attrs import frozen
 
 from .._names import name_from_json
+from ..agent.services import Verdict as PermissionVerdict
+from ..pipeline.results import ChangeKind, StepStatus
 from .verdict import changed_lines
 
 __all__ = [
@@ -41,9 +43,6 @@ __all__ = [
     "VerifyEntry",
 ]
 
-StepStatus = Literal["pending", "running", "succeeded", "failed", "skipped", "interrupted"]
-ChangeKind = Literal["added", "modified", "deleted"]
-PermissionVerdict = Literal["allow", "reject", "cancelled"]
 
 _T = TypeVar("_T")
 

@@ -13,7 +13,7 @@ import functools
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import Any
 
 import trio
 from attrs import field, frozen
@@ -38,8 +38,6 @@ from ._face import check_trio_face
 from .default_policy import DefaultRejections
 from .outcomes import FileChange
 from .run import RunOutcome, launchable, run_pipeline, workspace_root
-
-ChangeKind = Literal["added", "modified", "deleted"]
 
 __all__ = ["PromptRun", "prompt", "prompt_result"]
 
