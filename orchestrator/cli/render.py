@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
+from .._words import count as count_of
 from .output import say, say_default_policy_note, terminal_text
 
 __all__ = [
@@ -127,11 +128,11 @@ def diff_stat(
     added = sum(lines[0] for _, _, lines in rows if lines)
     removed = sum(lines[1] for _, _, lines in rows if lines)
     n = len(rows)
-    total = f" {n} file{'s' if n != 1 else ''} changed"
+    total = f" {count_of(n, 'file')} changed"
     if added:
-        total += f", {added} insertion{'s' if added != 1 else ''}(+)"
+        total += f", {count_of(added, 'insertion')}(+)"
     if removed:
-        total += f", {removed} deletion{'s' if removed != 1 else ''}(-)"
+        total += f", {count_of(removed, 'deletion')}(-)"
     out.append(total)
     return out
 
@@ -158,10 +159,7 @@ def diff_header(name: str, agent: Mapping[str, Any], step: str = "compare") -> s
     added, removed = view.lines
     n = view.files_changed
     label = step if name == step else f"{step}[{name}]"
-    return (
-        f"# {label}: {view.status or '-'}, {n} file{'s' if n != 1 else ''} changed, "
-        f"+{added} -{removed}"
-    )
+    return f"# {label}: {view.status or '-'}, {count_of(n, 'file')} changed, +{added} -{removed}"
 
 
 def _tokens(view: Any) -> float | None:
@@ -352,7 +350,7 @@ def prompt_ending(result: Mapping[str, Any], out: IO[str], *, diff: bool = False
     view = _view(result, "agent")
     facts = [view.stop_reason or "no stop reason"]
     n = len(view.tool_calls)
-    facts.append(f"{n} tool call{'s' if n != 1 else ''}")
+    facts.append(count_of(n, "tool call"))
     if view.failed_tool_calls:
         facts[-1] += f" ({view.failed_tool_calls} failed)"
     facts.append(f"permissions {permissions_text(view.permission_counts)}")

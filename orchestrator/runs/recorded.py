@@ -10,6 +10,7 @@ import attrs
 import trio
 
 from .._names import display_names, name_json
+from .._words import count
 from ..errors import UsageError
 from ..pipeline.branches import FINAL
 from ..state import state_directory
@@ -218,8 +219,8 @@ def did_nothing(result: Mapping[str, Any]) -> tuple[bool, tuple[str, ...]]:
     changed = result.get("changes") or any(i.get("changes") for i in instances)
     if not asked or changed or any(p.get("verdict") == "allow" for p in asked):
         return False, ()
-    count = f"{len(asked)} permission request{'s' if len(asked) != 1 else ''}"
-    return True, (f"every one of the run's {count} was refused and it changed nothing",)
+    requests = count(len(asked), "permission request")
+    return True, (f"every one of the run's {requests} was refused and it changed nothing",)
 
 
 async def rebuild_run_json(run_id: str, *, store: RunStore) -> dict[str, Any]:
