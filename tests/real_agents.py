@@ -3,7 +3,7 @@
 Reusable pieces for tests that drive real agents (``test_real_agents.py``, and later
 ``compare`` and pipeline tests):
 
-- :data:`QWEN`, :data:`CLAUDE`: how each agent is installed, launched and configured
+- :data:`QWEN`, :data:`CLAUDE`, :data:`GEMINI`: how each agent is installed, launched and configured
   (:meth:`RealAgent.spec` gives an :class:`AgentSpec` whose environment points the agent's
   model endpoint at the server, gives it a fresh HOME, and sets the proxy trap);
 - :func:`require_installed`: skip with the reason when node or the agent is missing (a failure
@@ -50,6 +50,7 @@ __all__ = [
     "AGENTS",
     "CLAUDE",
     "EDIT_POLICY",
+    "GEMINI",
     "PIPELINE_EDITED",
     "PIPELINE_FILES",
     "QWEN",
@@ -88,7 +89,9 @@ class RealAgent:
     #: arguments after the program
     args: tuple[str, ...]
     #: the model API it speaks to the server
-    api: Literal["openai", "anthropic"]
+    api: Literal["openai", "anthropic", "gemini"]
+    #: seconds its start-up (``initialize`` and ``session/new``) may take
+    startup_timeout: float = 120.0
 
     @property
     def program(self) -> Path:
@@ -143,6 +146,23 @@ class RealAgent:
                 "customApiKeyResponses": {"approved": [CLAUDE_KEY[-20:]], "rejected": []},
             }
             (home / ".claude.json").write_text(json.dumps(state, indent=2))
+        elif self.name == "gemini":
+            # the keys Gemini CLI reads before its auth dialog, telemetry, update check and
+            # trust prompt (read from its bundle); a fixed model skips the model router
+            settings = {
+                "security": {
+                    "auth": {"selectedType": "gemini-api-key"},
+                    "folderTrust": {"enabled": False},
+                },
+                "model": {"name": GEMINI_MODEL},
+                "privacy": {"usageStatisticsEnabled": False},
+                "telemetry": {"enabled": False},
+                "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False},
+                "ide": {"enabled": False},
+                "tools": {"useRipgrep": False},
+            }
+            (home / ".gemini").mkdir(exist_ok=True)
+            (home / ".gemini" / "settings.json").write_text(json.dumps(settings, indent=2))
 
     def environment(self, server: ModelServer, home: Path, *, tag: str = "") -> dict[str, str]:
         """Variables for the agent: the model endpoint, a fresh HOME, the proxy trap, a tag."""
@@ -164,6 +184,12 @@ class RealAgent:
                 DISABLE_AUTOUPDATER="1",
                 CLAUDE_CONFIG_DIR=str(home / ".claude"),
             )
+        elif self.name == "gemini":
+            env.update(
+                GOOGLE_GEMINI_BASE_URL=server.url,  # the SDK appends /v1beta itself
+                GEMINI_API_KEY="scripted-model-server",
+                GEMINI_CLI_NO_RELAUNCH="true",  # no second node process for a larger heap
+            )
         return env
 
     def spec(
@@ -176,6 +202,7 @@ class RealAgent:
             self.command(),
             env=self.environment(server, home, tag=tag),
             description=f"{self.package}@{self.version} against the scripted model server",
+            startup_timeout=self.startup_timeout,
         )
 
 
@@ -192,6 +219,13 @@ QWEN = RealAgent(
 CLAUDE = RealAgent(
     "claude", "@zed-industries/claude-code-acp", "0.16.2", "claude-code-acp", (), "anthropic"
 )
+#: Gemini CLI is not in :data:`AGENTS`: it creates a new file only when the client reads
+#: a missing file as empty, which the shared task needs (its own tests are in
+#: test_real_gemini.py)
+GEMINI = RealAgent(
+    "gemini", "@google/gemini-cli", "0.61.0", "gemini", ("--acp",), "gemini", startup_timeout=180.0
+)
+GEMINI_MODEL = "gemini-2.5-flash"
 AGENTS = (QWEN, CLAUDE)
 
 

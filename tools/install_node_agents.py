@@ -10,8 +10,8 @@ Into ``CACHE_DIR`` (default: the argument, else ``$ORCHESTRATOR_NODE_CACHE``, el
 - ``@agentclientprotocol/sdk`` (its example agent, for the interop tests);
 - the real agents of ``tests/test_real_agents.py`` (:data:`AGENTS`): Qwen Code
   (``@qwen-code/qwen-code``) and Claude Code's ACP adapter (``@zed-industries/claude-code-acp``,
-  which brings Claude Code itself as ``@anthropic-ai/claude-agent-sdk``); skipped with
-  ``--sdk-only``.
+  which brings Claude Code itself as ``@anthropic-ai/claude-agent-sdk``) and Gemini CLI
+  (``@google/gemini-cli``, started with ``--acp``); skipped with ``--sdk-only``.
 
 Running it again is a no-op for what is already there at the pinned version; it is quiet on
 success apart from the last line printed, the path of the SDK's ``dist/examples/agent.js``.
@@ -74,10 +74,12 @@ class NodeAgent(NamedTuple):
 
 
 #: Real agents, pinned. Qwen Code declares node >= 22 but runs on node 20 (checked with 20.20);
-#: the adapter 0.16.2 bundles Claude Code 2.1.44 (``@anthropic-ai/claude-agent-sdk`` 0.2.44).
+#: the adapter 0.16.2 bundles Claude Code 2.1.44 (``@anthropic-ai/claude-agent-sdk`` 0.2.44);
+#: Gemini CLI ships one bundle (node >= 20) and needs none of its optional native parts.
 AGENTS: tuple[NodeAgent, ...] = (
     NodeAgent("qwen", "@qwen-code/qwen-code", "0.24.4", "qwen"),
     NodeAgent("claude", "@zed-industries/claude-code-acp", "0.16.2", "claude-code-acp"),
+    NodeAgent("gemini", "@google/gemini-cli", "0.61.0", "gemini"),
 )
 
 

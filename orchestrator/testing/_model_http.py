@@ -1,4 +1,4 @@
-"""The HTTP side of the model server: routes, proxy refusal, OpenAI and Anthropic answers.
+"""The HTTP side of the model server: routes, proxy refusal, OpenAI, Anthropic, Gemini answers.
 
 Part of :mod:`orchestrator.testing.model_server` (import from there).
 """
@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from orchestrator.testing import _model_gemini as gemini
 from orchestrator.testing._model_script import (
     Api,
     ModelRequest,
@@ -134,11 +135,16 @@ class _Handler(BaseHTTPRequestHandler):
         if not isinstance(body, dict):
             self._send_json(400, {"error": {"message": "the body must be an object"}})
             return
+        if path.endswith(gemini.COUNT):
+            self._send_json(200, {"totalTokens": gemini.estimate_tokens(body)})
+            return
         if path.endswith("/messages/count_tokens"):
             self._send_json(200, {"input_tokens": _estimate_tokens(body.get("messages"))})
             return
         api: Api
-        if path.endswith("/chat/completions"):
+        if gemini.is_gemini_path(path):
+            api = "gemini"
+        elif path.endswith("/chat/completions"):
             api = "openai"
         elif path.endswith("/messages"):
             api = "anthropic"
@@ -150,6 +156,8 @@ class _Handler(BaseHTTPRequestHandler):
         decided = self.model._decide(request)
         if api == "openai":
             self._answer_openai(decided)
+        elif api == "gemini":
+            self._answer_gemini(decided)
         else:
             self._answer_anthropic(decided)
 
@@ -278,6 +286,27 @@ class _Handler(BaseHTTPRequestHandler):
             yield b"data: [DONE]\n\n"
 
         self._stream(events(), stall)
+
+    # ---- Gemini
+
+    def _answer_gemini(self, request: ModelRequest) -> None:
+        """Answer ``:generateContent`` or ``:streamGenerateContent``."""
+        text, call = _reply_parts(request, self.model.plain_text)
+        stall = isinstance(request.action, Stall)
+        facts: dict[str, Any] = {
+            "model": gemini.model_name(request.path),
+            "ident": self.model._new_id("resp_"),
+            "call_id": self.model._new_id("call_") if call else "",
+            "tokens": gemini.estimate_tokens(request.body),
+        }
+        if request.stream:
+            events = gemini.stream_events(text, call, chunk=self.model.chunk, stall=stall, **facts)
+            self._stream(events, stall)
+        elif stall:
+            self.model._stall(self)
+            self.close_connection = True
+        else:
+            self._send_json(200, gemini.whole_answer(text, call, **facts))
 
     # ---- Anthropic
 

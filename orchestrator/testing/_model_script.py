@@ -13,8 +13,9 @@ from typing import Any, Literal
 from attrs import frozen
 
 from orchestrator.errors import UsageError
+from orchestrator.testing import _model_gemini as gemini
 
-Api = Literal["openai", "anthropic"]
+Api = Literal["openai", "anthropic", "gemini"]
 
 
 # --------------------------------------------------------------------------- actions
@@ -142,6 +143,8 @@ class ModelRequest:
     @property
     def stream(self) -> bool:
         """Whether the client asked for a streamed answer."""
+        if self.api == "gemini":
+            return self.path.endswith(gemini.STREAM)
         return bool(self.body.get("stream"))
 
     @property
@@ -153,6 +156,8 @@ class ModelRequest:
         """The system prompt as text."""
         if self.api == "anthropic":
             return _blocks_text(self.body.get("system"))
+        if self.api == "gemini":
+            return gemini.system_text(self.body)
         return "\n".join(
             _blocks_text(m.get("content"))
             for m in _messages(self.body)
@@ -202,6 +207,8 @@ def _conversation(api: Api, body: Mapping[str, Any]) -> list[tuple[str, str]]:
 
     Anthropic tool results travel in user messages; they are split out as ``tool`` entries.
     """
+    if api == "gemini":
+        return gemini.conversation(body)
     out: list[tuple[str, str]] = []
     for message in _messages(body):
         role, content = message.get("role"), message.get("content")
@@ -225,6 +232,8 @@ def _conversation(api: Api, body: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 def _tools(api: Api, body: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """The offered tools as (name, JSON schema of the parameters)."""
+    if api == "gemini":
+        return gemini.tools(body)
     tools = body.get("tools")
     out: list[tuple[str, dict[str, Any]]] = []
     for tool in tools if isinstance(tools, list) else []:
@@ -292,6 +301,9 @@ def choose_tool(action: Action, request: ModelRequest) -> ToolChoice | None:
     if isinstance(action, Edit):
         args["old_string"] = action.old
         args["new_string"] = action.new
+        if "instruction" in props:
+            # Gemini CLI's replace requires one
+            args["instruction"] = f"Replace {action.old!r} with {action.new!r}."
     elif isinstance(action, Write):
         args["content"] = action.content
     elif isinstance(action, Shell):

@@ -1,6 +1,6 @@
 """A scripted model server: real agents talk to it instead of a model provider, offline.
 
-It speaks enough of two HTTP APIs for real coding agents to run against it:
+It speaks enough of three HTTP APIs for real coding agents to run against it:
 
 - OpenAI Chat Completions: ``POST /v1/chat/completions`` (and ``/chat/completions``),
   streaming (SSE chunks, tool calls with their arguments in pieces, a final usage chunk when
@@ -8,7 +8,10 @@ It speaks enough of two HTTP APIs for real coding agents to run against it:
 - Anthropic Messages: ``POST /v1/messages`` streaming (``message_start``,
   ``content_block_start``/``_delta``/``_stop`` with ``text_delta`` and ``input_json_delta``,
   ``message_delta`` with the stop reason and usage, ``message_stop``) or not;
-  ``POST /v1/messages/count_tokens``.
+  ``POST /v1/messages/count_tokens``;
+- the Gemini API (Gemini CLI): ``POST /v1beta/models/{model}:streamGenerateContent?alt=sse``
+  (one server-sent event per response: text in pieces, then the ``functionCall`` part, the
+  finish reason and ``usageMetadata``), ``:generateContent`` and ``:countTokens``.
 
 What it answers is scripted. A :class:`Scenario` is chosen per request by a marker word in a
 user message of the conversation, and its :attr:`Scenario.actions` are played one per model
@@ -30,7 +33,8 @@ Use it from tests::
 
     edit = Scenario("MARKER-EDIT", (Edit("a.py", "x", "y"), Reply("done")))
     with serve_model_thread([edit]) as srv:
-        env = {"OPENAI_BASE_URL": srv.url + "/v1", "ANTHROPIC_BASE_URL": srv.url}
+        env = {"OPENAI_BASE_URL": srv.url + "/v1", "ANTHROPIC_BASE_URL": srv.url,
+               "GOOGLE_GEMINI_BASE_URL": srv.url}
         ...
     assert srv.requests
 
@@ -372,7 +376,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m orchestrator.testing.model_server --port N [--scenarios FILE.json]``."""
     parser = argparse.ArgumentParser(
         prog="python -m orchestrator.testing.model_server",
-        description="Serve scripted OpenAI and Anthropic model APIs on 127.0.0.1.",
+        description="Serve scripted OpenAI, Anthropic and Gemini model APIs on 127.0.0.1.",
     )
     parser.add_argument("--port", type=int, default=0, help="port (default: a free one)")
     parser.add_argument("--scenarios", help="a JSON scenario file (see scenarios_from_json)")
