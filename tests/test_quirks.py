@@ -280,7 +280,7 @@ async def test_quirks_stay_errors_outside_the_workspace_and_for_directories(
 
 
 @pytestmark_cli
-async def test_compare_and_run_record_each_agents_quirks(tmp_path: Path) -> None:
+async def test_compare_records_each_agents_quirks(tmp_path: Path) -> None:
     """In a comparison each agent's entry names the quirks its own initialize matched."""
     root = workspace(tmp_path)
     gemini, _ = gemini_like(tmp_path, "gemini-cli", "0.61.0")
@@ -359,3 +359,27 @@ async def test_a_reject_lets_codex_go_on_instead_of_aborting(tmp_path: Path) -> 
     assert [p["optionId"] for p in result["permissions"]] == ["denied"]
     answers = [e for e in record_events(record) if e["event"] == "permission"]
     assert [(a["decision"], a["optionId"]) for a in answers] == [("reject", "denied")]
+
+
+@pytestmark_cli
+async def test_a_pipeline_step_instance_records_its_quirks(tmp_path: Path) -> None:
+    """A step run by an agent reporting gemini-cli 0.61.0 keeps its quirks beside agentInfo, in
+    run --json and in the store (show names them)."""
+    root = workspace(tmp_path)
+    agent, _ = gemini_like(tmp_path, "gemini-cli", "0.61.0")
+    pipeline = tmp_path / "make.py"
+    pipeline.write_text(
+        "from orchestrator import step\n\n\n"
+        f"@step(agent={('g=' + agent)!r})\n"
+        "def make() -> str:\n"
+        "    return 'make new.txt'\n"
+    )
+    state = tmp_path / "state"
+    done = await run_cli("run", str(pipeline), "--cwd", str(root), "--json", cwd=root, state=state)
+    result = valid(done)
+    instance = result["steps"]["make"]["instances"]["make"]
+    assert (instance["agentInfo"]["name"], instance["quirks"]) == ("gemini-cli", GEMINI_QUIRKS)
+    shown = await run_cli("show", result["runId"], cwd=root, state=state)
+    assert "quirks: gemini-missing-file-reads-empty, gemini-usage-from-meta-quota" in (
+        shown.stdout.decode()
+    )
