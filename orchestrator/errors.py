@@ -55,6 +55,7 @@ __all__ = [
     "CommandRefused",
     "ConnectionClosed",
     "ErrorKind",
+    "FileNotFound",
     "FileTooLarge",
     "GitBranchRefused",
     "InternalError",
@@ -359,6 +360,11 @@ class ResourceNotFound(JsonRpcError):
 
     code = -32002
     default_message = "Resource not found"
+
+
+class FileNotFound(ResourceNotFound):
+    """-32002 for ``fs/read_text_file``: the path is one the client serves, and no file is
+    there (a path refused, a directory or a session without files are other errors)."""
 
 
 _BY_CODE: dict[int, type[JsonRpcError]] = {

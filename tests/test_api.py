@@ -80,7 +80,12 @@ def test_to_json_mirrors_the_run(project: Path) -> None:
     assert orjson.loads(orjson.dumps(data)) == data
     assert data["runId"] == run.run_id
     assert data["sessionId"] == run.session_id
-    assert data["agent"] == {"name": "demo", "version": "1.0.0", "reportedName": "demo-agent"}
+    assert data["agent"] == {
+        "name": "demo",
+        "version": "1.0.0",
+        "reportedName": "demo-agent",
+        "quirks": [],
+    }
     assert data["stopReason"] == "end_turn"
     assert data["text"] == run.turn.text
     # CHANGES.md matches too but has no "colour": no tool call
@@ -120,7 +125,7 @@ def test_to_json_without_agent_info_or_usage() -> None:
         wall_seconds=1.23456,
     )
     data = run.to_json()
-    assert data["agent"] == {"name": "x", "version": None, "reportedName": None}
+    assert data["agent"] == {"name": "x", "version": None, "reportedName": None, "quirks": []}
     assert (data["usage"], data["wallSeconds"], data["stopReason"]) == (None, 1.235, "cancelled")
     assert (data["toolCalls"], data["permissions"], data["text"]) == ([], [], "")
 

@@ -219,7 +219,12 @@ async def test_prompt_json_reports_every_field(project: Path) -> None:
     assert (result["workspaceChanged"], result["patch"], result["patchLeftOut"]) == ([], None, [])
     assert re.fullmatch(r"[0-9a-f]{12}", result["runId"])
     assert result["sessionId"] == "demo-1"
-    assert result["agent"] == {"name": "demo", "version": "1.0.0", "reportedName": "demo-agent"}
+    assert result["agent"] == {
+        "name": "demo",
+        "version": "1.0.0",
+        "reportedName": "demo-agent",
+        "quirks": [],
+    }
     assert (result["model"], result["mode"]) == ("demo-fast", "edit")  # the agent's defaults
     assert result["stopReason"] == "end_turn"
     title = "Replace 'colour' with 'color' in **/*.md"
@@ -387,6 +392,7 @@ async def test_turn_not_ending_in_end_turn_exits_1(tmp_path: Path) -> None:
         "name": "refuser",
         "version": "0.1.0",
         "reportedName": "scripted-agent",
+        "quirks": [],
     }
 
 
@@ -451,7 +457,8 @@ async def test_agents_lists_the_known_agents(tmp_path: Path) -> None:
     """`agents` lists every known agent, the demo included."""
     done = await run_cli("agents", cwd=tmp_path)
     assert done.returncode == EXIT_OK
-    names = [line.split()[0] for line in done.stdout.decode().splitlines() if line.strip()]
+    table = done.stdout.decode().split("\n\n")[0]  # then the quirks of known agents
+    names = [line.split()[0] for line in table.splitlines() if line.strip()]
     assert names == [*KNOWN_AGENTS, "demo"]
     assert {"claude", "codex", "gemini", "qwen", "opencode"} <= set(names)
 

@@ -212,6 +212,7 @@ async def test_compare_json_agents_carry_the_prompt_fields(project: Project) -> 
             "name": name,
             "version": "0.1.0",
             "reportedName": name,  # what its script calls it: the label
+            "quirks": [],
         }
         for field in ("status", "stopReason", "text", "toolCalls", "permissions", "usage"):
             assert field in agent, field

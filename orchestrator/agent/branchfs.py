@@ -13,9 +13,10 @@ and be paths the system can look up: no NUL byte, no name over 255 bytes (``NAME
 A path ending in ``/`` names a directory, not a file; no write goes in or as ``.git`` (git
 obeys what it finds there, hooks and ``core.fsmonitor``, when an allowed command runs it).
 Anything else is refused with ``InvalidParams`` (-32602) and logged, and nothing is written. A
-missing file is ``ResourceNotFound`` (-32002); content that is not UTF-8 is refused, never
-mangled; content over the workdir's limit on a changed file is refused (-32602, with ``path``,
-``size`` and ``limit`` in the error's data) before anything is written, and the turn goes on.
+missing file is ``FileNotFound`` (-32002; plain ``ResourceNotFound`` when a parent is a file,
+where no file could be made); content that is not UTF-8 is refused, never mangled; content
+over the workdir's limit on a changed file is refused (-32602, with ``path``, ``size`` and
+``limit`` in the error's data) before anything is written, and the turn goes on.
 Reads harvest the file first, so they see what the agent wrote on disk; writes create parent
 directories, replace the file atomically and record the change in the branch. Files of up to
 :data:`NOWAIT_MAX_BYTES` are served at once, in the connection's read loop (the ``*_nowait``
@@ -33,7 +34,7 @@ from attrs import define, field
 from .._log import get_logger
 from .._names import display_name, parse_name
 from .._sizes import format_size
-from ..errors import InvalidParams, JsonRpcError, ResourceNotFound
+from ..errors import FileNotFound, InvalidParams, JsonRpcError, ResourceNotFound
 from ..vfs import check_path_limits
 from ..vfs.errors import FileTooLarge, PathNotFound, PathRefused
 from ..vfs.workdir import HarvestReport, Workdir
@@ -159,7 +160,9 @@ class BranchFileSystem:
                 data = self.workdir.read(rel)
         except PathRefused as e:
             raise self._refused("fs/read_text_file", e, ctx) from e
-        except (PathNotFound, FileNotFoundError, NotADirectoryError) as e:
+        except (PathNotFound, FileNotFoundError) as e:
+            raise FileNotFound(f"file not found: {request.path}", {"path": request.path}) from e
+        except NotADirectoryError as e:  # a parent is a file: no file could be made there
             raise ResourceNotFound(f"file not found: {request.path}", {"path": request.path}) from e
         except IsADirectoryError as e:
             raise InvalidParams(f"{request.path} is a directory", {"path": request.path}) from e

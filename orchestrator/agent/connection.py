@@ -24,6 +24,7 @@ from ..errors import (
     CapabilityNotSupported,
     CommandRefused,
     ConnectionClosed,
+    FileNotFound,
     InvalidParams,
     MethodNotFound,
     OrchestratorError,
@@ -34,6 +35,7 @@ from ..jsonrpc.framing import scrubbed_keys
 from ..protocol import types as t
 from ..protocol.codec import converter, structure, unstructure
 from .process import AgentProcess
+from .quirks import NO_QUIRKS, AppliedQuirks, quirks_for
 from .services import (
     ClientServices,
     DeclineElicitation,
@@ -68,6 +70,8 @@ class AgentConnection:
     agent: str | None = None
     #: the agent's process when it was started by :func:`open_agent`
     process: AgentProcess | None = None
+    #: the quirks its ``initialize`` matched (:mod:`orchestrator.agent.quirks`)
+    quirks: AppliedQuirks = NO_QUIRKS
     _authenticated: bool = False
 
     # ------------------------------------------------------------------ what the agent said
@@ -131,11 +135,13 @@ class AgentConnection:
             )
         self.init = init
         info = init.agent_info
+        self.quirks = quirks_for(info)
         log.info(
             "agent initialized",
             agent=self.name,
             agent_name=info.name if info else None,
             version=info.version if info else None,
+            **({"quirks": list(self.quirks.ids)} if self.quirks.quirks else {}),
         )
         return init
 
@@ -351,6 +357,9 @@ class AgentConnection:
         session = self._session_for(params)
         turn = session._turn
         request = _completed_request(request, turn)
+        options = self.quirks.ordered_options(request.options)
+        if options is not request.options:
+            request = attrs.evolve(request, options=options)
         scope = trio.CancelScope()
         if session._cancelling:
             scope.cancel()
@@ -423,7 +432,12 @@ class AgentConnection:
         if session.services.fs is None:
             raise MethodNotFound("fs/read_text_file is not offered by this client")
         request = structure(params, t.ReadTextFileRequest)
-        return unstructure(await session.services.fs.read_text_file(request, session.context))
+        try:
+            return unstructure(await session.services.fs.read_text_file(request, session.context))
+        except FileNotFound:
+            if not self._missing_file_reads_empty(request):
+                raise
+            return {"content": ""}
 
     def _fs_nowait(self, params: Any, method: str, request_type: type[Any]) -> Any:
         """Serve an fs request with the service's ``*_nowait`` ``method``, in the read loop.
@@ -435,7 +449,24 @@ class AgentConnection:
         serve = getattr(session.services.fs, method, None)
         if serve is None:
             raise trio.WouldBlock
-        return unstructure(serve(structure(params, request_type), session.context))
+        request = structure(params, request_type)
+        try:
+            return unstructure(serve(request, session.context))
+        except FileNotFound:
+            if request_type is not t.ReadTextFileRequest or not self._missing_file_reads_empty(
+                request
+            ):
+                raise
+            return {"content": ""}
+
+    def _missing_file_reads_empty(self, request: t.ReadTextFileRequest) -> bool:
+        """Whether a read of a missing file answers empty content rather than the error: only
+        for an agent with that quirk. The fs service raises ``FileNotFound`` only for a path it
+        allows that names nothing; refused paths and directories stay other errors."""
+        if not self.quirks.has("missing-file-reads-empty"):
+            return False
+        log.debug("missing file read as empty (agent quirk)", agent=self.name, path=request.path)
+        return True
 
     async def _on_fs_write(self, params: Any) -> Any:
         _check_fs_path(params)

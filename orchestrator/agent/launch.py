@@ -153,6 +153,8 @@ async def open_agent(
                 initialized = True
                 conn.pid = proc.pid
                 conn.process = proc
+                if conn.quirks.has("skip-stdin-grace"):
+                    proc.skip_stdin_grace()
                 yield conn
         except AgentExited as e:
             if initialized:

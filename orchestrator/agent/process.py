@@ -172,6 +172,10 @@ class AgentProcess:
     _tail: _StderrTail = field(alias="tail", repr=False)
     _stdin_close_grace: float = field(alias="stdin_close_grace", repr=False)
     _term_grace: float = field(alias="term_grace", repr=False)
+    shutdown_steps: list[str] = field(factory=list, init=False, repr=False)
+    """The rungs of the shutdown ladder taken, in order: ``close-stdin``,
+    ``wait-stdin-grace``, ``sigterm``, ``wait-term-grace``, ``sigkill``, ``wait-kill``."""
+    _skip_stdin_grace: bool = field(default=False, init=False, repr=False)
     _returncode: int | None = field(default=None, init=False)
     _exited: trio.Event = field(factory=trio.Event, init=False, repr=False)
     _stderr_done: trio.Event = field(factory=trio.Event, init=False, repr=False)
@@ -243,11 +247,18 @@ class AgentProcess:
             reason, peer=self.name, exit_status=self._returncode, stderr_tail=self.stderr_tail()
         )
 
+    def skip_stdin_grace(self) -> None:
+        """Send SIGTERM as soon as stdin is closed, for an agent known not to exit when its
+        stdin closes (waiting for it would only cost the grace)."""
+        self._skip_stdin_grace = True
+
     async def aclose(self) -> None:
         """Stop the process with the shutdown ladder; idempotent, shielded and time-bounded.
 
-        Rungs: close stdin and wait ``stdin_close_grace``; SIGTERM the process group and wait
-        ``term_grace``; SIGKILL the process group and wait up to :data:`KILL_WAIT`.
+        Rungs: close stdin and wait ``stdin_close_grace`` (not at all after
+        :meth:`skip_stdin_grace`); SIGTERM the process group and wait ``term_grace``; SIGKILL
+        the process group and wait up to :data:`KILL_WAIT`. :attr:`shutdown_steps` records
+        the rungs taken.
         """
         with trio.CancelScope(shield=True):
             if self._closing:
@@ -265,15 +276,28 @@ class AgentProcess:
         bound = log.bind(agent=self.name, pid=self.pid)
         assert self._process.stdin is not None
         assert self._process.stdout is not None
+        steps = self.shutdown_steps
         if self._returncode is None:
             bound.debug("agent shutdown: closing stdin")
+        steps.append("close-stdin")
         await self._process.stdin.aclose()
-        if not await self._wait_exited(self._stdin_close_grace):
-            bound.info("agent shutdown: still running after stdin closed, sending SIGTERM")
+        if self._skip_stdin_grace and not self._exited.is_set():
+            bound.debug("agent shutdown: it does not exit on stdin close, sending SIGTERM")
+            exited = False
+        else:
+            steps.append("wait-stdin-grace")
+            exited = await self._wait_exited(self._stdin_close_grace)
+            if not exited:
+                bound.info("agent shutdown: still running after stdin closed, sending SIGTERM")
+        if not exited:
+            steps.append("sigterm")
             self._signal_group(signal.SIGTERM)
+            steps.append("wait-term-grace")
             if not await self._wait_exited(self._term_grace):
                 bound.warning("agent shutdown: still running after SIGTERM, sending SIGKILL")
+                steps.append("sigkill")
                 self._signal_group(signal.SIGKILL)
+                steps.append("wait-kill")
                 if not await self._wait_exited(KILL_WAIT):
                     bound.error("agent shutdown: process survived SIGKILL; giving up on it")
         await self._process.stdout.aclose()

@@ -30,6 +30,7 @@ from ..jsonrpc.connection import DEFAULT_MAX_REQUESTS_IN_FLIGHT, DEFAULT_MAX_UNS
 from ..protocol import types as t
 from ..protocol.codec import structure
 from .content import PromptInput, check_prompt_capabilities, to_blocks
+from .quirks import usage_from_quota
 from .services import (
     ClientServices,
     PermissionRecord,
@@ -351,7 +352,10 @@ class AcpSession:
                 )
                 response = structure(raw, t.PromptResponse)
                 await turn._wait_permissions_recorded()
-                turn.result = turn.accumulator.result(response.stop_reason, response.usage)
+                usage = response.usage
+                if usage is None and self.connection.quirks.has("usage-from-meta-quota"):
+                    usage = usage_from_quota(response.meta)
+                turn.result = turn.accumulator.result(response.stop_reason, usage)
         except OrchestratorError as e:
             if not turn._left:
                 raise

@@ -136,6 +136,7 @@ def _listing(spec: AgentSpec) -> dict[str, Any]:
     import shutil
 
     from .._agentlabels import package_runner
+    from ..agent.quirks import known_agent_quirks
 
     launcher = package_runner(spec.command)
     # a package runner on PATH says nothing about the agent: it is fetched on first use
@@ -152,6 +153,8 @@ def _listing(spec: AgentSpec) -> dict[str, Any]:
         "writes": spec.writes,
         "sessionsPerProcess": spec.sessions_per_process,
         "notes": spec.notes,
+        # for a known agent: the quirks it may show (they apply by what it reports, not by name)
+        "knownQuirks": [q.id for q in known_agent_quirks(spec.name)],
     }
 
 
@@ -171,6 +174,11 @@ def _print_table(rows: Sequence[Mapping[str, Any]]) -> None:
     state_width = max((len(state) for state in states), default=0)
     for row, state in zip(rows, states, strict=True):
         say(f"{row['name']:<{name_width}}  {state:<{state_width}}  {row['command']}")
+    quirky = [row for row in rows if row["knownQuirks"]]
+    if quirky:
+        say("\nquirks (they apply by the name and version the agent reports in initialize):")
+        for row in quirky:
+            say(f"  {row['name']:<{name_width}}  {', '.join(row['knownQuirks'])}")
 
 
 # --------------------------------------------------------------------------- the check
@@ -272,6 +280,7 @@ def _check(status: str, step: str | None, error: str | None) -> dict[str, Any]:
 
 def _facts(init: t.InitializeResponse | None) -> dict[str, Any]:
     """What an ``initialize`` answer told, as the row's JSON fields (all null without one)."""
+    from ..agent.quirks import quirks_for
     from ..protocol.codec import unstructure
 
     if init is None:
@@ -280,6 +289,7 @@ def _facts(init: t.InitializeResponse | None) -> dict[str, Any]:
             "agentName": None,
             "agentTitle": None,
             "version": None,
+            "quirks": None,
             "capabilities": None,
             "authMethods": None,
         }
@@ -289,6 +299,7 @@ def _facts(init: t.InitializeResponse | None) -> dict[str, Any]:
         "agentName": info.name if info else None,
         "agentTitle": info.title if info else None,
         "version": info.version if info else None,
+        "quirks": list(quirks_for(info).ids),
         "capabilities": unstructure(init.agent_capabilities)
         if init.agent_capabilities is not None
         else {},
@@ -550,6 +561,7 @@ def _details(row: Mapping[str, Any]) -> list[tuple[str, str]]:
             out.append(("title", row["agentTitle"]))
         out += _capabilities(row["capabilities"] or {})
         out.append(("auth methods", _auth_methods(row["authMethods"] or [])))
+        out.append(("quirks", ", ".join(row["quirks"] or ()) or "none"))
     if row["sessionNew"] is not None:
         out.append(("session/new", row["sessionNew"]))
     if check["error"]:

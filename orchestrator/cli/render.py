@@ -573,6 +573,9 @@ def step_details(result: Mapping[str, Any], out: IO[str]) -> None:
             say(f"    [{key}] {inst.get('status')} {inst.get('error') or ''}", out)
             _traceback(inst.get("traceback"), "        ", out)
         for key, inst in (step.get("instances") or {}).items():
+            if inst.get("quirks"):
+                quirks = ", ".join(str(q) for q in inst["quirks"])
+                say(f"    quirks{'' if key == name else f' [{key}]'}: {quirks}", out)
             if inst.get("notices"):
                 say(f"    notices{'' if key == name else f' [{key}]'}:", out)
                 notice_lines(inst["notices"], "      ", out)

@@ -334,6 +334,7 @@ class AgentTurns:
             stop_reason=turn.stop_reason,
             item=jsonable(item),
             agent_info={"name": info.name, "version": info.version} if info else None,
+            quirks=session.connection.quirks.ids,
             session_id=session.session_id,
             # what the session ran, as the agent last reported it (chosen or its default)
             model=session.current_choice("model"),

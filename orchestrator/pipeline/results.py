@@ -180,6 +180,8 @@ class StepResult:
     item: Any = None
     #: the agent's name and version as it reported them
     agent_info: Mapping[str, Any] | None = None
+    #: the ids of the agent quirks its ``initialize`` matched (:mod:`orchestrator.agent.quirks`)
+    quirks: tuple[str, ...] = ()
     session_id: str | None = None
     #: the model the session ran (the value of the agent's ``model`` config option), if known
     model: str | None = None
@@ -233,6 +235,7 @@ class StepResult:
             "status": self.status,
             "agent": self.agent,
             "agentInfo": dict(self.agent_info) if self.agent_info else None,
+            "quirks": list(self.quirks),
             "sessionId": self.session_id,
             "model": self.model,
             "mode": self.mode,
@@ -267,6 +270,7 @@ class StepResult:
             stop_reason=data.get("stopReason"),
             item=data.get("item"),
             agent_info=data.get("agentInfo"),
+            quirks=tuple(str(q) for q in data.get("quirks") or ()),
             session_id=data.get("sessionId"),
             model=data.get("model"),
             mode=data.get("mode"),

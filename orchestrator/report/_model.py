@@ -129,6 +129,8 @@ class AgentView:
     #: the name the agent reported about itself in ``initialize``
     reported_name: str | None
     version: str | None
+    #: the ids of the agent quirks its ``initialize`` matched
+    quirks: tuple[str, ...]
     session_id: str | None
     stop_reason: str | None
     text: str | None
@@ -178,6 +180,8 @@ class AgentView:
             agent=agent,
             reported_name=as_str(info.get("reportedName")) or as_str(info.get("name")),
             version=as_str(info.get("version")),
+            # an instance keeps them beside agentInfo, a prompt or compare entry in its agent
+            quirks=as_strs(obj.get("quirks") or as_map(raw_agent).get("quirks")),
             session_id=as_str(obj.get("sessionId")),
             stop_reason=as_str(obj.get("stopReason")),
             text=as_str(obj.get("text")),
@@ -204,6 +208,8 @@ class AgentView:
         """What the agent said it is (``demo-agent 1.0.0``), without repeating its name."""
         reported = self.reported_name if self.reported_name != self.name else None
         text = " ".join(p for p in (reported, self.version) if p)
+        if self.quirks:
+            text = ", ".join(p for p in (text, f"quirks {', '.join(self.quirks)}") if p)
         return text or None
 
     @property

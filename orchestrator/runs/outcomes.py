@@ -320,6 +320,8 @@ class AgentIdentity:
     version: str | None = attrs.field(default=None, metadata=_json("version", _OPT_STR))
     #: the name it reported in ``initialize``
     reported_name: str | None = attrs.field(default=None, metadata=_json("reportedName", _OPT_STR))
+    #: the ids of the agent quirks its ``initialize`` matched
+    quirks: tuple[str, ...] = attrs.field(factory=tuple, metadata=_json("quirks", _strings, list))
     #: the keys this version does not read, as they were
     extra: Mapping[str, Any] = _extra_field()
     #: the keys of the object it was read from, in order
@@ -379,6 +381,8 @@ class _TurnFields:
     agent_info: Mapping[str, Any] | None = attrs.field(
         default=None, metadata=_json("agentInfo", _opt_mapping)
     )
+    #: the ids of the agent quirks its ``initialize`` matched (see the README's agent quirks)
+    quirks: tuple[str, ...] = attrs.field(factory=tuple, metadata=_json("quirks", _strings, list))
     session_id: str | None = attrs.field(default=None, metadata=_json("sessionId", _OPT_STR))
     #: the model the session ran, None when the agent reports none
     model: str | None = attrs.field(default=None, metadata=_json("model", _OPT_STR))

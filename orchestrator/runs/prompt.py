@@ -91,6 +91,8 @@ class PromptRun:
     default_rejections: DefaultRejections = field(factory=DefaultRejections)
     #: the model the session ran (chosen, or the agent's default when it reports one)
     model: str | None = None
+    #: the ids of the agent quirks its ``initialize`` matched (see the README's agent quirks)
+    quirks: tuple[str, ...] = ()
     #: the session mode it ran in, if the agent has modes
     mode: str | None = None
     #: the agent asked for permissions, every one was refused, and it changed nothing: the turn
@@ -130,6 +132,7 @@ class PromptRun:
                 "name": self.agent.name,
                 "version": info.version if info else None,
                 "reportedName": info.name if info else None,
+                "quirks": list(self.quirks),
             },
             "model": self.model,
             "mode": self.mode,
@@ -226,6 +229,7 @@ def _prompt_run(outcome: RunOutcome, last: Any, spec: AgentSpec, wall_seconds: f
         run_id=outcome.run_id,
         agent=spec,
         agent_info=_implementation(last.agent_info),
+        quirks=last.quirks,
         session_id=last.session_id or "",
         turn=last.turn,
         wall_seconds=wall_seconds,

@@ -377,7 +377,7 @@ def compare_agent_json(
     body: dict[str, Any], name: str, run_id: str, applied: bool
 ) -> dict[str, Any]:
     """One agent's entry in a comparison's object: its step instance's fields, ``name`` (its
-    label), and the fields of a ``prompt`` object (``agent`` {name, version, reportedName},
+    label), and the fields of a ``prompt`` object (``agent`` {name, version, reportedName, quirks},
     ``runId``, ``applied``, ``workspaceChanged``), so one reader serves both."""
     info = body.get("agentInfo") or {}
     return {
@@ -388,6 +388,7 @@ def compare_agent_json(
             "name": name,
             "version": info.get("version") or None,
             "reportedName": info.get("name") or None,
+            "quirks": list(body.get("quirks") or []),
         },
         "applied": applied,
         "workspaceChanged": [],

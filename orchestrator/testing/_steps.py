@@ -148,7 +148,10 @@ class StepRunner:
             self.record.add(
                 "turn_end", sessionId=session.id, stopReason=stop_reason, cancelled=cancelled
             )
-            await self.wire.reply(req_id, {"stopReason": stop_reason})
+            response: JsonObject = {"stopReason": stop_reason}
+            if turn.response_meta is not None:
+                response["_meta"] = turn.response_meta
+            await self.wire.reply(req_id, response)
         after = TurnState(ignore_cancel=True)
         await self.run_steps(session, turn.updates_after_response, after)
 

@@ -46,12 +46,15 @@ Agent (``AgentScript``)
     ``tool_call`` ...).
 ``record_path`` (null)
     file that receives the agent's record as JSON lines (see ``AgentRecord``).
+``ignore_stdin_close`` (false)
+    when stdin closes, record ``eof`` and keep running until a signal ends the process (in
+    memory: until its task is cancelled).
 
 Turns (``Turn``)
 ----------------
 ``{"steps": [...], "stop_reason": "end_turn", "when_prompt_contains": null,
 "when_prompt_matches": null, "cancel_stop_reason": "cancelled", "ignore_cancel": false,
-"updates_after_response": [], "error": null}``.
+"updates_after_response": [], "error": null, "response_meta": null}``.
 
 Each ``session/prompt`` takes a turn: the first turn whose conditions all hold for the
 prompt's text wins; otherwise the turns without any condition are taken in order, counted
@@ -65,8 +68,9 @@ true to take the turn): a script with one cannot be written as JSON.
 stalls or waits for any answer of the client) and the prompt answers
 ``cancel_stop_reason``; with ``ignore_cancel`` the turn goes on as if nothing happened (a
 stalled one never answers). ``error`` (``{"code", "message", "data"?}``) answers the
-prompt with that JSON-RPC error instead of a stop reason. ``updates_after_response`` are
-steps run after the response went out.
+prompt with that JSON-RPC error instead of a stop reason. ``response_meta`` is sent as
+the prompt response's ``_meta``. ``updates_after_response`` are steps run after the response
+went out.
 
 Steps (``{"op": ..., fields}``)
 -------------------------------
@@ -559,6 +563,8 @@ class Turn(JsonMixin):
     updates_after_response: tuple[Step, ...] = field(default=(), converter=_steps)
     error: ErrorReply | None = None
     when_prompt_matches: str | None = field(default=None, validator=_check_pattern)
+    #: sent as the prompt response's ``_meta`` (as some agents send token counts)
+    response_meta: JsonObject | None = None
     #: in memory only: a script with it has no JSON form
     when: PromptPredicate | None = field(default=None, kw_only=True)
 
@@ -604,6 +610,8 @@ class AgentScript(JsonMixin):
     turns: tuple[Turn, ...] = field(default=(), converter=_turns)
     load_history: tuple[Step, ...] = field(default=(), converter=_steps)
     record_path: str | None = None
+    #: keep running once stdin closes (until a signal ends it), as some agents do
+    ignore_stdin_close: bool = False
 
 
 # --------------------------------------------------------------------------- converter

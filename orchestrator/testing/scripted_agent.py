@@ -176,6 +176,8 @@ class _Agent:
                     self.nursery = nursery
                     await self._read_loop()
                     self.record.add("eof")
+                    if self.script.ignore_stdin_close:
+                        await trio.sleep_forever()  # until a signal ends the process
                     nursery.cancel_scope.cancel()
         except* ScriptedCrash as group:
             crash = _first_leaf(group)
