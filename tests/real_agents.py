@@ -219,14 +219,11 @@ QWEN = RealAgent(
 CLAUDE = RealAgent(
     "claude", "@zed-industries/claude-code-acp", "0.16.2", "claude-code-acp", (), "anthropic"
 )
-#: Gemini CLI is not in :data:`AGENTS`: it creates a new file only when the client reads
-#: a missing file as empty, which the shared task needs (its own tests are in
-#: test_real_gemini.py)
 GEMINI = RealAgent(
     "gemini", "@google/gemini-cli", "0.61.0", "gemini", ("--acp",), "gemini", startup_timeout=180.0
 )
 GEMINI_MODEL = "gemini-2.5-flash"
-AGENTS = (QWEN, CLAUDE)
+AGENTS = (QWEN, CLAUDE, GEMINI)
 
 
 def require_installed(agent: RealAgent) -> None:
