@@ -98,6 +98,8 @@ def ensure(cache: Path, key: str, url: str, cmd: str, sha256: str | None) -> Pat
     verified and unpacked the first time)."""
     if "/" in key or key in ("", ".", ".."):
         raise AgentArchiveError(f"bad cache key {key!r}")
+    if os.path.isabs(cmd) or os.path.normpath(cmd).split(os.sep)[0] == "..":
+        raise AgentArchiveError(f"cmd {cmd!r} is not a path inside the archive")
     home = cache / key
     program = home / cmd
     if program.is_file():
@@ -113,7 +115,9 @@ def ensure(cache: Path, key: str, url: str, cmd: str, sha256: str | None) -> Pat
         archive = Path(tmp) / "archive"
         digest = download(url, archive)
         if sha256 is not None and digest != sha256.lower():
-            raise AgentArchiveError(f"{url} has SHA-256 {digest}, the registry says {sha256}: refused")
+            raise AgentArchiveError(
+                f"{url} has SHA-256 {digest}, the registry says {sha256}: refused"
+            )
         unpacked = Path(tmp) / "unpacked"
         unpacked.mkdir()
         unpack(archive, url, cmd, unpacked)

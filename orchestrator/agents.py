@@ -641,9 +641,11 @@ def _known(text: str, table: Mapping[str, AgentSpec]) -> AgentSpec | None:
 
 def _from_registry(text: str) -> AgentSpec | None:
     """``registry:ID``: that agent of the ACP registry (:mod:`orchestrator.registry`)."""
-    from .registry import PREFIX, resolve_registry_agent
+    if not text.startswith("registry:"):  # orchestrator.registry.PREFIX; imported only if so
+        return None
+    from .registry import resolve_registry_agent
 
-    return resolve_registry_agent(text) if text.startswith(PREFIX) else None
+    return resolve_registry_agent(text)
 
 
 def _split_label(text: str) -> tuple[str | None, str]:

@@ -28,15 +28,13 @@ import platform
 import re
 import shutil
 import sys
-import urllib.parse
-import urllib.request
 from collections.abc import Mapping
 from importlib import resources
 from typing import Any, Literal
 
 from attrs import field, frozen
 
-from .agents import AgentSpec
+from .agents import AgentNeeds, AgentSpec
 from .errors import RegistryError
 
 __all__ = [
@@ -252,6 +250,9 @@ def fetch_registry(
     """The registry at ``url`` (HTTPS; plain HTTP only to this machine), read within
     ``timeout`` seconds per read and at most ``max_bytes`` bytes. Blocking: call it in a
     thread."""
+    import urllib.parse
+    import urllib.request
+
     parts = urllib.parse.urlsplit(url)
     if parts.scheme != "https" and not (
         parts.scheme == "http" and parts.hostname in ("127.0.0.1", "localhost", "::1")
@@ -322,9 +323,11 @@ def registry_spec(
     if kind == "npx":
         command = ("npx", "-y", _with_version(dist["package"], agent.version, "@"))
         install = "needs Node.js (npx fetches the package on first use)"
+        needs = AgentNeeds(runtime="Node.js (npx)")
     elif kind == "uvx":
         command = ("uvx", _with_version(dist["package"], agent.version, "@"))
         install = "needs uv (uvx fetches the package on first use)"
+        needs = AgentNeeds(runtime="uv (uvx)")
     else:
         dist = agent.binary_target() or {}
         if not dist:
@@ -333,6 +336,7 @@ def registry_spec(
             )
         command = _archive_command(agent, dist, cache_dir)
         install = f"downloads {dist['archive']} into the cache on first use"
+        needs = AgentNeeds()
     args = tuple(str(a) for a in dist.get("args") or ())
     env = {str(k): str(v) for k, v in (dist.get("env") or {}).items()}
     return AgentSpec(
@@ -344,6 +348,7 @@ def registry_spec(
         # how many sessions one process serves is not in the registry: one always works
         sessions_per_process=1,
         startup_timeout=300.0,
+        needs=needs,
     )
 
 

@@ -320,8 +320,19 @@ async def test_the_listing_says_what_each_known_agent_needs(tmp_path: Path) -> N
     done = await agents("--json", cwd=tmp_path)
     assert done.returncode == EXIT_OK, done.stderr.decode()
     listed = rows(done)
-    eleven = ("claude", "codex", "gemini", "qwen", "opencode", "copilot", "auggie", "qoder")
-    eleven += ("kiro", "openclaw", "hermes")
+    eleven = [
+        "claude",
+        "codex",
+        "gemini",
+        "qwen",
+        "opencode",
+        "copilot",
+        "auggie",
+        "qoder",
+        "kiro",
+        "openclaw",
+        "hermes",
+    ]
     for name in eleven:
         needs = listed[name]["needs"]
         assert needs["login"] or needs["apiKeys"], name  # how to get it authorised

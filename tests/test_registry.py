@@ -439,3 +439,19 @@ async def test_a_login_required_run_says_what_to_run(tmp_path: Path) -> None:
     assert "authentication required; offered: oauth, key" in said
     assert "oauth: Sign in, opens a browser" in said
     assert "choose one with the agent's auth_method" in said
+
+
+def test_an_archive_command_outside_the_archive_is_refused(tmp_path: Path) -> None:
+    """A ``cmd`` that is absolute or climbs out of the archive is refused before any fetch."""
+    for cmd in ("/bin/sh", "../../bin/sh", "./../x"):
+        with pytest.raises(AgentArchiveError, match="not a path inside the archive"):
+            ensure(tmp_path, "k", "https://example.invalid/a.tar.gz", cmd, None)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_registry_agents_say_what_they_need(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An npx agent of the registry needs Node.js, and its description names the registry."""
+    monkeypatch.delenv(reg.ENV_VAR, raising=False)
+    spec = resolve_agent("registry:gemini")
+    assert spec.needs.runtime == "Node.js (npx)"
+    assert spec.description.startswith("Gemini CLI 0.27.3 from the ACP registry (builtin)")
