@@ -6,7 +6,8 @@ snapshot. ``python tools/install_node_agents.py`` puts that version in npm's cac
 node cache (``npm-cache``); the run points ``npm_config_cache`` there with
 ``npm_config_offline=true``, so npx resolves the package without the network. The model is the
 scripted model server on 127.0.0.1, and every proxy variable points at it (it refuses to
-proxy): whatever tried to leave the machine would be listed as refused.
+proxy): whatever tried to leave the machine is listed as refused, and the TCP peers of every
+process of the run are sampled as a second look.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from real_agents import (
     CLAUDE,
     Project,
     RealAgent,
+    SocketWatch,
     make_project,
     tagged_processes,
     task_scenario,
@@ -117,10 +119,14 @@ async def test_a_registry_agent_completes_a_turn_offline_by_its_id(
             str(state_dir),
             TASK,
         ]
+        watch = SocketWatch(tag)
         with trio.fail_after(LIMIT):
-            done = await trio.run_process(
-                command, env=env, capture_stdout=True, capture_stderr=True, check=False
-            )
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(watch.run)
+                done = await trio.run_process(
+                    command, env=env, capture_stdout=True, capture_stderr=True, check=False
+                )
+                nursery.cancel_scope.cancel()
     stderr = done.stderr.decode(errors="replace")[-3000:]
     assert done.returncode == 0, stderr
     result = json.loads(done.stdout)
@@ -132,6 +138,10 @@ async def test_a_registry_agent_completes_a_turn_offline_by_its_id(
     changes = {c["path"]: c["change"] for c in result["changes"]}
     assert changes == {"greet.py": "modified", Project.NEW_FILE: "added"}
     assert [r.step for r in server.requests if r.scenario == "RA-TASK"][:5] == [0, 1, 2, 3, 4]
-    assert server.refused == [], [r.host for r in server.refused]
+    # what tried the proxy variables was refused there; no tagged process (the orchestrator,
+    # npm, node) had a TCP peer off the machine
+    assert all(r.host not in ("127.0.0.1", "localhost") for r in server.refused)
+    assert watch.samples > 0 and watch.pids
+    assert watch.off_machine == set(), watch.off_machine
     assert project.snapshot() == before
     assert tagged_processes(tag) == []
