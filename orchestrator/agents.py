@@ -35,6 +35,7 @@ __all__ = [
     "KNOWN_AGENTS",
     "WRITE_MODES",
     "AgentIdentity",
+    "AgentNeeds",
     "AgentSpec",
     "WriteMode",
     "builtin_agents",
@@ -116,6 +117,83 @@ def _check_writes(instance: AgentSpec, attribute: attrs.Attribute[Any], value: A
         )
 
 
+def _strs(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+@frozen
+class AgentNeeds:
+    """What an agent needs before it can work, beyond being installed.
+
+    Shown by ``orchestrator agents`` (and ``--json`` as ``needs``) and used by its ``--check``
+    to say what to do when the agent asks for a login.
+    """
+
+    #: the runtime its program needs (``Node.js >= 22``), or None
+    runtime: str | None = None
+    #: the command a person runs once to log in, or None
+    login: str | None = None
+    #: environment variables holding an API key or token; any one of them serves
+    api_keys: tuple[str, ...] = field(default=(), converter=_strs)
+    #: a service that must be running while it works (OpenClaw's Gateway), or None
+    service: str | None = None
+    #: anything else, in a phrase (a subscription, a provider to configure)
+    other: str | None = None
+
+    def __bool__(self) -> bool:
+        return any((self.runtime, self.login, self.api_keys, self.service, self.other))
+
+    def summary(self) -> str:
+        """The needs in one line (empty when there are none)."""
+        parts = []
+        if self.runtime:
+            parts.append(self.runtime)
+        if self.login and self.api_keys:
+            parts.append(f"a login ({self.login}) or {_any_of(self.api_keys)}")
+        elif self.login:
+            parts.append(f"a login ({self.login})")
+        elif self.api_keys:
+            parts.append(_any_of(self.api_keys))
+        if self.service:
+            parts.append(self.service)
+        if self.other:
+            parts.append(self.other)
+        return "; ".join(parts)
+
+    @classmethod
+    def from_json(cls, data: Any) -> AgentNeeds:
+        """The needs :meth:`to_json` wrote (nothing for anything else)."""
+        if not isinstance(data, dict):
+            return cls()
+
+        def text(key: str) -> str | None:
+            value = data.get(key)
+            return value if isinstance(value, str) else None
+
+        keys = data.get("apiKeys")
+        return cls(
+            runtime=text("runtime"),
+            login=text("login"),
+            api_keys=[k for k in keys if isinstance(k, str)] if isinstance(keys, list) else (),
+            service=text("service"),
+            other=text("other"),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The needs as JSON values (``needs`` in ``orchestrator agents --json``)."""
+        return {
+            "runtime": self.runtime,
+            "login": self.login,
+            "apiKeys": list(self.api_keys),
+            "service": self.service,
+            "other": self.other,
+        }
+
+
+def _any_of(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else f"one of {', '.join(names)}"
+
+
 @frozen
 class AgentSpec:
     """How to start one agent, and how it behaves once started."""
@@ -161,6 +239,8 @@ class AgentSpec:
     model: str | None = field(default=None, kw_only=True)
     #: the session mode each session runs in (one the agent offers); None = its default
     mode: str | None = field(default=None, kw_only=True)
+    #: what it needs beyond being installed: a runtime, a login, an API key, a service
+    needs: AgentNeeds = field(factory=AgentNeeds, kw_only=True)
 
     def resolved(self, base: str | os.PathLike[str]) -> AgentSpec:
         """The spec with relative paths in its command, ``cwd`` and ``policy`` made absolute.
@@ -240,6 +320,7 @@ class AgentSpec:
             ),
             "model": self.model,
             "mode": self.mode,
+            "needs": self.needs.to_json(),
         }
 
 
@@ -276,9 +357,18 @@ def _demo_command() -> tuple[str, ...]:
     return (sys.executable, "-m", "orchestrator.demo")
 
 
-# Commands and packages as their projects document them (checked in mid 2026). Agents whose
-# support for several sessions in different directories is not documented get one session per
-# process: it always works, at the price of a process each.
+# Commands, packages and needs as the packages installable here say (checked 2026-12-02 with
+# `npm view` and the packages' READMEs and bundles, `pip download` for Python): claude
+# @agentclientprotocol/claude-agent-acp 0.101.0 (node >= 22); codex
+# @agentclientprotocol/codex-acp 2.6.0; gemini @google/gemini-cli 0.61.0 (node >= 20); qwen
+# @qwen-code/qwen-code 0.24.4 (node >= 22); opencode opencode-ai 1.18.33 (a native binary);
+# copilot @github/copilot 1.0.102 (its token variables are GitHub's documented ones); auggie
+# @augmentcode/auggie 0.36.0 (node >= 20); qoder @qoder-ai/qodercli 1.1.52 (installs `qodercli`
+# and `qoder`); openclaw 2026.9.6 (node >= 24.16); hermes hermes-agent 0.19.0 (PyPI, Python
+# 3.11-3.13, `hermes acp` with the [acp] extra). Kiro CLI is not on npm: its installer is a
+# script, so its command is as Kiro documents it. Agents whose support for several sessions in
+# different directories is not documented get one session per process: it always works, at the
+# price of a process each.
 #: Known agents and their usual ACP launch commands.
 KNOWN_AGENTS: dict[str, AgentSpec] = {
     spec.name: spec
@@ -292,6 +382,9 @@ KNOWN_AGENTS: dict[str, AgentSpec] = {
             sessions_per_process=None,
             startup_timeout=300.0,
             writes="fs",
+            needs=AgentNeeds(
+                runtime="Node.js >= 22", login="claude /login", api_keys=("ANTHROPIC_API_KEY",)
+            ),
             notes="verified with its former name @zed-industries/claude-code-acp 0.16.2 (bundles "
             "Claude Code 2.1.44), which works the same way: log in with `claude /login` or set "
             "ANTHROPIC_API_KEY; reads and edits go through fs/*, Bash through terminal/* (a "
@@ -308,6 +401,11 @@ KNOWN_AGENTS: dict[str, AgentSpec] = {
             sessions_per_process=None,
             startup_timeout=300.0,
             writes="disk",
+            needs=AgentNeeds(
+                runtime="Node.js",
+                api_keys=("OPENAI_API_KEY", "CODEX_API_KEY"),
+                other="or a ChatGPT login through the agent (a browser)",
+            ),
             notes="formerly @zed-industries/codex-acp; offers several auth methods (ChatGPT "
             "login, CODEX_API_KEY, OPENAI_API_KEY): set auth_method to pick one; applies "
             "patches and runs commands itself",
@@ -319,6 +417,11 @@ KNOWN_AGENTS: dict[str, AgentSpec] = {
             install="npm install -g @google/gemini-cli",
             sessions_per_process=None,
             writes="both",
+            needs=AgentNeeds(
+                runtime="Node.js >= 20",
+                login="gemini, then Login with Google",
+                api_keys=("GEMINI_API_KEY",),
+            ),
             notes="older releases only know --experimental-acp; reads and writes through fs/* "
             "when offered, runs shell commands itself; a new prompt aborts the one in flight",
         ),
@@ -329,6 +432,12 @@ KNOWN_AGENTS: dict[str, AgentSpec] = {
             install="npm install -g @qwen-code/qwen-code",
             sessions_per_process=None,
             writes="both",
+            needs=AgentNeeds(
+                runtime="Node.js >= 22 (runs on 20)",
+                login="qwen, then /auth",
+                api_keys=("OPENAI_API_KEY",),
+                other="with an API key, also --auth-type openai, OPENAI_BASE_URL and OPENAI_MODEL",
+            ),
             notes="a Gemini CLI fork, verified with 0.24.4 (declares node >= 22, runs on 20): "
             "reads and edits go through fs/*, shell commands run inside the agent (no "
             "terminal/*; harmless ones unasked); one process serves many sessions, each in its "
@@ -344,6 +453,7 @@ KNOWN_AGENTS: dict[str, AgentSpec] = {
             install="npm install -g opencode-ai",
             sessions_per_process=None,
             writes="both",
+            needs=AgentNeeds(login="opencode auth login"),
             notes="log in with `opencode auth login`; runs its own HTTP server in-process; "
             "writes the proposed file through fs/write_text_file before the edit permission "
             "is answered, and edits on disk itself",
@@ -355,6 +465,12 @@ KNOWN_AGENTS: dict[str, AgentSpec] = {
             install="npm install -g @github/copilot",
             sessions_per_process=None,
             writes="unknown",
+            needs=AgentNeeds(
+                runtime="Node.js",
+                login="copilot, then /login",
+                api_keys=("COPILOT_GITHUB_TOKEN", "GH_TOKEN", "GITHUB_TOKEN"),
+                other="a Copilot subscription",
+            ),
             notes="needs a Copilot subscription and `copilot` then /login once; ACP support is "
             "in preview and may change",
         ),
@@ -365,7 +481,13 @@ KNOWN_AGENTS: dict[str, AgentSpec] = {
             install="npm install -g @augmentcode/auggie",
             sessions_per_process=1,
             writes="unknown",
-            notes="log in with `auggie login`; not every interactive feature exists in ACP mode",
+            needs=AgentNeeds(
+                runtime="Node.js >= 20",
+                login="auggie login",
+                api_keys=("AUGMENT_SESSION_AUTH",),
+            ),
+            notes="log in with `auggie login` (or AUGMENT_SESSION_AUTH, the session JSON it "
+            "prints); not every interactive feature exists in ACP mode",
         ),
         AgentSpec(
             "qoder",
@@ -375,9 +497,14 @@ KNOWN_AGENTS: dict[str, AgentSpec] = {
             "| bash)",
             sessions_per_process=1,
             writes="fs",
-            notes="log in with `qodercli` then /login, or QODER_PERSONAL_ACCESS_TOKEN; documents "
-            "file operations and terminals through the client; newer builds may name the "
-            "command `qoder`",
+            needs=AgentNeeds(
+                runtime="Node.js >= 20",
+                login="qodercli login",
+                api_keys=("QODER_PERSONAL_ACCESS_TOKEN",),
+            ),
+            notes="log in with `qodercli login`, or QODER_PERSONAL_ACCESS_TOKEN; documents "
+            "file operations and terminals through the client; the package also installs "
+            "`qoder`, a dispatcher to the same program",
         ),
         AgentSpec(
             "kiro",
@@ -386,6 +513,7 @@ KNOWN_AGENTS: dict[str, AgentSpec] = {
             install="curl -fsSL https://cli.kiro.dev/install | bash",
             sessions_per_process=1,
             writes="unknown",
+            needs=AgentNeeds(login="kiro-cli login"),
             notes="log in with `kiro-cli login` first; adds Kiro extensions (_kiro/...) to "
             "standard ACP",
         ),
@@ -397,8 +525,13 @@ KNOWN_AGENTS: dict[str, AgentSpec] = {
             "hermes-agent.nousresearch.com, then the [acp] extra)",
             sessions_per_process=1,
             writes="disk",
-            notes="configure a model provider first (`hermes acp --setup`); uses its own file "
-            "and terminal tools",
+            needs=AgentNeeds(
+                runtime="Python 3.11-3.13",
+                login="hermes acp --setup",
+                other="a model provider configured by that setup",
+            ),
+            notes="configure a model provider first (`hermes acp --setup`, which it also "
+            "offers as its terminal auth method); uses its own file and terminal tools",
         ),
         AgentSpec(
             "openclaw",
@@ -407,6 +540,11 @@ KNOWN_AGENTS: dict[str, AgentSpec] = {
             install="npm install -g openclaw@latest, then openclaw onboard --install-daemon",
             sessions_per_process=1,
             writes="disk",
+            needs=AgentNeeds(
+                runtime="Node.js >= 24.16",
+                login="openclaw onboard --install-daemon",
+                service="a running OpenClaw Gateway",
+            ),
             notes="a bridge: the work runs in the Gateway, which must be running; no client "
             "fs/* and no per-session MCP servers; its edits land in the Gateway's workspace, "
             "not in the session's branch",
@@ -436,9 +574,12 @@ def resolve_agent(text: str, known: Mapping[str, AgentSpec] | None = None) -> Ag
     """An agent from ``--agent``: a known name, ``NAME:MODEL``, ``NAME=COMMAND``, or a
     command line.
 
-    ``NAME:MODEL`` is the known agent NAME whose sessions run MODEL (set through its ``model``
-    config option), labelled ``NAME:MODEL``; only a name of the table takes a model this way,
-    so a command line with a colon stays a command line. ``LABEL=NAME:MODEL`` relabels it.
+    ``registry:ID`` is the agent ID of the ACP registry (:mod:`orchestrator.registry`: the
+    file ``$ORCHESTRATOR_REGISTRY`` names, else the snapshot shipped with the package),
+    labelled ID. ``NAME:MODEL`` is the known agent NAME whose sessions run MODEL (set through
+    its ``model`` config option), labelled ``NAME:MODEL``; only a name of the table takes a
+    model this way, so a command line with a colon stays a command line. ``LABEL=NAME:MODEL``
+    relabels it.
     ``known`` is the table of names (default: :func:`builtin_agents`; a config's table comes
     from :meth:`orchestrator.config.Config.resolve_agent`); ``demo`` is always known. A command
     line without ``NAME=`` is labelled by what it runs (:func:`derive_label`): the package or
@@ -453,11 +594,11 @@ def resolve_agent(text: str, known: Mapping[str, AgentSpec] | None = None) -> Ag
     text = text.strip()
     if not text:
         raise UsageError("an agent needs a name or a command")
-    found = _known(text, table)
+    found = _known(text, table) or _from_registry(text)
     if found is not None:
         return found
     label, text = _split_label(text)
-    found = _known(text, table) if label is not None else None
+    found = (_known(text, table) or _from_registry(text)) if label is not None else None
     if found is not None:
         return found.with_name(label or found.name)
     try:
@@ -496,6 +637,15 @@ def _known(text: str, table: Mapping[str, AgentSpec]) -> AgentSpec | None:
     if sep and name in table and model.strip():
         return attrs.evolve(table[name], name=text, model=model.strip())
     return None
+
+
+def _from_registry(text: str) -> AgentSpec | None:
+    """``registry:ID``: that agent of the ACP registry (:mod:`orchestrator.registry`)."""
+    if not text.startswith("registry:"):  # orchestrator.registry.PREFIX; imported only if so
+        return None
+    from .registry import resolve_registry_agent
+
+    return resolve_registry_agent(text)
 
 
 def _split_label(text: str) -> tuple[str | None, str]:

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ERROR_KINDS",
+    "AgentArchiveError",
     "AgentError",
     "AgentExited",
     "AgentHung",
@@ -62,6 +63,7 @@ __all__ = [
     "InvalidParams",
     "InvalidRequest",
     "JsonRpcError",
+    "LoginRequired",
     "MergeConflictError",
     "MessageTooLarge",
     "MethodNotFound",
@@ -73,6 +75,7 @@ __all__ = [
     "PipelineError",
     "ProtocolError",
     "ProtocolVersionMismatch",
+    "RegistryError",
     "ReportError",
     "RequestCancelled",
     "ResourceNotFound",
@@ -175,6 +178,17 @@ class OrchestratorError(Exception):
 
 class UsageError(OrchestratorError):
     """Bad input from the user: a wrong option, a missing file, an unknown agent name."""
+
+
+class RegistryError(UsageError):
+    """An ACP registry that cannot be read (a bad file, URL or JSON), or an agent id it does
+    not hold, or an agent of it that cannot be started here."""
+
+
+class AgentArchiveError(OrchestratorError):
+    """The archive of a binary agent of the ACP registry could not be fetched, verified
+    (its SHA-256 is not the one the registry names) or unpacked. Raised in the process that
+    starts the agent, which says so on its stderr."""
 
 
 class UnknownAgent(UsageError):
@@ -535,6 +549,22 @@ class NotOffered(UsageError):
 
 class AuthenticationError(AgentError):
     """Authentication was required and could not be performed."""
+
+
+class LoginRequired(AuthenticationError):
+    """The agent requires authentication and no method it offers can be used unattended.
+
+    Raised at once rather than waiting on a login nobody will complete: the agent offered
+    no method, several (none chosen), or only ones a person must complete in a terminal.
+    ``methods`` holds each offered method as ``{"id", "name", "description", "type",
+    "command"}``, ``command`` being the terminal login to run (or None).
+    """
+
+    def __init__(
+        self, message: str, *, agent: str | None = None, methods: Sequence[Any] = ()
+    ) -> None:
+        self.methods = tuple(methods)
+        super().__init__(message, agent=agent)
 
 
 class SandboxUnavailable(UsageError):

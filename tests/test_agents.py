@@ -13,6 +13,7 @@ from orchestrator._agentlabels import package_runner
 from orchestrator.agents import (
     KNOWN_AGENTS,
     WRITE_MODES,
+    AgentNeeds,
     AgentSpec,
     builtin_agents,
     label_agents,
@@ -280,6 +281,7 @@ def test_to_json_has_every_field_in_camel_case() -> None:
         sandbox=Sandbox(ports=(443,)),
         model="big",
         mode="plan",
+        needs=AgentNeeds(runtime="Node.js", login="x login", api_keys=["X_KEY"]),
     )
     data = spec.to_json()
     assert data == {
@@ -301,8 +303,16 @@ def test_to_json_has_every_field_in_camel_case() -> None:
         "sandbox": {"read": ["/"], "write": [], "ports": [443], "home": None},
         "model": "big",
         "mode": "plan",
+        "needs": {
+            "runtime": "Node.js",
+            "login": "x login",
+            "apiKeys": ["X_KEY"],
+            "service": None,
+            "other": None,
+        },
     }
     assert json.loads(json.dumps(data)) == data
+    assert AgentNeeds.from_json(data["needs"]) == spec.needs
 
 
 def test_to_json_redacts_secret_looking_env_values() -> None:

@@ -313,3 +313,35 @@ async def test_any_one_api_key_variable_of_an_agent_serves(tmp_path: Path) -> No
             assert "set OPENAI_API_KEY or CODEX_API_KEY" in check["nextStep"]
             assert "none of OPENAI_API_KEY, CODEX_API_KEY is set" in check["cause"]
         assert "auth_method = 'chatgpt' in [agents.codex]" in check["nextStep"]
+
+
+async def test_the_listing_says_what_each_known_agent_needs(tmp_path: Path) -> None:
+    """Each of the eleven known agents says what it needs, in the table and in --json."""
+    done = await agents("--json", cwd=tmp_path)
+    assert done.returncode == EXIT_OK, done.stderr.decode()
+    listed = rows(done)
+    eleven = [
+        "claude",
+        "codex",
+        "gemini",
+        "qwen",
+        "opencode",
+        "copilot",
+        "auggie",
+        "qoder",
+        "kiro",
+        "openclaw",
+        "hermes",
+    ]
+    for name in eleven:
+        needs = listed[name]["needs"]
+        assert needs["login"] or needs["apiKeys"], name  # how to get it authorised
+    assert listed["openclaw"]["needs"]["service"] == "a running OpenClaw Gateway"
+    assert listed["openclaw"]["needs"]["runtime"] == "Node.js >= 24.16"
+    assert listed["qoder"]["needs"]["login"] == "qodercli login"
+    assert listed["hermes"]["needs"]["login"] == "hermes acp --setup"
+    assert listed["codex"]["needs"]["apiKeys"] == ["OPENAI_API_KEY", "CODEX_API_KEY"]
+    table = text(await agents(cwd=tmp_path)).splitlines()
+    below = table[next(i for i, line in enumerate(table) if line.startswith("openclaw ")) + 1]
+    assert below.split()[:1] == ["needs:"]
+    assert "Node.js >= 24.16" in below and "a running OpenClaw Gateway" in below

@@ -11,7 +11,12 @@ Into ``CACHE_DIR`` (default: the argument, else ``$ORCHESTRATOR_NODE_CACHE``, el
 - the real agents of ``tests/test_real_agents.py`` (:data:`AGENTS`): Qwen Code
   (``@qwen-code/qwen-code``) and Claude Code's ACP adapter (``@zed-industries/claude-code-acp``,
   which brings Claude Code itself as ``@anthropic-ai/claude-agent-sdk``) and Gemini CLI
-  (``@google/gemini-cli``, started with ``--acp``); skipped with ``--sdk-only``.
+  (``@google/gemini-cli``, started with ``--acp``); skipped with ``--sdk-only``;
+- the agents of the bundled ACP registry snapshot that the tests run by registry id through
+  ``npx`` (:data:`NPX_AGENTS`), at the version the snapshot names: installed into npm's own
+  cache (``CACHE_DIR/npm-cache``, by ``npm exec``), where ``npx`` finds them offline with
+  ``npm_config_cache`` pointing there and ``npm_config_offline=true``; skipped with
+  ``--sdk-only``.
 
 Running it again is a no-op for what is already there at the pinned version; it is quiet on
 success apart from the last line printed, the path of the SDK's ``dist/examples/agent.js``.
@@ -41,6 +46,7 @@ from typing import NamedTuple
 
 __all__ = [
     "AGENTS",
+    "NPX_AGENTS",
     "PACKAGE",
     "VERSION",
     "NodeAgent",
@@ -53,6 +59,7 @@ __all__ = [
     "install_agents",
     "installed_version",
     "main",
+    "npx_cache_dir",
     "pinned_specs",
 ]
 
@@ -80,6 +87,15 @@ AGENTS: tuple[NodeAgent, ...] = (
     NodeAgent("qwen", "@qwen-code/qwen-code", "0.24.4", "qwen"),
     NodeAgent("claude", "@zed-industries/claude-code-acp", "0.16.2", "claude-code-acp"),
     NodeAgent("gemini", "@google/gemini-cli", "0.61.0", "gemini"),
+)
+
+
+#: Agents run through ``npx`` as the ACP registry says (``registry:ID``), at the version of
+#: the bundled snapshot (orchestrator/data/registry.json): ``claude-code-acp`` 0.16.0 is the
+#: one of its npx agents whose pinned version npm serves here (its qwen-code 0.9.1, gemini
+#: 0.27.3, auggie 0.15.0, qoder 0.1.26 and copilot 1.425.0 are not on the npm mirror).
+NPX_AGENTS: tuple[NodeAgent, ...] = (
+    NodeAgent("claude-code-acp", "@zed-industries/claude-code-acp", "0.16.0", "claude-code-acp"),
 )
 
 
@@ -150,6 +166,56 @@ def install_agents(cache_dir: Path, agents: tuple[NodeAgent, ...] = AGENTS) -> l
     return [agent_bin(cache_dir, a) for a in agents]
 
 
+def npx_cache_dir(cache_dir: Path) -> Path:
+    """npm's cache for the :data:`NPX_AGENTS` (``npm_config_cache`` of the tests)."""
+    return cache_dir / "npm-cache"
+
+
+def npx_versions(cache_dir: Path, package: str) -> set[str]:
+    """The versions of ``package`` that ``npx`` has installed in the npm cache."""
+    found = set()
+    for manifest in npx_cache_dir(cache_dir).glob(f"_npx/*/node_modules/{package}/package.json"):
+        try:
+            version = json.loads(manifest.read_text("utf-8")).get("version")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(version, str):
+            found.add(version)
+    return found
+
+
+def prime_npx(cache_dir: Path, agents: tuple[NodeAgent, ...] = NPX_AGENTS) -> None:
+    """Have ``npm exec`` install each of ``agents`` missing from the npm cache (it runs
+    ``node -e 0``, not the agent). Raises like :func:`install`."""
+    npm = shutil.which("npm")
+    if npm is None:
+        raise FileNotFoundError("npm")
+    for agent in agents:
+        if agent.version in npx_versions(cache_dir, agent.package):
+            continue
+        subprocess.run(
+            [
+                npm,
+                "exec",
+                "--yes",
+                "--cache",
+                str(npx_cache_dir(cache_dir)),
+                "--loglevel=error",
+                "--ignore-scripts",
+                f"--package={agent.package}@{agent.version}",
+                "--",
+                "node",
+                "-e",
+                "0",
+            ],
+            check=True,
+            stdout=sys.stderr,
+            cwd=cache_dir,
+        )
+        if agent.version not in npx_versions(cache_dir, agent.package):
+            raise FileNotFoundError(f"{agent.package}@{agent.version} in the npm cache")
+
+
 def check(cache_dir: Path, *, sdk_only: bool = False) -> list[tuple[str, str, str]]:
     """(package, pinned version, state) per package: ``ok``, ``missing`` or ``has VERSION``."""
     wanted = [(PACKAGE, VERSION)]
@@ -160,6 +226,10 @@ def check(cache_dir: Path, *, sdk_only: bool = False) -> list[tuple[str, str, st
         found = installed_version(cache_dir, package)
         state = "ok" if found == version else "missing" if found is None else f"has {found}"
         rows.append((package, version, state))
+    if not sdk_only:
+        for agent in NPX_AGENTS:
+            state = "ok" if agent.version in npx_versions(cache_dir, agent.package) else "missing"
+            rows.append((f"{agent.package} (npx)", agent.version, state))
     return rows
 
 
@@ -167,7 +237,7 @@ def pinned_specs(*, sdk_only: bool = False) -> list[str]:
     """``PACKAGE@VERSION`` of every pinned package (the SDK first)."""
     specs = [f"{PACKAGE}@{VERSION}"]
     if not sdk_only:
-        specs += [f"{a.package}@{a.version}" for a in AGENTS]
+        specs += [f"{a.package}@{a.version}" for a in (*AGENTS, *NPX_AGENTS)]
     return specs
 
 
@@ -175,6 +245,8 @@ def _install_all(cache_dir: Path, *, sdk_only: bool) -> Path:
     agent = install(cache_dir)
     if not sdk_only:
         install_agents(cache_dir)
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        prime_npx(cache_dir)
     return agent
 
 

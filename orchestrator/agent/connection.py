@@ -10,6 +10,7 @@ with the pending ``session/prompt``, as agents expect.
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, cast
 
@@ -26,6 +27,7 @@ from ..errors import (
     ConnectionClosed,
     FileNotFound,
     InvalidParams,
+    LoginRequired,
     MethodNotFound,
     OrchestratorError,
     ProtocolVersionMismatch,
@@ -49,7 +51,7 @@ from .session import (
     _fold_text_chunk,
 )
 
-__all__ = ["AgentConnection"]
+__all__ = ["AgentConnection", "auth_method_facts"]
 
 log = get_logger(__name__)
 
@@ -146,22 +148,27 @@ class AgentConnection:
         return init
 
     async def authenticate(self, method_id: str | None = None) -> None:
-        """Authenticate with ``method_id``, the configured method, or the only one offered."""
+        """Authenticate with ``method_id``, the configured method, or the only one offered.
+
+        Terminal methods are never sent (the spec forbids it: a person completes them in a
+        terminal), so with none chosen the only non-terminal method offered is used. When
+        none can be, :class:`~orchestrator.errors.LoginRequired` says at once which methods
+        the agent offers and, for terminal ones, the command to run.
+        """
         methods = [m for m in self.auth_methods if not isinstance(m, t.UnknownAuthMethod)]
         ids = [m.id for m in methods]
         chosen = method_id or self.options.auth_method
         if chosen is None:
-            if len(ids) != 1:
-                listed = ", ".join(ids) if ids else "none"
-                raise AuthenticationError(
-                    f"authentication required; choose a method (offered: {listed})",
-                    agent=self.name,
-                )
-            chosen = ids[0]
+            usable = [m.id for m in methods if not isinstance(m, t.AuthMethodTerminal)]
+            if len(usable) != 1:
+                raise self._login_required()
+            chosen = usable[0]
         elif ids and chosen not in ids:
             raise AuthenticationError(
                 f"auth method {chosen!r} not offered (offered: {', '.join(ids)})", agent=self.name
             )
+        elif any(isinstance(m, t.AuthMethodTerminal) and m.id == chosen for m in methods):
+            raise self._login_required()
         try:
             await self.call("authenticate", t.AuthenticateRequest(method_id=chosen))
         except OrchestratorError as e:
@@ -170,6 +177,27 @@ class AgentConnection:
             raise AuthenticationError(f"authenticate({chosen}) failed: {e}", agent=self.name) from e
         self._authenticated = True
         log.info("authenticated", agent=self.name, method=chosen)
+
+    def _login_required(self) -> LoginRequired:
+        """The error for an agent that needs a login no method here can complete."""
+        argv = self.process.argv if self.process is not None else None
+        offered = [auth_method_facts(m, argv) for m in self.auth_methods]
+        if not offered:
+            return LoginRequired(
+                "authentication required, and the agent offers no auth method", agent=self.name
+            )
+        ids = ", ".join(m["id"] for m in offered)
+        listed = "; ".join(_describe_method(m) for m in offered)
+        steps = [m["command"] for m in offered if m["command"]]
+        if steps:
+            then = f"; log in with `{steps[0]}`, then start it again"
+        else:
+            then = "; choose one with the agent's auth_method"
+        return LoginRequired(
+            f"authentication required; offered: {ids} ({listed}){then}",
+            agent=self.name,
+            methods=offered,
+        )
 
     async def _call_authenticated(self, method: str, params: Any) -> Any:
         try:
@@ -561,3 +589,38 @@ def _check_fs_path(params: Any) -> None:
             "nothing was read or written",
             {"path": params["path"]},
         )
+
+
+def auth_method_facts(method: t.AuthMethod, argv: Sequence[str] | None) -> dict[str, Any]:
+    """What a person needs to know of one auth method: ``id``, ``name``, ``description``,
+    ``type`` and, for a terminal login, the ``command`` to run: the agent's command line with
+    the method's arguments appended and its variables set (as the schema says), or the
+    ``terminal-auth`` command older agents put in ``_meta``."""
+    raw = unstructure(method)
+    raw = raw if isinstance(raw, dict) else {}
+    kind = raw.get("type") or "agent"
+    command: str | None = None
+    meta = raw.get("_meta") if isinstance(raw.get("_meta"), dict) else {}
+    legacy = meta.get("terminal-auth") if isinstance(meta, dict) else None
+    if kind == "terminal" and argv:
+        env = raw.get("env")
+        pairs = [f"{k}={v}" for k, v in env.items()] if isinstance(env, dict) else []
+        args = [str(a) for a in raw.get("args") or ()]
+        command = shlex.join([*pairs, *argv, *args])
+    elif isinstance(legacy, dict) and isinstance(legacy.get("command"), str):
+        args = [str(a) for a in legacy.get("args") or ()]
+        command = shlex.join([legacy["command"], *args])
+    return {
+        "id": str(raw.get("id", "")),
+        "name": str(raw.get("name", "")),
+        "description": raw.get("description"),
+        "type": str(kind),
+        "command": command,
+    }
+
+
+def _describe_method(method: Mapping[str, Any]) -> str:
+    text = f"{method['id']}: {method['name'] or method['id']}"
+    if method["description"]:
+        text += f", {method['description']}"
+    return text

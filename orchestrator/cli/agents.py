@@ -33,6 +33,8 @@ examples:
   orchestrator agents --check          # handshake with each installed agent
   orchestrator agents --check claude   # this one, fetched through npx if need be
   orchestrator agents --check --json
+  orchestrator agents --registry       # the ACP registry's agents (the bundled snapshot)
+  orchestrator agents --registry https://cdn.agentclientprotocol.com/registry/v1/latest/registry.json
 
 exit codes:
   0    listed; with --check: every checked agent passed
@@ -49,21 +51,6 @@ STDERR_CHARS = 2000
 
 #: check statuses
 OK, NEEDS_LOGIN, FAILED = "ok", "needs login", "failed"
-
-#: the credentials each known agent reads: variables holding an API key (any one serves) and
-#: the command that logs in once (README, "Using real agents"; each agent's notes)
-CREDENTIALS: dict[str, tuple[tuple[str, ...], str | None]] = {
-    "claude": (("ANTHROPIC_API_KEY",), "claude /login"),
-    "codex": (("OPENAI_API_KEY", "CODEX_API_KEY"), None),
-    "gemini": (("GEMINI_API_KEY",), None),
-    "qwen": (("OPENAI_API_KEY",), None),
-    "opencode": ((), "opencode auth login"),
-    "copilot": ((), "copilot, then /login"),
-    "auggie": ((), "auggie login"),
-    "qoder": (("QODER_PERSONAL_ACCESS_TOKEN",), "qodercli, then /login"),
-    "kiro": ((), "kiro-cli login"),
-    "hermes": ((), "hermes acp --setup"),
-}
 
 
 def add_parser(sub: Any) -> None:
@@ -82,6 +69,14 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="start each installed agent (each NAME given, npx ones included) and handshake",
     )
+    p.add_argument(
+        "--registry",
+        nargs="?",
+        const="builtin",
+        metavar="FILE|URL",
+        help="list the agents of an ACP registry instead (default: the snapshot bundled with "
+        "the orchestrator, also named 'builtin'); run one with --agent registry:ID",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
         "names", nargs="*", metavar="NAME", help="only these agents (known names or commands)"
@@ -94,6 +89,10 @@ async def cmd_agents(args: argparse.Namespace) -> int:
 
     from .trust import project_config
 
+    if args.registry is not None:
+        from .registry import list_registry
+
+        return await list_registry(args.registry, as_json=args.json)
     config = await project_config(".", None)
     named = bool(args.names)
     # a name given twice is checked once, where it first appears
@@ -155,6 +154,7 @@ def _listing(spec: AgentSpec) -> dict[str, Any]:
         "notes": spec.notes,
         # for a known agent: the quirks it may show (they apply by what it reports, not by name)
         "knownQuirks": [q.id for q in known_agent_quirks(spec.name)],
+        "needs": spec.needs.to_json(),
     }
 
 
@@ -174,11 +174,21 @@ def _print_table(rows: Sequence[Mapping[str, Any]]) -> None:
     state_width = max((len(state) for state in states), default=0)
     for row, state in zip(rows, states, strict=True):
         say(f"{row['name']:<{name_width}}  {state:<{state_width}}  {row['command']}")
+        for label, value in _row_notes(row):
+            say(f"{'':<{name_width}}  {label}: {value}")
     quirky = [row for row in rows if row["knownQuirks"]]
     if quirky:
         say("\nquirks (they apply by the name and version the agent reports in initialize):")
         for row in quirky:
             say(f"  {row['name']:<{name_width}}  {', '.join(row['knownQuirks'])}")
+
+
+def _row_notes(row: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The lines shown under an agent's row: what it needs (more may follow)."""
+    from ..agents import AgentNeeds
+
+    summary = AgentNeeds.from_json(row.get("needs")).summary()
+    return [("needs", summary)] if summary else []
 
 
 # --------------------------------------------------------------------------- the check
@@ -443,16 +453,17 @@ def _diagnose(
 
 
 def _credentials(spec: AgentSpec) -> tuple[tuple[str, ...], str | None]:
-    """The API key variables and the login command of ``spec``, if it is a known agent (by
-    name, or by the command of one relabelled)."""
+    """The API key variables and the login command of ``spec`` (its :attr:`needs`, else those
+    of the known agent of its name, or of its command when relabelled)."""
     from ..agents import KNOWN_AGENTS
 
-    if spec.name in CREDENTIALS:
-        return CREDENTIALS[spec.name]
-    for name, known in KNOWN_AGENTS.items():
-        if known.command == spec.command and name in CREDENTIALS:
-            return CREDENTIALS[name]
-    return (), None
+    needs = spec.needs
+    if not needs and spec.name in KNOWN_AGENTS:
+        needs = KNOWN_AGENTS[spec.name].needs
+    for known in KNOWN_AGENTS.values():
+        if not needs and known.command == spec.command:
+            needs = known.needs
+    return needs.api_keys, needs.login
 
 
 def _launcher_note(spec: AgentSpec) -> str:

@@ -24,7 +24,11 @@ from .._log import get_logger
 from .._sizes import DEFAULT_MAX_FILE_SIZE, parse_size
 from ..agent.client import ClientOptions
 from ..agent.turn import DEFAULT_MAX_TURN_RECORD_BYTES
-from ..agents import _REDACTED, AgentSpec  # the marker AgentSpec.to_json writes for secrets
+from ..agents import (
+    _REDACTED,
+    AgentNeeds,
+    AgentSpec,
+)  # the marker AgentSpec.to_json writes for secrets
 from ..config import Config
 from ..errors import UsageError
 from ..policy import PolicySet
@@ -152,6 +156,7 @@ def _spec_from_json(
         sandbox=_sandbox_from_json(data.get("sandbox")),
         model=data.get("model"),
         mode=data.get("mode"),
+        needs=AgentNeeds.from_json(data.get("needs")),
     )
     return spec, missing
 

@@ -78,11 +78,14 @@ ALLOW_REJECT: tuple[PermissionOption, ...] = (
 
 @frozen
 class AuthMethod(JsonMixin):
-    """An entry of ``authMethods``."""
+    """An entry of ``authMethods``: an agent method, or with ``type="terminal"`` a login
+    the client runs in a terminal with ``args`` added to the agent's command."""
 
     id: str
     name: str
     description: str | None = None
+    type: str | None = None
+    args: tuple[str, ...] | None = None
 
 
 @frozen

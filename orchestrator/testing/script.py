@@ -19,7 +19,8 @@ Agent (``AgentScript``)
     Methods behind a false gate answer -32601; prompts with image, audio or embedded
     resource blocks the agent did not advertise answer -32602.
 ``auth_methods`` ([]), ``require_auth`` (false)
-    ``[{"id", "name", "description"?}]``; with ``require_auth`` every ``session/new``,
+    ``[{"id", "name", "description"?, "type"?, "args"?}]`` (``type: "terminal"`` with
+    ``args``: a terminal login); with ``require_auth`` every ``session/new``,
     ``session/load`` and ``session/resume`` answers -32000 until ``authenticate`` names a
     listed method id (an unlisted one answers -32602).
 ``modes`` ([]), ``current_mode`` (the first mode)
