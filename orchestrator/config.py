@@ -45,12 +45,26 @@ The format::
     [agents.codex.sandbox]    # this agent always runs confined, with its own rules
     ports = [443]
 
+    [mcp_servers.docs]        # an MCP server (orchestrator.mcp): a stdio program ...
+    command = "npx -y @acme/docs-mcp"   # a string (split like a shell would) or a list
+    args = ["--stdio"]
+    env = { DOCS_TOKEN = "..." }
+    [mcp_servers.api]         # ... or an HTTP (type = "http", the default) or SSE endpoint
+    url = "https://mcp.example.com/mcp"
+    headers = { Authorization = "Bearer ..." }
+
+    [agents.claude]
+    mcp_servers = ["docs", "api"]   # every session of the agent gets these
+
 An agent table takes the fields of :class:`~orchestrator.agents.AgentSpec`: ``command``,
 ``env``, ``description``, ``install``, ``sessions_per_process``, ``startup_timeout``,
 ``auth_method``, ``policy``, ``max_sessions``, ``max_restarts``, ``cwd``, ``writes``,
-``notes``, ``terminal_env`` and ``sandbox`` (``true``, ``false`` or a table of rules as above,
-without ``enabled``). No file turns off a sandbox an earlier file turned on, for the runs or for
-an agent; a later file's rules replace an earlier one's.
+``notes``, ``terminal_env``, ``sandbox`` (``true``, ``false`` or a table of rules as above,
+without ``enabled``) and ``mcp_servers`` (names of ``[mcp_servers]`` tables of that file or an
+earlier one). A stdio MCP server an untrusted project file defines is a program: it is left out
+(and listed in :attr:`Config.ignored`), as the file's agents' commands are. No file turns
+off a sandbox an earlier file turned on, for the runs or for an agent; a later file's rules
+replace an earlier one's.
 
 Relative paths in a file (in ``command``, ``cwd``, a ``policy`` that names a ``.toml`` file,
 and sandbox paths) are taken relative to the directory of that file, so a project file's paths

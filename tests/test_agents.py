@@ -19,6 +19,7 @@ from orchestrator.agents import (
     resolve_agent,
 )
 from orchestrator.errors import UnknownAgent, UsageError
+from orchestrator.mcp import McpServer
 from orchestrator.sandbox import Sandbox
 
 
@@ -280,6 +281,7 @@ def test_to_json_has_every_field_in_camel_case() -> None:
         sandbox=Sandbox(ports=(443,)),
         model="big",
         mode="plan",
+        mcp_servers=[McpServer.http("api", "https://h/mcp", {"Authorization": "Bearer b"})],
     )
     data = spec.to_json()
     assert data == {
@@ -301,6 +303,14 @@ def test_to_json_has_every_field_in_camel_case() -> None:
         "sandbox": {"read": ["/"], "write": [], "ports": [443], "home": None},
         "model": "big",
         "mode": "plan",
+        "mcpServers": [
+            {
+                "name": "api",
+                "type": "http",
+                "url": "https://h/mcp",
+                "headers": {"Authorization": "<redacted>"},
+            }
+        ],
     }
     assert json.loads(json.dumps(data)) == data
 

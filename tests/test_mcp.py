@@ -22,7 +22,7 @@ from orchestrator.mcp import (
 )
 from orchestrator.pipeline import Pipeline, step
 from orchestrator.protocol import types as t
-from orchestrator.runs import get_run_json, prompt, run_pipeline
+from orchestrator.runs import get_run_json, prompt, resume_run, run_pipeline
 from orchestrator.store import open_run_store
 from orchestrator.testing import AgentScript, Capabilities
 
@@ -313,5 +313,47 @@ async def test_http_server_passes_for_an_agent_that_takes_it(tmp_path: Path) -> 
             "name": "api",
             "url": "https://mcp.example/api",
             "headers": [{"name": "Authorization", "value": "Bearer z"}],
+        }
+    ]
+
+
+async def test_resume_gives_the_sessions_the_recorded_servers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resumed run's sessions get the servers its first attempt recorded; a redacted
+    environment value is read again from the environment."""
+    record = tmp_path / "agent.jsonl"
+    spec = spec_for(AgentScript(name="mcp-agent", record_path=str(record)), tmp_path, "a")
+    flag = tmp_path / "go"
+
+    @step
+    def gate() -> str:
+        if not flag.exists():
+            raise RuntimeError("not yet")
+        return "ok"
+
+    @step(agent="a")
+    def work(gate: str) -> str:
+        return "go"
+
+    pipe = Pipeline.from_steps([gate, work])
+    state = tmp_path / "state"
+    monkeypatch.setenv("RESUME_TOKEN", "t-env")
+    server = McpServer.stdio("run", ["/opt/mcp/server"], {"RESUME_TOKEN": "t-env", "PLAIN": "p"})
+    first = await run_pipeline(
+        pipe, cwd=workspace(tmp_path), config=config(spec), state_dir=state, mcp_servers=[server]
+    )
+    assert first.status == "failed" and not record.exists()
+    flag.touch()
+    again = await resume_run(first.run_id, state_dir=state, pipeline=pipe, config=config(spec))
+    assert again.status == "succeeded"
+    events = [json.loads(line) for line in record.read_text().splitlines()]
+    sent = next(e for e in events if e["event"] == "session_new")["mcpServers"]
+    assert sent == [
+        {
+            "name": "run",
+            "command": "/opt/mcp/server",
+            "args": [],
+            "env": [{"name": "RESUME_TOKEN", "value": "t-env"}, {"name": "PLAIN", "value": "p"}],
         }
     ]
