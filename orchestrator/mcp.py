@@ -143,19 +143,20 @@ class McpServer:
 
     def resolved(self, base: str | os.PathLike[str]) -> McpServer:
         """The server with its program made absolute (the protocol asks for an absolute path):
-        a relative path against ``base``, a bare name through ``PATH`` when found there."""
+        a relative path against ``base``, a bare name through ``PATH`` when found there; and
+        relative arguments that name files under ``base`` made absolute, as an agent's are
+        (:func:`orchestrator.agents.resolve_argv`): the agent starts it in its own directory."""
         if self.kind != "stdio":
             return self
-        program = self.command[0]
-        if os.path.isabs(program):
-            return self
-        if "/" in program:
-            found: str | None = os.path.join(os.fspath(base), program)
-        else:
-            found = shutil.which(program)
-        if found is None:
-            return self
-        return attrs.evolve(self, command=(os.path.abspath(found), *self.command[1:]))
+        from .agents import resolve_argv  # the agents' rule; that module imports this one
+
+        root = os.path.abspath(os.fspath(base))
+        argv = list(resolve_argv(self.command, root))
+        if not os.path.isabs(argv[0]):
+            found = shutil.which(argv[0])
+            if found is not None:
+                argv[0] = os.path.abspath(found)
+        return self if tuple(argv) == self.command else attrs.evolve(self, command=tuple(argv))
 
     def with_settings(
         self, *, env: Mapping[str, str] | None = None, headers: Mapping[str, str] | None = None

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -357,3 +359,22 @@ async def test_resume_gives_the_sessions_the_recorded_servers(
             "env": [{"name": "RESUME_TOKEN", "value": "t-env"}, {"name": "PLAIN", "value": "p"}],
         }
     ]
+
+
+def test_resolved_makes_the_program_and_file_arguments_absolute(tmp_path: Path) -> None:
+    """A relative program and relative file arguments resolve against the base directory, a
+    bare program through PATH; options, URLs and missing files stay as written."""
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "server.py").write_text("")
+    server = McpServer.stdio("s", "python tools/server.py --port=1 missing/x https://a/b")
+    resolved = server.resolved(tmp_path)
+    assert resolved.command[0] == shutil.which("python")
+    assert resolved.command[1:] == (
+        str(tmp_path / "tools" / "server.py"),
+        "--port=1",
+        "missing/x",
+        "https://a/b",
+    )
+    local = McpServer.stdio("l", "./tools/server.py").resolved(tmp_path)
+    assert local.command == (os.path.join(tmp_path, "./tools/server.py"),)
+    assert McpServer.http("h", "https://a/b").resolved(tmp_path).url == "https://a/b"
