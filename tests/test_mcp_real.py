@@ -9,8 +9,10 @@ next request. Skipped with the reason when node or an agent is missing (a failur
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,7 @@ from typing import Any
 import pytest
 import trio
 from mcp_lookup_server import ANSWER
-from real_agents import AGENTS, Project, RealAgent, make_project, require_installed
+from real_agents import AGENTS, CLAUDE, Project, RealAgent, make_project, require_installed
 
 from orchestrator.testing.model_server import Reply, Scenario, Tool, open_model_server
 
@@ -135,3 +137,71 @@ async def test_agent_calls_a_tool_of_a_stdio_mcp_server(
     assert '"LOOKUP_TOKEN":"<redacted>"' in transcript.read_text("utf-8").replace(" ", "") or (
         '"value":"<redacted>"' in transcript.read_text("utf-8")
     )
+
+
+async def test_claude_calls_a_tool_of_an_http_mcp_server_with_its_header(
+    project: Project, tmp_path: Path, state_dir: Path
+) -> None:
+    """``--mcp-server lookup=http://...`` with ``--mcp-header``: Claude Code's adapter (which
+    advertises mcpCapabilities.http) connects with the header, and the answer reaches the
+    model; the header's secret value is in no record."""
+    require_installed(CLAUDE)
+    key = "key-http-8812"
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    port = listener.getsockname()[1]
+    env_server = {**os.environ, "LOOKUP_KEY": key, "LOOKUP_TOKEN": TOKEN}
+    call = mcp_call(CLAUDE, "lookup", "lookup", {"key": "beta"})
+    scenario = Scenario("RA-MCP-HTTP", (call, Reply("Looked it up.")))
+    async with trio.open_nursery() as nursery:
+        mcp_process = await nursery.start(
+            functools.partial(
+                trio.run_process,
+                [sys.executable, str(SERVER), "--http-fd", str(listener.fileno())],
+                env=env_server,
+                pass_fds=(listener.fileno(),),
+                check=False,
+            )
+        )
+        listener.close()  # the server holds it now
+        try:
+            async with open_model_server([scenario]) as server:
+                home = tmp_path / "home"
+                CLAUDE.prepare_home(home)
+                env = {**os.environ, **CLAUDE.environment(server, home)}
+                policy = tmp_path / "policy.toml"
+                policy.write_text(
+                    '[[rules]]\nname = "mcp"\nverdict = "allow"\nkinds = ["other"]\n', "utf-8"
+                )
+                command = [
+                    str(ORCHESTRATOR),
+                    "prompt",
+                    "--agent",
+                    f"claude={' '.join(CLAUDE.command())}",
+                    "--mcp-server",
+                    f"lookup=http://127.0.0.1:{port}/mcp",
+                    "--mcp-header",
+                    f"lookup:X-Lookup-Key={key}",
+                    "--policy",
+                    str(policy),
+                    "--json",
+                    "--cwd",
+                    str(project.root),
+                    "--state-dir",
+                    str(state_dir),
+                    "Please do RA-MCP-HTTP now.",
+                ]
+                with trio.fail_after(LIMIT):
+                    done = await trio.run_process(
+                        command, env=env, capture_stdout=True, capture_stderr=True, check=False
+                    )
+        finally:
+            mcp_process.kill()
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
+    played = [r for r in server.requests if r.scenario == "RA-MCP-HTTP"]
+    assert len(played) == 2, json.loads(done.stdout)["toolCalls"]
+    results = played[1].tool_results()
+    assert any(f"{ANSWER} key=beta token={TOKEN[::-1]}" in r for r in results), results
+    # the header's value (its name looks secret: *KEY*) is kept out of the output
+    assert key.encode() not in done.stdout + done.stderr
