@@ -349,6 +349,8 @@ async def test_resume_gives_the_sessions_the_recorded_servers(
     flag.touch()
     again = await resume_run(first.run_id, state_dir=state, pipeline=pipe, config=config(spec))
     assert again.status == "succeeded"
+    restored = again.result["restored"]
+    assert "mcpServers" in restored["restored"] and restored["mcpServers"] == ["run"]
     events = [json.loads(line) for line in record.read_text().splitlines()]
     sent = next(e for e in events if e["event"] == "session_new")["mcpServers"]
     assert sent == [

@@ -459,7 +459,7 @@ def _restored_line(restored: Any) -> None:
 
 
 #: the settings a resume restores or replaces, in the order they are said
-_SETTINGS = ("policy", "maxSessions", "maxFileSize", "agents", "sandbox")
+_SETTINGS = ("policy", "maxSessions", "maxFileSize", "agents", "sandbox", "mcpServers")
 
 
 def _setting(restored: dict[str, Any], key: str) -> str:
@@ -474,6 +474,8 @@ def _setting(restored: dict[str, Any], key: str) -> str:
         return "agents " + ", ".join(restored.get("agents") or [])
     if key == "sandbox":
         return "the sandbox"
+    if key == "mcpServers":
+        return "MCP servers " + ", ".join(restored.get("mcpServers") or [])
     if key.startswith("agents."):
         return f"agent {key.removeprefix('agents.')} as the config defines it now"
     return key

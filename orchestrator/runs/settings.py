@@ -210,7 +210,7 @@ class Restored:
 
     settings: RunSettings
     #: what came from the record: ``policy``, ``maxSessions``, ``maxFileSize``, ``agents``,
-    #: ``sandbox``, ``limits``
+    #: ``sandbox``, ``limits``, ``mcpServers``
     restored: tuple[str, ...] = ()
     #: what the resume's own options replaced
     overridden: tuple[str, ...] = ()
@@ -230,6 +230,7 @@ class Restored:
             "agents": sorted(s.agents),
             "missingSecrets": list(self.missing_secrets),
             "sandbox": s.sandbox.to_json() if s.sandbox is not None else None,
+            "mcpServers": [server.name for server in s.mcp_servers],
         }
 
 
