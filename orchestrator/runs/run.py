@@ -254,15 +254,17 @@ def _sessions_mcp_servers(
     pipe: Pipeline, agents: Mapping[str, AgentSpec], settings: RunSettings, cfg: Config
 ) -> dict[tuple[str, str], tuple[McpServer, ...]]:
     """The MCP servers of each (step, agent label) whose sessions get some: the agent's, then
-    the run's, then the step's; a later one replaces an earlier one of its name."""
+    the run's, then the step's; a later one replaces an earlier one of its name. Programs are
+    made absolute (a config file's relative paths are already its directory's)."""
+    base = os.getcwd()
     out: dict[tuple[str, str], tuple[McpServer, ...]] = {}
     for s in pipe.steps.values():
-        own = [cfg.mcp_server(item).resolved(os.getcwd()) for item in s.mcp_servers]
+        own = [cfg.mcp_server(item) for item in s.mcp_servers]
         for text in s.agents:
             spec = agents[text]
             servers = merge_mcp_servers(spec.mcp_servers, settings.mcp_servers, own)
             if servers:
-                out[(s.name, spec.name)] = servers
+                out[(s.name, spec.name)] = tuple(server.resolved(base) for server in servers)
     return out
 
 
