@@ -53,9 +53,12 @@ def ws(tmp_path: Path) -> Path:
     return root
 
 
-async def test_prompt_gives_the_stdio_server_with_its_env(tmp_path: Path, ws: Path) -> None:
-    """``prompt --mcp-server NAME=COMMAND --mcp-env``: the agent gets it, the output hides the
-    secret value, and ``show --json`` does too."""
+async def test_prompt_gives_the_stdio_server_with_its_env(
+    tmp_path: Path, ws: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``prompt --mcp-server NAME=COMMAND --mcp-env``: the agent gets it (``SERVER:VAR`` with
+    the value ``$VAR`` has), the output hides the secret value, and ``show --json`` does too."""
+    monkeypatch.setenv("DOCS_TOKEN", SECRET)
     agent = tmp_path / "alpha.json"
     done = await run_cli(
         "prompt",
@@ -64,7 +67,7 @@ async def test_prompt_gives_the_stdio_server_with_its_env(tmp_path: Path, ws: Pa
         "--mcp-server",
         f"docs={sys.executable} -m docs_server --stdio",
         "--mcp-env",
-        f"docs:DOCS_TOKEN={SECRET}",
+        "docs:DOCS_TOKEN",
         "--mcp-env",
         "docs:MODE=fast",
         "--json",
@@ -161,6 +164,8 @@ async def test_prompt_refused_http_server_exits_2_with_one_line(tmp_path: Path, 
         (["--mcp-server", "api=ftp://host/x"], "needs an http:// or https:// url"),
         (["--mcp-server", "docs=python 'unclosed"], "cannot split"),
         (["--mcp-header", "api"], "expected SERVER:NAME=VALUE"),
+        (["--mcp-env", "docs"], "expected SERVER:VAR=VALUE or SERVER:VAR"),
+        (["--mcp-env", "docs:MCP_UNSET_VARIABLE_7"], "$MCP_UNSET_VARIABLE_7 is not set"),
         (["--mcp-server", "docs=prog", "--mcp-header", "nope:X=1"], "no --mcp-server nope"),
         (["--mcp-server", "docs=prog", "--mcp-header", "docs:X=1"], "not a url or headers"),
     ],

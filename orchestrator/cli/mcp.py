@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -27,6 +28,24 @@ def _setting(text: str) -> tuple[str, str, str]:
     return server.strip(), key.strip(), value
 
 
+def _variable(text: str) -> tuple[str, str, str]:
+    """``SERVER:VAR=VALUE``, or ``SERVER:VAR`` for the value of ``$VAR`` here (a secret then
+    stays out of the command line, where other users' ``ps`` would see it)."""
+    server, colon, rest = text.partition(":")
+    if colon and "=" not in rest and server.strip() and rest.strip():
+        name = rest.strip()
+        value = os.environ.get(name)
+        if value is None:
+            raise argparse.ArgumentTypeError(f"{text!r}: ${name} is not set")
+        return server.strip(), name, value
+    try:
+        return _setting(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected SERVER:VAR=VALUE or SERVER:VAR, got {text!r}"
+        ) from None
+
+
 def add_mcp_options(p: argparse.ArgumentParser) -> None:
     """Add ``--mcp-server``, ``--mcp-header`` and ``--mcp-env`` to a run command."""
     p.add_argument(
@@ -45,9 +64,10 @@ def add_mcp_options(p: argparse.ArgumentParser) -> None:
         "--mcp-env",
         action="append",
         default=[],
-        type=_setting,
-        metavar="SERVER:VAR=VALUE",
-        help="an environment variable for the stdio server SERVER; repeatable",
+        type=_variable,
+        metavar="SERVER:VAR[=VALUE]",
+        help="an environment variable for the stdio server SERVER (without =VALUE: its value "
+        "here, which keeps a secret off the command line); repeatable",
     )
 
 
