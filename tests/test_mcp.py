@@ -380,3 +380,21 @@ def test_resolved_makes_the_program_and_file_arguments_absolute(tmp_path: Path) 
     local = McpServer.stdio("l", "./tools/server.py").resolved(tmp_path)
     assert local.command == (os.path.join(tmp_path, "./tools/server.py"),)
     assert McpServer.http("h", "https://a/b").resolved(tmp_path).url == "https://a/b"
+
+
+def test_recorded_servers_read_their_secrets_again_or_name_them_missing() -> None:
+    """From a record: a secret variable comes from the environment, a secret header or URL
+    credentials from the server given now; what is found nowhere is left out and named."""
+    from orchestrator.runs.settings import mcp_from_json
+
+    stdio = McpServer.stdio("s", "prog", {"S_TOKEN": "t1", "LEVEL": "2"})
+    http = McpServer.http("h", "https://u:p@h.example/x", {"Authorization": "Bearer b"})
+    recorded = [stdio.to_json(), http.to_json()]
+    missing: list[str] = []
+    back = mcp_from_json(recorded, (), {"S_TOKEN": "t1"}, missing)
+    assert back[0] == stdio
+    assert back[1].headers == {} and back[1].url == "https://h.example/x"
+    assert missing == ["h.headers.Authorization", "h.url"]
+    missing = []
+    assert mcp_from_json(recorded, (http,), {"S_TOKEN": "t1"}, missing) == (stdio, http)
+    assert missing == []

@@ -192,7 +192,11 @@ def mcp_from_json(
             tables[what] = table
         url = server.url
         if _REDACTED in url:
-            url = given.url if given is not None else url.replace(f"{_REDACTED}@", "")
+            if given is not None:
+                url = given.url
+            else:  # its credentials are lost: it is tried without them
+                url = url.replace(f"{_REDACTED}@", "")
+                missing.append(f"{server.name}.url")
         out.append(attrs.evolve(server, url=url, env=tables["env"], headers=tables["headers"]))
     return tuple(out)
 
