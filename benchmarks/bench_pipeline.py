@@ -29,7 +29,7 @@ import resource
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -282,9 +282,12 @@ class _TimedPool:
         cwd: str | os.PathLike[str],
         services: ClientServices | None = None,
         step: str | None = None,
+        mcp_servers: Sequence[t.McpServer] = (),
     ) -> AsyncIterator[LeaseLike]:
         start = time.perf_counter()
-        manager = self.supervisor.lease(spec, cwd=cwd, services=services, step=step)
+        manager = self.supervisor.lease(
+            spec, cwd=cwd, services=services, step=step, mcp_servers=mcp_servers
+        )
         lease = await manager.__aenter__()
         self.agent_seconds += time.perf_counter() - start
         try:

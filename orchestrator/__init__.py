@@ -52,6 +52,7 @@ _EXPORTS: dict[str, str] = {
     "StepResult": "orchestrator.pipeline.results",
     "render_report": "orchestrator.report",
     "Sandbox": "orchestrator.sandbox",
+    "McpServer": "orchestrator.mcp",
     "ApplyOutcome": "orchestrator.runs",
     "RunOutcome": "orchestrator.runs",
     "AgentIdentity": "orchestrator.runs",
@@ -131,6 +132,7 @@ if TYPE_CHECKING:
     from .agents import AgentSpec as AgentSpec
     from .agents import resolve_agent as resolve_agent
     from .config import Config as Config
+    from .mcp import McpServer as McpServer
     from .pipeline import AgentInput as AgentInput
     from .pipeline import Budget as Budget
     from .pipeline import Pipeline as Pipeline

@@ -29,6 +29,7 @@ from attrs import field, frozen
 from ._agentlabels import derive_label
 from ._env import is_secret
 from .errors import UnknownAgent, UsageError
+from .mcp import McpServer
 from .sandbox import Sandbox, SandboxChoice
 
 __all__ = [
@@ -68,6 +69,10 @@ def _argv(value: Iterable[str]) -> tuple[str, ...]:
 
 
 def _names(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+def _servers(value: Iterable[McpServer]) -> tuple[McpServer, ...]:
     return tuple(value)
 
 
@@ -241,6 +246,11 @@ class AgentSpec:
     mode: str | None = field(default=None, kw_only=True)
     #: what it needs beyond being installed: a runtime, a login, an API key, a service
     needs: AgentNeeds = field(factory=AgentNeeds, kw_only=True)
+    #: MCP servers every session of this agent gets; per session, so not part of what makes
+    #: two specs one agent (nor of their equality)
+    mcp_servers: tuple[McpServer, ...] = field(
+        default=(), kw_only=True, converter=_servers, eq=False
+    )
 
     def resolved(self, base: str | os.PathLike[str]) -> AgentSpec:
         """The spec with relative paths in its command, ``cwd`` and ``policy`` made absolute.
@@ -321,6 +331,7 @@ class AgentSpec:
             "model": self.model,
             "mode": self.mode,
             "needs": self.needs.to_json(),
+            "mcpServers": [s.to_json(redact=redact) for s in self.mcp_servers],
         }
 
 

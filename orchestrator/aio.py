@@ -26,6 +26,7 @@ from orchestrator.agent.permissions import Escalate
 from orchestrator.agent.services import ClientServices
 from orchestrator.agents import AgentSpec
 from orchestrator.config import Config
+from orchestrator.mcp import McpServer
 from orchestrator.pipeline import Pipeline
 from orchestrator.pipeline.results import RunEvent
 from orchestrator.policy import PolicySet
@@ -80,6 +81,7 @@ async def prompt(
     model: str | None = None,
     mode: str | None = None,
     connector: Connector | None = None,
+    mcp_servers: Sequence[McpServer | str] = (),
 ) -> PromptRun:
     """:func:`~orchestrator.runs.prompt.prompt` awaited from asyncio (see the module)."""
     return await _threaded.call_async(
@@ -105,6 +107,7 @@ async def prompt(
             model=model,
             mode=mode,
             connector=connector,
+            mcp_servers=mcp_servers,
         )
     )
 
@@ -130,6 +133,7 @@ async def run_pipeline(
     services: ClientServices | None = None,
     record_transcripts: bool = True,
     sandbox: SandboxChoice = None,
+    mcp_servers: Sequence[McpServer | str] | None = None,
 ) -> RunOutcome:
     """:func:`~orchestrator.runs.run.run_pipeline` awaited from asyncio (see the module)."""
     return await _threaded.call_async(
@@ -154,6 +158,7 @@ async def run_pipeline(
             services=services,
             record_transcripts=record_transcripts,
             sandbox=sandbox,
+            mcp_servers=mcp_servers,
         )
     )
 
@@ -183,6 +188,7 @@ async def compare(
     services: ClientServices | None = None,
     record_transcripts: bool = True,
     sandbox: SandboxChoice = None,
+    mcp_servers: Sequence[McpServer | str] = (),
 ) -> RunOutcome:
     """:func:`~orchestrator.runs.compare.compare` awaited from asyncio (see the module)."""
     return await _threaded.call_async(
@@ -211,6 +217,7 @@ async def compare(
             services=services,
             record_transcripts=record_transcripts,
             sandbox=sandbox,
+            mcp_servers=mcp_servers,
         )
     )
 
@@ -235,6 +242,7 @@ async def resume_run(
     options: ClientOptions | None = None,
     services: ClientServices | None = None,
     record_transcripts: bool | None = None,
+    mcp_servers: Sequence[McpServer | str] | None = None,
 ) -> RunOutcome:
     """:func:`~orchestrator.runs.resume.resume_run` awaited from asyncio (see the module)."""
     return await _threaded.call_async(
@@ -258,6 +266,7 @@ async def resume_run(
             options=options,
             services=services,
             record_transcripts=record_transcripts,
+            mcp_servers=mcp_servers,
         )
     )
 

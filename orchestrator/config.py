@@ -45,12 +45,26 @@ The format::
     [agents.codex.sandbox]    # this agent always runs confined, with its own rules
     ports = [443]
 
+    [mcp_servers.docs]        # an MCP server (orchestrator.mcp): a stdio program ...
+    command = "npx -y @acme/docs-mcp"   # a string (split like a shell would) or a list
+    args = ["--stdio"]
+    env = { DOCS_TOKEN = "..." }
+    [mcp_servers.api]         # ... or an HTTP (type = "http", the default) or SSE endpoint
+    url = "https://mcp.example.com/mcp"
+    headers = { Authorization = "Bearer ..." }
+
+    [agents.claude]
+    mcp_servers = ["docs", "api"]   # every session of the agent gets these
+
 An agent table takes the fields of :class:`~orchestrator.agents.AgentSpec`: ``command``,
 ``env``, ``description``, ``install``, ``sessions_per_process``, ``startup_timeout``,
 ``auth_method``, ``policy``, ``max_sessions``, ``max_restarts``, ``cwd``, ``writes``,
-``notes``, ``terminal_env`` and ``sandbox`` (``true``, ``false`` or a table of rules as above,
-without ``enabled``). No file turns off a sandbox an earlier file turned on, for the runs or for
-an agent; a later file's rules replace an earlier one's.
+``notes``, ``terminal_env``, ``sandbox`` (``true``, ``false`` or a table of rules as above,
+without ``enabled``) and ``mcp_servers`` (names of ``[mcp_servers]`` tables of that file or an
+earlier one). A stdio MCP server an untrusted project file defines is a program: it is left out
+(and listed in :attr:`Config.ignored`), as the file's agents' commands are. No file turns
+off a sandbox an earlier file turned on, for the runs or for an agent; a later file's rules
+replace an earlier one's.
 
 Relative paths in a file (in ``command``, ``cwd``, a ``policy`` that names a ``.toml`` file,
 and sandbox paths) are taken relative to the directory of that file, so a project file's paths
@@ -85,6 +99,7 @@ from .agents import (
 )
 from .errors import UsageError
 from .jsonrpc.connection import DEFAULT_MAX_REQUESTS_IN_FLIGHT, DEFAULT_MAX_UNSENT_BYTES
+from .mcp import MCP_KINDS, McpServer, parse_mcp_server
 from .policy import PRESETS
 from .sandbox import Sandbox
 from .trust import NEEDS_TRUST, TrustStore
@@ -102,7 +117,8 @@ CONFIG_ENV = "ORCHESTRATOR_CONFIG"
 PROJECT_FILE = ".orchestrator.toml"
 _APP_DIR = "acp-orchestrator"
 
-_TOP_KEYS = ("limits", "agents", "sandbox")
+_TOP_KEYS = ("limits", "agents", "sandbox", "mcp_servers")
+_MCP_KEYS = ("type", "command", "args", "env", "url", "headers")
 _SANDBOX_KEYS = ("enabled", "read", "write", "ports", "home")
 _LIMIT_KEYS = (
     "max_sessions",
@@ -134,6 +150,7 @@ _AGENT_KEYS = (
     "notes",
     "terminal_env",
     "sandbox",
+    "mcp_servers",
 )
 # an agent name must survive `--agent NAME` and `--agent LABEL=NAME` unchanged
 _AGENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -193,6 +210,11 @@ class Config:
     #: bytes the run store keeps of a turn's text, tool calls and transcript, each (None: not
     #: set, :data:`~orchestrator._sizes.DEFAULT_MAX_TURN_RECORD_BYTES`)
     max_turn_record_bytes: int | None = field(default=None, kw_only=True)
+    #: MCP servers by name (``[mcp_servers.NAME]``), for ``--mcp-server NAME`` and the agents'
+    #: ``mcp_servers``
+    mcp_servers: Mapping[str, McpServer] = field(factory=dict, kw_only=True)
+    #: stdio MCP servers that only an untrusted project file defines: name -> that file
+    untrusted_mcp_servers: Mapping[str, str] = field(factory=dict, kw_only=True)
 
     @classmethod
     def builtin(cls) -> Config:
@@ -299,6 +321,18 @@ class Config:
                     bounds[key] = value
                 else:  # they bound what a hostile agent can cost: an untrusted file only lowers
                     layer.ignored.append(f"limits.{key}")
+        servers = dict(start.mcp_servers)
+        untrusted_servers = dict(start.untrusted_mcp_servers)
+        for name, table in layer.table(data.get("mcp_servers", {}), "mcp_servers").items():
+            server = layer.mcp_server(name, table)
+            if server.kind == "stdio" and not trusted:  # a program, like an agent's command
+                layer.ignored.append(f"mcp_servers.{_toml_key(name)}")
+                if name not in servers:
+                    untrusted_servers[name] = source
+            else:
+                servers[name] = server
+                untrusted_servers.pop(name, None)
+        layer.servers = servers
         agents = dict(start.agents)
         untrusted = dict(start.untrusted_agents)
         for name, table in layer.table(data.get("agents", {}), "agents").items():
@@ -324,6 +358,8 @@ class Config:
             sandbox=rules,
             sandboxed=sandboxed,
             max_file_size=max_file_size,
+            mcp_servers=servers,
+            untrusted_mcp_servers=untrusted_servers,
             **{key: bounds.get(key, getattr(start, key)) for key in _BOUNDS},
         )
 
@@ -342,6 +378,20 @@ class Config:
                 f"agent {text!r} is defined in {source}, which is not trusted to start programs"
             )
         return resolve_agent(text, self.agents)
+
+    def mcp_server(self, text: str | McpServer) -> McpServer:
+        """An MCP server from ``--mcp-server`` (``NAME=COMMAND``, ``NAME=URL``,
+        ``NAME=sse+URL``, or the name of a server of this config; see
+        :func:`orchestrator.mcp.parse_mcp_server`)."""
+        if isinstance(text, McpServer):
+            return text
+        source = self.untrusted_mcp_servers.get(text.strip())
+        if source is not None and "=" not in text:
+            raise UsageError(
+                f"MCP server {text!r} is defined in {source}, which is not trusted to start"
+                " programs"
+            )
+        return parse_mcp_server(text, self.mcp_servers)
 
     def resolve_agents(
         self, agents: Sequence[str | AgentSpec], *, base: str | os.PathLike[str] | None = None
@@ -363,6 +413,8 @@ class _Layer:
     trusted: bool = True
     #: keys left unused because the layer is not trusted
     ignored: list[str] = field(factory=list)
+    #: the MCP servers an agent table may name: the earlier files' and this one's
+    servers: Mapping[str, McpServer] = field(factory=dict)
 
     def fail(self, key: str, message: str) -> UsageError:
         return UsageError(f"{self.source}: {key}: {message}")
@@ -482,6 +534,55 @@ class _Layer:
         except UsageError as e:
             raise self.fail(key, str(e)) from e
 
+    def mcp_server(self, name: str, value: Any) -> McpServer:
+        """MCP server ``name`` from its ``[mcp_servers.NAME]`` table."""
+        where = f"mcp_servers.{_toml_key(name)}"
+        table = self.table(value, where)
+        _check_keys(table, _MCP_KEYS, self.source, where)
+        kind = table.get("type", "stdio" if "command" in table else "http")
+        if kind not in MCP_KINDS:
+            raise self.fail(f"{where}.type", f"must be one of {', '.join(MCP_KINDS)}, got {kind!r}")
+        try:
+            if kind == "stdio":
+                if "command" not in table:
+                    raise self.fail(where, "a stdio server needs a command")
+                argv = self.command(table["command"], f"{where}.command")
+                args = table.get("args", [])
+                if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+                    raise self.fail(
+                        f"{where}.args", f"must be a list of strings, got {_kind(args)}"
+                    )
+                env = self.env(table.get("env", {}), f"{where}.env")
+                rest = [k for k in ("url", "headers") if k in table]
+                if rest:
+                    raise self.fail(where, f"a stdio server takes no {' or '.join(rest)}")
+                return McpServer(name, "stdio", argv + tuple(args), env)
+            extra = [k for k in ("command", "args", "env") if k in table]
+            if extra:
+                raise self.fail(where, f"an {kind} server takes no {' or '.join(extra)}")
+            url = self.nonempty(table.get("url", ""), f"{where}.url")
+            headers = self.env(table.get("headers", {}), f"{where}.headers")
+            return McpServer(name, kind, url=url, headers=headers)
+        except UsageError as e:
+            if str(e).startswith(self.source):
+                raise
+            raise self.fail(where, str(e)) from e
+
+    def server_names(self, value: Any, key: str) -> tuple[McpServer, ...]:
+        """An agent's ``mcp_servers``: names of ``[mcp_servers]`` tables."""
+        if not isinstance(value, list) or not all(isinstance(n, str) and n for n in value):
+            raise self.fail(key, f"must be a list of MCP server names, got {_kind(value)}")
+        out: list[McpServer] = []
+        for name in value:
+            server = self.servers.get(name)
+            if server is None:
+                if not self.trusted:  # the key is not used anyway
+                    continue
+                known = ", ".join(sorted(self.servers)) or "none"
+                raise self.fail(key, f"no [mcp_servers.{_toml_key(name)}] (defined: {known})")
+            out.append(server)
+        return tuple(out)
+
     def agent(self, name: str, value: Any, base: AgentSpec | None) -> AgentSpec | None:
         """Agent ``name`` from its table, field-wise over ``base`` (None: a new agent).
 
@@ -518,6 +619,8 @@ class _Layer:
                 fields[key] = self.path(self.nonempty(item, at))
             elif key == "terminal_env":
                 fields[key] = self.names(item, at)
+            elif key == "mcp_servers":
+                fields[key] = self.server_names(item, at)
             elif key == "sandbox":
                 on, rules = self.sandbox(item, at, top=False)
                 if on or not (base and base.sandbox):  # a later file does not turn it off

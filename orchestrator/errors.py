@@ -64,6 +64,7 @@ __all__ = [
     "InvalidRequest",
     "JsonRpcError",
     "LoginRequired",
+    "McpServerUnsupported",
     "MergeConflictError",
     "MessageTooLarge",
     "MethodNotFound",
@@ -545,6 +546,25 @@ class NotOffered(UsageError):
         whose = f"agent {agent}" if agent else "the agent"
         choices = ", ".join(self.offered) if self.offered else f"no {what}"
         super().__init__(f"{whose} offers no {what} {value!r}; it offers: {choices}")
+
+
+class McpServerUnsupported(UsageError):
+    """MCP servers of a kind the agent cannot take (its ``mcpCapabilities`` lacks ``http`` or
+    ``sse``), refused after ``initialize`` and before any session is asked for.
+
+    ``servers`` holds (name, kind) of each refused server, ``agent`` the agent's label.
+    """
+
+    def __init__(self, servers: Sequence[tuple[str, str]], *, agent: str | None = None) -> None:
+        self.servers = tuple(servers)
+        self.agent = agent
+        whose = f"agent {agent!r}" if agent else "the agent"
+        listed = ", ".join(f"{name} ({kind})" for name, kind in self.servers)
+        kinds = sorted({kind for _, kind in self.servers})
+        super().__init__(
+            f"{whose} does not take {' or '.join(kinds)} MCP servers (its mcpCapabilities do"
+            f" not allow them): {listed}; give it stdio servers instead"
+        )
 
 
 class AuthenticationError(AgentError):

@@ -28,6 +28,7 @@ from orchestrator.agent.permissions import Escalate
 from orchestrator.agent.services import ClientServices
 from orchestrator.agents import AgentSpec
 from orchestrator.config import Config
+from orchestrator.mcp import McpServer
 from orchestrator.pipeline import Pipeline
 from orchestrator.pipeline.results import RunEvent
 from orchestrator.policy import PolicySet
@@ -84,6 +85,7 @@ def prompt_sync(
     model: str | None = None,
     mode: str | None = None,
     connector: Connector | None = None,
+    mcp_servers: Sequence[McpServer | str] = (),
     cancel: CancelToken | None = None,
 ) -> PromptRun:
     """:func:`~orchestrator.runs.prompt.prompt` in a thread of its own (see the module)."""
@@ -110,6 +112,7 @@ def prompt_sync(
             model=model,
             mode=mode,
             connector=connector,
+            mcp_servers=mcp_servers,
         ),
         cancel,
     )
@@ -136,6 +139,7 @@ def run_pipeline_sync(
     services: ClientServices | None = None,
     record_transcripts: bool = True,
     sandbox: SandboxChoice = None,
+    mcp_servers: Sequence[McpServer | str] | None = None,
     cancel: CancelToken | None = None,
 ) -> RunOutcome:
     """:func:`~orchestrator.runs.run.run_pipeline` in a thread of its own (see the module)."""
@@ -161,6 +165,7 @@ def run_pipeline_sync(
             services=services,
             record_transcripts=record_transcripts,
             sandbox=sandbox,
+            mcp_servers=mcp_servers,
         ),
         cancel,
     )
@@ -191,6 +196,7 @@ def compare_sync(
     services: ClientServices | None = None,
     record_transcripts: bool = True,
     sandbox: SandboxChoice = None,
+    mcp_servers: Sequence[McpServer | str] = (),
     cancel: CancelToken | None = None,
 ) -> RunOutcome:
     """:func:`~orchestrator.runs.compare.compare` in a thread of its own (see the module)."""
@@ -220,6 +226,7 @@ def compare_sync(
             services=services,
             record_transcripts=record_transcripts,
             sandbox=sandbox,
+            mcp_servers=mcp_servers,
         ),
         cancel,
     )
@@ -245,6 +252,7 @@ def resume_run_sync(
     options: ClientOptions | None = None,
     services: ClientServices | None = None,
     record_transcripts: bool | None = None,
+    mcp_servers: Sequence[McpServer | str] | None = None,
     cancel: CancelToken | None = None,
 ) -> RunOutcome:
     """:func:`~orchestrator.runs.resume.resume_run` in a thread of its own (see the module)."""
@@ -269,6 +277,7 @@ def resume_run_sync(
             options=options,
             services=services,
             record_transcripts=record_transcripts,
+            mcp_servers=mcp_servers,
         ),
         cancel,
     )

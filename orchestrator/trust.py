@@ -31,8 +31,10 @@ from .vfs._fileio import write_entry_atomic
 __all__ = ["NEEDS_TRUST", "TRUST_FILE", "TrustEntry", "TrustStatus", "TrustStore", "file_digest"]
 
 #: The keys of an agent table that start programs, widen what the agent may do, or pass
-#: the user's secrets on (``terminal_env``), or open paths and ports (``sandbox`` rules).
-NEEDS_TRUST = ("command", "env", "cwd", "policy", "terminal_env", "sandbox")
+#: the user's secrets on (``terminal_env``), or open paths and ports (``sandbox`` rules), or
+#: give it tools (``mcp_servers``). A project file's stdio ``[mcp_servers.NAME]`` is a program
+#: too: it is used only once the file is trusted, as an agent's ``command`` is.
+NEEDS_TRUST = ("command", "env", "cwd", "policy", "terminal_env", "sandbox", "mcp_servers")
 #: The file, in the state directory, that records the trusted project files.
 TRUST_FILE = "trusted.json"
 

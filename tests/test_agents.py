@@ -20,6 +20,7 @@ from orchestrator.agents import (
     resolve_agent,
 )
 from orchestrator.errors import UnknownAgent, UsageError
+from orchestrator.mcp import McpServer
 from orchestrator.sandbox import Sandbox
 
 
@@ -282,6 +283,7 @@ def test_to_json_has_every_field_in_camel_case() -> None:
         model="big",
         mode="plan",
         needs=AgentNeeds(runtime="Node.js", login="x login", api_keys=["X_KEY"]),
+        mcp_servers=[McpServer.http("api", "https://h/mcp", {"Authorization": "Bearer b"})],
     )
     data = spec.to_json()
     assert data == {
@@ -310,6 +312,14 @@ def test_to_json_has_every_field_in_camel_case() -> None:
             "service": None,
             "other": None,
         },
+        "mcpServers": [
+            {
+                "name": "api",
+                "type": "http",
+                "url": "https://h/mcp",
+                "headers": {"Authorization": "<redacted>"},
+            }
+        ],
     }
     assert json.loads(json.dumps(data)) == data
     assert AgentNeeds.from_json(data["needs"]) == spec.needs

@@ -23,6 +23,7 @@ EXPECTED = [
     "FileChange",
     "InstanceOutcome",
     "Limits",
+    "McpServer",
     "PermissionDecision",
     "PermissionEntry",
     "PermissionRecord",

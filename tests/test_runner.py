@@ -9,7 +9,7 @@ bounded by ``trio.fail_after``; ordering is shown by recorded times, never by sl
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from orchestrator.pipeline import Pipeline, step
 from orchestrator.pipeline._branchio import Reaper
 from orchestrator.pipeline.results import Results, RunEvent, StepContext, StepResult
 from orchestrator.pipeline.runner import BranchIO, PipelineRunner
+from orchestrator.protocol import types as t
 from orchestrator.runs import RunOutcome, diff_run, run_pipeline
 from orchestrator.supervisor import Lease, Supervisor, open_supervisor
 from orchestrator.testing import (
@@ -93,8 +94,11 @@ class CountingPool:
         cwd: Any,
         services: ClientServices | None = None,
         step: str | None = None,
+        mcp_servers: Sequence[t.McpServer] = (),
     ) -> AsyncIterator[Lease]:
-        async with self.inner.lease(spec, cwd=cwd, services=services, step=step) as lease:
+        async with self.inner.lease(
+            spec, cwd=cwd, services=services, step=step, mcp_servers=mcp_servers
+        ) as lease:
             self.live += 1
             self.leases += 1
             self.peak = max(self.peak, self.live)
@@ -687,8 +691,11 @@ class UpdateRecordingPool:
         cwd: Any,
         services: ClientServices | None = None,
         step: str | None = None,
+        mcp_servers: Sequence[t.McpServer] = (),
     ) -> AsyncIterator[Any]:
-        async with self.inner.lease(spec, cwd=cwd, services=services, step=step) as lease:
+        async with self.inner.lease(
+            spec, cwd=cwd, services=services, step=step, mcp_servers=mcp_servers
+        ) as lease:
             yield _RecordingLease(lease, self)
 
 

@@ -34,6 +34,7 @@ from ..errors import (
 )
 from ..jsonrpc.connection import JsonRpcConnection
 from ..jsonrpc.framing import scrubbed_keys
+from ..mcp import check_mcp_capabilities
 from ..protocol import types as t
 from ..protocol.codec import converter, structure, unstructure
 from .process import AgentProcess
@@ -230,6 +231,7 @@ class AgentConnection:
         step: str | None = None,
     ) -> AcpSession:
         """Open a session in ``cwd`` (made absolute); authenticates first if the agent asks."""
+        check_mcp_capabilities(mcp_servers, self.agent_capabilities.mcp_capabilities, self.name)
         path = os.path.abspath(cwd)
         request = t.NewSessionRequest(cwd=path, mcp_servers=list(mcp_servers))
         raw = await self._call_authenticated("session/new", request)
@@ -250,6 +252,7 @@ class AgentConnection:
     ) -> AcpSession:
         """Load a past session; its replayed history lands in ``background_updates``."""
         self._require(self.agent_capabilities.load_session, "session/load")
+        check_mcp_capabilities(mcp_servers, self.agent_capabilities.mcp_capabilities, self.name)
         path = os.path.abspath(cwd)
         session = self._session(session_id, path, services, step)
         request = t.LoadSessionRequest(
@@ -275,6 +278,7 @@ class AgentConnection:
         """Resume a session without replaying its history (``session/resume``)."""
         caps = self.agent_capabilities.session_capabilities
         self._require(caps and caps.resume is not None, "session/resume")
+        check_mcp_capabilities(mcp_servers, self.agent_capabilities.mcp_capabilities, self.name)
         path = os.path.abspath(cwd)
         request = t.ResumeSessionRequest(
             session_id=session_id, cwd=path, mcp_servers=list(mcp_servers)

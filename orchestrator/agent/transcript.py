@@ -19,10 +19,14 @@ from typing import IO, Literal
 
 import orjson
 
+from ..mcp import redact_frame
+
 __all__ = ["TranscriptWriter"]
 
 # how our own encoder starts a session/prompt request: {"jsonrpc":"2.0","id":N,"method":...
 _PROMPT_METHOD = b',"method":"session/prompt"'
+# session/new, load and resume carry the MCP servers, whose secrets a transcript leaves out
+_SESSION_METHOD = b',"method":"session/'
 
 
 class TranscriptWriter:
@@ -67,8 +71,11 @@ class TranscriptWriter:
         if self._file is None:
             self.open()
         assert self._file is not None
-        if direction == "send" and _PROMPT_METHOD in frame[:64]:
-            self._new_turn()
+        if direction == "send":
+            if _PROMPT_METHOD in frame[:64]:
+                self._new_turn()
+            elif _SESSION_METHOD in frame[:64]:
+                frame = redact_frame(frame)  # MCP servers' secrets go to the agent only
         elapsed = time.monotonic() - self._start
         head = b'{"dir":"%s","t":%.6f%s' % (direction.encode(), elapsed, self._agent)
         if valid:

@@ -98,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _log_flags(parser, before=True)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    from .mcp import add_mcp_options
     from .runs import (
         DIFF_HELP,
         FILE_SIZE_HELP,
@@ -145,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help=PROMPT_NO_PROGRESS_HELP)
     add_prompt_input(p, what="prompt")
     add_session_choices(p)
+    add_mcp_options(p)
 
     add_parsers(sub)
 
@@ -424,16 +426,18 @@ def _emit_json(obj: Any) -> None:
 async def _cmd_prompt(args: argparse.Namespace) -> int:
     from ..runs.prompt import prompt
     from .escalation import choose_escalation
+    from .mcp import mcp_servers
     from .runs import read_prompt, track_run
     from .trust import project_config
 
     text = await read_prompt(args)
     # without progress the reply is printed whole at the end, not streamed
     quiet = args.json or args.no_progress
+    config = await project_config(args.cwd, args.state_dir)
     run = await prompt(
         args.agent,
         text,
-        config=await project_config(args.cwd, args.state_dir),
+        config=config,
         cwd=args.cwd,
         policy=args.policy,
         escalate=choose_escalation(),
@@ -449,6 +453,7 @@ async def _cmd_prompt(args: argparse.Namespace) -> int:
         max_file_size=args.max_file_size,
         model=args.model,
         mode=args.mode,
+        mcp_servers=mcp_servers(args, config),
     )
     if run.exception is not None:
         # the turn never ended (the agent did not start, exited, answered an error): the

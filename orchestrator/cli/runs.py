@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 from .._names import display_names
 from .._words import count
 from . import EXIT_FAILED, EXIT_MERGE_CONFLICTS, EXIT_OK, EXIT_USAGE, SANDBOX_HELP
+from .mcp import add_mcp_options, mcp_servers
 from .output import say, terminal_text
 from .render import conflict_line, final_values, sandbox_lines, step_details
 
@@ -202,6 +203,7 @@ def _shared(p: argparse.ArgumentParser, *, state_only: bool = False) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
     p.add_argument("--diff", action="store_true", help=DIFF_HELP)
     p.add_argument("--sandbox", action="store_true", help=SANDBOX_HELP)
+    add_mcp_options(p)
 
 
 def add_parsers(sub: Any) -> None:
@@ -457,7 +459,7 @@ def _restored_line(restored: Any) -> None:
 
 
 #: the settings a resume restores or replaces, in the order they are said
-_SETTINGS = ("policy", "maxSessions", "maxFileSize", "agents", "sandbox")
+_SETTINGS = ("policy", "maxSessions", "maxFileSize", "agents", "sandbox", "mcpServers")
 
 
 def _setting(restored: dict[str, Any], key: str) -> str:
@@ -472,6 +474,8 @@ def _setting(restored: dict[str, Any], key: str) -> str:
         return "agents " + ", ".join(restored.get("agents") or [])
     if key == "sandbox":
         return "the sandbox"
+    if key == "mcpServers":
+        return "MCP servers " + ", ".join(restored.get("mcpServers") or [])
     if key.startswith("agents."):
         return f"agent {key.removeprefix('agents.')} as the config defines it now"
     return key
@@ -519,6 +523,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
             max_sessions=args.max_sessions,
             sandbox=args.sandbox or None,
             max_file_size=args.max_file_size,
+            mcp_servers=mcp_servers(args, config),
         )
     return _finish(args, outcome)
 
@@ -551,6 +556,7 @@ async def cmd_compare(args: argparse.Namespace) -> int:
             sandbox=args.sandbox or None,
             model=args.model,
             mode=args.mode,
+            mcp_servers=mcp_servers(args, config),
         )
     return _finish(args, outcome)
 

@@ -21,6 +21,7 @@ from ..agent.services import ClientServices
 from ..agent.turn import TurnResult
 from ..agents import AgentSpec, label_agents
 from ..errors import ErrorKind, UsageError
+from ..mcp import McpServer
 from ..policy import PolicySet
 from ..protocol import types as t
 from ..sandbox import Sandbox
@@ -114,6 +115,8 @@ class AgentTurns:
     services: ClientServices | None = None
     #: the sandbox of each (step, agent label) whose agent runs confined
     sandboxes: Mapping[tuple[str, str], Sandbox] = field(factory=dict)
+    #: the MCP servers of each (step, agent label) whose sessions get some
+    mcp_servers: Mapping[tuple[str, str], tuple[McpServer, ...]] = field(factory=dict)
     #: policies by name, loaded once per run
     _policies: dict[str, PolicySet] = field(init=False, factory=dict)
     #: the policy of each (step, agent), narrowed once per run
@@ -197,8 +200,13 @@ class AgentTurns:
             services = made.services
             # the session's step is the step's name, not the instance's (``plan[a]``): what
             # policies scope by (``step:plan``, a rule's ``steps``) in every fan-out alike
+            servers = self.mcp_servers.get((step.name, agent), ())
             async with self.pool.lease(
-                spec, cwd=workdir.root, services=services, step=step.name
+                spec,
+                cwd=workdir.root,
+                services=services,
+                step=step.name,
+                mcp_servers=[server.to_protocol() for server in servers],
             ) as lease:
                 session = lease.session
                 # the agent's own choice (``claude:sonnet``) is more specific than the step's

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
@@ -50,6 +50,7 @@ class AgentPool(Protocol):
         cwd: str | os.PathLike[str],
         services: ClientServices | None = None,
         step: str | None = None,
+        mcp_servers: Sequence[t.McpServer] = (),
     ) -> AbstractAsyncContextManager[LeaseLike]: ...
 
 

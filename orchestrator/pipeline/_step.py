@@ -17,6 +17,7 @@ from typing import Any, cast, overload
 from attrs import field, frozen
 
 from ..errors import UsageError
+from ..mcp import McpServer, parse_mcp_server
 from ..sandbox import SandboxChoice, sandbox_choice
 from ._values import (
     MERGE_STRATEGIES,
@@ -112,6 +113,9 @@ class Step:
     sandbox: SandboxChoice = None
     #: the largest content (bytes) a file its branch changes may have; None: the run's limit
     max_file_size: int | None = None
+    #: MCP servers its agents' sessions get, besides the run's and the agent's; a name stands
+    #: for a config file's ``[mcp_servers.NAME]``
+    mcp_servers: tuple[McpServer | str, ...] = ()
 
     @classmethod
     def from_function(
@@ -132,6 +136,7 @@ class Step:
         description: str | None = None,
         sandbox: SandboxChoice = None,
         max_file_size: int | str | None = None,
+        mcp_servers: Sequence[McpServer | str] = (),
     ) -> Step:
         """A step wrapping ``fn``, with every argument checked now (see :func:`step`).
 
@@ -183,6 +188,7 @@ class Step:
         checked_mode = check_text(mode, "mode", what)
         checked_model = check_text(model, "model", what)
         checked_sandbox = sandbox_choice(sandbox, what)
+        checked_mcp = _mcp_servers(mcp_servers, what)
         if not agents and marker is None:
             agent_only = {
                 "policy": checked_policy,
@@ -192,6 +198,7 @@ class Step:
                 "model": checked_model,
                 # a Python step runs in this process: nothing to confine
                 "sandbox": checked_sandbox or None,
+                "mcp_servers": checked_mcp or None,
             }
             given = [option for option, value in agent_only.items() if value is not None]
             if given:
@@ -224,6 +231,7 @@ class Step:
             is_async=inspect.iscoroutinefunction(fn),
             sandbox=checked_sandbox,
             max_file_size=checked_size,
+            mcp_servers=checked_mcp,
             # a list of agents from an input is a fan-out whatever its length: the step's
             # value is Results keyed by agent, also when the input names one agent
             keyed_by_agent=marker is not None and marker.many,
@@ -275,6 +283,25 @@ class Step:
         return tuple(dict.fromkeys(n for n in names if n not in RESERVED_PARAMS))
 
 
+def _mcp_servers(value: Any, what: str) -> tuple[McpServer | str, ...]:
+    """The step's MCP servers, the command-line forms parsed now; bare names (a config's
+    servers) are looked up when the run starts."""
+    if isinstance(value, str | McpServer) or not isinstance(value, Sequence):
+        raise TypeError(f"{what}: mcp_servers must be a list of MCP servers")
+    out: list[McpServer | str] = []
+    for item in value:
+        if isinstance(item, McpServer):
+            out.append(item)
+        elif isinstance(item, str):
+            try:
+                out.append(parse_mcp_server(item) if "=" in item else item)
+            except UsageError as e:
+                raise UsageError(f"{what}: {e}") from None
+        else:
+            raise TypeError(f"{what}: mcp_servers holds {type(item).__name__}, not McpServer")
+    return tuple(out)
+
+
 @overload
 def step(fn: Callable[..., Any], /) -> Step: ...
 
@@ -296,6 +323,7 @@ def step(
     description: str | None = None,
     sandbox: SandboxChoice = None,
     max_file_size: int | str | None = None,
+    mcp_servers: Sequence[McpServer | str] = (),
 ) -> Callable[[Callable[..., Any]], Step]: ...
 
 
@@ -317,6 +345,7 @@ def step(
     description: str | None = None,
     sandbox: SandboxChoice = None,
     max_file_size: int | str | None = None,
+    mcp_servers: Sequence[McpServer | str] = (),
 ) -> Step | Callable[[Callable[..., Any]], Step]:
     """Declare a pipeline step; use as ``@step`` or ``@step(...)``.
 
@@ -346,6 +375,9 @@ def step(
     - ``max_file_size``: the largest file the step's branch may change, in bytes or as
       ``"500M"``; replaces the run's limit (default 100 MiB) for this step. A file over it
       fails the instance (see the README, "Limits").
+    - ``mcp_servers``: MCP servers the step's agent sessions get (:class:`~orchestrator.mcp.
+      McpServer` values, the command line's ``NAME=COMMAND``/``NAME=URL`` forms, or names of
+      a config file's ``[mcp_servers]``), after the agent's and the run's.
 
     Arguments are checked at once (TypeError or UsageError naming the step).
     """
@@ -364,6 +396,7 @@ def step(
         "description": description,
         "sandbox": sandbox,
         "max_file_size": max_file_size,
+        "mcp_servers": mcp_servers,
     }
 
     def decorate(function: Callable[..., Any]) -> Step:

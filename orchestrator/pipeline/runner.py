@@ -31,6 +31,7 @@ from ..agent.services import ClientServices
 from ..agent.turn import DEFAULT_MAX_TURN_RECORD_BYTES
 from ..agents import AgentSpec
 from ..errors import ErrorKind, UsageError
+from ..mcp import McpServer
 from ..policy import PolicySet
 from ..protocol import types as t
 from ..sandbox import Sandbox
@@ -82,6 +83,8 @@ class PipelineRunner:
     agents: Mapping[str, AgentSpec] | None = None
     #: the sandbox of each (step, agent label) whose agent runs confined
     sandboxes: Mapping[tuple[str, str], Sandbox] = field(factory=dict)
+    #: the MCP servers of each (step, agent label) whose sessions get some
+    mcp_servers: Mapping[tuple[str, str], tuple[McpServer, ...]] = field(factory=dict)
     #: the largest content (bytes) a changed file of a step's branch may have; a step's own
     #: ``max_file_size`` replaces it; None: no limit
     max_file_size: int | None = DEFAULT_MAX_FILE_SIZE
@@ -128,6 +131,7 @@ class PipelineRunner:
             on_update=self.on_update,
             services=self.services,
             sandboxes=self.sandboxes,
+            mcp_servers=self.mcp_servers,
         )
         self._executor = InstanceExecutor(
             run_id=self.run_id,

@@ -17,6 +17,7 @@ from ..agent.services import ClientServices
 from ..agents import AgentSpec
 from ..config import Config
 from ..errors import UsageError
+from ..mcp import McpServer
 from ..pipeline import Pipeline, Step
 from ..pipeline import step as step_decorator
 from ..pipeline.results import RunEvent
@@ -105,6 +106,7 @@ async def compare(
     services: ClientServices | None = None,
     record_transcripts: bool = True,
     sandbox: SandboxChoice = None,
+    mcp_servers: Sequence[McpServer | str] = (),
 ) -> RunOutcome:
     """The same task to each agent at once, each in its own branch; side by side.
 
@@ -115,7 +117,8 @@ async def compare(
     ``winner`` (see :mod:`orchestrator.runs.verdict`). ``apply`` names the agent whose
     changes to write to the workspace, if that agent succeeded (else the status is failed).
     The other keyword arguments are :func:`~orchestrator.runs.run_pipeline`'s (``policy``,
-    ``sandbox``, ``state_dir``, ...); under a sandbox the verify command runs confined too.
+    ``sandbox``, ``mcp_servers``, ``state_dir``, ...); under a sandbox the verify command runs
+    confined too.
 
     One agent on several models: ``["claude:sonnet", "claude:opus"]`` (``NAME:MODEL`` of a
     known agent, see :func:`~orchestrator.agents.resolve_agent`), labelled apart, each model
@@ -177,6 +180,7 @@ async def compare(
         services=services,
         record_transcripts=record_transcripts,
         sandbox=sandbox,
+        mcp_servers=mcp_servers,
     )
     if apply is not None and outcome.status == "succeeded":
         if apply not in outcome.result.get("succeeded", ()):

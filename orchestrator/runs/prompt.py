@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import trio
@@ -27,6 +27,7 @@ from ..agent.turn import TurnAccumulator, TurnResult
 from ..agents import AgentSpec
 from ..config import Config
 from ..errors import OrchestratorError, UsageError
+from ..mcp import McpServer
 from ..pipeline import Pipeline, Step
 from ..pipeline import step as step_decorator
 from ..pipeline.results import RunEvent, StepResult, changes_from_json, cut_turn
@@ -295,6 +296,7 @@ async def prompt(
     model: str | None = None,
     mode: str | None = None,
     connector: Connector | None = None,
+    mcp_servers: Sequence[McpServer | str] = (),
 ) -> PromptRun:
     """Run one turn of ``agent`` with ``text`` on a branch of ``cwd``: a one-step run.
 
@@ -333,6 +335,10 @@ async def prompt(
     does. ``agent`` may name its model itself (``"claude:sonnet"``); another ``model`` as well
     is a :class:`~orchestrator.errors.UsageError`. The result's ``model`` and ``mode`` say
     what the session ran.
+
+    ``mcp_servers`` are MCP servers the agent's session gets (see
+    :func:`~orchestrator.runs.run_pipeline`); one of a kind the agent cannot take fails the
+    run before the session starts (:class:`~orchestrator.errors.McpServerUnsupported`).
 
     ``connector`` starts the agent instead of a subprocess (as for
     :func:`~orchestrator.runs.run_pipeline`), e.g.
@@ -382,6 +388,7 @@ async def prompt(
         options=options,
         services=services,
         sandbox=sandbox,
+        mcp_servers=mcp_servers,
         max_file_size=max_file_size,
         connector=connector,
         # a prompt keeps its turn, audit and changes; its wire transcript only when asked

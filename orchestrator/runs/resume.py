@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import trio
@@ -17,6 +17,7 @@ from ..agent.services import ClientServices
 from ..agents import AgentSpec
 from ..config import Config
 from ..errors import ResumeConflict, UsageError
+from ..mcp import McpServer
 from ..pipeline import Pipeline, load_pipeline
 from ..pipeline.results import RunEvent
 from ..pipeline.runner import AgentPool
@@ -58,6 +59,7 @@ async def resume_run(
     options: ClientOptions | None = None,
     services: ClientServices | None = None,
     record_transcripts: bool | None = None,
+    mcp_servers: Sequence[McpServer | str] | None = None,
 ) -> RunOutcome:
     """Run ``run_id`` again: finished instances are reused with their branches, the rest re-run.
 
@@ -66,7 +68,9 @@ async def resume_run(
     again from the config or the environment). ``policy``, ``max_sessions`` and
     ``max_file_size`` replace the recorded ones; the result's ``restored`` says what was
     restored and what was replaced. A run that was confined (``sandbox``) stays confined;
-    ``sandbox`` confines one that was not, or gives it other rules.
+    ``sandbox`` confines one that was not, or gives it other rules. The run's MCP servers are
+    kept, a secret environment value read again from the environment (a secret header is not
+    kept: give the server again); ``mcp_servers`` replaces them.
     Refused (:class:`~orchestrator.errors.ResumeConflict`) if the workspace changed since in
     files the finished steps changed.
     ``apply=True`` applies the run's final changes at its end (not for a comparison: apply
@@ -97,6 +101,9 @@ async def resume_run(
         max_sessions=max_sessions,
         max_file_size=file_size_option(max_file_size),
         sandbox=sandbox,
+        mcp_servers=(
+            None if mcp_servers is None else [base.mcp_server(item) for item in mcp_servers]
+        ),
     )
     spec: AgentSpec | None = None  # a prompt's agent
     if record.kind == "compare":

@@ -19,7 +19,7 @@ import functools
 import os
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,6 +37,7 @@ from ..agent.services import ClientServices
 from ..agents import AgentSpec
 from ..config import Config
 from ..errors import AgentNotFound, AlreadyApplied, StoreError, SymlinkRefused, UsageError
+from ..mcp import McpServer, merge_mcp_servers
 from ..pipeline import Pipeline, load_pipeline
 from ..pipeline._calls import safe
 from ..pipeline._recording import notify
@@ -217,6 +218,7 @@ def _settings(
     restored: RunSettings | None,
     cfg: Config,
     sandbox: SandboxChoice,
+    mcp_servers: Sequence[McpServer | str] | None = None,
 ) -> RunSettings:
     """The run's settings, resolved once before any agent starts (or as a resume restored
     them): the policy, the policies its steps and agents name, the limits, the agent table,
@@ -229,13 +231,51 @@ def _settings(
             max_file_size=max_file_size or cfg.max_file_size or DEFAULT_MAX_FILE_SIZE,
             sandbox=choose_sandbox(sandbox, cfg.sandboxed, rules=cfg.sandbox),
             limits=configured_limits(cfg),
+            mcp_servers=_run_mcp_servers(cfg, mcp_servers or ()),
         )
     else:
         base = restored
+        if mcp_servers is not None:
+            base = attrs.evolve(base, mcp_servers=_run_mcp_servers(cfg, mcp_servers))
     names = [s.policy for s in pipe.steps.values() if s.policy]
     names += [spec.policy for spec in agents.values() if spec.policy]
     named = {name: base.load_policy(name) for name in dict.fromkeys(names)}
     return attrs.evolve(base, named_policies=named, agents={**base.agents, **agents})
+
+
+def _run_mcp_servers(cfg: Config, given: Sequence[McpServer | str]) -> tuple[McpServer, ...]:
+    """The run's MCP servers (``--mcp-server``): names looked up in the config, programs made
+    absolute against where the command was given."""
+    servers = merge_mcp_servers(cfg.mcp_server(item) for item in given)
+    return tuple(server.resolved(os.getcwd()) for server in servers)
+
+
+def _sessions_mcp_servers(
+    pipe: Pipeline, agents: Mapping[str, AgentSpec], settings: RunSettings, cfg: Config
+) -> dict[tuple[str, str], tuple[McpServer, ...]]:
+    """The MCP servers of each (step, agent label) whose sessions get some: the agent's, then
+    the run's, then the step's; a later one replaces an earlier one of its name. Programs are
+    made absolute (a config file's relative paths are already its directory's)."""
+    base = os.getcwd()
+    out: dict[tuple[str, str], tuple[McpServer, ...]] = {}
+    for s in pipe.steps.values():
+        own = [cfg.mcp_server(item) for item in s.mcp_servers]
+        for text in s.agents:
+            spec = agents[text]
+            servers = merge_mcp_servers(spec.mcp_servers, settings.mcp_servers, own)
+            if servers:
+                out[(s.name, spec.name)] = tuple(server.resolved(base) for server in servers)
+    return out
+
+
+def _mcp_json(
+    servers: Mapping[tuple[str, str], tuple[McpServer, ...]],
+) -> dict[str, dict[str, list[dict[str, Any]]]] | None:
+    """What MCP servers each session had, as recorded: secrets redacted."""
+    out: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for (step, agent), given in servers.items():
+        out.setdefault(step, {})[agent] = [server.to_json() for server in given]
+    return out or None
 
 
 def _confinement(
@@ -305,6 +345,7 @@ async def run_pipeline(
     _resume: str | None = None,
     _settings_restored: RunSettings | None = None,
     sandbox: SandboxChoice = None,
+    mcp_servers: Sequence[McpServer | str] | None = None,
     _extra_options: Mapping[str, Any] | None = None,
     _finish_result: Callable[[RunOutcome], Mapping[str, Any]] | None = None,
 ) -> RunOutcome:
@@ -330,6 +371,15 @@ async def run_pipeline(
     confine them, the run is refused before it is recorded and any agent starts
     (:class:`~orchestrator.errors.SandboxUnavailable`); the result's ``sandbox`` says what
     confined which agent.
+
+    ``mcp_servers`` (:class:`~orchestrator.mcp.McpServer` values, the command line's
+    ``NAME=COMMAND`` / ``NAME=URL`` / ``NAME=sse+URL`` forms, or names of the config's
+    ``[mcp_servers]``) are given to every agent session of the run, after the agent's own
+    (``[agents.NAME] mcp_servers``) and before a step's (``@step(mcp_servers=...)``). An agent
+    whose ``mcpCapabilities`` do not allow a server's kind (``http``, ``sse``) fails its
+    instance before any session starts, with
+    :class:`~orchestrator.errors.McpServerUnsupported`. What each session had is recorded
+    (``mcpServers`` in the run's options), secret values redacted.
 
     A step instance that leaves a file larger than ``max_file_size`` bytes in its branch (an
     int, or ``"100M"``; default: the config's, else 100 MiB; a step's own ``max_file_size``
@@ -363,9 +413,18 @@ async def run_pipeline(
     agents = label_run_agents(pipe, cfg.resolve_agent, base=os.getcwd())
     file_limit = file_size_option(max_file_size)
     settings = _settings(
-        pipe, agents, policy, max_sessions, file_limit, _settings_restored, cfg, sandbox
+        pipe,
+        agents,
+        policy,
+        max_sessions,
+        file_limit,
+        _settings_restored,
+        cfg,
+        sandbox,
+        mcp_servers,
     )
     cfg = settings.config(cfg)
+    sessions_mcp = _sessions_mcp_servers(pipe, agents, settings, cfg)
     state = state_directory(state_dir, workspace=root)
     sandboxes = _confinement(pipe, agents, settings, cfg.sandbox, state)
     if sandboxes and services is not None and services.terminal is not None:
@@ -408,6 +467,7 @@ async def run_pipeline(
                         "maxSessions": limit,
                         "settings": settings.to_json(),
                         "sandbox": confinement,
+                        "mcpServers": _mcp_json(sessions_mcp),
                         **dict(_extra_options or {}),
                     },
                 )
@@ -423,12 +483,14 @@ async def run_pipeline(
                 recorded = dict((await store.get_run(run_id)).options)
                 # what confines this attempt, and what a later resume keeps
                 recorded["sandbox"] = confinement
+                recorded["mcpServers"] = _mcp_json(sessions_mcp)
                 # this attempt's policy, and when it began: the instances recorded before
                 # were decided by the earlier attempts' (see count_default_rejections)
                 recorded["attempt"] = {"started": time.time(), "policy": settings.policy_source}
                 recorded["settings"] = {
                     **dict(recorded.get("settings") or {}),
                     "sandbox": settings.to_json()["sandbox"],
+                    "mcpServers": settings.to_json()["mcpServers"],
                 }
                 await store.update_run(
                     run_id, status="running", finished=None, error=None, options=recorded
@@ -479,6 +541,7 @@ async def run_pipeline(
                         parallel=limit,
                         agents=agents,
                         sandboxes=sandboxes,
+                        mcp_servers=sessions_mcp,
                         max_file_size=settings.max_file_size,
                         max_turn_record_bytes=settings.max_turn_record_bytes,
                     )

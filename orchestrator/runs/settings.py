@@ -14,7 +14,7 @@ command before resuming), and the result says what was restored and what was ove
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -31,6 +31,7 @@ from ..agents import (
 )  # the marker AgentSpec.to_json writes for secrets
 from ..config import Config
 from ..errors import UsageError
+from ..mcp import McpServer
 from ..policy import PolicySet
 from ..sandbox import Sandbox, SandboxChoice, choose_sandbox, sandbox_choice
 
@@ -70,6 +71,8 @@ class RunSettings:
     #: is recorded of a turn (:data:`LIMITS`), by their keys; a limit not set is absent (its
     #: default applies)
     limits: Mapping[str, int] = field(factory=dict)
+    #: the MCP servers every agent session of the run gets (``--mcp-server``)
+    mcp_servers: tuple[McpServer, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """The settings as the run store keeps them (no secret values)."""
@@ -82,6 +85,7 @@ class RunSettings:
             "agents": {name: spec.to_json(redact=True) for name, spec in self.agents.items()},
             "sandbox": self.sandbox.to_json() if self.sandbox is not None else None,
             "limits": dict(self.limits),
+            "mcpServers": [server.to_json() for server in self.mcp_servers],
         }
 
     def load_policy(self, name: str) -> PolicySet:
@@ -157,8 +161,49 @@ def _spec_from_json(
         model=data.get("model"),
         mode=data.get("mode"),
         needs=AgentNeeds.from_json(data.get("needs")),
+        mcp_servers=mcp_from_json(
+            data.get("mcpServers"), current.mcp_servers if current else (), environ, missing
+        ),
     )
     return spec, missing
+
+
+def mcp_from_json(
+    items: Any,
+    current: Sequence[McpServer],
+    environ: Mapping[str, str],
+    missing: list[str],
+) -> tuple[McpServer, ...]:
+    """Recorded MCP servers, their secrets read again: from the server of the same name given
+    now (``current``), an environment variable from the environment; a secret found nowhere
+    is left out and named in ``missing`` (``NAME.env.VAR``, ``NAME.headers.HEADER``)."""
+    now = {server.name: server for server in current}
+    out: list[McpServer] = []
+    for item in items or ():
+        server = McpServer.from_json(item)
+        given = now.get(server.name)
+        tables: dict[str, dict[str, str]] = {}
+        for what in ("env", "headers"):
+            table: dict[str, str] = {}
+            for key, value in getattr(server, what).items():
+                if value != _REDACTED:
+                    table[key] = value
+                elif given is not None and key in getattr(given, what):
+                    table[key] = getattr(given, what)[key]
+                elif what == "env" and key in environ:
+                    table[key] = environ[key]
+                else:
+                    missing.append(f"{server.name}.{what}.{key}")
+            tables[what] = table
+        url = server.url
+        if _REDACTED in url:
+            if given is not None:
+                url = given.url
+            else:  # its credentials are lost: it is tried without them
+                url = url.replace(f"{_REDACTED}@", "")
+                missing.append(f"{server.name}.url")
+        out.append(attrs.evolve(server, url=url, env=tables["env"], headers=tables["headers"]))
+    return tuple(out)
 
 
 def _sandbox_from_json(value: Any) -> SandboxChoice:
@@ -174,7 +219,7 @@ class Restored:
 
     settings: RunSettings
     #: what came from the record: ``policy``, ``maxSessions``, ``maxFileSize``, ``agents``,
-    #: ``sandbox``, ``limits``
+    #: ``sandbox``, ``limits``, ``mcpServers``
     restored: tuple[str, ...] = ()
     #: what the resume's own options replaced
     overridden: tuple[str, ...] = ()
@@ -194,6 +239,7 @@ class Restored:
             "agents": sorted(s.agents),
             "missingSecrets": list(self.missing_secrets),
             "sandbox": s.sandbox.to_json() if s.sandbox is not None else None,
+            "mcpServers": [server.name for server in s.mcp_servers],
         }
 
 
@@ -206,14 +252,16 @@ def restore_settings(
     max_file_size: int | None = None,
     environ: Mapping[str, str] | None = None,
     sandbox: SandboxChoice = None,
+    mcp_servers: Sequence[McpServer] | None = None,
 ) -> Restored:
     """The settings of a recorded run, with ``policy``, ``max_sessions`` and ``max_file_size``
     replacing theirs.
 
     A recorded sandbox is kept (a resume does not turn it off); ``sandbox`` confines a run
-    that was not, or gives it other rules. A run recorded before settings were kept (no
-    ``recorded``) restores nothing: the resume's options and the config decide, as for a new
-    run.
+    that was not, or gives it other rules. The recorded MCP servers are kept, their secret
+    values read again (see :func:`mcp_from_json`); ``mcp_servers`` replaces them. A run
+    recorded before settings were kept (no ``recorded``) restores nothing: the resume's
+    options and the config decide, as for a new run.
     """
     sandbox_choice(sandbox)  # bad usage, refused before the run is touched
     env = os.environ if environ is None else environ
@@ -279,8 +327,15 @@ def restore_settings(
         restored.append("sandbox")
     else:  # as a new run: the config may confine it
         run_sandbox = choose_sandbox(config.sandboxed, rules=config.sandbox)
+    if mcp_servers is not None:
+        servers = tuple(mcp_servers)
+        overridden.append("mcpServers")
+    else:
+        servers = mcp_from_json(data.get("mcpServers"), (), env, missing)
+        if servers:
+            restored.append("mcpServers")
     settings = RunSettings(
-        policy_set, source, named, sessions, agents, run_sandbox, file_size, limits
+        policy_set, source, named, sessions, agents, run_sandbox, file_size, limits, servers
     )
     return Restored(settings, tuple(restored), tuple(overridden), tuple(sorted(set(missing))))
 

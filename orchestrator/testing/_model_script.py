@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-from attrs import frozen
+from attrs import field, frozen
 
 from orchestrator.errors import UsageError
 from orchestrator.testing import _model_gemini as gemini
@@ -71,7 +71,25 @@ class Stall:
     text: str = "Thinking"
 
 
-Action = Read | Edit | Write | Shell | Reply | Stall
+@frozen
+class Tool:
+    """Call any tool the request offers by name (an MCP server's, say) with ``arguments``.
+
+    ``name`` is the tool's name, or several names the agent may give it (the first offered is
+    called): agents name an MCP server's tools after the server, each its own way
+    (``mcp__SERVER__TOOL`` for Claude Code, ``TOOL`` or ``SERVER__TOOL`` for Qwen Code).
+    """
+
+    name: str | tuple[str, ...]
+    arguments: Mapping[str, Any] = field(factory=dict)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The names it may be offered under, most preferred first."""
+        return (self.name,) if isinstance(self.name, str) else tuple(self.name)
+
+
+Action = Read | Edit | Write | Shell | Reply | Stall | Tool
 
 
 @frozen
@@ -281,6 +299,10 @@ def find_cwd(request: ModelRequest) -> str | None:
 
 def choose_tool(action: Action, request: ModelRequest) -> ToolChoice | None:
     """The tool call that performs ``action`` with the tools ``request`` offers, or None."""
+    if isinstance(action, Tool):
+        offered_names = request.tool_names
+        found = next((n for n in action.names if n in offered_names), None)
+        return None if found is None else ToolChoice(found, dict(action.arguments))
     names = TOOL_NAMES.get(type(action))
     if names is None:
         return None
@@ -333,8 +355,12 @@ def _action_from_json(obj: Mapping[str, Any]) -> Action:
         return Reply(str(obj["reply"]))
     if "stall" in obj:
         return Stall(str(obj["stall"] or "Thinking"))
+    if "tool" in obj:
+        t = obj["tool"]
+        name = t["name"]
+        return Tool(name if isinstance(name, str) else tuple(name), dict(t.get("arguments") or {}))
     raise UsageError(
-        f"unknown action {dict(obj)!r}: expected read, edit, write, shell, reply, stall"
+        f"unknown action {dict(obj)!r}: expected read, edit, write, shell, reply, stall, tool"
     )
 
 
@@ -343,7 +369,7 @@ def scenarios_from_json(data: Any) -> list[Scenario]:
 
     Actions: ``{"read": PATH}``, ``{"edit": {"path", "old", "new"}}``,
     ``{"write": {"path", "content"}}``, ``{"shell": COMMAND}``, ``{"reply": TEXT}``,
-    ``{"stall": TEXT}``.
+    ``{"stall": TEXT}``, ``{"tool": {"name": NAME or [NAMES], "arguments": {...}}}``.
     """
     try:
         return [

@@ -18,11 +18,12 @@ user message of the conversation, and its :attr:`Scenario.actions` are played on
 request: the number of assistant messages after the marked user message is the index of the
 action to play, so one server serves many sessions at once without any per-session state.
 Actions are abstract (:class:`Read`, :class:`Edit`, :class:`Write`, :class:`Shell`,
-:class:`Reply`, :class:`Stall`); the tool that carries one is picked from the ``tools`` the
-request offers (each agent names its tools differently: ``read_file`` or ``Read`` or
-``mcp__acp__Read``) and its arguments are filled from the tool's JSON schema. Paths are relative
-to the session's directory, which is read from the request (agents state it in their system
-prompt). Requests without tools (titles, summaries, suggestions) get a short plain text.
+:class:`Reply`, :class:`Stall`; :class:`Tool` calls any tool by name); the tool that carries
+one is picked from the ``tools`` the request offers (each agent names its tools differently:
+``read_file`` or ``Read`` or ``mcp__acp__Read``) and its arguments are filled from the tool's
+JSON schema. Paths are relative to the session's directory, which is read from the request
+(agents state it in their system prompt). Requests without tools (titles, summaries,
+suggestions) get a short plain text.
 
 Every request is recorded (:attr:`ModelServer.requests`). Requests in proxy form (an absolute URI
 in the request line, or ``CONNECT host:port``) are refused with 403 and recorded in
@@ -75,6 +76,7 @@ from orchestrator.testing._model_script import (
     Scenario,
     Shell,
     Stall,
+    Tool,
     ToolChoice,
     Write,
     _conversation,
@@ -100,6 +102,7 @@ __all__ = [
     "Scenario",
     "Shell",
     "Stall",
+    "Tool",
     "ToolChoice",
     "UnsafeBind",
     "Write",
@@ -252,7 +255,7 @@ class ModelServer:
         else:
             name, step, action = chosen
             tool = choose_tool(action, request)
-            if isinstance(action, Read | Edit | Write | Shell) and tool is None:
+            if isinstance(action, Read | Edit | Write | Shell | Tool) and tool is None:
                 # the agent offers no tool for it: say so instead of failing the turn
                 log.warning("no tool for action", action=action, tools=request.tool_names)
                 action = Reply(f"I have no tool to {type(action).__name__.lower()}.")
