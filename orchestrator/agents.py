@@ -439,6 +439,11 @@ KNOWN_AGENTS: dict[str, AgentSpec] = {
         AgentSpec(
             "qwen",
             ("qwen", "--acp"),
+            # Qwen Code connects to a session's MCP servers in the background after
+            # session/new, so the first prompt could run without their tools; this, its own
+            # switch, makes session/new wait (set at launch: it must be in place before the
+            # agent says who it is, so it cannot be a quirk of the table)
+            env={"QWEN_CODE_LEGACY_MCP_BLOCKING": "1"},
             description="Qwen Code in ACP mode",
             install="npm install -g @qwen-code/qwen-code",
             sessions_per_process=None,

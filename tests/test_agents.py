@@ -145,7 +145,9 @@ def test_table_entries_are_well_formed(name: str) -> None:
     assert spec.writes in WRITE_MODES
     assert spec.sessions_per_process in (None, 1)
     assert spec.startup_timeout > 0 and spec.max_restarts >= 0
-    assert spec.env == {} and spec.policy is None and spec.cwd is None
+    assert spec.policy is None and spec.cwd is None
+    # no environment but Qwen Code's own switch to connect MCP servers before session/new ends
+    assert spec.env == ({"QWEN_CODE_LEGACY_MCP_BLOCKING": "1"} if name == "qwen" else {})
 
 
 def test_claude_and_codex_adapters_serve_many_sessions_per_process() -> None:

@@ -33,17 +33,22 @@ SERVER = Path(__file__).with_name("mcp_lookup_server.py")
 TOKEN = "tok-mcp-5521"
 
 
-#: the name both agents give the server's tool: ``mcp__SERVER__TOOL``
+#: the name Claude Code and Qwen Code give the server's tool: ``mcp__SERVER__TOOL``
 TOOL_NAME = "mcp__lookup__lookup"
+#: Gemini CLI's name for it: ``mcp_SERVER_TOOL``
+GEMINI_TOOL_NAME = "mcp_lookup_lookup"
 
 
 def mcp_call(agent: RealAgent, server: str, tool: str, arguments: dict[str, Any]) -> Tool:
     """The model's call of ``tool`` of MCP server ``server``, as ``agent`` takes it.
 
-    Both name the tool ``mcp__SERVER__TOOL``. Claude Code offers it to the model as such;
-    Qwen Code (0.24) defers MCP tools (``DiscoveredMCPTool``'s ``shouldDefer``): the model
-    calls them through its ``tool_call`` bridge, ``{"name": TOOL, "arguments": {...}}``.
+    Claude Code offers the tool to the model as ``mcp__SERVER__TOOL``; Gemini CLI (0.61) as
+    ``mcp_SERVER_TOOL``; Qwen Code (0.24) names it as Claude Code does but defers MCP tools
+    (``DiscoveredMCPTool``'s ``shouldDefer``): the model calls them through its ``tool_call``
+    bridge, ``{"name": TOOL, "arguments": {...}}``.
     """
+    if agent.name == "gemini":
+        return Tool(f"mcp_{server}_{tool}", arguments)
     name = f"mcp__{server}__{tool}"
     if agent.name == "qwen":
         return Tool("tool_call", {"name": name, "arguments": arguments})
@@ -121,7 +126,11 @@ async def test_agent_calls_a_tool_of_a_stdio_mcp_server(
     # orchestrator gave the server) came back to the model in the next request
     assert played[0].tool_call is not None, played[0].tool_names
     assert played[0].tool_call.name in call.names
-    assert TOOL_NAME in json.dumps(played[0].tool_call.arguments) or TOOL_NAME in call.names
+    assert (
+        TOOL_NAME in json.dumps(played[0].tool_call.arguments)
+        or TOOL_NAME in call.names
+        or GEMINI_TOOL_NAME in call.names
+    )
     assert played[1].step == 1
     results = played[1].tool_results()
     assert any(f"{ANSWER} key=alpha token={TOKEN[::-1]}" in r for r in results), results
