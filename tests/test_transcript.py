@@ -178,6 +178,21 @@ async def test_cancelling_the_task_writes_what_it_holds(
     out.close()
 
 
+async def test_a_shared_file_is_written_on_time_while_its_block_ends_after_a_cancel(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    """Cancelled (Ctrl-C) while shielded work goes on: its lines still reach the file on time."""
+    path = tmp_path / "wire.ndjson"
+    with trio.CancelScope() as outer:
+        async with open_transcript_file(path) as out:
+            outer.cancel()
+            with trio.CancelScope(shield=True):  # as turns end the ACP way after a cancel
+                await trio.sleep(QUIET)
+                out.write(LINE)
+                await trio.sleep(QUIET * 2)
+                assert path.read_bytes() == LINE
+
+
 async def test_a_writer_of_a_connection_writes_as_frames_pass(
     tmp_path: Path, autojump_clock: trio.abc.Clock
 ) -> None:

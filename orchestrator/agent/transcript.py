@@ -170,15 +170,25 @@ async def open_transcript_file(
     path: str | os.PathLike[str], *, append: bool = False
 ) -> AsyncIterator[TranscriptFile]:
     """A :class:`TranscriptFile` whose flushing task runs for the block; written out and
-    closed at its end, however it ends."""
+    closed at its end, however it ends.
+
+    The task is shielded until the block is left: lines of work that goes on after a cancel
+    (turns ended the ACP way on Ctrl-C) still reach the file on time.
+    """
     out = TranscriptFile(path, append=append)
+    flushing = trio.CancelScope(shield=True)
+
+    async def write() -> None:
+        with flushing:
+            await out.run()
+
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(out.run)
+            nursery.start_soon(write)
             try:
                 yield out
             finally:
-                nursery.cancel_scope.cancel()
+                flushing.cancel()
     finally:
         out.close()
 
