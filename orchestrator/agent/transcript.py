@@ -74,8 +74,9 @@ class TranscriptFile:
         #: write system calls made so far
         self.writes = 0
         self._fd: int | None = None
-        self._buffer: list[bytes] = []
-        self._size = 0
+        # the buffer, allocated once, and how much of it holds lines
+        self._buffer = bytearray(max_buffer)
+        self._used = 0
         # lines taken so far: the flusher tells a pause by this count not moving
         self._taken = 0
         self._pending = trio.Event()
@@ -95,30 +96,38 @@ class TranscriptFile:
         """Take whole lines; they reach the file within ``flush_after`` seconds."""
         if self.error is not None:
             return
-        self._buffer.append(data)
-        self._size += len(data)
-        self._taken += 1
-        if self._size >= self.max_buffer:
+        size = len(data)
+        if self._used + size > self.max_buffer:
             self.flush()
-        elif len(self._buffer) == 1:
+            if size >= self.max_buffer:  # as large as the buffer: straight to the file
+                self._write(data)
+                self._taken += 1
+                return
+        first = not self._used
+        self._buffer[self._used : self._used + size] = data  # in place: no allocation
+        self._used += size
+        self._taken += 1
+        if first:
             self._pending.set()
 
     def flush(self) -> None:
         """Write what the buffer holds now."""
-        if not self._buffer:
+        if not self._used:
             return
-        data = b"".join(self._buffer) if len(self._buffer) > 1 else self._buffer[0]
-        self._buffer.clear()
-        self._size = 0
+        used, self._used = self._used, 0
+        with memoryview(self._buffer) as view:
+            self._write(view[:used])
+
+    def _write(self, data: bytes | memoryview) -> None:
         if self._fd is None:
             self.open()
-        if self._fd is None:
-            return
-        view = memoryview(data)
+            if self._fd is None:
+                return
         try:
-            while view:
-                self.writes += 1
-                view = view[os.write(self._fd, view) :]
+            with memoryview(data) as view:
+                while view:
+                    self.writes += 1
+                    view = view[os.write(self._fd, view) :]
         except OSError as e:
             self._failed(e)
 
@@ -130,7 +139,7 @@ class TranscriptFile:
                 await self._pending.wait()
                 self._pending = trio.Event()
                 deadline = trio.current_time() + self.flush_after
-                while self._buffer:
+                while self._used:
                     now = trio.current_time()
                     if now >= deadline:
                         break
@@ -154,8 +163,7 @@ class TranscriptFile:
                 self._failed(e)
 
     def _failed(self, error: OSError) -> None:
-        self._buffer.clear()
-        self._size = 0
+        self._used = 0
         if self.error is None:
             self.error = error
             log.warning(
