@@ -15,8 +15,9 @@ import orjson
 import pytest
 import trio
 from conftest import pid_gone
-from run_helpers import CLI, CLI_LIMIT, agent_command, write_script
+from run_helpers import CLI, CLI_LIMIT, agent_command, as_json, run_cli, write_script
 
+from orchestrator.store import open_run_store
 from orchestrator.testing import Say, Stall, Terminal, Turn
 
 pytestmark = pytest.mark.skipif(not CLI.is_file(), reason=f"console script {CLI} not installed")
@@ -150,3 +151,26 @@ async def test_the_transcript_grows_while_the_turn_runs(
     after = frames(wire)
     assert after[: len(during)] == during
     assert said(wire, "after") and answered(after, "session/prompt")
+
+
+async def test_a_transcript_on_a_full_disk_is_reported_once_and_the_run_goes_on(
+    tmp_path: Path, project: Path, state_dir: Path
+) -> None:
+    """Every write of the file fails (``/dev/full``): the run succeeds and records its wire
+    transcript in the store, and stderr says once that the file could not be written."""
+    script = write_script(tmp_path / "a.json", Turn(steps=(Say("one"), Say("two"))))
+    done = await run_cli(
+        "prompt", "--json", "--cwd", str(project), "--transcript", "/dev/full",
+        "--agent", f"a={shlex.join(agent_command(script))}", "go",
+        cwd=tmp_path, state=state_dir,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode()
+    assert as_json(done)["text"] == "onetwo"
+    stderr = done.stderr.decode()
+    assert stderr.count("cannot write the transcript") == 1, stderr
+    async with open_run_store(state_dir) as store:
+        kept = await store.transcript(as_json(done)["runId"])
+    assert [e["msg"]["method"] for e in kept if e["dir"] == "send"][:2] == [
+        "initialize",
+        "session/new",
+    ]
