@@ -31,6 +31,7 @@ import resource
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -43,6 +44,7 @@ from flood_agent import expected_chars
 
 from orchestrator.agent.client import open_agent
 from orchestrator.agent.services import ClientServices, SessionContext
+from orchestrator.agent.transcript import TranscriptWriter
 from orchestrator.protocol import types as t
 
 __all__ = ["main"]
@@ -106,9 +108,13 @@ async def _ours_one(
     probe: Probe,
     ready: Callable[[], None] | None = None,
     go: trio.Event | None = None,
+    transcript: Path | None = None,
 ) -> str | None:
-    """One agent, one turn; returns the stop reason."""
-    async with open_agent(argv, name="flood", services=ClientServices(fs=fs)) as conn:
+    """One agent, one turn; returns the stop reason. With ``transcript`` the wire goes to
+    that file, as ``--transcript`` writes it."""
+    writer = TranscriptWriter(transcript, agent="flood") if transcript is not None else None
+    services = ClientServices(fs=fs)
+    async with open_agent(argv, name="flood", services=services, transcript=writer) as conn:
         session = await conn.new_session(os.getcwd())
         if ready is not None and go is not None:
             ready()
@@ -122,7 +128,9 @@ async def _ours_one(
         return result.stop_reason
 
 
-async def _ours_many(argv: list[str], agents: int, text: str, probe: Probe) -> dict[str, Any]:
+async def _ours_many(
+    argv: list[str], agents: int, text: str, probe: Probe, transcripts: Path | None
+) -> dict[str, Any]:
     counters = [_Counter() for _ in range(agents)]
     ready_count = 0
     all_ready = trio.Event()
@@ -134,12 +142,12 @@ async def _ours_many(argv: list[str], agents: int, text: str, probe: Probe) -> d
         if ready_count == agents:
             all_ready.set()
 
-    async def one(counter: _Counter) -> None:
-        await _ours_one(argv, text, counter, _BenchFs(), probe, ready, go)
+    async def one(counter: _Counter, transcript: Path | None) -> None:
+        await _ours_one(argv, text, counter, _BenchFs(), probe, ready, go, transcript)
 
     async with trio.open_nursery() as nursery:
-        for counter in counters:
-            nursery.start_soon(one, counter)
+        for i, counter in enumerate(counters):
+            nursery.start_soon(one, counter, transcripts / f"{i}.jsonl" if transcripts else None)
         await all_ready.wait()
         probe.mark("sent")
         go.set()
@@ -155,12 +163,16 @@ def _worker(args: argparse.Namespace) -> int:
     argv = [args.python, str(args.agent)]
     probe = Probe()
     result: dict[str, Any]
+    folder = Path(args.transcript_dir) if args.transcript_dir else None
     if args.scenario == "multi":
-        result = trio.run(_ours_many, argv, args.agents, f"flood {args.count}", probe)
+        text = f"flood {args.count}"
+        result = trio.run(_ours_many, argv, args.agents, text, probe, folder)
     else:
         mode = "rtt" if args.scenario == "rtt" else "flood"
         counter, fs = _Counter(), _BenchFs()
-        stop = trio.run(_ours_one, argv, f"{mode} {args.count}", counter, fs, probe)
+        wire = folder / "wire.jsonl" if folder else None
+        text = f"{mode} {args.count}"
+        stop = trio.run(_ours_one, argv, text, counter, fs, probe, None, None, wire)
         result = {"stop_reason": stop, "updates": counter.updates, "chars": counter.chars}
         result["round_trips"] = fs.round_trips
     result.update(probe.report())
@@ -181,6 +193,8 @@ class _Plan:
     per_agent: int
     python: str
     agent: Path
+    #: where "ours" writes its wire transcripts (``--transcript``), or None
+    transcripts: Path | None = None
 
     def expected(self, scenario: str) -> dict[str, Any]:
         if scenario == "rtt":
@@ -209,6 +223,11 @@ class _Plan:
                 "--agent",
                 agent,
                 "--json",
+                *(
+                    ("--transcript", str(self.transcripts / "cli.jsonl"))
+                    if self.transcripts
+                    else ()
+                ),
                 f"flood {self.flood}",
             ]
         script = {"bare": [str(HERE / "bare_client.py")], "sdk": [str(HERE / "sdk_client.py")]}
@@ -216,10 +235,12 @@ class _Plan:
         count = {"flood": self.flood, "cli": self.flood, "rtt": self.rtt}.get(
             scenario, self.per_agent
         )
+        wire = ("--transcript-dir", str(self.transcripts)) if self.transcripts else ()
         return [
             *head,
             *("--scenario", scenario, "--count", str(count), "--agents", str(self.agents)),
             *("--python", self.python, "--agent", str(self.agent)),
+            *(wire if client == "ours" else ()),
         ]
 
 
@@ -405,6 +426,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=RESULTS, help="the JSON results file")
     parser.add_argument("--python", default=sys.executable, help="interpreter for the agent")
     parser.add_argument("--agent", type=Path, default=AGENT, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--transcript",
+        action="store_true",
+        help="ours writes a wire transcript of every agent, as --transcript does",
+    )
+    parser.add_argument("--transcript-dir", help=argparse.SUPPRESS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--scenario", choices=SCENARIOS, help=argparse.SUPPRESS)
     parser.add_argument("--count", type=int, default=200_000, help=argparse.SUPPRESS)
@@ -422,6 +449,9 @@ def main(argv: list[str] | None = None) -> int:
         python=args.python,
         agent=args.agent.resolve(),
     )
+    scratch = tempfile.TemporaryDirectory(prefix="bench-transcripts-") if args.transcript else None
+    if scratch is not None:
+        plan.transcripts = Path(scratch.name)
     scenarios = [s for s in args.scenarios.split(",") if s]
     clients = [c for c in args.clients.split(",") if c]
     if "cli" in scenarios:
@@ -436,9 +466,14 @@ def main(argv: list[str] | None = None) -> int:
                 sys.stderr.flush()
                 gc.collect()
                 run = _run(plan, client, scenario)
+                if plan.transcripts is not None:  # each run writes its own, from scratch
+                    for old in plan.transcripts.iterdir():
+                        old.unlink()
                 shown = run.get("turn", run["exit"])
                 print(" failed" if "error" in run else f" {shown:.2f}s", file=sys.stderr)
                 runs.append(run)
+    if scratch is not None:
+        scratch.cleanup()
     summary = {scenario: _summarise(plan, runs, scenario) for scenario in scenarios}
     print(_report(summary, runs, args.repeat))
     document = {
@@ -457,6 +492,7 @@ def main(argv: list[str] | None = None) -> int:
             "agents": plan.agents,
             "per_agent": plan.per_agent,
             "repeat": args.repeat,
+            "transcript": args.transcript,
         },
         "scenarios": summary,
         "runs": runs,

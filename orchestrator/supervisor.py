@@ -37,7 +37,7 @@ from ._util import grace_period
 from .agent.client import AcpSession, AgentConnection, ClientOptions, open_agent
 from .agent.content import PromptInput
 from .agent.services import ClientServices, SessionContext
-from .agent.transcript import TranscriptWriter
+from .agent.transcript import TranscriptFile, TranscriptWriter
 from .agent.turn import DEFAULT_MAX_TURN_RECORD_BYTES, TurnResult
 from .agents import AgentIdentity, AgentSpec
 from .errors import AgentError, AgentHung, AgentStartError, OrchestratorError, ResourceNotFound
@@ -259,6 +259,9 @@ class Supervisor:
     options: ClientOptions = field(factory=ClientOptions)
     #: a directory for one wire transcript per process (``<label>.jsonl``), or None
     transcripts: Path | None = None
+    #: a file that gets every process's transcript lines too, as they come (with
+    #: ``transcripts``), or None
+    transcript_copy: TranscriptFile | None = None
     #: the directory agent processes run in when their spec names none and sessions are shared
     workdir: str = "."
     _pools: dict[tuple[str, AgentIdentity, Any], _Pool] = field(factory=dict)
@@ -426,6 +429,7 @@ class Supervisor:
                 self.transcripts / f"{proc.label}.jsonl",
                 agent=proc.label,
                 max_turn_bytes=self.limits.max_turn_transcript_bytes,
+                copy_to=self.transcript_copy,
             )
         sandbox = _sandbox_of(spec, session_cwd)
         args = ConnectArgs(
@@ -603,11 +607,14 @@ async def open_supervisor(
     options: ClientOptions | None = None,
     transcripts: str | os.PathLike[str] | None = None,
     workdir: str | os.PathLike[str] | None = None,
+    transcript_copy: TranscriptFile | None = None,
 ) -> AsyncIterator[Supervisor]:
     """A supervisor whose agent processes all end with the block.
 
-    ``transcripts`` is a directory for one wire transcript per process; ``workdir`` is where
-    processes run when their spec names no ``cwd`` (default: the current directory).
+    ``transcripts`` is a directory for one wire transcript per process, ``transcript_copy``
+    a file that gets their lines too, as they come (its owner runs and closes it);
+    ``workdir`` is where processes run when their spec names no ``cwd`` (default: the
+    current directory).
     """
     tdir = Path(transcripts) if transcripts is not None else None
     if tdir is not None:
@@ -619,6 +626,7 @@ async def open_supervisor(
             connector or subprocess_connector,
             options or ClientOptions(),
             tdir,
+            transcript_copy,
             os.fspath(workdir) if workdir is not None else os.getcwd(),
         )
         try:

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
 import orjson
+import trio
+from log_capture import capture_logs
 
-from orchestrator.agent.transcript import TranscriptWriter
+from orchestrator.agent.transcript import (
+    FLUSH_AFTER,
+    QUIET,
+    TranscriptFile,
+    TranscriptWriter,
+    open_transcript_file,
+)
 
 
 def test_frames_are_written_with_direction_time_and_message(tmp_path: Path) -> None:
@@ -87,3 +96,135 @@ def test_without_a_turn_limit_every_frame_is_kept(tmp_path: Path) -> None:
     lines = [orjson.loads(line) for line in path.read_bytes().splitlines()]
     assert len(lines) == 501
     assert writer.dropped_frames == 0
+
+
+# --------------------------------------------------------------------------- written as they come
+# Under trio's MockClock (autojump): virtual time moves only when every task waits, so the
+# times below are exact.
+
+LINE = b'{"dir":"recv","t":0.0,"msg":{}}\n'
+
+
+async def test_a_line_is_written_once_the_frames_pause(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    """A lone line waits in the buffer only until ``quiet`` seconds pass without another."""
+    path = tmp_path / "wire.ndjson"
+    async with open_transcript_file(path) as out:
+        out.write(LINE)
+        await trio.sleep(QUIET * 0.9)
+        assert not path.exists() or path.read_bytes() == b""
+        await trio.sleep(QUIET * 0.2)
+        assert path.read_bytes() == LINE
+        assert out.writes == 1
+
+
+async def test_a_steady_stream_is_written_within_the_flush_bound(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    """Lines closer together than ``quiet`` are written in one batch ``flush_after`` seconds
+    after the first of them, then again ``flush_after`` later: no write per line."""
+    path = tmp_path / "wire.ndjson"
+    async with open_transcript_file(path) as out:
+        start = trio.current_time()
+        sizes: list[tuple[float, int]] = []
+        for _ in range(50):  # one line every QUIET/2 for 0.25 s
+            out.write(LINE)
+            await trio.sleep(QUIET / 2)
+            if path.exists() and (not sizes or sizes[-1][1] != path.stat().st_size):
+                sizes.append((trio.current_time() - start, path.stat().st_size))
+        await trio.sleep(QUIET * 2)  # the stream ends: the rest follows after a pause
+        total = path.stat().st_size
+    assert total == 50 * len(LINE)
+    assert [round(t, 3) for t, _ in sizes] == [FLUSH_AFTER, 2 * FLUSH_AFTER]
+    assert [n for _, n in sizes] == [20 * len(LINE), 40 * len(LINE)]
+    assert out.writes == 3
+
+
+async def test_a_flood_is_written_a_full_buffer_at_a_time(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    """Lines coming faster than any timer are written whenever the buffer passes its size,
+    one write per full buffer; the task writes the rest."""
+    path = tmp_path / "wire.ndjson"
+    out = TranscriptFile(path, max_buffer=10 * len(LINE))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(out.run)
+        for _ in range(95):
+            out.write(LINE)
+        assert out.writes == 9
+        assert path.stat().st_size == 90 * len(LINE)
+        await trio.sleep(QUIET * 1.1)
+        assert path.stat().st_size == 95 * len(LINE)
+        nursery.cancel_scope.cancel()
+    out.close()
+    assert out.writes == 10
+
+
+async def test_cancelling_the_task_writes_what_it_holds(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    """A cancelled writing task (its producer's nursery ends) writes its buffer at once."""
+    path = tmp_path / "wire.ndjson"
+    out = TranscriptFile(path)
+    with trio.move_on_after(QUIET / 2):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(out.run)
+            out.write(LINE)
+            out.write(LINE)
+            await trio.sleep_forever()
+    assert trio.current_time() < QUIET  # nothing timed out: the cancel wrote them
+    assert path.read_bytes() == 2 * LINE
+    out.close()
+
+
+async def test_a_shared_file_is_written_on_time_while_its_block_ends_after_a_cancel(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    """Cancelled (Ctrl-C) while shielded work goes on: its lines still reach the file on time."""
+    path = tmp_path / "wire.ndjson"
+    with trio.CancelScope() as outer:
+        async with open_transcript_file(path) as out:
+            outer.cancel()
+            with trio.CancelScope(shield=True):  # as turns end the ACP way after a cancel
+                await trio.sleep(QUIET)
+                out.write(LINE)
+                await trio.sleep(QUIET * 2)
+                assert path.read_bytes() == LINE
+
+
+async def test_a_writer_of_a_connection_writes_as_frames_pass(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    """TranscriptWriter.run writes frames while they pass, to its file and to the shared one."""
+    path, shared = tmp_path / "a.ndjson", tmp_path / "all.ndjson"
+    async with open_transcript_file(shared, append=True) as copy, trio.open_nursery() as nursery:
+        writer = TranscriptWriter(path, agent="a1", copy_to=copy)
+        nursery.start_soon(writer.run)
+        writer("send", b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}')
+        await trio.sleep(QUIET * 2)
+        lines = [orjson.loads(line) for line in path.read_bytes().splitlines()]
+        assert [e["msg"]["method"] for e in lines] == ["initialize"]
+        assert shared.read_bytes() == path.read_bytes()
+        nursery.cancel_scope.cancel()
+    writer.close()
+
+
+async def test_a_file_that_cannot_be_written_is_reported_once(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    """A full disk: one warning, the writer's caller goes on, what follows is left out."""
+    full = Path("/dev/full")  # every write fails with ENOSPC
+    with capture_logs() as logs:
+        async with open_transcript_file(full, append=True) as out:
+            for _ in range(3):
+                out.write(LINE)
+                await trio.sleep(QUIET * 2)
+            out.write(LINE)
+    assert out.error is not None and out.error.errno == errno.ENOSPC
+    assert out.writes == 1
+    warnings = [e for e in logs if e["log_level"] == "warning"]
+    assert [e["event"] for e in warnings] == [
+        "cannot write the transcript; the rest of it is left out"
+    ]
+    assert warnings[0]["path"] == "/dev/full"

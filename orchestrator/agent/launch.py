@@ -72,12 +72,22 @@ async def open_agent_on_stream(
         with serving:
             await rpc.serve(task_status=task_status)
 
+    # The transcript's lines reach the file as they come for as long as the read loop runs
+    # (shielded alike: a cancelled turn's end is written live too).
+    flushing = trio.CancelScope(shield=True)
+
+    async def write_transcript(transcript: TranscriptWriter) -> None:
+        with flushing:
+            await transcript.run()
+
     try:
         with single_error():
             async with trio.open_nursery() as nursery:
                 await nursery.start(serve)
                 serving.shield = True
                 try:
+                    if transcript is not None:  # within the try: its end cancels it
+                        nursery.start_soon(write_transcript, transcript)
                     try:
                         with trio.fail_after(options.init_timeout):
                             await conn.initialize()
@@ -91,6 +101,7 @@ async def open_agent_on_stream(
                     yield conn
                 finally:
                     serving.cancel()
+                    flushing.cancel()
                     nursery.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):

@@ -8,29 +8,210 @@ With ``max_turn_bytes`` a turn's part of the transcript (from a ``session/prompt
 the next one) keeps its first lines within that many bytes; the frames after them are dropped
 and counted, and where the part ends a line ``{"dir": "cut", "t", "frames", "bytes", "limit"}``
 says how many frames (of how many bytes of transcript lines) were left out.
+
+Lines reach the file as they happen: a :class:`TranscriptFile` holds them in a bounded buffer
+that its :meth:`~TranscriptFile.run` task writes out once the frames pause for ``quiet``
+seconds, and at the latest ``flush_after`` seconds after the first line it holds; a buffer
+past ``max_buffer`` bytes is written at once. A flood costs a write per ``max_buffer`` bytes
+(or per ``flush_after``), never one per frame; a killed process leaves every line older than
+``flush_after`` in the file.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
-from typing import IO, Literal
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Literal
 
 import orjson
+import trio
 
+from .._log import get_logger
 from ..mcp import redact_frame
 
-__all__ = ["TranscriptWriter"]
+__all__ = ["TranscriptFile", "TranscriptWriter", "open_transcript_file"]
+
+log = get_logger(__name__)
 
 # how our own encoder starts a session/prompt request: {"jsonrpc":"2.0","id":N,"method":...
 _PROMPT_METHOD = b',"method":"session/prompt"'
 # session/new, load and resume carry the MCP servers, whose secrets a transcript leaves out
 _SESSION_METHOD = b',"method":"session/'
 
+#: seconds a line may wait in the buffer, at most
+FLUSH_AFTER = 0.1
+#: seconds without a new line after which the buffer is written at once
+QUIET = 0.01
+#: bytes the buffer holds before it is written at once
+MAX_BUFFER = 1 << 20
+
+
+class TranscriptFile:
+    """An ND-JSON file written in batches as lines come (see the module doc).
+
+    :meth:`write` only buffers (or writes a full buffer); :meth:`run`, a task in the nursery
+    of whoever produces the lines, writes the rest on time and once more when cancelled;
+    :meth:`close` writes what is left. A file that cannot be opened or written (disk full,
+    say) is reported once, as a warning; what follows is dropped, the caller goes on.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        append: bool = False,
+        flush_after: float = FLUSH_AFTER,
+        quiet: float = QUIET,
+        max_buffer: int = MAX_BUFFER,
+    ):
+        self.path = os.fspath(path)
+        #: whether opening keeps what the file holds (else it is truncated)
+        self.append = append
+        self.flush_after = flush_after
+        self.quiet = quiet
+        self.max_buffer = max_buffer
+        #: why the file could not be written (what came after was dropped), or None
+        self.error: OSError | None = None
+        #: write system calls made so far
+        self.writes = 0
+        self._fd: int | None = None
+        # the buffer, allocated once, and how much of it holds lines
+        self._buffer = bytearray(max_buffer)
+        self._used = 0
+        # lines taken so far: the flusher tells a pause by this count not moving
+        self._taken = 0
+        self._pending = trio.Event()
+
+    def open(self) -> None:
+        """Open the file now (else the first write does)."""
+        if self._fd is not None or self.error is not None:
+            return
+        flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC
+        flags |= os.O_APPEND if self.append else os.O_TRUNC
+        try:
+            self._fd = os.open(self.path, flags, 0o666)
+        except OSError as e:
+            self._failed(e)
+
+    def write(self, data: bytes) -> None:
+        """Take whole lines; they reach the file within ``flush_after`` seconds."""
+        if self.error is not None:
+            return
+        size = len(data)
+        if self._used + size > self.max_buffer:
+            self.flush()
+            if size >= self.max_buffer:  # as large as the buffer: straight to the file
+                self._write(data)
+                self._taken += 1
+                return
+        first = not self._used
+        self._buffer[self._used : self._used + size] = data  # in place: no allocation
+        self._used += size
+        self._taken += 1
+        if first:
+            self._pending.set()
+
+    def flush(self) -> None:
+        """Write what the buffer holds now."""
+        if not self._used:
+            return
+        used, self._used = self._used, 0
+        with memoryview(self._buffer) as view:
+            self._write(view[:used])
+
+    def _write(self, data: bytes | memoryview) -> None:
+        if self._fd is None:
+            self.open()
+            if self._fd is None:
+                return
+        try:
+            with memoryview(data) as view:
+                while view:
+                    self.writes += 1
+                    view = view[os.write(self._fd, view) :]
+        except OSError as e:
+            self._failed(e)
+
+    async def run(self) -> None:
+        """Write lines out on time until cancelled, then write what is left; run it in the
+        nursery of the lines' producer, so that it never outlives it."""
+        try:
+            while True:
+                await self._pending.wait()
+                self._pending = trio.Event()
+                deadline = trio.current_time() + self.flush_after
+                while self._used:
+                    now = trio.current_time()
+                    if now >= deadline:
+                        break
+                    taken = self._taken
+                    await trio.sleep_until(min(deadline, now + self.quiet))
+                    if self._taken == taken:  # a pause: the producer went quiet
+                        break
+                self.flush()
+        finally:
+            # no checkpoint: a cancelled task still writes out its buffer (bounded)
+            self.flush()
+
+    def close(self) -> None:
+        """Write what is left and close the file."""
+        self.flush()
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            try:
+                os.close(fd)
+            except OSError as e:
+                self._failed(e)
+
+    def _failed(self, error: OSError) -> None:
+        self._used = 0
+        if self.error is None:
+            self.error = error
+            log.warning(
+                "cannot write the transcript; the rest of it is left out",
+                path=self.path,
+                error=str(error),
+            )
+
+
+@asynccontextmanager
+async def open_transcript_file(
+    path: str | os.PathLike[str], *, append: bool = False
+) -> AsyncIterator[TranscriptFile]:
+    """A :class:`TranscriptFile` whose flushing task runs for the block; written out and
+    closed at its end, however it ends.
+
+    The task is shielded until the block is left: lines of work that goes on after a cancel
+    (turns ended the ACP way on Ctrl-C) still reach the file on time.
+    """
+    out = TranscriptFile(path, append=append)
+    flushing = trio.CancelScope(shield=True)
+
+    async def write() -> None:
+        with flushing:
+            await out.run()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(write)
+            try:
+                yield out
+            finally:
+                flushing.cancel()
+    finally:
+        out.close()
+
 
 class TranscriptWriter:
-    """Appends frames to a transcript file; use as a JSON-RPC connection's frame observer."""
+    """Writes frames to a transcript file; use as a JSON-RPC connection's frame observer.
+
+    Its lines go to its own file (truncated when opened) and, with ``copy_to``, also to that
+    file (shared with other writers, say, and closed by its owner). They reach the files as
+    they happen while :meth:`run` runs (:func:`~orchestrator.agent.launch.open_agent` runs it
+    for the connection's life); :meth:`close` writes the rest.
+    """
 
     def __init__(
         self,
@@ -38,14 +219,18 @@ class TranscriptWriter:
         *,
         agent: str | None = None,
         max_turn_bytes: int | None = None,
+        copy_to: TranscriptFile | None = None,
     ):
         self.path = os.fspath(path)
         self.agent = agent
+        #: another file that gets every line too, or None
+        self.copy_to = copy_to
+        self._out = TranscriptFile(self.path)
+        self._opened = False
         #: the most bytes of transcript lines kept per turn (None: all); see the module doc
         self.max_turn_bytes = max_turn_bytes
         # the agent's part of every line, encoded once
         self._agent = b',"agent":' + orjson.dumps(agent) if agent is not None else b""
-        self._file: IO[bytes] | None = None
         self._start = time.monotonic()
         self.frames = 0
         #: frames left out over the turn limit, in all
@@ -55,10 +240,25 @@ class TranscriptWriter:
         self._cut_frames = 0
         self._cut_bytes = 0
 
+    @property
+    def error(self) -> OSError | None:
+        """Why the file could not be written (the rest was left out), or None."""
+        return self._out.error
+
     def open(self) -> None:
         """Open (truncate) the file; called before the first frame."""
-        self._file = open(self.path, "wb", buffering=1 << 20)  # noqa: SIM115 - closed by close()
+        self._out.open()
+        self._opened = True
         self._start = time.monotonic()
+
+    async def run(self) -> None:
+        """Write lines out as they come until cancelled (see :class:`TranscriptFile`)."""
+        await self._out.run()
+
+    def _write(self, data: bytes) -> None:
+        self._out.write(data)
+        if self.copy_to is not None:
+            self.copy_to.write(data)
 
     def __call__(
         self, direction: Literal["send", "recv"], frame: bytes, valid: bool = True
@@ -68,9 +268,8 @@ class TranscriptWriter:
         ``valid`` says whether the frame is JSON (the connection parsed it already): a frame
         that is not is kept as a string under ``raw``.
         """
-        if self._file is None:
+        if not self._opened:
             self.open()
-        assert self._file is not None
         if direction == "send":
             if _PROMPT_METHOD in frame[:64]:
                 self._new_turn()
@@ -83,7 +282,7 @@ class TranscriptWriter:
         else:
             line = head + b',"raw":' + orjson.dumps(frame.decode("utf-8", "replace")) + b"}\n"
         if self._keeps(len(line)):
-            self._file.write(line)
+            self._write(line)
         self.frames += 1
 
     def recv_batch(self, frames: Sequence[bytes], valid: Sequence[bool]) -> None:
@@ -93,9 +292,8 @@ class TranscriptWriter:
             for frame, ok in zip(frames, valid, strict=True):
                 self("recv", frame, ok)
             return
-        if self._file is None:
+        if not self._opened:
             self.open()
-        assert self._file is not None
         elapsed = time.monotonic() - self._start
         head = b'{"dir":"recv","t":%.6f%s,"msg":' % (elapsed, self._agent)
         self.frames += len(frames)
@@ -110,7 +308,7 @@ class TranscriptWriter:
             lines = [line for line in lines if self._keeps(len(line))]
         else:
             self._turn_bytes += sum(map(len, lines))
-        self._file.write(b"".join(lines))
+        self._write(b"".join(lines))
 
     def _keeps(self, size: int) -> bool:
         """Whether a line of ``size`` bytes fits in the turn's part (once one does not, none
@@ -132,7 +330,7 @@ class TranscriptWriter:
         self._turn_bytes = 0
 
     def _note_cut(self) -> None:
-        if not self._cut_frames or self._file is None:
+        if not self._cut_frames or not self._opened:
             return
         note = {
             "dir": "cut",
@@ -142,12 +340,13 @@ class TranscriptWriter:
             "bytes": self._cut_bytes,
             "limit": self.max_turn_bytes,
         }
-        self._file.write(orjson.dumps(note) + b"\n")
+        self._write(orjson.dumps(note) + b"\n")
         self._cut_frames = self._cut_bytes = 0
 
     def close(self) -> None:
-        """Flush and close the file (first saying what the last turn left out, if anything)."""
-        if self._file is not None:
+        """Write out and close the file (first saying what the last turn left out, if
+        anything); ``copy_to`` stays open."""
+        if self._opened:
             self._note_cut()
-            self._file.close()
-            self._file = None
+            self._out.close()
+            self._opened = False

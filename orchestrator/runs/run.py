@@ -19,7 +19,8 @@ import functools
 import os
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,6 +35,7 @@ from .._util import plain_cancelled
 from ..agent.client import ClientOptions
 from ..agent.permissions import Escalate
 from ..agent.services import ClientServices
+from ..agent.transcript import TranscriptFile, open_transcript_file
 from ..agents import AgentSpec
 from ..config import Config
 from ..errors import AgentNotFound, AlreadyApplied, StoreError, SymlinkRefused, UsageError
@@ -361,7 +363,8 @@ async def run_pipeline(
     ``ask`` verdicts; ``services`` replaces the sessions' permission, terminal and elicitation
     services. ``on_event`` sees the run's events, ``on_update`` every session update.
     ``record_transcripts`` keeps every agent process's wire transcript in the run store (always
-    when ``transcript`` names a file to copy them to).
+    when ``transcript`` names a file; that file gets their lines appended as they come, each
+    within about 0.1 s).
 
     ``sandbox`` (``True``, or :class:`~orchestrator.sandbox.Sandbox` rules) runs every agent,
     its terminal commands and the verify commands confined by Landlock: each agent process
@@ -508,6 +511,7 @@ async def run_pipeline(
             imported = False
             try:
                 async with (
+                    _live_copy(transcript) as copy,
                     open_store_writer(store) as writer,
                     open_supervisor(
                         Limits(
@@ -517,6 +521,7 @@ async def run_pipeline(
                         connector=connector,
                         options=settings.client_options(options),
                         transcripts=run_dir / "transcripts" if record_transcripts else None,
+                        transcript_copy=copy,
                         workdir=run_dir,
                     ) as supervisor,
                 ):
@@ -552,7 +557,7 @@ async def run_pipeline(
                 # the run's record is whole, its transcripts too, before anything is applied
                 with trio.CancelScope(shield=True):
                     imported = True
-                    await _import_transcripts(store, run_id, run_dir, transcript)
+                    await _import_transcripts(store, run_id, run_dir)
                 status, unapplied, left_out, refused = await _conclude(
                     store, runner, _kind, apply, state
                 )
@@ -572,7 +577,7 @@ async def run_pipeline(
                             # last line says how to resume)
                             log.debug("run interrupted", run=run_id)
                     if not imported:
-                        await _import_transcripts(store, run_id, run_dir, transcript)
+                        await _import_transcripts(store, run_id, run_dir)
             # past the point of no return (see _conclude): the outcome is the caller's, however
             # late a cancel comes; the object get_run_json gives back from the record, once kept
             # there (below)
@@ -708,32 +713,29 @@ async def _reusable(
     return out
 
 
-async def _import_transcripts(
-    store: RunStore, run_id: str, run_dir: Path, copy_to: str | os.PathLike[str] | None
-) -> None:
-    """Move the per-process wire transcripts into the store (and into ``copy_to``, joined)."""
+async def _import_transcripts(store: RunStore, run_id: str, run_dir: Path) -> None:
+    """Move the per-process wire transcripts into the store."""
     directory = run_dir / "transcripts"
     files = sorted(directory.glob("*.jsonl")) if directory.is_dir() else []
-    joined: list[bytes] = []
     for path in files:
         data = await trio.to_thread.run_sync(path.read_bytes)
         # whole: the store splits it into lines in its own thread
         await store.add_transcript(run_id, path.stem, [data])
-        joined.append(data)
-    if copy_to is not None and joined:
-        target = Path(copy_to)
-
-        def append() -> None:
-            with target.open("ab") as out:
-                out.write(b"".join(joined))
-
-        try:
-            await trio.to_thread.run_sync(append)
-        except OSError as e:
-            # the run is recorded (the transcripts too, in the store): a copy that cannot be
-            # written must not turn a finished run into a failure
-            log.warning("cannot write the transcript copy", path=str(target), error=str(e))
     await trio.to_thread.run_sync(remove_tree, str(directory))
+
+
+@asynccontextmanager
+async def _live_copy(
+    path: str | os.PathLike[str] | None,
+) -> AsyncIterator[TranscriptFile | None]:
+    """The ``transcript`` file every process's transcript lines are appended to as they come
+    (None without one). A file that cannot be written is reported once and the run goes on:
+    the store keeps the transcripts all the same."""
+    if path is None:
+        yield None
+        return
+    async with open_transcript_file(path, append=True) as copy:
+        yield copy
 
 
 def check_transcript_path(path: str | os.PathLike[str] | None) -> None:
