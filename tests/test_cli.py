@@ -458,7 +458,8 @@ async def test_agents_lists_the_known_agents(tmp_path: Path) -> None:
     done = await run_cli("agents", cwd=tmp_path)
     assert done.returncode == EXIT_OK
     table = done.stdout.decode().split("\n\n")[0]  # then the quirks of known agents
-    names = [line.split()[0] for line in table.splitlines() if line.strip()]
+    # a row starts at the margin; what it needs is indented under it
+    names = [line.split()[0] for line in table.splitlines() if line[:1].strip()]
     assert names == [*KNOWN_AGENTS, "demo"]
     assert {"claude", "codex", "gemini", "qwen", "opencode"} <= set(names)
 
