@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from orchestrator.pipeline import _branchio
 from orchestrator.pipeline._branchio import (
@@ -16,7 +18,8 @@ from orchestrator.pipeline._branchio import (
     BranchIO,
     is_small,
 )
-from orchestrator.vfs import Branch, Workspace, materialize
+from orchestrator.vfs import Branch, Workdir, Workspace, materialize
+from orchestrator.vfs._fileio import remove_tree
 
 LIMIT = 30.0
 
@@ -88,10 +91,10 @@ async def test_materialize_and_harvest_small_on_the_loop_large_in_a_thread(
     assert io.critical_seconds > 0
 
 
-async def test_small_directory_files_go_at_once_directories_with_the_reaper(
+async def test_small_directory_files_go_at_once_directories_with_the_trash(
     tmp_path: Path,
 ) -> None:
-    """Removing a small directory deletes its files at once; the reaper removes the folders."""
+    """Removing a small directory deletes its files at once; the trash takes the folders."""
     branch = _branch(tmp_path, {"a/b/c.txt": b"c", "d.txt": b"d"})
     io = BranchIO()
     dirs = BranchDirs(tmp_path / "run", io)
@@ -99,14 +102,14 @@ async def test_small_directory_files_go_at_once_directories_with_the_reaper(
         workdir = await dirs.materialize(branch, "step", 1)
         root = Path(workdir.root)
         dirs.remove(workdir)
-        # the files are gone at once (the reaper may be removing the folders meanwhile)
+        # the files are gone at once, the folders are in the trash
         assert not (root / "a" / "b" / "c.txt").exists() and not (root / "d.txt").exists()
         await dirs.drain()
     assert not root.exists()
     assert list((tmp_path / "run" / "branches").iterdir()) == []
 
 
-async def test_directory_grown_large_is_left_whole_to_the_reaper(tmp_path: Path) -> None:
+async def test_directory_grown_large_is_left_whole_to_the_trash(tmp_path: Path) -> None:
     """A small branch whose directory filled up (dependencies) is removed in the background."""
     branch = _branch(tmp_path, {"package.json": b"{}"})
     io = BranchIO()
@@ -117,7 +120,7 @@ async def test_directory_grown_large_is_left_whole_to_the_reaper(tmp_path: Path)
         modules.mkdir(parents=True)
         for i in range(INLINE_MAX_FILES * 4):
             (modules / f"m{i}.js").write_text("x")
-        assert _branchio._empty_small(workdir, 2 * INLINE_MAX_FILES) is None
+        assert _branchio._empty_small(workdir, 2 * INLINE_MAX_FILES) is False
         assert len(list(modules.iterdir())) == INLINE_MAX_FILES * 4  # nothing deleted
         dirs.remove(workdir)
         await dirs.drain()
@@ -134,3 +137,161 @@ async def test_cancelled_step_makes_no_directory(tmp_path: Path) -> None:
         await dirs.materialize(branch, "step", 1)
     assert scope.cancelled_caught
     assert not (tmp_path / "run" / "branches").exists()
+
+
+def _large(root: Path, name: str = "w", files: int = INLINE_MAX_FILES + 4) -> Branch:
+    """A branch whose tree is not small: its directory is made in a worker thread."""
+    return _branch(root / name, {f"src/f{i}.txt": b"%04d\n" % i for i in range(files)})
+
+
+class _Jobs:
+    """Counts copy and delete jobs running at once (in worker threads)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.active = 0
+        self.peak = 0
+        self.gate = threading.Event()
+        self.entered = 0
+        self.k_inside = trio.Event()
+
+    def run(self, k: int, work: Any) -> Any:
+        with self.lock:
+            self.active += 1
+            self.peak = max(self.peak, self.active)
+        try:
+            trio.from_thread.run_sync(self._entered, k)
+            self.gate.wait(LIMIT)
+            return work()
+        finally:
+            with self.lock:
+                self.active -= 1
+
+    def _entered(self, k: int) -> None:
+        self.entered += 1
+        if self.entered == k:
+            self.k_inside.set()
+
+
+async def test_copies_and_deletions_share_one_budget_of_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Never more than the budget's K copy or delete jobs run at once; the others queue."""
+    k, count = 2, 6
+    jobs = _Jobs()
+    original_materialize, original_remove = materialize, remove_tree
+    threads_asked: list[object] = []
+
+    def fake_materialize(*args: Any, **kwargs: Any) -> Any:
+        threads_asked.append(kwargs.get("max_workers"))
+        return jobs.run(k, lambda: original_materialize(*args, **kwargs))
+
+    monkeypatch.setattr(_branchio, "materialize", fake_materialize)
+    monkeypatch.setattr(
+        _branchio, "remove_tree", lambda path: jobs.run(k, lambda: original_remove(path))
+    )
+    branches = [_large(tmp_path, f"w{i}") for i in range(count)]
+    dirs = BranchDirs(tmp_path / "run", BranchIO(), limit=count, budget=trio.CapacityLimiter(k))
+
+    async def one(branch: Branch) -> None:
+        dirs.remove(await dirs.materialize(branch, branch.name, 1))
+
+    with trio.fail_after(LIMIT):
+        async with dirs.serving(), trio.open_nursery() as nursery:
+            for branch in branches:
+                nursery.start_soon(one, branch)
+            await jobs.k_inside.wait()
+            await trio.testing.wait_all_tasks_blocked()
+            # K jobs run, the other materializations wait for the budget
+            assert jobs.active == k
+            assert dirs.budget.statistics().tasks_waiting == count - k
+            jobs.gate.set()
+    assert jobs.peak == k
+    assert threads_asked == [1] * count  # one thread each: no pool of its own per copy
+    assert dirs.costs.made == count
+    assert not any((tmp_path / "run").iterdir())  # every directory deleted
+
+
+async def test_removed_directory_is_renamed_into_the_trash_and_deleted_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """remove() renames the directory into the trash at once; the deletion comes after."""
+    gate = threading.Event()
+    original = remove_tree
+
+    def held(path: str) -> None:
+        gate.wait(LIMIT)
+        original(path)
+
+    monkeypatch.setattr(_branchio, "remove_tree", held)
+    dirs = BranchDirs(tmp_path / "run", BranchIO())
+    trash = tmp_path / "run" / "trash"
+    with trio.fail_after(LIMIT):
+        async with dirs.serving():
+            workdir = await dirs.materialize(_large(tmp_path), "step", 1)
+            dirs.remove(workdir)
+            assert not Path(workdir.root).exists()
+            (entry,) = trash.iterdir()
+            assert entry.name.startswith("step-1.") and (entry / "src" / "f0.txt").exists()
+            gate.set()
+    assert not trash.exists() and not (tmp_path / "run" / "branches").exists()
+
+
+async def test_a_new_directory_waits_until_an_old_one_is_deleted(tmp_path: Path) -> None:
+    """With ``limit`` directories on disk, the next materialization waits for a deletion."""
+    files = INLINE_MAX_FILES + 4
+    size = sum(len(b"%04d\n" % i) for i in range(files))
+    dirs = BranchDirs(tmp_path / "run", BranchIO(), limit=2)
+    made: list[Workdir] = []
+
+    async def make(name: str) -> None:
+        made.append(await dirs.materialize(_large(tmp_path, name), name, 1))
+
+    with trio.fail_after(LIMIT):
+        async with dirs.serving(), trio.open_nursery() as nursery:
+            await make("a")
+            await make("b")
+            nursery.start_soon(make, "c")
+            await trio.testing.wait_all_tasks_blocked()
+            assert [Path(w.root).name for w in made] == ["a-1", "b-1"]  # c waits
+            assert dirs.costs.live_bytes == dirs.costs.peak_bytes == 2 * size
+            dirs.remove(made[0])
+        assert [Path(w.root).name for w in made] == ["a-1", "b-1", "c-1"]
+        for workdir in made[1:]:
+            dirs.remove(workdir)
+        await dirs.drain()
+    costs = dirs.costs
+    assert (costs.made, costs.reused, costs.bytes_copied) == (3, 0, 3 * size)
+    assert costs.peak_bytes == 2 * size and costs.live_bytes == 0
+    assert costs.to_json() == {
+        "made": 3,
+        "reused": 0,
+        "bytesCopied": 3 * size,
+        "peakBytes": 2 * size,
+    }
+
+
+async def test_peak_counts_what_the_last_harvest_found(tmp_path: Path) -> None:
+    """A file an agent wrote counts in the peak from the harvest that found it on."""
+    dirs = BranchDirs(tmp_path / "run", BranchIO())
+    with trio.fail_after(LIMIT):
+        async with dirs.serving():
+            workdir = await dirs.materialize(_large(tmp_path), "step", 1)
+            made = dirs.costs.peak_bytes
+            (Path(workdir.root) / "new.bin").write_bytes(b"n" * 1000)
+            await dirs.harvest(workdir)
+            dirs.remove(workdir)
+    assert dirs.costs.peak_bytes == made + 1000
+    assert dirs.costs.live_bytes == 0 and dirs.costs.bytes_copied == made
+
+
+async def test_leftovers_in_the_trash_are_deleted_by_the_next_attempt(tmp_path: Path) -> None:
+    """What a killed process left in the run's trash is deleted when the runner serves again."""
+    left = tmp_path / "run" / "trash" / "step-1.0badc0de"
+    (left / "deep" / "er").mkdir(parents=True)
+    (left / "deep" / "er" / "f.txt").write_text("x")
+    dirs = BranchDirs(tmp_path / "run", BranchIO())
+    with trio.fail_after(LIMIT):
+        async with dirs.serving():
+            pass
+    assert not (tmp_path / "run" / "trash").exists()

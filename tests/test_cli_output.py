@@ -108,6 +108,18 @@ def table(out: str) -> list[str]:
     return lines[: lines.index("")]
 
 
+def branches_line(out: str) -> str:
+    """The line that says what the run's branch directories cost (its bytes depend on when
+    each one was deleted), checked for its form."""
+    found = re.search(
+        r"^branches: \d+ director(y|ies) made, \d+ reused, .+ copied, peak .+ on disk\n",
+        out,
+        re.M,
+    )
+    assert found is not None, out
+    return found.group(0)
+
+
 async def test_compare_prints_the_table_and_messages_on_stdout_at_80_columns(
     project: Project, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -132,7 +144,8 @@ async def test_compare_prints_the_table_and_messages_on_stdout_at_80_columns(
         "winner: short (1 line changed, "
         + out.split("winner: short (1 line changed, ")[1].split("\n")[0]
         + f"\nrun {run_id}: succeeded\n"
-        f"nothing was written to the workspace; to apply: orchestrator apply {run_id} "
+        + branches_line(out)
+        + f"nothing was written to the workspace; to apply: orchestrator apply {run_id} "
         "--step 'compare[short]'\n"
         f"each agent's diff: orchestrator diff {run_id}\n"
     )
@@ -445,6 +458,7 @@ async def test_show_of_a_pipeline_ends_as_run_did(project: Project) -> None:
     ending = out[out.index(f"run {run_id}: succeeded\n") :]
     assert ending == (
         f"run {run_id}: succeeded\n"
+        "branches: 1 directory made, 0 reused, 6 bytes copied, peak 6 bytes on disk\n"
         "no file changed\n"
         "1 permission request was rejected by the default policy (no policy was given); "
         "--policy edit allows edits\n"
@@ -461,7 +475,10 @@ async def test_compare_and_run_apply_say_they_applied(project: Project) -> None:
     assert done.returncode == 0, done.stderr.decode()
     out = done.stdout.decode()
     run_id = run_id_of(out)
-    ending = f"run {run_id}: succeeded\napplied compare[short] to the workspace (1 file)\n"
+    ending = (
+        f"run {run_id}: succeeded\n{branches_line(out)}"
+        "applied compare[short] to the workspace (1 file)\n"
+    )
     assert out.endswith("\n" + ending)
     assert (project.workspace / "short.txt").read_text() == "s\n"
     assert (await project.cli("show", run_id)).stdout.decode().endswith("\n" + ending)
@@ -476,7 +493,7 @@ async def test_compare_and_run_apply_say_they_applied(project: Project) -> None:
     assert done.returncode == 0, done.stderr.decode()
     out = done.stdout.decode()
     run_id = run_id_of(out)
-    ending = f"run {run_id}: succeeded\napplied to the workspace (1 file)\n"
+    ending = f"run {run_id}: succeeded\n{branches_line(out)}applied to the workspace (1 file)\n"
     assert out.endswith("\n" + ending)
     assert (project.workspace / "w.txt").read_text() == "w\n"
     assert (await project.cli("show", run_id)).stdout.decode().endswith("\n" + ending)

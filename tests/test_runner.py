@@ -26,7 +26,7 @@ from orchestrator.agents import AgentSpec, builtin_agents
 from orchestrator.config import Config
 from orchestrator.errors import UsageError
 from orchestrator.pipeline import Pipeline, step
-from orchestrator.pipeline._branchio import Reaper
+from orchestrator.pipeline._branchio import BranchDirs
 from orchestrator.pipeline.results import Results, RunEvent, StepContext, StepResult
 from orchestrator.pipeline.runner import BranchIO, PipelineRunner
 from orchestrator.protocol import types as t
@@ -44,7 +44,7 @@ from orchestrator.testing import (
     WriteFile,
 )
 from orchestrator.testing.connector import memory_connector
-from orchestrator.vfs import Branch, Workspace, materialize
+from orchestrator.vfs import Branch, Workspace
 
 LIMIT = 30.0  # seconds any one run here may take (subprocess agents start a Python each)
 SAY = AgentScript(turns=(Turn(steps=(Say("done"),)),))
@@ -641,7 +641,8 @@ async def test_each_attempt_gets_its_own_directory_and_none_is_left_after_the_ru
     branches = Path(outcome.run_dir) / "branches"
     assert [(p.parent, p.name) for p in seen] == [(branches, "build-1"), (branches, "build-2")]
     assert not any(p.exists() for p in seen)
-    assert list(branches.iterdir()) == []
+    # the empty folders go too: no later run has anything to sweep
+    assert not branches.exists() and not (branches.parent / "trash").exists()
 
 
 async def test_branch_directories_are_removed_when_the_run_is_cancelled(tmp_path: Path) -> None:
@@ -814,23 +815,24 @@ def test_branch_io_counts_overlapping_waits_once(monkeypatch: pytest.MonkeyPatch
     assert figures["remove_count"] == 0
 
 
-async def test_reaper_removes_queued_directories_on_its_threads(tmp_path: Path) -> None:
-    """Queued workdirs are deleted off the loop; finish() waits for all and counts them."""
-    snapshot = Workspace.open(workspace(tmp_path, {"f.txt": "x\n"})).snapshot()
-    workdirs = [
-        materialize(Branch.from_tree(snapshot, f"b{i}"), tmp_path / "branches" / f"b{i}")
-        for i in range(5)
-    ]
+async def test_trash_removes_queued_directories_off_the_loop(tmp_path: Path) -> None:
+    """Removed workdirs go to the trash at once; drain() deletes them all and counts them."""
+    snapshot = Workspace.open(workspace(tmp_path, {"f.txt": "x\n" * 100_000})).snapshot()
     io = BranchIO()
-    reaper = Reaper(io, workers=2)
+    dirs = BranchDirs(tmp_path / "run", io)
     with trio.fail_after(LIMIT):
+        workdirs = [
+            await dirs.materialize(Branch.from_tree(snapshot, f"b{i}"), "s", i) for i in range(5)
+        ]
         for wd in workdirs:
-            reaper.put(wd)
-        await reaper.finish()
-    assert list((tmp_path / "branches").iterdir()) == []
+            dirs.remove(wd)
+            assert not Path(wd.root).exists()  # renamed away at once
+        await dirs.drain()
+    assert list((tmp_path / "run" / "branches").iterdir()) == []
+    assert list((tmp_path / "run" / "trash").iterdir()) == []
     assert io.counts["remove"] == 5
-    # finishing again (nothing queued) starts no thread and waits for nothing
-    await reaper.finish()
+    # draining again (nothing queued) waits for nothing
+    await dirs.drain()
     assert io.counts["remove"] == 5
 
 

@@ -488,6 +488,7 @@ def run_ending(result: Mapping[str, Any], run_id: str, out: IO[str]) -> None:
     changes reached the workspace, else how to apply them (or to resume the run), where
     ``--report`` wrote the report, and the default policy's rejections."""
     _run_line(result, run_id, out)
+    _branches_line(result, out)
     _run_apply(result, run_id, out)
     _report_line(result, out)
     default_policy_note(result, out)
@@ -497,6 +498,23 @@ def _run_line(result: Mapping[str, Any], run_id: str, out: IO[str]) -> None:
     """``run RUN: STATUS``, with why when the record says (a run whose process is gone)."""
     reason = f" ({result['statusReason']})" if result.get("statusReason") else ""
     say(f"run {run_id}: {result.get('status')}{reason}", out)
+
+
+def _branches_line(result: Mapping[str, Any], out: IO[str]) -> None:
+    """What the run's branch directories cost, when it made or reused any."""
+    from .._sizes import format_size
+    from .._words import count
+
+    branches = result.get("branches")
+    if not isinstance(branches, Mapping) or not (branches.get("made") or branches.get("reused")):
+        return
+    made, reused = int(branches.get("made") or 0), int(branches.get("reused") or 0)
+    copied, peak = int(branches.get("bytesCopied") or 0), int(branches.get("peakBytes") or 0)
+    say(
+        f"branches: {count(made, 'directory', 'directories')} made, {reused} reused, "
+        f"{format_size(copied)} copied, peak {format_size(peak)} on disk",
+        out,
+    )
 
 
 def _report_line(result: Mapping[str, Any], out: IO[str]) -> None:

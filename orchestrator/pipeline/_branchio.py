@@ -1,19 +1,28 @@
 """Branch directories of a run: making, harvesting and removing them, and what that costs.
 
 :class:`BranchDirs` is the runner's one way to branch directory I/O, timed into a
-:class:`BranchIO`. Each operation on a large tree runs in a worker thread; a small tree
-(:func:`is_small`) is made and harvested on the event loop, where the system calls cost less
-than two thread wake-ups. Finished directories go to a :class:`Reaper`, which removes them in
-the background (a small one's files are deleted at once, its folders by the reaper).
+:class:`BranchIO` and counted into :class:`BranchCosts`. Each operation on a large tree runs in
+a worker thread; a small tree (:func:`is_small`) is made and harvested on the event loop, where
+the system calls cost less than two thread wake-ups.
+
+Copying and deleting share one budget per run (:func:`copy_budget`: a job per CPU), so that
+many materializations at once queue instead of contending for the CPUs. A finished directory is
+renamed into the run's trash at once (a small one's files are deleted first, right there) and
+the trash is deleted in the background, in passes within the budget; a directory counts against
+the run's limit of directories on disk until it is deleted, so a new one waits for an old one
+rather than piling copies up. What is left in the trash by a run that died is deleted by the
+next attempt of the run (and :mod:`orchestrator.runs` moves a dead run's leftovers into the
+trash of the next run).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-import queue
-import threading
+import secrets
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TypeVar
 
@@ -22,11 +31,12 @@ from attrs import define, field
 
 from .._log import get_logger
 from ..vfs import Branch, ChangeSet, Snapshot, Workdir, Write, materialize
+from ..vfs._fileio import remove_tree
 from ..vfs.tree import compose
 from ._calls import safe
 from .branches import diff_of
 
-__all__ = ["BranchDirs", "BranchIO", "Reaper", "branch_diffs"]
+__all__ = ["TRASH", "BranchCosts", "BranchDirs", "BranchIO", "branch_diffs", "copy_budget"]
 
 log = get_logger(__name__)
 
@@ -37,6 +47,54 @@ _U = TypeVar("_U")
 #: system calls take less time than handing the work to a thread and back (two wake-ups).
 INLINE_MAX_FILES = 16
 INLINE_MAX_BYTES = 256 * 1024
+
+#: the folder of a run's directory that finished branch directories are renamed into
+TRASH = "trash"
+
+
+def copy_budget() -> trio.CapacityLimiter:
+    """A run's budget of copy and delete jobs at once: one per CPU this process may use."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return trio.CapacityLimiter(max(1, cpus))
+
+
+@define(eq=False)
+class BranchCosts:
+    """What a run's branch directories cost: how many were made and reused, the bytes written
+    into them, and the most bytes they held on disk at once.
+
+    Bytes are counted as the directories are made and deleted, never by scanning: a directory
+    counts the files it was made with, then what its last harvest found (ignored files, such as
+    installed dependencies, are not counted), until it is deleted from the trash.
+    """
+
+    made: int = 0
+    reused: int = 0
+    bytes_copied: int = 0
+    #: bytes of the branch directories on disk now, live ones and those in the trash
+    live_bytes: int = 0
+    peak_bytes: int = 0
+
+    def grew(self, size: int) -> None:
+        """``size`` more bytes are on disk."""
+        self.live_bytes += size
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+
+    def shrank(self, size: int) -> None:
+        """``size`` bytes were deleted."""
+        self.live_bytes -= size
+
+    def to_json(self) -> dict[str, int]:
+        """The figures as the run's ``branches`` object gives them."""
+        return {
+            "made": self.made,
+            "reused": self.reused,
+            "bytesCopied": self.bytes_copied,
+            "peakBytes": self.peak_bytes,
+        }
 
 
 def is_small(branch: Branch) -> bool:
@@ -115,32 +173,31 @@ class BranchIO:
         return out
 
 
-def _empty_small(workdir: Workdir, limit: int) -> list[str] | None:
+def _empty_small(workdir: Workdir, limit: int) -> bool:
     """Delete the files of ``workdir`` now if it holds at most ``limit`` entries.
 
-    Returns its directories, deepest first, for :class:`Reaper` to remove (an ``rmdir`` may wait
-    on the disk's journal); None, with nothing deleted, if the directory holds more entries (an
-    agent may have installed dependencies into it).
+    Its (empty) folders are left to the trash (an ``rmdir`` may wait on the disk's journal);
+    False, with nothing deleted, if the directory holds more entries (an agent may have
+    installed dependencies into it).
     """
-    dirs: list[str] = []
+    dirs = 0
     files: list[str] = []
     pending = [workdir.root]
     while pending:
         directory = pending.pop()
-        dirs.append(directory)
+        dirs += 1
         with os.scandir(directory) as entries:
             for entry in entries:
                 if entry.is_dir(follow_symlinks=False):
                     pending.append(entry.path)
                 else:
                     files.append(entry.path)
-                if len(dirs) + len(pending) + len(files) > limit:
-                    return None
+                if dirs + len(pending) + len(files) > limit:
+                    return False
     workdir.close()
     for path in files:
         os.unlink(path)
-    dirs.reverse()
-    return dirs
+    return True
 
 
 def _timed(work: Callable[[], _T]) -> Callable[[], tuple[_T, float, float]]:
@@ -154,65 +211,10 @@ def _timed(work: Callable[[], _T]) -> Callable[[], tuple[_T, float, float]]:
     return run
 
 
-@define(eq=False)
-class Reaper:
-    """Removes finished branch directories in the background, on a few threads of its own.
-
-    Deleting a directory waits on the filesystem (an ``rmdir`` can take milliseconds on a
-    journaled disk that discards freed blocks) and nothing a step reports depends on it, so
-    steps queue their directories here and go on: queueing costs no thread hop. The threads
-    start with the first directory; :meth:`finish` lets them empty the queue and joins them
-    (the run waits for that, also when it is cancelled: no thread outlives the run).
-    """
-
-    io: BranchIO
-    workers: int = 2
-    _queue: queue.SimpleQueue[Workdir | list[str] | None] = field(factory=queue.SimpleQueue)
-    _threads: list[threading.Thread] = field(factory=list)
-    #: per thread: [directories removed, wall seconds, CPU seconds], read after the join
-    _totals: list[list[float]] = field(factory=list)
-
-    def put(self, workdir: Workdir | list[str]) -> None:
-        """Queue ``workdir``, or empty directories (deepest first), for removal (never waits)."""
-        self._queue.put(workdir)
-        if len(self._threads) < self.workers:
-            totals = [0.0, 0.0, 0.0]
-            thread = threading.Thread(
-                target=self._serve, args=(totals,), name="branch-reaper", daemon=True
-            )
-            self._totals.append(totals)
-            self._threads.append(thread)
-            thread.start()
-
-    def _serve(self, totals: list[float]) -> None:
-        while (workdir := self._queue.get()) is not None:
-            wall, cpu = time.perf_counter(), time.thread_time()
-            try:
-                if isinstance(workdir, list):
-                    for directory in workdir:
-                        os.rmdir(directory)
-                else:
-                    workdir.remove()
-            except Exception:  # a directory left behind must not stop the others
-                where = workdir[-1] if isinstance(workdir, list) else workdir.root
-                log.exception("removing a branch directory failed", directory=where)
-            totals[0] += 1
-            totals[1] += time.perf_counter() - wall
-            totals[2] += time.thread_time() - cpu
-
-    def _join(self) -> None:
-        for _ in self._threads:
-            self._queue.put(None)
-        for thread in self._threads:
-            thread.join()
-
-    async def finish(self) -> None:
-        """Wait until every queued directory is removed (shield it when cancelled)."""
-        if self._threads:
-            await trio.to_thread.run_sync(self._join)
-        for count, seconds, cpu in self._totals:
-            self.io.add("remove", int(count), seconds, cpu)
-        self._threads, self._totals = [], []
+def _trash_entries(trash: Path) -> list[str]:
+    """The entries of the run's trash folder (made if missing)."""
+    trash.mkdir(parents=True, exist_ok=True)
+    return [str(trash / name) for name in sorted(os.listdir(trash))]
 
 
 def branch_diffs(branch: Branch) -> tuple[ChangeSet, str, str]:
@@ -237,7 +239,10 @@ class BranchDirs:
 
     Every operation that touches them is timed into :attr:`io` and, unless the tree is small,
     waits in a worker thread; a harvest also computes the branch's diffs in the same thread hop
-    and keeps them until the instance is recorded (:meth:`take_diffs`).
+    and keeps them until the instance is recorded (:meth:`take_diffs`). Materializations and
+    deletions share :attr:`budget`; at most :attr:`limit` directories of trees that are not
+    small are on disk at once, the ones waiting in the trash included (see the module doc).
+    Use it within :meth:`serving`, which deletes the trash meanwhile.
     """
 
     run_dir: Path
@@ -245,14 +250,27 @@ class BranchDirs:
     #: the limit on a changed file of the run's branches (None: none); see
     #: :attr:`Workdir.max_file_size <orchestrator.vfs.Workdir.max_file_size>`
     max_file_size: int | None = None
-    _reaper: Reaper = field(init=False)
+    #: directories on disk at once (live or in the trash): the run's limit on instances at once
+    limit: int = 8
+    #: copy and delete jobs at once, shared by every materialization and deletion of the run
+    budget: trio.CapacityLimiter = field(factory=copy_budget)
+    costs: BranchCosts = field(factory=BranchCosts)
+    #: held by each directory counted against :attr:`limit` until it is deleted
+    _disk: trio.Semaphore = field(init=False)
     #: directory names taken in this run (names are made unique)
     _names: set[str] = field(init=False, factory=set)
     #: branch name -> (net changes, diff against the run's base, own diff), from the harvest
     _diffs: dict[str, tuple[ChangeSet, str, str]] = field(init=False, factory=dict)
+    #: live directory -> (bytes counted for it, whether it holds a place of :attr:`_disk`)
+    _live: dict[str, tuple[int, bool]] = field(init=False, factory=dict)
+    #: to delete: (path, its workdir to close first or None, bytes counted, holds a place)
+    _trash: list[tuple[str, Workdir | None, int, bool]] = field(init=False, factory=list)
+    _nursery: trio.Nursery | None = field(init=False, default=None)
+    #: set when the pass under way (if any) has ended
+    _emptied: trio.Event | None = field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
-        self._reaper = Reaper(self.io)
+        self._disk = trio.Semaphore(max(self.limit, 1))
 
     def directory(self, name: str, attempt: int) -> Path:
         """A fresh directory for one attempt's branch: one level under ``branches/``."""
@@ -265,49 +283,171 @@ class BranchDirs:
         self._names.add(unique)
         return self.run_dir / "branches" / unique
 
+    @asynccontextmanager
+    async def serving(self) -> AsyncIterator[None]:
+        """Delete the trash in the background for the block, and wait at its end (also when
+        cancelled) until every directory is deleted. What an earlier process left in the
+        run's trash is deleted too."""
+        trash = self.run_dir / TRASH
+        left = await trio.to_thread.run_sync(_trash_entries, trash)
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            for path in left:
+                self._throw_away(path, None, 0, holds=False)
+            try:
+                yield
+            finally:
+                self._nursery = None
+                await self.drain()
+                # a finished run leaves no folder for the next runs to sweep
+                for empty in (trash, self.run_dir / "branches"):
+                    with contextlib.suppress(OSError):
+                        empty.rmdir()
+
     async def materialize(
         self, branch: Branch, name: str, attempt: int, *, max_file_size: int | None = None
     ) -> Workdir:
         """Write ``branch`` out into a fresh directory for attempt ``attempt`` of ``name``.
 
-        ``max_file_size`` replaces the run's limit on a changed file for this directory.
+        ``max_file_size`` replaces the run's limit on a changed file for this directory. A tree
+        that is not small waits for a place among the directories on disk, then for the budget.
         """
         limit = max_file_size if max_file_size is not None else self.max_file_size
-        result, _ = await self.run_then(
-            "materialize",
-            lambda: materialize(branch, self.directory(name, attempt), max_file_size=limit),
-            lambda: None,
-            inline=is_small(branch),
-        )
+        directory = self.directory(name, attempt)
+        if is_small(branch):
+            result, _ = await self.run_then(
+                "materialize",
+                lambda: materialize(branch, directory, max_file_size=limit),
+                lambda: None,
+                inline=True,
+            )
+            holds = False
+        else:
+            self.io.wait_started()
+            try:
+                await self._disk.acquire()
+            finally:
+                self.io.wait_ended()
+            try:
+                result = await self._in_budget(
+                    "materialize",
+                    lambda threads: materialize(
+                        branch, directory, max_file_size=limit, max_workers=threads
+                    ),
+                )
+            except BaseException:
+                self._disk.release()
+                raise
+            holds = True
+        size = result.recorded_bytes()
+        self._live[result.root] = (size, holds)
+        self.costs.made += 1
+        self.costs.bytes_copied += size
+        self.costs.grew(size)
         return result
 
-    def remove(self, workdir: Workdir) -> None:
-        """Remove a small ``workdir`` at once, or have it removed in the background.
+    async def _in_budget(self, kind: str, work: Callable[[int], _T]) -> _T:
+        """``work(1)`` in a worker thread, as one job of :attr:`budget` (1: the threads it may
+        use; copies that each spread over threads of their own would multiply them)."""
+        self.io.wait_started()
+        try:
+            await self.budget.acquire()
+        finally:
+            self.io.wait_ended()
+        try:
+            return await self.run(kind, lambda: work(1))
+        finally:
+            self.budget.release()
 
-        A background removal of a tiny directory costs the event loop more than doing it
-        here: the reaper thread's Python code competes for the GIL with every system call the
-        loop makes meanwhile.
+    def remove(self, workdir: Workdir) -> None:
+        """Rename ``workdir`` into the trash at once, to be deleted in the background.
+
+        A small one's files are deleted right here first: a background removal of a tiny
+        directory costs the event loop more than doing it here (the deleting thread's Python
+        code competes for the GIL with every system call the loop makes meanwhile).
         """
+        counted, holds = self._live.pop(workdir.root, (0, False))
+        # what the directory holds as its last harvest found it: what the agent wrote counts
+        size = workdir.recorded_bytes()
+        self.costs.grew(size - counted)
+        closed = False
         if is_small(workdir.branch):
             wall, cpu = time.perf_counter(), time.thread_time()
             try:
-                dirs = _empty_small(workdir, 2 * INLINE_MAX_FILES)
+                closed = _empty_small(workdir, 2 * INLINE_MAX_FILES)
             except OSError:
-                dirs = None  # the reaper tries again and logs what it cannot remove
+                closed = False  # the trash deletes what is left
             seconds = time.perf_counter() - wall
             self.io.critical_seconds += seconds
             self.io.add("remove", 0, seconds, time.thread_time() - cpu)
-            if dirs is not None:
-                self._reaper.put(dirs)
-                return
-        self._reaper.put(workdir)
+            if closed:
+                self.costs.shrank(size)
+                size = 0
+        path = workdir.root
+        trashed = os.path.join(
+            self.run_dir, TRASH, f"{os.path.basename(path)}.{secrets.token_hex(4)}"
+        )
+        try:
+            os.makedirs(os.path.dirname(trashed), exist_ok=True)
+            os.rename(path, trashed)
+        except OSError:
+            trashed = path  # deleted where it is
+        self._throw_away(trashed, None if closed else workdir, size, holds=holds)
+
+    def _throw_away(self, path: str, workdir: Workdir | None, size: int, *, holds: bool) -> None:
+        """Queue ``path`` for deletion, and start a pass if none is under way."""
+        self._trash.append((path, workdir, size, holds))
+        if self._emptied is None and self._nursery is not None:
+            self._emptied = trio.Event()
+            self._nursery.start_soon(self._empty)
+
+    async def _empty(self) -> None:
+        """Delete the trash in passes, each one job of the budget, until it is empty."""
+        try:
+            while self._trash:
+                async with self.budget:
+                    # taken with the budget held: a pass cancelled before it starts loses none
+                    batch, self._trash = self._trash, []
+                    count, seconds, cpu = await trio.to_thread.run_sync(self._delete, batch)
+                self.io.add("remove", count, seconds, cpu)
+        finally:
+            if self._emptied is not None:
+                self._emptied.set()
+            self._emptied = None
+
+    def _delete(
+        self, batch: list[tuple[str, Workdir | None, int, bool]]
+    ) -> tuple[int, float, float]:
+        """Delete ``batch`` (in a worker thread), each directory given back to the run as it
+        goes; how many, and the wall and CPU time taken."""
+        wall, cpu = time.perf_counter(), time.thread_time()
+        for path, workdir, size, holds in batch:
+            try:
+                if workdir is not None:
+                    workdir.close()
+                remove_tree(path)
+            except Exception:  # a directory left behind must not stop the others
+                log.exception("removing a branch directory failed", directory=path)
+            trio.from_thread.run_sync(self._deleted, size, holds)
+        return len(batch), time.perf_counter() - wall, time.thread_time() - cpu
+
+    def _deleted(self, size: int, holds: bool) -> None:
+        self.costs.shrank(size)
+        if holds:
+            self._disk.release()
 
     async def drain(self) -> None:
-        """Wait for the last removals (shielded: no thread outlives the run), timed as drain."""
+        """Wait until the trash is deleted (shielded: no thread outlives the run), timed as
+        drain."""
         self.io.wait_started()
         waiting = time.perf_counter()
         with trio.CancelScope(shield=True):
-            await self._reaper.finish()
+            while self._trash or self._emptied is not None:
+                if self._emptied is not None:
+                    await self._emptied.wait()
+                else:
+                    self._emptied = trio.Event()
+                    await self._empty()
         self.io.wait_ended()
         self.io.drain_seconds += time.perf_counter() - waiting
 

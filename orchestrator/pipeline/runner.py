@@ -38,7 +38,7 @@ from ..sandbox import Sandbox
 from ..store import StepRecord
 from ..vfs import Branch, MergeResult, Snapshot, merge_branches
 from ._agent_step import AgentTurns, label_run_agents
-from ._branchio import BranchDirs, BranchIO
+from ._branchio import BranchCosts, BranchDirs, BranchIO
 from ._calls import MISSING, call, describe, error_kind, fan_out_items, user_traceback
 from ._instance import InstanceExecutor, fork_from
 from ._recording import EventSink, Recorder
@@ -113,7 +113,9 @@ class PipelineRunner:
         self._recorder = Recorder(
             self.run_id, self.writer, self.snapshot, self.on_event, self.max_turn_record_bytes
         )
-        self._dirs = BranchDirs(self.run_dir, self.io, self.max_file_size)
+        self._dirs = BranchDirs(
+            self.run_dir, self.io, self.max_file_size, limit=max(self.parallel, 1)
+        )
         self._turns = AgentTurns(
             run_id=self.run_id,
             pool=self.pool,
@@ -148,6 +150,11 @@ class PipelineRunner:
         """Branch directory I/O so far (see :class:`BranchIO`)."""
         return self.io.to_json()
 
+    @property
+    def branch_costs(self) -> BranchCosts:
+        """Branch directories made and reused so far, bytes copied and peak disk."""
+        return self._dirs.costs
+
     async def emit(self, event: RunEvent) -> None:
         """Report ``event`` to the listener and keep it in the store."""
         self._recorder.emit(event)
@@ -160,13 +167,10 @@ class PipelineRunner:
         Finished branch directories are removed in the background meanwhile; the run ends
         when they are all gone (also when it is cancelled).
         """
-        try:
-            async with trio.open_nursery() as nursery:
-                for name in self.pipeline.order():
-                    nursery.start_soon(self._run_step, self.states[name], name=f"step {name}")
-        finally:
-            # from here on the run only waits for the last removals
-            await self._dirs.drain()
+        # at its end the run only waits for the last removals
+        async with self._dirs.serving(), trio.open_nursery() as nursery:
+            for name in self.pipeline.order():
+                nursery.start_soon(self._run_step, self.states[name], name=f"step {name}")
 
     async def _run_step(self, state: StepState) -> None:
         step = state.step

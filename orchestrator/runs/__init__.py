@@ -14,6 +14,7 @@ from .default_policy import DefaultRejections
 from .outcomes import (
     AgentIdentity,
     AgentOutcome,
+    BranchUsage,
     FileChange,
     InstanceOutcome,
     PermissionEntry,
@@ -31,6 +32,7 @@ __all__ = [
     "AgentIdentity",
     "AgentOutcome",
     "ApplyOutcome",
+    "BranchUsage",
     "DefaultRejections",
     "FileChange",
     "InstanceOutcome",

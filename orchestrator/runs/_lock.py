@@ -30,7 +30,7 @@ from attrs import frozen
 from ..agent.reaper import process_started, same_process
 from ..errors import RunBusy
 
-__all__ = ["RunOwner", "hold_run_lock", "run_owner"]
+__all__ = ["RunOwner", "hold_run_lock", "move_leftovers", "run_owner"]
 
 LOCK_NAME = "lock"
 
@@ -141,3 +141,46 @@ def run_owner(run_dir: Path) -> RunOwner:
         # another user's process may be hidden from this one (/proc mounted hidepid)
         return RunOwner("unknown", pid, host)
     return RunOwner("alive" if alive else "gone", pid, host)
+
+
+#: what a run leaves in its directory that is nobody's once its process is gone
+_LEFTOVERS = ("branches", "trash")
+
+
+def move_leftovers(runs: Path, trash: Path) -> int:
+    """Move the branch directories and trash of runs in ``runs`` whose process is gone (their
+    lock is free) into ``trash``, to be deleted there; how many folders were moved.
+
+    A run killed (SIGKILL, a crash) deletes nothing: without this its copies of the workspace
+    would stay forever. The lock is held while they move, so a resume starting meanwhile waits
+    for none of it (it finds the run busy for that moment only). Renames only: cheap.
+    """
+    moved = 0
+    try:
+        names = os.listdir(runs)
+    except OSError:
+        return 0
+    for name in names:
+        run_dir = runs / name
+        found = [kind for kind in _LEFTOVERS if (run_dir / kind).is_dir()]
+        if not found or run_dir / "trash" == trash:
+            continue
+        try:
+            fd = os.open(run_dir / LOCK_NAME, os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            continue  # no lock: not a run's directory (or one from before locks)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # running
+            trash.mkdir(parents=True, exist_ok=True)
+            for kind in found:
+                try:
+                    os.rename(run_dir / kind, trash / f"{name}.{kind}")
+                    moved += 1
+                except OSError:
+                    pass  # moved by another run meanwhile, or across filesystems: left there
+        finally:
+            os.close(fd)
+    return moved

@@ -35,6 +35,7 @@ from .verdict import changed_lines
 __all__ = [
     "AgentIdentity",
     "AgentOutcome",
+    "BranchUsage",
     "FileChange",
     "InstanceOutcome",
     "PermissionEntry",
@@ -583,6 +584,39 @@ class AgentOutcome(_TurnFields):
     def to_json(self) -> dict[str, Any]:
         """The object it was read from."""
         return _write(self)
+
+
+@frozen(kw_only=True)
+class BranchUsage:
+    """What a run's branch directories cost (its ``branches`` object): directories made and
+    reused, bytes written into them, and the most bytes they held on disk at once (counted as
+    they were made and deleted: the files they were made with or last harvested, ignored files
+    left out)."""
+
+    made: int = attrs.field(default=0, metadata=_json("made", _INT))
+    reused: int = attrs.field(default=0, metadata=_json("reused", _INT))
+    bytes_copied: int = attrs.field(default=0, metadata=_json("bytesCopied", _INT))
+    peak_bytes: int = attrs.field(default=0, metadata=_json("peakBytes", _INT))
+    #: the keys this version does not read, as they were
+    extra: Mapping[str, Any] = _extra_field()
+    #: the keys of the object it was read from, in order
+    json_keys: tuple[str, ...] = _keys_field()
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> BranchUsage:
+        """The figures a ``branches`` object gives."""
+        return _read(cls, data)
+
+    def to_json(self) -> dict[str, Any]:
+        """The object it was read from."""
+        return _write(self)
+
+
+def read_branches(result: Mapping[str, Any]) -> BranchUsage | None:
+    """The ``branches`` object of a run's ``--json`` object, typed; None when it has none (a
+    run no process took to its end)."""
+    raw = result.get("branches")
+    return BranchUsage.from_json(raw) if isinstance(raw, Mapping) else None
 
 
 def read_steps(result: Mapping[str, Any]) -> Mapping[str, StepOutcome]:

@@ -188,6 +188,7 @@ def finished_run_json(
     reused: Iterable[str],
     workspace_changed: Sequence[str],
     patch_left_out: Sequence[str],
+    branches: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """The object a run returns at its end (and keeps in its record): its records' object
     (:func:`rebuild_run_json`) with what only its process knows."""
@@ -202,6 +203,9 @@ def finished_run_json(
         # changes.patch leaves them out (the run store keeps their changes)
         "patchLeftOut": display_names(patch_left_out),
     }
+    if branches is not None:
+        # what the branch directories cost: made, reused, bytes copied, peak disk
+        result["branches"] = dict(branches)
     nothing, warnings = did_nothing(result)
     return {**result, "didNothing": nothing, "warnings": list(warnings)}
 

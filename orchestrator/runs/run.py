@@ -41,6 +41,7 @@ from ..config import Config
 from ..errors import AgentNotFound, AlreadyApplied, StoreError, SymlinkRefused, UsageError
 from ..mcp import McpServer, merge_mcp_servers
 from ..pipeline import Pipeline, load_pipeline
+from ..pipeline._branchio import TRASH
 from ..pipeline._calls import safe
 from ..pipeline._recording import notify
 from ..pipeline._writer import open_store_writer
@@ -79,10 +80,18 @@ from ..vfs import (
     remove_tree,
 )
 from ._face import check_trio_face
-from ._lock import hold_run_lock
+from ._lock import hold_run_lock, move_leftovers
 from .apply import apply_recorded, recover
 from .default_policy import DefaultRejections
-from .outcomes import AgentOutcome, FileChange, StepOutcome, read_agents, read_steps
+from .outcomes import (
+    AgentOutcome,
+    BranchUsage,
+    FileChange,
+    StepOutcome,
+    read_agents,
+    read_branches,
+    read_steps,
+)
 from .recorded import compare_verdict, finished_run_json, rebuild_run_json
 from .settings import RunSettings, configured_limits, file_size_option, policy_source
 from .verdict import Verdict, judge
@@ -174,6 +183,12 @@ class RunOutcome:
         runs."""
         verdict = self.verdict
         return verdict.winner if verdict is not None else None
+
+    @functools.cached_property
+    def branches(self) -> BranchUsage | None:
+        """What the run's branch directories cost: made, reused, bytes copied, peak disk (read
+        from :attr:`result`'s ``branches``); None for a run no process took to its end."""
+        return read_branches(self.result)
 
     @functools.cached_property
     def changes(self) -> tuple[FileChange, ...]:
@@ -480,8 +495,9 @@ async def run_pipeline(
                     # its lock was free: the process that ran it is gone (killed, crashed)
                     log.warning("the run's process is gone; resuming it", run=run_id)
                 # what an earlier attempt left in the run directory is nobody's now (the lock is
-                # ours): branch directories of a killed process would block the steps' new ones
-                await trio.to_thread.run_sync(lambda: remove_tree(str(run_dir / "branches")))
+                # ours): branch directories of a killed process would block the steps' new ones;
+                # moved into the trash, which the runner deletes in the background
+                await trio.to_thread.run_sync(_trash_branches, run_dir)
                 reused = await _reusable(store, run_id, snapshot)
                 recorded = dict((await store.get_run(run_id)).options)
                 # what confines this attempt, and what a later resume keeps
@@ -501,6 +517,8 @@ async def run_pipeline(
                 # this attempt merges again what it reaches, reused branches too, and records
                 # the conflicts as they stand now (the merge strategy may have changed since)
                 await store.clear_conflicts(run_id)
+            # the copies left by runs that were killed are deleted by this one, in the background
+            await trio.to_thread.run_sync(move_leftovers, state / "runs", run_dir / TRASH)
             log.info("run started", run=run_id, pipeline=pipe.name, steps=len(pipe.steps))
             started = time.monotonic()
             status: RunStatus = "interrupted"
@@ -589,6 +607,7 @@ async def run_pipeline(
                 reused=reused,
                 workspace_changed=unapplied,
                 patch_left_out=left_out,
+                branches=runner.branch_costs.to_json(),
             )
             nothing, warnings = bool(result["didNothing"]), tuple(result["warnings"])
             outcome = RunOutcome(
@@ -711,6 +730,17 @@ async def _reusable(
         branch.close()
         out[record.key] = (record, branch)
     return out
+
+
+def _trash_branches(run_dir: Path) -> None:
+    """Move the branch directories of an earlier attempt of the run into its trash."""
+    branches, trash = run_dir / "branches", run_dir / TRASH
+    if branches.is_dir():
+        trash.mkdir(parents=True, exist_ok=True)
+        try:
+            os.rename(branches, trash / f"branches.{uuid.uuid4().hex[:8]}")
+        except OSError:
+            remove_tree(str(branches))
 
 
 async def _import_transcripts(store: RunStore, run_id: str, run_dir: Path) -> None:

@@ -260,6 +260,7 @@ def _run_jobs(
     workers: int | None,
     links: LinkMap | None,
     rewritten: dict[str, tuple[bytes, bytes]],
+    max_workers: int | None = None,
 ) -> tuple[dict[str, tuple[_Key, str | None]], int]:
     """Create every job's file; what each gave and the number of threads used at the end."""
 
@@ -280,6 +281,8 @@ def _run_jobs(
         if workers <= 1 or len(jobs) < 64:
             return dict(run(jobs)), 1
         return parallel(jobs, workers), workers
+    if max_workers is not None and max_workers <= 1:
+        return dict(run(jobs)), 1
     records: dict[str, tuple[_Key, str | None]] = {}
     done = 0
     while done < len(jobs):
@@ -289,7 +292,7 @@ def _run_jobs(
         done += len(chunk)
         slow = (time.perf_counter() - started) / len(chunk) > _SLOW_FILE_S
         if slow and len(jobs) - done >= 64:
-            n = min(8, 2 * (os.cpu_count() or 1))
+            n = min(8, 2 * (os.cpu_count() or 1), max_workers or 8)
             records.update(parallel(jobs[done:], n))
             return records, n
     return records, 1
@@ -432,6 +435,7 @@ def materialize(
     workers: int | None = None,
     watch: bool | None = None,
     max_file_size: int | None = None,
+    max_workers: int | None = None,
 ) -> Workdir:
     """Write ``branch`` into the new or empty ``directory`` and return its :class:`Workdir`.
 
@@ -439,7 +443,8 @@ def materialize(
     and ``include_vcs`` the VCS internals (``.git/``); neither is ever harvested. ``workers``
     threads copy in parallel; by default the first files are copied on one thread and the rest
     moves to a pool only if copying turns out to wait on the disk or on large files (measured:
-    for small files on a fast filesystem, threads just contend for the GIL and are slower).
+    for small files on a fast filesystem, threads just contend for the GIL and are slower);
+    ``max_workers`` caps that pool (a caller sharing the machine's threads among copies).
     ``watch`` enables the inotify accelerator for harvests; by default (None) it is on for trees
     of :data:`WATCH_MIN_FILES` files or more: below that a full stat scan is cheaper than setting
     up a watch and tearing it down (closing an inotify instance alone takes milliseconds).
@@ -462,7 +467,7 @@ def materialize(
         _check_lengths(jobs, target, src_root)
         dirs = sorted({j.rel.rpartition("/")[0] for j in jobs} - {""})
         _make_dirs(target, dirs)
-        made, n = _run_jobs(jobs, src_root, target, workers, links, rewritten)
+        made, n = _run_jobs(jobs, src_root, target, workers, links, rewritten, max_workers)
         records: dict[str, _Key] = {}
         for rel, (key, hashed) in made.items():
             records[rel] = key

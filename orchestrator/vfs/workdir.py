@@ -309,6 +309,12 @@ class Workdir:
                 self._watcher.close()
                 self._watcher = None
 
+    def recorded_bytes(self) -> int:
+        """Bytes of the files the directory holds as last recorded: as written, or as the last
+        harvest found them (ignored files are never recorded)."""
+        with self._lock:
+            return sum(key[0] for key in self._records.values())
+
     def remove(self) -> None:
         """Close and delete the directory."""
         self.close()
