@@ -8,9 +8,9 @@ the system calls cost less than two thread wake-ups.
 Copying and deleting share one budget per run (:func:`copy_budget`: a job per CPU), so that
 many materializations at once queue instead of contending for the CPUs. A finished directory is
 renamed into the run's trash at once (a small one's files are deleted first, right there) and
-the trash is deleted in the background, in passes within the budget; a directory counts against
-the run's limit of directories on disk until it is deleted, so a new one waits for an old one
-rather than piling copies up. What is left in the trash by a run that died is deleted by the
+the trash is deleted in the background, a directory per job of the budget; a directory counts
+against the run's limit of directories on disk until it is deleted, so a new one waits for an
+old one rather than piling copies up. What is left in the trash by a run that died is deleted by the
 next attempt of the run (and :mod:`orchestrator.runs` moves a dead run's leftovers into the
 trash of the next run).
 """
@@ -50,6 +50,12 @@ INLINE_MAX_BYTES = 256 * 1024
 
 #: the folder of a run's directory that finished branch directories are renamed into
 TRASH = "trash"
+
+
+#: an entry of the trash: its path, its workdir to close first (or None), the bytes counted for
+#: it, whether it holds a place among the directories on disk, whether only empty folders are
+#: left of it
+_Trashed = tuple[str, Workdir | None, int, bool, bool]
 
 
 def copy_budget() -> trio.CapacityLimiter:
@@ -263,11 +269,12 @@ class BranchDirs:
     _diffs: dict[str, tuple[ChangeSet, str, str]] = field(init=False, factory=dict)
     #: live directory -> (bytes counted for it, whether it holds a place of :attr:`_disk`)
     _live: dict[str, tuple[int, bool]] = field(init=False, factory=dict)
-    #: to delete: (path, its workdir to close first or None, bytes counted, holds a place)
-    _trash: list[tuple[str, Workdir | None, int, bool]] = field(init=False, factory=list)
+    _trash: list[_Trashed] = field(init=False, factory=list)
     _nursery: trio.Nursery | None = field(init=False, default=None)
-    #: set when the pass under way (if any) has ended
-    _emptied: trio.Event | None = field(init=False, default=None)
+    #: tasks deleting the trash now
+    _deleters: int = field(init=False, default=0)
+    #: set when the last deleter ends
+    _idle: trio.Event = field(init=False, factory=trio.Event)
 
     def __attrs_post_init__(self) -> None:
         self._disk = trio.Semaphore(max(self.limit, 1))
@@ -297,8 +304,8 @@ class BranchDirs:
             try:
                 yield
             finally:
+                await self.drain()  # with the deleters of the nursery, if not cancelled
                 self._nursery = None
-                await self.drain()
                 # a finished run leaves no folder for the next runs to sweep
                 for empty in (trash, self.run_dir / "branches"):
                     with contextlib.suppress(OSError):
@@ -392,36 +399,57 @@ class BranchDirs:
             os.rename(path, trashed)
         except OSError:
             trashed = path  # deleted where it is
-        self._throw_away(trashed, None if closed else workdir, size, holds=holds)
+        self._throw_away(trashed, None if closed else workdir, size, holds=holds, light=closed)
 
-    def _throw_away(self, path: str, workdir: Workdir | None, size: int, *, holds: bool) -> None:
-        """Queue ``path`` for deletion, and start a pass if none is under way."""
-        self._trash.append((path, workdir, size, holds))
-        if self._emptied is None and self._nursery is not None:
-            self._emptied = trio.Event()
+    def _throw_away(
+        self,
+        path: str,
+        workdir: Workdir | None,
+        size: int,
+        *,
+        holds: bool,
+        light: bool = False,
+    ) -> None:
+        """Queue ``path`` for deletion (``light``: only empty folders are left of it), and
+        start deleters for it: as many as the budget has jobs, at most one per directory."""
+        self._trash.append((path, workdir, size, holds, light))
+        if self._nursery is None:
+            return
+        while self._deleters < min(self.budget.total_tokens, len(self._trash)):
+            self._deleters += 1
             self._nursery.start_soon(self._empty)
 
+    def _take(self) -> list[_Trashed]:
+        """The next entries of the trash to delete in one job: one directory, with the
+        emptied folders of small ones queued before it."""
+        batch: list[_Trashed] = []
+        while self._trash:
+            batch.append(self._trash.pop(0))
+            if not batch[-1][4]:
+                break
+        return batch
+
     async def _empty(self) -> None:
-        """Delete the trash in passes, each one job of the budget, until it is empty."""
+        """Delete the trash, a job of the budget at a time, until it is empty (counted in
+        :attr:`_deleters` by the caller)."""
         try:
             while self._trash:
                 async with self.budget:
-                    # taken with the budget held: a pass cancelled before it starts loses none
-                    batch, self._trash = self._trash, []
+                    # taken with the budget held: a job cancelled before it starts loses none
+                    batch = self._take()
                     count, seconds, cpu = await trio.to_thread.run_sync(self._delete, batch)
                 self.io.add("remove", count, seconds, cpu)
         finally:
-            if self._emptied is not None:
-                self._emptied.set()
-            self._emptied = None
+            self._deleters -= 1
+            if self._deleters == 0:
+                self._idle.set()
+                self._idle = trio.Event()
 
-    def _delete(
-        self, batch: list[tuple[str, Workdir | None, int, bool]]
-    ) -> tuple[int, float, float]:
+    def _delete(self, batch: list[_Trashed]) -> tuple[int, float, float]:
         """Delete ``batch`` (in a worker thread), each directory given back to the run as it
         goes; how many, and the wall and CPU time taken."""
         wall, cpu = time.perf_counter(), time.thread_time()
-        for path, workdir, size, holds in batch:
+        for path, workdir, size, holds, _ in batch:
             try:
                 if workdir is not None:
                     workdir.close()
@@ -442,11 +470,11 @@ class BranchDirs:
         self.io.wait_started()
         waiting = time.perf_counter()
         with trio.CancelScope(shield=True):
-            while self._trash or self._emptied is not None:
-                if self._emptied is not None:
-                    await self._emptied.wait()
+            while self._trash or self._deleters:
+                if self._deleters:
+                    await self._idle.wait()
                 else:
-                    self._emptied = trio.Event()
+                    self._deleters += 1
                     await self._empty()
         self.io.wait_ended()
         self.io.drain_seconds += time.perf_counter() - waiting
