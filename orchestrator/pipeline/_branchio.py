@@ -336,11 +336,12 @@ class BranchDirs:
             finally:
                 self.io.wait_ended()
             try:
+                # a job may copy on a few threads of its own (see materialize: where copying
+                # waits on the disk they overlap the waits); the budget bounds the jobs, so
+                # the threads stay within a few per CPU, not a few per session
                 result = await self._in_budget(
                     "materialize",
-                    lambda threads: materialize(
-                        branch, directory, max_file_size=limit, max_workers=threads
-                    ),
+                    lambda: materialize(branch, directory, max_file_size=limit),
                 )
             except BaseException:
                 self._disk.release()
@@ -353,16 +354,15 @@ class BranchDirs:
         self.costs.grew(size)
         return result
 
-    async def _in_budget(self, kind: str, work: Callable[[int], _T]) -> _T:
-        """``work(1)`` in a worker thread, as one job of :attr:`budget` (1: the threads it may
-        use; copies that each spread over threads of their own would multiply them)."""
+    async def _in_budget(self, kind: str, work: Callable[[], _T]) -> _T:
+        """``work`` in a worker thread, as one job of :attr:`budget`."""
         self.io.wait_started()
         try:
             await self.budget.acquire()
         finally:
             self.io.wait_ended()
         try:
-            return await self.run(kind, lambda: work(1))
+            return await self.run(kind, work)
         finally:
             self.budget.release()
 
