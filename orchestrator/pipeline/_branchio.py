@@ -4,7 +4,9 @@
 :class:`BranchIO`. Each operation on a large tree runs in a worker thread; a small tree
 (:func:`is_small`) is made and harvested on the event loop, where the system calls cost less
 than two thread wake-ups. Finished directories go to a :class:`Reaper`, which removes them in
-the background (a small one's files are deleted at once, its folders by the reaper).
+the background (a small one's files are deleted at once, its folders by the reaper). With a
+:class:`~orchestrator.vfs.pool.DirPool`, finished directories are pooled instead and reset
+for the next branch of the same tree (see :mod:`orchestrator.vfs.pool`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from attrs import define, field
 
 from .._log import get_logger
 from ..vfs import Branch, ChangeSet, Snapshot, Workdir, Write, materialize
+from ..vfs._fileio import remove_tree
+from ..vfs.pool import DirPool
 from ..vfs.tree import compose
 from ._calls import safe
 from .branches import diff_of
@@ -167,13 +171,14 @@ class Reaper:
 
     io: BranchIO
     workers: int = 2
-    _queue: queue.SimpleQueue[Workdir | list[str] | None] = field(factory=queue.SimpleQueue)
+    _queue: queue.SimpleQueue[Workdir | list[str] | str | None] = field(factory=queue.SimpleQueue)
     _threads: list[threading.Thread] = field(factory=list)
     #: per thread: [directories removed, wall seconds, CPU seconds], read after the join
     _totals: list[list[float]] = field(factory=list)
 
-    def put(self, workdir: Workdir | list[str]) -> None:
-        """Queue ``workdir``, or empty directories (deepest first), for removal (never waits)."""
+    def put(self, workdir: Workdir | list[str] | str) -> None:
+        """Queue ``workdir``, empty directories (deepest first) or a directory's path, for
+        removal (never waits)."""
         self._queue.put(workdir)
         if len(self._threads) < self.workers:
             totals = [0.0, 0.0, 0.0]
@@ -191,10 +196,18 @@ class Reaper:
                 if isinstance(workdir, list):
                     for directory in workdir:
                         os.rmdir(directory)
+                elif isinstance(workdir, str):
+                    remove_tree(workdir)
                 else:
                     workdir.remove()
             except Exception:  # a directory left behind must not stop the others
-                where = workdir[-1] if isinstance(workdir, list) else workdir.root
+                where = (
+                    workdir[-1]
+                    if isinstance(workdir, list)
+                    else workdir
+                    if isinstance(workdir, str)
+                    else workdir.root
+                )
                 log.exception("removing a branch directory failed", directory=where)
             totals[0] += 1
             totals[1] += time.perf_counter() - wall
@@ -245,6 +258,9 @@ class BranchDirs:
     #: the limit on a changed file of the run's branches (None: none); see
     #: :attr:`Workdir.max_file_size <orchestrator.vfs.Workdir.max_file_size>`
     max_file_size: int | None = None
+    #: finished directories kept for reuse (None: every directory is made fresh and deleted);
+    #: its :attr:`~orchestrator.vfs.pool.DirPool.stats` count directories made and reused
+    pool: DirPool | None = None
     _reaper: Reaper = field(init=False)
     #: directory names taken in this run (names are made unique)
     _names: set[str] = field(init=False, factory=set)
@@ -273,12 +289,27 @@ class BranchDirs:
         ``max_file_size`` replaces the run's limit on a changed file for this directory.
         """
         limit = max_file_size if max_file_size is not None else self.max_file_size
-        result, _ = await self.run_then(
-            "materialize",
-            lambda: materialize(branch, self.directory(name, attempt), max_file_size=limit),
-            lambda: None,
-            inline=is_small(branch),
-        )
+        directory = self.directory(name, attempt)
+        pool = self.pool
+        discarded: list[str] = []
+
+        def make() -> Workdir:
+            if pool is not None:
+                reused = pool.take(branch, directory, max_file_size=limit, discard=discarded.append)
+                if reused is not None:
+                    return reused
+            made = materialize(branch, directory, max_file_size=limit)
+            if pool is not None:
+                pool.adopt(made)
+            return made
+
+        try:
+            result, _ = await self.run_then(
+                "materialize", make, lambda: None, inline=is_small(branch)
+            )
+        finally:
+            for path in discarded:
+                self._reaper.put(path)
         return result
 
     def remove(self, workdir: Workdir) -> None:
@@ -286,8 +317,13 @@ class BranchDirs:
 
         A background removal of a tiny directory costs the event loop more than doing it
         here: the reaper thread's Python code competes for the GIL with every system call the
-        loop makes meanwhile.
+        loop makes meanwhile. With a pool, the directory is pooled (a rename) and only what the
+        pool evicts is removed.
         """
+        if self.pool is not None:
+            for path in self.pool.give(workdir):
+                self._reaper.put(path)
+            return
         if is_small(workdir.branch):
             wall, cpu = time.perf_counter(), time.thread_time()
             try:
@@ -304,10 +340,16 @@ class BranchDirs:
 
     async def drain(self) -> None:
         """Wait for the last removals (shielded: no thread outlives the run), timed as drain."""
+        if self.pool is not None:
+            for path in self.pool.clear():
+                self._reaper.put(path)
         self.io.wait_started()
         waiting = time.perf_counter()
         with trio.CancelScope(shield=True):
             await self._reaper.finish()
+            if self.pool is not None:
+                # its folder, empty now (what cannot be removed stays, as with any directory)
+                await trio.to_thread.run_sync(self.pool.close)
         self.io.wait_ended()
         self.io.drain_seconds += time.perf_counter() - waiting
 
