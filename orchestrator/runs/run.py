@@ -332,6 +332,7 @@ async def run_pipeline(
     config: Config | None = None,
     max_sessions: int | None = None,
     max_file_size: int | str | None = None,
+    reuse_dirs: bool = True,
     apply: bool = False,
     on_event: Callable[[RunEvent], None] | None = None,
     on_update: Callable[[t.SessionUpdate], None] | None = None,
@@ -388,6 +389,10 @@ async def run_pipeline(
     int, or ``"100M"``; default: the config's, else 100 MiB; a step's own ``max_file_size``
     replaces it) fails, naming the file, its size and the limit; an ``fs/write_text_file``
     over it is refused to the agent (-32602) before anything is written.
+
+    A finished instance's branch directory is reset and reused for the next instance forked
+    from the same tree (see :mod:`orchestrator.vfs.pool`); ``reuse_dirs=False`` (or the
+    environment variable ``ORCHESTRATOR_REUSE_DIRS=0``) makes every one fresh.
 
     The run's changes are recorded before anything is applied. Nothing is written to ``cwd``
     unless ``apply`` is true and the run succeeded, which it never does when recording its
@@ -549,6 +554,7 @@ async def run_pipeline(
                         mcp_servers=sessions_mcp,
                         max_file_size=settings.max_file_size,
                         max_turn_record_bytes=settings.max_turn_record_bytes,
+                        reuse_dirs=reuse_dirs,
                     )
                     await runner.emit(
                         RunEvent("run_started", run_id, data={"pipeline": pipe.name, "kind": _kind})
