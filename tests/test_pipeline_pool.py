@@ -17,10 +17,17 @@ from run_helpers import config, spec_for
 from orchestrator.pipeline import Pipeline, step
 from orchestrator.runs import RunOutcome, diff_run, run_pipeline
 from orchestrator.testing import AgentScript, Say, Spawn, Turn
-from orchestrator.vfs import Branch, Workspace, materialize
+from orchestrator.vfs import Branch, Workspace, materialize, pool
 from orchestrator.vfs.testing import make_tree
 
 LIMIT = 60.0
+
+
+@pytest.fixture(autouse=True)
+def pool_small_trees(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The workspaces here are small: pool their directories all the same."""
+    monkeypatch.setattr(pool, "REUSE_MIN_FILES", 0)
+
 
 #: lists the whole tree of its working directory (ignored files and ``.git`` included) and
 #: logs whether it is the expected one; ``dump DIR`` prints the listing of DIR instead

@@ -181,7 +181,7 @@ def test_a_reset_directory_is_a_fresh_materialization(
 
     outside = top / "outside"
     outside.mkdir()
-    pool = DirPool(str(top / "b" / ".pool"), 2)
+    pool = DirPool(str(top / "b" / ".pool"), 2, min_files=0)
     first = materialize(fork("one"), top / "b" / "one")
     pool.adopt(first)
     for op in ops:
@@ -214,7 +214,7 @@ def test_a_reset_directory_is_a_fresh_materialization(
 def test_a_tree_never_serves_another(space: Path) -> None:
     """A pooled directory serves only branches of the tree it was made from."""
     snap, parent = fresh_snapshot(space)
-    pool = DirPool(str(space / "b" / ".pool"), 2)
+    pool = DirPool(str(space / "b" / ".pool"), 2, min_files=0)
     wd = materialize(Branch.from_tree(snap, "one"), space / "b" / "one")
     pool.adopt(wd)
     pool.give(wd)
@@ -222,10 +222,21 @@ def test_a_tree_never_serves_another(space: Path) -> None:
     assert pool.take(Branch.from_tree(snap, "x"), space / "b" / "x", discard=print) is not None
 
 
+def test_a_small_tree_is_not_pooled(space: Path) -> None:
+    """A tree of fewer files than the pool's minimum is written afresh: never pooled."""
+    snap = make_workspace(space)
+    pool = DirPool(str(space / "b" / ".pool"), 2)  # REUSE_MIN_FILES: more than this tree
+    wd = materialize(Branch.from_tree(snap, "one"), space / "b" / "one")
+    pool.adopt(wd)
+    assert not pool.holds(wd)
+    assert pool.give(wd) == [wd.root]
+    assert pool.take(Branch.from_tree(snap, "two"), space / "b" / "two", discard=print) is None
+
+
 def test_the_pool_is_bounded(space: Path) -> None:
     """One directory more than the limit evicts the oldest, to be deleted."""
     snap = make_workspace(space)
-    pool = DirPool(str(space / "b" / ".pool"), 1)
+    pool = DirPool(str(space / "b" / ".pool"), 1, min_files=0)
     made = []
     for name in ("one", "two"):
         wd = materialize(Branch.from_tree(snap, name), space / "b" / name)
@@ -269,7 +280,7 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 def test_a_directory_a_process_holds_is_never_reset(space: Path, code: str) -> None:
     """A process left holding the directory keeps it out of reuse until it is gone."""
     snap = make_workspace(space)
-    pool = DirPool(str(space / "b" / ".pool"), 2)
+    pool = DirPool(str(space / "b" / ".pool"), 2, min_files=0)
     wd = materialize(Branch.from_tree(snap, "one"), space / "b" / "one")
     pool.adopt(wd)
     proc = _daemon(code, Path(wd.root))
@@ -290,7 +301,7 @@ def test_a_directory_a_process_holds_is_never_reset(space: Path, code: str) -> N
 def test_a_writer_by_absolute_path_misses_the_pooled_directory(space: Path) -> None:
     """A job writing by the old absolute path finds it gone once the directory is pooled."""
     snap = make_workspace(space)
-    pool = DirPool(str(space / "b" / ".pool"), 2)
+    pool = DirPool(str(space / "b" / ".pool"), 2, min_files=0)
     wd = materialize(Branch.from_tree(snap, "one"), space / "b" / "one")
     pool.adopt(wd)
     old = Path(wd.root, "src/main.py")
@@ -305,7 +316,7 @@ def test_a_writer_by_absolute_path_misses_the_pooled_directory(space: Path) -> N
 def test_a_directory_that_cannot_be_proven_is_discarded(space: Path) -> None:
     """An error while resetting discards the directory (handed back to delete) and says None."""
     snap = make_workspace(space)
-    pool = DirPool(str(space / "b" / ".pool"), 2)
+    pool = DirPool(str(space / "b" / ".pool"), 2, min_files=0)
     wd = materialize(Branch.from_tree(snap, "one"), space / "b" / "one")
     pool.adopt(wd)
     # a workspace file changed since the snapshot: the agent's edit of its copy cannot be undone

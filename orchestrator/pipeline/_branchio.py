@@ -317,10 +317,10 @@ class BranchDirs:
 
         A background removal of a tiny directory costs the event loop more than doing it
         here: the reaper thread's Python code competes for the GIL with every system call the
-        loop makes meanwhile. With a pool, the directory is pooled (a rename) and only what the
+        loop makes meanwhile. A directory the pool takes is pooled (a rename) and only what the
         pool evicts is removed.
         """
-        if self.pool is not None:
+        if self.pool is not None and self.pool.holds(workdir):
             for path in self.pool.give(workdir):
                 self._reaper.put(path)
             return

@@ -65,6 +65,11 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 REUSE_ENV = "ORCHESTRATOR_REUSE_DIRS"
 
 
+#: trees of fewer files than this are not pooled: writing them afresh costs less than looking
+#: through ``/proc`` for a process holding a pooled directory
+REUSE_MIN_FILES = 256
+
+
 def reuse_enabled_by_env() -> bool:
     """Whether :data:`REUSE_ENV` leaves directory reuse on (it is on unless set to a no)."""
     value = os.environ.get(REUSE_ENV, "").strip().lower()
@@ -212,6 +217,8 @@ class DirPool:
     parking: str
     #: the most directories held at once (the run's session limit)
     limit: int
+    #: directories of trees with fewer files are not pooled (see :data:`REUSE_MIN_FILES`)
+    min_files: int = field(factory=lambda: REUSE_MIN_FILES, kw_only=True)
     #: what the pool did so far
     made: int = 0
     reused: int = 0
@@ -244,6 +251,8 @@ class DirPool:
     def adopt(self, workdir: Workdir) -> None:
         """Remember what the freshly materialized ``workdir`` holds, so that it can be pooled
         when given back (a workdir not adopted is never pooled)."""
+        if len(workdir._records) < self.min_files:
+            return
         key = tree_key(workdir.branch)
         root = workdir.branch.root
         if key is None or not isinstance(root, Snapshot):
@@ -262,6 +271,11 @@ class DirPool:
             self.made += 1
             self._origins[workdir] = origin
 
+    def holds(self, workdir: Workdir) -> bool:
+        """Whether ``workdir`` would be pooled when given back (it was adopted)."""
+        with self._lock:
+            return workdir in self._origins
+
     def give(self, workdir: Workdir) -> list[str]:
         """Take back a finished, harvested ``workdir`` (closed here); the directories to delete:
         it, if it cannot be pooled, and the one it evicts."""
@@ -269,6 +283,11 @@ class DirPool:
         with self._lock:
             origin = self._origins.pop(workdir, None)
         if origin is None or self.limit <= 0:
+            return [workdir.root]
+        try:
+            if not stat.S_ISDIR(os.lstat(workdir.root).st_mode):
+                return [workdir.root]  # replaced by the agent (a link): not what was made
+        except OSError:
             return [workdir.root]
         try:
             parked = self._park_name("pool")
@@ -311,6 +330,9 @@ class DirPool:
         A directory that cannot be proven clean is renamed aside and passed to ``discard``
         (to be deleted), and None is returned. Blocking.
         """
+        with self._lock:
+            if not self._parked:
+                return None
         key = tree_key(branch)
         if key is None:
             return None
