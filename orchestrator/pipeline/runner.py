@@ -157,6 +157,13 @@ class PipelineRunner:
         """Branch directory I/O so far (see :class:`BranchIO`)."""
         return self.io.to_json()
 
+    @property
+    def dir_pool(self) -> DirPool | None:
+        """The run's pool of branch directories (None when reuse is off): its
+        :attr:`~orchestrator.vfs.pool.DirPool.stats` count directories made and reused and
+        what resetting them cost."""
+        return self._dirs.pool
+
     async def emit(self, event: RunEvent) -> None:
         """Report ``event`` to the listener and keep it in the store."""
         self._recorder.emit(event)
