@@ -167,9 +167,9 @@ def fresh_snapshot(top: Path) -> tuple[Snapshot, Branch]:
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(st.lists(edits, max_size=12), st.booleans())
+@given(st.lists(edits, max_size=12), st.booleans(), st.booleans())
 def test_a_reset_directory_is_a_fresh_materialization(
-    space: Path, ops: list[tuple[object, ...]], layered: bool
+    space: Path, ops: list[tuple[object, ...]], layered: bool, watch: bool
 ) -> None:
     """Whatever the agent did to its directory, the reset one equals a fresh checkout."""
     top = Path(tempfile.mkdtemp(dir=space))
@@ -182,7 +182,7 @@ def test_a_reset_directory_is_a_fresh_materialization(
     outside = top / "outside"
     outside.mkdir()
     pool = DirPool(str(top / "b" / ".pool"), 2, min_files=0)
-    first = materialize(fork("one"), top / "b" / "one")
+    first = materialize(fork("one"), top / "b" / "one", watch=watch)
     pool.adopt(first)
     for op in ops:
         apply_edit(first, op, outside)
@@ -196,10 +196,11 @@ def test_a_reset_directory_is_a_fresh_materialization(
     fresh = materialize(fork("three"), top / "b" / "three")
     assert tree_of(reused.root) == tree_of(fresh.root)
     # the workdir is one of its tree: nothing to harvest, and it harvests what changes next
+    assert reused.watching is watch
     assert not reused.harvest(full=True).changed
     assert not second.changes
     Path(reused.root, "src/main.py").write_text("changed\n")
-    assert reused.harvest(full=True).modified == ("src/main.py",)
+    assert reused.harvest().modified == ("src/main.py",)
     # and reset once more, it is the tree again
     assert pool.give(reused) == []
     again = pool.take(fork("four"), top / "b" / "four", discard=discarded.append)

@@ -194,6 +194,8 @@ class _Origin:
     #: mode and owner every directory was made with
     dir_mode: int
     owner: tuple[int, int]
+    #: whether harvests of the directory were watched with inotify (reused: watched again)
+    watch: bool
 
 
 @define(eq=False)
@@ -266,6 +268,7 @@ class DirPool:
             _parents(workdir._records),
             stat.S_IMODE(st.st_mode),
             (st.st_uid, st.st_gid),
+            workdir.watching or len(workdir._records) >= WATCH_MIN_FILES,
         )
         with self._lock:
             self.made += 1
@@ -480,7 +483,7 @@ class DirPool:
             rewritten,
             max_file_size=max_file_size,
         )
-        if len(jobs) >= WATCH_MIN_FILES:
+        if origin.watch:  # as it was made
             workdir._start_watching(["", *sorted(dirs - {""})])
         origin = _Origin(
             origin.key,
@@ -490,6 +493,7 @@ class DirPool:
             dirs,
             origin.dir_mode,
             origin.owner,
+            origin.watch,
         )
         with self._lock:
             self._origins[workdir] = origin
