@@ -223,6 +223,24 @@ def test_a_tree_never_serves_another(space: Path) -> None:
     assert pool.take(Branch.from_tree(snap, "x"), space / "b" / "x", discard=print) is not None
 
 
+def test_a_reset_costs_what_changed(space: Path) -> None:
+    """Of a 300-file tree, a reset writes again the file changed and removes the one added."""
+    ws = make_tree(space / "ws", {f"d{n % 10}/f{n}.txt": f"{n}\n" for n in range(300)})
+    snap = Workspace.open(ws).snapshot()
+    pool = DirPool(str(space / "b" / ".pool"), 2)
+    wd = materialize(Branch.from_tree(snap, "one"), space / "b" / "one")
+    pool.adopt(wd)
+    Path(wd.root, "d3/f3.txt").write_text("changed\n")
+    Path(wd.root, "new.log").write_text("new\n")
+    pool.give(wd)
+    reused = pool.take(Branch.from_tree(snap, "two"), space / "b" / "two", discard=print)
+    assert reused is not None
+    assert (pool.stats.reset_paths, pool.stats.reset_bytes) == (2, len("changed\n3\nnew\n"))
+    assert (reused.copies.copied + reused.copies.reflinked) == 1
+    assert Path(reused.root, "d3/f3.txt").read_text() == "3\n"
+    assert not Path(reused.root, "new.log").exists()
+
+
 def test_a_small_tree_is_not_pooled(space: Path) -> None:
     """A tree of fewer files than the pool's minimum is written afresh: never pooled."""
     snap = make_workspace(space)

@@ -46,7 +46,7 @@ from attrs import define, field, frozen
 
 from .._log import get_logger
 from .._names import name_bytes, name_of
-from ._fileio import make_dirs, remove_tree
+from ._fileio import CopyTally, make_dirs, remove_tree
 from ._links import LinkMap
 from .branch import Branch
 from .changes import Delete, ModeChange, Write
@@ -170,8 +170,11 @@ def _holds(proc: str, held: Callable[[str], bool]) -> bool:
 
 @frozen
 class PoolStats:
-    """What a :class:`DirPool` did: directories materialized, reused, discarded, evicted, and
-    what resets cost (paths removed or written again, and the bytes written)."""
+    """What a :class:`DirPool` did: directories materialized afresh, reused, discarded
+    (not proven clean), evicted (over the limit), and what the resets cost: ``reset_paths``,
+    the paths removed, written again or given their mode back (each counted once, an entry
+    of a removed directory too), and ``reset_bytes``, the bytes of the files removed plus
+    those written."""
 
     made: int = 0
     reused: int = 0
@@ -251,8 +254,11 @@ class DirPool:
         return os.path.join(self.parking, f"{kind}-{next(self._names)}")
 
     def adopt(self, workdir: Workdir) -> None:
-        """Remember what the freshly materialized ``workdir`` holds, so that it can be pooled
-        when given back (a workdir not adopted is never pooled)."""
+        """Count the freshly materialized ``workdir`` and remember what it holds, so that it
+        can be pooled when given back (a workdir of a tree too small, or not of a snapshot, is
+        never pooled)."""
+        with self._lock:
+            self.made += 1
         if len(workdir._records) < self.min_files:
             return
         key = tree_key(workdir.branch)
@@ -271,7 +277,6 @@ class DirPool:
             workdir.watching or len(workdir._records) >= WATCH_MIN_FILES,
         )
         with self._lock:
-            self.made += 1
             self._origins[workdir] = origin
 
     def holds(self, workdir: Workdir) -> bool:
@@ -412,6 +417,7 @@ class DirPool:
         records: dict[str, _Key] = {}
         rewritten: dict[str, tuple[bytes, bytes]] = {}
         paths = size = 0
+        removed: set[str] = set()  # files removed here: one written again counts once
         top = os.lstat(target)
         if not stat.S_ISDIR(top.st_mode):
             raise _Unclean("not a directory")
@@ -454,6 +460,7 @@ class DirPool:
                             rewritten[rel] = origin.rewritten[rel]
                         continue
                     os.unlink(entry.name, dir_fd=fd)
+                    removed.add(rel)
                     paths += 1
                     if stat.S_ISREG(est.st_mode):
                         size += est.st_size
@@ -464,15 +471,16 @@ class DirPool:
         for rel in missing_dirs:  # made with the umask's mode: as the fresh one was
             os.chmod(os.path.join(target, rel), origin.dir_mode)
         todo = [wanted[rel] for rel in sorted(wanted.keys() - records.keys())]
+        tally = CopyTally()  # what the reset wrote: the directory's copies
         if todo:
-            made = _run_batch(todo, snapshot.root, target, links, rewritten)
+            made = _run_batch(todo, snapshot.root, target, links, rewritten, tally)
             for rel, (key, hashed) in made:
                 records[rel] = key
                 if hashed is not None:
                     snapshot.record_digest(rel, hashed)
                 if stat.S_ISREG(key[3]):
                     size += key[0]
-            paths += len(todo)
+            paths += sum(1 for job in todo if job.rel not in removed)
         workdir = Workdir.open(
             target,
             branch,
@@ -482,6 +490,7 @@ class DirPool:
             links,
             rewritten,
             max_file_size=max_file_size,
+            copies=tally.stats(),
         )
         if origin.watch:  # as it was made
             workdir._start_watching(["", *sorted(dirs - {""})])
