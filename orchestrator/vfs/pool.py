@@ -523,14 +523,14 @@ class DirPool:
         if not stat.S_ISLNK(st.st_mode):
             return False
         # a link written leading into the directory leads to its old path: written again
-        on_disk = os.readlink(entry_name(rel), dir_fd=dir_fd)
+        on_disk = os.readlink(_entry_name(rel), dir_fd=dir_fd)
         known = origin.rewritten.get(rel)
         recorded = name_of(known[1]) if known is not None else on_disk
         mapped = links.to_branch(rel, recorded)
         return (mapped if mapped is not None else recorded) == on_disk
 
 
-def entry_name(rel: str) -> str:
+def _entry_name(rel: str) -> str:
     """The last component of ``rel``."""
     return rel.rpartition("/")[2]
 
