@@ -396,8 +396,15 @@ def registry_source() -> str:
 
 
 def registry_from_env() -> Registry:
-    """The registry ``registry:ID`` reads: :func:`registry_source`."""
-    return load_registry(registry_source())
+    """The registry ``registry:ID`` reads: :func:`registry_source`. A URL there is refused
+    (resolving an agent never waits on the network): save the registry to a file."""
+    source = registry_source()
+    if is_url(source):
+        raise RegistryError(
+            f"${ENV_VAR} names a URL ({_redact(source)}): it must name a registry file"
+            " (save the registry to a file first)"
+        )
+    return load_registry(source)
 
 
 def _with_version(package: str, version: str, sep: str) -> str:

@@ -548,6 +548,15 @@ async def test_registry_without_a_value_reads_the_variable(tmp_path: Path) -> No
     assert [row["id"] for row in document["agents"]] == ["mine"]
 
 
+async def test_a_url_in_the_variable_is_refused_alike(tmp_path: Path) -> None:
+    """``$ORCHESTRATOR_REGISTRY`` naming a URL: ``--registry`` alone and ``registry:ID`` both
+    refuse it with the same line (resolving an agent never waits on the network)."""
+    env = {reg.ENV_VAR: "https://user:pw@example.com/r.json"}
+    listed = one_line_error(await cli("agents", "--registry", cwd=tmp_path, env=env))
+    run = one_line_error(await cli("prompt", "--agent", "registry:a", "hi", cwd=tmp_path, env=env))
+    assert listed == run and "must name a registry file" in run and "pw" not in run
+
+
 # --------------------------------------------------------------------------- 9: one URL
 
 

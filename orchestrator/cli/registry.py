@@ -24,10 +24,11 @@ async def list_registry(source: str, *, as_json: bool) -> int:
     ``registry:ID`` reads); return the exit code."""
     import trio
 
-    from ..registry import fetch_registry, is_url, load_registry, platform_key, registry_source
+    from ..registry import fetch_registry, is_url, load_registry, platform_key, registry_from_env
 
-    source = source or registry_source()
-    if is_url(source):
+    if not source:  # what registry:ID reads, refused alike when it cannot
+        found = registry_from_env()
+    elif is_url(source):
         # the fetch blocks in its thread: abandoned on Ctrl-C/SIGTERM, so they end it at once
         found = await trio.to_thread.run_sync(fetch_registry, source, abandon_on_cancel=True)
     else:
