@@ -513,6 +513,22 @@ def resume_hint(run_id: str, kind: Any) -> str:
     return f"orchestrator resume {run_id} {does}"
 
 
+def only_usage_failures(result: Mapping[str, Any]) -> bool:
+    """Whether everything that failed in the run of ``result`` failed as a usage error
+    (``errorKind`` ``usage``): refused as asked, so a resume, which asks the same, fails too."""
+    kinds = [a.get("errorKind") for a in result.get("agents") or () if a.get("status") == "failed"]
+    for step in dict(result.get("steps") or {}).values():
+        if step.get("status") != "failed":
+            continue
+        failed = [
+            i.get("errorKind")
+            for i in dict(step.get("instances") or {}).values()
+            if i.get("status") == "failed"
+        ]
+        kinds += failed or [step.get("errorKind")]
+    return bool(kinds) and all(kind == "usage" for kind in kinds)
+
+
 def _run_apply(result: Mapping[str, Any], run_id: str, out: IO[str]) -> None:
     """Whether the changes of a comparison or pipeline run were applied, else how to apply
     them, or how to go on with a run that did not finish."""
@@ -541,6 +557,14 @@ def _run_apply(result: Mapping[str, Any], run_id: str, out: IO[str]) -> None:
         say(
             f"the changes are kept in the run store: orchestrator diff {run_id} shows them; "
             f"once those files are as they were when the run started: {how}",
+            out,
+        )
+    elif status == "failed" and only_usage_failures(result):
+        # what failed was refused as it was asked (an MCP server the agent cannot take, say):
+        # a resume would ask the same, so it is not offered
+        say(
+            "nothing was written to the workspace; what failed was refused as asked, and a "
+            f"resume would fail the same way: see orchestrator show {run_id}",
             out,
         )
     elif status in ("interrupted", "failed"):

@@ -238,7 +238,9 @@ def _settings(
     else:
         base = restored
         if mcp_servers is not None:
-            base = attrs.evolve(base, mcp_servers=_run_mcp_servers(cfg, mcp_servers))
+            base = attrs.evolve(
+                base, mcp_servers=_run_mcp_servers(cfg, mcp_servers), mcp_record=None
+            )
     names = [s.policy for s in pipe.steps.values() if s.policy]
     names += [spec.policy for spec in agents.values() if spec.policy]
     named = {name: base.load_policy(name) for name in dict.fromkeys(names)}
