@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 import trio
-from run_helpers import CLI, CLI_LIMIT
+from run_helpers import CLI, CLI_LIMIT, one_line_error
+from run_helpers import run_console as cli
 
 from orchestrator import _agent_archive as archive
 from orchestrator import registry as reg
@@ -142,30 +143,6 @@ def tar_gz(files: Mapping[str, bytes]) -> bytes:
             info.size, info.mode = len(data), 0o755
             tar.addfile(info, io.BytesIO(data))
     return out.getvalue()
-
-
-async def cli(
-    *args: str, cwd: Path, env: Mapping[str, str] | None = None
-) -> subprocess.CompletedProcess[bytes]:
-    """Run the console script with ``args`` to its end; ``env`` is added to this one's."""
-    with trio.fail_after(CLI_LIMIT):
-        return await trio.run_process(
-            [str(CLI), *args],
-            cwd=cwd,
-            env={**os.environ, **(env or {})},
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-        )
-
-
-def one_line_error(done: subprocess.CompletedProcess[bytes]) -> str:
-    """The single stderr line of a refused command (exit 2, nothing on stdout)."""
-    assert done.returncode == EXIT_USAGE, done.stderr.decode()
-    assert done.stdout == b""
-    lines = done.stderr.decode().splitlines()
-    assert len(lines) == 1, lines
-    return lines[0]
 
 
 # --------------------------------------------------------------------------- 1: redirects
