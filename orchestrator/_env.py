@@ -50,11 +50,12 @@ TERMINAL_ENV = (
     "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME",  # tools' own dirs
 )  # fmt: skip
 
-#: Names whose values are secrets (globs, case-insensitive).
+#: Names whose values are secrets (globs, case-insensitive). ``*PASS*`` anywhere (``PGPASS``,
+#: ``SMTP_PASSWORD``), sessions and signatures too: hiding a harmless value costs little, showing
+#: a secret one is not undone.
 SECRET_NAMES = (
-    "*KEY*", "*TOKEN*", "*SECRET*", "*PASSWORD*", "*PASSWD*", "*_PASS", "*_PWD", "*PASSPHRASE*",
-    "*CREDENTIAL*", "*PRIVATE*", "*AUTH*", "*COOKIE*", "*WEBHOOK*", "*_PAT", "*_DSN",
-    "DATABASE_URL",
+    "*KEY*", "*TOKEN*", "*SECRET*", "*PASS*", "*_PWD", "*CREDENTIAL*", "*PRIVATE*", "*AUTH*",
+    "*COOKIE*", "*SESSION*", "*SIGNATURE*", "*WEBHOOK*", "*_PAT", "*_DSN", "DATABASE_URL",
 )  # fmt: skip
 
 #: Names a command may set without a policy rule mentioning them (exact, case-sensitive): they

@@ -39,6 +39,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = [
+    "LOGGED_NAME_CHARS",
     "decode_text",
     "display_name",
     "display_names",
@@ -46,6 +47,7 @@ __all__ = [
     "git_unquote",
     "is_plain",
     "is_utf8",
+    "logged_name",
     "name_bytes",
     "name_column",
     "name_from_column",
@@ -95,6 +97,20 @@ def display_name(name: str | bytes) -> str:
     if "\\" in text:
         text = _AMBIGUOUS_BACKSLASH.sub(r"\\\\", text)
     return _ESCAPED_BYTE.sub(lambda m: f"\\x{ord(m.group()) - 0xDC00:02x}", text)
+
+
+#: How much of a name a log line shows (:func:`logged_name`).
+LOGGED_NAME_CHARS = 200
+
+
+def logged_name(name: str | bytes) -> str:
+    """The display form of ``name`` (:func:`display_name`) bounded for a log line: an agent
+    may send a path of any length, and a line must stay readable. A longer one is cut at
+    :data:`LOGGED_NAME_CHARS` characters, with an ellipsis and its whole length."""
+    text = display_name(name)
+    if len(text) <= LOGGED_NAME_CHARS:
+        return text
+    return f"{text[:LOGGED_NAME_CHARS]}… ({len(text)} characters)"
 
 
 def display_names(names: Iterable[str | bytes]) -> list[str]:

@@ -303,8 +303,8 @@ class AgentSpec:
 
         Keys are camelCase like the rest of the CLI's JSON. With ``redact`` (the default), the
         values of environment variables whose names look secret (``*KEY*``, ``*TOKEN*``,
-        ``*_PASS``, ...) or that hold URL credentials (``http://user:pass@proxy``) are replaced
-        by ``"<redacted>"``.
+        ``*PASS*``, ``*SESSION*``, ...) or that hold URL credentials
+        (``http://user:pass@proxy``) are replaced by ``"<redacted>"``.
         """
         return {
             "name": self.name,

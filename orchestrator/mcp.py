@@ -7,10 +7,14 @@ An :class:`McpServer` is what ``--mcp-server``, ``@step(mcp_servers=...)``, the 
 takes; HTTP and SSE ones only an agent whose ``mcpCapabilities`` says so
 (:func:`check_mcp_capabilities`).
 
-Values of environment variables and headers that look secret
-(:func:`orchestrator._env.is_secret`: ``*TOKEN*``, ``Authorization``, URL credentials, ...) go
-to the agent only: :meth:`McpServer.to_json` (what run records, ``--json`` and reports show)
-replaces them with ``"<redacted>"``.
+A server's secrets go to the agent only: :meth:`McpServer.to_json` (what run records,
+``--json``, reports and transcripts show) replaces with ``"<redacted>"`` every environment
+value except those of :data:`PLAIN_ENV`, every header value except those of
+:data:`PLAIN_HEADERS`, a URL's credentials and every value of its query (an allowlist: a
+secret under a name nobody foresaw, such as ``PGPASS`` or ``Signature``, is hidden too).
+Every value is checked when the server is made (:meth:`McpServer.__attrs_post_init__`, whatever
+made it): header names are HTTP tokens and values hold no line break, variable names hold no
+``=``, NUL or space, and a URL parses.
 
 The command-line form (:func:`parse_mcp_server`)::
 
@@ -26,6 +30,7 @@ import os
 import re
 import shlex
 import shutil
+import urllib.parse
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -39,6 +44,8 @@ from .protocol import types as t
 
 __all__ = [
     "MCP_KINDS",
+    "PLAIN_ENV",
+    "PLAIN_HEADERS",
     "McpKind",
     "McpServer",
     "check_mcp_capabilities",
@@ -53,8 +60,49 @@ MCP_KINDS: tuple[McpKind, ...] = ("stdio", "http", "sse")
 
 _REDACTED = "<redacted>"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+#: The environment variables of a stdio server whose values are shown (exact names): they
+#: say where and how a program runs, never who it is. Every other value is redacted.
+PLAIN_ENV = frozenset((
+    "PATH", "HOME", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "TERM", "NO_COLOR",
+    "LOG_LEVEL", "DEBUG", "NODE_ENV", "PYTHONUNBUFFERED",
+))  # fmt: skip
+#: The headers of an HTTP or SSE server whose values are shown (case-insensitive); every other
+#: value is redacted.
+PLAIN_HEADERS = frozenset(
+    ("accept", "accept-language", "content-type", "user-agent", "mcp-protocol-version")
+)
+# a header's name: an RFC 7230 token
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+# what no header value, variable or argument may hold: line breaks (a header injected into the
+# request), NUL (which ends a C string) and the other control characters but tab
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 # the credentials of scheme://user:password@host, kept out of what is shown
 _URL_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
+
+
+def shown_env(name: str, value: str) -> str:
+    """An environment value of a stdio server as records show it (:data:`PLAIN_ENV`)."""
+    return value if name in PLAIN_ENV and not is_secret(name, value) else _REDACTED
+
+
+def shown_header(name: str, value: str) -> str:
+    """A header value of an HTTP or SSE server as records show it (:data:`PLAIN_HEADERS`)."""
+    plain = name.lower() in PLAIN_HEADERS and not is_secret(name, value)
+    return value if plain else _REDACTED
+
+
+def shown_url(url: str) -> str:
+    """A server's URL as records show it: its credentials and every query value redacted."""
+    url = _URL_USERINFO.sub(rf"\1{_REDACTED}@", url)
+    url, hash_, fragment = url.partition("#")
+    base, question, query = url.partition("?")
+    if question:
+        pairs = [
+            f"{key}={_REDACTED}" if sep else key
+            for key, sep, _value in (part.partition("=") for part in query.split("&"))
+        ]
+        base += "?" + "&".join(pairs)
+    return f"{base}{hash_}{_REDACTED if fragment else ''}"
 
 
 def _argv(value: Iterable[str]) -> tuple[str, ...]:
@@ -102,6 +150,7 @@ class McpServer:
                         f"MCP server {self.name!r}: {what} must map names to strings,"
                         f" got {key!r}: {value!r}"
                     )
+                self._check_setting(what, key, value)
         if self.kind == "stdio":
             if not self.command or not all(isinstance(a, str) for a in self.command):
                 raise UsageError(f"MCP server {self.name!r}: a stdio server needs a command")
@@ -110,17 +159,56 @@ class McpServer:
                     f"MCP server {self.name!r}: a stdio server has a command and env,"
                     " not a url or headers"
                 )
+            if any("\0" in arg for arg in self.command):
+                raise UsageError(f"MCP server {self.name!r}: its command holds a NUL byte")
         else:
-            if not re.match(r"https?://[^/\s]", self.url or ""):
-                raise UsageError(
-                    f"MCP server {self.name!r}: an {self.kind} server needs an http:// or"
-                    f" https:// url, got {self.url!r}"
-                )
+            self._check_url()
             if self.command or self.env:
                 raise UsageError(
                     f"MCP server {self.name!r}: an {self.kind} server has a url and headers,"
                     " not a command or env"
                 )
+
+    def _check_setting(self, what: str, key: str, value: str) -> None:
+        """A header (an HTTP token, a value without line breaks) or a variable (a name an
+        environment can hold: no ``=``, NUL or white space; a value without NUL)."""
+        if what == "headers":
+            if not _TOKEN.fullmatch(key):
+                raise UsageError(
+                    f"MCP server {self.name!r}: header name {key!r} is not an HTTP token"
+                    " (letters, digits and !#$%&'*+.^_`|~-)"
+                )
+            if _CONTROL.search(value):
+                raise UsageError(
+                    f"MCP server {self.name!r}: the value of header {key!r} holds a line break"
+                    " or another control character"
+                )
+        else:
+            if "=" in key or re.search(r"[\s\x00]", key):
+                raise UsageError(
+                    f"MCP server {self.name!r}: variable name {key!r} holds '=', NUL or white space"
+                )
+            if "\0" in value:
+                raise UsageError(
+                    f"MCP server {self.name!r}: the value of variable {key!r} holds a NUL byte"
+                )
+
+    def _check_url(self) -> None:
+        """An http(s) URL with a host that parses, without white space or control
+        characters."""
+        bad = UsageError(
+            f"MCP server {self.name!r}: an {self.kind} server needs an http:// or https://"
+            f" url, got {self.url!r}"
+        )
+        if not isinstance(self.url, str) or re.search(r"[\s\x00-\x1f\x7f]", self.url):
+            raise bad
+        try:
+            parts = urllib.parse.urlsplit(self.url)
+            parts.port  # noqa: B018 (a bad port raises here)
+        except ValueError as e:
+            raise UsageError(f"MCP server {self.name!r}: url {self.url!r}: {e}") from None
+        if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+            raise bad
 
     @classmethod
     def stdio(
@@ -143,19 +231,29 @@ class McpServer:
 
     def resolved(self, base: str | os.PathLike[str]) -> McpServer:
         """The server with its program made absolute (the protocol asks for an absolute path):
-        a relative path against ``base``, a bare name through ``PATH`` when found there; and
+        a relative path against ``base``, a bare name through ``PATH``; and
         relative arguments that name files under ``base`` made absolute, as an agent's are
-        (:func:`orchestrator.agents.resolve_argv`): the agent starts it in its own directory."""
+        (:func:`orchestrator.agents.resolve_argv`): the agent starts it in its own directory.
+        A program that is not there (not on ``PATH``, no executable file) is a
+        :class:`~orchestrator.errors.UsageError`."""
         if self.kind != "stdio":
             return self
         from .agents import resolve_argv  # the agents' rule; that module imports this one
 
         root = os.path.abspath(os.fspath(base))
         argv = list(resolve_argv(self.command, root))
-        if not os.path.isabs(argv[0]):
+        if not os.path.isabs(argv[0]) and "/" not in argv[0]:
             found = shutil.which(argv[0])
-            if found is not None:
-                argv[0] = os.path.abspath(found)
+            if found is None:
+                raise UsageError(f"MCP server {self.name!r}: program {argv[0]!r} is not on PATH")
+            argv[0] = os.path.abspath(found)
+        argv[0] = os.path.join(root, argv[0])  # an absolute path stays as it is
+        if not (os.path.isfile(argv[0]) and os.access(argv[0], os.X_OK)):
+            # the agent would fail to start it, late and in its own words
+            raise UsageError(
+                f"MCP server {self.name!r}: program {self.command[0]!r} is no executable file"
+                f" ({argv[0]})"
+            )
         return self if tuple(argv) == self.command else attrs.evolve(self, command=tuple(argv))
 
     def with_settings(
@@ -188,20 +286,17 @@ class McpServer:
     def to_json(self, *, redact: bool = True) -> dict[str, Any]:
         """The server as JSON values (camelCase, like the rest of the CLI's JSON).
 
-        With ``redact`` (the default), secret-looking values of ``env`` and ``headers``
-        (:func:`orchestrator._env.is_secret`) and the credentials of a URL are replaced by
-        ``"<redacted>"``: this is what run records, ``--json`` and reports show.
+        With ``redact`` (the default), every value of ``env`` but :data:`PLAIN_ENV`'s, of
+        ``headers`` but :data:`PLAIN_HEADERS`', and a URL's credentials and query values are
+        replaced by ``"<redacted>"``: this is what run records, ``--json`` and reports show.
         """
-
-        def shown(table: Mapping[str, str]) -> dict[str, str]:
-            return {k: _REDACTED if redact and is_secret(k, v) else v for k, v in table.items()}
-
         out: dict[str, Any] = {"name": self.name, "type": self.kind}
         if self.kind == "stdio":
-            out |= {"command": list(self.command), "env": shown(self.env)}
+            env = {k: shown_env(k, v) if redact else v for k, v in self.env.items()}
+            out |= {"command": list(self.command), "env": env}
         else:
-            url = _URL_USERINFO.sub(rf"\1{_REDACTED}@", self.url) if redact else self.url
-            out |= {"url": url, "headers": shown(self.headers)}
+            headers = {k: shown_header(k, v) if redact else v for k, v in self.headers.items()}
+            out |= {"url": shown_url(self.url) if redact else self.url, "headers": headers}
         return out
 
     @classmethod
@@ -305,15 +400,17 @@ def redact_frame(frame: bytes) -> bytes:
     for server in servers:
         if not isinstance(server, dict):
             continue
-        for key in ("env", "headers"):
+        for key, shown in (("env", shown_env), ("headers", shown_header)):
             for pair in server.get(key) or ():
-                if isinstance(pair, dict) and is_secret(
-                    str(pair.get("name", "")), str(pair.get("value", ""))
-                ):
-                    pair["value"] = _REDACTED
+                if not isinstance(pair, dict):
+                    continue
+                value = str(pair.get("value", ""))
+                redacted = shown(str(pair.get("name", "")), value)
+                if redacted != value:
+                    pair["value"] = redacted
                     changed = True
         url = server.get("url")
-        if isinstance(url, str) and _URL_USERINFO.search(url):
-            server["url"] = _URL_USERINFO.sub(rf"\1{_REDACTED}@", url)
+        if isinstance(url, str) and shown_url(url) != url:
+            server["url"] = shown_url(url)
             changed = True
     return orjson.dumps(message) if changed else frame

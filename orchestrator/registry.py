@@ -27,6 +27,7 @@ import os
 import platform
 import re
 import shutil
+import stat
 import sys
 from collections.abc import Mapping
 from importlib import resources
@@ -34,12 +35,14 @@ from typing import Any, Literal
 
 from attrs import field, frozen
 
+from ._fetch import OFFICIAL_REGISTRY_URL, fetch, url_problem
 from .agents import AgentNeeds, AgentSpec
 from .errors import RegistryError
 
 __all__ = [
     "BUILTIN",
     "ENV_VAR",
+    "OFFICIAL_URL",
     "PREFIX",
     "Registry",
     "RegistryAgent",
@@ -55,7 +58,9 @@ BUILTIN = "builtin"
 ENV_VAR = "ORCHESTRATOR_REGISTRY"
 #: how ``--agent`` names an agent of the registry
 PREFIX = "registry:"
-#: a registry fetched from a URL: at most this many bytes, within this many seconds
+#: where the registry publishes each build (a release asset of its repository)
+OFFICIAL_URL = OFFICIAL_REGISTRY_URL
+#: a registry fetched from a URL: at most this many bytes, within this many seconds in all
 MAX_BYTES = 8 * 1024 * 1024
 FETCH_TIMEOUT = 30.0
 
@@ -65,6 +70,16 @@ KINDS: tuple[Kind, ...] = ("npx", "uvx", "binary")
 #: the launcher each package kind needs on PATH
 _LAUNCHERS = {"npx": "npx", "uvx": "uvx"}
 _ID = re.compile(r"^[a-z][a-z0-9-]*$")
+# what npx and uvx may be given: a package name (npm: an optional @scope; PyPI: optional
+# [extras]) and an optional version, nothing that reads as an option or holds a space
+_NPM_WORD = r"[A-Za-z0-9~][A-Za-z0-9._~-]*"
+_NPM_PACKAGE = re.compile(rf"(?:@{_NPM_WORD}/)?{_NPM_WORD}(?:@[A-Za-z0-9.+^~<>=*_-]+)?")
+_PYPI_WORD = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
+_PYPI_PACKAGE = re.compile(
+    rf"{_PYPI_WORD}(?:\[{_PYPI_WORD}(?:,{_PYPI_WORD})*\])?"
+    r"(?:(?:@|==|>=|<=|~=|!=|>|<)[A-Za-z0-9.*+!_-]+)?"
+)
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @frozen
@@ -91,16 +106,43 @@ class RegistryAgent:
         targets = self.distribution.get("binary") or {}
         return targets.get(key) if key is not None else None
 
+    def problem(self, kind: str) -> str | None:
+        """Why the entry's ``kind`` cannot start here (None when it can): a field the
+        orchestrator refuses (a package that is no package name, arguments or environment
+        values that are not strings, an archive URL or ``cmd`` it would not use), no binary
+        for this platform, or its launcher missing from PATH. Listing and launch both ask
+        this, so what the listing says runs is what launches."""
+        dist = self.distribution.get(kind)
+        if dist is None:
+            return f"no {kind} distribution"
+        if kind == "binary":
+            target = self.binary_target()
+            if target is None:
+                return f"no binary for {platform_key() or sys.platform}"
+            return _field_problem(kind, target) or _binary_problem(target)
+        if kind not in _LAUNCHERS:
+            return f"no distribution this orchestrator knows ({kind})"
+        grammar, registry_name = (
+            (_NPM_PACKAGE, "an npm") if kind == "npx" else (_PYPI_PACKAGE, "a PyPI")
+        )
+        package = dist.get("package")
+        if not isinstance(package, str) or not grammar.fullmatch(package):
+            return (
+                f"{kind} package {package!r} is not"
+                f" {registry_name} package name (with an optional version)"
+            )
+        found = _field_problem(kind, dist)
+        if found is not None:
+            return found
+        if shutil.which(_LAUNCHERS[kind]) is None:
+            return f"{_LAUNCHERS[kind]} not found"
+        return None
+
     def runnable(self) -> Kind | None:
-        """The kind that can start here (its launcher on PATH, or a binary for this
-        platform), in the order of :data:`KINDS`; None when none can."""
+        """The kind that can start here (no :meth:`problem`), in the order of
+        :data:`KINDS`; None when none can."""
         for kind in KINDS:
-            if kind not in self.distribution:
-                continue
-            if kind == "binary":
-                if self.binary_target() is not None:
-                    return kind
-            elif shutil.which(_LAUNCHERS[kind]) is not None:
+            if kind in self.distribution and self.problem(kind) is None:
                 return kind
         return None
 
@@ -108,13 +150,8 @@ class RegistryAgent:
         """Why no kind can start here (empty when one can)."""
         if self.runnable() is not None:
             return ""
-        reasons = []
-        for kind in self.kinds:
-            if kind == "binary":
-                reasons.append(f"no binary for {platform_key() or sys.platform}")
-            elif kind in _LAUNCHERS:
-                reasons.append(f"{_LAUNCHERS[kind]} not found")
-        return "; ".join(reasons) or "no distribution this orchestrator knows"
+        reasons = [self.problem(kind) or "" for kind in self.kinds]
+        return "; ".join(r for r in reasons if r) or "no distribution this orchestrator knows"
 
     def to_json(self) -> dict[str, Any]:
         """The entry's row in ``orchestrator agents --registry --json``."""
@@ -165,13 +202,58 @@ def platform_key() -> str | None:
     return f"{system}-{arch[machine]}"
 
 
+def _field_problem(kind: str, dist: Mapping[str, Any]) -> str | None:
+    """Why ``dist``'s ``args`` or ``env`` cannot be passed on as they are (None if they can)."""
+    where = kind
+    args = dist.get("args", [])
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        return f"{where} args must be a list of strings"
+    if any("\0" in a for a in args):
+        return f"{where} args hold a NUL character"
+    env = dist.get("env", {})
+    if not isinstance(env, dict):
+        return f"{where} env must be an object of strings"
+    for name, value in env.items():
+        if not _ENV_NAME.fullmatch(name):
+            return f"{where} env name {name!r} is not a variable name"
+        if not isinstance(value, str) or "\0" in value:
+            return f"{where} env {name} must be a string"
+    return None
+
+
+def _binary_problem(target: Mapping[str, Any]) -> str | None:
+    """Why a binary target's archive URL or ``cmd`` is refused (None when neither is)."""
+    cmd = target["cmd"]
+    if (
+        not cmd
+        or cmd.startswith("-")
+        or os.path.isabs(cmd)
+        or os.path.normpath(cmd).split(os.sep)[0] == ".."
+        or any(ord(c) < 0x20 or c == "\x7f" for c in cmd)
+    ):
+        return f"binary cmd {cmd!r} is not a path inside the archive"
+    problem = url_problem(target["archive"], allow_file=True)
+    if problem is not None:
+        return f"binary archive {problem}"
+    return None
+
+
 def parse_registry(data: Any, source: str, provenance: Mapping[str, Any] | None = None) -> Registry:
-    """A :class:`Registry` from decoded JSON; :class:`RegistryError` naming the first fault."""
+    """A :class:`Registry` from decoded JSON; :class:`RegistryError` naming the first fault.
+
+    A malformed entry (no id, name, ...) or two entries with the same id refuse the whole
+    registry; an entry whose fields the orchestrator will not pass on (see
+    :meth:`RegistryAgent.problem`) is kept, and says it cannot run."""
     if not isinstance(data, dict) or not isinstance(data.get("agents"), list):
         raise RegistryError(f'{source}: not an ACP registry (no "agents" list)')
     agents = []
+    seen: set[str] = set()
     for i, raw in enumerate(data["agents"]):
-        agents.append(_entry(raw, f"{source}: agents[{i}]"))
+        agent = _entry(raw, f"{source}: agents[{i}]")
+        if agent.id in seen:
+            raise RegistryError(f"{source}: agents[{i}]: the id {agent.id!r} appears twice")
+        seen.add(agent.id)
+        agents.append(agent)
     version = data.get("version")
     return Registry(str(version) if version is not None else "", tuple(agents), source, provenance)
 
@@ -221,8 +303,27 @@ def _builtin() -> Registry:
 
 
 def is_url(source: str) -> bool:
-    """Whether ``source`` is a URL rather than a file path."""
+    """Whether ``source`` is a URL to fetch (``http(s)://``) rather than a file path."""
     return source.startswith(("https://", "http://"))
+
+
+def _file_path(source: str) -> str:
+    """The file ``source`` names: a path, or a ``file://`` URL; another URL scheme is refused."""
+    import urllib.parse
+    import urllib.request
+
+    scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", source)
+    if scheme is None:
+        return os.path.expanduser(source)
+    if scheme.group(1).lower() != "file":
+        raise RegistryError(
+            f"{scheme.group(1)}:// is not a registry source: give a file, a file:// URL or an"
+            " https:// URL"
+        )
+    parts = urllib.parse.urlsplit(source)
+    if parts.netloc not in ("", "localhost"):
+        raise RegistryError(f"{source}: a file:// URL must name a file on this machine")
+    return urllib.request.url2pathname(parts.path)
 
 
 def load_registry(source: str | os.PathLike[str] | None = None) -> Registry:
@@ -235,43 +336,46 @@ def load_registry(source: str | os.PathLike[str] | None = None) -> Registry:
         return _builtin()
     path = os.fspath(source)
     if is_url(path):
-        raise RegistryError(f"{path}: a registry URL must be fetched, not loaded")
+        raise RegistryError(f"{_redact(path)}: a registry URL must be fetched, not loaded")
+    file = _file_path(path)
     try:
-        with open(os.path.expanduser(path), "rb") as f:
-            raw = f.read(MAX_BYTES + 1)
+        # O_NONBLOCK: a FIFO opens at once instead of waiting for a writer; it is refused below
+        fd = os.open(file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:
         raise RegistryError(f"cannot read registry {path}: {e.strerror or e}") from e
+    with open(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise RegistryError(f"cannot read registry {path}: not a regular file")
+        try:
+            raw = f.read(MAX_BYTES + 1)
+        except OSError as e:
+            raise RegistryError(f"cannot read registry {path}: {e.strerror or e}") from e
     return parse_registry(_decode(raw, path), path)
 
 
 def fetch_registry(
     url: str, *, timeout: float = FETCH_TIMEOUT, max_bytes: int = MAX_BYTES
 ) -> Registry:
-    """The registry at ``url`` (HTTPS; plain HTTP only to this machine), read within
-    ``timeout`` seconds per read and at most ``max_bytes`` bytes. Blocking: call it in a
-    thread."""
-    import urllib.parse
-    import urllib.request
-
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme != "https" and not (
-        parts.scheme == "http" and parts.hostname in ("127.0.0.1", "localhost", "::1")
-    ):
-        raise RegistryError(f"{url}: a registry URL must be https:// (http only to localhost)")
-    request = urllib.request.Request(url, headers={"User-Agent": "acp-orchestrator"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            raw = response.read(max_bytes + 1)
-    except (OSError, ValueError) as e:
-        raise RegistryError(f"cannot fetch registry {url}: {_reason(e)}") from e
-    if len(raw) > max_bytes:
-        raise RegistryError(f"registry {url} is larger than {max_bytes} bytes")
-    return parse_registry(_decode(raw, url), url)
+    """The registry at ``url`` (HTTPS; plain HTTP only to this machine, every redirect
+    checked alike), fetched within ``timeout`` seconds in all and at most ``max_bytes``
+    bytes. Blocking: call it in a thread the caller may abandon."""
+    parts: list[bytes] = []
+    fetch(
+        url,
+        parts.append,
+        error=RegistryError,
+        what="registry",
+        deadline=timeout,
+        max_bytes=max_bytes,
+    )
+    shown = _redact(url)
+    return parse_registry(_decode(b"".join(parts), shown), shown)
 
 
-def _reason(error: BaseException) -> str:
-    reason = getattr(error, "reason", None)
-    return str(reason if reason is not None else error)
+def _redact(url: str) -> str:
+    from ._fetch import redact
+
+    return redact(url)
 
 
 def _decode(raw: bytes, where: str) -> Any:
@@ -281,12 +385,26 @@ def _decode(raw: bytes, where: str) -> Any:
         return json.loads(raw)
     except ValueError as e:
         raise RegistryError(f"registry {where} is not JSON: {e}") from e
+    except RecursionError as e:  # arrays or objects nested thousands deep
+        raise RegistryError(f"registry {where} is nested too deeply to read") from e
+
+
+def registry_source() -> str:
+    """The registry read when none is named: ``$ORCHESTRATOR_REGISTRY`` (a file), else the
+    snapshot (``builtin``)."""
+    return os.environ.get(ENV_VAR) or BUILTIN
 
 
 def registry_from_env() -> Registry:
-    """The registry ``registry:ID`` reads: the file ``$ORCHESTRATOR_REGISTRY`` names, else
-    the snapshot."""
-    return load_registry(os.environ.get(ENV_VAR) or None)
+    """The registry ``registry:ID`` reads: :func:`registry_source`. A URL there is refused
+    (resolving an agent never waits on the network): save the registry to a file."""
+    source = registry_source()
+    if is_url(source):
+        raise RegistryError(
+            f"${ENV_VAR} names a URL ({_redact(source)}): it must name a registry file"
+            " (save the registry to a file first)"
+        )
+    return load_registry(source)
 
 
 def _with_version(package: str, version: str, sep: str) -> str:
@@ -316,6 +434,10 @@ def registry_spec(
             f"registry agent {agent.id!r} has no distribution this orchestrator can run"
             f" (it offers {', '.join(agent.kinds)})"
         )
+    problem = agent.problem(kind)
+    # a missing launcher is left to the start, which says how to install it
+    if problem is not None and not problem.endswith(" not found"):
+        raise RegistryError(f"registry agent {agent.id!r} cannot run: {problem}")
     source = registry.source if registry is not None else BUILTIN
     where = f"{agent.name} {agent.version} from the ACP registry ({source})"
     dist = agent.distribution[kind]
@@ -337,8 +459,9 @@ def registry_spec(
         command = _archive_command(agent, dist, cache_dir)
         install = f"downloads {dist['archive']} into the cache on first use"
         needs = AgentNeeds()
-    args = tuple(str(a) for a in dist.get("args") or ())
-    env = {str(k): str(v) for k, v in (dist.get("env") or {}).items()}
+    # checked by problem(): strings only, passed on as they are
+    args = tuple(dist.get("args") or ())
+    env = dict(dist.get("env") or {})
     return AgentSpec(
         agent.id,
         (*command, *args),
@@ -359,11 +482,12 @@ def _archive_command(
 
     cache = cache_dir or str(state_path() / "cache" / "agents")
     key = f"{agent.id}-{agent.version}-{platform_key()}"
-    command = [sys.executable, "-m", "orchestrator._agent_archive", "--cache", cache]
-    command += ["--key", key, "--archive", str(target["archive"]), "--cmd", str(target["cmd"])]
+    command = [sys.executable, "-m", "orchestrator._agent_archive", f"--cache={cache}"]
+    # one word each (--NAME=VALUE), so that no value is read as a path to resolve
+    command += [f"--key={key}", f"--archive={target['archive']}", f"--cmd={target['cmd']}"]
     digest = target.get("sha256")
     if isinstance(digest, str):
-        command += ["--sha256", digest]
+        command += [f"--sha256={digest}"]
     return (*command, "--")
 
 

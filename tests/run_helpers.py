@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +126,30 @@ async def run_cli(*args: str, cwd: Path, state: Path) -> subprocess.CompletedPro
             capture_stderr=True,
             check=False,
         )
+
+
+async def run_console(
+    *args: str, cwd: Path, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    """Run the console script with ``args`` to its end; ``env`` is added to this one's."""
+    with trio.fail_after(CLI_LIMIT):
+        return await trio.run_process(
+            [str(CLI), *args],
+            cwd=cwd,
+            env={**os.environ, **(env or {})},
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+
+
+def one_line_error(done: subprocess.CompletedProcess[bytes]) -> str:
+    """The single stderr line of a refused command (exit 2, nothing on stdout)."""
+    assert done.returncode == 2, done.stderr.decode()
+    assert done.stdout == b""
+    lines = done.stderr.decode().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
 
 
 def as_json(done: subprocess.CompletedProcess[bytes]) -> Any:

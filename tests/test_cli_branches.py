@@ -115,8 +115,9 @@ async def test_run_outcome_reads_the_branch_directories(tmp_path: Path) -> None:
         made=1,
         reused=0,
         bytes_copied=FILES * SIZE,
+        bytes_reflinked=0,
         peak_bytes=FILES * SIZE,
-        json_keys=("made", "reused", "bytesCopied", "peakBytes"),
+        json_keys=("made", "reused", "bytesCopied", "bytesReflinked", "peakBytes"),
     )
     assert outcome.branches.to_json() == outcome.result["branches"]
 

@@ -16,7 +16,8 @@ import orjson
 import pytest
 from run_helpers import CLI, agent_command, as_json, record_events, run_cli
 
-from orchestrator.testing import AgentScript, Capabilities, Say, Turn
+from orchestrator.store import open_run_store
+from orchestrator.testing import AgentScript, Capabilities, Crash, ReadFile, Say, Turn
 
 pytestmark = [
     pytest.mark.slow,
@@ -168,6 +169,19 @@ async def test_prompt_refused_http_server_exits_2_with_one_line(tmp_path: Path, 
         (["--mcp-env", "docs:MCP_UNSET_VARIABLE_7"], "$MCP_UNSET_VARIABLE_7 is not set"),
         (["--mcp-server", "docs=prog", "--mcp-header", "nope:X=1"], "no --mcp-server nope"),
         (["--mcp-server", "docs=prog", "--mcp-header", "docs:X=1"], "not a url or headers"),
+        (
+            ["--mcp-server", "x=https://h/x", "--mcp-header", "x:A=b\r\nInjected: 1"],
+            "holds a line break",
+        ),
+        (["--mcp-server", "x=https://h/x", "--mcp-header", "x:Bad Name=1"], "not an HTTP token"),
+        (["--mcp-server", "x=https://h/x", "--mcp-header", "x:A:B=1"], "not an HTTP token"),
+        (
+            ["--mcp-server", f"x={sys.executable}", "--mcp-env", "x:A B=1"],
+            "holds '=', NUL or white space",
+        ),
+        (["--mcp-server", "x=http://[::1/x"], "Invalid IPv6 URL"),
+        (["--mcp-server", "x=nosuchprogram-zz"], "program 'nosuchprogram-zz' is not on PATH"),
+        (["--mcp-server", "x=./rel/prog"], "program './rel/prog' is no executable file"),
     ],
 )
 async def test_bad_mcp_options_are_one_line_usage_errors(
@@ -208,7 +222,7 @@ async def test_run_and_config_servers(
     pipeline = tmp_path / "p.py"
     pipeline.write_text(
         "from orchestrator import step\n\n"
-        f"@step(agent={name!r}, mcp_servers=['extra=prog --x'])\n"
+        f"@step(agent={name!r}, mcp_servers=['extra=' + {sys.executable!r} + ' --x'])\n"
         "def work() -> str:\n    return 'go'\n"
     )
     monkeypatch.setenv("ORCHESTRATOR_CONFIG", str(config))
@@ -218,3 +232,203 @@ async def test_run_and_config_servers(
     assert done.returncode == EXIT_OK, done.stderr.decode()
     [servers] = sessions(agent)
     assert [s["name"] for s in servers] == ["own", "docs", "extra"]
+
+
+def crashing(path: Path, *, crash: bool) -> str:
+    """A scripted agent taking HTTP servers whose turn crashes (or says ok), for resumes."""
+    step = Crash() if crash else Say("ok")
+    script = AgentScript(
+        name=path.stem,
+        capabilities=Capabilities(mcp_http=True),
+        turns=(Turn(steps=(step,)),),
+        record_path=str(path.with_suffix(".jsonl")),
+    )
+    path.write_bytes(orjson.dumps(script.to_json()))
+    return f"{path.stem}={shlex.join(agent_command(path))}"
+
+
+async def test_resume_without_the_secrets_warns_and_keeps_them_recorded(
+    tmp_path: Path, ws: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resume whose MCP secrets are not set warns on stderr (``--json`` too) naming each one,
+    goes on without them, and leaves the record as it was: a later resume with the variables
+    set gives the agent every one of them again."""
+    state = tmp_path / "state"
+    agent = tmp_path / "alpha.json"
+    monkeypatch.setenv("MY_API_KEY", "k-" + SECRET)
+    monkeypatch.setenv("SECRET_FROM_ENV", "e-" + SECRET)
+    done = await run_cli(
+        "prompt",
+        "--agent",
+        crashing(agent, crash=True),
+        "--mcp-server",
+        f"s={sys.executable} -V",
+        "--mcp-env",
+        "s:MY_API_KEY",
+        "--mcp-env",
+        "s:SECRET_FROM_ENV",
+        "--mcp-server",
+        "h=https://u:pw@h.example/x",
+        "--mcp-header",
+        f"h:Authorization=Bearer {SECRET}",
+        "--json",
+        "hello",
+        cwd=ws,
+        state=state,
+    )
+    assert done.returncode != EXIT_OK, done.stderr.decode()
+    run_id = as_json(done)["runId"]
+    async with open_run_store(state) as store:
+        first = (await store.get_run(run_id)).options["settings"]["mcpServers"]
+    monkeypatch.delenv("MY_API_KEY")
+    monkeypatch.delenv("SECRET_FROM_ENV")
+    again = await run_cli("resume", run_id, "--json", cwd=ws, state=state)
+    stderr = again.stderr.decode()
+    lost = ["h.headers.Authorization", "h.url", "s.env.MY_API_KEY", "s.env.SECRET_FROM_ENV"]
+    warning = [line for line in stderr.splitlines() if "s.env.MY_API_KEY" in line]
+    assert len(warning) == 1 and all(name in warning[0] for name in lost), stderr
+    assert as_json(again)["restored"]["missingSecrets"] == lost
+    assert any(all(name in w for name in lost) for w in as_json(again)["warnings"])
+    sent = sessions(agent)[-1]
+    assert {s["name"]: s.get("env", s.get("headers")) for s in sent} == {"s": [], "h": []}
+    assert next(s for s in sent if s["name"] == "h")["url"] == "https://h.example/x"
+    async with open_run_store(state) as store:
+        kept = (await store.get_run(run_id)).options["settings"]["mcpServers"]
+    assert kept == first
+    monkeypatch.setenv("MY_API_KEY", "k-" + SECRET)
+    monkeypatch.setenv("SECRET_FROM_ENV", "e-" + SECRET)
+    crashing(agent, crash=False)
+    last = await run_cli("resume", run_id, "--json", cwd=ws, state=state)
+    assert last.returncode == EXIT_OK, last.stderr.decode()
+    stdio = next(s for s in sessions(agent)[-1] if s["name"] == "s")
+    assert stdio["env"] == [
+        {"name": "MY_API_KEY", "value": "k-" + SECRET},
+        {"name": "SECRET_FROM_ENV", "value": "e-" + SECRET},
+    ]
+    assert "s.env.MY_API_KEY" not in last.stderr.decode()
+
+
+async def test_secrets_under_other_names_stay_out_of_the_store_and_transcript(
+    tmp_path: Path, ws: Path
+) -> None:
+    """A URL's query values, a header outside the plain ones (``Signature``) and variables
+    such as ``PGPASS`` and ``SESSION`` reach the agent, and nothing else: not the run store,
+    the transcript, the output or ``show``."""
+    state, agent = tmp_path / "state", tmp_path / "alpha.json"
+    transcript = tmp_path / "wire.ndjson"
+    values = ["qtok-5521", "qkey-5521", "sig-5521", "pg-5521", "sess-5521"]
+    done = await run_cli(
+        "prompt",
+        "--agent",
+        scripted(agent, http=True),
+        "--mcp-server",
+        f"h=http://127.0.0.1:9/mcp?token={values[0]}&api_key={values[1]}",
+        "--mcp-header",
+        f"h:Signature={values[2]}",
+        "--mcp-header",
+        "h:Accept=application/json",
+        "--mcp-server",
+        f"db={sys.executable} -V",
+        "--mcp-env",
+        f"db:PGPASS={values[3]}",
+        "--mcp-env",
+        f"db:SESSION={values[4]}",
+        "--transcript",
+        str(transcript),
+        "--json",
+        "hello",
+        cwd=ws,
+        state=state,
+    )
+    assert done.returncode == EXIT_OK, done.stderr.decode()
+    sent = json.dumps(sessions(agent))
+    assert all(value in sent for value in values)
+    shown = await run_cli("show", as_json(done)["runId"], "--json", cwd=ws, state=state)
+    stored = b"".join(p.read_bytes() for p in state.rglob("*") if p.is_file())
+    for place in (stored, transcript.read_bytes(), done.stdout + done.stderr, shown.stdout):
+        assert not [value for value in values if value.encode() in place]
+    assert b"application/json" in transcript.read_bytes()
+
+
+async def test_show_lists_the_runs_mcp_servers_redacted(tmp_path: Path, ws: Path) -> None:
+    """``show RUN`` lists the MCP servers each session had, secrets redacted: a line by step
+    and agent in text, ``mcpServers`` in ``--json``."""
+    state, agent = tmp_path / "state", tmp_path / "alpha.json"
+    done = await run_cli(
+        "prompt",
+        "--agent",
+        scripted(agent, http=True),
+        "--mcp-server",
+        f"h=https://u:{SECRET}@h.example/x",
+        "--mcp-header",
+        f"h:Authorization=Bearer {SECRET}",
+        "--json",
+        "hello",
+        cwd=ws,
+        state=state,
+    )
+    assert done.returncode == EXIT_OK, done.stderr.decode()
+    run_id = as_json(done)["runId"]
+    text = await run_cli("show", run_id, cwd=ws, state=state)
+    line = "MCP servers of prompt [alpha]: h (http: https://<redacted>@h.example/x"
+    assert line + " Authorization=<redacted>)" in text.stdout.decode()
+    shown = as_json(await run_cli("show", run_id, "--json", cwd=ws, state=state))
+    assert shown["mcpServers"] == {
+        "prompt": {
+            "alpha": [
+                {
+                    "name": "h",
+                    "type": "http",
+                    "url": "https://<redacted>@h.example/x",
+                    "headers": {"Authorization": "<redacted>"},
+                }
+            ]
+        }
+    }
+    assert SECRET.encode() not in text.stdout + json.dumps(shown).encode()
+
+
+async def test_compare_does_not_suggest_resume_after_usage_failures(
+    tmp_path: Path, ws: Path
+) -> None:
+    """A comparison whose agents all failed as refused usage (an MCP server kind neither
+    takes) does not suggest ``resume``, which would fail the same way."""
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+    done = await run_cli(
+        "compare",
+        "--agent",
+        scripted(one),
+        "--agent",
+        scripted(two),
+        "--mcp-server",
+        "api=https://mcp.example/api",
+        "hello",
+        cwd=ws,
+        state=tmp_path / "state",
+    )
+    out = done.stdout.decode()
+    assert done.returncode == EXIT_FAILED, done.stderr.decode()
+    assert "orchestrator resume" not in out + done.stderr.decode()
+    assert "a resume would fail the same way" in out
+
+
+async def test_a_long_refused_path_is_logged_bounded(tmp_path: Path, ws: Path) -> None:
+    """An agent's refused fs path of 5,000 characters is logged cut, with its length."""
+    agent = tmp_path / "long.json"
+    script = AgentScript(
+        name="long",
+        turns=(Turn(steps=(ReadFile("x" * 5000), Say("ok"))),),
+        record_path=str(agent.with_suffix(".jsonl")),
+    )
+    agent.write_bytes(orjson.dumps(script.to_json()))
+    done = await run_cli(
+        "prompt",
+        "--agent",
+        f"long={shlex.join(agent_command(agent))}",
+        "hello",
+        cwd=ws,
+        state=tmp_path / "state",
+    )
+    stderr = done.stderr.decode()
+    [line] = [line for line in stderr.splitlines() if "fs request refused" in line]
+    assert "x" * 201 not in line and "characters)" in line and len(line) < 1000, line

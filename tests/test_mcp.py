@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -107,17 +109,97 @@ def test_a_later_server_replaces_an_earlier_one_of_its_name() -> None:
 
 
 def test_json_redacts_secret_env_headers_and_url_credentials() -> None:
-    """to_json hides secret-looking values and URL credentials; redact=False shows them."""
-    stdio = McpServer.stdio("s", "prog", {"API_KEY": "k1", "MODE": "fast"})
+    """to_json hides every value but the plain ones' and URL credentials; redact=False shows
+    them."""
+    stdio = McpServer.stdio("s", "prog", {"API_KEY": "k1", "LOG_LEVEL": "debug"})
     http = McpServer.http(
         "h", "https://user:pw@mcp.example/x", {"Authorization": "Bearer t", "Accept": "json"}
     )
-    assert stdio.to_json()["env"] == {"API_KEY": "<redacted>", "MODE": "fast"}
+    assert stdio.to_json()["env"] == {"API_KEY": "<redacted>", "LOG_LEVEL": "debug"}
     assert http.to_json()["headers"] == {"Authorization": "<redacted>", "Accept": "json"}
     assert http.to_json()["url"] == "https://<redacted>@mcp.example/x"
     assert http.to_json(redact=False)["url"] == "https://user:pw@mcp.example/x"
     assert McpServer.from_json(stdio.to_json(redact=False)) == stdio
     assert stdio.has_secrets and not McpServer.stdio("p", "prog").has_secrets
+
+
+def test_redaction_hides_values_outside_the_plain_lists() -> None:
+    """Every query value and URL credentials, every header but the plain ones, every variable
+    but the plain ones are redacted, in records and transcripts alike."""
+    from orchestrator._env import is_secret
+
+    for name in ("PGPASS", "SESSION", "X_SIGNATURE", "SESSION_COOKIE", "AWS_CREDENTIALS"):
+        assert is_secret(name), name
+    stdio = McpServer.stdio(
+        "db", "prog", {"PGPASS": "p1", "SESSION": "s1", "MODE": "m1", "NODE_ENV": "production"}
+    )
+    assert stdio.to_json()["env"] == {
+        "PGPASS": "<redacted>",
+        "SESSION": "<redacted>",
+        "MODE": "<redacted>",
+        "NODE_ENV": "production",
+    }
+    http = McpServer.http(
+        "h",
+        "http://u:pw@h.example/mcp?token=t1&api_key=k1&flag#frag",
+        {"Signature": "sig", "accept": "application/json", "User-Agent": "x/1"},
+    )
+    shown = http.to_json()
+    assert shown["url"] == (
+        "http://<redacted>@h.example/mcp?token=<redacted>&api_key=<redacted>&flag#<redacted>"
+    )
+    assert McpServer.http("f", "https://h/x#f1").to_json()["url"] == "https://h/x#<redacted>"
+    assert shown["headers"] == {
+        "Signature": "<redacted>",
+        "accept": "application/json",
+        "User-Agent": "x/1",
+    }
+    from orchestrator.protocol.codec import unstructure
+
+    request = t.NewSessionRequest(cwd="/w", mcp_servers=[stdio.to_protocol(), http.to_protocol()])
+    frame = orjson.dumps(
+        {"jsonrpc": "2.0", "id": 1, "method": "session/new", "params": unstructure(request)}
+    )
+    written = redact_frame(frame)
+    for value in (b"p1", b"s1", b"m1", b"sig", b"t1", b"k1", b"pw", b"frag"):
+        assert b'"' + value + b'"' not in written and b"=" + value not in written, value
+    assert b"production" in written and b"application/json" in written
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: McpServer.http("x", "https://h/x", {"A": "b\r\nInjected: 1"}), "line break"),
+        (lambda: McpServer.http("x", "https://h/x", {"Bad Name": "1"}), "not an HTTP token"),
+        (lambda: McpServer.http("x", "https://h/x", {"A:B": "1"}), "not an HTTP token"),
+        (lambda: McpServer.stdio("x", "prog", {"A B": "1"}), "'=', NUL or white space"),
+        (lambda: McpServer.stdio("x", "prog", {"A=B": "1"}), "'=', NUL or white space"),
+        (lambda: McpServer.http("x", "http://[::1/x"), "Invalid IPv6 URL"),
+        (lambda: McpServer.http("x", "http://h:99999/x"), "url"),
+        (
+            lambda: Config.from_toml(
+                '[mcp_servers.x]\nurl = "https://h/x"\nheaders = {"A B" = "1"}\n'
+            ),
+            "not an HTTP token",
+        ),
+        (
+            lambda: Config.from_toml('[mcp_servers.x]\ncommand = "prog"\nenv = {"A B" = "1"}\n'),
+            "A B",
+        ),
+    ],
+)
+def test_bad_values_are_refused_by_every_way_to_make_a_server(make: Any, message: str) -> None:
+    """The constructors and a config file's table refuse the same bad values, the same way."""
+    with pytest.raises(UsageError, match=re.escape(message)):
+        make()
+
+
+def test_resolved_refuses_a_program_that_is_not_there(tmp_path: Path) -> None:
+    """A bare program not on PATH and a relative one with no file are refused, not sent."""
+    with pytest.raises(UsageError, match="'nosuchprogram-zz' is not on PATH"):
+        McpServer.stdio("x", "nosuchprogram-zz").resolved(tmp_path)
+    with pytest.raises(UsageError, match=re.escape("'./rel/prog' is no executable file")):
+        McpServer.stdio("x", "./rel/prog").resolved(tmp_path)
 
 
 def test_transcript_keeps_session_new_without_mcp_secrets(tmp_path: Path) -> None:
@@ -238,10 +320,10 @@ async def test_sessions_get_the_agents_the_runs_and_the_steps_servers(tmp_path: 
     record = tmp_path / "agent.jsonl"
     script = AgentScript(name="mcp-agent", record_path=str(record))
     spec = spec_for(script, tmp_path, "a")
-    own = McpServer.stdio("own", "prog-own", {"OWN_TOKEN": "t-own"})
+    own = McpServer.stdio("own", [sys.executable, "-V"], {"OWN_TOKEN": "t-own"})
     spec = type(spec)(spec.name, spec.command, mcp_servers=(own,))
 
-    @step(agent="a", mcp_servers=["stepper=prog-step --x"])
+    @step(agent="a", mcp_servers=[f"stepper={sys.executable} --x"])
     def work() -> str:
         return "go"
 
@@ -341,7 +423,7 @@ async def test_resume_gives_the_sessions_the_recorded_servers(
     pipe = Pipeline.from_steps([gate, work])
     state = tmp_path / "state"
     monkeypatch.setenv("RESUME_TOKEN", "t-env")
-    server = McpServer.stdio("run", ["/opt/mcp/server"], {"RESUME_TOKEN": "t-env", "PLAIN": "p"})
+    server = McpServer.stdio("run", [sys.executable], {"RESUME_TOKEN": "t-env", "TZ": "UTC"})
     first = await run_pipeline(
         pipe, cwd=workspace(tmp_path), config=config(spec), state_dir=state, mcp_servers=[server]
     )
@@ -356,9 +438,9 @@ async def test_resume_gives_the_sessions_the_recorded_servers(
     assert sent == [
         {
             "name": "run",
-            "command": "/opt/mcp/server",
+            "command": sys.executable,
             "args": [],
-            "env": [{"name": "RESUME_TOKEN", "value": "t-env"}, {"name": "PLAIN", "value": "p"}],
+            "env": [{"name": "RESUME_TOKEN", "value": "t-env"}, {"name": "TZ", "value": "UTC"}],
         }
     ]
 
@@ -368,6 +450,7 @@ def test_resolved_makes_the_program_and_file_arguments_absolute(tmp_path: Path) 
     bare program through PATH; options, URLs and missing files stay as written."""
     (tmp_path / "tools").mkdir()
     (tmp_path / "tools" / "server.py").write_text("")
+    (tmp_path / "tools" / "server.py").chmod(0o755)
     server = McpServer.stdio("s", "python tools/server.py --port=1 missing/x https://a/b")
     resolved = server.resolved(tmp_path)
     assert resolved.command[0] == shutil.which("python")
@@ -387,7 +470,7 @@ def test_recorded_servers_read_their_secrets_again_or_name_them_missing() -> Non
     credentials from the server given now; what is found nowhere is left out and named."""
     from orchestrator.runs.settings import mcp_from_json
 
-    stdio = McpServer.stdio("s", "prog", {"S_TOKEN": "t1", "LEVEL": "2"})
+    stdio = McpServer.stdio("s", "prog", {"S_TOKEN": "t1", "LOG_LEVEL": "2"})
     http = McpServer.http("h", "https://u:p@h.example/x", {"Authorization": "Bearer b"})
     recorded = [stdio.to_json(), http.to_json()]
     missing: list[str] = []

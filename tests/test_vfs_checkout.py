@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import stat
@@ -13,7 +14,7 @@ import pytest
 from conftest import make_chain
 from log_capture import capture_logs
 
-from orchestrator.vfs import _fileio, checkout
+from orchestrator.vfs import CopyStats, _fileio, checkout
 from orchestrator.vfs.branch import Branch
 from orchestrator.vfs.checkout import materialize, materialize_async
 from orchestrator.vfs.errors import PathRefused, WorkspaceChanged
@@ -188,13 +189,13 @@ def test_only_the_first_checkout_of_a_snapshot_hashes(
 ) -> None:
     """A file is hashed once per snapshot: later checkouts copy it without reading it."""
     hashed: list[int] = []
-    real = _fileio.copy_fd_hashed
+    real = _fileio.copy_fd_digest
 
-    def counting(src: int, dst: int, size: int, devices: tuple[int, int]) -> str:
+    def counting(src: int, dst: int, size: int, devices: tuple[int, int]) -> tuple[str, bool]:
         hashed.append(size)
         return real(src, dst, size, devices)
 
-    monkeypatch.setattr(checkout, "copy_fd_hashed", counting)
+    monkeypatch.setattr(checkout, "copy_fd_digest", counting)
     snap = aged_snapshot(tmp_path / "ws", {"notes.txt": "one\n", "src/a.py": "x = 1\n"})
     materialize(Branch.from_tree(snap, "a"), tmp_path / "a")
     assert len(hashed) == 2
@@ -373,3 +374,48 @@ def test_a_workspace_path_too_long_for_the_system_is_refused(deep_tmp: Path) -> 
     with pytest.raises(PathRefused, match="too long to check out"):
         materialize(Branch.from_tree(Workspace.open(ws).snapshot(), "a"), target)
     assert not target.exists()
+
+
+def reflinks_in(directory: Path) -> bool:
+    """Whether ``FICLONE`` works within ``directory``'s filesystem (btrfs, XFS: not ext4)."""
+    src, dst = directory / "probe-src", directory / "probe-dst"
+    src.write_bytes(b"x" * 4096)
+    try:
+        with open(src, "rb") as s, open(dst, "xb") as d:
+            fcntl.ioctl(d.fileno(), _fileio._FICLONE, s.fileno())
+    except OSError:
+        return False
+    finally:
+        src.unlink()
+        dst.unlink(missing_ok=True)
+    return True
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_copies_count_every_file_reflinked_or_copied(tmp_path: Path, workers: int) -> None:
+    """Workdir.copies counts each file once, from every thread: reflinked where the filesystem
+    clones, copied where it cannot (ext4, tmpfs); content the branch holds is written (copied),
+    and a symlink is neither."""
+    files = {f"d{i % 7}/f{i}.txt": f"content {i}\n" * i for i in range(300)}
+    root = make_tree(tmp_path / "ws", files)
+    os.symlink("d0/f0.txt", root / "link")
+    old = 1_500_000_000
+    for rel in [*files, "link"]:
+        os.utime(root / rel, (old, old), follow_symlinks=False)
+    branch = Branch.from_tree(Workspace.open(root).snapshot(), "c")
+    branch.write("new.txt", b"made by the branch\n")
+    with capture_logs() as logs:
+        wd = materialize(branch, tmp_path / "c", workers=workers)
+    size = sum(len(v) for v in files.values())
+    new = len(b"made by the branch\n")
+    if reflinks_in(tmp_path):
+        assert wd.copies == CopyStats(len(files), size, 1, new)
+    else:
+        assert wd.copies == CopyStats(0, 0, len(files) + 1, size + new)
+    event = next(e for e in logs if e["event"] == "branch materialized")
+    assert (event["reflinked"], event["copied"], event["copied_bytes"]) == (
+        wd.copies.reflinked,
+        wd.copies.copied,
+        wd.copies.copied_bytes,
+    )
+    wd.close()

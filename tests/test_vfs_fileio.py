@@ -7,6 +7,7 @@ import fcntl
 import hashlib
 import os
 import stat
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -247,3 +248,71 @@ def test_make_dirs_and_walk_files_at_any_depth(deep_tmp: Path) -> None:
     (tmp_path / "file").write_text("")
     with pytest.raises(FileExistsError):
         _fileio.make_dirs(str(tmp_path / "file" / "sub"))
+
+
+def test_copy_fd_says_whether_it_reflinked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """copy_fd and copy_fd_digest return True for a reflink, False for copied bytes."""
+    src, data = tmp_path / "src", os.urandom(5000)
+    src.write_bytes(data)
+    with open(src, "rb") as s, open(tmp_path / "a", "xb") as d:
+        assert not _fileio.copy_fd(s.fileno(), d.fileno(), len(data), (90, 91))
+    with open(src, "rb") as s, open(tmp_path / "b", "xb") as d:
+        assert _fileio.copy_fd_digest(s.fileno(), d.fileno(), len(data), (90, 91)) == (
+            hashlib.sha256(data).hexdigest(),
+            False,
+        )
+
+    def clone(dst: int, request: int, src: int) -> int:
+        os.pwrite(dst, os.pread(src, 1 << 20, 0), 0)
+        return 0
+
+    monkeypatch.setattr(fcntl, "ioctl", clone)
+    with open(src, "rb") as s, open(tmp_path / "c", "xb") as d:
+        assert _fileio.copy_fd(s.fileno(), d.fileno(), len(data), (92, 93))
+    with open(src, "rb") as s, open(tmp_path / "d", "xb") as d:
+        assert _fileio.copy_fd_digest(s.fileno(), d.fileno(), len(data), (92, 93))[1]
+
+
+@pytest.mark.parametrize("code", [errno.EINVAL, errno.EPERM, errno.ETXTBSY])
+def test_a_reflink_refused_for_one_file_is_still_tried_for_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    """A clone refused for one file (btrfs: a no-copy-on-write file; an immutable file) copies
+    that file and leaves reflinks on for the next ones of the same pair of filesystems."""
+    calls: list[int] = []
+
+    def clone(dst: int, request: int, src: int) -> int:
+        calls.append(dst)
+        if len(calls) == 1:
+            raise OSError(code, os.strerror(code))
+        os.pwrite(dst, os.pread(src, 1 << 20, 0), 0)
+        return 0
+
+    monkeypatch.setattr(fcntl, "ioctl", clone)
+    src = tmp_path / "src"
+    src.write_bytes(b"y" * 9000)
+    with open(src, "rb") as s, open(tmp_path / "a", "xb") as d:
+        assert not _fileio.copy_fd(s.fileno(), d.fileno(), 9000, (94, 95))
+    assert (94, 95) not in _fileio._no_reflink
+    with open(src, "rb") as s, open(tmp_path / "b", "xb") as d:
+        assert _fileio.copy_fd(s.fileno(), d.fileno(), 9000, (94, 95))
+    assert len(calls) == 2
+    assert (tmp_path / "a").read_bytes() == (tmp_path / "b").read_bytes() == b"y" * 9000
+
+
+def test_copy_tally_sums_what_threads_count() -> None:
+    """CopyTally counts files and bytes from many threads at once; CopyStats add up."""
+    tally = _fileio.CopyTally()
+
+    def count(reflinked: bool) -> None:
+        for _ in range(1000):
+            tally.add(3, reflinked=reflinked)
+
+    threads = [threading.Thread(target=count, args=(i % 2 == 0,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    stats = tally.stats()
+    assert stats == _fileio.CopyStats(2000, 6000, 2000, 6000)
+    assert stats + stats == _fileio.CopyStats(4000, 12000, 4000, 12000)

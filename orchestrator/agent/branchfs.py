@@ -32,7 +32,7 @@ import trio
 from attrs import define, field
 
 from .._log import get_logger
-from .._names import display_name, parse_name
+from .._names import display_name, logged_name, parse_name
 from .._sizes import format_size
 from ..errors import FileNotFound, InvalidParams, JsonRpcError, ResourceNotFound
 from ..vfs import check_path_limits
@@ -138,7 +138,7 @@ class BranchFileSystem:
         log.warning(
             "fs request refused",
             method=method,
-            path=display_name(e.path),
+            path=logged_name(e.path),
             reason=e.reason,
             branch=self.branch_name,
             agent=ctx.agent,
@@ -194,7 +194,7 @@ class BranchFileSystem:
             size = e.files[0][1]
             log.warning(
                 "fs write refused: over the limit on a changed file",
-                path=request.path,
+                path=logged_name(request.path),
                 size=size,
                 limit=e.limit,
                 branch=self.branch_name,

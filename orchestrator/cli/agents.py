@@ -18,6 +18,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .._fetch import OFFICIAL_REGISTRY_URL
 from .output import emit_json, say, terminal_text
 
 if TYPE_CHECKING:
@@ -27,14 +28,16 @@ if TYPE_CHECKING:
 
 EXIT_OK, EXIT_FAILED = 0, 1
 
-AGENTS_EXAMPLES = """\
+AGENTS_EXAMPLES = f"""\
 examples:
   orchestrator agents                  # the table: installed, via npx, or not installed
   orchestrator agents --check          # handshake with each installed agent
   orchestrator agents --check claude   # this one, fetched through npx if need be
   orchestrator agents --check --json
-  orchestrator agents --registry       # the ACP registry's agents (the bundled snapshot)
-  orchestrator agents --registry https://cdn.agentclientprotocol.com/registry/v1/latest/registry.json
+  orchestrator agents --registry       # the ACP registry's agents ($ORCHESTRATOR_REGISTRY,
+                                       # else the bundled snapshot)
+  orchestrator agents --registry URL   # e.g. the registry's latest build:
+      {OFFICIAL_REGISTRY_URL}
 
 exit codes:
   0    listed; with --check: every checked agent passed
@@ -72,10 +75,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--registry",
         nargs="?",
-        const="builtin",
+        const="",
         metavar="FILE|URL",
-        help="list the agents of an ACP registry instead (default: the snapshot bundled with "
-        "the orchestrator, also named 'builtin'); run one with --agent registry:ID",
+        help="list the agents of an ACP registry instead (default: the file "
+        "$ORCHESTRATOR_REGISTRY names, else the snapshot bundled with the orchestrator, also "
+        "named 'builtin'); run one with --agent registry:ID",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
@@ -134,12 +138,16 @@ def _listing(spec: AgentSpec) -> dict[str, Any]:
     """The agent's row without a check: what it is, and whether it can start here."""
     import shutil
 
+    from .._agent_archive import cached_program
     from .._agentlabels import package_runner
     from ..agent.quirks import known_agent_quirks
 
     launcher = package_runner(spec.command)
     # a package runner on PATH says nothing about the agent: it is fetched on first use
     installed = launcher is None and spec.executable_found()
+    program = cached_program(spec.command)
+    if program is not None and not program.is_file():  # a registry binary not yet downloaded
+        launcher, installed = ARCHIVE_LAUNCHER, False
     return {
         "name": spec.name,
         "command": shlex.join(spec.command),
@@ -158,9 +166,15 @@ def _listing(spec: AgentSpec) -> dict[str, Any]:
     }
 
 
+#: the launcher of a registry binary agent, as ``agents`` names it
+ARCHIVE_LAUNCHER = "its registry archive"
+
+
 def _availability(row: Mapping[str, Any]) -> str:
     if row["installed"]:
         return "installed"
+    if row["launcher"] == ARCHIVE_LAUNCHER:
+        return "downloads its registry archive on first use"
     if row["available"]:
         return f"via {row['launcher']} (downloads on first use)"
     if row["launcher"]:
@@ -372,6 +386,7 @@ def _diagnose(
 ) -> tuple[str, str]:
     """The likely cause of a failed check, and what to do about it (``has_stderr``: whether
     the check shows what the agent wrote on stderr)."""
+    from .._agent_archive import cached_program
     from ..errors import (
         AgentHung,
         AgentStartError,
@@ -429,6 +444,15 @@ def _diagnose(
         if unset:
             hint = f"set {' or '.join(missing)} (it may need an API key); or {hint}"
         return cause, hint
+    if (
+        step == "initialize"
+        and isinstance(error.__cause__, JsonRpcError)
+        and cached_program(spec.command) is not None
+    ):  # the archive launcher answers initialize with why it could not become the agent
+        return (
+            error.__cause__.message,
+            "check the registry entry's archive and cmd (or the network), then try again",
+        )
     if step == "initialize" and isinstance(error.__cause__, JsonRpcError):
         return (
             "its answer to initialize does not follow ACP",

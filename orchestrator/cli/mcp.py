@@ -57,8 +57,9 @@ def add_mcp_options(p: argparse.ArgumentParser) -> None:
         default=[],
         type=_setting,
         metavar="SERVER:HEADER=VALUE",
-        help="an HTTP header for the HTTP or SSE server SERVER (secret-looking values are "
-        "redacted in records and output); repeatable",
+        help="an HTTP header for the HTTP or SSE server SERVER (its value is redacted in "
+        "records and output, unless it is Accept, Accept-Language, Content-Type, User-Agent "
+        "or MCP-Protocol-Version); repeatable",
     )
     p.add_argument(
         "--mcp-env",
@@ -67,7 +68,9 @@ def add_mcp_options(p: argparse.ArgumentParser) -> None:
         type=_variable,
         metavar="SERVER:VAR[=VALUE]",
         help="an environment variable for the stdio server SERVER (without =VALUE: its value "
-        "here, which keeps a secret off the command line); repeatable",
+        "here, which keeps a secret off the command line; values are redacted in records and "
+        "output but for a few plain variables such as PATH or LOG_LEVEL, and resume reads "
+        "them again from its environment); repeatable",
     )
 
 

@@ -510,9 +510,11 @@ def _branches_line(result: Mapping[str, Any], out: IO[str]) -> None:
         return
     made, reused = int(branches.get("made") or 0), int(branches.get("reused") or 0)
     copied, peak = int(branches.get("bytesCopied") or 0), int(branches.get("peakBytes") or 0)
+    reflinked = int(branches.get("bytesReflinked") or 0)
+    shared = f", {format_size(reflinked)} reflinked" if reflinked else ""
     say(
         f"branches: {count(made, 'directory', 'directories')} made, {reused} reused, "
-        f"{format_size(copied)} copied, peak {format_size(peak)} on disk",
+        f"{format_size(copied)} copied{shared}, peak {format_size(peak)} on disk",
         out,
     )
 
@@ -529,6 +531,22 @@ def resume_hint(run_id: str, kind: Any) -> str:
     turn starts again; elsewhere finished step instances are reused and the rest run."""
     does = "runs the prompt again" if kind == "prompt" else "goes on"
     return f"orchestrator resume {run_id} {does}"
+
+
+def only_usage_failures(result: Mapping[str, Any]) -> bool:
+    """Whether everything that failed in the run of ``result`` failed as a usage error
+    (``errorKind`` ``usage``): refused as asked, so a resume, which asks the same, fails too."""
+    kinds = [a.get("errorKind") for a in result.get("agents") or () if a.get("status") == "failed"]
+    for step in dict(result.get("steps") or {}).values():
+        if step.get("status") != "failed":
+            continue
+        failed = [
+            i.get("errorKind")
+            for i in dict(step.get("instances") or {}).values()
+            if i.get("status") == "failed"
+        ]
+        kinds += failed or [step.get("errorKind")]
+    return bool(kinds) and all(kind == "usage" for kind in kinds)
 
 
 def _run_apply(result: Mapping[str, Any], run_id: str, out: IO[str]) -> None:
@@ -559,6 +577,14 @@ def _run_apply(result: Mapping[str, Any], run_id: str, out: IO[str]) -> None:
         say(
             f"the changes are kept in the run store: orchestrator diff {run_id} shows them; "
             f"once those files are as they were when the run started: {how}",
+            out,
+        )
+    elif status == "failed" and only_usage_failures(result):
+        # what failed was refused as it was asked (an MCP server the agent cannot take, say):
+        # a resume would ask the same, so it is not offered
+        say(
+            "nothing was written to the workspace; what failed was refused as asked, and a "
+            f"resume would fail the same way: see orchestrator show {run_id}",
             out,
         )
     elif status in ("interrupted", "failed"):

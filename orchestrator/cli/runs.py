@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import re
+import shlex
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -449,13 +450,6 @@ def _restored_line(restored: Any) -> None:
     replaced = [_setting(restored, key) for key in restored.get("overridden") or []]
     if replaced:
         note("replaced by this resume: " + "; ".join(replaced), event="resume_replaced")
-    if restored.get("missingSecrets"):
-        missing = ", ".join(restored["missingSecrets"])
-        note(
-            f"not set now (recorded by name only): {missing}",
-            level="warning",
-            event="resume_missing_secrets",
-        )
 
 
 #: the settings a resume restores or replaces, in the order they are said
@@ -730,12 +724,37 @@ async def cmd_show(args: argparse.Namespace) -> int:
 
 
 def _show_tail(result: dict[str, Any], *, conflicts: bool = True) -> None:
-    """The conflicts (unless already listed) and the sandbox of a shown run."""
+    """The conflicts (unless already listed), the sandbox and the MCP servers of a shown
+    run."""
     if conflicts:
         for c in result.get("conflicts") or []:
             say(conflict_line(c))
     for line in sandbox_lines(result.get("sandbox")):
         say(line)
+    for line in mcp_lines(result.get("mcpServers")):
+        say(line)
+
+
+def mcp_lines(recorded: Any) -> list[str]:
+    """The MCP servers a run's sessions had (as recorded: secrets redacted), one line per
+    step and agent."""
+    lines: list[str] = []
+    for step, agents in dict(recorded or {}).items():
+        for agent, servers in dict(agents or {}).items():
+            shown = []
+            for server in servers or ():
+                if server.get("type", "stdio") == "stdio":
+                    where = shlex.join(server.get("command") or ())
+                    table = server.get("env") or {}
+                else:
+                    where = str(server.get("url"))
+                    table = server.get("headers") or {}
+                pairs = " ".join(f"{k}={v}" for k, v in table.items())
+                extra = f" {pairs}" if pairs else ""
+                shown.append(f"{server.get('name')} ({server.get('type')}: {where}{extra})")
+            if shown:
+                lines.append(f"MCP servers of {step} [{agent}]: {'; '.join(shown)}")
+    return lines
 
 
 async def cmd_apply(args: argparse.Namespace) -> int:

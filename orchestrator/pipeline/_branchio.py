@@ -12,7 +12,9 @@ the trash is deleted in the background, a directory per job of the budget; a dir
 against the run's limit of directories on disk until it is deleted, so a new one waits for an
 old one rather than piling copies up. What is left in the trash by a run that died is deleted by the
 next attempt of the run (and :mod:`orchestrator.runs` moves a dead run's leftovers into the
-trash of the next run).
+trash of the next run). With a :class:`~orchestrator.vfs.pool.DirPool`, finished directories
+are pooled instead and reset for the next branch of the same tree (see
+:mod:`orchestrator.vfs.pool`); what it evicts or cannot prove clean goes to the trash.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from attrs import define, field
 from .._log import get_logger
 from ..vfs import Branch, ChangeSet, Snapshot, Workdir, Write, materialize
 from ..vfs._fileio import remove_tree
+from ..vfs.pool import DirPool
 from ..vfs.tree import compose
 from ._calls import safe
 from .branches import diff_of
@@ -79,7 +82,10 @@ class BranchCosts:
 
     made: int = 0
     reused: int = 0
+    #: bytes written into directories made afresh (copied, or content the branch holds)
     bytes_copied: int = 0
+    #: bytes of files made as reflinks of the workspace's (sharing its blocks: no data written)
+    bytes_reflinked: int = 0
     #: bytes of the branch directories on disk now, live ones and those in the trash
     live_bytes: int = 0
     peak_bytes: int = 0
@@ -99,6 +105,7 @@ class BranchCosts:
             "made": self.made,
             "reused": self.reused,
             "bytesCopied": self.bytes_copied,
+            "bytesReflinked": self.bytes_reflinked,
             "peakBytes": self.peak_bytes,
         }
 
@@ -256,7 +263,11 @@ class BranchDirs:
     #: the limit on a changed file of the run's branches (None: none); see
     #: :attr:`Workdir.max_file_size <orchestrator.vfs.Workdir.max_file_size>`
     max_file_size: int | None = None
-    #: directories on disk at once (live or in the trash): the run's limit on instances at once
+    #: finished directories kept for reuse (None: every directory is made fresh and deleted);
+    #: its :attr:`~orchestrator.vfs.pool.DirPool.stats` count directories made and reused
+    pool: DirPool | None = None
+    #: directories on disk at once (live or in the trash; pooled ones are bounded by the pool):
+    #: the run's limit on instances at once
     limit: int = 8
     #: copy and delete jobs at once, shared by every materialization and deletion of the run
     budget: trio.CapacityLimiter = field(factory=copy_budget)
@@ -275,6 +286,8 @@ class BranchDirs:
     _deleters: int = field(init=False, default=0)
     #: set when the last deleter ends
     _idle: trio.Event = field(init=False, factory=trio.Event)
+    #: bytes counted for the directories the pool holds, and how many it holds
+    _pooled: list[int] = field(init=False, factory=lambda: [0, 0])
 
     def __attrs_post_init__(self) -> None:
         self._disk = trio.Semaphore(max(self.limit, 1))
@@ -321,38 +334,64 @@ class BranchDirs:
         """
         limit = max_file_size if max_file_size is not None else self.max_file_size
         directory = self.directory(name, attempt)
-        if is_small(branch):
-            result, _ = await self.run_then(
-                "materialize",
-                lambda: materialize(branch, directory, max_file_size=limit),
-                lambda: None,
-                inline=True,
-            )
-            holds = False
-        else:
-            self.io.wait_started()
-            try:
-                await self._disk.acquire()
-            finally:
-                self.io.wait_ended()
-            try:
-                # a job may copy on a few threads of its own (see materialize: where copying
-                # waits on the disk they overlap the waits); the budget bounds the jobs, so
-                # the threads stay within a few per CPU, not a few per session
-                result = await self._in_budget(
-                    "materialize",
-                    lambda: materialize(branch, directory, max_file_size=limit),
-                )
-            except BaseException:
-                self._disk.release()
-                raise
-            holds = True
+        pool = self.pool
+        discarded: list[str] = []
+        reused: list[bool] = []
+
+        def make() -> Workdir:
+            if pool is not None:
+                taken = pool.take(branch, directory, max_file_size=limit, discard=discarded.append)
+                if taken is not None:
+                    reused.append(True)
+                    return taken
+            made = materialize(branch, directory, max_file_size=limit)
+            if pool is not None:
+                pool.adopt(made)
+            return made
+
+        try:
+            if is_small(branch):
+                result, _ = await self.run_then("materialize", make, lambda: None, inline=True)
+                holds = False
+            else:
+                self.io.wait_started()
+                try:
+                    await self._disk.acquire()
+                finally:
+                    self.io.wait_ended()
+                try:
+                    # a job may copy on a few threads of its own (see materialize: where
+                    # copying waits on the disk they overlap the waits); the budget bounds the
+                    # jobs, so the threads stay within a few per CPU, not a few per session
+                    result = await self._in_budget("materialize", make)
+                except BaseException:
+                    self._disk.release()
+                    raise
+                holds = True
+        finally:
+            for path in discarded:
+                self._throw_away(path, None, self._unpool(), holds=False)
         size = result.recorded_bytes()
         self._live[result.root] = (size, holds)
-        self.costs.made += 1
-        self.costs.bytes_copied += size
-        self.costs.grew(size)
+        if reused:
+            self.costs.reused += 1
+            self.costs.grew(size - self._unpool())
+        else:
+            self.costs.made += 1
+            self.costs.bytes_copied += result.copies.copied_bytes
+            self.costs.bytes_reflinked += result.copies.reflinked_bytes
+            self.costs.grew(size)
         return result
+
+    def _unpool(self) -> int:
+        """A directory left the pool: the bytes counted for it (the pool's directories are of
+        one tree or a few: their mean)."""
+        total, count = self._pooled
+        if count <= 0:
+            return 0
+        share = total // count
+        self._pooled[0], self._pooled[1] = total - share, count - 1
+        return share
 
     async def _in_budget(self, kind: str, work: Callable[[], _T]) -> _T:
         """``work`` in a worker thread, as one job of :attr:`budget`."""
@@ -377,6 +416,15 @@ class BranchDirs:
         # what the directory holds as its last harvest found it: what the agent wrote counts
         size = workdir.recorded_bytes()
         self.costs.grew(size - counted)
+        if self.pool is not None and self.pool.holds(workdir):
+            if holds:
+                # pooled, it leaves the live directories (the pool bounds what it holds)
+                self._disk.release()
+            self._pooled[0] += size
+            self._pooled[1] += 1
+            for path in self.pool.give(workdir):
+                self._throw_away(path, None, self._unpool(), holds=False)
+            return
         closed = False
         if is_small(workdir.branch):
             wall, cpu = time.perf_counter(), time.thread_time()
@@ -467,6 +515,9 @@ class BranchDirs:
     async def drain(self) -> None:
         """Wait until the trash is deleted (shielded: no thread outlives the run), timed as
         drain."""
+        if self.pool is not None:
+            for path in self.pool.clear():
+                self._throw_away(path, None, self._unpool(), holds=False)
         self.io.wait_started()
         waiting = time.perf_counter()
         with trio.CancelScope(shield=True):
@@ -476,6 +527,9 @@ class BranchDirs:
                 else:
                     self._deleters += 1
                     await self._empty()
+            if self.pool is not None:
+                # its folder, empty now (what cannot be removed stays, as with any directory)
+                await trio.to_thread.run_sync(self.pool.close)
         self.io.wait_ended()
         self.io.drain_seconds += time.perf_counter() - waiting
 

@@ -37,6 +37,7 @@ from ..protocol import types as t
 from ..sandbox import Sandbox
 from ..store import StepRecord
 from ..vfs import Branch, MergeResult, Snapshot, merge_branches
+from ..vfs.pool import DirPool, reuse_enabled_by_env
 from ._agent_step import AgentTurns, label_run_agents
 from ._branchio import BranchCosts, BranchDirs, BranchIO
 from ._calls import MISSING, call, describe, error_kind, fan_out_items, user_traceback
@@ -91,6 +92,10 @@ class PipelineRunner:
     #: what the run store keeps of a turn's text and of its tool calls, in bytes each (None:
     #: all of them); see :func:`~orchestrator.pipeline.results.cut_turn`
     max_turn_record_bytes: int | None = DEFAULT_MAX_TURN_RECORD_BYTES
+    #: reuse finished branch directories for branches of the same tree (see
+    #: :mod:`orchestrator.vfs.pool`); the environment variable ``ORCHESTRATOR_REUSE_DIRS=0``
+    #: turns it off too
+    reuse_dirs: bool = True
     states: dict[str, StepState] = field(factory=dict)
     #: files branches changed that changed in the workspace too before a branch kept their
     #: content, so merges found no base for them (see :attr:`MergeResult.base_gone`)
@@ -113,8 +118,12 @@ class PipelineRunner:
         self._recorder = Recorder(
             self.run_id, self.writer, self.snapshot, self.on_event, self.max_turn_record_bytes
         )
+        pool = None
+        if self.reuse_dirs and reuse_enabled_by_env():
+            # as many as can be in use at once: one per slot
+            pool = DirPool(str(self.run_dir / "branches" / ".pool"), max(self.parallel, 1))
         self._dirs = BranchDirs(
-            self.run_dir, self.io, self.max_file_size, limit=max(self.parallel, 1)
+            self.run_dir, self.io, self.max_file_size, pool, limit=max(self.parallel, 1)
         )
         self._turns = AgentTurns(
             run_id=self.run_id,
@@ -154,6 +163,13 @@ class PipelineRunner:
     def branch_costs(self) -> BranchCosts:
         """Branch directories made and reused so far, bytes copied and peak disk."""
         return self._dirs.costs
+
+    @property
+    def dir_pool(self) -> DirPool | None:
+        """The run's pool of branch directories (None when reuse is off): its
+        :attr:`~orchestrator.vfs.pool.DirPool.stats` count directories made and reused and
+        what resetting them cost."""
+        return self._dirs.pool
 
     async def emit(self, event: RunEvent) -> None:
         """Report ``event`` to the listener and keep it in the store."""

@@ -589,13 +589,14 @@ class AgentOutcome(_TurnFields):
 @frozen(kw_only=True)
 class BranchUsage:
     """What a run's branch directories cost (its ``branches`` object): directories made and
-    reused, bytes written into them, and the most bytes they held on disk at once (counted as
-    they were made and deleted: the files they were made with or last harvested, ignored files
-    left out)."""
+    reused, bytes written into them and shared as reflinks, and the most bytes they held on
+    disk at once (counted as they were made and deleted: the files they were made with or last
+    harvested, ignored files left out)."""
 
     made: int = attrs.field(default=0, metadata=_json("made", _INT))
     reused: int = attrs.field(default=0, metadata=_json("reused", _INT))
     bytes_copied: int = attrs.field(default=0, metadata=_json("bytesCopied", _INT))
+    bytes_reflinked: int = attrs.field(default=0, metadata=_json("bytesReflinked", _INT))
     peak_bytes: int = attrs.field(default=0, metadata=_json("peakBytes", _INT))
     #: the keys this version does not read, as they were
     extra: Mapping[str, Any] = _extra_field()

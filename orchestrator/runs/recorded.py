@@ -165,6 +165,7 @@ _RECORD_FIELDS = (
     "created",
     "finished",
     "sandbox",
+    "mcpServers",
     "defaultRejections",
 )
 
@@ -325,6 +326,8 @@ async def _rebuild(record: RunRecord, steps: list[StepRecord], store: RunStore) 
         "applied": record.applied is not None,
         # what confined its agents (Landlock), or null
         "sandbox": options.get("sandbox"),
+        # the MCP servers each session had, by step and agent label (secrets redacted)
+        "mcpServers": options.get("mcpServers"),
         # the permission requests rejected because no policy was given
         "defaultRejections": count_default_rejections(
             await store.permissions(record.run_id),

@@ -69,8 +69,11 @@ async def resume_run(
     ``max_file_size`` replace the recorded ones; the result's ``restored`` says what was
     restored and what was replaced. A run that was confined (``sandbox``) stays confined;
     ``sandbox`` confines one that was not, or gives it other rules. The run's MCP servers are
-    kept, a secret environment value read again from the environment (a secret header is not
-    kept: give the server again); ``mcp_servers`` replaces them.
+    kept, a redacted environment value read again from the environment; a secret that cannot
+    be read again (a header, a URL's credentials or query, a variable not set) is left out of
+    this attempt, named in a warning (logged, and in the result's ``warnings`` and
+    ``restored.missingSecrets``), and kept in the record for a later resume;
+    ``mcp_servers`` replaces them.
     Refused (:class:`~orchestrator.errors.ResumeConflict`) if the workspace changed since in
     files the finished steps changed.
     ``apply=True`` applies the run's final changes at its end (not for a comparison: apply
@@ -159,6 +162,8 @@ async def resume_run(
         result = dict(outcome.result)
         if spec is not None:  # a prompt reads like a prompt again
             result = prompt_result(outcome, spec, time.monotonic() - started)
+        if restored.warning is not None:  # the attempt ran without some of the run's secrets
+            result["warnings"] = [*result.get("warnings", ()), restored.warning]
         return {**result, "restored": said}
 
     if restored.restored or restored.overridden:

@@ -253,7 +253,9 @@ def _settings(
     else:
         base = restored
         if mcp_servers is not None:
-            base = attrs.evolve(base, mcp_servers=_run_mcp_servers(cfg, mcp_servers))
+            base = attrs.evolve(
+                base, mcp_servers=_run_mcp_servers(cfg, mcp_servers), mcp_record=None
+            )
     names = [s.policy for s in pipe.steps.values() if s.policy]
     names += [spec.policy for spec in agents.values() if spec.policy]
     named = {name: base.load_policy(name) for name in dict.fromkeys(names)}
@@ -347,6 +349,7 @@ async def run_pipeline(
     config: Config | None = None,
     max_sessions: int | None = None,
     max_file_size: int | str | None = None,
+    reuse_dirs: bool = True,
     apply: bool = False,
     on_event: Callable[[RunEvent], None] | None = None,
     on_update: Callable[[t.SessionUpdate], None] | None = None,
@@ -403,6 +406,10 @@ async def run_pipeline(
     int, or ``"100M"``; default: the config's, else 100 MiB; a step's own ``max_file_size``
     replaces it) fails, naming the file, its size and the limit; an ``fs/write_text_file``
     over it is refused to the agent (-32602) before anything is written.
+
+    A finished instance's branch directory is reset and reused for the next instance forked
+    from the same tree (see :mod:`orchestrator.vfs.pool`); ``reuse_dirs=False`` (or the
+    environment variable ``ORCHESTRATOR_REUSE_DIRS=0``) makes every one fresh.
 
     The run's changes are recorded before anything is applied. Nothing is written to ``cwd``
     unless ``apply`` is true and the run succeeded, which it never does when recording its
@@ -567,6 +574,7 @@ async def run_pipeline(
                         mcp_servers=sessions_mcp,
                         max_file_size=settings.max_file_size,
                         max_turn_record_bytes=settings.max_turn_record_bytes,
+                        reuse_dirs=reuse_dirs,
                     )
                     await runner.emit(
                         RunEvent("run_started", run_id, data={"pipeline": pipe.name, "kind": _kind})

@@ -73,6 +73,9 @@ class RunSettings:
     limits: Mapping[str, int] = field(factory=dict)
     #: the MCP servers every agent session of the run gets (``--mcp-server``)
     mcp_servers: tuple[McpServer, ...] = ()
+    #: the record ``mcp_servers`` were restored from, kept as it is: a secret a resume could
+    #: not read again stays recorded (redacted), for a later resume that can
+    mcp_record: tuple[Mapping[str, Any], ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The settings as the run store keeps them (no secret values)."""
@@ -85,7 +88,11 @@ class RunSettings:
             "agents": {name: spec.to_json(redact=True) for name, spec in self.agents.items()},
             "sandbox": self.sandbox.to_json() if self.sandbox is not None else None,
             "limits": dict(self.limits),
-            "mcpServers": [server.to_json() for server in self.mcp_servers],
+            "mcpServers": (
+                [dict(item) for item in self.mcp_record]
+                if self.mcp_record is not None
+                else [server.to_json() for server in self.mcp_servers]
+            ),
         }
 
     def load_policy(self, name: str) -> PolicySet:
@@ -176,7 +183,9 @@ def mcp_from_json(
 ) -> tuple[McpServer, ...]:
     """Recorded MCP servers, their secrets read again: from the server of the same name given
     now (``current``), an environment variable from the environment; a secret found nowhere
-    is left out and named in ``missing`` (``NAME.env.VAR``, ``NAME.headers.HEADER``)."""
+    is left out of the server returned and named in ``missing`` (``NAME.env.VAR``,
+    ``NAME.headers.HEADER``, ``NAME.url``: its credentials or query values). The record itself
+    is not changed (see :attr:`RunSettings.mcp_record`)."""
     now = {server.name: server for server in current}
     out: list[McpServer] = []
     for item in items or ():
@@ -199,11 +208,19 @@ def mcp_from_json(
         if _REDACTED in url:
             if given is not None:
                 url = given.url
-            else:  # its credentials are lost: it is tried without them
-                url = url.replace(f"{_REDACTED}@", "")
+            else:  # its credentials or query values are lost: it is tried without them
+                url = _without_redacted(url)
                 missing.append(f"{server.name}.url")
         out.append(attrs.evolve(server, url=url, env=tables["env"], headers=tables["headers"]))
     return tuple(out)
+
+
+def _without_redacted(url: str) -> str:
+    """A recorded URL without its redacted parts: credentials, query values, fragment."""
+    url = url.replace(f"{_REDACTED}@", "").replace(f"#{_REDACTED}", "")
+    base, _, query = url.partition("?")
+    kept = [part for part in query.split("&") if part and not part.endswith(f"={_REDACTED}")]
+    return f"{base}?{'&'.join(kept)}" if kept else base
 
 
 def _sandbox_from_json(value: Any) -> SandboxChoice:
@@ -223,8 +240,20 @@ class Restored:
     restored: tuple[str, ...] = ()
     #: what the resume's own options replaced
     overridden: tuple[str, ...] = ()
-    #: secret environment variables recorded by name that are set nowhere now
+    #: secrets recorded redacted that could not be read again now: agents' variables
+    #: (``VAR``), MCP servers' values (``SERVER.env.VAR``, ``SERVER.headers.HEADER``,
+    #: ``SERVER.url``); the run goes on without them
     missing_secrets: tuple[str, ...] = ()
+
+    @property
+    def warning(self) -> str | None:
+        """The warning naming :attr:`missing_secrets`, if any."""
+        if not self.missing_secrets:
+            return None
+        return (
+            "secrets of the run not set now, left out of this attempt (set them and resume"
+            f" again to restore them): {', '.join(self.missing_secrets)}"
+        )
 
     def to_json(self) -> dict[str, Any]:
         s = self.settings
@@ -259,7 +288,9 @@ def restore_settings(
 
     A recorded sandbox is kept (a resume does not turn it off); ``sandbox`` confines a run
     that was not, or gives it other rules. The recorded MCP servers are kept, their secret
-    values read again (see :func:`mcp_from_json`); ``mcp_servers`` replaces them. A run
+    values read again (see :func:`mcp_from_json`); ``mcp_servers`` replaces them. A secret
+    that cannot be read again is left out, named in a warning and in the result's
+    ``missing_secrets``, and the resume goes on; the record keeps it (redacted). A run
     recorded before settings were kept (no ``recorded``) restores nothing: the resume's
     options and the config decide, as for a new run.
     """
@@ -315,8 +346,6 @@ def restore_settings(
         missing += lost
     if agents:
         restored.append("agents")
-    if missing:
-        log.warning("secret variables of the recorded agents are not set", names=missing)
     kept = data.get("sandbox")
     run_sandbox: Sandbox | None
     if isinstance(sandbox, Sandbox) or (sandbox is True and not kept):
@@ -327,17 +356,31 @@ def restore_settings(
         restored.append("sandbox")
     else:  # as a new run: the config may confine it
         run_sandbox = choose_sandbox(config.sandboxed, rules=config.sandbox)
+    record: tuple[Mapping[str, Any], ...] | None = None
     if mcp_servers is not None:
         servers = tuple(mcp_servers)
         overridden.append("mcpServers")
     else:
         servers = mcp_from_json(data.get("mcpServers"), (), env, missing)
+        record = tuple(dict(item) for item in data.get("mcpServers") or ())
         if servers:
             restored.append("mcpServers")
     settings = RunSettings(
-        policy_set, source, named, sessions, agents, run_sandbox, file_size, limits, servers
+        policy_set,
+        source,
+        named,
+        sessions,
+        agents,
+        run_sandbox,
+        file_size,
+        limits,
+        servers,
+        mcp_record=record,
     )
-    return Restored(settings, tuple(restored), tuple(overridden), tuple(sorted(set(missing))))
+    done = Restored(settings, tuple(restored), tuple(overridden), tuple(sorted(set(missing))))
+    if done.warning is not None:  # shown at every verbosity: the run is not as it was
+        log.warning(done.warning)
+    return done
 
 
 def policy_source(policy: str | os.PathLike[str] | PolicySet | None) -> str | None:

@@ -43,7 +43,7 @@ interrupted. A pipeline step forks from its parents' merge: ``merge_branches(par
 
 from __future__ import annotations
 
-from ._fileio import NAME_MAX, PATH_MAX, check_path_limits, remove_tree
+from ._fileio import NAME_MAX, PATH_MAX, CopyStats, check_path_limits, remove_tree
 from .apply import (
     ApplyResult,
     InterruptedApply,
@@ -108,6 +108,7 @@ __all__ = [
     "Conflict",
     "ConflictStrategy",
     "ConflictWatch",
+    "CopyStats",
     "Delete",
     "EarlyWarning",
     "FileState",

@@ -12,8 +12,11 @@ import hashlib
 import os
 import secrets
 import stat
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+
+from attrs import define, field, frozen
 
 from .._names import name_bytes, name_of
 from .errors import PathRefused
@@ -25,8 +28,11 @@ __all__ = [
     "PATH_MAX",
     "SYMLINK_MODE",
     "TEMP_SUFFIX",
+    "CopyStats",
+    "CopyTally",
     "check_path_limits",
     "copy_fd",
+    "copy_fd_digest",
     "copy_fd_hashed",
     "digest",
     "digest_fd",
@@ -65,6 +71,12 @@ _FICLONE = 0x40049409
 _UNSUPPORTED = frozenset(
     {errno.EXDEV, errno.EOPNOTSUPP, errno.ENOTTY, errno.EINVAL, errno.ENOSYS, errno.EPERM}
 )
+# Of those, what FICLONE answers for every file of a pair of filesystems (not the same one, or
+# no reflinks there). The others speak of one file: btrfs refuses to clone a nodatacow file
+# (``chattr +C``) into a datacow one with EINVAL, an append-only or immutable file gives EPERM,
+# a swap file ETXTBSY; that file is copied, the next ones are still cloned.
+_NO_REFLINK_HERE = frozenset({errno.EXDEV, errno.EOPNOTSUPP, errno.ENOTTY, errno.ENOSYS})
+_NOT_THIS_FILE = frozenset({errno.EINVAL, errno.EPERM, errno.ETXTBSY})
 # Device pairs for which a method failed as unsupported; set.add is atomic under the GIL.
 _no_reflink: set[tuple[int, int]] = set()
 _no_copy_range: set[tuple[int, int]] = set()
@@ -215,28 +227,33 @@ def _copy_plain(src: int, dst: int, done: int) -> None:
 
 
 def _reflink(src: int, dst: int, devices: tuple[int, int]) -> bool:
-    """Clone ``src`` into ``dst`` (``FICLONE``); False where the pair of devices cannot."""
+    """Clone ``src`` into ``dst`` (``FICLONE``); False where the pair of devices cannot, or
+    cannot for this file."""
     if devices in _no_reflink:
         return False
     try:
         fcntl.ioctl(dst, _FICLONE, src)
     except OSError as e:
-        if e.errno not in _UNSUPPORTED:
-            raise
-        _no_reflink.add(devices)
-        return False
+        if e.errno in _NO_REFLINK_HERE:
+            _no_reflink.add(devices)
+            return False
+        if e.errno in _NOT_THIS_FILE:
+            return False
+        raise
     return True
 
 
-def copy_fd(src: int, dst: int, size: int, devices: tuple[int, int]) -> None:
-    """Copy ``size`` bytes from ``src`` to the empty file ``dst`` as cheaply as the system allows.
+def copy_fd(src: int, dst: int, size: int, devices: tuple[int, int]) -> bool:
+    """Copy ``size`` bytes from ``src`` to the empty file ``dst`` as cheaply as the system allows;
+    True when reflinked (``dst`` shares ``src``'s blocks), False when the bytes were copied.
 
     Reflink (``FICLONE``) first, then ``copy_file_range`` (in-kernel copy, itself a reflink on
     some filesystems), then ``pread``/``pwrite``. A method that fails as unsupported is not tried
-    again for the same pair of devices. Never a hard link.
+    again for the same pair of devices (a reflink refused for one file only still is). Never a
+    hard link.
     """
     if _reflink(src, dst, devices):
-        return
+        return True
     done = 0
     if devices not in _no_copy_range:
         try:
@@ -249,12 +266,18 @@ def copy_fd(src: int, dst: int, size: int, devices: tuple[int, int]) -> None:
             if done >= size:
                 # Exactly the measured size is copied; callers re-check the source's stat to
                 # catch a file that changed meanwhile.
-                return
+                return False
     _copy_plain(src, dst, done)
+    return False
 
 
 def copy_fd_hashed(src: int, dst: int, size: int, devices: tuple[int, int]) -> str:
-    """:func:`copy_fd`, and the digest of the ``size`` bytes copied.
+    """:func:`copy_fd`, and the digest of the ``size`` bytes copied (see :func:`copy_fd_digest`)."""
+    return copy_fd_digest(src, dst, size, devices)[0]
+
+
+def copy_fd_digest(src: int, dst: int, size: int, devices: tuple[int, int]) -> tuple[str, bool]:
+    """:func:`copy_fd`: the digest of the ``size`` bytes copied, and True when reflinked.
 
     The bytes are read once: reflinked, they are read back from ``src`` to be hashed; else
     they go through here (``pread``, hash, ``pwrite``) instead of an in-kernel copy, which
@@ -266,7 +289,7 @@ def copy_fd_hashed(src: int, dst: int, size: int, devices: tuple[int, int]) -> s
         while done < size and (chunk := os.pread(src, min(size - done, 1 << 20), done)):
             hasher.update(chunk)
             done += len(chunk)
-        return hasher.hexdigest()
+        return hasher.hexdigest(), True
     if size <= 1 << 20:
         # one read and one write: most files of a source tree
         data = os.pread(src, size, 0)
@@ -276,7 +299,7 @@ def copy_fd_hashed(src: int, dst: int, size: int, devices: tuple[int, int]) -> s
             n = os.pwrite(dst, view, done)
             view = view[n:]
             done += n
-        return digest(data)
+        return digest(data), False
     hasher = hashlib.sha256()
     done = 0
     while done < size and (chunk := os.pread(src, min(size - done, 1 << 20), done)):
@@ -286,7 +309,48 @@ def copy_fd_hashed(src: int, dst: int, size: int, devices: tuple[int, int]) -> s
             n = os.pwrite(dst, view, done)
             view = view[n:]
             done += n
-    return hasher.hexdigest()
+    return hasher.hexdigest(), False
+
+
+@frozen
+class CopyStats:
+    """How a branch directory's files were made: ``reflinked`` files share their blocks with
+    the workspace's (``FICLONE``: btrfs, XFS; no data written), ``copied`` ones had their bytes
+    written (an in-kernel or plain copy, or content the branch holds). ``*_bytes``: their
+    sizes. Symlinks and directories are not counted."""
+
+    reflinked: int = 0
+    reflinked_bytes: int = 0
+    copied: int = 0
+    copied_bytes: int = 0
+
+    def __add__(self, other: CopyStats) -> CopyStats:
+        return CopyStats(
+            self.reflinked + other.reflinked,
+            self.reflinked_bytes + other.reflinked_bytes,
+            self.copied + other.copied,
+            self.copied_bytes + other.copied_bytes,
+        )
+
+
+@define
+class CopyTally:
+    """:class:`CopyStats` being counted, by any number of threads at once."""
+
+    _lock: threading.Lock = field(factory=threading.Lock, init=False)
+    _counts: list[int] = field(factory=lambda: [0, 0, 0, 0], init=False)
+
+    def add(self, size: int, *, reflinked: bool) -> None:
+        """Count one file of ``size`` bytes, reflinked or copied."""
+        at = 0 if reflinked else 2
+        with self._lock:
+            self._counts[at] += 1
+            self._counts[at + 1] += size
+
+    def stats(self) -> CopyStats:
+        """What was counted so far."""
+        with self._lock:
+            return CopyStats(*self._counts)
 
 
 @contextmanager

@@ -35,7 +35,15 @@ from attrs import field, frozen
 
 from .._log import get_logger
 from .._names import name_bytes, name_of
-from ._fileio import PATH_MAX, copy_fd, copy_fd_hashed, digest, make_dirs, remove_tree
+from ._fileio import (
+    PATH_MAX,
+    CopyTally,
+    copy_fd,
+    copy_fd_digest,
+    digest,
+    make_dirs,
+    remove_tree,
+)
 from ._links import LinkMap
 from .branch import Branch
 from .changes import Change, ModeChange, Write
@@ -136,13 +144,15 @@ def _create(
     dst_dev: int,
     links: LinkMap | None,
     rewritten: dict[str, tuple[bytes, bytes]],
+    tally: CopyTally,
 ) -> tuple[_Key, str | None]:
     """Write one job's file as ``name`` in ``dst_dir`` (copying from ``src_dir``); its key, and
     the digest of the copied content when the job asks for it.
 
     Both are directory fds, so every call below looks up a single path component. A symlink
     that would lead into the workspace from here is written leading to the same path of this
-    directory (``links``), and recorded in ``rewritten`` with the target the branch holds.
+    directory (``links``), and recorded in ``rewritten`` with the target the branch holds. A
+    file is counted in ``tally`` as reflinked or copied.
     """
     if stat.S_ISLNK(job.mode):
         hashed = None
@@ -171,6 +181,7 @@ def _create(
                 view = view[os.write(fd, view) :]
             if not direct:
                 os.fchmod(fd, perm)
+            tally.add(len(job.data), reflinked=False)
             return _key(os.fstat(fd)), None
         finally:
             os.close(fd)
@@ -191,9 +202,10 @@ def _create(
         try:
             devices = (before.st_dev, dst_dev)
             if job.hashed:
-                hashed = copy_fd_hashed(src, fd, before.st_size, devices)
+                hashed, reflinked = copy_fd_digest(src, fd, before.st_size, devices)
             else:
-                copy_fd(src, fd, before.st_size, devices)
+                reflinked = copy_fd(src, fd, before.st_size, devices)
+            tally.add(before.st_size, reflinked=reflinked)
             if not direct:
                 os.fchmod(fd, perm)
             os.utime(fd, ns=(before.st_atime_ns, before.st_mtime_ns))
@@ -219,6 +231,7 @@ def _run_batch(
     dst_root: str,
     links: LinkMap | None,
     rewritten: dict[str, tuple[bytes, bytes]],
+    tally: CopyTally,
 ) -> list[_Made]:
     """Create a batch of jobs (sorted by path: one directory's files come together)."""
     dst_dev = os.stat(dst_root).st_dev
@@ -238,7 +251,8 @@ def _run_batch(
             if src_dir < 0 and job.data is None:
                 # Only copies need the source directory (a new directory has none).
                 src_dir = os.open(f"{src_root}/{head}" if head else src_root, _DIR)
-            out.append((job.rel, _create(job, name, src_dir, dst_dir, dst_dev, links, rewritten)))
+            made = _create(job, name, src_dir, dst_dir, dst_dev, links, rewritten, tally)
+            out.append((job.rel, made))
     finally:
         for fd in (src_dir, dst_dir):
             if fd >= 0:
@@ -260,13 +274,13 @@ def _run_jobs(
     workers: int | None,
     links: LinkMap | None,
     rewritten: dict[str, tuple[bytes, bytes]],
-    max_workers: int | None = None,
+    tally: CopyTally,
 ) -> tuple[dict[str, tuple[_Key, str | None]], int]:
     """Create every job's file; what each gave and the number of threads used at the end."""
 
     def run(batch: list[_Job]) -> list[_Made]:
         # each thread sets keys of its own paths in ``rewritten``: safe under the GIL
-        return _run_batch(batch, src_root, dst_root, links, rewritten)
+        return _run_batch(batch, src_root, dst_root, links, rewritten, tally)
 
     def parallel(rest: list[_Job], n: int) -> dict[str, tuple[_Key, str | None]]:
         size = max(16, len(rest) // (n * 8))
@@ -281,8 +295,6 @@ def _run_jobs(
         if workers <= 1 or len(jobs) < 64:
             return dict(run(jobs)), 1
         return parallel(jobs, workers), workers
-    if max_workers is not None and max_workers <= 1:
-        return dict(run(jobs)), 1
     records: dict[str, tuple[_Key, str | None]] = {}
     done = 0
     while done < len(jobs):
@@ -292,7 +304,7 @@ def _run_jobs(
         done += len(chunk)
         slow = (time.perf_counter() - started) / len(chunk) > _SLOW_FILE_S
         if slow and len(jobs) - done >= 64:
-            n = min(8, 2 * (os.cpu_count() or 1), max_workers or 8)
+            n = min(8, 2 * (os.cpu_count() or 1))
             records.update(parallel(jobs[done:], n))
             return records, n
     return records, 1
@@ -303,6 +315,7 @@ def _copy_extras(
     dst_root: str,
     matcher: IgnoreMatcher,
     links: LinkMap,
+    tally: CopyTally,
     *,
     ignored: bool,
     vcs: bool,
@@ -335,11 +348,11 @@ def _copy_extras(
             if parent:
                 make_dirs(os.path.join(dst_root, parent))
             if is_dir:
-                _copy_tree(entry.path, dst, rel, links)
+                _copy_tree(entry.path, dst, rel, links, tally)
             elif entry.is_symlink():
                 _copy_link(entry.path, dst, rel, links)
             elif entry.is_file(follow_symlinks=False):
-                _copy_plain_file(entry.path, dst)
+                _copy_plain_file(entry.path, dst, tally)
     return created
 
 
@@ -348,7 +361,7 @@ def _copy_link(src: str, dst: str, rel: str, links: LinkMap) -> None:
     os.symlink(links.to_branch(rel, target) or target, dst)
 
 
-def _copy_tree(src: str, dst: str, rel: str, links: LinkMap) -> None:
+def _copy_tree(src: str, dst: str, rel: str, links: LinkMap, tally: CopyTally) -> None:
     """Copy a directory as ``cp -a`` would (other kinds of files skipped), links mapped."""
     copied: list[tuple[str, str]] = []  # parents first; their stats are copied last
     stack = [(src, dst, rel)]
@@ -365,18 +378,18 @@ def _copy_tree(src: str, dst: str, rel: str, links: LinkMap) -> None:
             elif entry.is_symlink():
                 _copy_link(entry.path, out, child, links)
             elif entry.is_file(follow_symlinks=False):
-                _copy_plain_file(entry.path, out)
+                _copy_plain_file(entry.path, out, tally)
     # children before their parents: filling a directory changes its mtime
     for src_dir, dst_dir in reversed(copied):
         shutil.copystat(src_dir, dst_dir, follow_symlinks=False)
 
 
-def _copy_plain_file(src: str, dst: str) -> str:
+def _copy_plain_file(src: str, dst: str, tally: CopyTally) -> str:
     st = os.lstat(src)
     with open(src, "rb") as fsrc, open(dst, "xb") as fdst:
-        copy_fd(
-            fsrc.fileno(), fdst.fileno(), st.st_size, (st.st_dev, os.fstat(fdst.fileno()).st_dev)
-        )
+        devices = (st.st_dev, os.fstat(fdst.fileno()).st_dev)
+        reflinked = copy_fd(fsrc.fileno(), fdst.fileno(), st.st_size, devices)
+        tally.add(st.st_size, reflinked=reflinked)
         os.fchmod(fdst.fileno(), stat.S_IMODE(st.st_mode))
     os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
     return dst
@@ -435,7 +448,6 @@ def materialize(
     workers: int | None = None,
     watch: bool | None = None,
     max_file_size: int | None = None,
-    max_workers: int | None = None,
 ) -> Workdir:
     """Write ``branch`` into the new or empty ``directory`` and return its :class:`Workdir`.
 
@@ -443,8 +455,7 @@ def materialize(
     and ``include_vcs`` the VCS internals (``.git/``); neither is ever harvested. ``workers``
     threads copy in parallel; by default the first files are copied on one thread and the rest
     moves to a pool only if copying turns out to wait on the disk or on large files (measured:
-    for small files on a fast filesystem, threads just contend for the GIL and are slower);
-    ``max_workers`` caps that pool (a caller sharing the machine's threads among copies).
+    for small files on a fast filesystem, threads just contend for the GIL and are slower).
     ``watch`` enables the inotify accelerator for harvests; by default (None) it is on for trees
     of :data:`WATCH_MIN_FILES` files or more: below that a full stat scan is cheaper than setting
     up a watch and tearing it down (closing an inotify instance alone takes milliseconds).
@@ -461,13 +472,14 @@ def materialize(
     # a tree that is not on disk has no workspace its links could lead into
     links = LinkMap(snapshot.root, target) if snapshot is not None else None
     rewritten: dict[str, tuple[bytes, bytes]] = {}
+    tally = CopyTally()
     try:
         jobs, overrides = _plan(branch)
         src_root = snapshot.root if snapshot else ""
         _check_lengths(jobs, target, src_root)
         dirs = sorted({j.rel.rpartition("/")[0] for j in jobs} - {""})
         _make_dirs(target, dirs)
-        made, n = _run_jobs(jobs, src_root, target, workers, links, rewritten, max_workers)
+        made, n = _run_jobs(jobs, src_root, target, workers, links, rewritten, tally)
         records: dict[str, _Key] = {}
         for rel, (key, hashed) in made.items():
             records[rel] = key
@@ -476,7 +488,13 @@ def materialize(
                 snapshot.record_digest(rel, hashed)
         if links is not None and (include_ignored or include_vcs):
             dirs += _copy_extras(
-                src_root, target, root.ignore, links, ignored=include_ignored, vcs=include_vcs
+                src_root,
+                target,
+                root.ignore,
+                links,
+                tally,
+                ignored=include_ignored,
+                vcs=include_vcs,
             )
     except BaseException:
         remove_tree(target)
@@ -490,6 +508,7 @@ def materialize(
         links,
         rewritten,
         max_file_size=max_file_size,
+        copies=(copies := tally.stats()),
     )
     if watch or (watch is None and len(jobs) >= WATCH_MIN_FILES):
         workdir._start_watching(["", *dirs])
@@ -500,6 +519,9 @@ def materialize(
         directory=target,
         files=len(jobs),
         workers=n,
+        reflinked=copies.reflinked,
+        copied=copies.copied,
+        copied_bytes=copies.copied_bytes,
         inotify=workdir.watching,
         seconds=round(seconds, 3),
     )

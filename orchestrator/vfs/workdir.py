@@ -57,6 +57,7 @@ from . import _inotify
 from ._fileio import (
     DEFAULT_MODE,
     LARGE_FILE_SIZE,
+    CopyStats,
     digest_fd,
     normalize_mode,
     normalize_path,
@@ -221,6 +222,8 @@ class Workdir:
     #: files on disk over :attr:`max_file_size`, left out of the branch: path -> (the stat key
     #: they were judged with, size)
     _too_large: dict[str, tuple[_Key, int]] = field(factory=dict, alias="_too_large", repr=False)
+    #: how the checkout made the files: reflinked (blocks shared with the workspace) or copied
+    copies: CopyStats = field(factory=CopyStats, kw_only=True)
 
     @classmethod
     def open(
@@ -234,6 +237,7 @@ class Workdir:
         rewritten: dict[str, tuple[bytes, bytes]] | None = None,
         *,
         max_file_size: int | None = None,
+        copies: CopyStats | None = None,
     ) -> Workdir:
         """The workdir of ``branch`` just written into ``root`` (``records``: what was written).
 
@@ -242,7 +246,7 @@ class Workdir:
         them replace the workspace's. ``links`` maps link targets between the workspace and this
         directory; ``rewritten`` holds the links written here with another target than the
         branch records (path -> (target here, recorded target)). ``max_file_size`` is the limit
-        on a changed file (see the module doc).
+        on a changed file (see the module doc); ``copies`` how the files were made.
         """
         own = ignore.fork()
         moved = False
@@ -268,6 +272,7 @@ class Workdir:
             links=links,
             _rewritten=dict(rewritten or {}),
             max_file_size=max_file_size,
+            copies=copies or CopyStats(),
         )
         if ignore.rules.use_gitignore:
             for rel, key in records.items():

@@ -1,0 +1,577 @@
+"""Reusing branch directories: a finished one is reset to the tree it was made from.
+
+A fan-out forks many branches from one tree, and materializing each copies the whole tree. A
+:class:`DirPool` keeps the directories of finished branches, keyed by the tree they were made
+from (:func:`tree_key`: the snapshot and the changes layered on it, by content), and resets one
+for the next branch forked from the same tree instead of copying the tree again
+(:meth:`DirPool.take`). A reset costs a stat of every entry (as a full harvest does) plus the
+paths that differ: whatever the agent wrote, deleted, renamed, chmod-ed or created, through
+``fs/*`` or on disk, ignored files, ``.git`` directories and empty directories included, is
+deleted and written again from the tree. Nothing else is read or copied.
+
+What makes a reused directory the tree it claims to be:
+
+- **No writer left.** A directory given back (:meth:`DirPool.give`) is renamed into the pool's
+  parking folder at once: a process still writing by absolute path writes to a path that no
+  longer exists. Before a reset, ``/proc`` is searched for any process whose working directory,
+  root, open files or mapped files are inside it (a background job the agent left behind, an
+  agent process still exiting): if one is, the directory is discarded, never reused.
+- **Proof by stat.** Each entry is compared with the stat recorded when it was written (size,
+  mtime, inode, mode and ctime: no write, chmod, rename or link leaves ctime alone), and a
+  regular file must have no second name (a hard link elsewhere could write it later). Anything
+  that differs, and anything the tree does not hold, is removed and written again; directories
+  get their mode and owner back; a mount point, an entry on another filesystem or any error
+  (an unreadable path, a file that will not go) discards the directory instead.
+- **Self-contained links again.** A symlink leading into the workspace leads into the branch
+  directory (see :mod:`orchestrator.vfs.checkout`): the directory now has another path, so such
+  links are written again for it.
+
+A discarded directory is renamed into the parking folder and handed back for deletion; the
+caller materializes a fresh one. The pool holds at most :attr:`DirPool.limit` directories: one
+more evicts the oldest (handed back for deletion). Limit (as the process reaper's): a process
+running under another user id whose ``/proc`` entries cannot be read is not looked at.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import os
+import stat
+import threading
+from collections.abc import Callable, Iterable
+
+from attrs import define, field, frozen
+
+from .._log import get_logger
+from .._names import name_bytes, name_of
+from ._fileio import CopyTally, make_dirs, remove_tree
+from ._links import LinkMap
+from .branch import Branch
+from .changes import Delete, ModeChange, Write
+from .checkout import WATCH_MIN_FILES, _check_lengths, _Job, _make_dirs, _plan, _run_batch
+from .snapshot import Snapshot
+from .tree import compose
+from .workdir import Workdir, _Key, _key
+
+__all__ = ["DirPool", "PoolStats", "find_holders", "tree_key"]
+
+log = get_logger(__name__)
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+#: the environment variable that turns reuse off (``0``, ``no``, ``off``, ``false``)
+REUSE_ENV = "ORCHESTRATOR_REUSE_DIRS"
+
+
+#: trees of fewer files than this are not pooled: writing them afresh costs less than looking
+#: through ``/proc`` for a process holding a pooled directory
+REUSE_MIN_FILES = 256
+
+
+def reuse_enabled_by_env() -> bool:
+    """Whether :data:`REUSE_ENV` leaves directory reuse on (it is on unless set to a no)."""
+    value = os.environ.get(REUSE_ENV, "").strip().lower()
+    return value not in {"0", "no", "off", "false"}
+
+
+def tree_key(branch: Branch) -> tuple[int, str] | None:
+    """The identity of the tree ``branch`` holds: its snapshot, and a digest of what is layered
+    on it (path, kind, content digest, mode). None when the branch is not layered on a
+    snapshot of a workspace."""
+    root = branch.root
+    if not isinstance(root, Snapshot):
+        return None
+    try:
+        overrides = compose(branch.base, root)
+    except TypeError:
+        return None
+    # as the checkout composes them (orchestrator.vfs.checkout._plan)
+    for path, own in branch.changes.items():
+        previous = overrides.get(path)
+        if isinstance(own, ModeChange) and isinstance(previous, Write):
+            own = Write(previous.data, own.mode, previous.digest)
+        overrides[path] = own
+    h = hashlib.sha256()
+    for path in sorted(overrides):
+        change = overrides[path]
+        if isinstance(change, Write):
+            part = f"w\0{change.digest}\0{change.mode:o}"
+        elif isinstance(change, ModeChange):
+            part = f"m\0{change.mode:o}"
+        elif isinstance(change, Delete):
+            part = "d"
+        else:  # pragma: no cover - every change is one of the above
+            return None
+        h.update(name_bytes(path) + b"\0" + part.encode() + b"\n")
+    return id(root), h.hexdigest()
+
+
+def find_holders(directory: str) -> list[int]:
+    """The processes whose working directory, root, open files or mapped files are
+    ``directory`` or below it. Raises :class:`OSError` when ``/proc`` cannot be read, or a
+    process of this user cannot be looked at (nothing proves it holds nothing)."""
+    top = directory.rstrip("/")
+    inside = top + "/"
+    me = os.geteuid()
+
+    def held(path: str) -> bool:
+        return path == top or path.startswith(inside)
+
+    found: list[int] = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        proc = f"/proc/{name}"
+        try:
+            if _holds(proc, held):
+                found.append(int(name))
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # exited meanwhile
+        except PermissionError:
+            # one that cannot be looked at: of another user, or older than this process (it
+            # descends from none of the processes the run started, as the reaper reasons)
+            try:
+                owner = os.stat(proc).st_uid
+                older = _start_time(name) < _start_time("self")
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            if owner == me and not older:
+                raise
+    return found
+
+
+def _start_time(pid: str) -> int:
+    """When the process started, in clock ticks since boot (``/proc/PID/stat``, field 22)."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        text = f.read()
+    # the command name (field 2) may hold spaces and parentheses: fields follow its last ")"
+    return int(text[text.rindex(b")") + 2 :].split()[19])
+
+
+def _holds(proc: str, held: Callable[[str], bool]) -> bool:
+    """Whether the process at ``proc`` (its ``/proc`` directory) holds a path ``held`` names."""
+    if held(os.readlink(f"{proc}/cwd")) or held(os.readlink(f"{proc}/root")):
+        return True
+    for fd in os.listdir(f"{proc}/fd"):
+        try:
+            if held(os.readlink(f"{proc}/fd/{fd}")):
+                return True
+        except FileNotFoundError:
+            continue  # closed meanwhile
+    with open(f"{proc}/maps", "rb") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and held(os.fsdecode(fields[5].rstrip(b"\n"))):
+                return True
+    return False
+
+
+@frozen
+class PoolStats:
+    """What a :class:`DirPool` did: directories materialized afresh, reused, discarded
+    (not proven clean), evicted (over the limit), and what the resets cost: ``reset_paths``,
+    the paths removed, written again or given their mode back (each counted once, an entry
+    of a removed directory too), and ``reset_bytes``, the bytes of the files removed plus
+    those written."""
+
+    made: int = 0
+    reused: int = 0
+    discarded: int = 0
+    evicted: int = 0
+    reset_paths: int = 0
+    reset_bytes: int = 0
+
+
+@define(eq=False)
+class _Origin:
+    """What a directory was written as: the tree, the stat of each file written and the links
+    written with another target than the branch records."""
+
+    key: tuple[int, str]
+    root: Snapshot
+    records: dict[str, _Key]
+    rewritten: dict[str, tuple[bytes, bytes]]
+    dirs: frozenset[str]
+    #: mode and owner every directory was made with
+    dir_mode: int
+    owner: tuple[int, int]
+    #: whether harvests of the directory were watched with inotify (reused: watched again)
+    watch: bool
+
+
+@define(eq=False)
+class _Parked:
+    path: str
+    origin: _Origin
+
+
+class _Unclean(Exception):
+    """The directory cannot be proven to be its tree."""
+
+
+@define(eq=False)
+class DirPool:
+    """Finished branch directories waiting to be reset for a branch of the same tree.
+
+    ``parking`` is the folder pooled (and discarded) directories are renamed into: on the same
+    filesystem as the branch directories, and never given to an agent. Thread-safe.
+    """
+
+    parking: str
+    #: the most directories held at once (the run's session limit)
+    limit: int
+    #: directories of trees with fewer files are not pooled (see :data:`REUSE_MIN_FILES`)
+    min_files: int = field(factory=lambda: REUSE_MIN_FILES, kw_only=True)
+    #: what the pool did so far
+    made: int = 0
+    reused: int = 0
+    discarded: int = 0
+    evicted: int = 0
+    reset_paths: int = 0
+    reset_bytes: int = 0
+    _origins: dict[Workdir, _Origin] = field(factory=dict, alias="_origins")
+    _parked: list[_Parked] = field(factory=list, alias="_parked")
+    _lock: threading.Lock = field(factory=threading.Lock, alias="_lock")
+    _names: itertools.count[int] = field(factory=itertools.count, alias="_names")
+
+    @property
+    def stats(self) -> PoolStats:
+        """The counters as one value."""
+        with self._lock:
+            return PoolStats(
+                self.made,
+                self.reused,
+                self.discarded,
+                self.evicted,
+                self.reset_paths,
+                self.reset_bytes,
+            )
+
+    def _park_name(self, kind: str) -> str:
+        make_dirs(self.parking)
+        return os.path.join(self.parking, f"{kind}-{next(self._names)}")
+
+    def adopt(self, workdir: Workdir) -> None:
+        """Count the freshly materialized ``workdir`` and remember what it holds, so that it
+        can be pooled when given back (a workdir of a tree too small, or not of a snapshot, is
+        never pooled)."""
+        with self._lock:
+            self.made += 1
+        if len(workdir._records) < self.min_files:
+            return
+        key = tree_key(workdir.branch)
+        root = workdir.branch.root
+        if key is None or not isinstance(root, Snapshot):
+            return
+        st = os.lstat(workdir.root)
+        origin = _Origin(
+            key,
+            root,
+            dict(workdir._records),
+            dict(workdir._rewritten),
+            _parents(workdir._records),
+            stat.S_IMODE(st.st_mode),
+            (st.st_uid, st.st_gid),
+            workdir.watching or len(workdir._records) >= WATCH_MIN_FILES,
+        )
+        with self._lock:
+            self._origins[workdir] = origin
+
+    def holds(self, workdir: Workdir) -> bool:
+        """Whether ``workdir`` would be pooled when given back (it was adopted)."""
+        with self._lock:
+            return workdir in self._origins
+
+    def give(self, workdir: Workdir) -> list[str]:
+        """Take back a finished, harvested ``workdir`` (closed here); the directories to delete:
+        it, if it cannot be pooled, and the one it evicts."""
+        workdir.close()
+        with self._lock:
+            origin = self._origins.pop(workdir, None)
+        if origin is None or self.limit <= 0:
+            return [workdir.root]
+        try:
+            if not stat.S_ISDIR(os.lstat(workdir.root).st_mode):
+                return [workdir.root]  # replaced by the agent (a link): not what was made
+        except OSError:
+            return [workdir.root]
+        try:
+            parked = self._park_name("pool")
+            os.rename(workdir.root, parked)
+        except OSError as e:
+            log.info("branch directory not pooled", directory=workdir.root, error=str(e))
+            return [workdir.root]
+        out: list[str] = []
+        with self._lock:
+            self._parked.append(_Parked(parked, origin))
+            while len(self._parked) > self.limit:
+                out.append(self._parked.pop(0).path)
+                self.evicted += 1
+        return out
+
+    def clear(self) -> list[str]:
+        """Forget every pooled directory; their paths, to delete."""
+        with self._lock:
+            out = [p.path for p in self._parked]
+            self._parked.clear()
+            self._origins.clear()
+        return out
+
+    def close(self) -> None:
+        """Remove the parking folder once what it held is deleted (left if not empty)."""
+        with contextlib.suppress(OSError):
+            os.rmdir(self.parking)
+
+    def take(
+        self,
+        branch: Branch,
+        directory: str | os.PathLike[str],
+        *,
+        max_file_size: int | None = None,
+        discard: Callable[[str], None],
+    ) -> Workdir | None:
+        """A pooled directory reset to ``branch``'s tree, moved to the new, absent ``directory``
+        (its :class:`Workdir`, adopted); None when the pool has none for that tree.
+
+        A directory that cannot be proven clean is renamed aside and passed to ``discard``
+        (to be deleted), and None is returned. Blocking.
+        """
+        with self._lock:
+            if not self._parked:
+                return None
+        key = tree_key(branch)
+        if key is None:
+            return None
+        target = os.path.abspath(os.fspath(directory))
+        busy: list[_Parked] = []
+        try:
+            while True:
+                with self._lock:
+                    for i, parked in enumerate(self._parked):
+                        if parked.origin.key == key and parked.origin.root is branch.root:
+                            del self._parked[i]
+                            break
+                    else:
+                        return None
+                try:
+                    os.rename(parked.path, target)
+                    holders = find_holders(target)
+                except OSError as e:
+                    self._discard(parked.path, target, e, discard)
+                    continue
+                if holders:
+                    # still in use (an agent process exiting, a job left running): not reset
+                    # now, perhaps later; evicted first
+                    try:
+                        os.rename(target, parked.path)
+                    except OSError as e:
+                        self._discard(parked.path, target, e, discard)
+                        continue
+                    log.debug("pooled directory in use", directory=parked.path, pids=holders)
+                    busy.append(parked)
+                    continue
+                try:
+                    workdir = self._reset(branch, target, parked.origin, max_file_size)
+                except Exception as e:  # whatever it was, it is not proven to be the tree
+                    self._discard(parked.path, target, e, discard)
+                    continue
+                with self._lock:
+                    self.reused += 1
+                return workdir
+        finally:
+            with self._lock:
+                self._parked[:0] = busy
+
+    def _discard(
+        self, parked: str, target: str, error: Exception, discard: Callable[[str], None]
+    ) -> None:
+        """Put aside a pooled directory that cannot be reused (at ``target`` or still at
+        ``parked``), for ``discard`` to delete; ``target`` is left absent."""
+        log.info("pooled directory discarded", directory=parked, reason=str(error))
+        with self._lock:
+            self.discarded += 1
+        where = target if os.path.lexists(target) else parked
+        try:
+            aside = self._park_name("discard")
+            os.rename(where, aside)
+        except OSError:
+            remove_tree(where)
+            if os.path.lexists(target):
+                raise error from None  # the branch cannot be made there: this says why
+            return
+        discard(aside)
+
+    def _reset(
+        self, branch: Branch, target: str, origin: _Origin, max_file_size: int | None
+    ) -> Workdir:
+        snapshot = origin.root
+        jobs, overrides = _plan(branch)
+        _check_lengths(jobs, target, snapshot.root)
+        wanted = {job.rel: job for job in jobs}
+        dirs = _parents(wanted)
+        if dirs != origin.dirs:
+            raise _Unclean("another tree than the one the directory was made from")
+        links = LinkMap(snapshot.root, target)
+        records: dict[str, _Key] = {}
+        rewritten: dict[str, tuple[bytes, bytes]] = {}
+        paths = size = 0
+        removed: set[str] = set()  # files removed here: one written again counts once
+        top = os.lstat(target)
+        if not stat.S_ISDIR(top.st_mode):
+            raise _Unclean("not a directory")
+        device = top.st_dev
+        found_dirs: set[str] = set()
+        stack = [""]
+        while stack:
+            parent = stack.pop()
+            fd = os.open(os.path.join(target, parent) if parent else target, _DIR)
+            try:
+                st = os.fstat(fd)
+                if st.st_dev != device:
+                    raise _Unclean(f"{parent}: another filesystem")
+                if stat.S_IMODE(st.st_mode) != origin.dir_mode:
+                    os.fchmod(fd, origin.dir_mode)
+                    paths += 1
+                if (st.st_uid, st.st_gid) != origin.owner:
+                    os.fchown(fd, *origin.owner)
+                    paths += 1
+                found_dirs.add(parent)
+                prefix = f"{parent}/" if parent else ""
+                with os.scandir(fd) as it:
+                    entries = list(it)
+                for entry in entries:
+                    rel = prefix + entry.name
+                    est = entry.stat(follow_symlinks=False)
+                    if est.st_dev != device:
+                        raise _Unclean(f"{rel}: another filesystem")
+                    if stat.S_ISDIR(est.st_mode):
+                        if rel in dirs:
+                            stack.append(rel)
+                            continue
+                        n, b = _remove_dir(target, rel, device)
+                        paths, size = paths + n, size + b
+                        continue
+                    job = wanted.get(rel)
+                    if job is not None and self._intact(job, rel, est, fd, origin, links):
+                        records[rel] = _key(est)
+                        if rel in origin.rewritten and stat.S_ISLNK(est.st_mode):
+                            rewritten[rel] = origin.rewritten[rel]
+                        continue
+                    os.unlink(entry.name, dir_fd=fd)
+                    removed.add(rel)
+                    paths += 1
+                    if stat.S_ISREG(est.st_mode):
+                        size += est.st_size
+            finally:
+                os.close(fd)
+        missing_dirs = sorted(dirs - found_dirs)
+        _make_dirs(target, missing_dirs)
+        for rel in missing_dirs:  # made with the umask's mode: as the fresh one was
+            os.chmod(os.path.join(target, rel), origin.dir_mode)
+        todo = [wanted[rel] for rel in sorted(wanted.keys() - records.keys())]
+        tally = CopyTally()  # what the reset wrote: the directory's copies
+        if todo:
+            made = _run_batch(todo, snapshot.root, target, links, rewritten, tally)
+            for rel, (key, hashed) in made:
+                records[rel] = key
+                if hashed is not None:
+                    snapshot.record_digest(rel, hashed)
+                if stat.S_ISREG(key[3]):
+                    size += key[0]
+            paths += sum(1 for job in todo if job.rel not in removed)
+        workdir = Workdir.open(
+            target,
+            branch,
+            snapshot.ignore,
+            records,
+            overrides,
+            links,
+            rewritten,
+            max_file_size=max_file_size,
+            copies=tally.stats(),
+        )
+        if origin.watch:  # as it was made
+            workdir._start_watching(["", *sorted(dirs - {""})])
+        origin = _Origin(
+            origin.key,
+            snapshot,
+            dict(records),
+            dict(rewritten),
+            dirs,
+            origin.dir_mode,
+            origin.owner,
+            origin.watch,
+        )
+        with self._lock:
+            self._origins[workdir] = origin
+            self.reset_paths += paths
+            self.reset_bytes += size
+        log.info("branch directory reused", branch=branch.name, directory=target, reset=paths)
+        return workdir
+
+    @staticmethod
+    def _intact(
+        job: _Job, rel: str, st: os.stat_result, dir_fd: int, origin: _Origin, links: LinkMap
+    ) -> bool:
+        """Whether the entry is as it was written (for this directory's new path)."""
+        if origin.records.get(rel) != _key(st):
+            return False
+        if stat.S_ISREG(st.st_mode):
+            return st.st_nlink == 1
+        if not stat.S_ISLNK(st.st_mode):
+            return False
+        # a link written leading into the directory leads to its old path: written again
+        on_disk = os.readlink(_entry_name(rel), dir_fd=dir_fd)
+        known = origin.rewritten.get(rel)
+        recorded = name_of(known[1]) if known is not None else on_disk
+        mapped = links.to_branch(rel, recorded)
+        return (mapped if mapped is not None else recorded) == on_disk
+
+
+def _entry_name(rel: str) -> str:
+    """The last component of ``rel``."""
+    return rel.rpartition("/")[2]
+
+
+def _parents(paths: Iterable[str]) -> frozenset[str]:
+    """Every directory holding one of ``paths``, with their parents and the top (``""``)."""
+    out = {""}
+    for rel in paths:
+        head = rel.rpartition("/")[0]
+        while head not in out:
+            out.add(head)
+            head = head.rpartition("/")[0]
+    return frozenset(out)
+
+
+def _remove_dir(top: str, rel: str, device: int) -> tuple[int, int]:
+    """Delete directory ``rel`` of ``top`` and all in it; (entries, bytes) removed. Raises
+    :class:`_Unclean` if it is not all gone or holds another filesystem."""
+    entries = size = 0
+    path = os.path.join(top, rel)
+    stack = [path]
+    # counted first (never following links), then removed: remove_tree ignores errors
+    while stack:
+        current = stack.pop()
+        entries += 1
+        fd = os.open(current, _DIR)
+        try:
+            with os.scandir(fd) as it:
+                found = [(entry, entry.stat(follow_symlinks=False)) for entry in it]
+        finally:
+            os.close(fd)
+        for entry, st in found:
+            if st.st_dev != device:
+                raise _Unclean(f"{rel}: another filesystem below")
+            if stat.S_ISDIR(st.st_mode):
+                stack.append(os.path.join(current, entry.name))
+            else:
+                entries += 1
+                if stat.S_ISREG(st.st_mode):
+                    size += st.st_size
+    remove_tree(path)
+    if os.path.lexists(path):
+        raise _Unclean(f"{rel}: could not be removed")
+    return entries, size

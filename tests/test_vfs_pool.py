@@ -1,0 +1,362 @@
+"""Tests for orchestrator.vfs.pool: a reused branch directory is exactly its tree, or not reused."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from orchestrator._names import name_bytes
+from orchestrator.vfs.branch import Branch
+from orchestrator.vfs.checkout import materialize
+from orchestrator.vfs.pool import DirPool, find_holders
+from orchestrator.vfs.snapshot import Snapshot, Workspace
+from orchestrator.vfs.testing import make_tree
+from orchestrator.vfs.workdir import Workdir
+
+FILES = {
+    "README.md": "# readme\n",
+    "src/main.py": "print('hi')\n",
+    "src/util/helpers.py": "x = 1\n",
+    "docs/a/b/deep.txt": "deep\n",
+    ".gitignore": "*.log\nbuild/\n",
+    "app.log": "ignored, never copied\n",
+    "build/out.o": "ignored\n",
+    ".git/config": "[core]\n",
+}
+
+
+def make_workspace(top: Path) -> Snapshot:
+    """A workspace with an executable, links of every kind, ignored files and ``.git``."""
+    ws = make_tree(top / "ws", FILES)
+    (ws / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    (ws / "run.sh").chmod(0o755)
+    (ws / "link.md").symlink_to("README.md")  # relative, inside
+    (ws / "abs.md").symlink_to(ws / "README.md")  # absolute, into the workspace: rewritten
+    (ws / "src/up.md").symlink_to("../../ws/README.md")  # relative, out and back in
+    (ws / "out").symlink_to("/tmp")  # leading outside
+    (ws / "srcdir").symlink_to("src")  # a directory
+    return Workspace.open(ws).snapshot()
+
+
+def tree_of(root: str) -> dict[str, tuple[str, int, bytes]]:
+    """Everything below ``root``: kind, permission bits and content (a link's target, with
+    ``root`` itself named ``ROOT``), directories included."""
+    out: dict[str, tuple[str, int, bytes]] = {}
+    prefix = name_bytes(root)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            full = os.path.join(dirpath, name)
+            rel = os.path.relpath(full, root)
+            st_ = os.lstat(full)
+            perm = stat.S_IMODE(st_.st_mode)
+            if stat.S_ISLNK(st_.st_mode):
+                target = name_bytes(os.readlink(full)).replace(prefix, b"ROOT")
+                out[rel] = ("link", 0, target)
+            elif stat.S_ISDIR(st_.st_mode):
+                out[rel] = ("dir", perm, b"")
+            else:
+                out[rel] = ("file", perm, Path(full).read_bytes())
+                assert st_.st_nlink == 1, rel
+    return out
+
+
+# --------------------------------------------------------------------------- random edits
+
+NAMES = ["README.md", "src", "src/main.py", "src/new.txt", "docs/a", "docs/a/b/deep.txt",
+         "x.log", "build/o", "new/dir/f", ".git", "src/.git/HEAD", "link.md", "abs.md", "run.sh",
+         "srcdir", "e/m/p/t/y"]  # fmt: skip
+paths = st.sampled_from(NAMES)
+data = st.binary(max_size=40)
+
+edits = st.one_of(
+    st.tuples(st.just("fs_write"), paths, data, st.sampled_from([0o644, 0o755])),
+    st.tuples(st.just("fs_delete"), paths),
+    st.tuples(st.just("write"), paths, data),
+    st.tuples(st.just("remove"), paths),
+    st.tuples(st.just("rename"), paths, paths),
+    st.tuples(st.just("chmod"), paths, st.sampled_from([0o600, 0o700, 0o755, 0o777, 0o444])),
+    st.tuples(st.just("symlink"), paths, st.sampled_from(["README.md", "/tmp", "ABS", "../.."])),
+    st.tuples(st.just("mkdir"), paths),
+    st.tuples(st.just("hardlink"), paths),
+    st.tuples(
+        st.just("harvest"),
+    ),
+)
+
+
+def apply_edit(wd: Workdir, edit: tuple[object, ...], outside: Path) -> None:
+    """One edit of the agent's, through ``fs/*`` or on disk; one that cannot be made is skipped."""
+    kind = edit[0]
+    root = Path(wd.root)
+    path = root / str(edit[1]) if len(edit) > 1 else root
+    try:
+        if kind == "fs_write":
+            wd.write(str(edit[1]), edit[2], edit[3])  # type: ignore[arg-type]
+        elif kind == "fs_delete":
+            wd.delete(str(edit[1]))
+        elif kind == "write":
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(edit[2])  # type: ignore[arg-type]
+        elif kind == "remove":
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        elif kind == "rename":
+            other = root / str(edit[2])
+            other.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(path, other)
+        elif kind == "chmod":
+            mode = int(edit[2])  # type: ignore[call-overload]
+            if not path.is_symlink():  # chmod follows links (one leads outside)
+                os.chmod(path, mode | 0o700 if path.is_dir() else mode)
+        elif kind == "symlink":
+            target = str(edit[2])
+            target = str(root / "README.md") if target == "ABS" else target
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if path.is_symlink() or path.is_file():
+                path.unlink()
+            path.symlink_to(target)
+        elif kind == "mkdir":
+            path.mkdir(parents=True, exist_ok=True)
+            if path.name == ".git" or "/.git" in str(path):
+                (path / "HEAD").write_text("ref: refs/heads/main\n")
+        elif kind == "hardlink":
+            os.link(path, outside / f"h{len(os.listdir(outside))}")
+        elif kind == "harvest":
+            wd.harvest()
+    except (OSError, ValueError) as e:  # as an agent's failing command: nothing happens
+        del e
+    except Exception as e:  # the fs service refuses (a .git path, a directory): skipped
+        if type(e).__module__.startswith("orchestrator"):
+            return
+        raise
+
+
+@pytest.fixture
+def space() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory() as top:
+        yield Path(top)
+
+
+def fresh_snapshot(top: Path) -> tuple[Snapshot, Branch]:
+    snap = make_workspace(top)
+    parent = Branch.from_tree(snap, "parent")
+    # a tree layered on the workspace, as a later step forks from: a file written, one deleted,
+    # a mode changed, a link
+    parent.write("src/made.txt", b"made by a step\n")
+    parent.delete("docs/a/b/deep.txt")
+    parent.chmod("README.md", 0o755)
+    parent.set_state("src/lnk", None)
+    parent.close()
+    return snap, parent
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(st.lists(edits, max_size=12), st.booleans(), st.booleans())
+def test_a_reset_directory_is_a_fresh_materialization(
+    space: Path, ops: list[tuple[object, ...]], layered: bool, watch: bool
+) -> None:
+    """Whatever the agent did to its directory, the reset one equals a fresh checkout."""
+    top = Path(tempfile.mkdtemp(dir=space))
+    snap, parent = fresh_snapshot(top)
+    base: Branch | Snapshot = parent if layered else snap
+
+    def fork(name: str) -> Branch:
+        return base.fork(name) if isinstance(base, Branch) else Branch.from_tree(base, name)
+
+    outside = top / "outside"
+    outside.mkdir()
+    pool = DirPool(str(top / "b" / ".pool"), 2, min_files=0)
+    first = materialize(fork("one"), top / "b" / "one", watch=watch)
+    pool.adopt(first)
+    for op in ops:
+        apply_edit(first, op, outside)
+    first.harvest(full=True)
+    assert pool.give(first) == []
+    assert not os.path.lexists(top / "b" / "one")  # parked: its old path leads nowhere
+    discarded: list[str] = []
+    second = fork("two")
+    reused = pool.take(second, top / "b" / "two", discard=discarded.append)
+    assert reused is not None and discarded == []
+    fresh = materialize(fork("three"), top / "b" / "three")
+    assert tree_of(reused.root) == tree_of(fresh.root)
+    # the workdir is one of its tree: nothing to harvest, and it harvests what changes next
+    assert reused.watching is watch
+    assert not reused.harvest(full=True).changed
+    assert not second.changes
+    Path(reused.root, "src/main.py").write_text("changed\n")
+    assert reused.harvest().modified == ("src/main.py",)
+    # and reset once more, it is the tree again
+    assert pool.give(reused) == []
+    again = pool.take(fork("four"), top / "b" / "four", discard=discarded.append)
+    assert again is not None
+    assert tree_of(again.root) == tree_of(fresh.root)
+    assert pool.stats.reused == 2 and pool.stats.made == 1
+    again.close()
+    fresh.close()
+    shutil.rmtree(top)
+
+
+def test_a_tree_never_serves_another(space: Path) -> None:
+    """A pooled directory serves only branches of the tree it was made from."""
+    snap, parent = fresh_snapshot(space)
+    pool = DirPool(str(space / "b" / ".pool"), 2, min_files=0)
+    wd = materialize(Branch.from_tree(snap, "one"), space / "b" / "one")
+    pool.adopt(wd)
+    pool.give(wd)
+    assert pool.take(parent.fork("two"), space / "b" / "two", discard=print) is None
+    assert pool.take(Branch.from_tree(snap, "x"), space / "b" / "x", discard=print) is not None
+
+
+def test_a_reset_costs_what_changed(space: Path) -> None:
+    """Of a 300-file tree, a reset writes again the file changed and removes the one added."""
+    ws = make_tree(space / "ws", {f"d{n % 10}/f{n}.txt": f"{n}\n" for n in range(300)})
+    snap = Workspace.open(ws).snapshot()
+    pool = DirPool(str(space / "b" / ".pool"), 2)
+    wd = materialize(Branch.from_tree(snap, "one"), space / "b" / "one")
+    pool.adopt(wd)
+    Path(wd.root, "d3/f3.txt").write_text("changed\n")
+    Path(wd.root, "new.log").write_text("new\n")
+    pool.give(wd)
+    reused = pool.take(Branch.from_tree(snap, "two"), space / "b" / "two", discard=print)
+    assert reused is not None
+    assert (pool.stats.reset_paths, pool.stats.reset_bytes) == (2, len("changed\n3\nnew\n"))
+    assert (reused.copies.copied + reused.copies.reflinked) == 1
+    assert Path(reused.root, "d3/f3.txt").read_text() == "3\n"
+    assert not Path(reused.root, "new.log").exists()
+
+
+def test_a_small_tree_is_not_pooled(space: Path) -> None:
+    """A tree of fewer files than the pool's minimum is written afresh: never pooled."""
+    snap = make_workspace(space)
+    pool = DirPool(str(space / "b" / ".pool"), 2)  # REUSE_MIN_FILES: more than this tree
+    wd = materialize(Branch.from_tree(snap, "one"), space / "b" / "one")
+    pool.adopt(wd)
+    assert not pool.holds(wd)
+    assert pool.give(wd) == [wd.root]
+    assert pool.take(Branch.from_tree(snap, "two"), space / "b" / "two", discard=print) is None
+
+
+def test_the_pool_is_bounded(space: Path) -> None:
+    """One directory more than the limit evicts the oldest, to be deleted."""
+    snap = make_workspace(space)
+    pool = DirPool(str(space / "b" / ".pool"), 1, min_files=0)
+    made = []
+    for name in ("one", "two"):
+        wd = materialize(Branch.from_tree(snap, name), space / "b" / name)
+        pool.adopt(wd)
+        made.append(wd)
+    assert pool.give(made[0]) == []
+    evicted = pool.give(made[1])
+    assert len(evicted) == 1 and pool.stats.evicted == 1
+    assert pool.clear() != []
+
+
+def _daemon(code: str, cwd: Path) -> subprocess.Popen[bytes]:
+    """A process left running by the agent; it says ``ready`` once started."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=cwd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == b"ready\n"
+    return proc
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Kill a process of :func:`_daemon` and reap it."""
+    proc.kill()
+    proc.wait()
+    assert proc.stdout is not None
+    proc.stdout.close()
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        # a background job working in the directory
+        "import time; print('ready', flush=True); time.sleep(3600)",
+        # one holding a file of it open, its working directory elsewhere
+        "import os, time; f = open('README.md', 'a'); os.chdir('/'); print('ready', flush=True);"
+        " time.sleep(3600)",
+    ],
+    ids=["cwd", "open-file"],
+)
+def test_a_directory_a_process_holds_is_never_reset(space: Path, code: str) -> None:
+    """A process left holding the directory keeps it out of reuse until it is gone."""
+    snap = make_workspace(space)
+    pool = DirPool(str(space / "b" / ".pool"), 2, min_files=0)
+    wd = materialize(Branch.from_tree(snap, "one"), space / "b" / "one")
+    pool.adopt(wd)
+    proc = _daemon(code, Path(wd.root))
+    try:
+        Path(wd.root, "README.md").write_text("written by the job\n")
+        pool.give(wd)
+        held = pool.stats
+        assert pool.take(Branch.from_tree(snap, "two"), space / "b" / "two", discard=print) is None
+        assert pool.stats == held  # not reset, not discarded: parked again
+        assert not os.path.lexists(space / "b" / "two")
+    finally:
+        stop(proc)
+    reused = pool.take(Branch.from_tree(snap, "three"), space / "b" / "three", discard=print)
+    assert reused is not None
+    assert Path(reused.root, "README.md").read_text() == "# readme\n"
+
+
+def test_a_writer_by_absolute_path_misses_the_pooled_directory(space: Path) -> None:
+    """A job writing by the old absolute path finds it gone once the directory is pooled."""
+    snap = make_workspace(space)
+    pool = DirPool(str(space / "b" / ".pool"), 2, min_files=0)
+    wd = materialize(Branch.from_tree(snap, "one"), space / "b" / "one")
+    pool.adopt(wd)
+    old = Path(wd.root, "src/main.py")
+    pool.give(wd)
+    with pytest.raises(FileNotFoundError):
+        old.write_text("too late\n")
+    reused = pool.take(Branch.from_tree(snap, "two"), space / "b" / "two", discard=print)
+    assert reused is not None
+    assert Path(reused.root, "src/main.py").read_text() == "print('hi')\n"
+
+
+def test_a_directory_that_cannot_be_proven_is_discarded(space: Path) -> None:
+    """An error while resetting discards the directory (handed back to delete) and says None."""
+    snap = make_workspace(space)
+    pool = DirPool(str(space / "b" / ".pool"), 2, min_files=0)
+    wd = materialize(Branch.from_tree(snap, "one"), space / "b" / "one")
+    pool.adopt(wd)
+    # a workspace file changed since the snapshot: the agent's edit of its copy cannot be undone
+    Path(wd.root, "src/main.py").write_text("edited\n")
+    Path(snap.root, "src/main.py").write_text("changed in the workspace\n")
+    pool.give(wd)
+    discarded: list[str] = []
+    assert (
+        pool.take(Branch.from_tree(snap, "two"), space / "b" / "two", discard=discarded.append)
+        is None
+    )
+    assert len(discarded) == 1 and pool.stats.discarded == 1
+    assert not os.path.lexists(space / "b" / "two")
+
+
+def test_holders_are_found(space: Path) -> None:
+    """find_holders names a process whose working directory is inside the directory."""
+    (space / "d").mkdir()
+    proc = _daemon("import time; print('ready', flush=True); time.sleep(3600)", space / "d")
+    try:
+        assert proc.pid in find_holders(str(space / "d"))
+        assert proc.pid not in find_holders(str(space / "elsewhere"))
+    finally:
+        stop(proc)
