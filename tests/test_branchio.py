@@ -180,6 +180,7 @@ async def test_copies_and_deletions_share_one_budget_of_jobs(
     k, count = 2, 6
     jobs = _Jobs()
     original_materialize, original_remove = materialize, remove_tree
+
     def fake_materialize(*args: Any, **kwargs: Any) -> Any:
         return jobs.run(k, lambda: original_materialize(*args, **kwargs))
 
