@@ -249,8 +249,10 @@ def _defined_exceptions() -> set[type[BaseException]]:
 #: exceptions that never leave the code that raises them (a test agent's process, a parser's
 #: own control flow): not part of the library's error contract
 INTERNAL = {
+    "orchestrator._fetch._Refused",
     "orchestrator.demo.instructions._Refused",
     "orchestrator.runs.outcomes._Unreadable",
+    "orchestrator.vfs.pool._Unclean",
     "orchestrator.testing._steps.ScriptedCrash",
     "orchestrator.testing._wire.PeerGone",
 }

@@ -38,6 +38,8 @@ PROMPT_RECORD = {
     "conflicts",
     "appliedSteps",
     "reused",
+    "mcpServers",
+    "branches",
 }
 
 
