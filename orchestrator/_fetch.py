@@ -2,10 +2,10 @@
 
 One rule for every URL and every redirect hop: ``https://`` anywhere, ``http://`` only to this
 machine (``localhost``, ``127.0.0.1``, ``::1``); ``file://`` only where the caller allows it
-(an archive named by a local registry file), never as a redirect target; a URL holding a user name or password is refused (none is ever sent). A
-redirect is checked
-before it is followed (at most :data:`MAX_REDIRECTS` of them), so a local server cannot hand the
-fetch on to a plain-HTTP host elsewhere. A fetch has a total deadline, not only a per-read
+(an archive named by a local registry file), never as a redirect target; a URL holding a user
+name or password is refused (none is ever sent). A redirect is checked before it is followed
+(at most :data:`MAX_REDIRECTS` of them), so a local server cannot hand the fetch on to a
+plain-HTTP host elsewhere. A fetch has a total deadline, not only a per-read
 timeout, so a server that trickles bytes cannot hold it for ever, and a size cap. Errors never
 show a URL's user name or password (:func:`redact`).
 
