@@ -2,9 +2,10 @@
 
 One rule for every URL and every redirect hop: ``https://`` anywhere, ``http://`` only to this
 machine (``localhost``, ``127.0.0.1``, ``::1``); ``file://`` only where the caller allows it
-(an archive named by a local registry file), never as a redirect target. A redirect is checked
-before it is followed (at most :data:`MAX_REDIRECTS` of them), so a local server cannot hand the
-fetch on to a plain-HTTP host elsewhere. A fetch has a total deadline, not only a per-read
+(an archive named by a local registry file), never as a redirect target; a URL holding a user
+name or password is refused (none is ever sent). A redirect is checked before it is followed
+(at most :data:`MAX_REDIRECTS` of them), so a local server cannot hand the fetch on to a
+plain-HTTP host elsewhere. A fetch has a total deadline, not only a per-read
 timeout, so a server that trickles bytes cannot hold it for ever, and a size cap. Errors never
 show a URL's user name or password (:func:`redact`).
 
@@ -66,6 +67,13 @@ def url_problem(url: str, *, allow_file: bool = False) -> str | None:
         host = parts.hostname
     except ValueError:
         return f"{redact(url)} is not a valid URL"
+    if parts.scheme in ("http", "https") and "@" in parts.netloc:
+        # urllib would take the user name and password for part of the host name; and sent
+        # as Basic auth they would follow a redirect to another host: refused, never sent
+        return (
+            f"{redact(url)} is not allowed: a URL must not carry credentials"
+            " (save the file and name it instead)"
+        )
     if parts.scheme == "https" and host:
         return None
     if parts.scheme == "http" and host in LOCAL_HOSTS:
@@ -116,6 +124,13 @@ def _opener(allow_file: bool) -> urllib.request.OpenerDirector:
             msg: str,
             headers: HTTPMessage,
         ) -> Any:
+            # urllib refuses a scheme it does not follow (file://) with an HTTPError of this
+            # code before redirect_request sees it: the rule's refusal comes first
+            location = headers.get("location") or headers.get("uri")
+            if location is not None:
+                problem = url_problem(urllib.parse.urljoin(req.full_url, location))
+                if problem is not None:
+                    raise _Refused(f"redirected to {problem}")
             try:
                 return super().http_error_302(req, fp, code, msg, headers)
             except urllib.error.HTTPError as e:

@@ -10,7 +10,8 @@ takes; HTTP and SSE ones only an agent whose ``mcpCapabilities`` says so
 A server's secrets go to the agent only: :meth:`McpServer.to_json` (what run records,
 ``--json``, reports and transcripts show) replaces with ``"<redacted>"`` every environment
 value except those of :data:`PLAIN_ENV`, every header value except those of
-:data:`PLAIN_HEADERS`, a URL's credentials and every value of its query (an allowlist: a
+:data:`PLAIN_HEADERS`, a URL's credentials, path parameters (``;...``), path segments that
+read as tokens (:func:`shown_url`) and every value of its query (an allowlist: a
 secret under a name nobody foresaw, such as ``PGPASS`` or ``Signature``, is hidden too).
 Every value is checked when the server is made (:meth:`McpServer.__attrs_post_init__`, whatever
 made it): header names are HTTP tokens and values hold no line break, variable names hold no
@@ -78,6 +79,11 @@ _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 # the credentials of scheme://user:password@host, kept out of what is shown
 _URL_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
+# a URL's scheme and authority, then its path (up to a query or fragment)
+_URL_PATH = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://[^/?#]*)([^?#]*)")
+# a path segment that reads as a token (hosted MCP servers put one there: /t/TOKEN/sse): 20 or
+# more of [A-Za-z0-9_-], with a letter and a digit; shorter or plainer segments are words
+_TOKEN_SEGMENT = re.compile(r"(?=[\w-]*[0-9])(?=[\w-]*[A-Za-z])[A-Za-z0-9_-]{20,}", re.ASCII)
 
 
 def shown_env(name: str, value: str) -> str:
@@ -91,9 +97,22 @@ def shown_header(name: str, value: str) -> str:
     return value if plain else _REDACTED
 
 
+def _shown_path(path: str) -> str:
+    """A URL's path with every path parameter (``;...``) and token-like segment redacted."""
+    segments = []
+    for segment in path.split("/"):
+        word, semicolon, _params = segment.partition(";")
+        if _TOKEN_SEGMENT.fullmatch(word):
+            word = _REDACTED
+        segments.append(f"{word};{_REDACTED}" if semicolon else word)
+    return "/".join(segments)
+
+
 def shown_url(url: str) -> str:
-    """A server's URL as records show it: its credentials and every query value redacted."""
+    """A server's URL as records show it: its credentials, path parameters (``;...``),
+    token-like path segments, every query value and its fragment redacted."""
     url = _URL_USERINFO.sub(rf"\1{_REDACTED}@", url)
+    url = _URL_PATH.sub(lambda m: m.group(1) + _shown_path(m.group(2)), url, count=1)
     url, hash_, fragment = url.partition("#")
     base, question, query = url.partition("?")
     if question:
@@ -287,8 +306,9 @@ class McpServer:
         """The server as JSON values (camelCase, like the rest of the CLI's JSON).
 
         With ``redact`` (the default), every value of ``env`` but :data:`PLAIN_ENV`'s, of
-        ``headers`` but :data:`PLAIN_HEADERS`', and a URL's credentials and query values are
-        replaced by ``"<redacted>"``: this is what run records, ``--json`` and reports show.
+        ``headers`` but :data:`PLAIN_HEADERS`', and a URL's credentials, path parameters,
+        token-like path segments, query values and fragment (:func:`shown_url`) are replaced
+        by ``"<redacted>"``: this is what run records, ``--json`` and reports show.
         """
         out: dict[str, Any] = {"name": self.name, "type": self.kind}
         if self.kind == "stdio":

@@ -73,11 +73,14 @@ _ID = re.compile(r"^[a-z][a-z0-9-]*$")
 # what npx and uvx may be given: a package name (npm: an optional @scope; PyPI: optional
 # [extras]) and an optional version, nothing that reads as an option or holds a space
 _NPM_WORD = r"[A-Za-z0-9~][A-Za-z0-9._~-]*"
-_NPM_PACKAGE = re.compile(rf"(?:@{_NPM_WORD}/)?{_NPM_WORD}(?:@[A-Za-z0-9.+^~<>=*_-]+)?")
+# a version, range or tag never starts with '-' (npx would read it as an option)
+_NPM_PACKAGE = re.compile(
+    rf"(?:@{_NPM_WORD}/)?{_NPM_WORD}(?:@[A-Za-z0-9.+^~<>=*_][A-Za-z0-9.+^~<>=*_-]*)?"
+)
 _PYPI_WORD = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
 _PYPI_PACKAGE = re.compile(
     rf"{_PYPI_WORD}(?:\[{_PYPI_WORD}(?:,{_PYPI_WORD})*\])?"
-    r"(?:(?:@|==|>=|<=|~=|!=|>|<)[A-Za-z0-9.*+!_-]+)?"
+    r"(?:(?:@|==|>=|<=|~=|!=|>|<)[A-Za-z0-9.*+!_][A-Za-z0-9.*+!_-]*)?"
 )
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -131,6 +134,9 @@ class RegistryAgent:
                 f"{kind} package {package!r} is not"
                 f" {registry_name} package name (with an optional version)"
             )
+        # the entry's version is appended when the package names none: the same grammar
+        if not grammar.fullmatch(_with_version(package, self.version, "@")):
+            return f"{kind} version {self.version!r} is not a version {kind} can be given"
         found = _field_problem(kind, dist)
         if found is not None:
             return found
@@ -343,13 +349,17 @@ def load_registry(source: str | os.PathLike[str] | None = None) -> Registry:
         fd = os.open(file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:
         raise RegistryError(f"cannot read registry {path}: {e.strerror or e}") from e
-    with open(fd, "rb") as f:
+    try:
+        # checked on the descriptor before a file object is made of it: open() of a
+        # directory's descriptor raises IsADirectoryError, and every OSError is one line
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise RegistryError(f"cannot read registry {path}: not a regular file")
-        try:
+        with open(fd, "rb", closefd=False) as f:
             raw = f.read(MAX_BYTES + 1)
-        except OSError as e:
-            raise RegistryError(f"cannot read registry {path}: {e.strerror or e}") from e
+    except OSError as e:
+        raise RegistryError(f"cannot read registry {path}: {e.strerror or e}") from e
+    finally:
+        os.close(fd)
     return parse_registry(_decode(raw, path), path)
 
 

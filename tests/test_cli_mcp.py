@@ -432,3 +432,40 @@ async def test_a_long_refused_path_is_logged_bounded(tmp_path: Path, ws: Path) -
     stderr = done.stderr.decode()
     [line] = [line for line in stderr.splitlines() if "fs request refused" in line]
     assert "x" * 201 not in line and "characters)" in line and len(line) < 1000, line
+
+
+async def test_tokens_in_a_url_path_stay_out_of_the_store_and_transcript(
+    tmp_path: Path, ws: Path
+) -> None:
+    """A path parameter (``/p;TOKEN``) and a token-like path segment (``/t/TOKEN/mcp``) reach
+    the agent, and nothing else: not the run store, the transcript, the output or ``show``."""
+    state, agent = tmp_path / "state", tmp_path / "alpha.json"
+    transcript = tmp_path / "wire.ndjson"
+    values = ["semi-tok-5521", "Xq7uT2vR9kLm4NpZ8sWc"]
+    done = await run_cli(
+        "prompt",
+        "--agent",
+        scripted(agent, http=True),
+        "--mcp-server",
+        f"p=http://127.0.0.1:9/p;{values[0]}?a=x",
+        "--mcp-server",
+        f"t=http://127.0.0.1:9/t/{values[1]}/mcp",
+        "--transcript",
+        str(transcript),
+        "--json",
+        "hello",
+        cwd=ws,
+        state=state,
+    )
+    assert done.returncode == EXIT_OK, done.stderr.decode()
+    sent = json.dumps(sessions(agent))
+    assert all(value in sent for value in values)
+    shown = await run_cli("show", as_json(done)["runId"], "--json", cwd=ws, state=state)
+    stored = b"".join(p.read_bytes() for p in state.rglob("*") if p.is_file())
+    for place in (stored, transcript.read_bytes(), done.stdout + done.stderr, shown.stdout):
+        assert not [value for value in values if value.encode() in place]
+    urls = [s["url"] for s in json.loads(shown.stdout)["mcpServers"]["prompt"]["alpha"]]
+    assert urls == [
+        "http://127.0.0.1:9/p;<redacted>?a=<redacted>",
+        "http://127.0.0.1:9/t/<redacted>/mcp",
+    ]

@@ -149,6 +149,16 @@ def test_redaction_hides_values_outside_the_plain_lists() -> None:
         "http://<redacted>@h.example/mcp?token=<redacted>&api_key=<redacted>&flag#<redacted>"
     )
     assert McpServer.http("f", "https://h/x#f1").to_json()["url"] == "https://h/x#<redacted>"
+    paths = {  # path parameters always; a segment only when it reads as a token
+        "https://h/p;TOKEN?a=x": "https://h/p;<redacted>?a=<redacted>",
+        "https://h/t/Xq7uT2vR9kLm4NpZ8sWc/sse": "https://h/t/<redacted>/sse",
+        "https://h/t/ab_cd-EF12345678901234": "https://h/t/<redacted>",
+        "https://h/mcp/v1/sse": "https://h/mcp/v1/sse",
+        "https://h/server-for-everything/x": "https://h/server-for-everything/x",
+        "https://h/12345678901234567890123": "https://h/12345678901234567890123",
+        "https://h:8443": "https://h:8443",
+    }
+    assert {url: McpServer.http("p", url).to_json()["url"] for url in paths} == paths
     assert shown["headers"] == {
         "Signature": "<redacted>",
         "accept": "application/json",
@@ -481,3 +491,14 @@ def test_recorded_servers_read_their_secrets_again_or_name_them_missing() -> Non
     missing = []
     assert mcp_from_json(recorded, (http,), {"S_TOKEN": "t1"}, missing) == (stdio, http)
     assert missing == []
+
+
+def test_a_recorded_url_is_tried_without_its_path_parameters() -> None:
+    """A recorded URL whose path parameter was redacted is tried without it (named missing),
+    not with ``;<redacted>`` sent to the server."""
+    from orchestrator.runs.settings import mcp_from_json
+
+    recorded = [McpServer.http("h", "https://h.example/p;TOKEN/mcp").to_json()]
+    missing: list[str] = []
+    back = mcp_from_json(recorded, (), {}, missing)
+    assert back[0].url == "https://h.example/p/mcp" and missing == ["h.url"]

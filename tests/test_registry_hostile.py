@@ -543,3 +543,80 @@ async def test_help_and_readme_name_the_same_registry_url(tmp_path: Path) -> Non
     assert reg.OFFICIAL_URL in done.stdout.decode()
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     assert reg.OFFICIAL_URL in readme and "cdn.agentclientprotocol.com" not in readme
+
+
+# --------------------------------------------------------------------------- 10: more odd input
+
+
+@pytest.mark.parametrize("as_url", [False, True], ids=["path", "file-url"])
+async def test_a_directory_as_the_registry_is_one_line(tmp_path: Path, as_url: bool) -> None:
+    """A directory (by path or ``file://``), in ``--registry``, in the variable and in
+    ``registry:ID``: one line saying it is no regular file, exit 2."""
+    where = tmp_path.as_uri() if as_url else str(tmp_path)
+    (tmp_path / "proj").mkdir()
+    lines = [
+        one_line_error(await cli("agents", "--registry", where, cwd=tmp_path)),
+        one_line_error(await cli("agents", "--registry", cwd=tmp_path, env={reg.ENV_VAR: where})),
+        one_line_error(
+            await cli(
+                "prompt", "--agent", "registry:x", "--cwd", "proj", "hi",
+                cwd=tmp_path, env={reg.ENV_VAR: where},
+            )
+        ),
+    ]  # fmt: skip
+    assert all("not a regular file" in line for line in lines), lines
+
+
+async def test_a_url_with_credentials_is_refused_not_mangled(tmp_path: Path) -> None:
+    """``http://u:pw@127.0.0.1:PORT/ok``: refused in one line before any request (no name
+    lookup of ``u:pw@127.0.0.1``), the password never shown."""
+    ok = body(registry_json(entry("a", npx={"package": "a"})))
+    with server({"/ok": ok}) as (base, asked):
+        port = base.rsplit(":", 1)[1]
+        url = f"http://u:pw@127.0.0.1:{port}/ok"
+        line = one_line_error(await cli("agents", "--registry", url, cwd=tmp_path))
+        assert not asked.is_set()
+        plain = await cli("agents", "--registry", f"{base}/ok", cwd=tmp_path)
+    assert "a URL must not carry credentials" in line, line
+    assert "pw" not in line and "Name or service" not in line
+    assert plain.returncode == EXIT_OK, plain.stderr.decode()
+
+
+async def test_a_redirect_to_a_file_url_is_refused_by_the_rule(tmp_path: Path) -> None:
+    """A registry URL answering 302 to ``file:///etc/passwd``: the rule's refusal, not a
+    redirect loop."""
+    with server({"/to-file": redirect("file:///etc/passwd")}) as (base, _):
+        line = one_line_error(await cli("agents", "--registry", f"{base}/to-file", cwd=tmp_path))
+    assert "redirected to file:///etc/passwd is not allowed: a URL must be https://" in line
+
+
+@pytest.mark.parametrize(
+    ("kind", "package", "version", "said"),
+    [
+        ("npx", "pkg@--evil", "1.0.0", "npx package 'pkg@--evil'"),
+        ("npx", "@s/pkg@-x", "1.0.0", "npx package '@s/pkg@-x'"),
+        ("uvx", "pkg@--evil", "1.0.0", "uvx package 'pkg@--evil'"),
+        ("uvx", "pkg==-1", "1.0.0", "uvx package 'pkg==-1'"),
+        ("npx", "pkg", "--evil", "npx version '--evil'"),
+        ("npx", "pkg", "1.0 x", "npx version '1.0 x'"),
+        ("uvx", "pkg", "-1", "uvx version '-1'"),
+    ],
+)
+async def test_option_like_versions_cannot_run(
+    tmp_path: Path, kind: str, package: str, version: str, said: str
+) -> None:
+    """A version (in the package or the entry's ``version``, which is appended) starting with
+    ``-`` or holding a space: listed as unable to run, and ``registry:ID`` refuses it."""
+    evil = entry("evil", **{kind: {"package": package}})
+    evil["version"] = version
+    path = registry_file(tmp_path / "r.json", evil)
+    done = await cli("agents", "--registry", str(path), cwd=tmp_path)
+    assert done.returncode == EXIT_OK, done.stderr.decode()
+    listed = done.stdout.decode()
+    assert "runs here" not in listed and "cannot run: " + said in listed, listed
+    line = one_line_error(
+        await cli(
+            "prompt", "--agent", "registry:evil", "hi", cwd=tmp_path, env={reg.ENV_VAR: str(path)}
+        )
+    )
+    assert "registry agent 'evil' cannot run: " + said in line

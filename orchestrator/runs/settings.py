@@ -216,8 +216,10 @@ def mcp_from_json(
 
 
 def _without_redacted(url: str) -> str:
-    """A recorded URL without its redacted parts: credentials, query values, fragment."""
+    """A recorded URL without its redacted parts: credentials, path parameters, query values,
+    fragment (a token-like path segment stays redacted: the path would change without it)."""
     url = url.replace(f"{_REDACTED}@", "").replace(f"#{_REDACTED}", "")
+    url = url.replace(f";{_REDACTED}", "")
     base, _, query = url.partition("?")
     kept = [part for part in query.split("&") if part and not part.endswith(f"={_REDACTED}")]
     return f"{base}?{'&'.join(kept)}" if kept else base
