@@ -54,6 +54,12 @@ def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
+def resolves_inside(path: str | os.PathLike[str], root: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is ``root`` or inside it, symlinks of both resolved (a path that does
+    not exist yet by where it would be)."""
+    return _inside(os.path.realpath(path), os.path.realpath(root))
+
+
 def state_directory(
     explicit: str | os.PathLike[str] | None = None,
     *,
@@ -70,7 +76,7 @@ def state_directory(
     path = state_path(explicit)
     if workspace is not None:
         root = os.path.realpath(workspace)
-        if _inside(os.path.realpath(path), root):
+        if resolves_inside(path, root):
             raise StateDirectoryError(
                 f"the state directory {path} is inside the workspace {root}: runs and branches "
                 "would be part of what they copy; choose a state directory outside it"

@@ -59,8 +59,9 @@ CHUNK = b'{"jsonrpc":"2.0","method":"session/update","params":{"n":%d}}'
 def test_a_turn_keeps_the_head_of_its_transcript_and_says_what_it_left_out(
     tmp_path: Path,
 ) -> None:
-    """Past max_turn_bytes a turn's frames are dropped, a ``cut`` line counts them where the
-    turn's part ends, and the next session/prompt starts a new part with a fresh count."""
+    """Past max_turn_bytes a turn's updates are dropped but the session/prompt answer is kept,
+    a ``cut`` line counts them where the turn's part ends, and the next session/prompt starts a
+    new part with a fresh count."""
     path = tmp_path / "wire.ndjson"
     writer = TranscriptWriter(path, agent="a1", max_turn_bytes=1000)
     writer("send", PROMPT % 1)
@@ -73,11 +74,12 @@ def test_a_turn_keeps_the_head_of_its_transcript_and_says_what_it_left_out(
     lines = [orjson.loads(line) for line in data.splitlines()]
     first = lines[: lines.index(next(e for e in lines if e["dir"] == "cut")) + 1]
     kept = [e for e in first if e["dir"] != "cut"]
-    assert sum(len(line) + 1 for line in data.splitlines()[: len(kept)]) <= 1000
+    assert sum(len(line) + 1 for line in data.splitlines()[: len(kept) - 1]) <= 1000
     assert kept[0]["msg"]["method"] == "session/prompt"
-    assert [e["msg"]["params"]["n"] for e in kept[1:]] == list(range(len(kept) - 1))
+    assert [e["msg"]["params"]["n"] for e in kept[1:-1]] == list(range(len(kept) - 2))
+    assert kept[-1]["msg"]["result"] == {"stopReason": "end_turn"}  # kept past the cut
     cut = first[-1]
-    assert cut["frames"] == 21 - (len(kept) - 1)  # the chunks that did not fit and the answer
+    assert cut["frames"] == 20 - (len(kept) - 2)  # the chunks that did not fit
     assert (cut["agent"], cut["limit"]) == ("a1", 1000)
     assert cut["bytes"] > 0
     second = lines[len(first) :]

@@ -7,7 +7,12 @@ from the frame bytes as received or sent, without decoding them again.
 With ``max_turn_bytes`` a turn's part of the transcript (from a ``session/prompt`` we send to
 the next one) keeps its first lines within that many bytes; the frames after them are dropped
 and counted, and where the part ends a line ``{"dir": "cut", "t", "frames", "bytes", "limit"}``
-says how many frames (of how many bytes of transcript lines) were left out.
+says how many frames (of how many bytes of transcript lines) were left out. What is left out
+is ``session/update`` notifications (what floods): after the cut a turn still keeps every
+response to our own requests (the ``session/prompt`` one, with its ``stopReason``, among
+them: one per request we send), and the other requests and responses both ways (the
+agent's requests, our answers) within another ``max_turn_bytes``; a turn's part is thus
+at most twice ``max_turn_bytes`` and the answers to our requests.
 
 Lines reach the file as they happen: a :class:`TranscriptFile` holds them in a bounded buffer
 that its :meth:`~TranscriptFile.run` task writes out once the frames pause for ``quiet``
@@ -31,12 +36,20 @@ import trio
 from .._log import get_logger
 from ..mcp import redact_frame
 
-__all__ = ["TranscriptFile", "TranscriptWriter", "open_transcript_file"]
+__all__ = [
+    "TranscriptFile",
+    "TranscriptWriter",
+    "flushing_transcript_file",
+    "open_transcript_file",
+]
 
 log = get_logger(__name__)
 
 # how our own encoder starts a session/prompt request: {"jsonrpc":"2.0","id":N,"method":...
 _PROMPT_METHOD = b',"method":"session/prompt"'
+# what a session/update notification holds, as any encoder writes it: a frame without it is
+# no update, and one with it is taken for one (only frames past a turn's cut are looked at)
+_UPDATE = b'"session/update"'
 # session/new, load and resume carry the MCP servers, whose secrets a transcript leaves out
 _SESSION_METHOD = b',"method":"session/'
 
@@ -65,6 +78,7 @@ class TranscriptFile:
         flush_after: float = FLUSH_AFTER,
         quiet: float = QUIET,
         max_buffer: int = MAX_BUFFER,
+        fd: int | None = None,
     ):
         self.path = os.fspath(path)
         #: whether opening keeps what the file holds (else it is truncated)
@@ -76,7 +90,8 @@ class TranscriptFile:
         self.error: OSError | None = None
         #: write system calls made so far
         self.writes = 0
-        self._fd: int | None = None
+        # ``fd``: the file opened already (by whoever checked it); closed by :meth:`close`
+        self._fd: int | None = fd
         # the buffer, allocated once, and how much of it holds lines
         self._buffer = bytearray(max_buffer)
         self._used = 0
@@ -181,12 +196,19 @@ async def open_transcript_file(
     path: str | os.PathLike[str], *, append: bool = False
 ) -> AsyncIterator[TranscriptFile]:
     """A :class:`TranscriptFile` whose flushing task runs for the block; written out and
-    closed at its end, however it ends.
+    closed at its end, however it ends (see :func:`flushing_transcript_file`)."""
+    async with flushing_transcript_file(TranscriptFile(path, append=append)) as out:
+        yield out
+
+
+@asynccontextmanager
+async def flushing_transcript_file(out: TranscriptFile) -> AsyncIterator[TranscriptFile]:
+    """Runs the flushing task of ``out`` (opened already, or opened by its first write) for
+    the block; ``out`` is written out and closed at its end, however it ends.
 
     The task is shielded until the block is left: lines of work that goes on after a cancel
     (turns ended the ACP way on Ctrl-C) still reach the file on time.
     """
-    out = TranscriptFile(path, append=append)
     flushing = trio.CancelScope(shield=True)
 
     async def write() -> None:
@@ -239,6 +261,9 @@ class TranscriptWriter:
         self._turn_bytes = 0
         self._cut_frames = 0
         self._cut_bytes = 0
+        # whether the turn's part is full, and the bytes of requests and responses kept since
+        self._full = False
+        self._past_cut_bytes = 0
 
     @property
     def error(self) -> OSError | None:
@@ -281,7 +306,7 @@ class TranscriptWriter:
             line = head + b',"msg":' + frame + b"}\n"
         else:
             line = head + b',"raw":' + orjson.dumps(frame.decode("utf-8", "replace")) + b"}\n"
-        if self._keeps(len(line)):
+        if self._keeps(len(line), direction, frame):
             self._write(line)
         self.frames += 1
 
@@ -297,7 +322,11 @@ class TranscriptWriter:
         elapsed = time.monotonic() - self._start
         head = b'{"dir":"recv","t":%.6f%s,"msg":' % (elapsed, self._agent)
         self.frames += len(frames)
-        if self._cut_frames:  # the turn's part is full: the rest of a flood is only counted
+        if self._full:  # the turn's part is full: the updates of a flood are only counted
+            if not all(_UPDATE in frame for frame in frames):  # requests, responses: each
+                pairs = zip([head + f + b"}\n" for f in frames], frames, strict=True)
+                self._write(b"".join(ln for ln, f in pairs if self._keeps(len(ln), "recv", f)))
+                return
             self._cut_frames += len(frames)
             self._cut_bytes += len(frames) * (len(head) + 2) + sum(map(len, frames))
             self.dropped_frames += len(frames)
@@ -305,29 +334,51 @@ class TranscriptWriter:
         lines = [head + frame + b"}\n" for frame in frames]
         limit = self.max_turn_bytes
         if limit is not None and self._turn_bytes + sum(map(len, lines)) > limit:
-            lines = [line for line in lines if self._keeps(len(line))]
+            kept = zip(lines, frames, strict=True)
+            lines = [line for line, frame in kept if self._keeps(len(line), "recv", frame)]
         else:
             self._turn_bytes += sum(map(len, lines))
         self._write(b"".join(lines))
 
-    def _keeps(self, size: int) -> bool:
-        """Whether a line of ``size`` bytes fits in the turn's part (once one does not, none
-        does until the next turn); a line left out is counted."""
+    def _keeps(self, size: int, direction: Literal["send", "recv"], frame: bytes) -> bool:
+        """Whether the line of ``frame`` (``size`` bytes) is kept: while it fits in the turn's
+        part; once one does not, only what :meth:`_keeps_past_cut` keeps until the next turn.
+        A line left out is counted."""
         limit = self.max_turn_bytes
         if limit is None:
             return True
-        if not self._cut_frames and self._turn_bytes + size <= limit:
+        if not self._full and self._turn_bytes + size <= limit:
             self._turn_bytes += size
+            return True
+        self._full = True
+        if self._keeps_past_cut(size, direction, frame, limit):
             return True
         self._cut_frames += 1
         self._cut_bytes += size
         self.dropped_frames += 1
         return False
 
+    def _keeps_past_cut(
+        self, size: int, direction: Literal["send", "recv"], frame: bytes, limit: int
+    ) -> bool:
+        """Whether a frame past the turn's cut is kept: never an update; always a response to
+        our own request (the turn's end is what a reader wants most); other requests and
+        responses within another ``limit`` bytes."""
+        if _UPDATE in frame:
+            return False
+        if direction == "recv" and _is_response(frame):
+            return True
+        if self._past_cut_bytes + size <= limit:
+            self._past_cut_bytes += size
+            return True
+        return False
+
     def _new_turn(self) -> None:
         """A turn starts: say what the last one left out, and count afresh."""
         self._note_cut()
         self._turn_bytes = 0
+        self._full = False
+        self._past_cut_bytes = 0
 
     def _note_cut(self) -> None:
         if not self._cut_frames or not self._opened:
@@ -350,3 +401,12 @@ class TranscriptWriter:
             self._note_cut()
             self._out.close()
             self._opened = False
+
+
+def _is_response(frame: bytes) -> bool:
+    """Whether ``frame`` is a JSON-RPC response (an id, no method)."""
+    try:
+        msg = orjson.loads(frame)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(msg, dict) and "id" in msg and "method" not in msg

@@ -33,7 +33,7 @@ EXAMPLES = """\
 examples:
   orchestrator prompt --agent demo --policy edit 'replace "colour" with "color" in **/*.md'
   orchestrator prompt --agent claude --json "Explain this repository"
-  orchestrator prompt --agent "mine=python my_agent.py" --transcript wire.ndjson "hello"
+  orchestrator prompt --agent "mine=python my_agent.py" --transcript ../wire.ndjson "hello"
   orchestrator run pipelines/batch_replace.py --policy edit --set change='Use pathlib'
   orchestrator compare --agent claude --agent codex --policy edit --verify "pytest -q" "Fix the bug"
   orchestrator runs; orchestrator show RUN; orchestrator apply RUN
@@ -81,6 +81,20 @@ class _Parser(argparse.ArgumentParser):
             prefix=f"{self.prog}: error: ",
         )
         self.exit(EXIT_USAGE)
+
+
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """``parser.parse_args``, but arguments a subcommand does not take are an error of that
+    subcommand's parser: its message points at its own ``--help`` (which lists its options),
+    not the top-level one."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        chosen = parser
+        for action in parser._actions:  # argparse keeps its subcommands only there
+            if isinstance(action, argparse._SubParsersAction):
+                chosen = action.choices.get(getattr(args, "command", None) or "", parser)
+        chosen.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -216,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 {"error": {"type": "UsageError", "message": refused}, "exitCode": EXIT_USAGE}
             )
         return EXIT_USAGE
-    args = build_parser().parse_args(argv)
+    args = _parse(build_parser(), argv)
     configure_logging(*verbosity(args))
     from .agents import cmd_agents
     from .runs import HANDLERS

@@ -280,6 +280,7 @@ def add_parsers(sub: Any) -> None:
         help="the largest file a step may change, in bytes or with K, M, G (default: as recorded)",
     )
     u.add_argument("--report", metavar="DIR", help="write report.html and report.md into DIR")
+    u.add_argument("--transcript", help="append every wire frame to this ND-JSON file")
     u.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
     u.add_argument("--diff", action="store_true", help=DIFF_HELP)
     u.add_argument(
@@ -573,6 +574,7 @@ async def cmd_resume(args: argparse.Namespace) -> int:
                 apply=args.apply,
                 on_event=track_run(args, view),
                 sandbox=args.sandbox or None,
+                transcript=args.transcript,
             )
         except ResumeConflict as e:
             # the command's error object names the run (and the files, below)

@@ -15,12 +15,13 @@ Every run is recorded in the run store under the state directory: ``list_runs``,
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, closing, nullcontext
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,7 +36,7 @@ from .._util import plain_cancelled
 from ..agent.client import ClientOptions
 from ..agent.permissions import Escalate
 from ..agent.services import ClientServices
-from ..agent.transcript import TranscriptFile, open_transcript_file
+from ..agent.transcript import TranscriptFile, flushing_transcript_file
 from ..agents import AgentSpec
 from ..config import Config
 from ..errors import AgentNotFound, AlreadyApplied, StoreError, SymlinkRefused, UsageError
@@ -68,7 +69,7 @@ from ..sandbox import (
     kernel_abi,
     rights_json,
 )
-from ..state import state_directory
+from ..state import resolves_inside, state_directory
 from ..store import RunRecord, RunStore, StepRecord, open_run_store
 from ..supervisor import Connector, Limits, open_supervisor
 from ..vfs import (
@@ -421,7 +422,6 @@ async def run_pipeline(
     """
     check_trio_face("run_pipeline")  # before anything starts
     root = workspace_root(cwd)
-    check_transcript_path(transcript)
     pipe = pipeline if isinstance(pipeline, Pipeline) else load_pipeline(pipeline)
     values = pipe.check_inputs(inputs or {})
     # the agents that run inputs name, from here on as if the file had named them
@@ -460,13 +460,19 @@ async def run_pipeline(
     # before anything is recorded or started: a kernel that cannot confine refuses the run
     confinement = await trio.to_thread.run_sync(_check_sandboxes, sandboxes)
     await recover(state)
+    # opened once, here, before the run is recorded or any agent starts: what is checked is
+    # what is written to, and a file that cannot be is a usage error now, not a warning later
+    live = open_transcript(transcript, workspace=root, state=state)
     run_id = _resume if _resume is not None else uuid.uuid4().hex[:12]
     run_dir = state / "runs" / run_id
     # one process per run: a resume of a run still running elsewhere is refused before the
     # record is touched (the lock goes with the process: a crashed run's is free)
     record_transcripts = record_transcripts or transcript is not None
     limit = settings.max_sessions
-    with hold_run_lock(run_dir, run_id, doing="resume"):
+    with (
+        closing(live) if live is not None else nullcontext(),
+        hold_run_lock(run_dir, run_id, doing="resume"),
+    ):
         async with open_run_store(state) as store:
             reused: dict[str, tuple[StepRecord, Branch]] = {}
             try:
@@ -536,7 +542,7 @@ async def run_pipeline(
             imported = False
             try:
                 async with (
-                    _live_copy(transcript) as copy,
+                    _live_copy(live) as copy,
                     open_store_writer(store) as writer,
                     open_supervisor(
                         Limits(
@@ -763,33 +769,49 @@ async def _import_transcripts(store: RunStore, run_id: str, run_dir: Path) -> No
 
 
 @asynccontextmanager
-async def _live_copy(
-    path: str | os.PathLike[str] | None,
-) -> AsyncIterator[TranscriptFile | None]:
+async def _live_copy(out: TranscriptFile | None) -> AsyncIterator[TranscriptFile | None]:
     """The ``transcript`` file every process's transcript lines are appended to as they come
-    (None without one). A file that cannot be written is reported once and the run goes on:
-    the store keeps the transcripts all the same."""
-    if path is None:
+    (None without one), written on time for the block. A file that fails later (disk full) is
+    reported once and the run goes on: the store keeps the transcripts all the same."""
+    if out is None:
         yield None
         return
-    async with open_transcript_file(path, append=True) as copy:
+    async with flushing_transcript_file(out) as copy:
         yield copy
 
 
-def check_transcript_path(path: str | os.PathLike[str] | None) -> None:
-    """A usage error, before anything starts, for a transcript file that cannot be written."""
+def open_transcript(
+    path: str | os.PathLike[str] | None, *, workspace: Path, state: Path
+) -> TranscriptFile | None:
+    """The ``transcript`` file, opened for appending (None without one), or a usage error.
+
+    It may not be in the workspace (its lines would become part of what the run copies and
+    changes) nor in the state directory (the run store's own files), symlinks resolved. It is
+    opened without waiting: a FIFO no process reads fails at once instead of blocking the
+    run; one that is read (``>(cat)``) is written to like a file.
+    """
     if path is None:
-        return
-    target = Path(path)
-    if target.is_dir():
-        raise UsageError(f"transcript {target}: is a directory")
-    parent = target.absolute().parent
-    if parent.exists() and not parent.is_dir():
-        raise UsageError(f"transcript {target}: {parent} is not a directory")
-    if not parent.is_dir():
-        raise UsageError(f"transcript {target}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        raise UsageError(f"transcript {target}: not writable")
+        return None
+    shown = os.fspath(path)
+    if not shown:
+        raise UsageError("transcript: the path is empty")
+    for root, what in ((workspace, "the workspace"), (state, "the state directory")):
+        if resolves_inside(shown, root):
+            raise UsageError(
+                f"transcript {shown}: it is inside {what} {root}; choose a file outside it"
+            )
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(shown, flags, 0o666)
+    except OSError as e:
+        if e.errno == errno.ENXIO:
+            raise UsageError(f"transcript {shown}: no process is reading the FIFO") from e
+        if e.errno == errno.ENOENT:  # a missing directory, or a link to nowhere
+            raise UsageError(f"transcript {shown}: where it leads does not exist") from e
+        raise UsageError(f"transcript {shown}: {e.strerror or e}") from e
+    # writes wait for a slow reader like they do for a slow disk (the buffer is bounded)
+    os.set_blocking(fd, True)
+    return TranscriptFile(shown, append=True, fd=fd)
 
 
 def _json_inputs(values: Mapping[str, Any]) -> dict[str, Any]:
