@@ -91,10 +91,10 @@ async def test_materialize_and_harvest_small_on_the_loop_large_in_a_thread(
     assert io.critical_seconds > 0
 
 
-async def test_small_directory_files_go_at_once_directories_with_the_trash(
+async def test_small_directory_goes_at_once_without_the_trash(
     tmp_path: Path,
 ) -> None:
-    """Removing a small directory deletes its files at once; the trash takes the folders."""
+    """Removing a small directory deletes it at once, files and folders: no trash, no thread."""
     branch = _branch(tmp_path, {"a/b/c.txt": b"c", "d.txt": b"d"})
     io = BranchIO()
     dirs = BranchDirs(tmp_path / "run", io)
@@ -102,8 +102,9 @@ async def test_small_directory_files_go_at_once_directories_with_the_trash(
         workdir = await dirs.materialize(branch, "step", 1)
         root = Path(workdir.root)
         dirs.remove(workdir)
-        # the files are gone at once, the folders are in the trash
-        assert not (root / "a" / "b" / "c.txt").exists() and not (root / "d.txt").exists()
+        # files and folders are gone at once, and nothing went through the trash
+        assert not root.exists() and not (tmp_path / "run" / "trash").exists()
+        assert io.counts["remove"] == 1
         await dirs.drain()
     assert not root.exists()
     assert list((tmp_path / "run" / "branches").iterdir()) == []

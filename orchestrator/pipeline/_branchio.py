@@ -187,29 +187,33 @@ class BranchIO:
 
 
 def _empty_small(workdir: Workdir, limit: int) -> bool:
-    """Delete the files of ``workdir`` now if it holds at most ``limit`` entries.
+    """Delete ``workdir`` now if it holds at most ``limit`` entries: its files, then its
+    folders, deepest first.
 
-    Its (empty) folders are left to the trash (an ``rmdir`` may wait on the disk's journal);
     False, with nothing deleted, if the directory holds more entries (an agent may have
-    installed dependencies into it).
+    installed dependencies into it); an error (a folder something filled meanwhile) leaves
+    the rest to the trash. Here, not in a worker thread: for a few entries the thread hops
+    would cost the event loop more than the system calls.
     """
-    dirs = 0
+    dirs: list[str] = []
     files: list[str] = []
     pending = [workdir.root]
     while pending:
         directory = pending.pop()
-        dirs += 1
+        dirs.append(directory)
         with os.scandir(directory) as entries:
             for entry in entries:
                 if entry.is_dir(follow_symlinks=False):
                     pending.append(entry.path)
                 else:
                     files.append(entry.path)
-                if dirs + len(pending) + len(files) > limit:
+                if len(dirs) + len(pending) + len(files) > limit:
                     return False
     workdir.close()
     for path in files:
         os.unlink(path)
+    for path in reversed(dirs):  # found parents first: removed children first
+        os.rmdir(path)
     return True
 
 
@@ -434,10 +438,12 @@ class BranchDirs:
                 closed = False  # the trash deletes what is left
             seconds = time.perf_counter() - wall
             self.io.critical_seconds += seconds
-            self.io.add("remove", 0, seconds, time.thread_time() - cpu)
+            self.io.add("remove", int(closed), seconds, time.thread_time() - cpu)
             if closed:
                 self.costs.shrank(size)
-                size = 0
+                if holds:
+                    self._disk.release()
+                return
         path = workdir.root
         trashed = os.path.join(
             self.run_dir, TRASH, f"{os.path.basename(path)}.{secrets.token_hex(4)}"
@@ -447,7 +453,7 @@ class BranchDirs:
             os.rename(path, trashed)
         except OSError:
             trashed = path  # deleted where it is
-        self._throw_away(trashed, None if closed else workdir, size, holds=holds, light=closed)
+        self._throw_away(trashed, workdir, size, holds=holds)
 
     def _throw_away(
         self,
@@ -504,7 +510,8 @@ class BranchDirs:
                 remove_tree(path)
             except Exception:  # a directory left behind must not stop the others
                 log.exception("removing a branch directory failed", directory=path)
-            trio.from_thread.run_sync(self._deleted, size, holds)
+            if size or holds:  # a round trip to the loop only when there is something to give
+                trio.from_thread.run_sync(self._deleted, size, holds)
         return len(batch), time.perf_counter() - wall, time.thread_time() - cpu
 
     def _deleted(self, size: int, holds: bool) -> None:
