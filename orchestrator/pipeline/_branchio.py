@@ -58,7 +58,9 @@ TRASH = "trash"
 #: an entry of the trash: its path, its workdir to close first (or None), the bytes counted for
 #: it, whether it holds a place among the directories on disk, whether only empty folders are
 #: left of it
-_Trashed = tuple[str, Workdir | None, int, bool, bool]
+# a directory to delete: its path, its workdir (closed before), bytes it held, whether it
+# holds a place of the run's directories
+_Trashed = tuple[str, Workdir | None, int, bool]
 
 
 def copy_budget() -> trio.CapacityLimiter:
@@ -462,26 +464,15 @@ class BranchDirs:
         size: int,
         *,
         holds: bool,
-        light: bool = False,
     ) -> None:
-        """Queue ``path`` for deletion (``light``: only empty folders are left of it), and
-        start deleters for it: as many as the budget has jobs, at most one per directory."""
-        self._trash.append((path, workdir, size, holds, light))
+        """Queue ``path`` for deletion, and start deleters for it: as many as the budget has
+        jobs, at most one per directory."""
+        self._trash.append((path, workdir, size, holds))
         if self._nursery is None:
             return
         while self._deleters < min(self.budget.total_tokens, len(self._trash)):
             self._deleters += 1
             self._nursery.start_soon(self._empty)
-
-    def _take(self) -> list[_Trashed]:
-        """The next entries of the trash to delete in one job: one directory, with the
-        emptied folders of small ones queued before it."""
-        batch: list[_Trashed] = []
-        while self._trash:
-            batch.append(self._trash.pop(0))
-            if not batch[-1][4]:
-                break
-        return batch
 
     async def _empty(self) -> None:
         """Delete the trash, a job of the budget at a time, until it is empty (counted in
@@ -490,7 +481,7 @@ class BranchDirs:
             while self._trash:
                 async with self.budget:
                     # taken with the budget held: a job cancelled before it starts loses none
-                    batch = self._take()
+                    batch = [self._trash.pop(0)]
                     count, seconds, cpu = await trio.to_thread.run_sync(self._delete, batch)
                 self.io.add("remove", count, seconds, cpu)
         finally:
@@ -503,7 +494,7 @@ class BranchDirs:
         """Delete ``batch`` (in a worker thread), each directory given back to the run as it
         goes; how many, and the wall and CPU time taken."""
         wall, cpu = time.perf_counter(), time.thread_time()
-        for path, workdir, size, holds, _ in batch:
+        for path, workdir, size, holds in batch:
             try:
                 if workdir is not None:
                     workdir.close()
