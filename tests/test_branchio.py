@@ -18,8 +18,10 @@ from orchestrator.pipeline._branchio import (
     BranchIO,
     is_small,
 )
+from orchestrator.pipeline._supply import Decision, TreeUse
 from orchestrator.vfs import Branch, Workdir, Workspace, materialize
 from orchestrator.vfs._fileio import remove_tree
+from orchestrator.vfs.pool import DirPool
 
 LIMIT = 30.0
 
@@ -190,7 +192,13 @@ async def test_copies_and_deletions_share_one_budget_of_jobs(
         _branchio, "remove_tree", lambda path: jobs.run(k, lambda: original_remove(path))
     )
     branches = [_large(tmp_path, f"w{i}") for i in range(count)]
-    dirs = BranchDirs(tmp_path / "run", BranchIO(), limit=count, budget=trio.CapacityLimiter(k))
+    dirs = BranchDirs(
+        tmp_path / "run",
+        BranchIO(),
+        limit=count,
+        budget=trio.CapacityLimiter(k),
+        copies=trio.CapacityLimiter(count),
+    )
 
     async def one(branch: Branch) -> None:
         dirs.remove(await dirs.materialize(branch, branch.name, 1))
@@ -294,3 +302,122 @@ async def test_leftovers_in_the_trash_are_deleted_by_the_next_attempt(tmp_path: 
         async with dirs.serving():
             pass
     assert not (tmp_path / "run" / "trash").exists()
+
+
+def _waits_while_one_is_in_use(use: TreeUse, now: float, pending: int) -> Decision:
+    """A decision that copies only when nothing of the tree is in use or being made."""
+    return Decision(not use.held and not use.copying)
+
+
+def _pooled_dirs(root: Path, **kwargs: Any) -> BranchDirs:
+    pool = DirPool(str(root / "run" / "branches" / ".pool"), 4, min_files=0)
+    return BranchDirs(root / "run", BranchIO(), pool=pool, limit=4, **kwargs)
+
+
+async def test_a_waiting_branch_takes_the_directory_given_back_instead_of_copying(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A branch that waits gets the first branch's directory, reset, when it comes back."""
+    monkeypatch.setattr(TreeUse, "decide", _waits_while_one_is_in_use)
+    root = Branch.from_tree(_large(tmp_path).base, "root")
+    dirs = _pooled_dirs(tmp_path)
+    got: list[Workdir] = []
+    done = trio.Event()
+
+    async def second() -> None:
+        got.append(await dirs.materialize(root.fork("b"), "b", 1))
+        done.set()
+
+    with trio.fail_after(LIMIT):
+        async with dirs.serving(), trio.open_nursery() as nursery:
+            first = await dirs.materialize(root.fork("a"), "a", 1)
+            Path(first.root, "src", "f0.txt").write_bytes(b"changed by a\n")
+            await dirs.harvest(first)
+            nursery.start_soon(second)
+            await trio.testing.wait_all_tasks_blocked()
+            assert not got  # waiting: a directory of its tree is in use
+            dirs.remove(first)
+            await done.wait()
+            (workdir,) = got
+            assert Path(workdir.root, "src", "f0.txt").read_bytes() == b"0000\n"
+            dirs.remove(workdir)
+    assert (dirs.costs.made, dirs.costs.reused) == (1, 1)
+
+
+async def test_fresh_copies_are_made_one_after_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With one fresh copy at a time, a second tree's copy waits while the budget has room."""
+    jobs = _Jobs()
+    original = materialize
+    monkeypatch.setattr(
+        _branchio, "materialize", lambda *a, **k: jobs.run(1, lambda: original(*a, **k))
+    )
+    branches = [_large(tmp_path, f"w{i}") for i in range(3)]
+    dirs = _pooled_dirs(tmp_path, budget=trio.CapacityLimiter(3), copies=trio.CapacityLimiter(1))
+
+    async def one(branch: Branch) -> None:
+        dirs.remove(await dirs.materialize(branch, branch.name, 1))
+
+    with trio.fail_after(LIMIT):
+        async with dirs.serving(), trio.open_nursery() as nursery:
+            for branch in branches:
+                nursery.start_soon(one, branch)
+            await jobs.k_inside.wait()
+            await trio.testing.wait_all_tasks_blocked()
+            assert jobs.active == 1  # the other two wait, though the budget has room
+            jobs.gate.set()
+    assert jobs.peak == 1 and dirs.costs.made == 3
+
+
+async def test_a_branch_cancelled_while_waiting_gives_its_place_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled while waiting for a directory: its place among the directories is free again."""
+    monkeypatch.setattr(TreeUse, "decide", _waits_while_one_is_in_use)
+    root = Branch.from_tree(_large(tmp_path).base, "root")
+    dirs = _pooled_dirs(tmp_path)
+    with trio.fail_after(LIMIT):
+        async with dirs.serving():
+            first = await dirs.materialize(root.fork("a"), "a", 1)
+            with trio.move_on_after(0.05) as scope:
+                await dirs.materialize(root.fork("b"), "b", 1)
+            assert scope.cancelled_caught
+            assert dirs._disk.value == 3  # the first directory's place only
+            assert all(use.waiting == 0 for use in dirs._uses.values())
+            dirs.remove(first)
+    assert (dirs.costs.made, dirs.costs.reused) == (1, 0)
+
+
+async def test_a_deleter_finding_the_trash_emptied_while_it_waited_stops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two deleters queued for the budget, one entry left: the later one finds none and ends."""
+    budget = trio.CapacityLimiter(2)
+    dirs = BranchDirs(tmp_path / "run", BranchIO(), budget=budget)
+    holders = [object(), object()]
+    deleted: list[str] = []
+    second_deletion = trio.Event()
+    token = trio.lowlevel.current_trio_token()
+
+    def counted(path: str) -> None:
+        remove_tree(path)
+        deleted.append(path)
+        if len(deleted) == 2:
+            trio.from_thread.run_sync(second_deletion.set, trio_token=token)
+
+    monkeypatch.setattr(_branchio, "remove_tree", counted)
+    with trio.fail_after(LIMIT):
+        async with dirs.serving():
+            first = await dirs.materialize(_large(tmp_path, "a"), "a", 1)
+            second = await dirs.materialize(_large(tmp_path, "b"), "b", 1)
+            for holder in holders:
+                await budget.acquire_on_behalf_of(holder)
+            dirs.remove(first)
+            dirs.remove(second)  # two deleters, both waiting for the budget
+            budget.release_on_behalf_of(holders[0])
+            # one deletes an entry and hands its job to the other, which deletes the last
+            # entry; the first queued again meanwhile, the trash still holding that entry
+            await second_deletion.wait()
+            budget.release_on_behalf_of(holders[1])
+    assert len(deleted) == 2

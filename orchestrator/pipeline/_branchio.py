@@ -6,7 +6,10 @@ a worker thread; a small tree (:func:`is_small`) is made and harvested on the ev
 the system calls cost less than two thread wake-ups.
 
 Copying and deleting share one budget per run (:func:`copy_budget`: a job per CPU), so that
-many materializations at once queue instead of contending for the CPUs. A finished directory is
+many materializations at once queue instead of contending for the CPUs; fresh copies of large
+trees are fewer still (:func:`~orchestrator.pipeline._supply.fresh_copies`), and a branch whose
+tree has directories in use waits for one of them when that costs less than a copy (see
+:mod:`orchestrator.pipeline._supply`). A finished directory is
 renamed into the run's trash at once (a small one's files are deleted first, right there) and
 the trash is deleted in the background, a directory per job of the budget; a directory counts
 against the run's limit of directories on disk until it is deleted, so a new one waits for an
@@ -20,6 +23,7 @@ are pooled instead and reset for the next branch of the same tree (see
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import secrets
 import time
@@ -34,9 +38,10 @@ from attrs import define, field
 from .._log import get_logger
 from ..vfs import Branch, ChangeSet, Snapshot, Workdir, Write, materialize
 from ..vfs._fileio import remove_tree
-from ..vfs.pool import DirPool
+from ..vfs.pool import DirPool, tree_key
 from ..vfs.tree import compose
 from ._calls import safe
+from ._supply import TreeUse, fresh_copies
 from .branches import diff_of
 
 __all__ = ["TRASH", "BranchCosts", "BranchDirs", "BranchIO", "branch_diffs", "copy_budget"]
@@ -277,6 +282,9 @@ class BranchDirs:
     limit: int = 8
     #: copy and delete jobs at once, shared by every materialization and deletion of the run
     budget: trio.CapacityLimiter = field(factory=copy_budget)
+    #: fresh copies of large trees at once (each one job of :attr:`budget`): copies at once
+    #: contend for one disk
+    copies: trio.CapacityLimiter = field(factory=lambda: trio.CapacityLimiter(fresh_copies()))
     costs: BranchCosts = field(factory=BranchCosts)
     #: held by each directory counted against :attr:`limit` until it is deleted
     _disk: trio.Semaphore = field(init=False)
@@ -294,6 +302,16 @@ class BranchDirs:
     _idle: trio.Event = field(init=False, factory=trio.Event)
     #: bytes counted for the directories the pool holds, and how many it holds
     _pooled: list[int] = field(init=False, factory=lambda: [0, 0])
+    #: instances of the run waiting to start (each will want a directory): the runner's queue
+    pending: Callable[[], int] | None = None
+    #: what the directories of each large tree are doing (see :mod:`._supply`)
+    _uses: dict[tuple[int, str], TreeUse] = field(init=False, factory=dict)
+    #: live directory -> the use of its tree
+    _handed: dict[str, TreeUse] = field(init=False, factory=dict)
+    #: takes from the pool under way
+    _taking: int = field(init=False, default=0)
+    #: set (and replaced) when a directory comes back or a copy ends
+    _changed: trio.Event = field(init=False, factory=trio.Event)
 
     def __attrs_post_init__(self) -> None:
         self._disk = trio.Semaphore(max(self.limit, 1))
@@ -336,28 +354,29 @@ class BranchDirs:
         """Write ``branch`` out into a fresh directory for attempt ``attempt`` of ``name``.
 
         ``max_file_size`` replaces the run's limit on a changed file for this directory. A tree
-        that is not small waits for a place among the directories on disk, then for the budget.
+        that is not small waits for a place among the directories on disk, then takes a pooled
+        directory of its tree, or copies the tree afresh when waiting for one would cost more
+        (see :mod:`orchestrator.pipeline._supply`); fresh copies are made a few at a time.
         """
         limit = max_file_size if max_file_size is not None else self.max_file_size
         directory = self.directory(name, attempt)
-        pool = self.pool
         discarded: list[str] = []
-        reused: list[bool] = []
-
-        def make() -> Workdir:
-            if pool is not None:
-                taken = pool.take(branch, directory, max_file_size=limit, discard=discarded.append)
-                if taken is not None:
-                    reused.append(True)
-                    return taken
-            made = materialize(branch, directory, max_file_size=limit)
-            if pool is not None:
-                pool.adopt(made)
-            return made
-
         try:
             if is_small(branch):
-                result, _ = await self.run_then("materialize", make, lambda: None, inline=True)
+                pool = self.pool
+
+                def make() -> tuple[Workdir, bool]:
+                    if pool is not None:
+                        taken = pool.take(
+                            branch, directory, max_file_size=limit, discard=discarded.append
+                        )
+                        if taken is not None:
+                            return taken, True
+                    return self._fresh(branch, directory, limit), False
+
+                (result, reused), _ = await self.run_then(
+                    "materialize", make, lambda: None, inline=True
+                )
                 holds = False
             else:
                 self.io.wait_started()
@@ -366,10 +385,7 @@ class BranchDirs:
                 finally:
                     self.io.wait_ended()
                 try:
-                    # a job may copy on a few threads of its own (see materialize: where
-                    # copying waits on the disk they overlap the waits); the budget bounds the
-                    # jobs, so the threads stay within a few per CPU, not a few per session
-                    result = await self._in_budget("materialize", make)
+                    result, reused = await self._supply(branch, directory, limit, discarded)
                 except BaseException:
                     self._disk.release()
                     raise
@@ -388,6 +404,99 @@ class BranchDirs:
             self.costs.bytes_reflinked += result.copies.reflinked_bytes
             self.costs.grew(size)
         return result
+
+    def _fresh(self, branch: Branch, directory: Path, limit: int | None) -> Workdir:
+        """``branch`` copied afresh into ``directory`` (blocking), adopted by the pool."""
+        made = materialize(branch, directory, max_file_size=limit)
+        if self.pool is not None:
+            self.pool.adopt(made)
+        return made
+
+    async def _supply(
+        self, branch: Branch, directory: Path, limit: int | None, discarded: list[str]
+    ) -> tuple[Workdir, bool]:
+        """A directory of ``branch``'s large tree: a pooled one reset, or a fresh copy (see
+        :mod:`orchestrator.pipeline._supply`); whether it was reused."""
+        pool = self.pool
+        key = tree_key(branch) if pool is not None else None
+        if pool is None or key is None:
+            # every branch copies: one copy at a time among the run's fresh copies
+            async with self.copies:
+                return await self._copy(branch, directory, limit, None), False
+        use = self._uses.setdefault(key, TreeUse())
+        use.waiting += 1
+        try:
+            while True:
+                if self._pooled[1] > self._taking:
+                    # counted as in use while it is reset: no other branch copies meanwhile
+                    discards = len(discarded)
+                    use.copying += 1
+                    self._taking += 1
+                    try:
+                        taken = await self._in_budget(
+                            "materialize",
+                            lambda: pool.take(
+                                branch, directory, max_file_size=limit, discard=discarded.append
+                            ),
+                        )
+                    finally:
+                        use.copying -= 1
+                        self._taking -= 1
+                        if discards != len(discarded):
+                            self._supplied()  # one fewer in the pool: others decide again
+                    if taken is not None:
+                        use.handed(taken.root, trio.current_time())
+                        self._handed[taken.root] = use
+                        return taken, True
+                pending = self.pending() if self.pending is not None else 0
+                decision = use.decide(trio.current_time(), pending)
+                if decision.copy:
+                    try:
+                        self.copies.acquire_nowait()
+                    except trio.WouldBlock:
+                        pass
+                    else:
+                        try:
+                            return await self._copy(branch, directory, limit, use), False
+                        finally:
+                            self.copies.release()
+                            self._supplied()
+                changed = self._changed
+                with trio.move_on_after(
+                    decision.recheck if decision.recheck is not None else math.inf
+                ):
+                    await changed.wait()
+        finally:
+            use.waiting -= 1
+
+    async def _copy(
+        self, branch: Branch, directory: Path, limit: int | None, use: TreeUse | None
+    ) -> Workdir:
+        """A fresh copy of ``branch`` (one job of the budget), timed into ``use``."""
+        if use is not None:
+            use.copying += 1
+        started = trio.current_time()
+        try:
+            # a job may copy on a few threads of its own (see materialize: where copying waits
+            # on the disk they overlap the waits); the budget bounds the jobs, so the threads
+            # stay within a few per CPU, not a few per session
+            made = await self._in_budget(
+                "materialize", lambda: self._fresh(branch, directory, limit)
+            )
+        finally:
+            if use is not None:
+                use.copying -= 1
+        if use is not None:
+            now = trio.current_time()
+            use.copied(now - started)
+            use.handed(made.root, now)
+            self._handed[made.root] = use
+        return made
+
+    def _supplied(self) -> None:
+        """Wake the branches waiting for a directory: one may be there, or a copy may start."""
+        self._changed.set()
+        self._changed = trio.Event()
 
     def _unpool(self) -> int:
         """A directory left the pool: the bytes counted for it (the pool's directories are of
@@ -419,6 +528,11 @@ class BranchDirs:
         code competes for the GIL with every system call the loop makes meanwhile).
         """
         counted, holds = self._live.pop(workdir.root, (0, False))
+        use = self._handed.pop(workdir.root, None)
+        if use is not None:
+            use.returned(workdir.root, trio.current_time())
+            # pooled or not, a waiting branch decides again (with one directory fewer in use)
+            self._supplied()
         # what the directory holds as its last harvest found it: what the agent wrote counts
         size = workdir.recorded_bytes()
         self.costs.grew(size - counted)
@@ -480,6 +594,8 @@ class BranchDirs:
         try:
             while self._trash:
                 async with self.budget:
+                    if not self._trash:
+                        break  # another deleter took the last entry while this one waited
                     # taken with the budget held: a job cancelled before it starts loses none
                     batch = [self._trash.pop(0)]
                     count, seconds, cpu = await trio.to_thread.run_sync(self._delete, batch)

@@ -144,16 +144,19 @@ class PipelineRunner:
             sandboxes=self.sandboxes,
             mcp_servers=self.mcp_servers,
         )
+        slots = trio.Semaphore(max(self.parallel, 1))
         self._executor = InstanceExecutor(
             run_id=self.run_id,
             workspace=self.workspace,
             inputs=self.inputs,
             reused=self.reused,
-            slots=trio.Semaphore(max(self.parallel, 1)),
+            slots=slots,
             recorder=self._recorder,
             dirs=self._dirs,
             turns=self._turns,
         )
+        # instances waiting for a slot will want directories: part of what a copy would serve
+        self._dirs.pending = lambda: slots.statistics().tasks_waiting
 
     def statistics(self) -> dict[str, float | int]:
         """Branch directory I/O so far (see :class:`BranchIO`)."""
