@@ -212,15 +212,16 @@ def test_a_reset_directory_is_a_fresh_materialization(
     shutil.rmtree(top)
 
 
-def test_a_tree_never_serves_another(space: Path) -> None:
-    """A pooled directory serves only branches of the tree it was made from."""
+def test_a_snapshot_never_serves_another(space: Path) -> None:
+    """A pooled directory serves only branches of the snapshot it was made from."""
     snap, parent = fresh_snapshot(space)
     pool = DirPool(str(space / "b" / ".pool"), 2, min_files=0)
-    wd = materialize(Branch.from_tree(snap, "one"), space / "b" / "one")
+    wd = materialize(parent.fork("one"), space / "b" / "one")
     pool.adopt(wd)
     pool.give(wd)
-    assert pool.take(parent.fork("two"), space / "b" / "two", discard=print) is None
-    assert pool.take(Branch.from_tree(snap, "x"), space / "b" / "x", discard=print) is not None
+    again = Workspace.open(snap.root).snapshot()  # the same files, another snapshot
+    assert pool.take(Branch.from_tree(again, "two"), space / "b" / "two", discard=print) is None
+    assert pool.take(parent.fork("x"), space / "b" / "x", discard=print) is not None
 
 
 def test_a_reset_costs_what_changed(space: Path) -> None:

@@ -49,11 +49,19 @@ from .._names import name_bytes, name_of
 from ._fileio import CopyTally, make_dirs, remove_tree
 from ._links import LinkMap
 from .branch import Branch
-from .changes import Delete, ModeChange, Write
-from .checkout import WATCH_MIN_FILES, _check_lengths, _Job, _make_dirs, _plan, _run_batch
+from .changes import Change, ModeChange, Write
+from .checkout import (
+    WATCH_MIN_FILES,
+    _check_lengths,
+    _Job,
+    _job,
+    _make_dirs,
+    _overrides,
+    _room,
+    _run_batch,
+)
 from .snapshot import Snapshot
-from .tree import compose
-from .workdir import Workdir, _Key, _key
+from .workdir import Workdir, _Key
 
 __all__ = ["DirPool", "PoolStats", "find_holders", "tree_key"]
 
@@ -80,19 +88,24 @@ def tree_key(branch: Branch) -> tuple[int, str] | None:
     """The identity of the tree ``branch`` holds: its snapshot, and a digest of what is layered
     on it (path, kind, content digest, mode). None when the branch is not layered on a
     snapshot of a workspace."""
+    layered = _layered(branch)
+    return None if layered is None else _key_of(layered[0], layered[1])
+
+
+def _layered(branch: Branch) -> tuple[Snapshot, dict[str, Change]] | None:
+    """The snapshot ``branch`` is layered on and what it holds over it (as the checkout
+    composes it); None when it is not layered on a snapshot of a workspace."""
     root = branch.root
     if not isinstance(root, Snapshot):
         return None
     try:
-        overrides = compose(branch.base, root)
+        return root, _overrides(branch)
     except TypeError:
         return None
-    # as the checkout composes them (orchestrator.vfs.checkout._plan)
-    for path, own in branch.changes.items():
-        previous = overrides.get(path)
-        if isinstance(own, ModeChange) and isinstance(previous, Write):
-            own = Write(previous.data, own.mode, previous.digest)
-        overrides[path] = own
+
+
+def _key_of(root: Snapshot, overrides: dict[str, Change]) -> tuple[int, str]:
+    """The :func:`tree_key` of the tree holding ``overrides`` over ``root``."""
     h = hashlib.sha256()
     for path in sorted(overrides):
         change = overrides[path]
@@ -100,12 +113,30 @@ def tree_key(branch: Branch) -> tuple[int, str] | None:
             part = f"w\0{change.digest}\0{change.mode:o}"
         elif isinstance(change, ModeChange):
             part = f"m\0{change.mode:o}"
-        elif isinstance(change, Delete):
+        else:
             part = "d"
-        else:  # pragma: no cover - every change is one of the above
-            return None
         h.update(name_bytes(path) + b"\0" + part.encode() + b"\n")
     return id(root), h.hexdigest()
+
+
+def _sig(change: Change) -> tuple[object, ...]:
+    """What ``change`` says of a path's content and mode."""
+    if isinstance(change, Write):
+        return ("w", change.digest, change.mode)
+    if isinstance(change, ModeChange):
+        return ("m", change.mode)
+    return ("d",)
+
+
+def _differing(before: dict[str, Change], after: dict[str, Change]) -> set[str]:
+    """The paths whose content or mode differs between the tree holding ``before`` over a
+    snapshot and the one holding ``after`` over the same snapshot."""
+    out = set()
+    for path in before.keys() | after.keys():
+        old, new = before.get(path), after.get(path)
+        if old is not new and (old is None or new is None or _sig(old) != _sig(new)):
+            out.add(path)
+    return out
 
 
 def find_holders(directory: str) -> list[int]:
@@ -186,14 +217,21 @@ class PoolStats:
 
 @define(eq=False)
 class _Origin:
-    """What a directory was written as: the tree, the stat of each file written and the links
-    written with another target than the branch records."""
+    """What a directory was written as: the tree (its snapshot and what is layered on it), the
+    stat of each file written and the links written with another target than the branch
+    records. Kept as they are: the next reset of the same tree needs nothing recomputed."""
 
     key: tuple[int, str]
     root: Snapshot
+    #: what the tree holds over the snapshot (:func:`~orchestrator.vfs.checkout._overrides`)
+    overrides: dict[str, Change]
     records: dict[str, _Key]
     rewritten: dict[str, tuple[bytes, bytes]]
     dirs: frozenset[str]
+    #: no path of the tree is longer (in bytes): the next path's room is checked against it
+    longest: int
+    #: the paths of the tree named ``.gitignore`` (and perhaps others)
+    rules: frozenset[str]
     #: mode and owner every directory was made with
     dir_mode: int
     owner: tuple[int, int]
@@ -261,17 +299,20 @@ class DirPool:
             self.made += 1
         if len(workdir._records) < self.min_files:
             return
-        key = tree_key(workdir.branch)
-        root = workdir.branch.root
-        if key is None or not isinstance(root, Snapshot):
+        layered = _layered(workdir.branch)
+        if layered is None:
             return
+        root, overrides = layered
         st = os.lstat(workdir.root)
         origin = _Origin(
-            key,
+            _key_of(root, overrides),
             root,
+            overrides,
             dict(workdir._records),
             dict(workdir._rewritten),
             _parents(workdir._records),
+            max(len(os.fsencode(rel)) for rel in workdir._records),
+            frozenset(filter(_is_rules, workdir._records)),
             stat.S_IMODE(st.st_mode),
             (st.st_uid, st.st_gid),
             workdir.watching or len(workdir._records) >= WATCH_MIN_FILES,
@@ -341,20 +382,19 @@ class DirPool:
         with self._lock:
             if not self._parked:
                 return None
-        key = tree_key(branch)
-        if key is None:
+        layered = _layered(branch)
+        if layered is None:
             return None
+        root, overrides = layered
+        key = _key_of(root, overrides)
         target = os.path.abspath(os.fspath(directory))
         busy: list[_Parked] = []
         try:
             while True:
-                with self._lock:
-                    for i, parked in enumerate(self._parked):
-                        if parked.origin.key == key and parked.origin.root is branch.root:
-                            del self._parked[i]
-                            break
-                    else:
-                        return None
+                chosen = self._choose(key, root, overrides)
+                if chosen is None:
+                    return None
+                parked, changed = chosen
                 try:
                     os.rename(parked.path, target)
                     holders = find_holders(target)
@@ -373,7 +413,9 @@ class DirPool:
                     busy.append(parked)
                     continue
                 try:
-                    workdir = self._reset(branch, target, parked.origin, max_file_size)
+                    workdir = self._reset(
+                        branch, key, overrides, changed, target, parked.origin, max_file_size
+                    )
                 except Exception as e:  # whatever it was, it is not proven to be the tree
                     self._discard(parked.path, target, e, discard)
                     continue
@@ -383,6 +425,33 @@ class DirPool:
         finally:
             with self._lock:
                 self._parked[:0] = busy
+
+    def _choose(
+        self, key: tuple[int, str], root: Snapshot, overrides: dict[str, Change]
+    ) -> tuple[_Parked, set[str]] | None:
+        """Take out of the pool the directory to reset for the tree holding ``overrides`` over
+        ``root`` (``key``), with the paths whose content differs between its tree and that
+        one: a directory of that very tree if there is one, else the one of the same snapshot
+        whose tree differs in the fewest paths. None when there is none of that snapshot."""
+        while True:
+            with self._lock:
+                candidates = [p for p in self._parked if p.origin.root is root]
+                for i, parked in enumerate(self._parked):
+                    if parked.origin.key == key and parked.origin.root is root:
+                        del self._parked[i]
+                        return parked, set()
+            if not candidates:
+                return None
+            # compared without the lock: another thread may take the one chosen meanwhile
+            changed, chosen = min(
+                ((_differing(p.origin.overrides, overrides), p) for p in candidates),
+                key=lambda pair: len(pair[0]),
+            )
+            with self._lock:
+                for i, parked in enumerate(self._parked):
+                    if parked is chosen:
+                        del self._parked[i]
+                        return parked, changed
 
     def _discard(
         self, parked: str, target: str, error: Exception, discard: Callable[[str], None]
@@ -404,25 +473,53 @@ class DirPool:
         discard(aside)
 
     def _reset(
-        self, branch: Branch, target: str, origin: _Origin, max_file_size: int | None
+        self,
+        branch: Branch,
+        key: tuple[int, str],
+        overrides: dict[str, Change],
+        changed: set[str],
+        target: str,
+        origin: _Origin,
+        max_file_size: int | None,
     ) -> Workdir:
+        """Reset the directory at ``target``, written as ``origin``, to the tree holding
+        ``overrides`` over the same snapshot (``key``); ``changed``: the paths whose content
+        differs between the two trees. Raises if the directory cannot be proven to be it."""
         snapshot = origin.root
-        jobs, overrides = _plan(branch)
-        _check_lengths(jobs, target, snapshot.root)
-        wanted = {job.rel: job for job in jobs}
-        dirs = _parents(wanted)
-        if dirs != origin.dirs:
-            raise _Unclean("another tree than the one the directory was made from")
+        # the files as written, by path: unchanged since (by their stat), each is what the tree
+        # holds; the paths the trees differ in are not among them
+        expect = origin.records
+        dirs = origin.dirs
+        longest = origin.longest
+        added: list[str] = []  # files of the tree not written as it holds them
+        if changed:
+            expect = dict(expect)
+            for rel in changed:
+                expect.pop(rel, None)
+            added = [rel for rel in changed if _has_file(snapshot, rel, overrides.get(rel))]
+            if any(rel in origin.records for rel in changed.difference(added)):
+                dirs = _parents(itertools.chain(expect, added))  # files gone: directories too?
+            elif added:
+                dirs = dirs | _parents(added)
+            if added:
+                longest = max(longest, *(len(os.fsencode(rel)) for rel in added))
+        rules = origin.rules
+        if added:
+            rules = rules.union(filter(_is_rules, added))
+        if longest > _room(target, snapshot.root):  # which one, and is it still there
+            _check_lengths(itertools.chain(expect, added), target, snapshot.root)
         links = LinkMap(snapshot.root, target)
         records: dict[str, _Key] = {}
         rewritten: dict[str, tuple[bytes, bytes]] = {}
         paths = size = 0
         removed: set[str] = set()  # files removed here: one written again counts once
+        stale: list[str] = []  # files of ``expect`` found changed (removed)
         top = os.lstat(target)
         if not stat.S_ISDIR(top.st_mode):
             raise _Unclean("not a directory")
         device = top.st_dev
         found_dirs: set[str] = set()
+        is_dir, is_reg = stat.S_ISDIR, stat.S_ISREG
         stack = [""]
         while stack:
             parent = stack.pop()
@@ -446,23 +543,35 @@ class DirPool:
                     est = entry.stat(follow_symlinks=False)
                     if est.st_dev != device:
                         raise _Unclean(f"{rel}: another filesystem")
-                    if stat.S_ISDIR(est.st_mode):
+                    mode = est.st_mode
+                    if is_dir(mode):
                         if rel in dirs:
                             stack.append(rel)
                             continue
+                        if rel in expect:  # a file of the tree made a directory
+                            stale.append(rel)
                         n, b = _remove_dir(target, rel, device)
                         paths, size = paths + n, size + b
                         continue
-                    job = wanted.get(rel)
-                    if job is not None and self._intact(job, rel, est, fd, origin, links):
-                        records[rel] = _key(est)
-                        if rel in origin.rewritten and stat.S_ISLNK(est.st_mode):
-                            rewritten[rel] = origin.rewritten[rel]
-                        continue
+                    # as written: the same stat (no write, chmod, rename or link leaves ctime
+                    # alone) and, for a file, no second name a hard link could write it by
+                    was = expect.get(rel)
+                    if was is not None:
+                        if was == (est.st_size, est.st_mtime_ns, est.st_ino, mode, est.st_ctime_ns):
+                            if is_reg(mode):
+                                if est.st_nlink == 1:
+                                    records[rel] = was
+                                    continue
+                            elif _link_intact(rel, fd, origin, links):
+                                records[rel] = was
+                                if rel in origin.rewritten:
+                                    rewritten[rel] = origin.rewritten[rel]
+                                continue
+                        stale.append(rel)
                     os.unlink(entry.name, dir_fd=fd)
                     removed.add(rel)
                     paths += 1
-                    if stat.S_ISREG(est.st_mode):
+                    if is_reg(mode):
                         size += est.st_size
             finally:
                 os.close(fd)
@@ -470,17 +579,26 @@ class DirPool:
         _make_dirs(target, missing_dirs)
         for rel in missing_dirs:  # made with the umask's mode: as the fresh one was
             os.chmod(os.path.join(target, rel), origin.dir_mode)
-        todo = [wanted[rel] for rel in sorted(wanted.keys() - records.keys())]
+        # the files to write: those removed, those not found (not looked for one by one when
+        # every file was found) and those the directory was not written with
+        missing = stale + added
+        if len(records) + len(stale) < len(expect):
+            missing = [rel for rel in expect if rel not in records] + added
         tally = CopyTally()  # what the reset wrote: the directory's copies
-        if todo:
+        if missing:
+            todo: list[_Job] = []
+            for rel in sorted(missing):
+                job = _job(snapshot, rel, overrides.get(rel))
+                assert job is not None
+                todo.append(job)
             made = _run_batch(todo, snapshot.root, target, links, rewritten, tally)
-            for rel, (key, hashed) in made:
-                records[rel] = key
+            for rel, (made_key, hashed) in made:
+                records[rel] = made_key
                 if hashed is not None:
                     snapshot.record_digest(rel, hashed)
-                if stat.S_ISREG(key[3]):
-                    size += key[0]
-            paths += sum(1 for job in todo if job.rel not in removed)
+                if stat.S_ISREG(made_key[3]):
+                    size += made_key[0]
+            paths += sum(1 for rel in missing if rel not in removed)
         workdir = Workdir.open(
             target,
             branch,
@@ -491,15 +609,19 @@ class DirPool:
             rewritten,
             max_file_size=max_file_size,
             copies=tally.stats(),
+            rule_files=rules,
         )
         if origin.watch:  # as it was made
             workdir._start_watching(["", *sorted(dirs - {""})])
         origin = _Origin(
-            origin.key,
+            key,
             snapshot,
+            overrides,
             dict(records),
             dict(rewritten),
             dirs,
+            longest,
+            rules if not changed else frozenset(rules.intersection(records)),
             origin.dir_mode,
             origin.owner,
             origin.watch,
@@ -508,26 +630,37 @@ class DirPool:
             self._origins[workdir] = origin
             self.reset_paths += paths
             self.reset_bytes += size
-        log.info("branch directory reused", branch=branch.name, directory=target, reset=paths)
+        log.info(
+            "branch directory reused",
+            branch=branch.name,
+            directory=target,
+            reset=paths,
+            differing=len(changed),
+        )
         return workdir
 
-    @staticmethod
-    def _intact(
-        job: _Job, rel: str, st: os.stat_result, dir_fd: int, origin: _Origin, links: LinkMap
-    ) -> bool:
-        """Whether the entry is as it was written (for this directory's new path)."""
-        if origin.records.get(rel) != _key(st):
-            return False
-        if stat.S_ISREG(st.st_mode):
-            return st.st_nlink == 1
-        if not stat.S_ISLNK(st.st_mode):
-            return False
-        # a link written leading into the directory leads to its old path: written again
-        on_disk = os.readlink(_entry_name(rel), dir_fd=dir_fd)
-        known = origin.rewritten.get(rel)
-        recorded = name_of(known[1]) if known is not None else on_disk
-        mapped = links.to_branch(rel, recorded)
-        return (mapped if mapped is not None else recorded) == on_disk
+
+def _has_file(snapshot: Snapshot, rel: str, change: Change | None) -> bool:
+    """Whether the tree holding ``change`` over ``snapshot`` for ``rel`` has a file there."""
+    if change is None or isinstance(change, ModeChange):
+        return snapshot.exists(rel)
+    return isinstance(change, Write)
+
+
+def _link_intact(rel: str, dir_fd: int, origin: _Origin, links: LinkMap) -> bool:
+    """Whether the symlink ``rel`` (in ``dir_fd``), unchanged since it was written, leads
+    where it should from the directory's new path: one written leading into the directory
+    leads to its old path, and is written again."""
+    on_disk = os.readlink(_entry_name(rel), dir_fd=dir_fd)
+    known = origin.rewritten.get(rel)
+    recorded = name_of(known[1]) if known is not None else on_disk
+    mapped = links.to_branch(rel, recorded)
+    return (mapped if mapped is not None else recorded) == on_disk
+
+
+def _is_rules(rel: str) -> bool:
+    """Whether ``rel`` is named ``.gitignore``."""
+    return rel.rpartition("/")[2] == ".gitignore"
 
 
 def _entry_name(rel: str) -> str:
