@@ -1,13 +1,19 @@
-"""Reusing branch directories: a finished one is reset to the tree it was made from.
+"""Reusing branch directories: a finished one is reset to the tree the next branch holds.
 
 A fan-out forks many branches from one tree, and materializing each copies the whole tree. A
 :class:`DirPool` keeps the directories of finished branches, keyed by the tree they were made
 from (:func:`tree_key`: the snapshot and the changes layered on it, by content), and resets one
-for the next branch forked from the same tree instead of copying the tree again
-(:meth:`DirPool.take`). A reset costs a stat of every entry (as a full harvest does) plus the
-paths that differ: whatever the agent wrote, deleted, renamed, chmod-ed or created, through
-``fs/*`` or on disk, ignored files, ``.git`` directories and empty directories included, is
-deleted and written again from the tree. Nothing else is read or copied.
+for the next branch instead of copying the tree again (:meth:`DirPool.take`): one made from the
+same tree if there is one, else one made from the same snapshot with other changes layered on
+it (a step forked from an earlier step's merged result gets that step's directories), the one
+whose tree differs from the branch's in the fewest paths. A reset costs a stat of every entry
+(as a full harvest does) plus the paths that differ: whatever the agent wrote, deleted,
+renamed, chmod-ed or created, through ``fs/*`` or on disk, ignored files, ``.git`` directories
+and empty directories included, is deleted and written again from the tree, and so is every
+path whose content or mode differs between the two trees' changes (compared by digest and
+mode, deletions included). Nothing else is read or copied. What a directory was written as (its
+files' stat, its directories, the longest path, the ``.gitignore`` files) is kept with it, so a
+reset plans nothing for the paths it finds as written.
 
 What makes a reused directory the tree it claims to be:
 
@@ -15,11 +21,13 @@ What makes a reused directory the tree it claims to be:
   parking folder at once: a process still writing by absolute path writes to a path that no
   longer exists. Before a reset, ``/proc`` is searched for any process whose working directory,
   root, open files or mapped files are inside it (a background job the agent left behind, an
-  agent process still exiting): if one is, the directory is discarded, never reused.
+  agent process still exiting): if one is, the directory is not reset; it waits in the pool,
+  evicted first.
 - **Proof by stat.** Each entry is compared with the stat recorded when it was written (size,
   mtime, inode, mode and ctime: no write, chmod, rename or link leaves ctime alone), and a
   regular file must have no second name (a hard link elsewhere could write it later). Anything
-  that differs, and anything the tree does not hold, is removed and written again; directories
+  that differs, anything the tree does not hold and any path the tree holds other content or
+  another mode for than the one written, is removed and written again; directories
   get their mode and owner back; a mount point, an entry on another filesystem or any error
   (an unreadable path, a file that will not go) discards the directory instead.
 - **Self-contained links again.** A symlink leading into the workspace leads into the branch
@@ -251,7 +259,7 @@ class _Unclean(Exception):
 
 @define(eq=False)
 class DirPool:
-    """Finished branch directories waiting to be reset for a branch of the same tree.
+    """Finished branch directories waiting to be reset for a branch of the same snapshot.
 
     ``parking`` is the folder pooled (and discarded) directories are renamed into: on the same
     filesystem as the branch directories, and never given to an agent. Thread-safe.
@@ -374,7 +382,9 @@ class DirPool:
         discard: Callable[[str], None],
     ) -> Workdir | None:
         """A pooled directory reset to ``branch``'s tree, moved to the new, absent ``directory``
-        (its :class:`Workdir`, adopted); None when the pool has none for that tree.
+        (its :class:`Workdir`, adopted); None when the pool has none of that tree's snapshot.
+        One made from the very tree is preferred; else the one whose tree differs from it in
+        the fewest paths.
 
         A directory that cannot be proven clean is renamed aside and passed to ``discard``
         (to be deleted), and None is returned. Blocking.
