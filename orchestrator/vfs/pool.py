@@ -76,6 +76,7 @@ __all__ = ["DirPool", "PoolStats", "find_holders", "tree_key"]
 log = get_logger(__name__)
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_S_IFMT = 0o170000
 
 #: the environment variable that turns reuse off (``0``, ``no``, ``off``, ``false``)
 REUSE_ENV = "ORCHESTRATOR_REUSE_DIRS"
@@ -234,6 +235,8 @@ class _Origin:
     #: what the tree holds over the snapshot (:func:`~orchestrator.vfs.checkout._overrides`)
     overrides: dict[str, Change]
     records: dict[str, _Key]
+    #: the same by directory and name (each inner dict copied before it is changed)
+    by_dir: dict[str, dict[str, _Key]]
     rewritten: dict[str, tuple[bytes, bytes]]
     dirs: frozenset[str]
     #: no path of the tree is longer (in bytes): the next path's room is checked against it
@@ -317,6 +320,7 @@ class DirPool:
             root,
             overrides,
             dict(workdir._records),
+            _by_dir(workdir._records),
             dict(workdir._rewritten),
             _parents(workdir._records),
             max(len(os.fsencode(rel)) for rel in workdir._records),
@@ -496,16 +500,17 @@ class DirPool:
         ``overrides`` over the same snapshot (``key``); ``changed``: the paths whose content
         differs between the two trees. Raises if the directory cannot be proven to be it."""
         snapshot = origin.root
-        # the files as written, by path: unchanged since (by their stat), each is what the tree
-        # holds; the paths the trees differ in are not among them
-        expect = origin.records
-        dirs = origin.dirs
-        longest = origin.longest
+        # the files as written, by path and by directory and name: unchanged since (by their
+        # stat), each is what the tree holds; the paths the trees differ in are not among them
+        expect, by_dir = origin.records, origin.by_dir
+        dirs, longest, rules = origin.dirs, origin.longest, origin.rules
         added: list[str] = []  # files of the tree not written as it holds them
         if changed:
-            expect = dict(expect)
+            expect, by_dir = dict(expect), dict(by_dir)
             for rel in changed:
-                expect.pop(rel, None)
+                if expect.pop(rel, None) is not None:
+                    head, _, name = rel.rpartition("/")
+                    by_dir[head] = {n: k for n, k in by_dir[head].items() if n != name}
             added = [rel for rel in changed if _has_file(snapshot, rel, overrides.get(rel))]
             if any(rel in origin.records for rel in changed.difference(added)):
                 dirs = _parents(itertools.chain(expect, added))  # files gone: directories too?
@@ -513,23 +518,19 @@ class DirPool:
                 dirs = dirs | _parents(added)
             if added:
                 longest = max(longest, *(len(os.fsencode(rel)) for rel in added))
-        rules = origin.rules
-        if added:
-            rules = rules.union(filter(_is_rules, added))
+                rules = rules.union(filter(_is_rules, added))
         if longest > _room(target, snapshot.root):  # which one, and is it still there
             _check_lengths(itertools.chain(expect, added), target, snapshot.root)
         links = LinkMap(snapshot.root, target)
-        records: dict[str, _Key] = {}
-        rewritten: dict[str, tuple[bytes, bytes]] = {}
         paths = size = 0
         removed: set[str] = set()  # files removed here: one written again counts once
-        stale: list[str] = []  # files of ``expect`` found changed (removed)
+        stale: list[str] = []  # files of ``expect`` not as written: removed, to write again
         top = os.lstat(target)
         if not stat.S_ISDIR(top.st_mode):
             raise _Unclean("not a directory")
         device = top.st_dev
         found_dirs: set[str] = set()
-        is_dir, is_reg = stat.S_ISDIR, stat.S_ISREG
+        none: dict[str, _Key] = {}
         stack = [""]
         while stack:
             parent = stack.pop()
@@ -546,55 +547,73 @@ class DirPool:
                     paths += 1
                 found_dirs.add(parent)
                 prefix = f"{parent}/" if parent else ""
+                names = by_dir.get(parent, none)
+                intact, stale_before = 0, len(stale)
                 with os.scandir(fd) as it:
                     entries = list(it)
+                # the loop runs for every entry of the tree: nothing allocated for one found
+                # as written but its stat
                 for entry in entries:
-                    rel = prefix + entry.name
                     est = entry.stat(follow_symlinks=False)
                     if est.st_dev != device:
-                        raise _Unclean(f"{rel}: another filesystem")
+                        raise _Unclean(f"{prefix}{entry.name}: another filesystem")
                     mode = est.st_mode
-                    if is_dir(mode):
+                    name = entry.name
+                    if mode & _S_IFMT == stat.S_IFDIR:
+                        rel = prefix + name
                         if rel in dirs:
                             stack.append(rel)
                             continue
-                        if rel in expect:  # a file of the tree made a directory
+                        if name in names:  # a file of the tree made a directory
                             stale.append(rel)
                         n, b = _remove_dir(target, rel, device)
                         paths, size = paths + n, size + b
                         continue
                     # as written: the same stat (no write, chmod, rename or link leaves ctime
                     # alone) and, for a file, no second name a hard link could write it by
-                    was = expect.get(rel)
+                    was = names.get(name)
                     if was is not None:
-                        if was == (est.st_size, est.st_mtime_ns, est.st_ino, mode, est.st_ctime_ns):
-                            if is_reg(mode):
+                        if (
+                            was[2] == est.st_ino
+                            and was[4] == est.st_ctime_ns
+                            and was[1] == est.st_mtime_ns
+                            and was[0] == est.st_size
+                            and was[3] == mode
+                        ):
+                            if mode & _S_IFMT == stat.S_IFREG:
                                 if est.st_nlink == 1:
-                                    records[rel] = was
+                                    intact += 1
                                     continue
-                            elif _link_intact(rel, fd, origin, links):
-                                records[rel] = was
-                                if rel in origin.rewritten:
-                                    rewritten[rel] = origin.rewritten[rel]
+                            elif _link_intact(prefix + name, fd, origin, links):
+                                intact += 1
                                 continue
-                        stale.append(rel)
-                    os.unlink(entry.name, dir_fd=fd)
+                        stale.append(prefix + name)
+                    rel = prefix + name
+                    os.unlink(name, dir_fd=fd)
                     removed.add(rel)
                     paths += 1
-                    if is_reg(mode):
+                    if mode & _S_IFMT == stat.S_IFREG:
                         size += est.st_size
+                if intact + len(stale) - stale_before < len(names):  # some are not there
+                    there = {entry.name for entry in entries}
+                    stale += [prefix + name for name in names if name not in there]
             finally:
                 os.close(fd)
+        for parent, names in by_dir.items():
+            if names and parent not in found_dirs:  # the whole directory is gone
+                prefix = f"{parent}/" if parent else ""
+                stale += [prefix + name for name in names]
         missing_dirs = sorted(dirs - found_dirs)
         _make_dirs(target, missing_dirs)
         for rel in missing_dirs:  # made with the umask's mode: as the fresh one was
             os.chmod(os.path.join(target, rel), origin.dir_mode)
-        # the files to write: those removed, those not found (not looked for one by one when
-        # every file was found) and those the directory was not written with
-        missing = stale + added
-        if len(records) + len(stale) < len(expect):
-            missing = [rel for rel in expect if rel not in records] + added
+        # what is found as written keeps its stat, and its rewritten link target
+        records = dict(expect)
+        rewritten = dict(origin.rewritten)
+        for rel in itertools.chain(stale, changed):
+            rewritten.pop(rel, None)
         tally = CopyTally()  # what the reset wrote: the directory's copies
+        missing = stale + added
         if missing:
             todo: list[_Job] = []
             for rel in sorted(missing):
@@ -602,8 +621,15 @@ class DirPool:
                 assert job is not None
                 todo.append(job)
             made = _run_batch(todo, snapshot.root, target, links, rewritten, tally)
+            by_dir = dict(by_dir)
+            heads: set[str] = set()  # directories of by_dir copied (never changed in place)
             for rel, (made_key, hashed) in made:
                 records[rel] = made_key
+                head, _, name = rel.rpartition("/")
+                if head not in heads:
+                    by_dir[head] = dict(by_dir.get(head, none))
+                    heads.add(head)
+                by_dir[head][name] = made_key
                 if hashed is not None:
                     snapshot.record_digest(rel, hashed)
                 if stat.S_ISREG(made_key[3]):
@@ -628,6 +654,7 @@ class DirPool:
             snapshot,
             overrides,
             dict(records),
+            by_dir,
             dict(rewritten),
             dirs,
             longest,
@@ -666,6 +693,18 @@ def _link_intact(rel: str, dir_fd: int, origin: _Origin, links: LinkMap) -> bool
     recorded = name_of(known[1]) if known is not None else on_disk
     mapped = links.to_branch(rel, recorded)
     return (mapped if mapped is not None else recorded) == on_disk
+
+
+def _by_dir(records: dict[str, _Key]) -> dict[str, dict[str, _Key]]:
+    """``records`` by directory and name."""
+    out: dict[str, dict[str, _Key]] = {}
+    for rel, key in records.items():
+        head, _, name = rel.rpartition("/")
+        names = out.get(head)
+        if names is None:
+            names = out[head] = {}
+        names[name] = key
+    return out
 
 
 def _is_rules(rel: str) -> bool:
