@@ -88,6 +88,7 @@ edits = st.one_of(
     st.tuples(st.just("symlink"), paths, st.sampled_from(["README.md", "/tmp", "ABS", "../.."])),
     st.tuples(st.just("mkdir"), paths),
     st.tuples(st.just("hardlink"), paths),
+    st.tuples(st.just("sneak"), paths),
     st.tuples(
         st.just("harvest"),
     ),
@@ -133,6 +134,12 @@ def apply_edit(wd: Workdir, edit: tuple[object, ...], outside: Path) -> None:
                 (path / "HEAD").write_text("ref: refs/heads/main\n")
         elif kind == "hardlink":
             os.link(path, outside / f"h{len(os.listdir(outside))}")
+        elif kind == "sneak":  # other bytes of the same size, the times put back (touch -r)
+            before = os.lstat(path)
+            if stat.S_ISREG(before.st_mode):
+                data = bytes(b ^ 0xFF for b in path.read_bytes())
+                path.write_bytes(data)
+                os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
         elif kind == "harvest":
             wd.harvest()
     except (OSError, ValueError) as e:  # as an agent's failing command: nothing happens
