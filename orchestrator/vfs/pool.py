@@ -154,6 +154,7 @@ def find_holders(directory: str) -> list[int]:
     process of this user cannot be looked at (nothing proves it holds nothing)."""
     top = directory.rstrip("/")
     inside = top + "/"
+    needle = os.fsencode(top)
     me = os.geteuid()
 
     def held(path: str) -> bool:
@@ -165,7 +166,7 @@ def find_holders(directory: str) -> list[int]:
             continue
         proc = f"/proc/{name}"
         try:
-            if _holds(proc, held):
+            if _holds(proc, held, needle):
                 found.append(int(name))
         except (FileNotFoundError, ProcessLookupError):
             continue  # exited meanwhile
@@ -190,8 +191,9 @@ def _start_time(pid: str) -> int:
     return int(text[text.rindex(b")") + 2 :].split()[19])
 
 
-def _holds(proc: str, held: Callable[[str], bool]) -> bool:
-    """Whether the process at ``proc`` (its ``/proc`` directory) holds a path ``held`` names."""
+def _holds(proc: str, held: Callable[[str], bool], needle: bytes) -> bool:
+    """Whether the process at ``proc`` (its ``/proc`` directory) holds a path ``held`` names
+    (each of which holds ``needle``)."""
     if held(os.readlink(f"{proc}/cwd")) or held(os.readlink(f"{proc}/root")):
         return True
     for fd in os.listdir(f"{proc}/fd"):
@@ -201,10 +203,13 @@ def _holds(proc: str, held: Callable[[str], bool]) -> bool:
         except FileNotFoundError:
             continue  # closed meanwhile
     with open(f"{proc}/maps", "rb") as maps:
-        for line in maps:
-            fields = line.split(maxsplit=5)
-            if len(fields) == 6 and held(os.fsdecode(fields[5].rstrip(b"\n"))):
-                return True
+        text = maps.read()
+    if needle not in text:  # no mapped file's path holds the directory's: none to parse
+        return False
+    for line in text.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and held(os.fsdecode(fields[5])):
+            return True
     return False
 
 
