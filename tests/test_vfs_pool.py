@@ -449,8 +449,15 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         # one holding a file of it open, its working directory elsewhere
         "import os, time; f = open('README.md', 'a'); os.chdir('/'); print('ready', flush=True);"
         " time.sleep(3600)",
+        # one with a file of it mapped and closed (mmap(2): Python's mmap keeps a descriptor),
+        # its working directory elsewhere
+        "import ctypes, os, time; libc = ctypes.CDLL(None); libc.mmap.restype = ctypes.c_void_p;"
+        " libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t] + [ctypes.c_int] * 3"
+        " + [ctypes.c_long]; fd = os.open('README.md', os.O_RDONLY);"
+        " assert libc.mmap(None, 4096, 1, 1, fd, 0) != ctypes.c_void_p(-1).value;"
+        " os.close(fd); os.chdir('/'); print('ready', flush=True); time.sleep(3600)",
     ],
-    ids=["cwd", "open-file"],
+    ids=["cwd", "open-file", "mapped-file"],
 )
 def test_a_directory_a_process_holds_is_never_reset(space: Path, code: str) -> None:
     """A process left holding the directory keeps it out of reuse until it is gone."""
