@@ -397,6 +397,20 @@ def test_a_reset_costs_what_changed(space: Path) -> None:
     assert not Path(reused.root, "new.log").exists()
 
 
+def test_an_empty_tree_is_pooled_and_reset(space: Path) -> None:
+    """A tree of no file at all (a pool told to keep any) is pooled, and reset to nothing."""
+    (space / "ws").mkdir()
+    snap = Workspace.open(space / "ws").snapshot()
+    pool = DirPool(str(space / "b" / ".pool"), 2, min_files=0)
+    wd = materialize(Branch.from_tree(snap, "one"), space / "b" / "one")
+    pool.adopt(wd)
+    Path(wd.root, "left.txt").write_text("left behind\n")
+    assert pool.give(wd) == []
+    reused = pool.take(Branch.from_tree(snap, "two"), space / "b" / "two", discard=print)
+    assert reused is not None
+    assert os.listdir(reused.root) == []
+
+
 def test_a_small_tree_is_not_pooled(space: Path) -> None:
     """A tree of fewer files than the pool's minimum is written afresh: never pooled."""
     snap = make_workspace(space)

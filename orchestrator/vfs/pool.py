@@ -239,6 +239,7 @@ class _Origin:
     root: Snapshot
     #: what the tree holds over the snapshot (:func:`~orchestrator.vfs.checkout._overrides`)
     overrides: dict[str, Change]
+    #: the stat key of each file as written (or as last found written), by path
     records: dict[str, _Key]
     #: the same by directory and name (each inner dict copied before it is changed)
     by_dir: dict[str, dict[str, _Key]]
@@ -328,7 +329,7 @@ class DirPool:
             _by_dir(workdir._records),
             dict(workdir._rewritten),
             _parents(workdir._records),
-            max(len(os.fsencode(rel)) for rel in workdir._records),
+            max((len(os.fsencode(rel)) for rel in workdir._records), default=0),
             frozenset(filter(_is_rules, workdir._records)),
             stat.S_IMODE(st.st_mode),
             (st.st_uid, st.st_gid),
