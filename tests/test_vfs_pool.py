@@ -12,12 +12,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import make_chain
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator._names import name_bytes
+from orchestrator.vfs._fileio import PATH_MAX
 from orchestrator.vfs.branch import Branch
 from orchestrator.vfs.checkout import materialize
+from orchestrator.vfs.errors import PathRefused
 from orchestrator.vfs.pool import DirPool, find_holders
 from orchestrator.vfs.snapshot import Snapshot, Workspace
 from orchestrator.vfs.testing import make_tree
@@ -409,6 +412,34 @@ def test_an_empty_tree_is_pooled_and_reset(space: Path) -> None:
     reused = pool.take(Branch.from_tree(snap, "two"), space / "b" / "two", discard=print)
     assert reused is not None
     assert os.listdir(reused.root) == []
+
+
+def test_a_path_too_long_for_the_new_directory_discards_the_pooled_one(space: Path) -> None:
+    """A tree whose longest path fits under the pooled directory's path but not under the one
+    asked for is not reset there: the directory is discarded (a checkout refuses it too)."""
+    ws = make_tree(space / "ws", {"a.txt": "a\n"})
+    room = PATH_MAX - 2 - len(os.fsencode(space / "b" / "one"))
+    name = "p" * 200
+    deep = make_chain(ws, (room - len("/f.txt")) // (len(name) + 1), name)
+    snap = Workspace.open(ws).snapshot()
+    pool = DirPool(str(space / "b" / ".pool"), 2, min_files=0)
+    wd = materialize(Branch.from_tree(snap, "one"), space / "b" / "one")
+    pool.adopt(wd)
+    pool.give(wd)
+    (space / ("t" * 200)).mkdir()
+    discarded: list[str] = []
+    longer = space / ("t" * 200) / "two"
+    assert pool.take(Branch.from_tree(snap, "two"), longer, discard=discarded.append) is None
+    assert len(discarded) == 1 and not longer.exists()
+    with pytest.raises(PathRefused, match="too long to check out"):
+        materialize(Branch.from_tree(snap, "three"), longer)
+    # one that fits is reset
+    wd = materialize(Branch.from_tree(snap, "four"), space / "b" / "four")
+    pool.adopt(wd)
+    pool.give(wd)
+    reused = pool.take(Branch.from_tree(snap, "five"), space / "b" / "five", discard=print)
+    assert reused is not None
+    assert reused.read(deep) == b"deep\n"
 
 
 def test_a_small_tree_is_not_pooled(space: Path) -> None:

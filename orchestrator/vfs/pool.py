@@ -245,7 +245,8 @@ class _Origin:
     by_dir: dict[str, dict[str, _Key]]
     rewritten: dict[str, tuple[bytes, bytes]]
     dirs: frozenset[str]
-    #: no path of the tree is longer (in bytes): the next path's room is checked against it
+    #: no path of the tree is longer (in characters, each at most 4 bytes): the room for paths
+    #: under the next path is checked against it
     longest: int
     #: the paths of the tree named ``.gitignore`` (and perhaps others)
     rules: frozenset[str]
@@ -329,7 +330,7 @@ class DirPool:
             _by_dir(workdir._records),
             dict(workdir._rewritten),
             _parents(workdir._records),
-            max((len(os.fsencode(rel)) for rel in workdir._records), default=0),
+            max(map(len, workdir._records), default=0),
             frozenset(filter(_is_rules, workdir._records)),
             stat.S_IMODE(st.st_mode),
             (st.st_uid, st.st_gid),
@@ -523,9 +524,9 @@ class DirPool:
             elif added:
                 dirs = dirs | _parents(added)
             if added:
-                longest = max(longest, *(len(os.fsencode(rel)) for rel in added))
+                longest = max(longest, *map(len, added))
                 rules = rules.union(filter(_is_rules, added))
-        if longest > _room(target, snapshot.root):  # which one, and is it still there
+        if 4 * longest > _room(target, snapshot.root):  # perhaps one is too long: which
             _check_lengths(itertools.chain(expect, added), target, snapshot.root)
         links = LinkMap(snapshot.root, target)
         paths = size = 0
