@@ -257,3 +257,74 @@ async def test_the_demo_agent_merges_the_same_with_and_without_reuse(
     assert diffs[0] == diffs[1]
     assert diffs[0].count("+color") == 6
     assert os.environ["ORCHESTRATOR_REUSE_DIRS"] == "0"
+
+
+async def test_a_step_after_a_step_resets_its_directories_to_the_merged_result(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fan-out forked from a first fan-out's merged result gets the first one's directories
+    reset to that result: each instance sees exactly it, and the run's diff is the same with
+    reuse on and off."""
+    witness = tmp_path / "witness.py"
+    witness.write_text(WITNESS)
+    vandal = tmp_path / "vandal.py"
+    vandal.write_text(VANDAL)
+    items_of = [f"f{n}.md" for n in range(4)]
+    diffs = []
+    for reuse in (True, False):
+        monkeypatch.setenv("ORCHESTRATOR_REUSE_DIRS", "1" if reuse else "0")
+        top = tmp_path / f"reuse-{reuse}"
+        ws = make_workspace(top)
+        merged = make_workspace(top / "merged")  # the workspace as the first step leaves it
+        for name in items_of:
+            (ws / name).write_text(f"colour {name}\n")
+            (merged / name).write_text(f"color {name}\n")
+        log_dir = top / "seen"
+        log_dir.mkdir()
+        expected = expected_listing(top / "merged", merged, witness)
+        script = AgentScript(
+            turns=(
+                Turn(
+                    steps=(
+                        Spawn((sys.executable, str(witness), str(expected), str(log_dir))),
+                        Spawn((sys.executable, str(vandal))),
+                        Say("done"),
+                    )
+                ),
+            )
+        )
+
+        @step
+        def items() -> list[str]:
+            return items_of
+
+        @step(agent="demo", over="items")
+        def fix(item: str) -> str:
+            return f'replace "colour" with "color" in {item}\n'
+
+        @step(agent="w", over="items")
+        def check(item: str, fix: Any) -> str:
+            return f"check {item}"
+
+        with capture_logs() as logs:
+            outcome = await run(
+                Pipeline.from_steps([items, fix, check], name="two"),
+                ws,
+                config(spec_for(script, top, "w")),
+                max_sessions=2,
+                policy="edit",
+            )
+        assert outcome.status == "succeeded", outcome.result
+        seen = verdicts(log_dir)
+        assert [s["diff"] for s in seen] == [[]] * len(items_of)
+        reused = [e for e in logs if e.get("event") == "branch directory reused"]
+        assert (len(reused) > 0) is reuse
+        # the second step's first instance finds only the first step's directories in the
+        # pool: it resets one, writing the files the steps' trees differ in
+        onto = [e for e in reused if e.get("differing") == len(items_of)]
+        assert (len(onto) > 0) is reuse
+        assert all(e["branch"].startswith("check") for e in onto)
+        diff = await diff_run(outcome.run_id)
+        assert diff.count("+color") == len(items_of) and "# rewritten" in diff
+        diffs.append(diff.replace(str(ws), "WS"))
+    assert diffs[0] == diffs[1]

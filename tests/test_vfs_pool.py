@@ -12,12 +12,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import make_chain
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator._names import name_bytes
+from orchestrator.vfs._fileio import PATH_MAX
 from orchestrator.vfs.branch import Branch
 from orchestrator.vfs.checkout import materialize
+from orchestrator.vfs.errors import PathRefused
 from orchestrator.vfs.pool import DirPool, find_holders
 from orchestrator.vfs.snapshot import Snapshot, Workspace
 from orchestrator.vfs.testing import make_tree
@@ -88,6 +91,7 @@ edits = st.one_of(
     st.tuples(st.just("symlink"), paths, st.sampled_from(["README.md", "/tmp", "ABS", "../.."])),
     st.tuples(st.just("mkdir"), paths),
     st.tuples(st.just("hardlink"), paths),
+    st.tuples(st.just("sneak"), paths),
     st.tuples(
         st.just("harvest"),
     ),
@@ -133,6 +137,12 @@ def apply_edit(wd: Workdir, edit: tuple[object, ...], outside: Path) -> None:
                 (path / "HEAD").write_text("ref: refs/heads/main\n")
         elif kind == "hardlink":
             os.link(path, outside / f"h{len(os.listdir(outside))}")
+        elif kind == "sneak":  # other bytes of the same size, the times put back (touch -r)
+            before = os.lstat(path)
+            if stat.S_ISREG(before.st_mode):
+                data = bytes(b ^ 0xFF for b in path.read_bytes())
+                path.write_bytes(data)
+                os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
         elif kind == "harvest":
             wd.harvest()
     except (OSError, ValueError) as e:  # as an agent's failing command: nothing happens
@@ -212,15 +222,164 @@ def test_a_reset_directory_is_a_fresh_materialization(
     shutil.rmtree(top)
 
 
-def test_a_tree_never_serves_another(space: Path) -> None:
-    """A pooled directory serves only branches of the tree it was made from."""
-    snap, parent = fresh_snapshot(space)
-    pool = DirPool(str(space / "b" / ".pool"), 2, min_files=0)
-    wd = materialize(Branch.from_tree(snap, "one"), space / "b" / "one")
+# --------------------------------------------------------------------------- layered changes
+
+LAYER_PATHS = ["README.md", "src/main.py", "src/new.txt", "docs/a/b/deep.txt", "new/dir/f",
+               ".gitignore", "src/.gitignore", "link.md", "abs.md", "run.sh", "x.log",
+               "e/m/p/t/y"]  # fmt: skip
+layer_paths = st.sampled_from(LAYER_PATHS)
+contents = st.one_of(data, st.sampled_from([b"*.py\n", b"new/\n", b"# readme\n"]))
+
+layer_changes = st.one_of(
+    st.tuples(st.just("write"), layer_paths, contents, st.sampled_from([0o100644, 0o100755])),
+    st.tuples(st.just("link"), layer_paths, st.sampled_from(["README.md", "/tmp", "ABS", "src"])),
+    st.tuples(st.just("delete"), layer_paths),
+    st.tuples(st.just("chmod"), layer_paths, st.sampled_from([0o644, 0o755, 0o600])),
+)
+
+
+def layered(base: Branch | Snapshot, name: str, changes: list[tuple[object, ...]]) -> Branch:
+    """A branch of ``base`` holding ``changes`` (one that cannot be made is skipped), closed:
+    a tree to fork steps from, as a step's merged result is."""
+    branch = base.fork(name) if isinstance(base, Branch) else Branch.from_tree(base, name)
+    ws = branch.root.root  # type: ignore[attr-defined]
+    for change in changes:
+        kind, path = change[0], str(change[1])
+        try:
+            if kind == "write":
+                branch.write(path, change[2], change[3])  # type: ignore[arg-type]
+            elif kind == "link":
+                target = f"{ws}/README.md" if change[2] == "ABS" else str(change[2])
+                branch.write(path, name_bytes(target), stat.S_IFLNK | 0o777)
+            elif kind == "delete":
+                branch.delete(path)
+            else:
+                branch.chmod(path, int(change[2]))  # type: ignore[call-overload]
+        except Exception as e:  # absent: nothing to delete or chmod
+            if not type(e).__module__.startswith("orchestrator"):
+                raise
+    branch.close()
+    return branch
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    st.lists(layer_changes, max_size=6),
+    st.lists(layer_changes, max_size=6),
+    st.booleans(),
+    st.lists(edits, max_size=8),
+    st.booleans(),
+)
+def test_a_directory_of_other_changes_is_reset_to_the_tree(
+    space: Path,
+    before: list[tuple[object, ...]],
+    after: list[tuple[object, ...]],
+    stacked: bool,
+    ops: list[tuple[object, ...]],
+    watch: bool,
+) -> None:
+    """A directory of the same snapshot with other changes layered on it, whatever the agent
+    did to it, is reset to equal a fresh checkout of the tree asked for, and back."""
+    top = Path(tempfile.mkdtemp(dir=space))
+    snap = make_workspace(top)
+    origin = layered(snap, "origin", before)
+    # the next tree: of the snapshot, or layered on the first (a step after a step)
+    wanted = layered(origin if stacked else snap, "wanted", after)
+    outside = top / "outside"
+    outside.mkdir()
+    pool = DirPool(str(top / "b" / ".pool"), 2, min_files=0)
+    first = materialize(origin.fork("one"), top / "b" / "one", watch=watch)
+    pool.adopt(first)
+    for op in ops:
+        apply_edit(first, op, outside)
+    first.harvest(full=True)
+    assert pool.give(first) == []
+    discarded: list[str] = []
+    second = wanted.fork("two")
+    reused = pool.take(second, top / "b" / "two", discard=discarded.append)
+    assert reused is not None and discarded == []
+    fresh = materialize(wanted.fork("three"), top / "b" / "three")
+    assert tree_of(reused.root) == tree_of(fresh.root)
+    assert reused.watching is watch
+    assert not reused.harvest(full=True).changed
+    assert not second.changes
+    Path(reused.root, "src/util/helpers.py").write_text("changed\n")  # no layer's path
+    assert reused.harvest().modified == ("src/util/helpers.py",)
+    # and reset to the first tree again
+    assert pool.give(reused) == []
+    again = pool.take(origin.fork("four"), top / "b" / "four", discard=discarded.append)
+    assert again is not None and discarded == []
+    first_fresh = materialize(origin.fork("five"), top / "b" / "five")
+    assert tree_of(again.root) == tree_of(first_fresh.root)
+    assert not again.harvest(full=True).changed
+    assert pool.stats.reused == 2 and pool.stats.made == 1
+    for wd in (again, fresh, first_fresh):
+        wd.close()
+    shutil.rmtree(top)
+
+
+def test_a_reset_to_other_changes_costs_what_differs(space: Path) -> None:
+    """Between two trees of one snapshot, a reset writes the paths they differ in, no more."""
+    ws = make_tree(space / "ws", {f"d{n % 10}/f{n}.txt": f"{n}\n" for n in range(300)})
+    snap = Workspace.open(ws).snapshot()
+    pool = DirPool(str(space / "b" / ".pool"), 2)
+    origin = layered(snap, "origin", [("write", "d1/f1.txt", b"one\n", 0o100644)])
+    wanted = layered(
+        snap,
+        "wanted",
+        [("write", "d2/f2.txt", b"two\n", 0o100755), ("delete", "d3/f3.txt")],
+    )
+    wd = materialize(origin.fork("one"), space / "b" / "one")
     pool.adopt(wd)
     pool.give(wd)
-    assert pool.take(parent.fork("two"), space / "b" / "two", discard=print) is None
-    assert pool.take(Branch.from_tree(snap, "x"), space / "b" / "x", discard=print) is not None
+    reused = pool.take(wanted.fork("two"), space / "b" / "two", discard=print)
+    assert reused is not None
+    # d1/f1.txt written back as the workspace's, d2/f2.txt as the change's, d3/f3.txt removed
+    removed, written = len("one\n2\n3\n"), len("1\ntwo\n")
+    assert (pool.stats.reset_paths, pool.stats.reset_bytes) == (3, removed + written)
+    assert (reused.copies.copied + reused.copies.reflinked) == 2
+    assert Path(reused.root, "d1/f1.txt").read_text() == "1\n"
+    assert Path(reused.root, "d2/f2.txt").read_text() == "two\n"
+    assert stat.S_IMODE(os.lstat(Path(reused.root, "d2/f2.txt")).st_mode) == 0o755
+    assert not Path(reused.root, "d3/f3.txt").exists()
+
+
+def test_a_directory_of_the_very_tree_is_preferred(space: Path) -> None:
+    """Of two pooled directories of one snapshot, the one of the tree asked for is reset."""
+    snap, parent = fresh_snapshot(space)
+    pool = DirPool(str(space / "b" / ".pool"), 2, min_files=0)
+    for name, base in (("one", parent), ("two", None)):
+        wd = materialize(
+            base.fork(name) if base is not None else Branch.from_tree(snap, name),
+            space / "b" / name,
+        )
+        pool.adopt(wd)
+        pool.give(wd)
+    # the directory of the snapshot alone, parked last, would need the parent's changes
+    reused = pool.take(parent.fork("three"), space / "b" / "three", discard=print)
+    assert reused is not None
+    assert reused.copies.copied + reused.copies.reflinked == 0  # no file written again
+    assert Path(reused.root, "src/made.txt").exists()
+    reused = pool.take(Branch.from_tree(snap, "four"), space / "b" / "four", discard=print)
+    assert reused is not None
+    assert reused.copies.copied + reused.copies.reflinked == 0
+    assert not Path(reused.root, "src/made.txt").exists()
+
+
+def test_a_snapshot_never_serves_another(space: Path) -> None:
+    """A pooled directory serves only branches of the snapshot it was made from."""
+    snap, parent = fresh_snapshot(space)
+    pool = DirPool(str(space / "b" / ".pool"), 2, min_files=0)
+    wd = materialize(parent.fork("one"), space / "b" / "one")
+    pool.adopt(wd)
+    pool.give(wd)
+    again = Workspace.open(snap.root).snapshot()  # the same files, another snapshot
+    assert pool.take(Branch.from_tree(again, "two"), space / "b" / "two", discard=print) is None
+    assert pool.take(parent.fork("x"), space / "b" / "x", discard=print) is not None
 
 
 def test_a_reset_costs_what_changed(space: Path) -> None:
@@ -239,6 +398,48 @@ def test_a_reset_costs_what_changed(space: Path) -> None:
     assert (reused.copies.copied + reused.copies.reflinked) == 1
     assert Path(reused.root, "d3/f3.txt").read_text() == "3\n"
     assert not Path(reused.root, "new.log").exists()
+
+
+def test_an_empty_tree_is_pooled_and_reset(space: Path) -> None:
+    """A tree of no file at all (a pool told to keep any) is pooled, and reset to nothing."""
+    (space / "ws").mkdir()
+    snap = Workspace.open(space / "ws").snapshot()
+    pool = DirPool(str(space / "b" / ".pool"), 2, min_files=0)
+    wd = materialize(Branch.from_tree(snap, "one"), space / "b" / "one")
+    pool.adopt(wd)
+    Path(wd.root, "left.txt").write_text("left behind\n")
+    assert pool.give(wd) == []
+    reused = pool.take(Branch.from_tree(snap, "two"), space / "b" / "two", discard=print)
+    assert reused is not None
+    assert os.listdir(reused.root) == []
+
+
+def test_a_path_too_long_for_the_new_directory_discards_the_pooled_one(space: Path) -> None:
+    """A tree whose longest path fits under the pooled directory's path but not under the one
+    asked for is not reset there: the directory is discarded (a checkout refuses it too)."""
+    ws = make_tree(space / "ws", {"a.txt": "a\n"})
+    room = PATH_MAX - 2 - len(os.fsencode(space / "b" / "one"))
+    name = "p" * 200
+    deep = make_chain(ws, (room - len("/f.txt")) // (len(name) + 1), name)
+    snap = Workspace.open(ws).snapshot()
+    pool = DirPool(str(space / "b" / ".pool"), 2, min_files=0)
+    wd = materialize(Branch.from_tree(snap, "one"), space / "b" / "one")
+    pool.adopt(wd)
+    pool.give(wd)
+    (space / ("t" * 200)).mkdir()
+    discarded: list[str] = []
+    longer = space / ("t" * 200) / "two"
+    assert pool.take(Branch.from_tree(snap, "two"), longer, discard=discarded.append) is None
+    assert len(discarded) == 1 and not longer.exists()
+    with pytest.raises(PathRefused, match="too long to check out"):
+        materialize(Branch.from_tree(snap, "three"), longer)
+    # one that fits is reset
+    wd = materialize(Branch.from_tree(snap, "four"), space / "b" / "four")
+    pool.adopt(wd)
+    pool.give(wd)
+    reused = pool.take(Branch.from_tree(snap, "five"), space / "b" / "five", discard=print)
+    assert reused is not None
+    assert reused.read(deep) == b"deep\n"
 
 
 def test_a_small_tree_is_not_pooled(space: Path) -> None:
@@ -293,8 +494,15 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         # one holding a file of it open, its working directory elsewhere
         "import os, time; f = open('README.md', 'a'); os.chdir('/'); print('ready', flush=True);"
         " time.sleep(3600)",
+        # one with a file of it mapped and closed (mmap(2): Python's mmap keeps a descriptor),
+        # its working directory elsewhere
+        "import ctypes, os, time; libc = ctypes.CDLL(None); libc.mmap.restype = ctypes.c_void_p;"
+        " libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t] + [ctypes.c_int] * 3"
+        " + [ctypes.c_long]; fd = os.open('README.md', os.O_RDONLY);"
+        " assert libc.mmap(None, 4096, 1, 1, fd, 0) != ctypes.c_void_p(-1).value;"
+        " os.close(fd); os.chdir('/'); print('ready', flush=True); time.sleep(3600)",
     ],
-    ids=["cwd", "open-file"],
+    ids=["cwd", "open-file", "mapped-file"],
 )
 def test_a_directory_a_process_holds_is_never_reset(space: Path, code: str) -> None:
     """A process left holding the directory keeps it out of reuse until it is gone."""

@@ -28,6 +28,7 @@ import os
 import shutil
 import stat
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 import trio
@@ -46,7 +47,7 @@ from ._fileio import (
 )
 from ._links import LinkMap
 from .branch import Branch
-from .changes import Change, ModeChange, Write
+from .changes import Change, Delete, ModeChange, Write
 from .errors import PathRefused, WorkspaceChanged
 from .ignore import IgnoreMatcher
 from .snapshot import Snapshot, StatInfo
@@ -93,37 +94,51 @@ class _Job:
         object.__setattr__(self, "direct", direct)
 
 
-def _plan(branch: Branch) -> tuple[list[_Job], dict[str, Change]]:
-    """What to write for every file of the branch (a copy from the workspace, or bytes), and
-    what the branch holds over the workspace."""
-    base = branch.base
-    chain: list[Tree] = [base]
-    while (parent := chain[-1].parent) is not None:
-        chain.append(parent)
-    root = chain[-1]
-    overrides = compose(base, root)
+def _overrides(branch: Branch) -> dict[str, Change]:
+    """What ``branch`` holds over its root tree: the changes of the trees it is layered on and
+    its own, composed (a mode change of a file written is that write with the new mode).
+    Raises :class:`TypeError` when the branch is not layered on its root."""
+    overrides = compose(branch.base, branch.root)
     for path, own in branch.changes.items():
         previous = overrides.get(path)
         if isinstance(own, ModeChange) and isinstance(previous, Write):
             own = Write(previous.data, own.mode, previous.digest)
         overrides[path] = own
-    jobs: list[_Job] = []
+    return overrides
+
+
+def _job(root: Tree, path: str, change: Change | None) -> _Job | None:
+    """What to write for ``path`` of the tree that holds ``change`` over ``root`` (None: no
+    change): a copy from the workspace, or bytes; None when the tree has no such file."""
+    if isinstance(change, Write):
+        return _Job(path, change.mode, change.data)
+    if isinstance(change, Delete) or not root.exists(path):
+        return None
     snapshot = root if isinstance(root, Snapshot) else None
+    # copied by stat, unless the content is known: hashed at snapshot time (racy), or kept (the
+    # workspace file may have changed since)
+    if snapshot is not None and not snapshot.is_racy(path) and not snapshot.has_content(path):
+        info = snapshot.stat(path)
+        mode = change.mode if isinstance(change, ModeChange) else info.mode
+        return _Job(path, mode, None, info, snapshot.known_digest(path) is None)
+    state = root.state(path)
+    assert state is not None
+    mode = change.mode if isinstance(change, ModeChange) else state.mode
+    return _Job(path, mode, state.data)
+
+
+def _plan(branch: Branch) -> tuple[list[_Job], dict[str, Change]]:
+    """What to write for every file of the branch (a copy from the workspace, or bytes), and
+    what the branch holds over the workspace (:func:`_overrides`)."""
+    root = branch.root
+    overrides = _overrides(branch)
+    jobs: list[_Job] = []
     for path in root.paths():
         change = overrides.get(path)
-        if change is not None and not isinstance(change, ModeChange):
-            continue
-        # copied by stat, unless the content is known: hashed at snapshot time (racy), or kept
-        # (the workspace file may have changed since)
-        if snapshot is not None and not snapshot.is_racy(path) and not snapshot.has_content(path):
-            info = snapshot.stat(path)
-            mode = change.mode if isinstance(change, ModeChange) else info.mode
-            jobs.append(_Job(path, mode, None, info, snapshot.known_digest(path) is None))
-        else:
-            state = root.state(path)
-            assert state is not None
-            mode = change.mode if isinstance(change, ModeChange) else state.mode
-            jobs.append(_Job(path, mode, state.data))
+        if change is None or isinstance(change, ModeChange):
+            job = _job(root, path, change)
+            assert job is not None
+            jobs.append(job)
     for path, change in overrides.items():
         if isinstance(change, Write):
             jobs.append(_Job(path, change.mode, change.data))
@@ -410,19 +425,23 @@ def _make_dirs(root: str, dirs: list[str]) -> None:
             made.add(rel)
 
 
-def _check_lengths(jobs: list[_Job], *roots: str) -> None:
+def _check_lengths(paths: Iterable[str], *roots: str) -> None:
     """Refuse (:class:`PathRefused`) a file whose path under one of ``roots`` would be too long
     for the system to look up (:data:`~orchestrator.vfs._fileio.PATH_MAX`)."""
-    longest = max(len(os.fsencode(root)) for root in roots)
-    room = PATH_MAX - 2 - longest  # the separator and the terminating NUL
-    for job in jobs:
+    room = _room(*roots)
+    for rel in paths:
         # a character is at most 4 bytes: shorter paths need no encoding
-        if len(job.rel) > room // 4 and (size := len(os.fsencode(job.rel))) > room:
+        if len(rel) > room // 4 and (size := len(os.fsencode(rel))) > room:
             raise PathRefused(
-                job.rel,
+                rel,
                 f"a path of {size} bytes, too long to check out: under {roots[0]} there is "
                 f"room for {room} (the system's limit is {PATH_MAX - 1} bytes in all)",
             )
+
+
+def _room(*roots: str) -> int:
+    """The most bytes a relative path may have under each of ``roots``."""
+    return PATH_MAX - 2 - max(len(os.fsencode(root)) for root in roots)  # a "/" and a NUL
 
 
 def _check_location(directory: str, root: Tree) -> None:
@@ -476,7 +495,7 @@ def materialize(
     try:
         jobs, overrides = _plan(branch)
         src_root = snapshot.root if snapshot else ""
-        _check_lengths(jobs, target, src_root)
+        _check_lengths((job.rel for job in jobs), target, src_root)
         dirs = sorted({j.rel.rpartition("/")[0] for j in jobs} - {""})
         _make_dirs(target, dirs)
         made, n = _run_jobs(jobs, src_root, target, workers, links, rewritten, tally)

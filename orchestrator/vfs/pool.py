@@ -1,13 +1,19 @@
-"""Reusing branch directories: a finished one is reset to the tree it was made from.
+"""Reusing branch directories: a finished one is reset to the tree the next branch holds.
 
 A fan-out forks many branches from one tree, and materializing each copies the whole tree. A
 :class:`DirPool` keeps the directories of finished branches, keyed by the tree they were made
 from (:func:`tree_key`: the snapshot and the changes layered on it, by content), and resets one
-for the next branch forked from the same tree instead of copying the tree again
-(:meth:`DirPool.take`). A reset costs a stat of every entry (as a full harvest does) plus the
-paths that differ: whatever the agent wrote, deleted, renamed, chmod-ed or created, through
-``fs/*`` or on disk, ignored files, ``.git`` directories and empty directories included, is
-deleted and written again from the tree. Nothing else is read or copied.
+for the next branch instead of copying the tree again (:meth:`DirPool.take`): one made from the
+same tree if there is one, else one made from the same snapshot with other changes layered on
+it (a step forked from an earlier step's merged result gets that step's directories), the one
+whose tree differs from the branch's in the fewest paths. A reset costs a stat of every entry
+(as a full harvest does) plus the paths that differ: whatever the agent wrote, deleted,
+renamed, chmod-ed or created, through ``fs/*`` or on disk, ignored files, ``.git`` directories
+and empty directories included, is deleted and written again from the tree, and so is every
+path whose content or mode differs between the two trees' changes (compared by digest and
+mode, deletions included). Nothing else is read or copied. What a directory was written as (its
+files' stat, its directories, the longest path, the ``.gitignore`` files) is kept with it, so a
+reset plans nothing for the paths it finds as written.
 
 What makes a reused directory the tree it claims to be:
 
@@ -15,11 +21,13 @@ What makes a reused directory the tree it claims to be:
   parking folder at once: a process still writing by absolute path writes to a path that no
   longer exists. Before a reset, ``/proc`` is searched for any process whose working directory,
   root, open files or mapped files are inside it (a background job the agent left behind, an
-  agent process still exiting): if one is, the directory is discarded, never reused.
+  agent process still exiting): if one is, the directory is not reset; it waits in the pool,
+  evicted first.
 - **Proof by stat.** Each entry is compared with the stat recorded when it was written (size,
   mtime, inode, mode and ctime: no write, chmod, rename or link leaves ctime alone), and a
   regular file must have no second name (a hard link elsewhere could write it later). Anything
-  that differs, and anything the tree does not hold, is removed and written again; directories
+  that differs, anything the tree does not hold and any path the tree holds other content or
+  another mode for than the one written, is removed and written again; directories
   get their mode and owner back; a mount point, an entry on another filesystem or any error
   (an unreadable path, a file that will not go) discards the directory instead.
 - **Self-contained links again.** A symlink leading into the workspace leads into the branch
@@ -49,17 +57,26 @@ from .._names import name_bytes, name_of
 from ._fileio import CopyTally, make_dirs, remove_tree
 from ._links import LinkMap
 from .branch import Branch
-from .changes import Delete, ModeChange, Write
-from .checkout import WATCH_MIN_FILES, _check_lengths, _Job, _make_dirs, _plan, _run_batch
+from .changes import Change, ModeChange, Write
+from .checkout import (
+    WATCH_MIN_FILES,
+    _check_lengths,
+    _Job,
+    _job,
+    _make_dirs,
+    _overrides,
+    _room,
+    _run_batch,
+)
 from .snapshot import Snapshot
-from .tree import compose
-from .workdir import Workdir, _Key, _key
+from .workdir import Workdir, _Key
 
 __all__ = ["DirPool", "PoolStats", "find_holders", "tree_key"]
 
 log = get_logger(__name__)
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_S_IFMT = 0o170000
 
 #: the environment variable that turns reuse off (``0``, ``no``, ``off``, ``false``)
 REUSE_ENV = "ORCHESTRATOR_REUSE_DIRS"
@@ -80,19 +97,24 @@ def tree_key(branch: Branch) -> tuple[int, str] | None:
     """The identity of the tree ``branch`` holds: its snapshot, and a digest of what is layered
     on it (path, kind, content digest, mode). None when the branch is not layered on a
     snapshot of a workspace."""
+    layered = _layered(branch)
+    return None if layered is None else _key_of(layered[0], layered[1])
+
+
+def _layered(branch: Branch) -> tuple[Snapshot, dict[str, Change]] | None:
+    """The snapshot ``branch`` is layered on and what it holds over it (as the checkout
+    composes it); None when it is not layered on a snapshot of a workspace."""
     root = branch.root
     if not isinstance(root, Snapshot):
         return None
     try:
-        overrides = compose(branch.base, root)
+        return root, _overrides(branch)
     except TypeError:
         return None
-    # as the checkout composes them (orchestrator.vfs.checkout._plan)
-    for path, own in branch.changes.items():
-        previous = overrides.get(path)
-        if isinstance(own, ModeChange) and isinstance(previous, Write):
-            own = Write(previous.data, own.mode, previous.digest)
-        overrides[path] = own
+
+
+def _key_of(root: Snapshot, overrides: dict[str, Change]) -> tuple[int, str]:
+    """The :func:`tree_key` of the tree holding ``overrides`` over ``root``."""
     h = hashlib.sha256()
     for path in sorted(overrides):
         change = overrides[path]
@@ -100,12 +122,30 @@ def tree_key(branch: Branch) -> tuple[int, str] | None:
             part = f"w\0{change.digest}\0{change.mode:o}"
         elif isinstance(change, ModeChange):
             part = f"m\0{change.mode:o}"
-        elif isinstance(change, Delete):
+        else:
             part = "d"
-        else:  # pragma: no cover - every change is one of the above
-            return None
         h.update(name_bytes(path) + b"\0" + part.encode() + b"\n")
     return id(root), h.hexdigest()
+
+
+def _sig(change: Change) -> tuple[object, ...]:
+    """What ``change`` says of a path's content and mode."""
+    if isinstance(change, Write):
+        return ("w", change.digest, change.mode)
+    if isinstance(change, ModeChange):
+        return ("m", change.mode)
+    return ("d",)
+
+
+def _differing(before: dict[str, Change], after: dict[str, Change]) -> set[str]:
+    """The paths whose content or mode differs between the tree holding ``before`` over a
+    snapshot and the one holding ``after`` over the same snapshot."""
+    out = set()
+    for path in before.keys() | after.keys():
+        old, new = before.get(path), after.get(path)
+        if old is not new and (old is None or new is None or _sig(old) != _sig(new)):
+            out.add(path)
+    return out
 
 
 def find_holders(directory: str) -> list[int]:
@@ -114,6 +154,7 @@ def find_holders(directory: str) -> list[int]:
     process of this user cannot be looked at (nothing proves it holds nothing)."""
     top = directory.rstrip("/")
     inside = top + "/"
+    needle = os.fsencode(top)
     me = os.geteuid()
 
     def held(path: str) -> bool:
@@ -125,7 +166,7 @@ def find_holders(directory: str) -> list[int]:
             continue
         proc = f"/proc/{name}"
         try:
-            if _holds(proc, held):
+            if _holds(proc, held, needle):
                 found.append(int(name))
         except (FileNotFoundError, ProcessLookupError):
             continue  # exited meanwhile
@@ -150,8 +191,9 @@ def _start_time(pid: str) -> int:
     return int(text[text.rindex(b")") + 2 :].split()[19])
 
 
-def _holds(proc: str, held: Callable[[str], bool]) -> bool:
-    """Whether the process at ``proc`` (its ``/proc`` directory) holds a path ``held`` names."""
+def _holds(proc: str, held: Callable[[str], bool], needle: bytes) -> bool:
+    """Whether the process at ``proc`` (its ``/proc`` directory) holds a path ``held`` names
+    (each of which holds ``needle``)."""
     if held(os.readlink(f"{proc}/cwd")) or held(os.readlink(f"{proc}/root")):
         return True
     for fd in os.listdir(f"{proc}/fd"):
@@ -161,10 +203,13 @@ def _holds(proc: str, held: Callable[[str], bool]) -> bool:
         except FileNotFoundError:
             continue  # closed meanwhile
     with open(f"{proc}/maps", "rb") as maps:
-        for line in maps:
-            fields = line.split(maxsplit=5)
-            if len(fields) == 6 and held(os.fsdecode(fields[5].rstrip(b"\n"))):
-                return True
+        text = maps.read()
+    if needle not in text:  # no mapped file's path holds the directory's: none to parse
+        return False
+    for line in text.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and held(os.fsdecode(fields[5])):
+            return True
     return False
 
 
@@ -186,14 +231,25 @@ class PoolStats:
 
 @define(eq=False)
 class _Origin:
-    """What a directory was written as: the tree, the stat of each file written and the links
-    written with another target than the branch records."""
+    """What a directory was written as: the tree (its snapshot and what is layered on it), the
+    stat of each file written and the links written with another target than the branch
+    records. Kept as they are: the next reset of the same tree needs nothing recomputed."""
 
     key: tuple[int, str]
     root: Snapshot
+    #: what the tree holds over the snapshot (:func:`~orchestrator.vfs.checkout._overrides`)
+    overrides: dict[str, Change]
+    #: the stat key of each file as written (or as last found written), by path
     records: dict[str, _Key]
+    #: the same by directory and name (each inner dict copied before it is changed)
+    by_dir: dict[str, dict[str, _Key]]
     rewritten: dict[str, tuple[bytes, bytes]]
     dirs: frozenset[str]
+    #: no path of the tree is longer (in characters, each at most 4 bytes): the room for paths
+    #: under the next path is checked against it
+    longest: int
+    #: the paths of the tree named ``.gitignore`` (and perhaps others)
+    rules: frozenset[str]
     #: mode and owner every directory was made with
     dir_mode: int
     owner: tuple[int, int]
@@ -213,7 +269,7 @@ class _Unclean(Exception):
 
 @define(eq=False)
 class DirPool:
-    """Finished branch directories waiting to be reset for a branch of the same tree.
+    """Finished branch directories waiting to be reset for a branch of the same snapshot.
 
     ``parking`` is the folder pooled (and discarded) directories are renamed into: on the same
     filesystem as the branch directories, and never given to an agent. Thread-safe.
@@ -261,17 +317,21 @@ class DirPool:
             self.made += 1
         if len(workdir._records) < self.min_files:
             return
-        key = tree_key(workdir.branch)
-        root = workdir.branch.root
-        if key is None or not isinstance(root, Snapshot):
+        layered = _layered(workdir.branch)
+        if layered is None:
             return
+        root, overrides = layered
         st = os.lstat(workdir.root)
         origin = _Origin(
-            key,
+            _key_of(root, overrides),
             root,
+            overrides,
             dict(workdir._records),
+            _by_dir(workdir._records),
             dict(workdir._rewritten),
             _parents(workdir._records),
+            max(map(len, workdir._records), default=0),
+            frozenset(filter(_is_rules, workdir._records)),
             stat.S_IMODE(st.st_mode),
             (st.st_uid, st.st_gid),
             workdir.watching or len(workdir._records) >= WATCH_MIN_FILES,
@@ -333,7 +393,9 @@ class DirPool:
         discard: Callable[[str], None],
     ) -> Workdir | None:
         """A pooled directory reset to ``branch``'s tree, moved to the new, absent ``directory``
-        (its :class:`Workdir`, adopted); None when the pool has none for that tree.
+        (its :class:`Workdir`, adopted); None when the pool has none of that tree's snapshot.
+        One made from the very tree is preferred; else the one whose tree differs from it in
+        the fewest paths.
 
         A directory that cannot be proven clean is renamed aside and passed to ``discard``
         (to be deleted), and None is returned. Blocking.
@@ -341,20 +403,19 @@ class DirPool:
         with self._lock:
             if not self._parked:
                 return None
-        key = tree_key(branch)
-        if key is None:
+        layered = _layered(branch)
+        if layered is None:
             return None
+        root, overrides = layered
+        key = _key_of(root, overrides)
         target = os.path.abspath(os.fspath(directory))
         busy: list[_Parked] = []
         try:
             while True:
-                with self._lock:
-                    for i, parked in enumerate(self._parked):
-                        if parked.origin.key == key and parked.origin.root is branch.root:
-                            del self._parked[i]
-                            break
-                    else:
-                        return None
+                chosen = self._choose(key, root, overrides)
+                if chosen is None:
+                    return None
+                parked, changed = chosen
                 try:
                     os.rename(parked.path, target)
                     holders = find_holders(target)
@@ -373,7 +434,9 @@ class DirPool:
                     busy.append(parked)
                     continue
                 try:
-                    workdir = self._reset(branch, target, parked.origin, max_file_size)
+                    workdir = self._reset(
+                        branch, key, overrides, changed, target, parked.origin, max_file_size
+                    )
                 except Exception as e:  # whatever it was, it is not proven to be the tree
                     self._discard(parked.path, target, e, discard)
                     continue
@@ -383,6 +446,33 @@ class DirPool:
         finally:
             with self._lock:
                 self._parked[:0] = busy
+
+    def _choose(
+        self, key: tuple[int, str], root: Snapshot, overrides: dict[str, Change]
+    ) -> tuple[_Parked, set[str]] | None:
+        """Take out of the pool the directory to reset for the tree holding ``overrides`` over
+        ``root`` (``key``), with the paths whose content differs between its tree and that
+        one: a directory of that very tree if there is one, else the one of the same snapshot
+        whose tree differs in the fewest paths. None when there is none of that snapshot."""
+        while True:
+            with self._lock:
+                candidates = [p for p in self._parked if p.origin.root is root]
+                for i, parked in enumerate(self._parked):
+                    if parked.origin.key == key and parked.origin.root is root:
+                        del self._parked[i]
+                        return parked, set()
+            if not candidates:
+                return None
+            # compared without the lock: another thread may take the one chosen meanwhile
+            changed, chosen = min(
+                ((_differing(p.origin.overrides, overrides), p) for p in candidates),
+                key=lambda pair: len(pair[0]),
+            )
+            with self._lock:
+                for i, parked in enumerate(self._parked):
+                    if parked is chosen:
+                        del self._parked[i]
+                        return parked, changed
 
     def _discard(
         self, parked: str, target: str, error: Exception, discard: Callable[[str], None]
@@ -404,25 +494,50 @@ class DirPool:
         discard(aside)
 
     def _reset(
-        self, branch: Branch, target: str, origin: _Origin, max_file_size: int | None
+        self,
+        branch: Branch,
+        key: tuple[int, str],
+        overrides: dict[str, Change],
+        changed: set[str],
+        target: str,
+        origin: _Origin,
+        max_file_size: int | None,
     ) -> Workdir:
+        """Reset the directory at ``target``, written as ``origin``, to the tree holding
+        ``overrides`` over the same snapshot (``key``); ``changed``: the paths whose content
+        differs between the two trees. Raises if the directory cannot be proven to be it."""
         snapshot = origin.root
-        jobs, overrides = _plan(branch)
-        _check_lengths(jobs, target, snapshot.root)
-        wanted = {job.rel: job for job in jobs}
-        dirs = _parents(wanted)
-        if dirs != origin.dirs:
-            raise _Unclean("another tree than the one the directory was made from")
+        # the files as written, by path and by directory and name: unchanged since (by their
+        # stat), each is what the tree holds; the paths the trees differ in are not among them
+        expect, by_dir = origin.records, origin.by_dir
+        dirs, longest, rules = origin.dirs, origin.longest, origin.rules
+        added: list[str] = []  # files of the tree not written as it holds them
+        if changed:
+            expect, by_dir = dict(expect), dict(by_dir)
+            for rel in changed:
+                if expect.pop(rel, None) is not None:
+                    head, _, name = rel.rpartition("/")
+                    by_dir[head] = {n: k for n, k in by_dir[head].items() if n != name}
+            added = [rel for rel in changed if _has_file(snapshot, rel, overrides.get(rel))]
+            if any(rel in origin.records for rel in changed.difference(added)):
+                dirs = _parents(itertools.chain(expect, added))  # files gone: directories too?
+            elif added:
+                dirs = dirs | _parents(added)
+            if added:
+                longest = max(longest, *map(len, added))
+                rules = rules.union(filter(_is_rules, added))
+        if 4 * longest > _room(target, snapshot.root):  # perhaps one is too long: which
+            _check_lengths(itertools.chain(expect, added), target, snapshot.root)
         links = LinkMap(snapshot.root, target)
-        records: dict[str, _Key] = {}
-        rewritten: dict[str, tuple[bytes, bytes]] = {}
         paths = size = 0
         removed: set[str] = set()  # files removed here: one written again counts once
+        stale: list[str] = []  # files of ``expect`` not as written: removed, to write again
         top = os.lstat(target)
         if not stat.S_ISDIR(top.st_mode):
             raise _Unclean("not a directory")
         device = top.st_dev
         found_dirs: set[str] = set()
+        none: dict[str, _Key] = {}
         stack = [""]
         while stack:
             parent = stack.pop()
@@ -439,48 +554,94 @@ class DirPool:
                     paths += 1
                 found_dirs.add(parent)
                 prefix = f"{parent}/" if parent else ""
+                names = by_dir.get(parent, none)
+                intact, stale_before = 0, len(stale)
                 with os.scandir(fd) as it:
                     entries = list(it)
+                # the loop runs for every entry of the tree: nothing allocated for one found
+                # as written but its stat
                 for entry in entries:
-                    rel = prefix + entry.name
                     est = entry.stat(follow_symlinks=False)
                     if est.st_dev != device:
-                        raise _Unclean(f"{rel}: another filesystem")
-                    if stat.S_ISDIR(est.st_mode):
+                        raise _Unclean(f"{prefix}{entry.name}: another filesystem")
+                    mode = est.st_mode
+                    name = entry.name
+                    if mode & _S_IFMT == stat.S_IFDIR:
+                        rel = prefix + name
                         if rel in dirs:
                             stack.append(rel)
                             continue
+                        if name in names:  # a file of the tree made a directory
+                            stale.append(rel)
                         n, b = _remove_dir(target, rel, device)
                         paths, size = paths + n, size + b
                         continue
-                    job = wanted.get(rel)
-                    if job is not None and self._intact(job, rel, est, fd, origin, links):
-                        records[rel] = _key(est)
-                        if rel in origin.rewritten and stat.S_ISLNK(est.st_mode):
-                            rewritten[rel] = origin.rewritten[rel]
-                        continue
-                    os.unlink(entry.name, dir_fd=fd)
+                    # as written: the same stat (no write, chmod, rename or link leaves ctime
+                    # alone) and, for a file, no second name a hard link could write it by
+                    was = names.get(name)
+                    if was is not None:
+                        if (
+                            was[2] == est.st_ino
+                            and was[4] == est.st_ctime_ns
+                            and was[1] == est.st_mtime_ns
+                            and was[0] == est.st_size
+                            and was[3] == mode
+                        ):
+                            if mode & _S_IFMT == stat.S_IFREG:
+                                if est.st_nlink == 1:
+                                    intact += 1
+                                    continue
+                            elif _link_intact(prefix + name, fd, origin, links):
+                                intact += 1
+                                continue
+                        stale.append(prefix + name)
+                    rel = prefix + name
+                    os.unlink(name, dir_fd=fd)
                     removed.add(rel)
                     paths += 1
-                    if stat.S_ISREG(est.st_mode):
+                    if mode & _S_IFMT == stat.S_IFREG:
                         size += est.st_size
+                if intact + len(stale) - stale_before < len(names):  # some are not there
+                    there = {entry.name for entry in entries}
+                    stale += [prefix + name for name in names if name not in there]
             finally:
                 os.close(fd)
+        for parent, names in by_dir.items():
+            if names and parent not in found_dirs:  # the whole directory is gone
+                prefix = f"{parent}/" if parent else ""
+                stale += [prefix + name for name in names]
         missing_dirs = sorted(dirs - found_dirs)
         _make_dirs(target, missing_dirs)
         for rel in missing_dirs:  # made with the umask's mode: as the fresh one was
             os.chmod(os.path.join(target, rel), origin.dir_mode)
-        todo = [wanted[rel] for rel in sorted(wanted.keys() - records.keys())]
+        # what is found as written keeps its stat, and its rewritten link target
+        records = dict(expect)
+        rewritten = dict(origin.rewritten)
+        for rel in itertools.chain(stale, changed):
+            rewritten.pop(rel, None)
         tally = CopyTally()  # what the reset wrote: the directory's copies
-        if todo:
+        missing = stale + added
+        if missing:
+            todo: list[_Job] = []
+            for rel in sorted(missing):
+                job = _job(snapshot, rel, overrides.get(rel))
+                assert job is not None
+                todo.append(job)
             made = _run_batch(todo, snapshot.root, target, links, rewritten, tally)
-            for rel, (key, hashed) in made:
-                records[rel] = key
+            by_dir = dict(by_dir)
+            heads: set[str] = set()  # directories of by_dir copied (never changed in place)
+            for rel, (made_key, hashed) in made:
+                records[rel] = made_key
+                head, _, name = rel.rpartition("/")
+                if head not in heads:
+                    by_dir[head] = dict(by_dir.get(head, none))
+                    heads.add(head)
+                by_dir[head][name] = made_key
                 if hashed is not None:
                     snapshot.record_digest(rel, hashed)
-                if stat.S_ISREG(key[3]):
-                    size += key[0]
-            paths += sum(1 for job in todo if job.rel not in removed)
+                if stat.S_ISREG(made_key[3]):
+                    size += made_key[0]
+            paths += sum(1 for rel in missing if rel not in removed)
         workdir = Workdir.open(
             target,
             branch,
@@ -491,15 +652,20 @@ class DirPool:
             rewritten,
             max_file_size=max_file_size,
             copies=tally.stats(),
+            rule_files=rules,
         )
         if origin.watch:  # as it was made
             workdir._start_watching(["", *sorted(dirs - {""})])
         origin = _Origin(
-            origin.key,
+            key,
             snapshot,
+            overrides,
             dict(records),
+            by_dir,
             dict(rewritten),
             dirs,
+            longest,
+            rules if not changed else frozenset(rules.intersection(records)),
             origin.dir_mode,
             origin.owner,
             origin.watch,
@@ -508,26 +674,49 @@ class DirPool:
             self._origins[workdir] = origin
             self.reset_paths += paths
             self.reset_bytes += size
-        log.info("branch directory reused", branch=branch.name, directory=target, reset=paths)
+        log.info(
+            "branch directory reused",
+            branch=branch.name,
+            directory=target,
+            reset=paths,
+            differing=len(changed),
+        )
         return workdir
 
-    @staticmethod
-    def _intact(
-        job: _Job, rel: str, st: os.stat_result, dir_fd: int, origin: _Origin, links: LinkMap
-    ) -> bool:
-        """Whether the entry is as it was written (for this directory's new path)."""
-        if origin.records.get(rel) != _key(st):
-            return False
-        if stat.S_ISREG(st.st_mode):
-            return st.st_nlink == 1
-        if not stat.S_ISLNK(st.st_mode):
-            return False
-        # a link written leading into the directory leads to its old path: written again
-        on_disk = os.readlink(_entry_name(rel), dir_fd=dir_fd)
-        known = origin.rewritten.get(rel)
-        recorded = name_of(known[1]) if known is not None else on_disk
-        mapped = links.to_branch(rel, recorded)
-        return (mapped if mapped is not None else recorded) == on_disk
+
+def _has_file(snapshot: Snapshot, rel: str, change: Change | None) -> bool:
+    """Whether the tree holding ``change`` over ``snapshot`` for ``rel`` has a file there."""
+    if change is None or isinstance(change, ModeChange):
+        return snapshot.exists(rel)
+    return isinstance(change, Write)
+
+
+def _link_intact(rel: str, dir_fd: int, origin: _Origin, links: LinkMap) -> bool:
+    """Whether the symlink ``rel`` (in ``dir_fd``), unchanged since it was written, leads
+    where it should from the directory's new path: one written leading into the directory
+    leads to its old path, and is written again."""
+    on_disk = os.readlink(_entry_name(rel), dir_fd=dir_fd)
+    known = origin.rewritten.get(rel)
+    recorded = name_of(known[1]) if known is not None else on_disk
+    mapped = links.to_branch(rel, recorded)
+    return (mapped if mapped is not None else recorded) == on_disk
+
+
+def _by_dir(records: dict[str, _Key]) -> dict[str, dict[str, _Key]]:
+    """``records`` by directory and name."""
+    out: dict[str, dict[str, _Key]] = {}
+    for rel, key in records.items():
+        head, _, name = rel.rpartition("/")
+        names = out.get(head)
+        if names is None:
+            names = out[head] = {}
+        names[name] = key
+    return out
+
+
+def _is_rules(rel: str) -> bool:
+    """Whether ``rel`` is named ``.gitignore``."""
+    return rel.rpartition("/")[2] == ".gitignore"
 
 
 def _entry_name(rel: str) -> str:

@@ -238,6 +238,7 @@ class Workdir:
         *,
         max_file_size: int | None = None,
         copies: CopyStats | None = None,
+        rule_files: Iterable[str] | None = None,
     ) -> Workdir:
         """The workdir of ``branch`` just written into ``root`` (``records``: what was written).
 
@@ -246,7 +247,9 @@ class Workdir:
         them replace the workspace's. ``links`` maps link targets between the workspace and this
         directory; ``rewritten`` holds the links written here with another target than the
         branch records (path -> (target here, recorded target)). ``max_file_size`` is the limit
-        on a changed file (see the module doc); ``copies`` how the files were made.
+        on a changed file (see the module doc); ``copies`` how the files were made;
+        ``rule_files``, when known, paths among which are all those of ``records`` named
+        ``.gitignore`` (spares looking through every record).
         """
         own = ignore.fork()
         moved = False
@@ -275,8 +278,9 @@ class Workdir:
             copies=copies or CopyStats(),
         )
         if ignore.rules.use_gitignore:
-            for rel, key in records.items():
-                if rel.endswith(_GITIGNORE) and stat.S_ISREG(key[3]):
+            for rel in records if rule_files is None else rule_files:
+                key = records.get(rel)
+                if key is not None and rel.endswith(_GITIGNORE) and stat.S_ISREG(key[3]):
                     head, _, name = rel.rpartition("/")
                     if name == _GITIGNORE:
                         workdir._rule_files[head] = (_settled(key), None)
