@@ -178,8 +178,8 @@ class BranchDirs:
     _pooled: list[int] = field(init=False, factory=lambda: [0, 0])
     #: instances of the run waiting to start (each will want a directory): the runner's queue
     pending: Callable[[], int] | None = None
-    #: what the directories of each large tree are doing (see :mod:`._supply`)
-    _uses: dict[tuple[int, str], TreeUse] = field(init=False, factory=dict)
+    #: what the directories of each snapshot's large trees are doing (see :mod:`._supply`)
+    _uses: dict[int, TreeUse] = field(init=False, factory=dict)
     #: live directory -> the use of its tree
     _handed: dict[str, TreeUse] = field(init=False, factory=dict)
     #: takes from the pool under way
@@ -297,7 +297,9 @@ class BranchDirs:
             # every branch copies: one copy at a time among the run's fresh copies
             async with self.copies:
                 return await self._copy(branch, directory, limit, None), False
-        use = self._uses.setdefault(key, TreeUse())
+        # a pooled directory serves any tree of its snapshot (reset to the differing paths):
+        # the directories of one snapshot are one supply
+        use = self._uses.setdefault(key[0], TreeUse())
         use.waiting += 1
         try:
             while True:
