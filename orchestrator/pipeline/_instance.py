@@ -150,6 +150,23 @@ class InstanceExecutor:
                 diffs = self.dirs.take_diffs(branch)
                 recorder.finish(name, step, key, agent, cut_short, branch, attempt, started, diffs)
             raise
+        if (
+            isinstance(output, StepResult)
+            and output.error_kind == "check"
+            and attempt <= step.retries
+        ):
+            # no round passed the check: the whole loop starts again on a fresh branch
+            recorder.emit(
+                RunEvent(
+                    "step_retry",
+                    self.run_id,
+                    step.name,
+                    key,
+                    agent,
+                    {"error": output.error, "attempt": attempt},
+                )
+            )
+            return True
         state.last[key] = output
         if isinstance(output, StepResult) and not output.ok:
             state.failures[key] = output.error or "failed"

@@ -1,0 +1,89 @@
+"""Rounds of an agent step with a check: running the check, and the prompt of the next round.
+
+A step declared with ``check=`` (see :func:`~orchestrator.pipeline.step`) runs its check on
+the branch directory after each turn; while it fails and rounds are left, the same session
+gets a follow-up prompt made from the check's output. The loop itself is the agent step's
+(``_agent_step``); this module holds what it calls.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+from ..sandbox import Sandbox
+from ._calls import call, run_verify
+from .results import CheckResult, StepResult
+
+__all__ = ["default_feedback", "feedback_prompt", "run_check"]
+
+#: how long a shell check may run (seconds) when the step's time allows it
+CHECK_TIMEOUT = 600.0
+
+
+def default_feedback(check: CheckResult, round: int) -> str:
+    """The prompt of round ``round`` after ``check`` failed: what it said, and to fix it."""
+    if check.timed_out:
+        how = "timed out"
+    elif check.exit_code is not None:
+        how = f"failed (exit status {check.exit_code})"
+    else:
+        how = "failed"
+    output = check.output.strip() or "(no output)"
+    return (
+        f"The check of your work {how}. Its output:\n\n{output}\n\n"
+        "Please fix the problem; the check runs again when you end your turn."
+    )
+
+
+async def feedback_prompt(
+    feedback: Callable[..., Any] | None, check: CheckResult, round: int
+) -> Any:
+    """The next round's prompt: ``feedback(check, round)`` (sync or async), or the default."""
+    if feedback is None:
+        return default_feedback(check, round)
+    if inspect.iscoroutinefunction(feedback):
+
+        async def build() -> Any:
+            return await feedback(check, round)
+
+        return await call(build, {})
+    # like a prompt builder: on the loop, it only formats text
+    return await call(lambda: feedback(check, round), {}, inline=True)
+
+
+async def run_check(
+    check: str | Callable[..., Any],
+    directory: Path,
+    result: StepResult,
+    *,
+    timeout: float | None,
+    sandbox: Sandbox | None,
+) -> CheckResult:
+    """Run ``check`` on the branch directory: a shell command (reaped like every process,
+    confined with ``sandbox``), or the pipeline's function of (directory, result).
+
+    A Python check runs in a worker thread (an ``async`` one on the loop); what it raises fails
+    the instance like an exception in a step. ``timeout`` bounds a shell command (None:
+    :data:`CHECK_TIMEOUT`).
+    """
+    if isinstance(check, str):
+        limit = CHECK_TIMEOUT if timeout is None else max(min(timeout, CHECK_TIMEOUT), 0.001)
+        verify = await run_verify(check, directory, timeout=limit, sandbox=sandbox)
+        return CheckResult.from_value(CheckResult.from_verify(verify))
+    fn = check
+    if inspect.iscoroutinefunction(fn):
+
+        async def run() -> Any:
+            return await fn(directory, result)
+
+        value = await call(run, {})
+    else:
+        value = await call(lambda: fn(directory, result), {})
+    try:
+        return CheckResult.from_value(value)
+    except TypeError as e:
+        raise UsageError(str(e)) from None
