@@ -13,14 +13,14 @@ from typing import Any
 import jsonschema
 import pytest
 import trio
-from run_helpers import config, record_events, spec_for, workspace
+from run_helpers import as_json, config, record_events, run_cli, spec_for, workspace
 
 from orchestrator.cli.output import SCHEMA_VERSION, output_schema
 from orchestrator.config import Config
 from orchestrator.errors import UsageError
 from orchestrator.pipeline import Budget, CheckResult, Pipeline, default_feedback, step
 from orchestrator.pipeline.results import StepResult
-from orchestrator.runs import RunOutcome, get_run_json, run_pipeline
+from orchestrator.runs import RunOutcome, get_run_json, list_runs, run_pipeline
 from orchestrator.testing import AgentScript, Turn
 from orchestrator.testing.script import WriteDisk
 
@@ -254,3 +254,82 @@ def test_rounds_options_are_checked() -> None:
         step(agent="demo", check=" ")(prompt)
     made = step(agent="demo", check="true", rounds=4)(prompt)
     assert (made.check, made.rounds, made.feedback) == ("true", 4, None)
+
+
+CLI_PIPELINE = """
+from orchestrator import step
+
+CHECK = "grep -q fixed a.txt || { echo 'append \\"fixed\\" to a.txt'; exit 1; }"
+
+
+@step(agent="demo", check=CHECK, rounds=2)
+def fix() -> str:
+    return 'append "tried" to a.txt'
+"""
+
+
+async def test_run_json_and_show_give_every_round(tmp_path: Path) -> None:
+    """``run --json`` lists the instance's rounds (valid under the schema); ``show`` prints a
+    line per round with what its check said."""
+    ws, state = workspace(tmp_path, {"a.txt": "start\n"}), tmp_path / "state"
+    pipeline = tmp_path / "fix.py"
+    pipeline.write_text(CLI_PIPELINE)
+    done = await run_cli(
+        "run", str(pipeline), "--cwd", str(ws), "--policy", "edit", "--json", cwd=ws, state=state
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    result = as_json(done)
+    jsonschema.Draft202012Validator(output_schema()).validate(result)
+    rounds = result["steps"]["fix"]["instances"]["fix"]["rounds"]
+    assert [(r["turn"], r["check"]["passed"], r["check"]["exitCode"]) for r in rounds] == [
+        (1, False, 1),
+        (2, True, 0),
+    ]
+    assert rounds[0]["check"]["output"] == 'append "fixed" to a.txt'
+    shown = await run_cli("show", result["runId"], cwd=ws, state=state)
+    assert shown.returncode == 0, shown.stderr.decode()
+    text = shown.stdout.decode()
+    assert '      round 1: check failed (exit 1): append "fixed" to a.txt\n' in text
+    assert "      round 2: check passed (exit 0)\n" in text
+
+
+async def test_cancelled_during_a_check_keeps_the_rounds_work(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    """Cancelled while its check runs, the instance is recorded interrupted with the rounds so
+    far and the round's harvested work; the run is interrupted."""
+    ws = workspace(tmp_path, {"a.txt": "start\n"})
+    checking = trio.Event()
+    scope = trio.CancelScope()
+    calls: list[int] = []
+
+    async def check(workdir: Path, result: StepResult) -> bool:
+        calls.append(len(calls) + 1)
+        if len(calls) == 2:
+            checking.set()
+            await trio.sleep_forever()
+        return False
+
+    @step(agent="demo", check=check, rounds=3, feedback=lambda c, n: 'append "again" to a.txt')
+    def grow() -> str:
+        return 'append "first" to a.txt'
+
+    async def cancel_when_checking() -> None:
+        await checking.wait()
+        scope.cancel()
+
+    with trio.fail_after(LIMIT):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(cancel_when_checking)
+            with scope:
+                await run_pipeline(
+                    Pipeline.from_steps([grow], name="grow"), {}, cwd=ws, policy="edit"
+                )
+    assert scope.cancelled_caught
+    [listed] = await list_runs()
+    stored = await get_run_json(listed.run_id, state_dir=state_dir)
+    one = stored["steps"]["grow"]["instances"]["grow"]
+    assert stored["status"] == "interrupted"
+    assert one["status"] == "interrupted"
+    assert [(r["turn"], r["check"] is not None) for r in one["rounds"]] == [(1, True), (2, False)]
+    assert "+first\n+again" in one["diff"]

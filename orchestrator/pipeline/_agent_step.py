@@ -319,10 +319,21 @@ class AgentTurns:
                         # no next round
                         rounds.append(RoundResult(number, turn.stop_reason))
                         break
-                    outcome = await self._check(
-                        step, key, agent, item, turn, lease.session, made, started, attempt,
-                        workdir, sandbox, timeout, last=number == step.rounds, earlier=earlier,
-                    )  # fmt: skip
+                    try:
+                        outcome = await self._check(
+                            step, key, agent, item, turn, lease.session, made, started,
+                            attempt, workdir, sandbox, timeout, last=number == step.rounds,
+                            earlier=earlier,
+                        )  # fmt: skip
+                    except trio.Cancelled:
+                        # Ctrl-C during the check: the round's work is harvested, kept as
+                        # any turn cut short is (what the check wrote is not in it)
+                        self._interrupted[name] = self._result(
+                            step, key, agent, item, turn, lease.session, made, started,
+                            attempt, status="interrupted", earlier=earlier,
+                            rounds=(*rounds, RoundResult(number, turn.stop_reason)),
+                        )  # fmt: skip
+                        raise
                     rounds.append(RoundResult(number, turn.stop_reason, outcome))
                     self.recorder.emit(
                         RunEvent(
