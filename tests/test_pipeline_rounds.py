@@ -20,7 +20,7 @@ from orchestrator.config import Config
 from orchestrator.errors import UsageError
 from orchestrator.pipeline import Budget, CheckResult, Pipeline, default_feedback, step
 from orchestrator.pipeline.results import StepResult
-from orchestrator.runs import RunOutcome, get_run_json, list_runs, run_pipeline
+from orchestrator.runs import RunOutcome, get_run_json, list_runs, resume_run, run_pipeline
 from orchestrator.testing import AgentScript, Turn
 from orchestrator.testing.script import WriteDisk
 
@@ -333,3 +333,39 @@ async def test_cancelled_during_a_check_keeps_the_rounds_work(
     assert one["status"] == "interrupted"
     assert [(r["turn"], r["check"] is not None) for r in one["rounds"]] == [(1, True), (2, False)]
     assert "+first\n+again" in one["diff"]
+
+
+async def test_resume_goes_on_from_the_failed_loops_branch(tmp_path: Path, state_dir: Path) -> None:
+    """Resuming a run whose instance failed its rounds starts a new loop on the kept branch,
+    the first prompt telling the task and the last check's feedback."""
+    ws = workspace(tmp_path, {"a.txt": "start\n"})
+    allow = tmp_path / "allow"
+    seen: list[tuple[str, int]] = []
+
+    def check(workdir: Path, result: StepResult) -> tuple[bool, str]:
+        if "second" in (workdir / "a.txt").read_text():
+            return True, ""
+        return False, f'append "{"second" if allow.exists() else "again"}" to a.txt'
+
+    def feedback(result: CheckResult, round: int) -> str:
+        seen.append((result.output, round))
+        return result.output
+
+    @step(agent="demo", check=check, rounds=2, feedback=feedback)
+    def grow() -> str:
+        return 'append "first" to a.txt'
+
+    pipe = Pipeline.from_steps([grow], name="grow")
+    first = await run(pipe, ws)
+    assert first.status == "failed"
+    assert first.result["steps"]["grow"]["instances"]["grow"]["errorKind"] == "check"
+    allow.touch()
+    with trio.fail_after(LIMIT):
+        second = await resume_run(first.run_id, pipeline=pipe)
+    assert second.status == "succeeded", second.result["steps"]
+    one = second.result["steps"]["grow"]["instances"]["grow"]
+    assert [r["check"]["passed"] for r in one["rounds"]] == [False, True]
+    again = 'append "again" to a.txt'
+    assert seen == [(again, 2), (again, 1), ('append "second" to a.txt', 2)]
+    # the first loop's work is where the new one started
+    assert "+first\n+again\n+first\n+again\n+second\n" in one["diff"]

@@ -29,7 +29,7 @@ from ..vfs import Workdir
 from ._branchio import BranchDirs, state_of
 from ._calls import jsonable, prompt_input, run_verify, update_event
 from ._recording import Recorder, call_listener
-from ._rounds import feedback_prompt, run_check
+from ._rounds import feedback_prompt, run_check, with_feedback
 from ._state import AgentPool, LeaseLike
 from .branches import change_kinds, symlink_targets
 from .results import (
@@ -184,12 +184,15 @@ class AgentTurns:
         prompt: Any,
         workdir: Workdir,
         attempt: int,
+        *,
+        feedback: CheckResult | None = None,
     ) -> StepResult:
         """The work of ``agent`` (a label from :meth:`use`) in ``workdir``, harvested after.
 
         One turn; with a check, up to ``step.rounds`` turns of the same session, each
         harvested and checked, the next prompted with what the failed check said
-        (:mod:`._rounds`). The step's timeout and budget span them all.
+        (:mod:`._rounds`). The step's timeout and budget span them all. ``feedback``: the
+        last check of an earlier loop on this branch (a resume), told with the first prompt.
         """
         spec = self.specs[agent]
         policy = self.policy_for(step, spec)
@@ -206,6 +209,8 @@ class AgentTurns:
         over_budget: list[int] = []
         # the rounds so far (a step with a check), and the turns before the last one
         check = step.check
+        if feedback is not None:
+            prompt = with_feedback(prompt, await feedback_prompt(step.feedback, feedback, 1))
         rounds: list[RoundResult] = []
         earlier: list[TurnResult] = []
         async with open_branch_services(

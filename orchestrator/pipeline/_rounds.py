@@ -9,16 +9,17 @@ gets a follow-up prompt made from the check's output. The loop itself is the age
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
+from ..protocol import types as t
 from ..sandbox import Sandbox
-from ._calls import call, run_verify
+from ._calls import call, prompt_input, run_verify
 from .results import CheckResult, StepResult
 
-__all__ = ["default_feedback", "feedback_prompt", "run_check"]
+__all__ = ["default_feedback", "feedback_prompt", "run_check", "with_feedback"]
 
 #: how long a shell check may run (seconds) when the step's time allows it
 CHECK_TIMEOUT = 600.0
@@ -53,6 +54,22 @@ async def feedback_prompt(
         return await call(build, {})
     # like a prompt builder: on the loop, it only formats text
     return await call(lambda: feedback(check, round), {}, inline=True)
+
+
+def with_feedback(prompt: Any, feedback: Any) -> Any:
+    """The step's prompt followed by a feedback prompt: what a new session that goes on with
+    an earlier loop's work is told (the task, then what the last check said)."""
+    task = prompt_input(prompt)
+    more = prompt_input(feedback)
+    if isinstance(task, str) and isinstance(more, str):
+        return f"{task}\n\n{more}"
+    parts: list[str | t.ContentBlock] = []
+    for one in (task, more):
+        if isinstance(one, str | Sequence):
+            parts.extend([one] if isinstance(one, str) else one)
+        else:
+            parts.append(one)
+    return parts
 
 
 async def run_check(
