@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
 from .._words import count as count_of
+from .._words import round_lines
 from .output import say, say_default_policy_note, terminal_text
 
 __all__ = [
@@ -628,27 +629,6 @@ def step_details(result: Mapping[str, Any], out: IO[str]) -> None:
                 for line in round_lines(inst["rounds"]):
                     say(f"      {line}", out)
             cut_line(inst.get("cut"), "      ", out)
-
-
-def round_lines(rounds: Sequence[Mapping[str, Any]]) -> list[str]:
-    """One line per round of a step with a check: how its turn ended, what the check said
-    (with the first line of its output)."""
-    lines = []
-    for r in rounds:
-        check = r.get("check")
-        if not isinstance(check, Mapping):
-            said = f"turn ended {r.get('stopReason')}, not checked"
-        else:
-            said = "check passed" if check.get("passed") else "check failed"
-            if check.get("timedOut"):
-                said += " (timed out)"
-            elif check.get("exitCode") is not None:
-                said += f" (exit {check.get('exitCode')})"
-            first = next((x for x in str(check.get("output") or "").splitlines() if x.strip()), "")
-            if first:
-                said += f": {first[:100]}"
-        lines.append(f"round {r.get('turn')}: {said}")
-    return lines
 
 
 def sandbox_lines(sandbox: Any) -> list[str]:
