@@ -20,7 +20,15 @@ from orchestrator.config import Config
 from orchestrator.errors import UsageError
 from orchestrator.pipeline import Budget, CheckResult, Pipeline, default_feedback, step
 from orchestrator.pipeline.results import StepResult
-from orchestrator.runs import RunOutcome, get_run_json, list_runs, resume_run, run_pipeline
+from orchestrator.runs import (
+    CheckEntry,
+    RoundEntry,
+    RunOutcome,
+    get_run_json,
+    list_runs,
+    resume_run,
+    run_pipeline,
+)
 from orchestrator.testing import AgentScript, Turn
 from orchestrator.testing.script import WriteDisk
 
@@ -97,6 +105,14 @@ async def test_fan_out_rounds_until_each_item_passes(tmp_path: Path, state_dir: 
         assert [c["passed"] for c in checks] == expected, item
         assert all(c["exitCode"] is None for c in checks)  # a Python check has no exit code
         assert one["changes"] == [{"path": item, "change": "modified"}]
+    # the same, typed
+    typed = outcome.steps["edit"].instances
+    assert [r.passed for r in typed["f5.txt"].rounds] == [False, True]
+    assert typed["f5.txt"].rounds[0].check == CheckEntry(
+        passed=False, output='append "checked" to f5.txt', exit_code=None, timed_out=False
+    )
+    assert typed[NEVER].rounds[2] == RoundEntry(turn=3, stop_reason="end_turn", check=None)
+    assert [r.to_json() for r in typed["f5.txt"].rounds] == instances["f5.txt"]["rounds"]
     # what reaches the run's result: the items that passed, and nothing a check wrote
     merged = {c["path"] for c in outcome.result["changes"]}
     assert merged == set(ITEMS) - {NEVER}
