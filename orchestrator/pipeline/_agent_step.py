@@ -207,10 +207,10 @@ class AgentTurns:
             timeout = min(timeout or budget.max_seconds, budget.max_seconds)
         limit = budget.max_tokens if budget is not None else None
         over_budget: list[int] = []
-        # the rounds so far (a step with a check), and the turns before the last one
         check = step.check
         if feedback is not None:
             prompt = with_feedback(prompt, await feedback_prompt(step.feedback, feedback, 1))
+        # the rounds so far (a step with a check), and the turns before the last one
         rounds: list[RoundResult] = []
         earlier: list[TurnResult] = []
         async with open_branch_services(
