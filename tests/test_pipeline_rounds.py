@@ -385,3 +385,42 @@ async def test_resume_goes_on_from_the_failed_loops_branch(tmp_path: Path, state
     assert seen == [(again, 2), (again, 1), ('append "second" to a.txt', 2)]
     # the first loop's work is where the new one started
     assert "+first\n+again\n+first\n+again\n+second\n" in one["diff"]
+
+
+async def test_fan_out_over_agents_iterates_each_branch_on_its_own(tmp_path: Path) -> None:
+    """Two agents on one step: each has its own loop; one passes in round 2, the other never."""
+    ws = workspace(tmp_path, {"a.txt": "start\n"})
+
+    def check(workdir: Path, result: StepResult) -> tuple[bool, str]:
+        text = (workdir / "a.txt").read_text()
+        if result.agent == "good" and "fixed" not in text:
+            return False, 'append "fixed" to a.txt'
+        return result.agent == "good", f"{result.agent} is never right"
+
+    @step(agent=["good=demo", "bad=demo"], check=check, rounds=2)
+    def edit() -> str:
+        return 'append "tried" to a.txt'
+
+    outcome = await run(Pipeline.from_steps([edit], name="agents"), ws)
+    instances = outcome.result["steps"]["edit"]["instances"]
+    assert [r["check"]["passed"] for r in instances["good"]["rounds"]] == [False, True]
+    assert [r["check"]["passed"] for r in instances["bad"]["rounds"]] == [False, False]
+    assert instances["good"]["status"] == "succeeded"
+    assert instances["bad"]["error"] == "check failed after 2 rounds: bad is never right"
+    assert "+fixed" in instances["good"]["diff"] and "+fixed" not in instances["bad"]["diff"]
+
+
+async def test_the_step_timeout_spans_its_rounds(tmp_path: Path) -> None:
+    """A check that outlasts the step's time is stopped when the time is up, and no round
+    starts after it: the instance fails as a timeout."""
+    ws = workspace(tmp_path, {"a.txt": "start\n"})
+
+    @step(agent="demo", check="sleep 60", rounds=5, timeout=3)
+    def slow() -> str:
+        return 'append "x" to a.txt'
+
+    with trio.fail_after(30):  # far less than the check's own 60 s
+        outcome = await run(Pipeline.from_steps([slow], name="slow"), ws)
+    step_json = outcome.result["steps"]["slow"]
+    assert step_json["errorKind"] == "timeout"
+    assert step_json["error"] == "agent 'demo': step slow ran out of its 3s after 1 round"

@@ -13,6 +13,7 @@ import trio
 from attrs import define, field
 
 from .._util import single_error
+from .._words import count
 from ..agent.branch_services import BranchServices, open_branch_services
 from ..agent.client import AcpSession
 from ..agent.content import PromptInput
@@ -278,7 +279,7 @@ class AgentTurns:
                         if left <= 0:
                             raise TurnTimeout(
                                 f"step {step.name} ran out of its {timeout:g}s after "
-                                f"{number - 1} rounds",
+                                f"{count(number - 1, 'round')}",
                                 agent=agent,
                             )
                     try:

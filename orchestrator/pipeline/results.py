@@ -19,6 +19,7 @@ from attrs import field, frozen
 
 from .._names import name_from_json, name_json
 from .._sizes import first_within
+from .._words import count
 from ..errors import ErrorKind
 
 if TYPE_CHECKING:
@@ -274,9 +275,8 @@ def check_failure(check: CheckResult, rounds: int) -> str:
     how = "timed out" if check.timed_out else "failed"
     if check.exit_code is not None and not check.timed_out:
         how += f" (exit {check.exit_code})"
-    plural = "round" if rounds == 1 else "rounds"
     output = check.output.strip()
-    return f"check {how} after {rounds} {plural}" + (f": {output}" if output else "")
+    return f"check {how} after {count(rounds, 'round')}" + (f": {output}" if output else "")
 
 
 @frozen
