@@ -111,7 +111,7 @@ async def test_fan_out_rounds_until_each_item_passes(tmp_path: Path, state_dir: 
     assert typed["f5.txt"].rounds[0].check == CheckEntry(
         passed=False, output='append "checked" to f5.txt', exit_code=None, timed_out=False
     )
-    assert typed[NEVER].rounds[2] == RoundEntry(turn=3, stop_reason="end_turn", check=None)
+    assert typed[NEVER].rounds[2] == RoundEntry(turn=3, stop_reason="end_turn", check=None, diff="")
     assert [r.to_json() for r in typed["f5.txt"].rounds] == instances["f5.txt"]["rounds"]
     # what reaches the run's result: the items that passed, and nothing a check wrote
     merged = {c["path"] for c in outcome.result["changes"]}
@@ -121,6 +121,10 @@ async def test_fan_out_rounds_until_each_item_passes(tmp_path: Path, state_dir: 
     stored = await get_run_json(outcome.run_id, state_dir=state_dir)
     assert stored["steps"]["edit"]["instances"]["f2.txt"]["rounds"] == instances["f2.txt"]["rounds"]
     assert "+checked" in instances["f2.txt"]["diff"]
+    # each round's own diff: round 1 the replacement, round 2 the line the check asked for
+    first, second = (r["diff"] for r in instances["f2.txt"]["rounds"])
+    assert "-todo\n+done\n" in first and "checked" not in first
+    assert "\n done\n+checked\n" in second and "-todo" not in second
 
 
 async def test_second_prompt_carries_the_check_output(tmp_path: Path) -> None:
@@ -148,10 +152,12 @@ async def test_second_prompt_carries_the_check_output(tmp_path: Path) -> None:
     one = outcome.result["steps"]["fix"]["instances"]["fix"]
     failed = {"passed": False, "exitCode": 3, "output": "a.txt holds:\nbad", "timedOut": False}
     passed = {"passed": True, "exitCode": 0, "output": "", "timedOut": False}
+    first, second = (r.pop("diff") for r in one["rounds"])
     assert one["rounds"] == [
         {"turn": 1, "stopReason": "end_turn", "check": failed},
         {"turn": 2, "stopReason": "end_turn", "check": passed},
     ]
+    assert "-start\n+bad\n" in first and "-bad\n+good\n" in second
     prompts = [e for e in record_events(tmp_path / "fixer.jsonl") if e["event"] == "prompt"]
     assert [p["text"] for p in prompts[:1]] == ["make a.txt good"]
     assert len(prompts) == 2
@@ -225,7 +231,7 @@ async def test_rounds_end_when_the_turn_does_not_end_end_turn(tmp_path: Path) ->
     outcome = await run(Pipeline.from_steps([ask], name="ask"), ws, config(spec))
     one = outcome.result["steps"]["ask"]["instances"]["ask"]
     assert one["errorKind"] == "stopped"
-    assert one["rounds"] == [{"turn": 1, "stopReason": "refusal", "check": None}]
+    assert one["rounds"] == [{"turn": 1, "stopReason": "refusal", "check": None, "diff": ""}]
     assert not marker.exists()
 
 

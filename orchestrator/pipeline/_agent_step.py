@@ -26,7 +26,7 @@ from ..mcp import McpServer
 from ..policy import PolicySet
 from ..protocol import types as t
 from ..sandbox import Sandbox
-from ..vfs import Workdir
+from ..vfs import Branch, Workdir
 from ._branchio import BranchDirs, state_of
 from ._calls import jsonable, prompt_input, run_verify, update_event
 from ._recording import Recorder, call_listener
@@ -270,6 +270,8 @@ class AgentTurns:
                 # the turn need not call back at all
                 wants_updates = listener is not None or limit is not None or hook is not None
                 number = 0
+                # the branch as the round starts: what the round changed is against it
+                previous = state_of(workdir.branch) if check is not None else None
                 while True:
                     number += 1
                     left = timeout
@@ -320,16 +322,19 @@ class AgentTurns:
                     # the round's work, harvested while the session is kept for the next one
                     await self.dirs.harvest(workdir)
                     self._permission_events(step, key, agent, turn)
+                    assert previous is not None
+                    diff = await self.dirs.changes_since(previous, workdir.branch)
+                    previous = state_of(workdir.branch)
                     if over_budget or turn.stop_reason != "end_turn":
                         # cut short (the budget, the agent's cancel or refusal): no check, and
                         # no next round
-                        rounds.append(RoundResult(number, turn.stop_reason))
+                        rounds.append(RoundResult(number, turn.stop_reason, diff=diff))
                         break
                     try:
                         outcome = await self._check(
                             step, key, agent, item, turn, lease.session, made, started,
-                            attempt, workdir, sandbox, timeout, last=number == step.rounds,
-                            earlier=earlier,
+                            attempt, workdir, previous, sandbox, timeout,
+                            last=number == step.rounds, earlier=earlier,
                         )  # fmt: skip
                     except trio.Cancelled:
                         # Ctrl-C during the check: the round's work is harvested, kept as
@@ -337,10 +342,10 @@ class AgentTurns:
                         self._interrupted[name] = self._result(
                             step, key, agent, item, turn, lease.session, made, started,
                             attempt, status="interrupted", earlier=earlier,
-                            rounds=(*rounds, RoundResult(number, turn.stop_reason)),
+                            rounds=(*rounds, RoundResult(number, turn.stop_reason, diff=diff)),
                         )  # fmt: skip
                         raise
-                    rounds.append(RoundResult(number, turn.stop_reason, outcome))
+                    rounds.append(RoundResult(number, turn.stop_reason, outcome, diff))
                     self.recorder.emit(
                         RunEvent(
                             "step_round",
@@ -398,6 +403,7 @@ class AgentTurns:
         started: float,
         attempt: int,
         workdir: Workdir,
+        before: Branch,
         sandbox: Sandbox | None,
         timeout: float | None,
         *,
@@ -405,13 +411,13 @@ class AgentTurns:
         earlier: Sequence[TurnResult],
     ) -> CheckResult:
         """Run the step's check on the harvested branch directory, then undo what it wrote
-        there: it is the pipeline's code, never the agent's work."""
+        there (``before`` holds the branch as harvested): it is the pipeline's code, never the
+        agent's work."""
         assert step.check is not None
         result = self._result(
             step, key, agent, item, turn, session, made, started, attempt,
             status="succeeded", earlier=earlier,
         )  # fmt: skip
-        before = state_of(workdir.branch)
         left = None if timeout is None else timeout - (time.monotonic() - started)
         outcome = await run_check(
             step.check, Path(workdir.root), result, timeout=left, sandbox=sandbox

@@ -60,6 +60,7 @@ __all__ = [
     "BranchDirs",
     "BranchIO",
     "branch_diffs",
+    "changes_since",
     "copy_budget",
     "is_small",
     "state_of",
@@ -136,6 +137,19 @@ def branch_diffs(branch: Branch) -> tuple[ChangeSet, str, str]:
 def state_of(branch: Branch) -> Branch:
     """A copy of ``branch``'s state now, to read back what it held (no watch, not forked)."""
     return Branch(f"{branch.name}~kept", branch.base, _changes=dict(branch.changes))
+
+
+def changes_since(before: Branch, branch: Branch) -> str:
+    """The diff of what ``branch`` changed since ``before`` (a :func:`state_of` copy of it):
+    one round's work. Blocking."""
+    old, new = dict(before.changes), dict(branch.changes)
+    paths = sorted(p for p in old.keys() | new.keys() if old.get(p) != new.get(p))
+    if not paths:
+        return ""
+    delta = Branch.from_tree(before.freeze(), f"{branch.name}~round")
+    for path in paths:
+        delta.set_state(path, branch.state(path))
+    return diff_of(delta)
 
 
 def undo_writes(workdir: Workdir, before: Branch) -> int:
@@ -612,6 +626,12 @@ class BranchDirs:
         if enforce and (too_large := workdir.too_large_error()) is not None:
             raise too_large  # the instance fails: its diffs are of no use
         self._diffs[branch.name] = diffs
+
+    async def changes_since(self, before: Branch, branch: Branch) -> str:
+        """:func:`changes_since`, in a worker thread unless the branch is small."""
+        if is_small(branch):
+            return changes_since(before, branch)
+        return await trio.to_thread.run_sync(changes_since, before, branch)
 
     async def discard_writes(self, workdir: Workdir, before: Branch) -> None:
         """Put the directory and its branch back as ``before`` holds them, undoing what was

@@ -194,12 +194,15 @@ class RoundResult:
     #: what the check said; None when the round ended without one (its turn did not end
     #: ``end_turn``, or went over the budget)
     check: CheckResult | None = None
+    #: the unified diff of what the agent changed in this round
+    diff: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "turn": self.turn,
             "stopReason": self.stop_reason,
             "check": self.check.to_json() if self.check is not None else None,
+            "diff": self.diff,
         }
 
     @classmethod
@@ -209,6 +212,7 @@ class RoundResult:
             int(data.get("turn") or 1),
             data.get("stopReason"),
             CheckResult.from_json(check) if check else None,
+            str(data.get("diff") or ""),
         )
 
 

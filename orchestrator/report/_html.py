@@ -14,7 +14,7 @@ from typing import Any
 
 from .._words import count, round_lines
 from ._dag import STATUSES, dag_svg, status_class, step_anchor
-from ._diff import DiffLine, FileDiff, count_lines
+from ._diff import DiffLine, FileDiff, count_lines, parse_diff
 from ._format import (
     DASH,
     agent_cost_text,
@@ -237,7 +237,8 @@ def _value(value: Any) -> Markup:
 
 
 def _rounds(rounds: Sequence[Mapping[str, Any]]) -> Markup | None:
-    """A step's rounds: a line each, the output of each check that failed under it."""
+    """A step's rounds: a line each, with the output of a check that failed and what the
+    round changed."""
     if not rounds:
         return None
     items = []
@@ -245,7 +246,11 @@ def _rounds(rounds: Sequence[Mapping[str, Any]]) -> Markup | None:
         check = r.get("check")
         output = check.get("output") if isinstance(check, Mapping) else None
         failed = isinstance(check, Mapping) and not check.get("passed")
-        items.append(el("li", line, _pre(str(output)) if failed and output else None))
+        diff = r.get("diff")
+        changed = (
+            diff_html(parse_diff(diff), open_all=False) if isinstance(diff, str) and diff else None
+        )
+        items.append(el("li", line, _pre(str(output)) if failed and output else None, changed))
     return join(el("h4", "Rounds"), el("ol", *items, class_="rounds"))
 
 

@@ -483,7 +483,8 @@ def _step(s: StepView) -> list[str]:
 
 
 def _rounds(rounds: Sequence[Mapping[str, Any]]) -> list[str]:
-    """A step's rounds: a line each, then the output of each check that failed."""
+    """A step's rounds: a line each, then the output of each check that failed and what each
+    round changed."""
     if not rounds:
         return []
     out = ["Rounds:", "", *(f"- {cell(line)}" for line in round_lines(rounds)), ""]
@@ -491,6 +492,9 @@ def _rounds(rounds: Sequence[Mapping[str, Any]]) -> list[str]:
         check = r.get("check")
         if isinstance(check, Mapping) and not check.get("passed") and check.get("output"):
             out += [f"Check output, round {r.get('turn')}:", "", *fence(str(check["output"]))]
+        diff = r.get("diff")
+        if isinstance(diff, str) and diff:
+            out += [f"Changed in round {r.get('turn')}:", "", *fence(diff, "diff")]
     return out
 
 

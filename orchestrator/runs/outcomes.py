@@ -406,6 +406,8 @@ class RoundEntry:
     check: CheckEntry | None = attrs.field(
         default=None, metadata=_json("check", _opt_check, _write_opt)
     )
+    #: the unified diff of what the agent changed in this round
+    diff: str | None = attrs.field(default=None, metadata=_json("diff", _OPT_STR))
     #: the keys this version does not read, as they were
     extra: Mapping[str, Any] = _extra_field()
     #: the keys of the object it was read from, in order
