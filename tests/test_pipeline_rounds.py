@@ -7,6 +7,7 @@ check's output that holds one is a fix it carries out) and scripted agents.
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +16,12 @@ import pytest
 import trio
 from run_helpers import as_json, config, record_events, run_cli, spec_for, workspace
 
+from orchestrator.cli.live import PlainView, round_note
 from orchestrator.cli.output import SCHEMA_VERSION, output_schema
 from orchestrator.config import Config
 from orchestrator.errors import UsageError
 from orchestrator.pipeline import Budget, CheckResult, Pipeline, default_feedback, step
-from orchestrator.pipeline.results import StepResult
+from orchestrator.pipeline.results import RunEvent, StepResult
 from orchestrator.runs import (
     CheckEntry,
     RoundEntry,
@@ -430,3 +432,19 @@ async def test_the_step_timeout_spans_its_rounds(tmp_path: Path) -> None:
     step_json = outcome.result["steps"]["slow"]
     assert step_json["errorKind"] == "timeout"
     assert step_json["error"] == "agent 'demo': step slow ran out of its 3s after 1 round"
+
+
+@pytest.mark.parametrize(
+    ("data", "said"),
+    [
+        ({"round": 1, "rounds": 3, "passed": False}, "check failed, round 2 of 3"),
+        ({"round": 3, "rounds": 3, "passed": False}, "check failed in round 3 of 3"),
+        ({"round": 2, "rounds": 3, "passed": True}, "check passed in round 2 of 3"),
+    ],
+)
+def test_progress_says_round_k_of_n(data: dict[str, Any], said: str) -> None:
+    """A round's event is a progress line (and the live table's note): round k of N."""
+    out = io.StringIO()
+    PlainView(out)(RunEvent("step_round", "r1", "fix", "a.py", "demo", data))
+    assert f"round    fix[a.py]: {said}" in out.getvalue()
+    assert round_note(data) == said
