@@ -304,6 +304,11 @@ async def test_run_json_and_show_give_every_round(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr.decode()
     result = as_json(done)
     jsonschema.Draft202012Validator(output_schema()).validate(result)
+    [node] = result["graph"]["nodes"]
+    assert (node["check"], node["rounds"]) == (
+        "grep -q fixed a.txt || { echo 'append \"fixed\" to a.txt'; exit 1; }",
+        2,
+    )
     rounds = result["steps"]["fix"]["instances"]["fix"]["rounds"]
     assert [(r["turn"], r["check"]["passed"], r["check"]["exitCode"]) for r in rounds] == [
         (1, False, 1),
@@ -448,3 +453,17 @@ def test_progress_says_round_k_of_n(data: dict[str, Any], said: str) -> None:
     PlainView(out)(RunEvent("step_round", "r1", "fix", "a.py", "demo", data))
     assert f"round    fix[a.py]: {said}" in out.getvalue()
     assert round_note(data) == said
+
+
+async def test_feedback_that_returns_no_prompt_fails_the_instance(tmp_path: Path) -> None:
+    """A feedback function returning something that is no prompt fails the instance, saying so."""
+    ws = workspace(tmp_path, {"a.txt": "start\n"})
+
+    @step(agent="demo", check="exit 1", rounds=2, feedback=lambda c, n: 42)
+    def grow() -> str:
+        return 'append "x" to a.txt'
+
+    outcome = await run(Pipeline.from_steps([grow], name="grow"), ws)
+    one = outcome.result["steps"]["grow"]["instances"]["grow"]
+    assert one["errorKind"] == "usage"
+    assert one["error"].startswith("a step's feedback must return a prompt: a prompt is text")

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..agent.content import check_prompt
 from ..errors import UsageError
 from ..protocol import types as t
 from ..sandbox import Sandbox
@@ -43,7 +44,8 @@ def default_feedback(check: CheckResult, round: int) -> str:
 async def feedback_prompt(
     feedback: Callable[..., Any] | None, check: CheckResult, round: int
 ) -> Any:
-    """The next round's prompt: ``feedback(check, round)`` (sync or async), or the default."""
+    """The next round's prompt: ``feedback(check, round)`` (sync or async), or the default;
+    a :class:`~orchestrator.errors.UsageError` when it returns no prompt."""
     if feedback is None:
         return default_feedback(check, round)
     if inspect.iscoroutinefunction(feedback):
@@ -51,9 +53,14 @@ async def feedback_prompt(
         async def build() -> Any:
             return await feedback(check, round)
 
-        return await call(build, {})
-    # like a prompt builder: on the loop, it only formats text
-    return await call(lambda: feedback(check, round), {}, inline=True)
+        prompt = await call(build, {})
+    else:
+        # like a prompt builder: on the loop, it only formats text
+        prompt = await call(lambda: feedback(check, round), {}, inline=True)
+    try:
+        return check_prompt(prompt)
+    except UsageError as e:
+        raise UsageError(f"a step's feedback must return a prompt: {e}") from None
 
 
 def with_feedback(prompt: Any, feedback: Any) -> Any:
