@@ -111,6 +111,7 @@ __all__ = [
 #: - ``stopped``: the turn ended with a stop reason other than ``end_turn`` (``refusal``,
 #:   ``max_tokens``, ``max_turn_requests``, ``cancelled``)
 #: - ``verify``: the step's verify command failed
+#: - ``check``: the step's check failed in every round it had
 #: - ``budget``: the turn went over the step's token budget
 #: - ``policy``: the permission policy or the sandbox refused what the step needed
 #: - ``conflict``: merging the step's parents left conflicts
@@ -128,6 +129,7 @@ ErrorKind: TypeAlias = Literal[
     "agent-error",
     "stopped",
     "verify",
+    "check",
     "budget",
     "policy",
     "conflict",

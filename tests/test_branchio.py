@@ -17,6 +17,8 @@ from orchestrator.pipeline._branchio import (
     BranchDirs,
     BranchIO,
     is_small,
+    state_of,
+    undo_writes,
 )
 from orchestrator.pipeline._supply import Decision, TreeUse
 from orchestrator.vfs import Branch, Workdir, Workspace, materialize
@@ -421,3 +423,37 @@ async def test_a_deleter_finding_the_trash_emptied_while_it_waited_stops(
             await second_deletion.wait()
             budget.release_on_behalf_of(holders[1])
     assert len(deleted) == 2
+
+
+def test_undo_writes_puts_back_what_was_written_after_a_harvest(tmp_path: Path) -> None:
+    """What a check writes after the harvest (new files, edits, a deletion, a chmod, a
+    .gitignore hiding the agent's new file) is undone on disk and in the branch."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "base.txt").write_text("base\n")
+    (ws / "run.sh").write_text("echo\n")
+    branch = Branch.from_tree(Workspace(str(ws)).snapshot(), "b")
+    with materialize(branch, tmp_path / "dir") as workdir:
+        root = Path(workdir.root)
+        (root / "new.txt").write_text("agent's\n")  # the agent's work
+        (root / "base.txt").write_text("agent edit\n")
+        workdir.harvest(full=True)
+        before = dict(branch.changes)
+        kept = state_of(branch)
+        # the check's writes
+        (root / "junk.log").write_text("scratch\n")
+        (root / "base.txt").write_text("check edit\n")
+        (root / "new.txt").unlink()
+        (root / "run.sh").chmod(0o755)
+        (root / ".gitignore").write_text("new.txt\n")
+        (root / "sub").mkdir()
+        (root / "sub" / "out.txt").write_text("built\n")
+        assert undo_writes(workdir, kept) >= 5
+        assert dict(branch.changes) == before
+        on_disk = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+        assert on_disk == ["base.txt", "new.txt", "run.sh"]
+        assert (root / "base.txt").read_text() == "agent edit\n"
+        assert (root / "new.txt").read_text() == "agent's\n"
+        assert (root / "run.sh").stat().st_mode & 0o777 == 0o644
+        # and the next harvest finds nothing more: the agent's work alone
+        assert not workdir.harvest(full=True).changed

@@ -1513,3 +1513,64 @@ def test_a_long_graph_wraps_to_rows_and_no_edge_crosses_a_box() -> None:
         ]
         edges = list(dict.fromkeys(edges))
         assert _edges_crossing_boxes(names, edges) == [], edges
+
+
+ROUND_DIFF = "--- a/src/b.py\n+++ b/src/b.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n"
+
+
+def rounds_result() -> dict[str, Any]:
+    """The pipeline result with an instance that needed three rounds of its check."""
+    result = pipeline_result()
+    carol = result["steps"]["implement"]["instances"]["carol"]
+    carol["rounds"] = [
+        {
+            "turn": 1,
+            "stopReason": "end_turn",
+            "check": {
+                "passed": False,
+                "exitCode": 1,
+                "output": "FAILED test_a <b>",
+                "timedOut": False,
+            },
+        },
+        {
+            "turn": 2,
+            "stopReason": "end_turn",
+            "check": {"passed": False, "exitCode": 2, "output": "FAILED test_b", "timedOut": False},
+            "diff": ROUND_DIFF,
+        },
+        {
+            "turn": 3,
+            "stopReason": "end_turn",
+            "check": {"passed": True, "exitCode": 0, "output": "2 passed", "timedOut": False},
+        },
+    ]
+    return result
+
+
+def test_rounds_are_listed_with_each_failed_check_output() -> None:
+    """An instance's rounds are listed, each failed check's output under its round (HTML and
+    Markdown, escaped); instances without rounds have no such list."""
+    page = render_html(rounds_result())
+    assert len(parse(page).find("ol", class_="rounds")) == 1
+    assert (
+        '<ol class="rounds"><li>round 1: check failed (exit 1): FAILED test_a &lt;b&gt;'
+        "<pre>FAILED test_a &lt;b&gt;</pre></li>"
+        "<li>round 2: check failed (exit 2): FAILED test_b<pre>FAILED test_b</pre>"
+    ) in page
+    assert "<li>round 3: check passed (exit 0): 2 passed</li></ol>" in page
+    # round 2's own diff is in its item, as a file diff
+    second = page.split("<li>round 2:")[1].split("<li>round 3:")[0]
+    assert 'class="file"' in second and "src/b.py" in second
+    md = render_markdown(rounds_result())
+    assert (
+        "Rounds:\n\n"
+        "- round 1: check failed (exit 1): FAILED test_a \\<b>\n"
+        "- round 2: check failed (exit 2): FAILED test_b\n"
+        "- round 3: check passed (exit 0): 2 passed\n\n"
+        "Check output, round 1:\n\n```\nFAILED test_a <b>\n```\n\n"
+        "Check output, round 2:\n\n```\nFAILED test_b\n```\n\n"
+        f"Changed in round 2:\n\n```diff\n{ROUND_DIFF}```\n"
+    ) in md
+    assert "Check output, round 3" not in md
+    assert "Rounds:" not in render_markdown(pipeline_result())

@@ -32,7 +32,7 @@ LIMIT = 60.0  # seconds any one run here may take
 
 ENDINGS = {"step_finished", "step_failed", "step_skipped"}
 #: what may happen to an instance between its start and its end
-DURING = {"update", "permission"}
+DURING = {"update", "permission", "step_round"}
 
 
 def instance_of(event: Mapping[str, Any]) -> str:

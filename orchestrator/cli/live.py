@@ -86,6 +86,8 @@ def _progress(event: RunEvent) -> tuple[str, str, str] | None:
         return "warning", "retry", f"{name} after: {data.get('error')}"
     if event.type == "step_reused":
         return "info", "reused", f"{name} (finished in an earlier attempt)"
+    if event.type == "step_round":
+        return "info", "round", f"{name}: {round_note(data)}"
     if event.type == "conflict":
         where = f"{data.get('path')} ({data.get('kind')})"
         return "warning", "conflict", f"{name}: {where} resolution={data.get('resolution')}"
@@ -96,6 +98,16 @@ def _progress(event: RunEvent) -> tuple[str, str, str] | None:
     if event.type == "update" and data.get("kind") == "notice":
         return notice_progress(name, data)
     return None
+
+
+def round_note(data: Mapping[str, Any]) -> str:
+    """What a ``step_round`` event says: the round's check, and the round that comes next."""
+    number, rounds = data.get("round"), data.get("rounds")
+    if data.get("passed"):
+        return f"check passed in round {number} of {rounds}"
+    if isinstance(number, int) and isinstance(rounds, int) and number < rounds:
+        return f"check failed, round {number + 1} of {rounds}"
+    return f"check failed in round {number} of {rounds}"
 
 
 def notice_progress(name: str | None, notice: Mapping[str, Any]) -> tuple[str, str, str]:
@@ -276,6 +288,8 @@ class LiveView:
                 line.note = str(data.get("error") or data.get("cause") or "")
             elif event.type == "step_retry":
                 line.state = "retrying"
+            elif event.type == "step_round":
+                line.note = round_note(data)
             elif event.type == "conflict":
                 line.note = f"conflict: {data.get('path')}"
             if self._paused:

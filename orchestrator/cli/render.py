@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
 from .._words import count as count_of
+from .._words import round_lines
 from .output import say, say_default_policy_note, terminal_text
 
 __all__ = [
@@ -623,6 +624,10 @@ def step_details(result: Mapping[str, Any], out: IO[str]) -> None:
             if inst.get("notices"):
                 say(f"    notices{'' if key == name else f' [{key}]'}:", out)
                 notice_lines(inst["notices"], "      ", out)
+            if inst.get("rounds"):
+                say(f"    rounds{'' if key == name else f' [{key}]'}:", out)
+                for line in round_lines(inst["rounds"]):
+                    say(f"      {line}", out)
             cut_line(inst.get("cut"), "      ", out)
 
 

@@ -62,6 +62,8 @@ class _Session:
     mode: str = next(iter(MODES))
     #: whether the client chose the model or the mode (the reply then says which ran)
     chosen: bool = False
+    #: the tokens its turns have used so far (reported in ``usage_update``)
+    used: int = 0
 
     def config_options(self) -> list[dict[str, Any]]:
         """The session's config options, with their current values."""
@@ -176,6 +178,7 @@ class DemoAgent:
         instructions = [line for line in lines if isinstance(line, Instruction)]
         if not lines:
             await self._say(session, HELP)
+            await self._count(session, len(text))
             return {"stopReason": "end_turn"}
         thought = f"{len(instructions)} instruction(s)."
         if len(lines) > len(instructions):
@@ -207,9 +210,15 @@ class DemoAgent:
             done = "Nothing done."
         answer = done + "\n" + "\n".join(f"- {s}" for s in summary) + "\n"
         await self._say(session, answer if instructions else f"{answer}\n{HELP}")
-        used = sum(len(s) for s in summary) + len(text)
-        await self._update(session, {"sessionUpdate": "usage_update", "used": used, "size": 200000})
+        await self._count(session, sum(len(s) for s in summary) + len(text))
         return {"stopReason": "end_turn"}
+
+    async def _count(self, session: _Session, tokens: int) -> None:
+        """Count ``tokens`` more in the session's context, and report its usage so far."""
+        session.used += tokens
+        await self._update(
+            session, {"sessionUpdate": "usage_update", "used": session.used, "size": 200000}
+        )
 
     async def _run(self, session: _Session, index: int, instruction: Instruction) -> str:
         """Carry out one instruction; the answer's line for it (what changed, or why not)."""

@@ -6,7 +6,9 @@ See ``spec`` (declaring steps, the :class:`Pipeline` graph) and ``loader`` (pipe
 from __future__ import annotations
 
 from ..errors import PipelineError
+from ._rounds import default_feedback
 from .loader import load_pipeline, load_pipeline_from_module
+from .results import CheckResult
 from .spec import (
     MERGE_STRATEGIES,
     RESERVED_PARAMS,
@@ -27,6 +29,7 @@ __all__ = [
     "RESERVED_PARAMS",
     "AgentInput",
     "Budget",
+    "CheckResult",
     "InputKind",
     "InputSpec",
     "MergeStrategy",
@@ -35,6 +38,7 @@ __all__ = [
     "Step",
     "agent_input",
     "agents_input",
+    "default_feedback",
     "load_pipeline",
     "load_pipeline_from_module",
     "step",

@@ -13,6 +13,7 @@ import trio
 from attrs import define, field
 
 from .._util import single_error
+from .._words import count
 from ..agent.branch_services import BranchServices, open_branch_services
 from ..agent.client import AcpSession
 from ..agent.content import PromptInput
@@ -20,18 +21,28 @@ from ..agent.permissions import Escalate
 from ..agent.services import ClientServices
 from ..agent.turn import TurnResult
 from ..agents import AgentSpec, label_agents
-from ..errors import ErrorKind, UsageError
+from ..errors import ErrorKind, TurnTimeout, UsageError
 from ..mcp import McpServer
 from ..policy import PolicySet
 from ..protocol import types as t
 from ..sandbox import Sandbox
-from ..vfs import Workdir
-from ._branchio import BranchDirs
+from ..vfs import Branch, Workdir
+from ._branchio import BranchDirs, state_of
 from ._calls import jsonable, prompt_input, run_verify, update_event
 from ._recording import Recorder, call_listener
+from ._rounds import feedback_prompt, run_check, with_feedback
 from ._state import AgentPool, LeaseLike
 from .branches import change_kinds, symlink_targets
-from .results import RunEvent, StepResult, StepStatus, VerifyResult, agent_failure
+from .results import (
+    CheckResult,
+    RoundResult,
+    RunEvent,
+    StepResult,
+    StepStatus,
+    VerifyResult,
+    agent_failure,
+    check_failure,
+)
 from .spec import Pipeline, Step
 
 __all__ = ["AgentTurns", "label_run_agents"]
@@ -174,8 +185,16 @@ class AgentTurns:
         prompt: Any,
         workdir: Workdir,
         attempt: int,
+        *,
+        feedback: CheckResult | None = None,
     ) -> StepResult:
-        """One turn of ``agent`` (a label from :meth:`use`) in ``workdir``, harvested after."""
+        """The work of ``agent`` (a label from :meth:`use`) in ``workdir``, harvested after.
+
+        One turn; with a check, up to ``step.rounds`` turns of the same session, each
+        harvested and checked, the next prompted with what the failed check said
+        (:mod:`._rounds`). The step's timeout and budget span them all. ``feedback``: the
+        last check of an earlier loop on this branch (a resume), told with the first prompt.
+        """
         spec = self.specs[agent]
         policy = self.policy_for(step, spec)
         sandbox = self.sandboxes.get((step.name, agent))
@@ -189,6 +208,12 @@ class AgentTurns:
             timeout = min(timeout or budget.max_seconds, budget.max_seconds)
         limit = budget.max_tokens if budget is not None else None
         over_budget: list[int] = []
+        check = step.check
+        if feedback is not None:
+            prompt = with_feedback(prompt, await feedback_prompt(step.feedback, feedback, 1))
+        # the rounds so far (a step with a check), and the turns before the last one
+        rounds: list[RoundResult] = []
+        earlier: list[TurnResult] = []
         async with open_branch_services(
             workdir,
             policy,
@@ -244,48 +269,118 @@ class AgentTurns:
                 # updates are only for the listener and the token budget: without either,
                 # the turn need not call back at all
                 wants_updates = listener is not None or limit is not None or hook is not None
-                try:
-                    if limit is None:
-                        turn = await lease.prompt(
-                            prompt_input(prompt),
-                            timeout=timeout,
-                            idle_timeout=step.idle_timeout,
-                            on_update=on_update if wants_updates else None,
-                        )
-                    else:
-                        turn = await _within_budget(
-                            lease,
-                            exceeded,
-                            prompt_input(prompt),
-                            timeout=timeout,
-                            idle_timeout=step.idle_timeout,
-                            on_update=on_update,
-                        )
-                except trio.Cancelled:
-                    # what the turn did, whether the agent ended it after session/cancel or
-                    # not (stop reason None); None if the prompt was never sent
-                    cut_short = session.last_result
-                    if cut_short is not None:
-                        with trio.CancelScope(shield=True):
-                            # what fits is kept; the cancellation goes on whatever is left
-                            await self.dirs.harvest(workdir, enforce=False)
-                        self._permission_events(step, key, agent, cut_short)
-                        self._interrupted[name] = self._result(
-                            step, key, agent, item, cut_short, lease.session, made, started,
-                            attempt, status="interrupted",
+                number = 0
+                # the branch as the round starts: what the round changed is against it
+                previous = state_of(workdir.branch) if check is not None else None
+                while True:
+                    number += 1
+                    left = timeout
+                    if timeout is not None and number > 1:
+                        # the step's time (and its budget's) spans every round
+                        left = timeout - (time.monotonic() - started)
+                        if left <= 0:
+                            raise TurnTimeout(
+                                f"step {step.name} ran out of its {timeout:g}s after "
+                                f"{count(number - 1, 'round')}",
+                                agent=agent,
+                            )
+                    try:
+                        if limit is None:
+                            turn = await lease.prompt(
+                                prompt_input(prompt),
+                                timeout=left,
+                                idle_timeout=step.idle_timeout,
+                                on_update=on_update if wants_updates else None,
+                            )
+                        else:
+                            turn = await _within_budget(
+                                lease,
+                                exceeded,
+                                prompt_input(prompt),
+                                timeout=left,
+                                idle_timeout=step.idle_timeout,
+                                on_update=on_update,
+                            )
+                    except trio.Cancelled:
+                        # what the turn did, whether the agent ended it after session/cancel or
+                        # not (stop reason None); None if the prompt was never sent
+                        cut_short = session.last_result
+                        if cut_short is not None:
+                            with trio.CancelScope(shield=True):
+                                # what fits is kept; the cancellation goes on whatever is left
+                                await self.dirs.harvest(workdir, enforce=False)
+                            self._permission_events(step, key, agent, cut_short)
+                            self._interrupted[name] = self._result(
+                                step, key, agent, item, cut_short, lease.session, made, started,
+                                attempt, status="interrupted", earlier=earlier,
+                                rounds=(*rounds, RoundResult(number, cut_short.stop_reason))
+                                if check is not None else (),
+                            )  # fmt: skip
+                        raise
+                    if check is None:
+                        break
+                    # the round's work, harvested while the session is kept for the next one
+                    await self.dirs.harvest(workdir)
+                    self._permission_events(step, key, agent, turn)
+                    assert previous is not None
+                    diff = await self.dirs.changes_since(previous, workdir.branch)
+                    previous = state_of(workdir.branch)
+                    if over_budget or turn.stop_reason != "end_turn":
+                        # cut short (the budget, the agent's cancel or refusal): no check, and
+                        # no next round
+                        rounds.append(RoundResult(number, turn.stop_reason, diff=diff))
+                        break
+                    try:
+                        outcome = await self._check(
+                            step, key, agent, item, turn, lease.session, made, started,
+                            attempt, workdir, previous, sandbox, timeout,
+                            last=number == step.rounds, earlier=earlier,
                         )  # fmt: skip
-                    raise
-        await self.dirs.harvest(workdir)
-        self._permission_events(step, key, agent, turn)
+                    except trio.Cancelled:
+                        # Ctrl-C during the check: the round's work is harvested, kept as
+                        # any turn cut short is (what the check wrote is not in it)
+                        self._interrupted[name] = self._result(
+                            step, key, agent, item, turn, lease.session, made, started,
+                            attempt, status="interrupted", earlier=earlier,
+                            rounds=(*rounds, RoundResult(number, turn.stop_reason, diff=diff)),
+                        )  # fmt: skip
+                        raise
+                    rounds.append(RoundResult(number, turn.stop_reason, outcome, diff))
+                    self.recorder.emit(
+                        RunEvent(
+                            "step_round",
+                            self.run_id,
+                            step.name,
+                            key,
+                            agent,
+                            {
+                                "round": number,
+                                "rounds": step.rounds,
+                                "passed": outcome.passed,
+                                "attempt": attempt,
+                            },
+                        )
+                    )
+                    if outcome.passed or number >= step.rounds:
+                        break
+                    earlier.append(turn)
+                    prompt = await feedback_prompt(step.feedback, outcome, number + 1)
+        if check is None:
+            await self.dirs.harvest(workdir)
+            self._permission_events(step, key, agent, turn)
         verify = None
         command = self.verify.get(step.name)
         if command is not None:
             verify = await run_verify(command, Path(workdir.root), sandbox=sandbox)
         error: str | None
         kind: ErrorKind | None = None
+        last_check = rounds[-1].check if rounds else None
         if over_budget:
             error = f"budget exceeded: {over_budget[0]} tokens > {step.budget.max_tokens}"  # type: ignore[union-attr]
             kind = "budget"
+        elif last_check is not None and not last_check.passed:
+            error = check_failure(last_check, len(rounds))
+            kind = "check"
         else:
             error = agent_failure(turn.stop_reason, verify)
             if error is not None:
@@ -293,8 +388,44 @@ class AgentTurns:
         return self._result(
             step, key, agent, item, turn, lease.session, made, started, attempt,
             status="failed" if error else "succeeded", verify=verify, error=error,
-            error_kind=kind,
+            error_kind=kind, earlier=earlier, rounds=tuple(rounds),
         )  # fmt: skip
+
+    async def _check(
+        self,
+        step: Step,
+        key: str | None,
+        agent: str,
+        item: Any,
+        turn: TurnResult,
+        session: AcpSession,
+        made: BranchServices,
+        started: float,
+        attempt: int,
+        workdir: Workdir,
+        before: Branch,
+        sandbox: Sandbox | None,
+        timeout: float | None,
+        *,
+        last: bool,
+        earlier: Sequence[TurnResult],
+    ) -> CheckResult:
+        """Run the step's check on the harvested branch directory, then undo what it wrote
+        there (``before`` holds the branch as harvested): it is the pipeline's code, never the
+        agent's work."""
+        assert step.check is not None
+        result = self._result(
+            step, key, agent, item, turn, session, made, started, attempt,
+            status="succeeded", earlier=earlier,
+        )  # fmt: skip
+        left = None if timeout is None else timeout - (time.monotonic() - started)
+        outcome = await run_check(
+            step.check, Path(workdir.root), result, timeout=left, sandbox=sandbox
+        )
+        if not last or step.name in self.verify:
+            # the next round (or the verify command) sees the agent's work alone
+            await self.dirs.discard_writes(workdir, before)
+        return outcome
 
     def _permission_events(self, step: Step, key: str | None, agent: str, turn: TurnResult) -> None:
         for record in turn.permissions:
@@ -325,8 +456,14 @@ class AgentTurns:
         verify: VerifyResult | None = None,
         error: str | None = None,
         error_kind: ErrorKind | None = None,
+        earlier: Sequence[TurnResult] = (),
+        rounds: tuple[RoundResult, ...] = (),
     ) -> StepResult:
-        """The instance's result from its turn, once its branch is harvested."""
+        """The instance's result from its turn, once its branch is harvested.
+
+        With rounds, ``turn`` is the last one's and ``earlier`` the ones before: the tool
+        calls and notices are those of every round, the text and usage the last turn's.
+        """
         info = session.connection.agent_info
         branch = made.fs.workdir.branch
         # computed once at the harvest and reused when the instance is recorded
@@ -347,9 +484,11 @@ class AgentTurns:
             # what the session ran, as the agent last reported it (chosen or its default)
             model=session.current_choice("model"),
             mode=session.current_choice("mode"),
-            tool_calls=tuple(c.to_json() for c in turn.tool_calls.values()),
+            tool_calls=tuple(
+                c.to_json() for t_ in (*earlier, turn) for c in t_.tool_calls.values()
+            ),
             permissions=tuple(p.to_json() for p in audit),
-            notices=tuple(turn.notices_json()),
+            notices=tuple(n for t_ in (*earlier, turn) for n in t_.notices_json()),
             usage=turn.usage_json(),
             changes=change_kinds(branch.base, own),
             symlinks=symlink_targets(own),
@@ -359,5 +498,6 @@ class AgentTurns:
             error_kind=error_kind,
             wall_seconds=time.monotonic() - started,
             attempt=attempt,
+            rounds=rounds,
             turn=turn,
         )

@@ -60,8 +60,11 @@ __all__ = [
     "BranchDirs",
     "BranchIO",
     "branch_diffs",
+    "changes_since",
     "copy_budget",
     "is_small",
+    "state_of",
+    "undo_writes",
 ]
 
 log = get_logger(__name__)
@@ -129,6 +132,54 @@ def branch_diffs(branch: Branch) -> tuple[ChangeSet, str, str]:
     if branch.base is branch.root and net == own:
         return net, run_diff, run_diff
     return net, run_diff, diff_of(branch)
+
+
+def state_of(branch: Branch) -> Branch:
+    """A copy of ``branch``'s state now, to read back what it held (no watch, not forked)."""
+    return Branch(f"{branch.name}~kept", branch.base, _changes=dict(branch.changes))
+
+
+def changes_since(before: Branch, branch: Branch) -> str:
+    """The diff of what ``branch`` changed since ``before`` (a :func:`state_of` copy of it):
+    one round's work. Blocking."""
+    old, new = dict(before.changes), dict(branch.changes)
+    paths = sorted(p for p in old.keys() | new.keys() if old.get(p) != new.get(p))
+    if not paths:
+        return ""
+    delta = Branch.from_tree(before.freeze(), f"{branch.name}~round")
+    for path in paths:
+        delta.set_state(path, branch.state(path))
+    return diff_of(delta)
+
+
+def undo_writes(workdir: Workdir, before: Branch) -> int:
+    """Undo on disk and in the branch what changed in ``workdir`` since ``before`` was taken
+    (with :func:`state_of`, right after a harvest); how many paths were put back. Blocking.
+
+    A full harvest finds every path written, deleted or chmod-ed since; each is written back
+    as ``before`` holds it, or deleted if it held none (``.gitignore`` files first: their rules
+    decide what the others are). Files the ignore rules leave out of a branch are left alone,
+    as every harvest leaves them. What a step's check writes in the branch directory is thus
+    never taken as the agent's work, and costs a scan of the directory, not a copy of it.
+    """
+    report = workdir.harvest(full=True)
+    touched = {
+        *report.added,
+        *report.modified,
+        *report.deleted,
+        *report.mode_changed,
+        *report.ignored,
+        *report.too_large,
+    }
+    for path in sorted(touched, key=lambda p: (p.rpartition("/")[2] != ".gitignore", p)):
+        state = before.state(path)
+        if state is not None:
+            workdir.write(path, state.data, state.mode)
+        elif os.path.lexists(workdir.path_of(path)):
+            workdir.delete(path)
+        else:
+            workdir.branch.set_state(path, None)
+    return len(touched)
 
 
 @define(eq=False)
@@ -577,6 +628,20 @@ class BranchDirs:
         if enforce and (too_large := workdir.too_large_error()) is not None:
             raise too_large  # the instance fails: its diffs are of no use
         self._diffs[branch.name] = diffs
+
+    async def changes_since(self, before: Branch, branch: Branch) -> str:
+        """:func:`changes_since`, in a worker thread unless the branch is small."""
+        if is_small(branch):
+            return changes_since(before, branch)
+        return await trio.to_thread.run_sync(changes_since, before, branch)
+
+    async def discard_writes(self, workdir: Workdir, before: Branch) -> None:
+        """Put the directory and its branch back as ``before`` holds them, undoing what was
+        written there since (by a step's check: see :func:`undo_writes`)."""
+        await self.run_then(
+            "harvest", lambda: undo_writes(workdir, before), lambda: None,
+            inline=is_small(workdir.branch),
+        )  # fmt: skip
 
     def diffs(self, branch: Branch) -> tuple[ChangeSet, str, str]:
         """The diffs kept from ``branch``'s last harvest (it must have been harvested)."""

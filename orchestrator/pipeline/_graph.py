@@ -402,6 +402,10 @@ def _node_json(s: Step) -> dict[str, Any]:
         node["sandbox"] = s.sandbox.to_json() if isinstance(s.sandbox, Sandbox) else True
     if s.max_file_size is not None:
         node["maxFileSize"] = s.max_file_size
+    if s.check is not None:  # a step with a check: the command, or the function's name
+        check = s.check
+        node["check"] = check if isinstance(check, str) else getattr(check, "__qualname__", "")
+        node["rounds"] = s.rounds
     if s.policy:  # the policy its agents' requests are answered by, before the run's
         node["policy"] = s.policy
     return node

@@ -22,7 +22,7 @@ from ._branchio import BranchDirs
 from ._calls import call, describe, error_kind, user_traceback
 from ._recording import Recorder
 from ._state import StepState
-from .results import RunEvent, StepContext, StepResult
+from .results import CheckResult, RunEvent, StepContext, StepResult
 
 __all__ = ["InstanceExecutor", "fork_from", "reuse_branch"]
 
@@ -37,6 +37,10 @@ class InstanceExecutor:
     #: instances already finished in an earlier attempt of this run: key -> (record, branch
     #: rebuilt over the run's snapshot; see :func:`reuse_branch`)
     reused: Mapping[str, tuple[StepRecord, Branch]]
+    #: instances whose check failed in every round of an earlier attempt of this run: key ->
+    #: (record, branch rebuilt over the run's snapshot); a new loop of rounds starts on that
+    #: branch, the last check's output as its first feedback
+    continued: Mapping[str, tuple[StepRecord, Branch]]
     #: held by an attempt while it runs: the run's limit on instances at once
     slots: trio.Semaphore
     recorder: Recorder
@@ -69,14 +73,18 @@ class InstanceExecutor:
             self.recorder.emit(RunEvent("step_reused", self.run_id, step.name, key, agent))
             return
         attempt = 1
+        going_on = _going_on(self.continued.get(name), step.check is not None)
         while True:
             # an instance counts as started once it holds a slot (not while it waits for one)
             # and keeps it until its outcome is recorded
             async with self.slots:
-                retry = await self._run_attempt(state, base, args, name, key, agent, item, attempt)
+                retry = await self._run_attempt(
+                    state, base, args, name, key, agent, item, attempt, going_on
+                )
             if not retry:
                 return
             attempt += 1
+            going_on = None  # a retry starts afresh
 
     async def _run_attempt(
         self,
@@ -88,11 +96,22 @@ class InstanceExecutor:
         agent: str | None,
         item: Any,
         attempt: int,
+        going_on: tuple[Branch, CheckResult] | None = None,
     ) -> bool:
-        """One attempt of one instance, recorded; True when it failed and may be retried."""
+        """One attempt of one instance, recorded; True when it failed and may be retried.
+
+        ``going_on``: the branch and last check of an earlier attempt whose rounds all failed,
+        to go on from (a resume).
+        """
         step = state.step
         recorder = self.recorder
-        branch = fork_from(base, name)
+        feedback = None
+        if going_on is None:
+            branch = fork_from(base, name)
+        else:
+            recorded, feedback = going_on
+            # the new loop's work goes on where the earlier one left it
+            branch = reuse_branch(base, recorded, close=False)
         self.dirs.forget(name)
         started = time.time()
         recorder.record(name, step, key, agent, "running", attempt, started=started)
@@ -100,7 +119,9 @@ class InstanceExecutor:
             RunEvent("step_started", self.run_id, step.name, key, agent, {"attempt": attempt})
         )
         try:
-            output = await self._attempt(state, branch, args, name, key, agent, item, attempt)
+            output = await self._attempt(
+                state, branch, args, name, key, agent, item, attempt, feedback
+            )
         except Exception as e:
             error = describe(e)
             kind = error_kind(e)
@@ -150,6 +171,23 @@ class InstanceExecutor:
                 diffs = self.dirs.take_diffs(branch)
                 recorder.finish(name, step, key, agent, cut_short, branch, attempt, started, diffs)
             raise
+        if (
+            isinstance(output, StepResult)
+            and output.error_kind == "check"
+            and attempt <= step.retries
+        ):
+            # no round passed the check: the whole loop starts again on a fresh branch
+            recorder.emit(
+                RunEvent(
+                    "step_retry",
+                    self.run_id,
+                    step.name,
+                    key,
+                    agent,
+                    {"error": output.error, "attempt": attempt},
+                )
+            )
+            return True
         state.last[key] = output
         if isinstance(output, StepResult) and not output.ok:
             state.failures[key] = output.error or "failed"
@@ -172,6 +210,7 @@ class InstanceExecutor:
         agent: str | None,
         item: Any,
         attempt: int,
+        feedback: CheckResult | None = None,
     ) -> Any:
         step = state.step
         ctx = StepContext(
@@ -202,13 +241,30 @@ class InstanceExecutor:
                 await self.dirs.harvest(workdir)
                 return value
             prompt = await call(step.fn, call_args, inline=True)
-            return await self.turns.turn(step, name, key, agent, item, prompt, workdir, attempt)
+            return await self.turns.turn(
+                step, name, key, agent, item, prompt, workdir, attempt, feedback=feedback
+            )
         finally:
             # removed in the background: nothing the step reports depends on it
             self.dirs.remove(workdir)
 
 
-def reuse_branch(base: Branch | MergeResult | Snapshot, recorded: Branch) -> Branch:
+def _going_on(
+    continued: tuple[StepRecord, Branch] | None, has_check: bool
+) -> tuple[Branch, CheckResult] | None:
+    """The branch and last check an instance's new loop of rounds goes on from, if any."""
+    if continued is None or not has_check:
+        return None
+    record, branch = continued
+    result = StepResult.from_json(record.result) if record.result is not None else None
+    if result is None or not result.rounds or result.rounds[-1].check is None:
+        return None
+    return branch, result.rounds[-1].check
+
+
+def reuse_branch(
+    base: Branch | MergeResult | Snapshot, recorded: Branch, *, close: bool = True
+) -> Branch:
     """The branch of a reused instance: forked from what the instance starts from in this
     attempt, as a fresh run's would be, holding what ``recorded`` holds.
 
@@ -222,7 +278,8 @@ def reuse_branch(base: Branch | MergeResult | Snapshot, recorded: Branch) -> Bra
     # (its own changes, or a parent's change it undid) it takes the recorded one
     for path in recorded.changes.keys() | branch.net_changes().keys():
         branch.set_state(path, recorded.state(path))
-    branch.close()
+    if close:  # finished: it no longer counts for early warnings
+        branch.close()
     return branch
 
 

@@ -116,6 +116,16 @@ class Step:
     #: MCP servers its agents' sessions get, besides the run's and the agent's; a name stands
     #: for a config file's ``[mcp_servers.NAME]``
     mcp_servers: tuple[McpServer | str, ...] = ()
+    #: what decides whether the agent's work is done, run on its branch after each turn: a
+    #: shell command (exit 0: passed) or a function of (branch directory, result) returning
+    #: a bool, a ``(passed, message)`` pair or a
+    #: :class:`~orchestrator.pipeline.results.CheckResult`; None: the turn's end decides
+    check: str | Callable[..., Any] | None = None
+    #: the most turns the agent gets to make the check pass (the first one included)
+    rounds: int = 1
+    #: builds the prompt of the next round from the failed check's result and the round's
+    #: number; None: :func:`~orchestrator.pipeline.default_feedback`
+    feedback: Callable[..., Any] | None = None
 
     @classmethod
     def from_function(
@@ -137,6 +147,9 @@ class Step:
         sandbox: SandboxChoice = None,
         max_file_size: int | str | None = None,
         mcp_servers: Sequence[McpServer | str] = (),
+        check: str | Callable[..., Any] | None = None,
+        rounds: int = 1,
+        feedback: Callable[..., Any] | None = None,
     ) -> Step:
         """A step wrapping ``fn``, with every argument checked now (see :func:`step`).
 
@@ -189,6 +202,16 @@ class Step:
         checked_model = check_text(model, "model", what)
         checked_sandbox = sandbox_choice(sandbox, what)
         checked_mcp = _mcp_servers(mcp_servers, what)
+        checked_check = _check(check, what)
+        if not isinstance(rounds, int) or isinstance(rounds, bool):
+            raise TypeError(f"{what}: rounds must be an int, not {type(rounds).__name__}")
+        if rounds < 1:
+            raise UsageError(f"{what}: rounds must be 1 or more, not {rounds}")
+        if feedback is not None and not callable(feedback):
+            raise TypeError(f"{what}: feedback must be callable, not {type(feedback).__name__}")
+        if checked_check is None and (rounds > 1 or feedback is not None):
+            given_loop = "rounds" if rounds > 1 else "feedback"
+            raise UsageError(f"{what}: {given_loop} needs a check (give check=...)")
         if not agents and marker is None:
             agent_only = {
                 "policy": checked_policy,
@@ -199,6 +222,7 @@ class Step:
                 # a Python step runs in this process: nothing to confine
                 "sandbox": checked_sandbox or None,
                 "mcp_servers": checked_mcp or None,
+                "check": checked_check,
             }
             given = [option for option, value in agent_only.items() if value is not None]
             if given:
@@ -232,6 +256,9 @@ class Step:
             sandbox=checked_sandbox,
             max_file_size=checked_size,
             mcp_servers=checked_mcp,
+            check=checked_check,
+            rounds=rounds,
+            feedback=feedback,
             # a list of agents from an input is a fan-out whatever its length: the step's
             # value is Results keyed by agent, also when the input names one agent
             keyed_by_agent=marker is not None and marker.many,
@@ -302,6 +329,21 @@ def _mcp_servers(value: Any, what: str) -> tuple[McpServer | str, ...]:
     return tuple(out)
 
 
+def _check(value: object, what: str) -> str | Callable[..., Any] | None:
+    """A step's check: a shell command line or a callable (None stays None)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if not value.strip():
+            raise UsageError(f"{what}: check is an empty command")
+        return value
+    if not callable(value):
+        raise TypeError(
+            f"{what}: check must be a shell command or a callable, not {type(value).__name__}"
+        )
+    return value
+
+
 @overload
 def step(fn: Callable[..., Any], /) -> Step: ...
 
@@ -324,6 +366,9 @@ def step(
     sandbox: SandboxChoice = None,
     max_file_size: int | str | None = None,
     mcp_servers: Sequence[McpServer | str] = (),
+    check: str | Callable[..., Any] | None = None,
+    rounds: int = 1,
+    feedback: Callable[..., Any] | None = None,
 ) -> Callable[[Callable[..., Any]], Step]: ...
 
 
@@ -346,6 +391,9 @@ def step(
     sandbox: SandboxChoice = None,
     max_file_size: int | str | None = None,
     mcp_servers: Sequence[McpServer | str] = (),
+    check: str | Callable[..., Any] | None = None,
+    rounds: int = 1,
+    feedback: Callable[..., Any] | None = None,
 ) -> Step | Callable[[Callable[..., Any]], Step]:
     """Declare a pipeline step; use as ``@step`` or ``@step(...)``.
 
@@ -378,6 +426,16 @@ def step(
     - ``mcp_servers``: MCP servers the step's agent sessions get (:class:`~orchestrator.mcp.
       McpServer` values, the command line's ``NAME=COMMAND``/``NAME=URL`` forms, or names of
       a config file's ``[mcp_servers]``), after the agent's and the run's.
+    - ``check``: what decides that the agent's work is done, run on its branch directory after
+      each turn (what it writes there is discarded): a shell command (exit 0: passed; its
+      output's tail is kept) or a function ``check(workdir, result)`` (sync or ``async``) of
+      the directory and the round's :class:`~orchestrator.pipeline.results.StepResult`,
+      returning a bool, a ``(passed, message)`` pair or a
+      :class:`~orchestrator.pipeline.results.CheckResult`. ``rounds``: how many turns the
+      agent gets to make it pass (default 1): after a failed check the same session gets a
+      follow-up prompt made by ``feedback(check_result, round)`` (default:
+      :func:`~orchestrator.pipeline.default_feedback`). The instance fails with the last
+      check's output when no round passes; ``retries`` start the whole loop over.
 
     Arguments are checked at once (TypeError or UsageError naming the step).
     """
@@ -397,6 +455,9 @@ def step(
         "sandbox": sandbox,
         "max_file_size": max_file_size,
         "mcp_servers": mcp_servers,
+        "check": check,
+        "rounds": rounds,
+        "feedback": feedback,
     }
 
     def decorate(function: Callable[..., Any]) -> Step:

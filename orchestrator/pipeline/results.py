@@ -13,11 +13,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+import attrs
 import orjson
 from attrs import field, frozen
 
 from .._names import name_from_json, name_json
 from .._sizes import first_within
+from .._words import count
 from ..errors import ErrorKind
 
 if TYPE_CHECKING:
@@ -25,15 +27,19 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ChangeKind",
+    "CheckResult",
     "Results",
+    "RoundResult",
     "RunEvent",
     "StepContext",
     "StepResult",
     "StepStatus",
     "VerifyResult",
     "agent_failure",
+    "bounded_output",
     "changes_from_json",
     "changes_json",
+    "check_failure",
     "cut_turn",
 ]
 
@@ -103,6 +109,113 @@ class VerifyResult:
         )
 
 
+#: what a check's output keeps: its last lines, at most this many characters
+MAX_CHECK_OUTPUT_CHARS = 16_000
+MAX_CHECK_OUTPUT_LINES = 40
+
+
+def bounded_output(text: str) -> str:
+    """The tail of a check's output that is kept: its last lines, within a size."""
+    lines = text.splitlines()
+    tail = "\n".join(lines[-MAX_CHECK_OUTPUT_LINES:])
+    if len(tail) > MAX_CHECK_OUTPUT_CHARS:
+        tail = tail[-MAX_CHECK_OUTPUT_CHARS:]
+    return tail
+
+
+@frozen
+class CheckResult:
+    """What a step's check said of one round: passed or not, and why.
+
+    A shell command's passes when it exits 0 in time (``exit_code`` is its status, ``output``
+    the tail of what it printed); a Python check's has no exit code and its message as output.
+    """
+
+    passed: bool
+    #: the tail of its output, or the message a Python check returned
+    output: str = ""
+    #: a shell command's exit status (124 when it timed out); None for a Python check
+    exit_code: int | None = None
+    #: whether it was killed for taking too long
+    timed_out: bool = False
+
+    @classmethod
+    def from_verify(cls, verify: VerifyResult) -> CheckResult:
+        """A shell command's result as a check's."""
+        return cls(verify.passed, verify.output, verify.exit_code, verify.timed_out)
+
+    @classmethod
+    def from_value(cls, value: object) -> CheckResult:
+        """What a Python check returned, as a result: a :class:`CheckResult`, a bool, or a
+        ``(passed, message)`` pair; TypeError for anything else."""
+        if isinstance(value, CheckResult):
+            return attrs.evolve(value, output=bounded_output(value.output))
+        if isinstance(value, bool):
+            return cls(value)
+        if (
+            isinstance(value, tuple)
+            and len(value) == 2
+            and isinstance(value[0], bool)
+            and isinstance(value[1], str)
+        ):
+            return cls(value[0], bounded_output(value[1]))
+        raise TypeError(
+            "a check returns a bool, a (passed, message) pair or a CheckResult, "
+            f"not {type(value).__name__}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed,
+            "exitCode": self.exit_code,
+            "output": self.output,
+            "timedOut": self.timed_out,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> CheckResult:
+        code = data.get("exitCode")
+        return cls(
+            bool(data.get("passed")),
+            str(data.get("output") or ""),
+            int(code) if code is not None else None,
+            bool(data.get("timedOut")),
+        )
+
+
+@frozen
+class RoundResult:
+    """One round of an agent step with a check: the agent's turn, then the check on its branch."""
+
+    #: which round (from 1)
+    turn: int
+    #: why the agent ended the round's turn
+    stop_reason: str | None
+    #: what the check said; None when the round ended without one (its turn did not end
+    #: ``end_turn``, or went over the budget)
+    check: CheckResult | None = None
+    #: the unified diff of what the agent changed in this round
+    diff: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "turn": self.turn,
+            "stopReason": self.stop_reason,
+            "check": self.check.to_json() if self.check is not None else None,
+            "diff": self.diff,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RoundResult:
+        check = data.get("check")
+        return cls(
+            int(data.get("turn") or 1),
+            data.get("stopReason"),
+            CheckResult.from_json(check) if check else None,
+            str(data.get("diff") or ""),
+        )
+
+
 def cut_turn(
     text: str, tool_calls: Sequence[Mapping[str, Any]], limit: int | None
 ) -> tuple[str, list[Mapping[str, Any]], dict[str, Any] | None]:
@@ -160,6 +273,16 @@ def agent_failure(stop_reason: str | None, verify: VerifyResult | None) -> str |
     return "; ".join(reasons) or None
 
 
+def check_failure(check: CheckResult, rounds: int) -> str:
+    """Why an instance whose check never passed failed: after how many rounds, and the last
+    check's output."""
+    how = "timed out" if check.timed_out else "failed"
+    if check.exit_code is not None and not check.timed_out:
+        how += f" (exit {check.exit_code})"
+    output = check.output.strip()
+    return f"check {how} after {count(rounds, 'round')}" + (f": {output}" if output else "")
+
+
 @frozen
 class StepResult:
     """The result of one agent step instance (one agent, one item)."""
@@ -207,6 +330,8 @@ class StepResult:
     error_kind: ErrorKind | None = None
     wall_seconds: float = 0.0
     attempt: int = 1
+    #: the rounds of a step with a check, in order (empty without a check)
+    rounds: tuple[RoundResult, ...] = ()
     #: the turn as the client saw it (typed), for callers in this process; not recorded
     turn: TurnResult | None = field(default=None, eq=False, repr=False)
     #: what the run store left out of this turn's text and tool calls (see :func:`cut_turn`),
@@ -254,6 +379,7 @@ class StepResult:
             "errorKind": self.error_kind,
             "wallSeconds": round(self.wall_seconds, 3),
             "attempt": self.attempt,
+            "rounds": [r.to_json() for r in self.rounds],
         }
 
     @classmethod
@@ -286,6 +412,7 @@ class StepResult:
             error_kind=data.get("errorKind"),
             wall_seconds=float(data.get("wallSeconds") or 0.0),
             attempt=int(data.get("attempt") or 1),
+            rounds=tuple(RoundResult.from_json(r) for r in data.get("rounds") or ()),
             cut=data.get("cut"),
         )
 
@@ -347,6 +474,7 @@ EventType = Literal[
     "step_skipped",
     "step_retry",
     "step_reused",
+    "step_round",
     "run_finished",
 ]
 

@@ -74,6 +74,9 @@ class PipelineRunner:
     verify: Mapping[str, str] = field(factory=dict)
     #: instances already finished in an earlier attempt of this run: key -> (record, branch)
     reused: Mapping[str, tuple[StepRecord, Branch]] = field(factory=dict)
+    #: instances that failed their check in every round of an earlier attempt: key ->
+    #: (record, branch); their first attempt goes on from that branch
+    continued: Mapping[str, tuple[StepRecord, Branch]] = field(factory=dict)
     parallel: int = 8
     #: a callback for every session update of every agent turn
     on_update: Callable[[t.SessionUpdate], None] | None = None
@@ -150,6 +153,7 @@ class PipelineRunner:
             workspace=self.workspace,
             inputs=self.inputs,
             reused=self.reused,
+            continued=self.continued,
             slots=slots,
             recorder=self._recorder,
             dirs=self._dirs,

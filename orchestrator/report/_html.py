@@ -12,9 +12,9 @@ import difflib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .._words import count
+from .._words import count, round_lines
 from ._dag import STATUSES, dag_svg, status_class, step_anchor
-from ._diff import DiffLine, FileDiff, count_lines
+from ._diff import DiffLine, FileDiff, count_lines, parse_diff
 from ._format import (
     DASH,
     agent_cost_text,
@@ -234,6 +234,24 @@ def _value(value: Any) -> Markup:
     if "\n" not in text and len(text) <= 120:
         return el("code", text)
     return _pre(text)
+
+
+def _rounds(rounds: Sequence[Mapping[str, Any]]) -> Markup | None:
+    """A step's rounds: a line each, with the output of a check that failed and what the
+    round changed."""
+    if not rounds:
+        return None
+    items = []
+    for line, r in zip(round_lines(rounds), rounds, strict=True):
+        check = r.get("check")
+        output = check.get("output") if isinstance(check, Mapping) else None
+        failed = isinstance(check, Mapping) and not check.get("passed")
+        diff = r.get("diff")
+        changed = (
+            diff_html(parse_diff(diff), open_all=False) if isinstance(diff, str) and diff else None
+        )
+        items.append(el("li", line, _pre(str(output)) if failed and output else None, changed))
+    return join(el("h4", "Rounds"), el("ol", *items, class_="rounds"))
 
 
 def _traceback(text: str | None) -> Markup | None:
@@ -760,6 +778,7 @@ def _step_card(n: int, s: StepView) -> Markup:
             _instance_facts(i),
             el("div", i.error, class_="error") if i.error else None,
             _traceback(i.traceback),
+            _rounds(i.rounds),
             el("h4", "Message") if i.text else None,
             _pre(i.text) if i.text else None,
             join(el("h4", "Value"), _pre(json_text(i.value)))

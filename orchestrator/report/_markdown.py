@@ -12,9 +12,10 @@ it, readable elsewhere).
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from .._words import count
+from .._words import count, round_lines
 from ._dag import STATUSES
 from ._diff import FileDiff, count_lines
 from ._format import (
@@ -471,12 +472,29 @@ def _step(s: StepView) -> list[str]:
         if i.error:
             out += [f"Error: {cell(i.error)}", ""]
         out += _traceback(i.traceback)
+        out += _rounds(i.rounds)
         if i.text:
             out += fence(i.text, "text")
         if i.has_value and i.status != "failed":  # a failed step returned nothing
             out += ["Value:", "", *fence(json_text(i.value), "json")]
         if i.files:
             out += _diffs(i.files, "#####", i)
+    return out
+
+
+def _rounds(rounds: Sequence[Mapping[str, Any]]) -> list[str]:
+    """A step's rounds: a line each, then the output of each check that failed and what each
+    round changed."""
+    if not rounds:
+        return []
+    out = ["Rounds:", "", *(f"- {cell(line)}" for line in round_lines(rounds)), ""]
+    for r in rounds:
+        check = r.get("check")
+        if isinstance(check, Mapping) and not check.get("passed") and check.get("output"):
+            out += [f"Check output, round {r.get('turn')}:", "", *fence(str(check["output"]))]
+        diff = r.get("diff")
+        if isinstance(diff, str) and diff:
+            out += [f"Changed in round {r.get('turn')}:", "", *fence(diff, "diff")]
     return out
 
 

@@ -154,6 +154,8 @@ class AgentView:
     attempt: int | None
     #: the Python traceback of the exception that failed it, when the pipeline's code raised it
     traceback: str | None
+    #: the rounds of a step with a check: ``{turn, stopReason, check}`` each
+    rounds: tuple[Mapping[str, Any], ...] = ()
 
     @classmethod
     def from_json(
@@ -201,6 +203,7 @@ class AgentView:
             item=obj.get("item"),
             attempt=None if attempt is None else int(attempt),
             traceback=as_str(obj.get("traceback")),
+            rounds=as_maps(obj.get("rounds")),
         )
 
     @property

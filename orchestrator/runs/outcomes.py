@@ -36,9 +36,11 @@ __all__ = [
     "AgentIdentity",
     "AgentOutcome",
     "BranchUsage",
+    "CheckEntry",
     "FileChange",
     "InstanceOutcome",
     "PermissionEntry",
+    "RoundEntry",
     "StepOutcome",
     "ToolCallEntry",
     "VerifyEntry",
@@ -358,6 +360,74 @@ def _write_opt(value: Any) -> Any:
     return None if value is None else value.to_json()
 
 
+@frozen(kw_only=True)
+class CheckEntry:
+    """What a step's check said of one round (see :class:`RoundEntry`)."""
+
+    passed: bool = attrs.field(default=False, metadata=_json("passed", _BOOL))
+    #: a shell check's exit status (124: timed out); None for a Python check
+    exit_code: int | None = attrs.field(default=None, metadata=_json("exitCode", _OPT_INT))
+    #: the tail of a shell check's output, or a Python check's message
+    output: str | None = attrs.field(default=None, metadata=_json("output", _OPT_STR))
+    #: whether it was killed for taking too long
+    timed_out: bool = attrs.field(default=False, metadata=_json("timedOut", _BOOL))
+    #: the keys this version does not read, as they were
+    extra: Mapping[str, Any] = _extra_field()
+    #: the keys of the object it was read from, in order
+    json_keys: tuple[str, ...] = _keys_field()
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> CheckEntry:
+        """The check a ``check`` object describes."""
+        return _read(cls, data)
+
+    def to_json(self) -> dict[str, Any]:
+        """The object it was read from."""
+        return _write(self)
+
+
+def _opt_check(raw: Any) -> CheckEntry | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise _Unreadable
+    return CheckEntry.from_json(raw)
+
+
+@frozen(kw_only=True)
+class RoundEntry:
+    """One round of an agent step with a check: its turn, then the check on its branch."""
+
+    #: which round, from 1
+    turn: int | None = attrs.field(default=None, metadata=_json("turn", _OPT_INT))
+    #: how the round's turn ended
+    stop_reason: str | None = attrs.field(default=None, metadata=_json("stopReason", _OPT_STR))
+    #: what the check said; None when the round ended without one
+    check: CheckEntry | None = attrs.field(
+        default=None, metadata=_json("check", _opt_check, _write_opt)
+    )
+    #: the unified diff of what the agent changed in this round
+    diff: str | None = attrs.field(default=None, metadata=_json("diff", _OPT_STR))
+    #: the keys this version does not read, as they were
+    extra: Mapping[str, Any] = _extra_field()
+    #: the keys of the object it was read from, in order
+    json_keys: tuple[str, ...] = _keys_field()
+
+    @property
+    def passed(self) -> bool:
+        """Whether the round's check passed."""
+        return self.check is not None and self.check.passed
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RoundEntry:
+        """The round a ``rounds`` entry describes."""
+        return _read(cls, data)
+
+    def to_json(self) -> dict[str, Any]:
+        """The entry it was read from."""
+        return _write(self)
+
+
 _CHANGES = _list_of(FileChange.from_json)
 _PERMISSIONS = _list_of(PermissionEntry.from_json)
 _TOOL_CALLS = _list_of(ToolCallEntry.from_json)
@@ -483,6 +553,10 @@ class InstanceOutcome(_TurnFields):
     agent: str | None = attrs.field(default=None, metadata=_json("agent", _OPT_STR))
     #: a Python step's return value (as JSON); None for an agent step
     value: Any = attrs.field(default=None, metadata=_json("value", _any))
+    #: the rounds of an agent step with a check, in order; empty without one
+    rounds: tuple[RoundEntry, ...] = attrs.field(
+        factory=tuple, metadata=_json("rounds", _list_of(RoundEntry.from_json), _write_all)
+    )
     #: the keys this version does not read, as they were
     extra: Mapping[str, Any] = _extra_field()
     #: the keys of the object it was read from, in order

@@ -475,6 +475,7 @@ async def run_pipeline(
     ):
         async with open_run_store(state) as store:
             reused: dict[str, tuple[StepRecord, Branch]] = {}
+            continued: dict[str, tuple[StepRecord, Branch]] = {}
             try:
                 snapshot = await trio.to_thread.run_sync(Workspace.open(root).snapshot)
             except PathRefused as e:
@@ -512,6 +513,7 @@ async def run_pipeline(
                 # moved into the trash, which the runner deletes in the background
                 await trio.to_thread.run_sync(_trash_branches, run_dir)
                 reused = await _reusable(store, run_id, snapshot)
+                continued = await _continued(store, run_id, snapshot)
                 recorded = dict((await store.get_run(run_id)).options)
                 # what confines this attempt, and what a later resume keeps
                 recorded["sandbox"] = confinement
@@ -574,6 +576,7 @@ async def run_pipeline(
                         services=services,
                         verify=dict(verify or {}),
                         reused=reused,
+                        continued=continued,
                         parallel=limit,
                         agents=agents,
                         sandboxes=sandboxes,
@@ -739,6 +742,25 @@ async def _reusable(
             continue
         if record.result is None and not record.value_stored:
             continue  # a value that could not be stored: the step runs again
+        changes = await store.changes(run_id, record.key)
+        branch = rebuild_branch(snapshot, record.key, changes)
+        branch.close()
+        out[record.key] = (record, branch)
+    return out
+
+
+async def _continued(
+    store: RunStore, run_id: str, snapshot: Snapshot
+) -> dict[str, tuple[StepRecord, Branch]]:
+    """The instances of ``run_id`` that failed their check in every round, with their branches
+    rebuilt: a resume starts a new loop of rounds on each (see ``_instance``)."""
+    out: dict[str, tuple[StepRecord, Branch]] = {}
+    for record in await store.steps(run_id):
+        result = record.result
+        if record.status != "failed" or record.error_kind != "check" or result is None:
+            continue
+        if not result.get("rounds"):
+            continue
         changes = await store.changes(run_id, record.key)
         branch = rebuild_branch(snapshot, record.key, changes)
         branch.close()
