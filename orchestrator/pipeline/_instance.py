@@ -22,6 +22,7 @@ from ._branchio import BranchDirs
 from ._calls import call, describe, error_kind, user_traceback
 from ._recording import Recorder
 from ._state import StepState
+from ._step import Step
 from .results import CheckResult, RunEvent, StepContext, StepResult
 
 __all__ = ["InstanceExecutor", "fork_from", "reuse_branch"]
@@ -126,17 +127,7 @@ class InstanceExecutor:
             error = describe(e)
             kind = error_kind(e)
             if attempt <= step.retries:
-                recorder.emit(
-                    RunEvent(
-                        "step_retry",
-                        self.run_id,
-                        step.name,
-                        key,
-                        agent,
-                        {"error": error, "attempt": attempt},
-                    )
-                )
-                return True
+                return self._retry(step, key, agent, error, attempt)
             state.failures[key] = error
             state.failure_kinds[key] = kind
             state.last[key] = e
@@ -177,17 +168,7 @@ class InstanceExecutor:
             and attempt <= step.retries
         ):
             # no round passed the check: the whole loop starts again on a fresh branch
-            recorder.emit(
-                RunEvent(
-                    "step_retry",
-                    self.run_id,
-                    step.name,
-                    key,
-                    agent,
-                    {"error": output.error, "attempt": attempt},
-                )
-            )
-            return True
+            return self._retry(step, key, agent, output.error, attempt)
         state.last[key] = output
         if isinstance(output, StepResult) and not output.ok:
             state.failures[key] = output.error or "failed"
@@ -199,6 +180,22 @@ class InstanceExecutor:
         diffs = self.dirs.take_diffs(branch)
         recorder.finish(name, step, key, agent, output, branch, attempt, started, diffs)
         return False
+
+    def _retry(
+        self, step: Step, key: str | None, agent: str | None, error: str | None, attempt: int
+    ) -> bool:
+        """Announce that attempt ``attempt`` failed with ``error`` and another follows: True."""
+        self.recorder.emit(
+            RunEvent(
+                "step_retry",
+                self.run_id,
+                step.name,
+                key,
+                agent,
+                {"error": error, "attempt": attempt},
+            )
+        )
+        return True
 
     async def _attempt(
         self,
