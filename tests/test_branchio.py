@@ -457,3 +457,20 @@ def test_undo_writes_puts_back_what_was_written_after_a_harvest(tmp_path: Path) 
         assert (root / "run.sh").stat().st_mode & 0o777 == 0o644
         # and the next harvest finds nothing more: the agent's work alone
         assert not workdir.harvest(full=True).changed
+
+
+async def test_a_tree_too_small_to_pool_never_waits_for_a_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tree the pool would not keep is copied at once: no directory of it comes back."""
+    monkeypatch.setattr(TreeUse, "decide", _waits_while_one_is_in_use)
+    root = Branch.from_tree(_large(tmp_path).base, "root")
+    pool = DirPool(str(tmp_path / "run" / "branches" / ".pool"), 4, min_files=1000)
+    dirs = BranchDirs(tmp_path / "run", BranchIO(), pool=pool, limit=4)
+    with trio.fail_after(LIMIT):
+        async with dirs.serving():
+            first = await dirs.materialize(root.fork("a"), "a", 1)
+            second = await dirs.materialize(root.fork("b"), "b", 1)  # while the first is in use
+            dirs.remove(first)
+            dirs.remove(second)
+    assert (dirs.costs.made, dirs.costs.reused) == (2, 0)

@@ -343,7 +343,12 @@ class BranchDirs:
         """A directory of ``branch``'s large tree: a pooled one reset, or a fresh copy (see
         :mod:`orchestrator.pipeline._supply`); whether it was reused."""
         pool = self.pool
-        key = tree_key(branch) if pool is not None else None
+        # a tree too small to be pooled never gets a directory back: nothing to wait for
+        key = (
+            tree_key(branch)
+            if pool is not None and len(branch.root.paths()) >= pool.min_files
+            else None
+        )
         if pool is None or key is None:
             # every branch copies: one copy at a time among the run's fresh copies
             async with self.copies:
