@@ -154,6 +154,18 @@ async def test_one_round_runs_the_verify_command_once_without_feedback(tmp_path:
     assert outcome.result["maxRounds"] == 1
 
 
+async def test_the_verify_command_runs_once_a_round(tmp_path: Path) -> None:
+    """With rounds, the verify command is each round's check and is not run again after the
+    last: two rounds, two runs."""
+    ws = workspace(tmp_path, {"f.txt": "start\n"})
+    runs = tmp_path / "runs.log"
+    verify = f"echo run >> {shlex.quote(str(runs))}; {VERIFY}"
+    with trio.fail_after(LIMIT):
+        outcome = await compare(["bob=demo"], TASK, cwd=ws, policy="edit", verify=verify, rounds=3)
+    assert checks(by_name(outcome.result)["bob"]) == [False, True]
+    assert runs.read_text() == "run\nrun\n"
+
+
 async def test_rounds_are_checked(tmp_path: Path) -> None:
     """Rounds above 1 need a verify command; fewer than 1, or not an int, are refused."""
     ws = workspace(tmp_path)
