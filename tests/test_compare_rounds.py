@@ -30,6 +30,7 @@ from run_helpers import (
 
 from orchestrator.cli.output import SCHEMA_VERSION, output_schema
 from orchestrator.errors import UsageError
+from orchestrator.report import render_html, render_markdown
 from orchestrator.runs import compare, get_run_json, resume_run
 from orchestrator.testing import AgentScript, Say, Turn, WriteDisk
 
@@ -134,6 +135,13 @@ async def test_each_agent_gets_its_rounds_and_green_in_fewer_wins(
     stored = await get_run_json(outcome.run_id, state_dir=state_dir)
     assert (stored["winner"], stored["maxRounds"]) == ("alice", 3)
     assert by_name(stored)["bob"]["rounds"] == agents["bob"]["rounds"]
+    # the reports list each agent's rounds
+    markdown = render_markdown(result)
+    assert (
+        f"- round 1: check failed (exit 1): {FIX}\n- round 2: check passed (exit 0)\n" in markdown
+    )
+    assert markdown.count("- round 3: check failed (exit 1)") == 1  # carol's
+    assert render_html(result).count('class="rounds"') == 3
 
 
 async def test_one_round_runs_the_verify_command_once_without_feedback(tmp_path: Path) -> None:
