@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from orchestrator.pipeline.results import VerifyResult, agent_failure
-from orchestrator.runs.verdict import changed_lines, judge
+from orchestrator.runs.verdict import changed_lines, green_round, judge
 
 #: one file, 2 added and 1 removed, and a removed line that reads "-- x" (shown "--- x")
 DIFF = """diff --git a/a.txt b/a.txt
@@ -57,6 +57,32 @@ def test_verify_passed_then_fewest_lines_then_fastest() -> None:
     assert verdict.winner == "fast"
     assert verdict.reason == "verify passed, no file changed, 2.5 s"
     assert verdict.status == "succeeded"
+
+
+def rounds(*passed: bool) -> list[dict[str, Any]]:
+    """An agent's ``rounds``, each with a check that passed or not."""
+    return [{"turn": i + 1, "check": {"passed": p}} for i, p in enumerate(passed)]
+
+
+def test_green_in_fewer_rounds_ranks_before_fewer_lines() -> None:
+    """Among agents whose verify passed, the one that needed fewer rounds wins, however many
+    more lines it changed; the reason says in how many rounds."""
+    passed = {"exitCode": 0}
+    edited = [{"path": "a.txt", "change": "modified"}]
+    verdict = judge(
+        [
+            agent("second", verify=passed, changes=edited, rounds=rounds(False, True)),
+            agent("first", verify=passed, changes=edited, diff=DIFF, rounds=rounds(True)),
+        ]
+    )
+    assert (verdict.winner, verdict.reason) == (
+        "first",
+        "verify passed in 1 round, 4 lines changed, 1.0 s",
+    )
+    assert green_round(agent("x", rounds=rounds(False, False, True))) == 3
+    assert green_round(agent("x", rounds=rounds(False, False))) is None
+    assert green_round(agent("x", rounds=[{"turn": 1, "check": None}])) is None
+    assert green_round(agent("x")) is None
 
 
 def test_an_agent_that_changed_nothing_does_not_win_by_fewest_lines() -> None:

@@ -177,15 +177,31 @@ def _tokens(view: Any) -> float | None:
 # compare
 
 
-def _columns() -> tuple[tuple[str, int, bool, Callable[[Any], str]], ...]:
+def _columns(max_rounds: int = 1) -> tuple[tuple[str, int, bool, Callable[[Any], str]], ...]:
     """The table's columns: (header, priority, right-aligned, the cell of an agent); the lowest
-    priority is dropped first when the table is too wide."""
+    priority is dropped first when the table is too wide. ``max_rounds``: the rounds each
+    agent had."""
     from ..report._format import DASH, agent_cost_text, count_text, seconds_text
 
     def verify(a: Any) -> str:
         if a.verify is None:
             return DASH
         return "passed" if a.verify_passed else "failed"
+
+    def rounds(a: Any) -> str:
+        if not a.rounds:
+            return DASH
+        check = a.rounds[-1].get("check")
+        # green: the check passed; red: it failed every round; stopped: the last turn ended
+        # before a check (the agent's cancel or refusal, the budget)
+        how = (
+            "stopped"
+            if not isinstance(check, Mapping)
+            else "green"
+            if check.get("passed")
+            else "red"
+        )
+        return f"{how} in {len(a.rounds)}/{max(max_rounds, len(a.rounds))} rounds"
 
     def tools(a: Any) -> str:
         failed = a.failed_tool_calls
@@ -199,6 +215,7 @@ def _columns() -> tuple[tuple[str, int, bool, Callable[[Any], str]], ...]:
         ("AGENT", 100, False, lambda a: a.name),
         ("OUTCOME", 90, False, lambda a: a.status or DASH),
         ("VERIFY", 60, False, verify),
+        ("ROUNDS", 65, False, rounds),
         ("FILES", 70, True, lambda a: str(a.files_changed)),
         ("+/-", 80, True, lambda a: "+{} -{}".format(*a.lines)),
         ("TOOLS", 40, True, tools),
@@ -209,17 +226,19 @@ def _columns() -> tuple[tuple[str, int, bool, Callable[[Any], str]], ...]:
     )
 
 
-def compare_table(agents: Sequence[Mapping[str, Any]], winner: str | None, width: int) -> list[str]:
+def compare_table(
+    agents: Sequence[Mapping[str, Any]], winner: str | None, width: int, max_rounds: int = 1
+) -> list[str]:
     """One row per agent, the winner starred; columns dropped, least useful first, until the
-    table fits ``width`` (never the agent's name, which is never cut). Verify, tokens and cost
-    show only when some agent has one."""
+    table fits ``width`` (never the agent's name, which is never cut). Verify, rounds (of
+    ``max_rounds``), tokens and cost show only when some agent has one."""
     from ..report._format import DASH
 
     views = [_view(a, f"agent {i + 1}") for i, a in enumerate(agents)]
     cols = []
-    for header, priority, right, value in _columns():
+    for header, priority, right, value in _columns(max_rounds):
         cells = [terminal_text(value(v)) for v in views]
-        if header in ("VERIFY", "TOKENS", "COST") and all(c == DASH for c in cells):
+        if header in ("VERIFY", "ROUNDS", "TOKENS", "COST") and all(c == DASH for c in cells):
             continue
         cols.append((header, priority, right, cells))
 
@@ -261,7 +280,9 @@ def compare_result(
     run_id = str(result.get("runId") or "RUN")
     verdict = judge(agents)
     width = width or terminal_width(out)
-    for line in compare_table(agents, verdict.winner, width):
+    max_rounds = result.get("maxRounds")
+    rounds = max_rounds if isinstance(max_rounds, int) and max_rounds > 0 else 1
+    for line in compare_table(agents, verdict.winner, width, rounds):
         say(line, out)
     for i, agent in enumerate(agents):
         view = _view(agent, f"agent {i + 1}")

@@ -239,6 +239,13 @@ def add_parsers(sub: Any) -> None:
     )
     c.add_argument("--agent", action="append", required=True, help="repeat for each agent")
     c.add_argument("--verify", metavar="CMD", help="a command run in each agent's branch after it")
+    c.add_argument(
+        "--rounds",
+        type=positive_int,
+        metavar="N",
+        help="give each agent up to N rounds: while --verify fails, the agent gets its output "
+        "and tries again in the same session (default: 1, no feedback)",
+    )
     c.add_argument("--apply", metavar="NAME", help="write this agent's changes to --cwd")
     c.add_argument("--timeout", type=positive_seconds, help="seconds allowed for each agent's turn")
     c.add_argument(
@@ -525,10 +532,13 @@ async def cmd_run(args: argparse.Namespace) -> int:
 
 async def cmd_compare(args: argparse.Namespace) -> int:
     """``orchestrator compare``."""
+    from ..errors import UsageError
     from ..runs import compare
     from .escalation import choose_escalation
     from .trust import project_config
 
+    if args.rounds is not None and args.verify is None:
+        raise UsageError("--rounds needs --verify: the command each round is checked with")
     task = await read_prompt(args)
     config = await project_config(args.cwd, args.state_dir)
     with _view(args, "compare") as view:
@@ -537,6 +547,7 @@ async def cmd_compare(args: argparse.Namespace) -> int:
             task,
             config=config,
             verify=args.verify,
+            rounds=args.rounds or 1,
             apply=args.apply,
             cwd=args.cwd,
             policy=args.policy,

@@ -370,11 +370,18 @@ class AgentTurns:
             self._permission_events(step, key, agent, turn)
         verify = None
         command = self.verify.get(step.name)
-        if command is not None:
+        last_check = rounds[-1].check if rounds else None
+        if command is not None and command == check and last_check is not None:
+            # the verify command is the step's check (a comparison's rounds): it is not run
+            # again, its last round says what it would
+            assert last_check.exit_code is not None  # a shell command's
+            verify = VerifyResult(
+                command, last_check.exit_code, last_check.output, last_check.timed_out
+            )
+        elif command is not None:
             verify = await run_verify(command, Path(workdir.root), sandbox=sandbox)
         error: str | None
         kind: ErrorKind | None = None
-        last_check = rounds[-1].check if rounds else None
         if over_budget:
             error = f"budget exceeded: {over_budget[0]} tokens > {step.budget.max_tokens}"  # type: ignore[union-attr]
             kind = "budget"
@@ -422,8 +429,9 @@ class AgentTurns:
         outcome = await run_check(
             step.check, Path(workdir.root), result, timeout=left, sandbox=sandbox
         )
-        if not last or step.name in self.verify:
-            # the next round (or the verify command) sees the agent's work alone
+        if not last or self.verify.get(step.name, step.check) != step.check:
+            # the next round (or a verify command other than the check) sees the agent's
+            # work alone
             await self.dirs.discard_writes(workdir, before)
         return outcome
 

@@ -484,6 +484,7 @@ def _agent_card(a: AgentView, anchor: str) -> Markup:
         _pre(a.text) if a.text or not a.has_value else None,
         value,
         verify,
+        _rounds(a.rounds),  # a comparison's rounds against its verify command
         class_="card",
         id=anchor,
         open=True,

@@ -301,6 +301,7 @@ def _compare(view: CompareView) -> list[str]:
                 output = as_str(a.verify.get("output"))
                 if output:
                     out += fence(output, "text")
+            out += _rounds(a.rounds)  # a comparison's rounds against its verify command
     else:
         out += ["No agents in this result.", ""]
     out += ["## Steps (tool calls)", ""]

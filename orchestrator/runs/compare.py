@@ -65,6 +65,8 @@ def _compare_pipeline(
     idle_timeout: float | None = None,
     model: str | None = None,
     mode: str | None = None,
+    verify: str | None = None,
+    rounds: int = 1,
 ) -> Pipeline:
     def compare(task: str) -> str:
         return task
@@ -75,6 +77,10 @@ def _compare_pipeline(
         idle_timeout=idle_timeout,
         model=model,
         mode=mode,
+        # more than one round: the verify command is each round's check, its output the
+        # next round's feedback; one round is the verify command alone, run after the turn
+        check=verify if rounds > 1 else None,
+        rounds=rounds,
     )(compare)
     # one agent or many, each instance is named after its agent (compare[NAME])
     return Pipeline.from_steps([attrs.evolve(made, keyed_by_agent=True)], name="compare")
@@ -85,6 +91,7 @@ async def compare(
     task: str,
     *,
     verify: str | None = None,
+    rounds: int = 1,
     apply: str | None = None,
     config: Config | None = None,
     cwd: str | os.PathLike[str] = ".",
@@ -112,7 +119,11 @@ async def compare(
 
     ``verify`` is a shell command run in each agent's branch directory after its turn: an
     agent succeeds when its turn ends ``end_turn`` and the command exits 0 (an empty or blank
-    command is a :class:`~orchestrator.errors.UsageError`). The comparison
+    command is a :class:`~orchestrator.errors.UsageError`). With ``rounds`` above 1 each
+    agent gets up to that many rounds in its session: while the command fails, the agent is
+    prompted again with its output (as a pipeline step's ``check=`` with ``rounds=``), and
+    each agent's ``rounds`` lists them, its ``verify`` being the last one's; ``rounds`` 1 (the
+    default) runs the command once after the turn, without feedback. The comparison
     succeeds when at least one agent did; its result names them (``succeeded``) and the
     ``winner`` (see :mod:`orchestrator.runs.verdict`). ``apply`` names the agent whose
     changes to write to the workspace, if that agent succeeded (else the status is failed).
@@ -132,6 +143,12 @@ async def compare(
         raise UsageError("compare needs at least one agent")
     if verify is not None and not verify.strip():  # else no check would run, yet all pass
         raise UsageError("the verify command is empty")
+    if not isinstance(rounds, int) or isinstance(rounds, bool):
+        raise TypeError(f"rounds must be an int, not {type(rounds).__name__}")
+    if rounds < 1:
+        raise UsageError(f"rounds must be 1 or more, not {rounds}")
+    if rounds > 1 and verify is None:
+        raise UsageError("rounds need a verify command: it is the check each round runs")
     root = workspace_root(cwd)
     cfg = config if config is not None else Config.load(root, state_dir=state_dir)
     specs = cfg.resolve_agents(agents, base=os.getcwd())
@@ -147,7 +164,7 @@ async def compare(
     cfg = cfg.with_agents({s.name: s for s in specs})
     if apply is not None and apply not in names:
         raise UsageError(f"apply {apply!r}: not one of the agents ({', '.join(names)})")
-    pipe = _compare_pipeline(task, names, timeout, idle_timeout, model, mode)
+    pipe = _compare_pipeline(task, names, timeout, idle_timeout, model, mode, verify, rounds)
     # recorded before the run starts, so an interrupted comparison can be resumed
     info = {
         "task": task,
@@ -157,6 +174,7 @@ async def compare(
         "idle_timeout": idle_timeout,
         "model": model,
         "mode": mode,
+        "rounds": rounds,
     }
     outcome = await run_pipeline(
         pipe,

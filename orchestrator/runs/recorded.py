@@ -360,6 +360,8 @@ async def _rebuild(record: RunRecord, steps: list[StepRecord], store: RunStore) 
             agents.append(one)
         result.update(
             task=compare_info.get("task") or record.inputs.get("task"),
+            # the most rounds each agent had (1: the verify command ran once, no feedback)
+            maxRounds=int(compare_info.get("rounds") or 1),
             agents=agents,
             applied=written[-1] if written else None,
             **judge(agents).to_json(),

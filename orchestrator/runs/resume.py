@@ -119,6 +119,9 @@ async def resume_run(
                 f"run {record.run_id} is a comparison: resume it without applying, then "
                 f"apply one agent's changes ({choices})"
             )
+        # with rounds, the verify command (as recorded, or the one given) checks each round:
+        # an agent that failed them all starts a new loop on its branch, as a step would
+        checked = (verify if verify is not None else recorded.get("verify") or {}).get("compare")
         pipe = _compare_pipeline(
             str(info.get("task", "")),
             names,
@@ -126,6 +129,8 @@ async def resume_run(
             info.get("idle_timeout"),
             info.get("model"),
             info.get("mode"),
+            checked,
+            int(info.get("rounds") or 1) if checked else 1,
         )
         if "settings" not in recorded:  # recorded before settings were kept
             base = _compare_config(record.cwd, names, info.get("commands") or {}, state_dir=state)

@@ -2,10 +2,11 @@
 
 A comparison exists to pick one. It succeeded when at least one agent did (see
 :func:`~orchestrator.pipeline.results.agent_failure` for when an agent succeeds). The winner is
-the succeeded agent whose verify command passed, then one that changed something (an agent
-whose edits were all refused, or that did nothing, does not win by changing the fewest lines),
-then the one with the fewest changed lines (added plus removed in its diff), then the fastest;
-the order of the agents breaks a tie.
+the succeeded agent whose verify command passed, then the one that passed it in the fewest
+rounds (a comparison with rounds; see :func:`green_round`), then one that changed something
+(an agent whose edits were all refused, or that did nothing, does not win by changing the
+fewest lines), then the one with the fewest changed lines (added plus removed in its diff),
+then the fastest; the order of the agents breaks a tie.
 
 The live result of a comparison and the one rebuilt from the run store both come from
 :func:`judge`, so ``compare --json``, ``show --json`` and the run's status always agree.
@@ -22,7 +23,7 @@ from attrs import frozen
 
 from .._words import count, seconds_text
 
-__all__ = ["Verdict", "changed_lines", "judge"]
+__all__ = ["Verdict", "changed_lines", "green_round", "judge"]
 
 _HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
 
@@ -53,10 +54,11 @@ def judge(agents: Sequence[Mapping[str, Any]]) -> Verdict:
     if not succeeded:
         return Verdict((), None, None)
 
-    def rank(agent: Mapping[str, Any]) -> tuple[bool, bool, int, float]:
+    def rank(agent: Mapping[str, Any]) -> tuple[bool, int, bool, int, float]:
         wall = agent.get("wallSeconds")
         return (
             not _verify_passed(agent),
+            green_round(agent) or 1,
             not agent.get("changes"),
             changed_lines(str(agent.get("diff") or "")),
             float(wall) if isinstance(wall, (int, float)) else math.inf,
@@ -67,13 +69,27 @@ def judge(agents: Sequence[Mapping[str, Any]]) -> Verdict:
     lines = changed_lines(str(best.get("diff") or ""))
     reason = [f"{count(lines, 'line')} changed" if best.get("changes") else "no file changed"]
     if _verify_passed(best):
-        reason.insert(0, "verify passed")
+        green = green_round(best)
+        # in how many rounds, when the agent had rounds to pass it in
+        reason.insert(0, "verify passed" + (f" in {count(green, 'round')}" if green else ""))
     wall = best.get("wallSeconds")
     if isinstance(wall, (int, float)):
         reason.append(seconds_text(wall))  # as the table shows it
     return Verdict(
         tuple(str(a.get("name")) for a in succeeded), str(best.get("name")), ", ".join(reason)
     )
+
+
+def green_round(agent: Mapping[str, Any]) -> int | None:
+    """The round in which an agent's check passed (its ``rounds``, the last one's check);
+    None when it had no rounds (a verify command run once) or its last check did not pass."""
+    rounds = agent.get("rounds")
+    if not isinstance(rounds, Sequence) or not rounds or not isinstance(rounds[-1], Mapping):
+        return None
+    check = rounds[-1].get("check")
+    if not isinstance(check, Mapping) or check.get("passed") is not True:
+        return None
+    return len(rounds)
 
 
 def _verify_passed(agent: Mapping[str, Any]) -> bool:
