@@ -153,3 +153,27 @@ async def test_bad_selectors_are_one_line_usage_errors(
     assert says in one_line_error(done)
     assert "Traceback" not in done.stderr.decode()
     assert [r["runId"] for r in (await cli(tmp_path, state_dir, "runs"))["runs"]] == [kept]
+
+
+async def test_a_run_whose_apply_was_interrupted_is_kept_until_it_is_finished(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    """An apply killed midway keeps its run (its journal still needs it) until apply finishes."""
+    from test_apply_workspace import kill_apply_midway
+
+    files = tmp_path / "files"
+    files.mkdir()
+    for i in range(4):
+        (files / f"f{i}.txt").write_text(f"old {i}\n")
+    ran = await cli(tmp_path, state_dir, "prompt", "--agent", "demo", "--policy", "trusted",
+                    "--cwd", str(files), "replace 'old' with 'new' in f*.txt")  # fmt: skip
+    run_id = ran["runId"]
+    kill_apply_midway(files, state_dir, run_id, tmp_path / "marker")
+    done = await cli(tmp_path, state_dir, "prune", "--keep", "0")
+    assert done["deleted"] == []
+    [kept] = done["skipped"]
+    assert kept["runId"] == run_id and "apply of it was interrupted" in kept["reason"]
+    await cli(tmp_path, state_dir, "apply", run_id)  # finishes the interrupted apply
+    assert [(files / f"f{i}.txt").read_text() for i in range(4)] == [f"new {i}\n" for i in range(4)]
+    done = await cli(tmp_path, state_dir, "prune", "--keep", "0")
+    assert [r["runId"] for r in done["deleted"]] == [run_id]
