@@ -207,7 +207,7 @@ def _why_kept(
     """Why the run must stay (None: it can go). With ``locks``, its lock is taken and held
     there; else (a dry run) only tried."""
     if record.run_id in interrupted:
-        return "an apply of it was interrupted: finish it first (orchestrator apply RUN)"
+        return "an apply of it was interrupted: its journal needs the run until it is finished"
     if record.status == "running":
         owner = run_owner(run_dir)
         if owner.state == "unknown":
