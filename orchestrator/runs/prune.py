@@ -263,14 +263,11 @@ def _sweep(state: Path) -> None:
         remove_tree(str(pruned / name))
 
 
-def _files(
-    state: Path, deleted: list[RunRecord], orphans: list[str], dry_run: bool
-) -> tuple[int, dict[str, int]]:
+def _files(state: Path, deleted: list[RunRecord], orphans: list[str], dry_run: bool) -> int:
     """Delete (or, in a dry run, measure) the runs' directories, the orphans and ``pruned/``;
-    the bytes in all and those of each run."""
+    the bytes of the orphans and of ``pruned/``."""
     runs = state / "runs"
-    each = {r.run_id: tree_bytes(str(runs / r.run_id)) for r in deleted}
-    total = sum(each.values()) + tree_bytes(str(state / PRUNED))
+    total = tree_bytes(str(state / PRUNED))
     total += sum(tree_bytes(str(runs / name)) for name in orphans)
     if not dry_run:
         for record in deleted:
@@ -278,7 +275,7 @@ def _files(
         for name in orphans:
             _remove(state, runs / name)
         _sweep(state)
-    return total, each
+    return total
 
 
 async def prune(
@@ -312,8 +309,11 @@ async def prune(
         with ExitStack() as locks:
             going: list[RunRecord] = []
             skipped: list[SkippedRun] = []
+            each: dict[str, int] = {}
             for record in chosen:
                 run_dir = state / "runs" / record.run_id
+                # measured before its lock is taken (which rewrites the lock file)
+                each[record.run_id] = await trio.to_thread.run_sync(tree_bytes, str(run_dir))
                 why = await trio.to_thread.run_sync(
                     _why_kept, record, run_dir, interrupted, None if dry_run else locks
                 )
@@ -327,10 +327,11 @@ async def prune(
             known = {r.run_id for r in await store.list_runs(limit=None)}
             known |= {r.run_id for r in going}
             orphans = await trio.to_thread.run_sync(_orphans, state, known)
-            files, each = await trio.to_thread.run_sync(_files, state, going, orphans, dry_run)
+            files = await trio.to_thread.run_sync(_files, state, going, orphans, dry_run)
+            files += sum(each[r.run_id] for r in going)
     outcome = PruneOutcome(
         deleted=tuple(
-            PrunedRun(r.run_id, r.kind, r.status, r.created, each.get(r.run_id, 0)) for r in going
+            PrunedRun(r.run_id, r.kind, r.status, r.created, each[r.run_id]) for r in going
         ),
         skipped=tuple(skipped),
         database_bytes=database,
