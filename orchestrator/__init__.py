@@ -70,6 +70,8 @@ _EXPORTS: dict[str, str] = {
     "get_run_json": "orchestrator.runs",
     "list_runs": "orchestrator.runs",
     "resume_run": "orchestrator.runs",
+    "PruneOutcome": "orchestrator.runs",
+    "prune": "orchestrator.runs",
     "run_pipeline": "orchestrator.runs",
     "RunStore": "orchestrator.store",
     "open_run_store": "orchestrator.store",
@@ -85,6 +87,7 @@ _EXPORTS: dict[str, str] = {
     "get_run_json_sync": "orchestrator.sync",
     "list_runs_sync": "orchestrator.sync",
     "prompt_sync": "orchestrator.sync",
+    "prune_sync": "orchestrator.sync",
     "resume_run_sync": "orchestrator.sync",
     "run_pipeline_sync": "orchestrator.sync",
 }
@@ -153,6 +156,7 @@ if TYPE_CHECKING:
     from .runs import InstanceOutcome as InstanceOutcome
     from .runs import PermissionEntry as PermissionEntry
     from .runs import PromptRun as PromptRun
+    from .runs import PruneOutcome as PruneOutcome
     from .runs import RunOutcome as RunOutcome
     from .runs import StepOutcome as StepOutcome
     from .runs import ToolCallEntry as ToolCallEntry
@@ -164,6 +168,7 @@ if TYPE_CHECKING:
     from .runs import get_run_json as get_run_json
     from .runs import list_runs as list_runs
     from .runs import prompt as prompt
+    from .runs import prune as prune
     from .runs import resume_run as resume_run
     from .runs import run_pipeline as run_pipeline
     from .sandbox import Sandbox as Sandbox
@@ -179,6 +184,7 @@ if TYPE_CHECKING:
     from .sync import get_run_json_sync as get_run_json_sync
     from .sync import list_runs_sync as list_runs_sync
     from .sync import prompt_sync as prompt_sync
+    from .sync import prune_sync as prune_sync
     from .sync import resume_run_sync as resume_run_sync
     from .sync import run_pipeline_sync as run_pipeline_sync
 

@@ -16,6 +16,7 @@ and ``escalate`` is awaited there: they may use asyncio freely. Objects of trio 
 
 from __future__ import annotations
 
+import datetime
 import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -37,6 +38,8 @@ from orchestrator.runs.apply import apply_run as _apply_run
 from orchestrator.runs.compare import compare as _compare
 from orchestrator.runs.prompt import PromptRun
 from orchestrator.runs.prompt import prompt as _prompt
+from orchestrator.runs.prune import PruneOutcome
+from orchestrator.runs.prune import prune as _prune
 from orchestrator.runs.recorded import diff_run as _diff_run
 from orchestrator.runs.recorded import get_run_json as _get_run_json
 from orchestrator.runs.recorded import list_runs as _list_runs
@@ -54,6 +57,7 @@ __all__ = [
     "get_run_json",
     "list_runs",
     "prompt",
+    "prune",
     "resume_run",
     "run_pipeline",
 ]
@@ -317,4 +321,20 @@ async def diff_run(
     """:func:`~orchestrator.runs.recorded.diff_run` awaited from asyncio (see the module)."""
     return await _threaded.call_async(
         functools.partial(_diff_run, run_id, step=step, state_dir=state_dir)
+    )
+
+
+async def prune(
+    run_ids: Sequence[str] = (),
+    *,
+    older_than: datetime.datetime | datetime.timedelta | None = None,
+    keep: int | None = None,
+    dry_run: bool = False,
+    state_dir: str | os.PathLike[str] | None = None,
+) -> PruneOutcome:
+    """:func:`~orchestrator.runs.prune.prune` awaited from asyncio (see the module)."""
+    return await _threaded.call_async(
+        functools.partial(
+            _prune, run_ids, older_than=older_than, keep=keep, dry_run=dry_run, state_dir=state_dir
+        )
     )

@@ -18,6 +18,7 @@ run to stop before letting ``KeyboardInterrupt`` out.
 
 from __future__ import annotations
 
+import datetime
 import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -39,6 +40,8 @@ from orchestrator.runs.apply import apply_run as _apply_run
 from orchestrator.runs.compare import compare as _compare
 from orchestrator.runs.prompt import PromptRun
 from orchestrator.runs.prompt import prompt as _prompt
+from orchestrator.runs.prune import PruneOutcome
+from orchestrator.runs.prune import prune as _prune
 from orchestrator.runs.recorded import diff_run as _diff_run
 from orchestrator.runs.recorded import get_run_json as _get_run_json
 from orchestrator.runs.recorded import list_runs as _list_runs
@@ -58,6 +61,7 @@ __all__ = [
     "get_run_json_sync",
     "list_runs_sync",
     "prompt_sync",
+    "prune_sync",
     "resume_run_sync",
     "run_pipeline_sync",
 ]
@@ -338,6 +342,24 @@ def diff_run_sync(
     """:func:`~orchestrator.runs.recorded.diff_run` in a thread of its own (see the module)."""
     return _threaded.call_sync(
         functools.partial(_diff_run, run_id, step=step, state_dir=state_dir), cancel
+    )
+
+
+def prune_sync(
+    run_ids: Sequence[str] = (),
+    *,
+    older_than: datetime.datetime | datetime.timedelta | None = None,
+    keep: int | None = None,
+    dry_run: bool = False,
+    state_dir: str | os.PathLike[str] | None = None,
+    cancel: CancelToken | None = None,
+) -> PruneOutcome:
+    """:func:`~orchestrator.runs.prune.prune` in a thread of its own (see the module)."""
+    return _threaded.call_sync(
+        functools.partial(
+            _prune, run_ids, older_than=older_than, keep=keep, dry_run=dry_run, state_dir=state_dir
+        ),
+        cancel,
     )
 
 

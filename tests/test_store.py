@@ -359,6 +359,32 @@ async def test_delete_run_removes_everything(store: RunStore) -> None:
         assert sql(store, f"SELECT count(*) FROM {table}") == [(0,)], table
 
 
+async def test_delete_runs_is_all_or_nothing_and_collects_blobs_by_reference(
+    store: RunStore,
+) -> None:
+    """delete_runs: an unknown id deletes nothing; else the runs go with every blob no
+    remaining change uses (one left unreferenced before too); a dry run rolls back."""
+    await store.create_run(run("r1"))
+    await store.create_run(run("r2"))
+    own = b"r1 only" * 5000
+    await store.put_changes(
+        "r1", "s", [StoredChange("a", "write", b"shared"), StoredChange("b", "write", own)], diff=""
+    )
+    await store.put_changes("r2", "s", [StoredChange("a", "write", b"shared")], diff="")
+    other = sqlite3.connect(store.path)  # another process, leaving a blob nothing uses
+    with other:
+        other.execute("INSERT INTO blobs (digest, size, data) VALUES ('stray', 1, x'00')")
+    other.close()
+    with pytest.raises(RunNotFound):
+        await store.delete_runs(["r1", "nope"])
+    assert len(await store.list_runs()) == 2
+    dry = await store.delete_runs(["r1"], dry_run=True)
+    assert len(await store.list_runs()) == 2 and len(sql(store, "SELECT * FROM blobs")) == 3
+    assert await store.delete_runs(["r1"]) == dry > 0
+    assert [r.run_id for r in await store.list_runs()] == ["r2"]
+    assert sql(store, "SELECT data FROM blobs") == [(b"shared",)]
+
+
 # --------------------------------------------------------------------------- steps
 
 

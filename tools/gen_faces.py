@@ -42,6 +42,7 @@ FUNCTIONS = [
     ("orchestrator.runs.recorded", "list_runs"),
     ("orchestrator.runs.recorded", "get_run_json"),
     ("orchestrator.runs.recorded", "diff_run"),
+    ("orchestrator.runs.prune", "prune"),
 ]
 #: parameters bound to one trio run: a run store opened in it, an agent pool serving in it
 LEFT_OUT = {"store", "pool"}

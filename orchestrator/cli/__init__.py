@@ -171,6 +171,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .trust import add_parser as add_trust_parser
 
     add_trust_parser(sub)
+
+    from .prune import add_parser as add_prune_parser
+
+    add_prune_parser(sub)
     for command in sub.choices.values():
         _log_flags(command, before=False)
     return parser
@@ -233,6 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(build_parser(), argv)
     configure_logging(*verbosity(args))
     from .agents import cmd_agents
+    from .prune import cmd_prune
     from .runs import HANDLERS
     from .trust import cmd_trust
 
@@ -240,6 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "prompt": _cmd_prompt,
         "agents": cmd_agents,
         "trust": cmd_trust,
+        "prune": cmd_prune,
         **HANDLERS,
     }[args.command]
     import trio

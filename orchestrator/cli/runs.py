@@ -659,16 +659,20 @@ async def cmd_runs(args: argparse.Namespace) -> int:
     import datetime
 
     from ..runs import list_runs
+    from ..runs.prune import store_usage
+    from .prune import usage_json, usage_line
 
     runs = await list_runs(state_dir=args.state_dir, limit=args.limit)
     interrupted = await _interrupted(args)
+    usage = await store_usage(state_dir=args.state_dir)
     if args.json:
         _emit(
             {
                 "runs": [
                     {**r.to_json(), "applyInterrupted": _interrupted_of(interrupted, r.run_id)}
                     for r in runs
-                ]
+                ],
+                "store": usage_json(usage),
             }
         )
         return EXIT_OK
@@ -686,6 +690,8 @@ async def cmd_runs(args: argparse.Namespace) -> int:
         from .logs import note
 
         note("no runs recorded", event="no_runs")
+    else:
+        say(usage_line(usage))
     _warn_interrupted(interrupted, None, None)
     return EXIT_OK
 

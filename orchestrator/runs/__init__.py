@@ -1,4 +1,5 @@
-"""The library API for runs: prompts, pipelines, comparisons, resume, apply, and the run store.
+"""The library API for runs: prompts, pipelines, comparisons, resume, apply, pruning, and the
+run store.
 
 Every run goes one way: resolved through :class:`~orchestrator.config.Config`, started through
 the supervisor, recorded in the run store before anything is applied, and applied by one apply
@@ -25,6 +26,7 @@ from .outcomes import (
     VerifyEntry,
 )
 from .prompt import PromptRun, prompt
+from .prune import PrunedRun, PruneOutcome, SkippedRun, prune
 from .recorded import diff_run, get_run_json, list_runs
 from .resume import resume_run
 from .run import RunOutcome, run_pipeline
@@ -41,8 +43,11 @@ __all__ = [
     "InstanceOutcome",
     "PermissionEntry",
     "PromptRun",
+    "PruneOutcome",
+    "PrunedRun",
     "RoundEntry",
     "RunOutcome",
+    "SkippedRun",
     "StepOutcome",
     "ToolCallEntry",
     "Verdict",
@@ -53,6 +58,7 @@ __all__ = [
     "get_run_json",
     "list_runs",
     "prompt",
+    "prune",
     "recover",
     "resume_run",
     "run_pipeline",

@@ -30,7 +30,7 @@ from attrs import frozen
 from ..agent.reaper import process_started, same_process
 from ..errors import RunBusy
 
-__all__ = ["RunOwner", "hold_run_lock", "move_leftovers", "run_owner"]
+__all__ = ["RunOwner", "hold_run_lock", "move_leftovers", "probe_run_lock", "run_owner"]
 
 LOCK_NAME = "lock"
 
@@ -107,6 +107,24 @@ def hold_run_lock(run_dir: Path, run_id: str, *, doing: str) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing the file releases the lock
+
+
+def probe_run_lock(run_dir: Path) -> bool:
+    """Whether the lock of the run in ``run_dir`` is free (or missing): taken and released at
+    once, nothing created. A process starting on the run at that moment finds it busy."""
+    try:
+        fd = os.open(run_dir / LOCK_NAME, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False  # not a lock that can be taken: not known to be free
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True
 
 
 def run_owner(run_dir: Path) -> RunOwner:

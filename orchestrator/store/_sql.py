@@ -26,8 +26,10 @@ from .records import RunRecord
 
 __all__ = [
     "change_set_blobs",
+    "drop_all_unreferenced_blobs",
     "drop_unreferenced_blobs",
     "find_run",
+    "free_bytes",
     "read_blob",
     "require_run",
     "stage",
@@ -130,6 +132,20 @@ def drop_unreferenced_blobs(conn: sqlite3.Connection, digests: Iterable[str]) ->
         "AND NOT EXISTS (SELECT 1 FROM changes WHERE blob = blobs.digest)",
         ((d,) for d in set(digests)),
     )
+
+
+def drop_all_unreferenced_blobs(conn: sqlite3.Connection) -> None:
+    """Delete every content blob that no change refers to (a collection by reference)."""
+    conn.execute(
+        "DELETE FROM blobs WHERE NOT EXISTS (SELECT 1 FROM changes WHERE blob = blobs.digest)"
+    )
+
+
+def free_bytes(conn: sqlite3.Connection) -> int:
+    """The bytes of the database's free pages (those SQLite reuses before growing the file)."""
+    pages = conn.execute("PRAGMA freelist_count").fetchone()[0]
+    size = conn.execute("PRAGMA page_size").fetchone()[0]
+    return int(pages) * int(size)
 
 
 def change_set_blobs(conn: sqlite3.Connection, where: str, args: tuple[Any, ...]) -> list[str]:

@@ -197,6 +197,34 @@ class RunStore(Database):
 
         await self._write(delete)
 
+    async def delete_runs(self, run_ids: Sequence[str], *, dry_run: bool = False) -> int:
+        """Forget the runs ``run_ids`` and everything recorded for them, then every content
+        blob that no remaining change uses, in one transaction; how many bytes of the database
+        that frees (pages SQLite reuses for later writes; the file keeps its size).
+
+        All or nothing: an unknown id raises :class:`~orchestrator.errors.RunNotFound` and
+        nothing is deleted. With ``dry_run`` the same deletion is made and rolled back, so the
+        bytes are those it would free. The blobs are collected by reference from the runs that
+        remain, so content a failed earlier deletion left unreferenced goes too.
+        """
+        ids = list(dict.fromkeys(run_ids))
+
+        def delete(conn: sqlite3.Connection) -> int:
+            free = _sql.free_bytes(conn)
+            for run_id in ids:
+                _sql.require_run(conn, run_id)
+                conn.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
+            _sql.drop_all_unreferenced_blobs(conn)
+            freed = max(0, _sql.free_bytes(conn) - free)
+            if dry_run:
+                raise _RolledBack(freed)
+            return freed
+
+        try:
+            return await self._write(delete)
+        except _RolledBack as done:
+            return done.freed
+
     # ----------------------------------------------------------------------- steps
 
     async def put_step(self, step: StepRecord) -> None:
@@ -494,6 +522,14 @@ class RunStore(Database):
             await trio.lowlevel.checkpoint()
             return
         await self._write_staged(staged)
+
+
+class _RolledBack(Exception):
+    """Raised inside a transaction to roll it back, carrying what it measured."""
+
+    def __init__(self, freed: int) -> None:
+        super().__init__(freed)
+        self.freed = freed
 
 
 @contextlib.asynccontextmanager
