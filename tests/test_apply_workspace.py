@@ -103,6 +103,25 @@ async def test_a_mode_the_run_set_is_applied(project: Path, state_dir: Path) -> 
     assert mode_of(project / "f1.txt") == 0o700
 
 
+async def test_setuid_setgid_and_sticky_bits_are_never_applied(
+    project: Path, state_dir: Path
+) -> None:
+    """An agent's chmod 6755 (or 1777) is recorded and applied as 755 (777), shown as git's
+    100755: the special bits never reach the user's files, the run's diff or changes.patch."""
+    run_id = await prompt(project, state_dir, "run chmod 6755 run.sh", "run chmod 1777 f1.txt")
+    shown = await cli(project, state_dir, "show", run_id, "--diff")
+    assert shown.returncode == EXIT_OK, shown.stderr.decode()
+    patch = (state_dir / "runs" / run_id / "changes.patch").read_text()
+    for text in (shown.stdout.decode(), patch):
+        modes = [line for line in text.splitlines() if "mode" in line]  # not the command line
+        assert any("100755" in line for line in modes), modes
+        assert not [line for line in modes if "6755" in line or "1777" in line], modes
+    done = await cli(project, state_dir, "apply", run_id)
+    assert done.returncode == EXIT_OK, done.stderr.decode()
+    assert mode_of(project / "run.sh") == 0o755
+    assert mode_of(project / "f1.txt") == 0o777
+
+
 # --------------------------------------------------------------------------- type changes
 
 

@@ -41,6 +41,12 @@ def test_modes() -> None:
     assert _fileio.is_binary(b"a\0b") and not _fileio.is_binary(b"text")
 
 
+def test_modes_drop_setuid_setgid_and_sticky() -> None:
+    """The special bits never make it into a normalized mode, of a file or a bare one."""
+    assert _fileio.normalize_mode(stat.S_IFREG | 0o6755) == stat.S_IFREG | 0o755
+    assert _fileio.normalize_mode(0o1777) == stat.S_IFREG | 0o777
+
+
 def test_copy_fd_copies_and_is_no_hard_link(tmp_path: Path) -> None:
     """copy_fd produces an independent file with the same bytes."""
     src, dst = tmp_path / "src", tmp_path / "dst"

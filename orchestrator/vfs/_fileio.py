@@ -125,11 +125,16 @@ def normalize_path(path: str) -> str:
 
 
 def normalize_mode(mode: int) -> int:
-    """File type and permission bits of ``mode``; a bare permission (``0o755``) means a file."""
+    """File type and permission bits of ``mode``; a bare permission (``0o755``) means a file.
+
+    The setuid, setgid and sticky bits are dropped: a branch never records them, so a run
+    never shows or writes them (an agent's ``chmod 4755`` must not plant a setuid file in the
+    user's project, and git keeps only the executable bit anyway).
+    """
     kind = stat.S_IFMT(mode) or stat.S_IFREG
     if kind == stat.S_IFLNK:
         return SYMLINK_MODE
-    return kind | stat.S_IMODE(mode)
+    return kind | (stat.S_IMODE(mode) & 0o777)
 
 
 def is_symlink(mode: int) -> bool:
