@@ -457,6 +457,79 @@ async def test_sigint_records_what_each_interrupted_turn_did(
     assert snapshot(project) == {**before, "partial-a.txt": b"half done\n"}
 
 
+def round_turn(name: str, n: int) -> Turn:
+    """Round ``n`` of agent ``name``: says so, writes ``round-N.txt`` under a tool call and
+    asks to run a command (allowed by the ``trusted`` policy)."""
+    return Turn(
+        steps=(
+            Say(text=f"{name} round {n}"),
+            ToolCall(id=f"edit-{n}", title=f"Edit round-{n}.txt", kind="edit", status="pending"),
+            WriteFile(path=f"round-{n}.txt", content=f"{name} {n}\n"),
+            ToolUpdate(id=f"edit-{n}", status="completed"),
+            AskPermission(
+                tool_call=PermissionToolCall(
+                    id=f"run-{n}", title=f"run {n}", kind="execute", raw_input={"command": "ls"}
+                )
+            ),
+        )
+    )
+
+
+async def test_sigint_during_a_pipelines_check_keeps_every_round_so_far(
+    tmp_path: Path, project: Path, scripts: list[Path], state_dir: Path
+) -> None:
+    """Ctrl-C while a fan-out's checks run in round 2: each instance is recorded interrupted
+    with both turns' text, tool calls, permission audit and changes, and round 1's check."""
+    hung = tmp_path / "hung"
+    hung.mkdir()
+    for name, script in zip(NAMES[:2], scripts[:2], strict=True):
+        body = AgentScript(
+            name=name,
+            turns=(round_turn(name, 1), round_turn(name, 2)),
+            record_path=str(script.with_suffix(".jsonl")),
+        )
+        script.write_bytes(orjson.dumps(body.to_json()))
+    # round 1's check fails; round 2's says so outside the branch directory and hangs
+    check = f"if [ -e round-2.txt ]; then mktemp -p {hung}; sleep 60; fi; exit 1"
+    pipeline = fan_out(
+        tmp_path / "rounds.py",
+        {n: agent_command(s) for n, s in zip(NAMES[:2], scripts[:2], strict=True)},
+        f", check={check!r}, rounds=3",
+    )
+    code, _, _, stderr = await interrupt(
+        run_argv(pipeline, project),
+        cwd=tmp_path,
+        state=state_dir,
+        scripts=[hung],
+        out=tmp_path,
+        ready=lambda directory: len(list(directory.iterdir())) == 2,
+    )
+    assert code == EXIT_INTERRUPTED, stderr
+    [run_id] = await run_ids(state_dir)
+    shown = as_json(await run_cli("show", run_id, "--json", cwd=tmp_path, state=state_dir))
+    instances = shown["steps"]["work"]["instances"]
+    assert sorted(instances) == ["a", "b"]
+    for name, one in instances.items():
+        assert one["status"] == "interrupted"
+        assert one["text"] == f"{name} round 2"
+        assert [c["toolCallId"] for c in one["toolCalls"]] == ["edit-1", "edit-2"]
+        assert [(p["title"], p["verdict"]) for p in one["permissions"]] == [
+            ("run 1", "allow"),
+            ("run 2", "allow"),
+        ]
+        assert [(r["turn"], r["check"] and r["check"]["exitCode"]) for r in one["rounds"]] == [
+            (1, 1),
+            (2, None),
+        ]
+        assert one["changes"] == [
+            {"path": "round-1.txt", "change": "added"},
+            {"path": "round-2.txt", "change": "added"},
+        ]
+    # an interrupted instance's work is in the run's diff (it has no final changes)
+    diff = (await run_cli("diff", run_id, cwd=tmp_path, state=state_dir)).stdout.decode()
+    assert [diff.count(f"+{name} {n}\n") for name in ("a", "b") for n in (1, 2)] == [1] * 4
+
+
 async def test_sigint_stops_an_agent_ignoring_session_cancel_after_the_grace(
     tmp_path: Path, project: Path, state_dir: Path
 ) -> None:

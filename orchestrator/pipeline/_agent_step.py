@@ -102,6 +102,18 @@ async def _within_budget(
     return turn
 
 
+def _time_left(step: Step, agent: str, timeout: float, started: float, number: int) -> float:
+    """What is left of the step's ``timeout`` for round ``number``: the step's time (and its
+    budget's) spans every round; none left is a :class:`TurnTimeout`."""
+    left = timeout - (time.monotonic() - started)
+    if left <= 0:
+        raise TurnTimeout(
+            f"step {step.name} ran out of its {timeout:g}s after {count(number - 1, 'round')}",
+            agent=agent,
+        )
+    return left
+
+
 @define(eq=False)
 class AgentTurns:
     """The agents of one run and their turns: a session leased from :attr:`pool` per turn."""
@@ -132,7 +144,8 @@ class AgentTurns:
     _policies: dict[str, PolicySet] = field(init=False, factory=dict)
     #: the policy of each (step, agent), narrowed once per run
     _scoped: dict[tuple[str, str], PolicySet] = field(init=False, factory=dict)
-    #: results of turns cut short by cancellation, by instance name (see take_interrupted)
+    #: results of turns cut short by cancellation or an error, by instance name (see
+    #: take_interrupted)
     _interrupted: dict[str, StepResult] = field(init=False, factory=dict)
 
     def use(self, names: Sequence[str]) -> list[str]:
@@ -166,12 +179,15 @@ class AgentTurns:
         return policy
 
     def take_interrupted(self, name: str) -> StepResult | None:
-        """The result of instance ``name``'s turn if cancellation cut it short, forgotten here.
+        """The result of instance ``name``'s turns if cancellation or an error cut them short,
+        forgotten here.
 
-        When :meth:`turn` is cancelled (Ctrl-C) mid-turn, the session ends the turn the ACP
-        way first; then the branch directory is harvested and what the turn did (text, tool
-        calls, permission audit, changes) is kept as a result with status ``interrupted``,
-        before ``trio.Cancelled`` goes on. The caller that records the instance takes it here.
+        When :meth:`turn` is cancelled (Ctrl-C) or fails (a timeout, a check or feedback
+        function that raises) after a turn ran, a turn in flight is ended the ACP way first;
+        then the branch directory is harvested and what the turns did (text, tool calls,
+        permission audit, rounds so far, changes) is kept as a result with status
+        ``interrupted``, before the exception goes on. The caller that records the instance
+        takes it here (and makes it ``failed`` with the error's kind for an error).
         """
         return self._interrupted.pop(name, None)
 
@@ -272,99 +288,104 @@ class AgentTurns:
                 number = 0
                 # the branch as the round starts: what the round changed is against it
                 previous = state_of(workdir.branch) if check is not None else None
-                while True:
-                    number += 1
-                    left = timeout
-                    if timeout is not None and number > 1:
-                        # the step's time (and its budget's) spans every round
-                        left = timeout - (time.monotonic() - started)
-                        if left <= 0:
-                            raise TurnTimeout(
-                                f"step {step.name} ran out of its {timeout:g}s after "
-                                f"{count(number - 1, 'round')}",
-                                agent=agent,
-                            )
-                    try:
-                        if limit is None:
-                            turn = await lease.prompt(
-                                prompt_input(prompt),
-                                timeout=left,
-                                idle_timeout=step.idle_timeout,
-                                on_update=on_update if wants_updates else None,
-                            )
-                        else:
-                            turn = await _within_budget(
-                                lease,
-                                exceeded,
-                                prompt_input(prompt),
-                                timeout=left,
-                                idle_timeout=step.idle_timeout,
-                                on_update=on_update,
-                            )
-                    except trio.Cancelled:
-                        # what the turn did, whether the agent ended it after session/cancel or
-                        # not (stop reason None); None if the prompt was never sent
-                        cut_short = session.last_result
-                        if cut_short is not None:
-                            with trio.CancelScope(shield=True):
-                                # what fits is kept; the cancellation goes on whatever is left
-                                await self.dirs.harvest(workdir, enforce=False)
-                            self._permission_events(step, key, agent, cut_short)
-                            self._interrupted[name] = self._result(
-                                step, key, agent, item, cut_short, lease.session, made, started,
-                                attempt, status="interrupted", earlier=earlier,
-                                rounds=(*rounds, RoundResult(number, cut_short.stop_reason))
-                                if check is not None else (),
-                            )  # fmt: skip
-                        raise
-                    if check is None:
-                        break
-                    # the round's work, harvested while the session is kept for the next one
-                    await self.dirs.harvest(workdir)
-                    self._permission_events(step, key, agent, turn)
-                    assert previous is not None
-                    diff = await self.dirs.changes_since(previous, workdir.branch)
-                    previous = state_of(workdir.branch)
-                    if over_budget or turn.stop_reason != "end_turn":
-                        # cut short (the budget, the agent's cancel or refusal): no check, and
-                        # no next round
-                        rounds.append(RoundResult(number, turn.stop_reason, diff=diff))
-                        break
-                    try:
+                # for a loop ended by an error or cancellation: the last turn that ran, the
+                # round it belongs to if not in ``rounds`` yet, and whether its work is harvested
+                latest: TurnResult | None = None
+                open_round: RoundResult | None = None
+                harvested = False
+                try:
+                    while True:
+                        number += 1
+                        left = timeout
+                        if timeout is not None and number > 1:
+                            left = _time_left(step, agent, timeout, started, number)
+                        try:
+                            if limit is None:
+                                turn = await lease.prompt(
+                                    prompt_input(prompt),
+                                    timeout=left,
+                                    idle_timeout=step.idle_timeout,
+                                    on_update=on_update if wants_updates else None,
+                                )
+                            else:
+                                turn = await _within_budget(
+                                    lease,
+                                    exceeded,
+                                    prompt_input(prompt),
+                                    timeout=left,
+                                    idle_timeout=step.idle_timeout,
+                                    on_update=on_update,
+                                )
+                        except BaseException:
+                            # what the turn did, whether the agent ended it after
+                            # session/cancel or not (stop reason None); None if the prompt
+                            # was never sent
+                            cut_short = session.last_result
+                            if cut_short is not None:
+                                latest, harvested = cut_short, False
+                                if check is not None:
+                                    open_round = RoundResult(number, cut_short.stop_reason)
+                            raise
+                        latest, harvested = turn, False
+                        if check is None:
+                            break
+                        # the round's work, harvested while the session is kept for the next
+                        await self.dirs.harvest(workdir)
+                        self._permission_events(step, key, agent, turn)
+                        harvested = True
+                        assert previous is not None
+                        diff = await self.dirs.changes_since(previous, workdir.branch)
+                        previous = state_of(workdir.branch)
+                        open_round = RoundResult(number, turn.stop_reason, diff=diff)
+                        if over_budget or turn.stop_reason != "end_turn":
+                            # cut short (the budget, the agent's cancel or refusal): no check,
+                            # and no next round
+                            rounds.append(open_round)
+                            open_round = None
+                            break
                         outcome = await self._check(
                             step, key, agent, item, turn, lease.session, made, started,
                             attempt, workdir, previous, sandbox, timeout,
                             last=number == step.rounds, earlier=earlier,
                         )  # fmt: skip
-                    except trio.Cancelled:
-                        # Ctrl-C during the check: the round's work is harvested, kept as
-                        # any turn cut short is (what the check wrote is not in it)
-                        self._interrupted[name] = self._result(
-                            step, key, agent, item, turn, lease.session, made, started,
-                            attempt, status="interrupted", earlier=earlier,
-                            rounds=(*rounds, RoundResult(number, turn.stop_reason, diff=diff)),
-                        )  # fmt: skip
-                        raise
-                    rounds.append(RoundResult(number, turn.stop_reason, outcome, diff))
-                    self.recorder.emit(
-                        RunEvent(
-                            "step_round",
-                            self.run_id,
-                            step.name,
-                            key,
-                            agent,
-                            {
-                                "round": number,
-                                "rounds": step.rounds,
-                                "passed": outcome.passed,
-                                "attempt": attempt,
-                            },
+                        rounds.append(RoundResult(number, turn.stop_reason, outcome, diff))
+                        open_round = None
+                        self.recorder.emit(
+                            RunEvent(
+                                "step_round",
+                                self.run_id,
+                                step.name,
+                                key,
+                                agent,
+                                {
+                                    "round": number,
+                                    "rounds": step.rounds,
+                                    "passed": outcome.passed,
+                                    "attempt": attempt,
+                                },
+                            )
                         )
-                    )
-                    if outcome.passed or number >= step.rounds:
-                        break
-                    earlier.append(turn)
-                    prompt = await feedback_prompt(step.feedback, outcome, number + 1)
+                        if outcome.passed or number >= step.rounds:
+                            break
+                        earlier.append(turn)
+                        prompt = await feedback_prompt(step.feedback, outcome, number + 1)
+                except BaseException:
+                    # an error or Ctrl-C after a turn ran (in a turn, a check, a feedback
+                    # function): what the turns did so far is kept (see take_interrupted);
+                    # what a check wrote is not in it
+                    if latest is not None:
+                        with trio.CancelScope(shield=True):
+                            if not harvested:
+                                # what fits is kept; the error goes on whatever is left
+                                await self.dirs.harvest(workdir, enforce=False)
+                                self._permission_events(step, key, agent, latest)
+                        self._interrupted[name] = self._result(
+                            step, key, agent, item, latest, lease.session, made, started,
+                            attempt, status="interrupted",
+                            earlier=[t_ for t_ in earlier if t_ is not latest],
+                            rounds=(*rounds, *([open_round] if open_round else [])),
+                        )  # fmt: skip
+                    raise
         if check is None:
             await self.dirs.harvest(workdir)
             self._permission_events(step, key, agent, turn)

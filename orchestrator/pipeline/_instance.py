@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import attrs
 import trio
 from attrs import define, field
 
@@ -124,6 +125,9 @@ class InstanceExecutor:
                 state, branch, args, name, key, agent, item, attempt, feedback
             )
         except Exception as e:
+            # what an agent step's turns did before the error (None for other steps, or when
+            # no turn ran): taken even for a retry, which starts afresh
+            cut_short = self.turns.take_interrupted(name)
             error = describe(e)
             kind = error_kind(e)
             if attempt <= step.retries:
@@ -131,6 +135,15 @@ class InstanceExecutor:
             state.failures[key] = error
             state.failure_kinds[key] = kind
             state.last[key] = e
+            if cut_short is not None:
+                # recorded as any failed instance is: its changes kept, never merged
+                failed = attrs.evolve(cut_short, status="failed", error=error, error_kind=kind)
+                diffs = self.dirs.take_diffs(branch)
+                recorder.finish(
+                    name, step, key, agent, failed, branch, attempt, started, diffs,
+                    traceback=user_traceback(e),
+                )  # fmt: skip
+                return False
             recorder.record(
                 name,
                 step,

@@ -198,10 +198,13 @@ class Recorder:
         attempt: int,
         started: float,
         diffs: tuple[ChangeSet, str, str] | None,
+        *,
+        traceback: str | None = None,
     ) -> None:
         """The instance ended (or was interrupted): close its branch, store its changes and outcome.
 
-        ``diffs`` are the branch's diffs if already computed (at its last harvest).
+        ``diffs`` are the branch's diffs if already computed (at its last harvest);
+        ``traceback`` that of the exception that failed it, if one did.
         """
         branch.close()
         result = output if isinstance(output, StepResult) else None
@@ -235,6 +238,7 @@ class Recorder:
                 error=result.error if result else None,
                 error_kind=result.error_kind if result else None,
                 usage=result.usage if result else None,
+                traceback=traceback,
             )
         )
         if status == "interrupted":
