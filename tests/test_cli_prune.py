@@ -71,8 +71,9 @@ async def test_prune_keeps_what_the_remaining_run_shares(
     assert before["store"]["bytes"] == (
         before["store"]["databaseBytes"] + before["store"]["fileBytes"]
     )
-    listed = (await run_cli("runs", cwd=tmp_path, state=state_dir)).stdout.decode()
-    assert listed.splitlines()[-1].startswith("store: ")
+    listed = await run_cli("runs", cwd=tmp_path, state=state_dir)
+    assert len(listed.stdout.decode().splitlines()) == 2  # a line per run, nothing else
+    assert listed.stderr.decode().splitlines()[-1].startswith("store: ")
     diff = (await run_cli("diff", new, cwd=tmp_path, state=state_dir)).stdout
     assert b"+" in diff and b"color" in diff
     files = snapshot(state_dir)

@@ -252,6 +252,7 @@ INTERNAL = {
     "orchestrator._fetch._Refused",
     "orchestrator.demo.instructions._Refused",
     "orchestrator.runs.outcomes._Unreadable",
+    "orchestrator.store.runstore._RolledBack",
     "orchestrator.vfs.pool._Unclean",
     "orchestrator.testing._steps.ScriptedCrash",
     "orchestrator.testing._wire.PeerGone",

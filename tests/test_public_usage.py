@@ -48,6 +48,8 @@ from orchestrator import (
     open_supervisor,
     prompt,
     prompt_sync,
+    prune,
+    prune_sync,
     render_report,
     resolve_agent,
     resume_run,
@@ -135,6 +137,8 @@ def test_the_sync_face(
     assert piped.run_id in [r.run_id for r in list_runs_sync()]
     applied: ApplyOutcome = apply_run_sync(piped.run_id)
     assert applied.applied and (project / "README.md").read_text() == "The color.\n"
+    would = prune_sync([side.run_id], dry_run=True)
+    assert would.dry_run and [r.run_id for r in would.deleted] == [side.run_id]
 
     token = CancelToken()
     token.cancel()
@@ -166,6 +170,7 @@ def test_the_asyncio_face(
         assert (await aio.get_run_json(two.run_id))["runId"] == two.run_id
         assert len(await aio.list_runs(limit=2)) == 2
         assert (await aio.apply_run(one.run_id)).applied
+        assert (await aio.prune([side.run_id])).deleted[0].run_id == side.run_id
         return one, two
 
     one, two = asyncio.run(main())
@@ -201,6 +206,8 @@ async def test_the_trio_face(
         assert (await store.get_run(piped.run_id)).status == "succeeded"
     assert {r.run_id for r in await list_runs()} >= {run.run_id, piped.run_id}
     assert (await apply_run(piped.run_id)).written == ("README.md",)
+    pruned = await prune([side.run_id])
+    assert [r.run_id for r in pruned.deleted] == [side.run_id] and pruned.bytes_freed >= 0
 
     with trio.CancelScope() as scope:
         scope.cancel()

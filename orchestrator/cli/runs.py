@@ -686,12 +686,13 @@ async def cmd_runs(args: argparse.Namespace) -> int:
         what = " ".join(str(what).split())  # one line per run, whatever the task holds
         status = f"{r.status} ({r.status_reason})" if r.status_reason else r.status
         say(f"{r.run_id}  {when}  {r.kind:<8} {status:<11}{applied}  {what[:60]}")
-    if not runs:
-        from .logs import note
+    from .logs import note
 
+    if not runs:
         note("no runs recorded", event="no_runs")
     else:
-        say(usage_line(usage))
+        # on stderr: stdout stays one line per run, for scripts that read it
+        note(usage_line(usage), event="store_size")
     _warn_interrupted(interrupted, None, None)
     return EXIT_OK
 
