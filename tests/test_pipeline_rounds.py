@@ -7,14 +7,28 @@ check's output that holds one is a fix it carries out) and scripted agents.
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
+import signal
+import subprocess
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
 import trio
-from run_helpers import as_json, config, record_events, run_cli, spec_for, workspace
+from run_helpers import (
+    CLI,
+    as_json,
+    config,
+    record_events,
+    run_cli,
+    spec_for,
+    workspace,
+)
 
 from orchestrator.cli.live import PlainView, round_note
 from orchestrator.cli.output import SCHEMA_VERSION, output_schema
@@ -266,7 +280,7 @@ def test_rounds_options_are_checked() -> None:
         step(agent="demo", rounds=2)(prompt)
     with pytest.raises(UsageError, match="feedback needs a check"):
         step(agent="demo", feedback=default_feedback)(prompt)
-    with pytest.raises(UsageError, match="check only apply to agent steps"):
+    with pytest.raises(UsageError, match="check only applies to agent steps"):
         step(check="true")(prompt)
     with pytest.raises(UsageError, match="rounds must be 1 or more"):
         step(agent="demo", check="true", rounds=0)(prompt)
@@ -278,6 +292,32 @@ def test_rounds_options_are_checked() -> None:
         step(agent="demo", check=" ")(prompt)
     made = step(agent="demo", check="true", rounds=4)(prompt)
     assert (made.check, made.rounds, made.feedback) == ("true", 4, None)
+
+
+def test_rounds_are_bounded() -> None:
+    """rounds beyond 100 are refused in one line naming the limit."""
+
+    def prompt() -> str:
+        return "x"
+
+    with pytest.raises(
+        UsageError, match=r"^step 'prompt': rounds must be at most 100, not 10{30}$"
+    ):
+        step(agent="demo", check="true", rounds=10**30)(prompt)
+    assert step(agent="demo", check="true", rounds=100)(prompt).rounds == 100
+
+
+def test_a_python_checks_signature_is_checked() -> None:
+    """A Python check that cannot take (workdir, result) is refused when the step is made."""
+
+    def prompt() -> str:
+        return "x"
+
+    with pytest.raises(TypeError, match=r"check must take two positional arguments .*\(\)$"):
+        step(agent="demo", check=lambda: True)(prompt)
+    with pytest.raises(TypeError, match="check must take two positional arguments"):
+        step(agent="demo", check=lambda workdir, result, more: True)(prompt)
+    assert step(agent="demo", check=lambda *args: True)(prompt).check is not None
 
 
 CLI_PIPELINE = """
@@ -467,3 +507,161 @@ async def test_feedback_that_returns_no_prompt_fails_the_instance(tmp_path: Path
     one = outcome.result["steps"]["grow"]["instances"]["grow"]
     assert one["errorKind"] == "usage"
     assert one["error"].startswith("a step's feedback must return a prompt: a prompt is text")
+
+
+async def test_a_failed_checks_error_is_one_line(tmp_path: Path) -> None:
+    """A check's output of many lines (escapes, a long line): the instance's error is one line,
+    the last one that says something; the round keeps the whole output."""
+    ws = workspace(tmp_path, {"a.txt": "start\n"})
+    check = "printf 'first\\n\\033[2Jsecond \\001x\\n\\n  \\n'; exit 3"
+
+    @step(agent="demo", check=check)
+    def grow() -> str:
+        return 'append "x" to a.txt'
+
+    outcome = await run(Pipeline.from_steps([grow], name="grow"), ws)
+    one = outcome.result["steps"]["grow"]["instances"]["grow"]
+    assert one["error"] == "check failed (exit 3) after 1 round: [2Jsecond x"
+    assert one["rounds"][0]["check"]["output"] == "first\n\x1b[2Jsecond \x01x\n\n  "
+    long = "y" * 5000
+
+    @step(agent="demo", check=f"echo {long}; exit 1")
+    def wide() -> str:
+        return 'append "x" to a.txt'
+
+    outcome = await run(Pipeline.from_steps([wide], name="wide"), ws)
+    error = outcome.result["steps"]["wide"]["instances"]["wide"]["error"]
+    assert error == "check failed (exit 1) after 1 round: " + "y" * 199 + "\u2026"
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+async def test_the_step_timeout_bounds_a_python_check(tmp_path: Path, kind: str) -> None:
+    """A Python check that outlasts the step's time is abandoned when the time is up: the
+    instance fails as a timeout, its late result never taken, nothing merged."""
+    ws = workspace(tmp_path, {"a.txt": "start\n"})
+    release, finished = threading.Event(), threading.Event()
+
+    def blocking(workdir: Path, result: StepResult) -> bool:
+        release.wait(60)
+        # the directory was given back (renamed away) meanwhile, or not
+        with contextlib.suppress(OSError):
+            (workdir / "late.txt").write_text("late\n")
+        finished.set()
+        return True
+
+    async def waiting(workdir: Path, result: StepResult) -> bool:
+        await trio.sleep(60)
+        return True
+
+    @step(agent="demo", check=blocking if kind == "sync" else waiting, rounds=3, timeout=3)
+    def slow() -> str:
+        return 'append "x" to a.txt'
+
+    started = time.monotonic()
+    try:
+        with trio.fail_after(30):  # far less than the check's own 60 s
+            outcome = await run(Pipeline.from_steps([slow], name="slow"), ws, apply=True)
+    finally:
+        release.set()
+    assert time.monotonic() - started < 20
+    step_json = outcome.result["steps"]["slow"]
+    assert outcome.status == "failed"
+    assert step_json["errorKind"] == "timeout"
+    assert step_json["error"] == "agent 'demo': step slow ran out of its 3s in round 1's check"
+    if kind == "sync":  # the abandoned thread ends on its own, after the run
+        assert await trio.to_thread.run_sync(finished.wait, 30)
+    assert sorted(p.name for p in ws.iterdir()) == ["a.txt"]
+    assert (ws / "a.txt").read_text() == "start\n"
+
+
+async def test_the_step_timeout_bounds_a_blocking_feedback(tmp_path: Path) -> None:
+    """A sync feedback function that blocks runs off the loop: the step's time still runs
+    out, and the instance fails as a timeout at once."""
+    ws = workspace(tmp_path, {"a.txt": "start\n"})
+    release = threading.Event()
+
+    def feedback(check: CheckResult, round: int) -> str:
+        release.wait(60)
+        return 'append "late" to a.txt'
+
+    @step(agent="demo", check="exit 1", rounds=2, feedback=feedback, timeout=3)
+    def slow() -> str:
+        return 'append "x" to a.txt'
+
+    started = time.monotonic()
+    try:
+        with trio.fail_after(30):
+            outcome = await run(Pipeline.from_steps([slow], name="slow"), ws)
+    finally:
+        release.set()
+    assert time.monotonic() - started < 20
+    step_json = outcome.result["steps"]["slow"]
+    assert step_json["errorKind"] == "timeout"
+    assert step_json["error"] == (
+        "agent 'demo': step slow ran out of its 3s while its feedback ran"
+    )
+
+
+BLOCKING_PIPELINE = """
+import time
+from pathlib import Path
+
+from orchestrator import step
+
+STARTED = Path({started!r})
+
+
+def check(workdir, result):
+    STARTED.touch()
+    time.sleep(60)
+    return True
+
+
+def feedback(check, round):
+    STARTED.touch()
+    time.sleep(60)
+    return 'append "late" to a.txt'
+
+
+@step(agent="demo", check={check}, rounds=2, feedback=feedback)
+def fix() -> str:
+    return 'append "tried" to a.txt'
+"""
+
+
+@pytest.mark.parametrize("blocked", ["check", "feedback"])
+async def test_ctrl_c_is_not_held_by_a_blocking_check_or_feedback(
+    tmp_path: Path, blocked: str
+) -> None:
+    """Ctrl-C while a sync check or feedback function blocks (60 s): the run ends at once,
+    interrupted (130), the blocked thread abandoned."""
+    ws, state = workspace(tmp_path, {"a.txt": "start\n"}), tmp_path / "state"
+    started = tmp_path / "started"
+    pipeline = tmp_path / "fix.py"
+    pipeline.write_text(
+        BLOCKING_PIPELINE.format(
+            started=str(started),
+            check="check" if blocked == "check" else repr("exit 1"),
+        )
+    )
+    env = {**os.environ, "ORCHESTRATOR_STATE_DIR": str(state)}
+    argv = [str(CLI), "run", str(pipeline), "--cwd", str(ws), "--policy", "edit"]
+    with trio.fail_after(LIMIT):
+        cli = await trio.lowlevel.open_process(
+            argv, cwd=ws, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        try:
+            while not started.exists():
+                assert cli.poll() is None
+                await trio.sleep(0.05)
+            signalled = time.monotonic()
+            cli.send_signal(signal.SIGINT)
+            with trio.fail_after(20):  # the blocked function would hold it 60 s
+                code = await cli.wait()
+            assert time.monotonic() - signalled < 20
+        finally:
+            if cli.returncode is None:
+                cli.kill()
+                with trio.CancelScope(shield=True):
+                    await cli.wait()
+    assert code == 130

@@ -224,7 +224,7 @@ def solo() -> str:
         ({"agent": "claude", "budget": "lots"}, TypeError, "budget must be a Budget or an int"),
         ({"when": True}, TypeError, "when must be callable"),
         ({"when": lambda *args: True}, UsageError, "is not allowed"),
-        ({"model": "opus"}, UsageError, "model only apply to agent steps"),
+        ({"model": "opus"}, UsageError, "model only applies to agent steps"),
         ({"policy": "trusted", "mode": "plan"}, UsageError, "policy, mode only apply"),
         ({"agent": "claude", "model": ""}, UsageError, "model is empty"),
         ({"agent": "claude", "mode": 1}, TypeError, "mode must be a string"),

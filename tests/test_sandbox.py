@@ -259,7 +259,7 @@ def test_config_sandbox_errors_name_the_key(text: str, message: str) -> None:
 
 def test_step_sandbox_is_for_agent_steps() -> None:
     """A Python step has no process to confine; the value must be a bool or a Sandbox."""
-    with pytest.raises(UsageError, match="sandbox only apply to agent steps"):
+    with pytest.raises(UsageError, match="sandbox only applies to agent steps"):
 
         @step(sandbox=True)
         def python_step() -> None: ...

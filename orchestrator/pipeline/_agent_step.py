@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -226,7 +227,9 @@ class AgentTurns:
         over_budget: list[int] = []
         check = step.check
         if feedback is not None:
-            prompt = with_feedback(prompt, await feedback_prompt(step.feedback, feedback, 1))
+            with _in_time(step, agent, timeout, started, "while its feedback ran"):
+                more = await feedback_prompt(step.feedback, feedback, 1)
+            prompt = with_feedback(prompt, more)
         # the rounds so far (a step with a check), and the turns before the last one
         rounds: list[RoundResult] = []
         earlier: list[TurnResult] = []
@@ -346,7 +349,7 @@ class AgentTurns:
                         outcome = await self._check(
                             step, key, agent, item, turn, lease.session, made, started,
                             attempt, workdir, previous, sandbox, timeout,
-                            last=number == step.rounds, earlier=earlier,
+                            number=number, last=number == step.rounds, earlier=earlier,
                         )  # fmt: skip
                         rounds.append(RoundResult(number, turn.stop_reason, outcome, diff))
                         open_round = None
@@ -368,7 +371,8 @@ class AgentTurns:
                         if outcome.passed or number >= step.rounds:
                             break
                         earlier.append(turn)
-                        prompt = await feedback_prompt(step.feedback, outcome, number + 1)
+                        with _in_time(step, agent, timeout, started, "while its feedback ran"):
+                            prompt = await feedback_prompt(step.feedback, outcome, number + 1)
                 except BaseException:
                     # an error or Ctrl-C after a turn ran (in a turn, a check, a feedback
                     # function): what the turns did so far is kept (see take_interrupted);
@@ -435,21 +439,33 @@ class AgentTurns:
         sandbox: Sandbox | None,
         timeout: float | None,
         *,
+        number: int,
         last: bool,
         earlier: Sequence[TurnResult],
     ) -> CheckResult:
         """Run the step's check on the harvested branch directory, then undo what it wrote
         there (``before`` holds the branch as harvested): it is the pipeline's code, never the
-        agent's work."""
+        agent's work.
+
+        A shell check that runs out of the step's time is killed and says it timed out; a
+        Python one is abandoned (its thread, if sync, finishes in the background) and the
+        instance fails as a timeout: nothing it writes after is harvested, as nothing of a
+        failed instance is merged."""
         assert step.check is not None
         result = self._result(
             step, key, agent, item, turn, session, made, started, attempt,
             status="succeeded", earlier=earlier,
         )  # fmt: skip
         left = None if timeout is None else timeout - (time.monotonic() - started)
-        outcome = await run_check(
-            step.check, Path(workdir.root), result, timeout=left, sandbox=sandbox
-        )
+        if isinstance(step.check, str):
+            outcome = await run_check(
+                step.check, Path(workdir.root), result, timeout=left, sandbox=sandbox
+            )
+        else:
+            with _in_time(step, agent, timeout, started, f"in round {number}'s check"):
+                outcome = await run_check(
+                    step.check, Path(workdir.root), result, timeout=None, sandbox=sandbox
+                )
         if not last or self.verify.get(step.name, step.check) != step.check:
             # the next round (or a verify command other than the check) sees the agent's
             # work alone
@@ -530,3 +546,19 @@ class AgentTurns:
             rounds=rounds,
             turn=turn,
         )
+
+
+@contextlib.contextmanager
+def _in_time(
+    step: Step, agent: str, timeout: float | None, started: float, what: str
+) -> Iterator[None]:
+    """Bound the block by the step's time (``timeout`` seconds from ``started``; None: none),
+    raising :class:`TurnTimeout` when it runs out, as a turn that does."""
+    if timeout is None:
+        yield
+        return
+    # ``started`` is of time.monotonic(), not of trio's clock
+    with trio.move_on_after(max(started + timeout - time.monotonic(), 0)) as scope:
+        yield
+    if scope.cancelled_caught:
+        raise TurnTimeout(f"step {step.name} ran out of its {timeout:g}s {what}", agent=agent)

@@ -45,11 +45,19 @@ from .results import RunEvent, StepResult, VerifyResult
 MISSING = object()
 
 
-async def call(fn: Callable[..., Any], kwargs: Mapping[str, Any], *, inline: bool = False) -> Any:
+async def call(
+    fn: Callable[..., Any],
+    kwargs: Mapping[str, Any],
+    *,
+    inline: bool = False,
+    abandon: bool = False,
+) -> Any:
     """Call a step function: coroutine functions on the loop, plain ones in a worker thread.
 
     ``inline`` calls a plain function on the loop itself (agent steps' prompt builders, which
-    only format text: a thread hop would cost more than the call). A ``SystemExit`` or
+    only format text: a thread hop would cost more than the call). ``abandon``: a cancellation
+    (Ctrl-C, a timeout) returns at once, leaving the thread to finish in the background, its
+    result ignored (Python cannot stop a thread); else the caller waits for it. A ``SystemExit`` or
     ``KeyboardInterrupt`` the function raises becomes :class:`StepAborted` (see
     :func:`_aborted`).
     """
@@ -59,7 +67,7 @@ async def call(fn: Callable[..., Any], kwargs: Mapping[str, Any], *, inline: boo
         if inline:
             result = fn(**kwargs)
         else:
-            result = await trio.to_thread.run_sync(lambda: fn(**kwargs))
+            result = await trio.to_thread.run_sync(lambda: fn(**kwargs), abandon_on_cancel=abandon)
         if inspect.isawaitable(result):
             return await result
         return result

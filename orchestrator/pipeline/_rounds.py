@@ -55,8 +55,9 @@ async def feedback_prompt(
 
         prompt = await call(build, {})
     else:
-        # like a prompt builder: on the loop, it only formats text
-        prompt = await call(lambda: feedback(check, round), {}, inline=True)
+        # in a thread the run abandons when cancelled: it may block (read a file, ask a
+        # service), and the loop must stay free for Ctrl-C and the step's timeout
+        prompt = await call(lambda: feedback(check, round), {}, abandon=True)
     try:
         return check_prompt(prompt)
     except UsageError as e:
@@ -92,7 +93,9 @@ async def run_check(
 
     A Python check runs in a worker thread (an ``async`` one on the loop); what it raises fails
     the instance like an exception in a step. ``timeout`` bounds a shell command (None:
-    :data:`CHECK_TIMEOUT`).
+    :data:`CHECK_TIMEOUT`); a Python check is bounded by its caller's cancel scope: a sync one's
+    thread is then abandoned (Python cannot stop it), left to finish in the background with
+    its result ignored.
     """
     if isinstance(check, str):
         limit = CHECK_TIMEOUT if timeout is None else max(min(timeout, CHECK_TIMEOUT), 0.001)
@@ -106,7 +109,7 @@ async def run_check(
 
         value = await call(run, {})
     else:
-        value = await call(lambda: fn(directory, result), {})
+        value = await call(lambda: fn(directory, result), {}, abandon=True)
     try:
         return CheckResult.from_value(value)
     except TypeError as e:

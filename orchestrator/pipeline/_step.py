@@ -36,6 +36,9 @@ from ._values import (
 
 __all__ = ["Step", "collect_steps", "step"]
 
+#: the most rounds a step with a check may have (each is a turn of an agent)
+MAX_ROUNDS = 100
+
 # Steps created while a loader executes a pipeline file land here too, so that a second
 # ``def`` with the same name cannot hide the first one.
 _collector: ContextVar[list[Step] | None] = ContextVar(
@@ -207,6 +210,8 @@ class Step:
             raise TypeError(f"{what}: rounds must be an int, not {type(rounds).__name__}")
         if rounds < 1:
             raise UsageError(f"{what}: rounds must be 1 or more, not {rounds}")
+        if rounds > MAX_ROUNDS:
+            raise UsageError(f"{what}: rounds must be at most {MAX_ROUNDS}, not {rounds}")
         if feedback is not None and not callable(feedback):
             raise TypeError(f"{what}: feedback must be callable, not {type(feedback).__name__}")
         if checked_check is None and (rounds > 1 or feedback is not None):
@@ -226,8 +231,9 @@ class Step:
             }
             given = [option for option, value in agent_only.items() if value is not None]
             if given:
+                verb = "applies" if len(given) == 1 else "apply"
                 raise UsageError(
-                    f"{what}: {', '.join(given)} only apply to agent steps (give agent=...)"
+                    f"{what}: {', '.join(given)} only {verb} to agent steps (give agent=...)"
                 )
         return cls(
             name=name,
@@ -341,6 +347,16 @@ def _check(value: object, what: str) -> str | Callable[..., Any] | None:
         raise TypeError(
             f"{what}: check must be a shell command or a callable, not {type(value).__name__}"
         )
+    try:
+        signature = inspect.signature(value)
+    except (TypeError, ValueError):  # a builtin without one: its call will say
+        return value
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        raise TypeError(
+            f"{what}: check must take two positional arguments (workdir, result), not {signature}"
+        ) from None
     return value
 
 
@@ -432,10 +448,13 @@ def step(
       the directory and the round's :class:`~orchestrator.pipeline.results.StepResult`,
       returning a bool, a ``(passed, message)`` pair or a
       :class:`~orchestrator.pipeline.results.CheckResult`. ``rounds``: how many turns the
-      agent gets to make it pass (default 1): after a failed check the same session gets a
-      follow-up prompt made by ``feedback(check_result, round)`` (default:
+      agent gets to make it pass (default 1, at most 100): after a failed check the same
+      session gets a follow-up prompt made by ``feedback(check_result, round)`` (default:
       :func:`~orchestrator.pipeline.default_feedback`). The instance fails with the last
-      check's output when no round passes; ``retries`` start the whole loop over.
+      check's output when no round passes; ``retries`` start the whole loop over. The
+      step's ``timeout`` spans the checks and feedback too; a sync check or feedback runs in
+      a worker thread that a timeout or Ctrl-C abandons (Python cannot stop it: it finishes
+      in the background, its result ignored).
 
     Arguments are checked at once (TypeError or UsageError naming the step).
     """

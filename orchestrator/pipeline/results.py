@@ -274,13 +274,30 @@ def agent_failure(stop_reason: str | None, verify: VerifyResult | None) -> str |
 
 
 def check_failure(check: CheckResult, rounds: int) -> str:
-    """Why an instance whose check never passed failed: after how many rounds, and the last
-    check's output."""
+    """Why an instance whose check never passed failed, in one line (as every error is): after
+    how many rounds, and the last non-empty line of the last check's output (the whole output
+    stays in the round's check)."""
     how = "timed out" if check.timed_out else "failed"
     if check.exit_code is not None and not check.timed_out:
         how += f" (exit {check.exit_code})"
-    output = check.output.strip()
-    return f"check {how} after {count(rounds, 'round')}" + (f": {output}" if output else "")
+    said = _last_line(check.output)
+    return f"check {how} after {count(rounds, 'round')}" + (f": {said}" if said else "")
+
+
+#: the most characters of a check's output line an error quotes
+MAX_ERROR_LINE_CHARS = 200
+
+
+def _last_line(text: str) -> str:
+    """The last line of ``text`` with printable characters, control characters (a terminal's
+    escapes, NULs) dropped, cut to :data:`MAX_ERROR_LINE_CHARS` with an ellipsis."""
+    for line in reversed(text.splitlines()):
+        line = "".join(c for c in line if c.isprintable()).strip()
+        if line:
+            if len(line) > MAX_ERROR_LINE_CHARS:
+                return line[: MAX_ERROR_LINE_CHARS - 1] + "\u2026"
+            return line
+    return ""
 
 
 @frozen
