@@ -17,9 +17,8 @@ from orchestrator.pipeline._branchio import (
     BranchDirs,
     BranchIO,
     is_small,
-    state_of,
-    undo_writes,
 )
+from orchestrator.pipeline._branchstate import state_of, undo_writes
 from orchestrator.pipeline._supply import Decision, TreeUse
 from orchestrator.vfs import Branch, Workdir, Workspace, materialize
 from orchestrator.vfs._fileio import remove_tree

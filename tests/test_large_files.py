@@ -450,7 +450,7 @@ _MEASURE = textwrap.dedent(
     import os, resource, sys, time
     from pathlib import Path
     import trio
-    from orchestrator.pipeline._branchio import branch_diffs
+    from orchestrator.pipeline._branchstate import branch_diffs
     from orchestrator.pipeline.branches import FINAL, stored_changes
     from orchestrator.runs import apply_run
     from orchestrator.store import RunRecord, open_run_store

@@ -28,7 +28,8 @@ from ..policy import PolicySet
 from ..protocol import types as t
 from ..sandbox import Sandbox
 from ..vfs import Branch, Workdir
-from ._branchio import BranchDirs, state_of
+from ._branchio import BranchDirs
+from ._branchstate import state_of
 from ._calls import jsonable, prompt_input, run_verify, update_event
 from ._recording import Recorder, call_listener
 from ._rounds import feedback_prompt, run_check, with_feedback

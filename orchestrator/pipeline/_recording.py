@@ -17,7 +17,7 @@ from ..agent.turn import DEFAULT_MAX_TURN_RECORD_BYTES
 from ..errors import ErrorKind
 from ..store import AddConflicts, AddEvent, AddPermissions, PutChanges, PutStep, StepRecord
 from ..vfs import Branch, ChangeSet, Snapshot
-from ._branchio import branch_diffs
+from ._branchstate import branch_diffs
 from ._calls import stored_value
 from ._writer import StoreWriter
 from .branches import stored_changes
