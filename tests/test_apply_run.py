@@ -146,22 +146,6 @@ async def test_apply_a_fanned_out_step_applies_its_instances_merged(
     assert (project.path / "b.txt").read_text() == "from b\n"
 
 
-async def test_apply_of_a_failed_run_says_its_failed_instances_are_left_out(
-    project: Project, state_dir: Path
-) -> None:
-    """A run where one sink failed: apply RUN writes the merge of those that succeeded, and
-    says on stderr that the run failed and which instance is left out."""
-    project.agents(a=writes(("a.txt", "from a\n")), b=Turn(stop_reason="refusal"))
-    done = await project.run(TWO_SINKS, state_dir)
-    assert done.returncode == EXIT_FAILED, err(done)
-    run_id = run_id_of(done)
-    applied = await project.cli("apply", run_id, state=state_dir)
-    assert applied.returncode == EXIT_OK, err(applied)
-    assert (project.path / "a.txt").read_text() == "from a\n"
-    lines = err(applied).splitlines()
-    assert any(f"run {run_id} failed" in line and "left out: right" in line for line in lines)
-
-
 async def test_apply_a_step_whose_instances_conflict_exits_4_naming_the_file(
     project: Project, state_dir: Path
 ) -> None:

@@ -836,8 +836,6 @@ async def cmd_apply(args: argparse.Namespace) -> int:
         _emit(document)
     else:
         _apply_summary(outcome)
-        if outcome.applied and outcome.step is None:
-            await _warn_partial(outcome.run_id, args.state_dir)
     if outcome.applied:
         # an interrupt that came while the write was under way did not stop it: the changes
         # are all written and recorded, which the exit code must say (not 130)
@@ -845,30 +843,6 @@ async def cmd_apply(args: argparse.Namespace) -> int:
             "interrupted while the apply was finishing, so it was completed"
         )
     return int(outcome.exit_code)
-
-
-async def _warn_partial(run_id: str, state_dir: str | None) -> None:
-    """Say so when the final changes just applied are those of a run that did not succeed:
-    the merge of its instances that succeeded, without the failed ones."""
-    from ..runs import get_run_json
-    from .logs import note
-
-    result = await get_run_json(run_id, state_dir=state_dir)
-    if result.get("status") == "succeeded":
-        return
-    failed = [
-        name
-        for step in (result.get("steps") or {}).values()
-        for name, instance in (step.get("instances") or {}).items()
-        if instance.get("status") != "succeeded"
-    ]
-    left_out = f"; left out: {', '.join(failed)}" if failed else ""
-    note(
-        f"run {run_id} {result.get('status')}: what was applied is the merge of its instances "
-        f"that succeeded{left_out}",
-        level="warning",
-        event="applied_partial",
-    )
 
 
 def _apply_summary(outcome: Any) -> None:
