@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import ParamSpec, TypeVar
@@ -152,3 +153,11 @@ def end_grace_periods() -> None:
 def grace_periods_ended() -> bool:
     """Whether :func:`end_grace_periods` was called in the current trio run."""
     return _graces().ended
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity where the system says), at least one."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1

@@ -293,25 +293,8 @@ class BranchDirs:
         try:
             while True:
                 if self._pooled[1] > self._taking:
-                    # counted as in use while it is reset: no other branch copies meanwhile
-                    discards = len(discarded)
-                    use.copying += 1
-                    self._taking += 1
-                    try:
-                        taken = await self._in_budget(
-                            "materialize",
-                            lambda: pool.take(
-                                branch, directory, max_file_size=limit, discard=discarded.append
-                            ),
-                        )
-                    finally:
-                        use.copying -= 1
-                        self._taking -= 1
-                        if discards != len(discarded):
-                            self._supplied()  # one fewer in the pool: others decide again
+                    taken = await self._take(use, branch, directory, limit, discarded)
                     if taken is not None:
-                        use.handed(taken.root, trio.current_time())
-                        self._handed[taken.root] = use
                         return taken, True
                 pending = self.pending() if self.pending is not None else 0
                 decision = use.decide(trio.current_time(), pending)
@@ -333,6 +316,37 @@ class BranchDirs:
                     await changed.wait()
         finally:
             use.waiting -= 1
+
+    async def _take(
+        self,
+        use: TreeUse,
+        branch: Branch,
+        directory: Path,
+        limit: int | None,
+        discarded: list[str],
+    ) -> Workdir | None:
+        """A pooled directory reset to ``branch``'s tree (one job of the budget), handed out
+        in ``use``; None if the pool had none it could prove clean."""
+        pool = self.pool
+        assert pool is not None
+        # counted as in use while it is reset: no other branch copies meanwhile
+        discards = len(discarded)
+        use.copying += 1
+        self._taking += 1
+        try:
+            taken = await self._in_budget(
+                "materialize",
+                lambda: pool.take(branch, directory, max_file_size=limit, discard=discarded.append),
+            )
+        finally:
+            use.copying -= 1
+            self._taking -= 1
+            if discards != len(discarded):
+                self._supplied()  # one fewer in the pool: others decide again
+        if taken is not None:
+            use.handed(taken.root, trio.current_time())
+            self._handed[taken.root] = use
+        return taken
 
     async def _copy(
         self, branch: Branch, directory: Path, limit: int | None, use: TreeUse | None

@@ -9,7 +9,6 @@ runs at once. Used by :class:`~orchestrator.pipeline._branchio.BranchDirs`.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -17,6 +16,7 @@ from typing import TypeVar
 import trio
 from attrs import define, field
 
+from .._util import usable_cpus
 from ..vfs import Branch, Snapshot, Write
 from ..vfs.tree import compose
 
@@ -40,11 +40,7 @@ INLINE_MAX_BYTES = 256 * 1024
 
 def copy_budget() -> trio.CapacityLimiter:
     """A run's budget of copy and delete jobs at once: one per CPU this process may use."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    return trio.CapacityLimiter(max(1, cpus))
+    return trio.CapacityLimiter(usable_cpus())
 
 
 @define(eq=False)

@@ -23,10 +23,11 @@ copies at once contend for the same disk and slow each other down.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 
 from attrs import define, field, frozen
+
+from .._util import usable_cpus
 
 __all__ = ["MARGIN", "Decision", "TreeUse", "decide", "fresh_copies"]
 
@@ -39,11 +40,7 @@ _SMOOTHING = 0.3
 def fresh_copies() -> int:
     """Copies of whole trees made at once: one per four CPUs (a copy runs a few threads of its
     own where the disk is slow), at least one."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    return max(1, cpus // 4)
+    return max(1, usable_cpus() // 4)
 
 
 @frozen
