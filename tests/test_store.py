@@ -140,7 +140,7 @@ async def test_statistics_count_calls(store: RunStore) -> None:
 def test_records_validate_kinds_and_statuses() -> None:
     """Unknown run kinds and statuses, step statuses and change kinds are refused."""
     with pytest.raises(ValueError, match="run kind"):
-        run(kind="batch")
+        run(kind="sweep")
     with pytest.raises(ValueError, match="run status"):
         run(status="done")
     with pytest.raises(ValueError, match="step status"):
@@ -298,7 +298,7 @@ async def test_list_runs_newest_first_with_filters(store: RunStore) -> None:
     with pytest.raises(UsageError, match="unknown run status"):
         await store.list_runs(status="done")
     with pytest.raises(UsageError, match="unknown run kind"):
-        await store.list_runs(kind="batch")
+        await store.list_runs(kind="sweep")
 
 
 async def test_mark_interrupted(store: RunStore) -> None:
@@ -1190,6 +1190,11 @@ async def test_migrates_a_version_3_database(tmp_path: Path) -> None:
         trace = "Traceback (most recent call last):\nValueError: no\n"
         await s.put_step(attrs.evolve(boom, traceback=trace))
         assert [st.traceback for st in await s.steps("old-run")] == [None, trace]
+        # v6: runs gain the batch they belong to, none for the old ones
+        assert (await s.get_run("old-run")).parent is None
+        child = attrs.evolve(await s.get_run("old-run"), run_id="child-run", parent="old-run")
+        await s.create_run(child)
+        assert (await s.get_run("child-run")).parent == "old-run"
     assert sql(s, "PRAGMA user_version") == [(SCHEMA_VERSION,)]
 
 

@@ -36,7 +36,7 @@ RUN_UPDATABLE = frozenset(a.name for a in attrs.fields(RunRecord)) - {"run_id"}
 #: the columns of the ``runs`` table, in the order of :func:`run_values`
 RUN_COLUMNS = (
     "run_id, kind, status, created, finished, cwd, pipeline, pipeline_digest, inputs, options, "
-    "result, error, applied"
+    "result, error, applied, parent"
 )
 #: the columns of the ``steps`` table, in the order of :func:`step_values`
 STEP_COLUMNS = (
@@ -74,13 +74,14 @@ def run_values(run: RunRecord) -> tuple[Any, ...]:
         None if run.result is None else dumps(dict(run.result), "run result"),
         run.error,
         run.applied,
+        run.parent,
     )
 
 
 def run_from_row(row: Sequence[Any]) -> RunRecord:
     """The record of a row selected in ``RUN_COLUMNS`` order."""
     (run_id, kind, status, created, finished, cwd, pipeline, digest) = row[:8]
-    inputs, options, result, error, applied = row[8:]
+    inputs, options, result, error, applied, parent = row[8:]
     return RunRecord(
         run_id=run_id,
         kind=kind,
@@ -95,6 +96,7 @@ def run_from_row(row: Sequence[Any]) -> RunRecord:
         result=loads(result),
         error=error,
         applied=applied,
+        parent=parent,
     )
 
 

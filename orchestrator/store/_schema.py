@@ -186,8 +186,14 @@ _V4 = _sql("ALTER TABLE steps ADD COLUMN traceback TEXT")
 # v5: why a step failed, as a kind (``orchestrator.errors.ErrorKind``; NULL for older rows).
 _V5 = _sql("ALTER TABLE steps ADD COLUMN error_kind TEXT")
 
+# v6: the batch run a run belongs to (one child run per repository; NULL for other runs).
+_V6 = _sql(
+    "ALTER TABLE runs ADD COLUMN parent TEXT",
+    "CREATE INDEX runs_parent ON runs (parent) WHERE parent IS NOT NULL",
+)
+
 #: the migrations, in order: ``MIGRATIONS[i]`` takes a database from version i to i + 1
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5)
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
 #: the version this code writes
 SCHEMA_VERSION = len(MIGRATIONS)
 

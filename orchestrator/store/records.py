@@ -29,11 +29,11 @@ __all__ = [
     "StoredChange",
 ]
 
-RunKind: TypeAlias = Literal["prompt", "compare", "pipeline"]
+RunKind: TypeAlias = Literal["prompt", "compare", "pipeline", "batch"]
 ChangeKind: TypeAlias = Literal["write", "delete", "mode"]
 
-#: what started a run: ``orchestrator prompt``, ``compare`` or ``run``
-RUN_KINDS: frozenset[str] = frozenset({"prompt", "compare", "pipeline"})
+#: what started a run: ``orchestrator prompt``, ``compare``, ``run`` or ``batch``
+RUN_KINDS: frozenset[str] = frozenset({"prompt", "compare", "pipeline", "batch"})
 #: the statuses a run can have
 RUN_STATUSES: frozenset[str] = frozenset(
     {"running", "succeeded", "failed", "conflicts", "interrupted"}
@@ -61,7 +61,7 @@ def _one_of(allowed: frozenset[str], what: str) -> Any:
 
 @frozen
 class RunRecord:
-    """One run of ``orchestrator prompt``, ``compare`` or ``run``."""
+    """One run of ``orchestrator prompt``, ``compare``, ``run`` or ``batch``."""
 
     #: the run's id (the CLI accepts any unique prefix of it)
     run_id: str
@@ -89,6 +89,8 @@ class RunRecord:
     error: str | None = None
     #: when its changes were written to the workspace, if they were
     applied: float | None = None
+    #: the batch run it is a child of (one per repository), None for a run of its own
+    parent: str | None = None
     #: not stored: why ``status`` reads as it does where the record alone cannot say (a run
     #: recorded ``running`` read ``interrupted`` because its process is gone; one whose process
     #: cannot be checked from here), set by the readers of :mod:`orchestrator.runs`
@@ -108,6 +110,7 @@ class RunRecord:
             "pipelineDigest": self.pipeline_digest,
             "inputs": dict(self.inputs),
             "options": dict(self.options),
+            "parent": self.parent,
             "result": None if self.result is None else dict(self.result),
             "error": self.error,
             "applied": self.applied,
