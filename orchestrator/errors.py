@@ -76,6 +76,7 @@ __all__ = [
     "PipelineError",
     "ProtocolError",
     "ProtocolVersionMismatch",
+    "PushFailed",
     "RegistryError",
     "ReportError",
     "RequestCancelled",
@@ -723,3 +724,8 @@ class SymlinkRefused(ApplyRefused, UsageError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.run_id, str(self), self.paths))
+
+
+class PushFailed(OrchestratorError):
+    """Pushing a batch's new branch to a remote failed (``git push``; the message has git's
+    last line, credentials in URLs hidden)."""

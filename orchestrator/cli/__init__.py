@@ -175,6 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .prune import add_parser as add_prune_parser
 
     add_prune_parser(sub)
+
+    from .batch import add_parser as add_batch_parser
+
+    add_batch_parser(sub)
     for command in sub.choices.values():
         _log_flags(command, before=False)
     return parser
@@ -237,6 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(build_parser(), argv)
     configure_logging(*verbosity(args))
     from .agents import cmd_agents
+    from .batch import cmd_batch
     from .prune import cmd_prune
     from .runs import HANDLERS
     from .trust import cmd_trust
@@ -246,6 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "agents": cmd_agents,
         "trust": cmd_trust,
         "prune": cmd_prune,
+        "batch": cmd_batch,
         **HANDLERS,
     }[args.command]
     import trio

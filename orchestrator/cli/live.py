@@ -182,10 +182,15 @@ class LiveView:
     """A rich live table, one row per step instance, redrawn as events arrive and a few times
     a second in between (so the elapsed times move)."""
 
-    def __init__(self, title: str, out: IO[str] | None = None):
+    def __init__(
+        self, title: str, out: IO[str] | None = None, *, headers: Mapping[str, str] | None = None
+    ):
         from rich.console import Console
 
         self._title = title
+        # what the columns are called, where a view names them otherwise (a batch's rows are
+        # repositories, and their "agent" the step running there)
+        self._headers = dict(headers or {})
         self._lines: dict[str, _Line] = {}
         # the refresh thread renders while events arrive: one at a time
         self._lock = threading.Lock()
@@ -246,12 +251,13 @@ class LiveView:
         shown, step_width, tool_width = _columns(rows, width)
         table = Table(title=cell(self._title), expand=False, show_edge=False)
         for column in shown:
+            header = self._headers.get(column, column)
             if column == "step":  # the instance name is folded onto more lines, never cut
-                table.add_column(column, overflow="fold", min_width=step_width)
+                table.add_column(header, overflow="fold", min_width=step_width)
             elif column == "last tool call":
-                table.add_column(column, overflow="ellipsis", no_wrap=True, max_width=tool_width)
+                table.add_column(header, overflow="ellipsis", no_wrap=True, max_width=tool_width)
             else:
-                table.add_column(column, no_wrap=True, min_width=len(column))
+                table.add_column(header, no_wrap=True, min_width=len(header))
         for row in rows:
             table.add_row(*(row[column] for column in shown))
         return table
@@ -269,6 +275,8 @@ class LiveView:
             line = self._lines.get(name)
             if line is None:
                 line = self._lines[name] = _Line(name, event.agent)
+            elif event.agent is not None:
+                line.agent = event.agent
             data = event.data
             if event.type == "step_started":
                 line.state, line.started, line.ended, line.note = (
@@ -295,6 +303,17 @@ class LiveView:
             if self._paused:
                 return
         self._live.refresh()
+
+    def forget(self, name: str) -> None:
+        """Drop the row ``name`` (a long batch keeps the rows still running and the last ones
+        finished, not every one)."""
+        with self._lock:
+            self._lines.pop(name, None)
+
+    def names(self) -> list[tuple[str, str]]:
+        """The rows as they stand: (name, state), oldest first."""
+        with self._lock:
+            return [(line.name, line.state) for line in self._lines.values()]
 
     def pause(self) -> None:
         """Stop redrawing until :meth:`resume` (the table as it stands stays on screen)."""
@@ -386,11 +405,14 @@ def _columns(rows: list[dict[str, Any]], width: int) -> tuple[list[str], int, in
     return [c for c in order if c in shown], need["step"], tool_width
 
 
-def open_view(title: str, *, enabled: bool = True) -> LiveView | PlainView | None:
+def open_view(
+    title: str, *, enabled: bool = True, headers: Mapping[str, str] | None = None
+) -> LiveView | PlainView | None:
     """The progress view: a live table on a terminal, lines in the log format otherwise (and
-    with ``--log-json``, where stderr is JSON lines); None when progress is off."""
+    with ``--log-json``, where stderr is JSON lines); None when progress is off. ``headers``
+    renames the live table's columns."""
     if not enabled:
         return None
     if logs.style() == "terminal" and sys.stderr.isatty():
-        return LiveView(title)
+        return LiveView(title, headers=headers)
     return PlainView()

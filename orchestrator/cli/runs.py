@@ -402,7 +402,9 @@ def track_run(
 
 
 @contextmanager
-def _view(args: argparse.Namespace, title: str) -> Iterator[Any]:
+def _view(
+    args: argparse.Namespace, title: str, *, headers: dict[str, str] | None = None
+) -> Iterator[Any]:
     """The progress view of a run command (None when progress is off), closed on the way out.
 
     A ``--report`` directory that cannot be made is a usage error before the run starts, not
@@ -422,7 +424,11 @@ def _view(args: argparse.Namespace, title: str) -> Iterator[Any]:
         except OSError as e:
             raise UsageError(f"--report {report}: {dir_problem(Path(report), e)}") from e
 
-    view = open_view(title, enabled=not getattr(args, "no_progress", False) and not args.json)
+    view = open_view(
+        title,
+        enabled=not getattr(args, "no_progress", False) and not args.json,
+        headers=headers,
+    )
     try:
         yield view
     finally:
@@ -571,7 +577,13 @@ async def cmd_resume(args: argparse.Namespace) -> int:
     """``orchestrator resume``."""
     from ..errors import ResumeConflict
     from ..runs import resume_run
+    from ..runs.recorded import get_run
     from .escalation import choose_escalation
+
+    if (await get_run(args.run, state_dir=args.state_dir)).kind == "batch":
+        from .batch import cmd_resume_batch
+
+        return await cmd_resume_batch(args)
 
     with _view(args, f"resume {args.run}") as view:
         try:

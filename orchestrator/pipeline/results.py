@@ -493,6 +493,11 @@ EventType = Literal[
     "step_reused",
     "step_round",
     "run_finished",
+    # a batch's own (see orchestrator.runs.batch); its child runs' events carry ``repo``
+    "batch_started",
+    "repo_started",
+    "repo_finished",
+    "batch_finished",
 ]
 
 

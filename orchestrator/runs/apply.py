@@ -433,14 +433,16 @@ async def apply_recorded(
     state: Path,
     step: str | None = None,
     git_branch: str | None = None,
+    message: str | None = None,
 ) -> ApplyOutcome:
     """Apply a recorded run's changes (the whole run's, or one step's): the one apply path.
 
     ``run_id`` may be a unique prefix. Without ``git_branch`` the run's workspace is written,
     all or nothing, if every touched file still has the base the run recorded for it. With
     ``git_branch``, the workspace's working tree, index and current branch are left alone: a new
-    branch of that name is made at ``HEAD`` plus the changes, as one commit, if ``HEAD`` holds
-    the run's base for every touched file. Refusals are described in the module docs.
+    branch of that name is made at ``HEAD`` plus the changes, as one commit (``message``, or
+    one saying what the run was asked), if ``HEAD`` holds the run's base for every touched
+    file. Refusals are described in the module docs.
     """
     record = await store.get_run(run_id)
     run_id = record.run_id
@@ -478,7 +480,8 @@ async def apply_recorded(
     # run recorded as not applied
     with trio.CancelScope(shield=True):
         if git_branch is not None:
-            message = _commit_message(record, keys, changes)
+            if message is None:
+                message = _commit_message(record, keys, changes)
             commit = await git_commit_async(
                 base, changes, branch=git_branch, message=message, workspace=record.cwd
             )
