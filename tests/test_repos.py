@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -180,7 +181,7 @@ def test_repo_spec_errors_name_the_value() -> None:
     """A bad value given by itself is named in its one-line error."""
     with pytest.raises(UsageError, match=r"^repository 'x main': a ref \('main'\) is given"):
         repo_spec("x main", base=BASE)
-    with pytest.raises(UsageError, match="^an empty repository location$"):
+    with pytest.raises(UsageError, match=r"^an empty repository location$"):
         repo_spec("  # nothing", base=BASE)
 
 
@@ -215,7 +216,7 @@ def test_label_repos_refuses_duplicates_and_nothing(tmp_path: Path) -> None:
                 repo_spec("https://h.example/x/ v1", base=BASE),
             ]
         )
-    with pytest.raises(UsageError, match="^no repositories given"):
+    with pytest.raises(UsageError, match=r"^no repositories given"):
         label_repos([])
     both = label_repos(
         [
@@ -232,7 +233,8 @@ def test_json_round_trip_and_bad_json() -> None:
         data = spec.to_json()
         assert set(data) == {"source", "url", "path", "ref", "name"}
         assert RepoSpec.from_json(data) == spec
-    good = {"source": "x", "url": None, "path": "/x", "ref": None, "name": "x"}
+    good: dict[str, Any] = {"source": "x", "url": None, "path": "/x", "ref": None, "name": "x"}
+    bad: Any
     for bad in (
         [],
         {**good, "path": None},
@@ -246,7 +248,7 @@ def test_json_round_trip_and_bad_json() -> None:
         {**good, "path": None, "url": "https://h/x", "ref": "-x"},
     ):
         with pytest.raises(StoreError):
-            RepoSpec.from_json(bad)  # type: ignore[arg-type]
+            RepoSpec.from_json(bad)
 
 
 def test_cache_key_is_stable_and_safe() -> None:
