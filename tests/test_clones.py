@@ -504,3 +504,52 @@ async def test_a_clone_past_its_timeout_is_unavailable_and_stopped(
     pids = [int(p) for p in started[0].split()]
     assert await _wait_gone(pids) == []
     assert [n for n in cache_entries(state_dir) if not n.endswith(".lock")] == []
+
+
+CLONER = textwrap.dedent(
+    """
+    import sys, trio
+    from pathlib import Path
+    from orchestrator.runs._clones import open_checkout
+    from orchestrator.runs._repos import repo_spec
+
+    async def main():
+        async with open_checkout(repo_spec(sys.argv[1], base=Path(".")), Path(sys.argv[2])):
+            pass
+
+    trio.run(main)
+    """
+)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+async def test_a_clone_killed_with_its_process_leaves_nothing_in_place(
+    tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGKILL of the process cloning: its git goes too, no directory stands at the clone's
+    place, and the next checkout removes what it left."""
+    script, fifo = _hanging_ssh(tmp_path)
+    monkeypatch.setenv("GIT_SSH_COMMAND", str(script))
+    monkeypatch.setenv("GIT_SSH_VARIANT", "simple")
+    source = "ssh://git@example.invalid/x.git"
+    with trio.fail_after(LIMIT):
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, "-c", CLONER, source, str(state_dir)]
+        )
+        try:
+            started = await trio.to_thread.run_sync(fifo.read_text, abandon_on_cancel=True)
+        finally:
+            proc.kill()
+            await proc.wait()
+        pids = [int(p) for p in started.split()]
+        assert await _wait_gone(pids) == []
+    key = cache_key(source)
+    left = cache_entries(state_dir)
+    assert key not in left
+    assert [n for n in left if n.startswith(f"{key}.tmp-")] != []  # what the crash left
+    monkeypatch.setenv("GIT_SSH_COMMAND", "false")
+    with pytest.raises(
+        RepoUnavailable, match=r"^clone of ssh://git@example\.invalid/x\.git failed"
+    ):
+        await checkout(repo_spec(source, base=tmp_path), state_dir)
+    assert cache_entries(state_dir) == [f"{key}.lock"]
