@@ -385,7 +385,12 @@ async def test_another_process_holding_the_clone_makes_this_one_wait(
         )
         try:
             assert proc.stdout is not None and proc.stdin is not None
-            assert await proc.stdout.receive_some() == b"in\n"
+            said = b""
+            while not said.endswith(b"\n"):
+                chunk = await proc.stdout.receive_some()
+                assert chunk, f"the holder ended, having said {said!r}"
+                said += chunk
+            assert said == b"in\n"
             seen: list[str] = []
 
             async def mine() -> None:
