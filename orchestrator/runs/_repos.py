@@ -313,8 +313,8 @@ def _spec(fields: list[str], base: Path) -> RepoSpec:
     path = Path(os.path.abspath(base / expanded))
     if ref is not None:
         raise _Bad(
-            f"a ref ({redact(ref)!r}) is given for a local directory: a local checkout is used as it"
-            " is (check the ref out there, or give a git URL to clone)"
+            f"a ref ({redact(ref)!r}) is given for a local directory: a local checkout is used"
+            " as it is (check the ref out there, or give a git URL to clone)"
         )
     return RepoSpec(location, None, path, None, _path_label(path))
 
