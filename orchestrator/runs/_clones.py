@@ -314,8 +314,9 @@ async def _sync(spec: RepoSpec, directory: Path, what: str, *, clean: bool) -> s
     """Fetch ``spec``'s ref into the repository ``directory`` and check it out exactly; the
     commit checked out."""
     assert spec.url is not None
-    # the URL may have changed credentials since (the cache key leaves passwords out)
-    await _git(spec, what, ["remote", "set-url", "origin", spec.url], directory)
+    if clean:
+        # the URL may have changed credentials since (the cache key leaves passwords out)
+        await _git(spec, what, ["remote", "set-url", "origin", spec.url], directory)
     want = spec.ref or "HEAD"
     try:
         await _git(
