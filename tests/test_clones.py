@@ -582,3 +582,21 @@ async def test_a_clone_killed_with_its_process_leaves_nothing_in_place(
     ):
         await checkout(repo_spec(source, base=tmp_path), state_dir)
     assert cache_entries(state_dir) == [f"{key}.lock"]
+
+
+async def test_a_symlink_in_the_clone_s_place_is_not_followed(
+    remote: Path, work: Path, tmp_path: Path, state_dir: Path
+) -> None:
+    """A symlink where the clone should be is replaced by a clone; what it led to is untouched."""
+    spec = url_of(remote)
+    elsewhere = git_repo(tmp_path / "elsewhere", {"keep.txt": "mine\n"})
+    (elsewhere / "untracked.txt").write_text("mine too\n")
+    before = capture(elsewhere)
+    place = state_dir / CLONES / cache_key(spec.url or "")
+    place.parent.mkdir(parents=True)
+    place.symlink_to(elsewhere)
+    done = await checkout(spec, state_dir)
+    assert (done.how, done.path, done.head) == ("cloned", place, head_of(work))
+    assert not place.is_symlink()
+    assert capture(elsewhere) == before
+    assert cache_entries(state_dir) == [place.name, f"{place.name}.lock"]

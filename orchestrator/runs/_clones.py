@@ -146,6 +146,10 @@ async def open_checkout(
                 checkout = await _prepare(spec, clones, key)
             except _GitFailed as e:
                 raise RepoUnavailable(str(e)) from None
+            except OSError as e:  # renaming in the cache
+                raise RepoUnavailable(
+                    f"the clone cache cannot be used for {spec.shown} ({e.strerror}): {clones}"
+                ) from None
         if scope.cancelled_caught:
             assert timeout is not None
             what = "fetch" if (clones / key).is_dir() else "clone"
@@ -250,7 +254,7 @@ async def _prepare(spec: RepoSpec, clones: Path, key: str) -> Checkout:
     assert spec.url is not None
     final = clones / key
     await trio.to_thread.run_sync(_remove_leftovers, clones, key)
-    if final.is_dir() and await _usable(final):
+    if final.is_dir() and not final.is_symlink() and await _usable(final):
         await trio.to_thread.run_sync(_remove_git_leftovers, final / ".git")
         log.info("fetching the cached clone", repo=spec.shown, path=str(final))
         head = await _sync(spec, final, "fetch", clean=True)
@@ -259,7 +263,7 @@ async def _prepare(spec: RepoSpec, clones: Path, key: str) -> Checkout:
         # not a clone any more (removed in part by hand?): set aside and cloned again
         aside = clones / f"{key}.old-{uuid.uuid4().hex[:8]}"
         os.rename(final, aside)
-        await trio.to_thread.run_sync(remove_tree, str(aside))
+        await trio.to_thread.run_sync(_discard, aside)
     log.info("cloning", repo=spec.shown, path=str(final))
     temporary = clones / f"{key}.tmp-{uuid.uuid4().hex[:8]}"
     try:
@@ -296,7 +300,17 @@ def _remove_leftovers(clones: Path, key: str) -> None:
         return
     for name in names:
         if name.startswith((f"{key}.tmp-", f"{key}.old-")):
-            remove_tree(str(clones / name))
+            _discard(clones / name)
+
+
+def _discard(path: Path) -> None:
+    """Remove ``path``: a directory with everything in it, or a file or symlink (never what
+    a symlink leads to)."""
+    if path.is_dir() and not path.is_symlink():
+        remove_tree(str(path))
+    else:
+        with suppress(FileNotFoundError):
+            path.unlink()
 
 
 async def _usable(directory: Path) -> bool:
