@@ -78,6 +78,7 @@ __all__ = [
     "ProtocolVersionMismatch",
     "PushFailed",
     "RegistryError",
+    "RepoUnavailable",
     "ReportError",
     "RequestCancelled",
     "ResourceNotFound",
@@ -629,6 +630,12 @@ class RunBusy(OrchestratorError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (str(self), self.run_id))
+
+
+class RepoUnavailable(OrchestratorError):
+    """A repository of a batch cannot be used: a local directory that is missing or not a
+    directory, or a clone or fetch of a URL that failed (git's reason in the message, with any
+    credentials in the URL redacted)."""
 
 
 class ResumeConflict(OrchestratorError):
