@@ -100,7 +100,9 @@ _COLUMNS: tuple[tuple[str, int, bool, _Cut | None, _Cell], ...] = (
     ("TIME", 30, True, None, lambda r: seconds_text(r.seconds)),
 )
 #: how far the outcome and the name are cut before any column with something in it is dropped
-_SHORT = {"OUTCOME": 32, "REPOSITORY": 24, "BRANCH": 20}
+_SHORT = {"OUTCOME": 32, "REPOSITORY": 24}
+#: how far a column is cut before it is dropped
+_CUT_BEFORE_DROP = {"BRANCH": 20}
 
 
 def batch_table(batch: Mapping[str, Any], width: int | None = None) -> list[str]:
@@ -113,7 +115,8 @@ def batch_table(batch: Mapping[str, Any], width: int | None = None) -> list[str]
     REMOTE``. A long name, outcome or branch is cut (with an ellipsis) to a sensible length.
     While the table is too wide: columns whose every cell is ``-`` go, then the outcome and the
     name are cut shorter, then the least useful columns go (TOKENS, TIME, FILES, VERIFY, +/-,
-    BRANCH), then the outcome and the name are cut further. No rows: the header alone.
+    BRANCH, cut shorter first), then the outcome and the name are cut further. No rows: the
+    header alone.
     """
     width = width if width is not None and width > 0 else terminal_width()
     rows = repo_rows(batch)
@@ -147,8 +150,13 @@ def batch_table(batch: Mapping[str, Any], width: int | None = None) -> list[str]
     shrink(_SHORT)
     dropped = []
     while over() > 0 and droppable(False):
-        dropped.append(min(droppable(False), key=lambda c: c.priority))
-        cols.remove(dropped[-1])
+        least = min(droppable(False), key=lambda c: c.priority)
+        shortest = _CUT_BEFORE_DROP.get(least.header)
+        if shortest is not None and least.size > shortest:
+            least.fit(max(shortest, least.size - over()))
+            continue
+        dropped.append(least)
+        cols.remove(least)
     # a column dropped before a wider one went may fit again
     order = [c.header for c in every]
     for col in sorted(dropped, key=lambda c: -c.priority):

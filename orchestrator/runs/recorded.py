@@ -111,7 +111,6 @@ async def list_run_groups(
 ) -> list[RunGroup]:
     """The runs that belong to no batch, newest first (``limit`` counts them), each with its
     child runs when it is a batch; every run as :func:`as_seen` reads it."""
-    check_trio_face("list_run_groups")  # before anything starts
     async with open_run_store(state_directory(state_dir)) as store:
         groups: list[RunGroup] = []
         for record in await store.list_runs(limit=limit, top_level=True):
@@ -478,11 +477,11 @@ def _repo_entry(spec: Any) -> dict[str, Any]:
     """A repository's entry in a batch object before anything is known of its run: from its
     spec as the batch's options record it (or a bare source)."""
     given = dict(spec) if isinstance(spec, Mapping) else {"source": spec}
-    source = given.get("source")
-    name = given.get("name") or (Path(str(source)).name if source is not None else None)
+    source = str(given.get("source") or given.get("url") or given.get("path") or "")
+    name = str(given.get("name") or Path(source.rstrip("/")).name or source or "?")
     return {
-        "name": None if name is None else str(name),
-        "source": None if source is None else str(source),
+        "name": name,
+        "source": source,
         "url": given.get("url"),
         "path": given.get("path"),
         "ref": given.get("ref"),
