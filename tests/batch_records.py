@@ -82,7 +82,9 @@ def entry(name: str, **fields: Any) -> dict[str, Any]:
     return {**base, **fields}
 
 
-def batch_object(run_id: str, pipeline: Path, repos: list[dict[str, Any]], status: str) -> dict:
+def batch_object(
+    run_id: str, pipeline: Path, repos: list[dict[str, Any]], status: str
+) -> dict[str, Any]:
     """The batch object of ``repos``, its counts from them."""
     counts = {
         s: sum(1 for r in repos if r["status"] == s)
