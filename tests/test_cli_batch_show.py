@@ -145,6 +145,7 @@ async def test_diff_and_apply_of_a_batch(tmp_path: Path, state_dir: Path) -> Non
     assert f"\n# svc-b (run {kids['svc-b']}): failed, 1 file changed, +1 -1\n" in diff
     child = (await run_cli("diff", kids["svc-a"], cwd=tmp_path, state=state_dir)).stdout.decode()
     assert child in diff
+    assert diff in await text(tmp_path, state_dir, "show", batch_id, "--diff")
     assert (await cli(tmp_path, state_dir, "diff", batch_id))["diff"] == diff
     stepped = await run_cli("diff", batch_id, "--step", "edit", cwd=tmp_path, state=state_dir)
     assert "is a batch run: it has no steps" in one_line_error(stepped)

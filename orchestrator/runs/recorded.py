@@ -187,8 +187,9 @@ async def get_run_json(
     # the record's own fields fill in what an older release's object lacks
     shown = {**{k: rebuilt[k] for k in _RECORD_FIELDS}, **kept}
     shown.update((key, rebuilt[key]) for key in LATER if key in rebuilt)
-    # set when a batch takes the run in (after the run returned its object)
-    shown["parent"] = record.parent
+    if record.kind != "prompt":  # a prompt's object is the prompt's: no batch runs one
+        # set when a batch takes the run in (after the run returned its object)
+        shown["parent"] = record.parent
     if record.kind == "compare" and isinstance(shown.get("agents"), list):
         written = {a.get("name"): a.get("applied") for a in rebuilt.get("agents") or ()}
         shown["agents"] = [
@@ -369,8 +370,6 @@ async def _rebuild(record: RunRecord, steps: list[StepRecord], store: RunStore) 
         "status": record.status,
         # why the status reads as it does, when the record alone cannot say (or null)
         "statusReason": record.status_reason,
-        # the batch run it is one repository of, or null
-        "parent": record.parent,
         "cwd": record.cwd,
         "created": record.created,
         "finished": record.finished,
@@ -386,6 +385,9 @@ async def _rebuild(record: RunRecord, steps: list[StepRecord], store: RunStore) 
             {s.key: s.started for s in steps if s.started is not None},
         ).to_json(),
     }
+    if record.kind != "prompt":  # a prompt's object is the prompt's: no batch runs one
+        # the batch run it is one repository of, or null
+        result["parent"] = record.parent
     # what the applies wrote to the workspace: the run's final changes, or step instances
     applied_keys = [
         key
