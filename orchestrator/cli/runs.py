@@ -257,8 +257,18 @@ def add_parsers(sub: Any) -> None:
     add_session_choices(c, each=True)
     _shared(c)
 
-    r = sub.add_parser("runs", help="list recorded runs", description="List runs, newest first.")
-    r.add_argument("--limit", type=positive_int, default=20, help="how many (default: 20)")
+    r = sub.add_parser(
+        "runs",
+        help="list recorded runs",
+        description="List runs, newest first; a batch run with the runs of its repositories "
+        "under it.",
+    )
+    r.add_argument(
+        "--limit",
+        type=positive_int,
+        default=20,
+        help="how many (default: 20; a batch counts once, with all its runs)",
+    )
     _shared(r, state_only=True)
 
     s = sub.add_parser("show", help="show a run", description="Show a recorded run's steps.")

@@ -7,6 +7,10 @@ runs chosen, never one that is running, being resumed or applied (its lock is he
 recorded ``running`` whose process cannot be checked from here, or one whose apply a crash
 interrupted (its journal still has to be finished or rolled back).
 
+A batch run and its child runs (one per repository) are one unit: chosen together (``keep``
+and ``older_than`` count runs that belong to no batch; a child alone is refused), kept together
+when any of them must stay, deleted together.
+
 Crash safety comes from the order. The chosen runs' locks are taken and held throughout; their
 rows, and every blob no remaining change uses, go in one transaction (all or nothing); only
 then are their directories moved (one rename each) into ``pruned/`` and deleted there. A crash

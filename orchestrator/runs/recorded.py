@@ -1,4 +1,5 @@
-"""Recorded runs: list them, show one as its ``--json`` object, print its diff."""
+"""Recorded runs: list them, show one as its ``--json`` object, print its diff; a batch run's
+object, its repositories' diffs and its report."""
 
 from __future__ import annotations
 
@@ -170,6 +171,8 @@ async def get_run_json(
     ``appliedSteps``, a comparison's agents' ``applied``). A run with no such object (running,
     interrupted, crashed, or recorded by a release that kept none) is rebuilt from its records,
     without what only its process knew (``wallSeconds``, ``reused``, a resume's ``restored``).
+    A pipeline's or comparison's object has ``parent``: the batch run it is one repository of
+    (or null). A batch run gives its batch object (see :func:`batch_json`).
     """
     check_trio_face("get_run_json")  # before anything starts
     if store is None:
