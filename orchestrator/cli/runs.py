@@ -921,14 +921,17 @@ async def cmd_apply(args: argparse.Namespace) -> int:
     """``orchestrator apply``."""
     import trio
 
-    from ..errors import ApplyRefused, RunBusy, UnsettledConflicts, UsageError
+    from ..errors import ApplyRefused, RunBusy, RunNotFound, UnsettledConflicts, UsageError
     from ..runs import apply_run
     from ..runs.recorded import batch_refused, get_run
     from .logs import note
 
     try:
-        record = await get_run(args.run, state_dir=args.state_dir)
-        if record.kind == "batch":
+        try:
+            record: RunRecord | None = await get_run(args.run, state_dir=args.state_dir)
+        except RunNotFound:
+            record = None  # apply_run says so, after what it checks first (interrupted applies)
+        if record is not None and record.kind == "batch":
             raise batch_refused(record.run_id, "apply")
         outcome = await apply_run(
             args.run, step=args.step, git_branch=args.git_branch, state_dir=args.state_dir
