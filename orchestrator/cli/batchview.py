@@ -67,6 +67,8 @@ def _cut_middle(text: str, room: int) -> str:
 
 @define
 class _Column:
+    """A column of the table as it is being fitted: its cells escaped, maybe cut."""
+
     header: str
     #: the lowest is dropped first when the table is too wide
     priority: int
@@ -86,9 +88,9 @@ class _Column:
             self.cells = [cut(c, room) for c in self.cells]
 
 
-#: (header, priority, right-aligned, how it is cut, the cell of a row)
 _Cell = Callable[[RepoRow], str]
 _Cut = Callable[[str, int], str]
+#: (header, priority, right-aligned, how it is cut, the cell of a row)
 _COLUMNS: tuple[tuple[str, int, bool, _Cut | None, _Cell], ...] = (
     ("REPOSITORY", 100, False, _cut_middle, lambda r: r.name),
     ("OUTCOME", 90, False, _cut_end, lambda r: r.outcome(None)),
