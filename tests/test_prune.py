@@ -253,3 +253,83 @@ async def test_a_prune_killed_midway_leaves_a_store_the_next_prune_finishes(
     assert usage.file_bytes == sum(
         p.stat().st_size for p in (state_dir / "runs").rglob("*") if p.is_file()
     )
+
+
+async def record_batch(state: Path, batch_id: str, children: list[str], *, age_days: float) -> None:
+    """A finished batch run started ``age_days`` ago, with a run directory, and its child runs
+    (each as :func:`record` makes one, started after it)."""
+    async with open_run_store(state) as store:
+        created = time.time() - age_days * DAY
+        await store.create_run(RunRecord(batch_id, "batch", "failed", created, "/batch"))
+    with hold_run_lock(state / "runs" / batch_id, batch_id, doing="batch"):
+        pass
+    for i, child in enumerate(children):
+        await record(state, child, age_days=age_days - (i + 1) / DAY, files={"f": child.encode()})
+        async with open_run_store(state) as store:
+            await store.set_parent(child, batch_id)
+
+
+async def test_a_batch_goes_with_all_its_runs_or_stays_with_them(state_dir: Path) -> None:
+    """keep counts runs of their own; a batch whose one run is held elsewhere (applied, say)
+    stays whole, saying which; once let go, the batch and its runs go, with their blobs."""
+    await record_batch(state_dir, "b0000000000a", ["c0000000000a", "c0000000000b"], age_days=5)
+    await record(state_dir, "a0000000000a", age_days=4, files={"g": SHARED})
+    await record(state_dir, "a0000000000b", age_days=1, files={"h": SHARED})
+    assert blob_count(state_dir) == 3
+    # the newest two of their own: the batch is the third, whatever its runs' times
+    done = await prune(keep=2, dry_run=True, state_dir=state_dir)
+    assert [(r.run_id, r.parent) for r in done.deleted] == [
+        ("b0000000000a", None),
+        ("c0000000000a", "b0000000000a"),
+        ("c0000000000b", "b0000000000a"),
+    ]
+    holder = await trio.lowlevel.open_process(
+        [sys.executable, "-c", HOLD, str(state_dir / "runs" / "c0000000000b")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    assert holder.stdin is not None and holder.stdout is not None
+    try:
+        said = b""
+        while not said.endswith(b"\n"):
+            said += await holder.stdout.receive_some()
+        for dry_run in (True, False):
+            done = await prune(keep=1, dry_run=dry_run, state_dir=state_dir)
+            assert [r.run_id for r in done.deleted] == ["a0000000000a"]
+            [kept] = done.skipped
+            assert (kept.run_id, kept.reason) == (
+                "b0000000000a",
+                "its run c0000000000b: it is running, resumed or applied",
+            )
+        # the batch's own lock was let go again: a resume of it may start
+        with hold_run_lock(state_dir / "runs" / "b0000000000a", "b0000000000a", doing="resume"):
+            pass
+    finally:
+        await holder.stdin.aclose()
+        await holder.wait()
+        await holder.stdout.aclose()
+    assert await ids(state_dir) == ["a0000000000b", "c0000000000b", "c0000000000a", "b0000000000a"]
+    with pytest.raises(UsageError, match="belongs to batch run b0000000000a"):
+        await prune(["c0000000000a"], state_dir=state_dir)
+    # the batch and one of its runs named: the run goes with its batch
+    done = await prune(["c0000000000a", "b0000"], state_dir=state_dir)
+    assert [r.run_id for r in done.deleted] == ["b0000000000a", "c0000000000a", "c0000000000b"]
+    assert await ids(state_dir) == ["a0000000000b"]
+    assert sorted(os.listdir(state_dir / "runs")) == ["a0000000000b"]
+    assert blob_count(state_dir) == 1  # SHARED, the kept run's
+
+
+async def test_a_prune_killed_midway_takes_a_batch_whole(state_dir: Path) -> None:
+    """SIGKILL after the records are deleted: the batch and its runs went in the one
+    transaction (none of its runs is left without it); the next prune removes their files."""
+    await record_batch(state_dir, "b0000000000b", ["c0000000000c", "c0000000000d"], age_days=5)
+    await record(state_dir, "a0000000000c", age_days=1, files={"a": SHARED})
+    killed = await trio.run_process(
+        [sys.executable, "-c", KILL_AT, str(state_dir), "_files"], check=False
+    )
+    assert killed.returncode == -signal.SIGKILL
+    assert await ids(state_dir) == ["a0000000000c"]
+    assert blob_count(state_dir) == 1
+    done = await prune(keep=1, state_dir=state_dir)
+    assert (done.deleted, done.leftovers) == ((), 3)
+    assert os.listdir(state_dir / "runs") == ["a0000000000c"]

@@ -19,7 +19,9 @@ examples:
   orchestrator prune --keep 50                   # all but the 50 newest runs
   orchestrator prune 3f2a 9c1e                   # these runs (unique id prefixes)
 
-A run that is running, being resumed or applied is never deleted.
+A run that is running, being resumed or applied is never deleted. A batch run goes with the
+runs of its repositories (--keep and --older-than count batches, not their runs), never one of
+those runs alone.
 """
 
 _AGE = re.compile(r"(\d+)([smhdw])")
@@ -135,14 +137,22 @@ async def cmd_prune(args: argparse.Namespace) -> int:
 def _say(outcome: PruneOutcome) -> None:
     import datetime as dt
 
+    verb = "would delete" if outcome.dry_run else "deleted"
     for run in outcome.deleted:
         when = dt.datetime.fromtimestamp(run.created).strftime("%Y-%m-%d %H:%M:%S")
-        verb = "would delete" if outcome.dry_run else "deleted"
-        say(f"{verb} {run.run_id}  {when}  {run.kind:<8} {run.status}")
+        if run.parent is None:
+            say(f"{verb} {run.run_id}  {when}  {run.kind:<8} {run.status}")
+        else:  # with its batch, the line above
+            pad = " " * (len(verb) - 1)
+            say(f"{pad}\u21b3 {run.run_id}  {when}  {run.kind:<8} {run.status}")
     for skipped in outcome.skipped:
         say(f"kept {skipped.run_id}: {skipped.reason}")
     n = len(outcome.deleted)
     runs = f"{n} run{'' if n == 1 else 's'}"
+    children = sum(run.parent is not None for run in outcome.deleted)
+    if children:
+        batches = len({run.parent for run in outcome.deleted if run.parent is not None})
+        runs += f" ({children} of them with their batch{'' if batches == 1 else 'es'})"
     left = ""
     if outcome.leftovers:
         left = f" and {outcome.leftovers} director{'y' if outcome.leftovers == 1 else 'ies'} "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import shlex
 import sys
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..pipeline.results import RunEvent
+    from ..store import RunRecord
 
 from .._names import display_names
 from .._words import count
@@ -255,8 +257,18 @@ def add_parsers(sub: Any) -> None:
     add_session_choices(c, each=True)
     _shared(c)
 
-    r = sub.add_parser("runs", help="list recorded runs", description="List runs, newest first.")
-    r.add_argument("--limit", type=positive_int, default=20, help="how many (default: 20)")
+    r = sub.add_parser(
+        "runs",
+        help="list recorded runs",
+        description="List runs, newest first; a batch run with the runs of its repositories "
+        "under it.",
+    )
+    r.add_argument(
+        "--limit",
+        type=positive_int,
+        default=20,
+        help="how many (default: 20; a batch counts once, with all its runs)",
+    )
     _shared(r, state_only=True)
 
     s = sub.add_parser("show", help="show a run", description="Show a recorded run's steps.")
@@ -667,14 +679,14 @@ def _warn_interrupted(found: list[dict[str, Any]], run_id: str | None, cwd: str 
 
 
 async def cmd_runs(args: argparse.Namespace) -> int:
-    """``orchestrator runs``."""
-    import datetime
-
-    from ..runs import list_runs
+    """``orchestrator runs``: the runs that belong to no batch, newest first (``--limit``
+    counts them), a batch run followed by its child runs, one line each."""
     from ..runs.prune import store_usage
+    from ..runs.recorded import batch_json, list_run_groups
     from .prune import usage_json, usage_line
 
-    runs = await list_runs(state_dir=args.state_dir, limit=args.limit)
+    groups = await list_run_groups(state_dir=args.state_dir, limit=args.limit)
+    runs = [r for top, children in groups for r in (top, *children)]
     interrupted = await _interrupted(args)
     usage = await store_usage(state_dir=args.state_dir)
     if args.json:
@@ -688,16 +700,15 @@ async def cmd_runs(args: argparse.Namespace) -> int:
             }
         )
         return EXIT_OK
-    for r in runs:
-        when = datetime.datetime.fromtimestamp(r.created).strftime("%Y-%m-%d %H:%M:%S")
-        inputs = dict(r.inputs)
-        what = r.pipeline or inputs.get("task") or inputs.get("text") or ""
-        applied = " applied" if r.applied else ""
-        if _interrupted_of(interrupted, r.run_id):
-            applied = " apply-interrupted"
-        what = " ".join(str(what).split())  # one line per run, whatever the task holds
-        status = f"{r.status} ({r.status_reason})" if r.status_reason else r.status
-        say(f"{r.run_id}  {when}  {r.kind:<8} {status:<11}{applied}  {what[:60]}")
+    for top, children in groups:
+        say(_run_line(top, interrupted))
+        names = {
+            str(e.get("runId")): str(e.get("name") or "")
+            for e in batch_json(top)["repos"]
+            if e.get("runId")
+        }
+        for child in children:
+            say(_run_line(child, interrupted, batch=top, name=names.get(child.run_id)))
     from .logs import note
 
     if not runs:
@@ -709,6 +720,36 @@ async def cmd_runs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _run_line(
+    r: RunRecord,
+    interrupted: list[dict[str, Any]],
+    *,
+    batch: RunRecord | None = None,
+    name: str | None = None,
+) -> str:
+    """A run's line in ``runs``: id, start, kind, status, applied, what it ran. A batch's child
+    run (``batch`` given) is indented under it with ``↳``, its start cut to fit the same
+    columns (the time alone on the batch's day), and says its repository (``name``, else its
+    directory)."""
+    import datetime
+
+    start = datetime.datetime.fromtimestamp(r.created)
+    when = start.strftime("%Y-%m-%d %H:%M:%S")
+    inputs = dict(r.inputs)
+    what = r.pipeline or inputs.get("task") or inputs.get("text") or ""
+    applied = " applied" if r.applied else ""
+    if _interrupted_of(interrupted, r.run_id):
+        applied = " apply-interrupted"
+    status = f"{r.status} ({r.status_reason})" if r.status_reason else r.status
+    if batch is None:
+        what = " ".join(str(what).split())  # one line per run, whatever the task holds
+        return f"{r.run_id}  {when}  {r.kind:<8} {status:<11}{applied}  {what[:60]}"
+    same_day = datetime.datetime.fromtimestamp(batch.created).date() == start.date()
+    when = start.strftime("%H:%M:%S" if same_day else "%m-%d %H:%M:%S")
+    repo = " ".join((name or os.path.basename(r.cwd.rstrip("/")) or r.cwd).split())
+    return f"  ↳ {r.run_id}  {when:>15}  {r.kind:<8} {status:<11}{applied}  {repo[:60]}"
+
+
 async def cmd_show(args: argparse.Namespace) -> int:
     """``orchestrator show``: what the run's command printed when it finished, from the
     record (a comparison's messages whole)."""
@@ -718,6 +759,8 @@ async def cmd_show(args: argparse.Namespace) -> int:
     result = await get_run_json(args.run, state_dir=args.state_dir)
     interrupted = await _interrupted(args)
     result["applyInterrupted"] = _interrupted_of(interrupted, result["runId"])
+    if result.get("kind") == "batch":
+        return await _show_batch(args, result, interrupted)
     if args.report:
         from ..report import render_report
 
@@ -744,6 +787,8 @@ async def cmd_show(args: argparse.Namespace) -> int:
     else:
         reason = f" ({result['statusReason']})" if result.get("statusReason") else ""
         say(f"run {run_id} ({result['kind']}) in {result['cwd']}: {result['status']}{reason}")
+        if result.get("parent"):
+            say(await _batch_line(run_id, str(result["parent"]), args.state_dir))
         step_details(result, sys.stdout)
         for line in final_values(result, None):  # whole, where run printed their first lines
             say(line)
@@ -753,6 +798,101 @@ async def cmd_show(args: argparse.Namespace) -> int:
         run_ending(result, run_id, sys.stdout)
     _warn_interrupted(interrupted, run_id, result.get("cwd"))
     return EXIT_OK
+
+
+async def _batch_line(run_id: str, batch_id: str, state_dir: str | None) -> str:
+    """The line ``show CHILD`` says which batch the run belongs to, and which repository of
+    it the run is."""
+    from ..errors import RunNotFound
+    from ..runs.recorded import batch_json, get_run
+
+    try:
+        batch = batch_json(await get_run(batch_id, state_dir=state_dir))
+    except RunNotFound:
+        return f"part of batch {batch_id} (no longer recorded)"
+    from .batchview import cell_text
+
+    name = next((e.get("name") for e in batch["repos"] if e.get("runId") == run_id), None)
+    of = f" (repository {cell_text(str(name))})" if name else ""
+    return f"part of batch {batch_id}{of}: orchestrator show {batch_id}"
+
+
+async def _show_batch(
+    args: argparse.Namespace, batch: dict[str, Any], interrupted: list[dict[str, Any]]
+) -> int:
+    """``orchestrator show BATCH``: the batch's table and summary (``--json``: its object),
+    its repositories' runs and how to look at one; ``--report DIR`` writes its report,
+    ``--diff`` prints each repository's diff."""
+    from ..runs.recorded import get_run, write_batch_report
+    from .batchview import batch_summary_line, batch_table, cell_text
+    from .render import terminal_width
+
+    run_id = str(batch["runId"])
+    if args.report:
+        _, paths = await write_batch_report(run_id, args.report, state_dir=args.state_dir)
+        batch["report"] = {"html": str(paths.html), "markdown": str(paths.markdown)}
+    if args.json:
+        _emit(batch)
+        return EXIT_OK
+    record = await get_run(run_id, state_dir=args.state_dir)
+    reason = f" ({batch['statusReason']})" if batch.get("statusReason") else ""
+    what = f" ({batch['pipeline']})" if batch.get("pipeline") else ""
+    say(f"batch {run_id}{what} in {record.cwd}: {batch.get('status')}{reason}")
+    say("")
+    for line in batch_table(batch, terminal_width(sys.stdout)):
+        say(line)
+    say("")
+    say(batch_summary_line(batch))
+    if args.diff:
+        text = await _batch_diff_text(run_id, args.state_dir)
+        if text:
+            say("")
+            sys.stdout.write(terminal_text(text))
+    children = [e for e in batch.get("repos") or () if e.get("runId")]
+    if children:
+        say("")
+        say("the runs of its repositories:")
+        for e in children:
+            say(f"  {e['runId']}  {cell_text(str(e.get('name') or '-'))}")
+        one = children[0]["runId"]
+        say(f"to look at one: orchestrator show RUN (its diff: orchestrator diff RUN), e.g. "
+            f"orchestrator show {one}")  # fmt: skip
+    status = batch.get("status")
+    if status in ("interrupted", "failed"):
+        say(f"orchestrator resume {run_id} runs again the repositories that did not succeed")
+    elif status == "running":
+        say(f"still running: orchestrator show {run_id} again shows how far it got")
+    if isinstance(batch.get("report"), dict):
+        say(f"report: {batch['report']['html']}")
+    _warn_interrupted(interrupted, run_id, record.cwd)
+    return EXIT_OK
+
+
+async def _batch_diff_text(run_id: str, state_dir: str | None) -> str:
+    """Each repository's diff of batch ``run_id`` under a ``# NAME (run CHILD): STATUS, N files
+    changed, +A -R`` line (a comment to ``git apply``): the repositories are different trees,
+    so read it, and apply each repository's run on its own."""
+    from ..report._diff import count_lines, parse_diff
+    from ..runs.recorded import batch_diffs, batch_json
+    from ..state import state_directory
+    from ..store import open_run_store
+    from .batchview import cell_text
+
+    async with open_run_store(state_directory(state_dir)) as store:
+        record = await store.get_run(run_id)
+        diffs = await batch_diffs(record.run_id, store=store)
+    parts = []
+    for e, (name, diff) in zip(batch_json(record)["repos"], diffs.items(), strict=False):
+        if not e.get("runId"):
+            continue
+        files = parse_diff(diff)
+        added, removed = count_lines(files)
+        head = (
+            f"# {cell_text(name)} (run {e['runId']}): {e.get('status') or '-'}, "
+            f"{count(len(files), 'file')} changed, +{added} -{removed}"
+        )
+        parts.append(head + "\n" + (diff or "# (no changes)\n"))
+    return "\n".join(parts)
 
 
 def _show_tail(result: dict[str, Any], *, conflicts: bool = True) -> None:
@@ -793,11 +933,18 @@ async def cmd_apply(args: argparse.Namespace) -> int:
     """``orchestrator apply``."""
     import trio
 
-    from ..errors import ApplyRefused, RunBusy, UnsettledConflicts, UsageError
+    from ..errors import ApplyRefused, RunBusy, RunNotFound, UnsettledConflicts, UsageError
     from ..runs import apply_run
+    from ..runs.recorded import batch_refused, get_run
     from .logs import note
 
     try:
+        try:
+            record: RunRecord | None = await get_run(args.run, state_dir=args.state_dir)
+        except RunNotFound:
+            record = None  # apply_run says so, after what it checks first (interrupted applies)
+        if record is not None and record.kind == "batch":
+            raise batch_refused(record.run_id, "apply")
         outcome = await apply_run(
             args.run, step=args.step, git_branch=args.git_branch, state_dir=args.state_dir
         )
@@ -916,7 +1063,17 @@ async def cmd_diff(args: argparse.Namespace) -> int:
     from ..runs.recorded import get_run
 
     record = await get_run(args.run, state_dir=args.state_dir)
-    if record.kind == "compare" and args.step in (None, "compare") and not args.json:
+    if record.kind == "batch":
+        from ..errors import UsageError
+
+        if args.step is not None:
+            raise UsageError(
+                f"run {record.run_id} is a batch run: it has no steps; give one of its "
+                f"repositories' runs (orchestrator show {record.run_id} lists them)"
+            )
+        # each repository's diff under a line naming it: read them, apply each run on its own
+        text = await _batch_diff_text(record.run_id, args.state_dir)
+    elif record.kind == "compare" and args.step in (None, "compare") and not args.json:
         # a comparison's agents are alternatives: each diff under a line naming its agent
         text = await _labelled_diffs(record.run_id, args.state_dir)
     else:

@@ -12,6 +12,9 @@ The HTML page holds its CSS and the pipeline graph (SVG) inline and runs no scri
 that came from an agent is escaped. Sections have stable ids: ``#summary``, ``#agents``
 (compare) or ``#dag`` (pipeline), ``#steps``, ``#conflicts``, ``#diffs``, ``#permissions``.
 Any key of the result may be missing or null; it is shown as ``-``.
+
+A batch run's report (:func:`render_batch_report`) takes the batch object and each repository's
+diff: a table with a row per repository, then the diffs (sections ``#summary``, ``#diffs``).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 from attrs import frozen
 
 from .._log import get_logger
+from ._batch import batch_html, batch_markdown
 from ._html import html_page
 from ._markdown import markdown_document
 from ._model import ReportError, load
@@ -33,6 +37,7 @@ __all__ = [
     "ReportError",
     "ReportPaths",
     "dir_problem",
+    "render_batch_report",
     "render_html",
     "render_markdown",
     "render_report",
@@ -87,6 +92,34 @@ def render_report(result: Mapping[str, Any], out_dir: str | os.PathLike[str]) ->
     except OSError as e:
         raise ReportError(f"cannot write the report to {out}: {e}") from e
     log.info("report written", html=str(paths.html), markdown=str(paths.markdown), kind=view.kind)
+    return paths
+
+
+def render_batch_report(
+    batch: Mapping[str, Any], diffs: Mapping[str, str], out_dir: str | os.PathLike[str]
+) -> ReportPaths:
+    """Write the report of a batch run, ``out_dir/report.html`` and ``out_dir/report.md``: its
+    table and each repository's diff.
+
+    ``batch`` is the batch object (``batch --json``); ``diffs`` each repository's diff (its
+    child run's final changes) by the repository's name, a missing one read as no changes. As
+    :func:`render_report`: both rendered before either is written, each replaced atomically,
+    blocking file I/O, :class:`ReportError` for a directory that cannot be written.
+    """
+    if not isinstance(batch, Mapping):
+        raise ReportError(
+            f"a batch report needs a batch object (a dict), not {type(batch).__name__}"
+        )
+    html_text = batch_html(batch, diffs)
+    md_text = batch_markdown(batch, diffs)
+    out = _make_dir(out_dir)
+    paths = ReportPaths(html=out / HTML_NAME, markdown=out / MARKDOWN_NAME)
+    try:
+        _write(paths.html, html_text)
+        _write(paths.markdown, md_text)
+    except OSError as e:
+        raise ReportError(f"cannot write the report to {out}: {e}") from e
+    log.info("report written", html=str(paths.html), markdown=str(paths.markdown), kind="batch")
     return paths
 
 

@@ -51,7 +51,7 @@ from ._model import (
 )
 from ._style import CSS
 
-__all__ = ["html_page"]
+__all__ = ["diff_html", "html_page", "page"]
 
 #: scripts, fetches, frames and fonts are all refused; only the inline stylesheet applies
 CSP = (
@@ -79,6 +79,12 @@ def html_page(view: CompareView | PipelineView) -> str:
         title = f"{label}: {first_line(view.task)}" if view.task else label
         meta = _compare_meta(view)
         sections = _compare_sections(view)
+    return page(title, meta, sections, _default_policy_notice(view))
+
+
+def page(title: str, meta: Markup, sections: Sequence[Section], notice: Markup | None) -> str:
+    """A whole page: the title, the facts under it (``meta``), a notice, a table of contents
+    and the sections (``(id, heading, body)``)."""
     doc = join(
         Markup("<!DOCTYPE html>\n"),
         Markup('<html lang="en">\n'),
@@ -98,7 +104,7 @@ def html_page(view: CompareView | PipelineView) -> str:
                 "header",
                 el("h1", title),
                 el("div", meta, class_="meta"),
-                _default_policy_notice(view),
+                notice,
                 class_="top",
             ),
             el(

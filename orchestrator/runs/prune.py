@@ -7,6 +7,10 @@ runs chosen, never one that is running, being resumed or applied (its lock is he
 recorded ``running`` whose process cannot be checked from here, or one whose apply a crash
 interrupted (its journal still has to be finished or rolled back).
 
+A batch run and its child runs (one per repository) are one unit: chosen together (``keep``
+and ``older_than`` count runs that belong to no batch; a child alone is refused), kept together
+when any of them must stay, deleted together.
+
 Crash safety comes from the order. The chosen runs' locks are taken and held throughout; their
 rows, and every blob no remaining change uses, go in one transaction (all or nothing); only
 then are their directories moved (one rename each) into ``pruned/`` and deleted there. A crash
@@ -31,7 +35,7 @@ import trio
 from attrs import frozen
 
 from .._log import get_logger
-from ..errors import RunBusy, UsageError
+from ..errors import RunBusy, RunNotFound, UsageError
 from ..state import STORE_FILES, state_directory
 from ..store import RunRecord, RunStore, open_run_store
 from ..vfs._fileio import remove_tree
@@ -59,6 +63,8 @@ class PrunedRun:
     created: float
     #: the bytes of its directory in the state directory
     file_bytes: int
+    #: the batch run it belongs to and went with, None for a run of its own
+    parent: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """As ``--json`` shows it."""
@@ -68,6 +74,7 @@ class PrunedRun:
             "status": self.status,
             "created": self.created,
             "fileBytes": self.file_bytes,
+            "parent": self.parent,
         }
 
 
@@ -87,7 +94,7 @@ class SkippedRun:
 class PruneOutcome:
     """What :func:`prune` deleted (or would have, with ``dry_run``), and what it kept."""
 
-    #: the runs deleted, newest first
+    #: the runs deleted, newest first, a batch run followed by its child runs (oldest first)
     deleted: tuple[PrunedRun, ...]
     #: the runs chosen but kept: running, being resumed or applied, or with an interrupted apply
     skipped: tuple[SkippedRun, ...]
@@ -173,13 +180,21 @@ def _cutoff(older_than: datetime.datetime | datetime.timedelta) -> float:
     return older_than.timestamp()
 
 
+#: a run chosen for pruning and the child runs that go with it (a batch's, one per repository)
+_Group = tuple[RunRecord, list[RunRecord]]
+
+
 async def _chosen(
     store: RunStore,
     run_ids: Sequence[str],
     older_than: datetime.datetime | datetime.timedelta | None,
     keep: int | None,
-) -> list[RunRecord]:
-    """The runs the selectors choose, newest first."""
+) -> list[_Group]:
+    """The runs the selectors choose, newest first, each with its child runs.
+
+    ``keep`` and ``older_than`` count the runs that belong to no batch; a child run goes only
+    with its batch: chosen by id alone, it is refused (a usage error).
+    """
     if run_ids and (older_than is not None or keep is not None):
         raise UsageError("prune takes run ids, or older_than and keep, not both")
     if run_ids:
@@ -187,18 +202,38 @@ async def _chosen(
         for given in run_ids:
             record = await store.get_run(given)  # RunNotFound (a usage error) for an unknown id
             found[record.run_id] = record
-        return sorted(found.values(), key=lambda r: r.created, reverse=True)
-    if older_than is None and keep is None:
-        raise UsageError("prune needs run ids, older_than or keep: nothing was chosen")
-    if keep is not None and keep < 0:
-        raise UsageError(f"keep must not be below 0, not {keep}")
-    runs = await store.list_runs(limit=None)
-    if keep is not None:
-        runs = runs[keep:]
-    if older_than is not None:
-        cutoff = _cutoff(older_than)
-        runs = [r for r in runs if r.created < cutoff]
-    return runs
+        runs = []
+        for record in found.values():
+            if record.parent is not None and record.parent in found:
+                continue  # it goes with its batch, chosen too
+            if record.parent is not None and await _recorded(store, record.parent):
+                raise UsageError(
+                    f"run {record.run_id} belongs to batch run {record.parent}: it is pruned "
+                    f"with its batch, never alone (pruning {record.parent} deletes the batch "
+                    "with all its runs)"
+                )
+            runs.append(record)
+        runs.sort(key=lambda r: r.created, reverse=True)
+    else:
+        if older_than is None and keep is None:
+            raise UsageError("prune needs run ids, older_than or keep: nothing was chosen")
+        if keep is not None and keep < 0:
+            raise UsageError(f"keep must not be below 0, not {keep}")
+        runs = await store.list_runs(limit=None, top_level=True)
+        if keep is not None:
+            runs = runs[keep:]
+        if older_than is not None:
+            cutoff = _cutoff(older_than)
+            runs = [r for r in runs if r.created < cutoff]
+    return [(r, await store.children(r.run_id)) for r in runs]
+
+
+async def _recorded(store: RunStore, run_id: str) -> bool:
+    """Whether run ``run_id`` (a full id) is recorded."""
+    try:
+        return (await store.get_run(run_id)).run_id == run_id
+    except RunNotFound:
+        return False
 
 
 def _why_kept(
@@ -291,7 +326,10 @@ async def prune(
 
     Choose the runs by id (``run_ids``: full ids or unique prefixes), or by ``older_than`` (a
     time, naive meaning local, or an age) and ``keep`` (the newest ``keep`` runs stay); both
-    together choose the runs older than that beyond the newest ``keep``. A run that is running,
+    together choose the runs older than that beyond the newest ``keep``. A batch run goes with
+    its child runs (one per repository), all or none: ``keep`` and ``older_than`` count the
+    runs that belong to no batch, and a child run chosen by id without its batch is refused (a
+    usage error). A batch stays when any of its runs must. A run that is running,
     being resumed or applied, one recorded ``running`` whose process cannot be checked from
     here, and one whose apply was interrupted are kept and listed in
     :attr:`PruneOutcome.skipped`. ``dry_run`` deletes nothing and says what would go.
@@ -310,17 +348,31 @@ async def prune(
             going: list[RunRecord] = []
             skipped: list[SkippedRun] = []
             each: dict[str, int] = {}
-            for record in chosen:
-                run_dir = state / "runs" / record.run_id
-                # measured before its lock is taken (which rewrites the lock file)
-                each[record.run_id] = await trio.to_thread.run_sync(tree_bytes, str(run_dir))
-                why = await trio.to_thread.run_sync(
-                    _why_kept, record, run_dir, interrupted, None if dry_run else locks
-                )
-                if why is None:
-                    going.append(record)
-                else:
-                    skipped.append(SkippedRun(record.run_id, why))
+            for top, children in chosen:
+                # a batch goes with all its runs or not at all: its lock, then theirs
+                with ExitStack() as group_locks:
+                    why = None
+                    for record in (top, *children):
+                        run_dir = state / "runs" / record.run_id
+                        # measured before its lock is taken (which rewrites the lock file)
+                        each[record.run_id] = await trio.to_thread.run_sync(
+                            tree_bytes, str(run_dir)
+                        )
+                        reason = await trio.to_thread.run_sync(
+                            _why_kept,
+                            record,
+                            run_dir,
+                            interrupted,
+                            None if dry_run else group_locks,
+                        )
+                        if reason is not None:
+                            why = reason if record is top else f"its run {record.run_id}: {reason}"
+                            break
+                    if why is None:
+                        going += [top, *children]
+                        locks.enter_context(group_locks.pop_all())  # held until the end
+                    else:
+                        skipped.append(SkippedRun(top.run_id, why))
             # the records first, in one transaction: a crash after it leaves only files
             database = await store.delete_runs([r.run_id for r in going], dry_run=dry_run)
             # the runs kept, and those going (their directories are removed as theirs)
@@ -329,9 +381,18 @@ async def prune(
             orphans = await trio.to_thread.run_sync(_orphans, state, known)
             files = await trio.to_thread.run_sync(_files, state, going, orphans, dry_run)
             files += sum(each[r.run_id] for r in going)
+    tops = {top.run_id for top, _ in chosen}
     outcome = PruneOutcome(
         deleted=tuple(
-            PrunedRun(r.run_id, r.kind, r.status, r.created, each[r.run_id]) for r in going
+            PrunedRun(
+                r.run_id,
+                r.kind,
+                r.status,
+                r.created,
+                each[r.run_id],
+                None if r.run_id in tops else r.parent,
+            )
+            for r in going
         ),
         skipped=tuple(skipped),
         database_bytes=database,

@@ -1,17 +1,19 @@
-"""Recorded runs: list them, show one as its ``--json`` object, print its diff."""
+"""Recorded runs: list them, show one as its ``--json`` object, print its diff; a batch run's
+object, its repositories' diffs and its report."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import attrs
 import trio
 
 from .._names import display_names, name_json
 from .._words import count
-from ..errors import UsageError
+from ..errors import RunNotFound, UsageError
 from ..pipeline.branches import FINAL
 from ..state import state_directory
 from ..store import RunRecord, RunStore, StepRecord, open_run_store
@@ -20,8 +22,16 @@ from ._lock import run_owner
 from .default_policy import count_default_rejections
 from .verdict import Verdict, judge
 
+if TYPE_CHECKING:
+    from ..report import ReportPaths
+
 __all__ = [
+    "BATCH_UNFINISHED",
     "LATER",
+    "RunGroup",
+    "batch_diffs",
+    "batch_json",
+    "batch_refused",
     "compare_agent_json",
     "compare_verdict",
     "did_nothing",
@@ -29,9 +39,11 @@ __all__ = [
     "finished_run_json",
     "get_run",
     "get_run_json",
+    "list_run_groups",
     "list_runs",
     "no_such_step",
     "rebuild_run_json",
+    "write_batch_report",
 ]
 
 
@@ -42,20 +54,36 @@ async def diff_run(
     check_trio_face("diff_run")  # before anything starts
     async with open_run_store(state_directory(state_dir)) as store:
         record = await store.get_run(run_id)
-        steps = await store.steps(record.run_id)
-        if step is None:
-            # the final changes; before a run has them, what its instances did so far (an
-            # interrupted one's changes as far as it got)
-            keys = (
-                [FINAL]
-                if FINAL in await store.change_keys(record.run_id)
-                else [s.key for s in steps if s.status in ("succeeded", "interrupted")]
-            )
-        else:
-            keys = [s.key for s in steps if s.key == step or s.step == step]
-            if not keys:
-                raise no_such_step(record.run_id, step, steps)
-        return "".join([await store.diff(record.run_id, key) for key in keys])
+        if record.kind == "batch":
+            raise batch_refused(record.run_id, "diff")
+        return await _stored_diff(store, record.run_id, step)
+
+
+async def _stored_diff(store: RunStore, run_id: str, step: str | None) -> str:
+    """The diff of run ``run_id`` (or of its ``step``) as :func:`diff_run` gives it."""
+    steps = await store.steps(run_id)
+    if step is None:
+        # the final changes; before a run has them, what its instances did so far (an
+        # interrupted one's changes as far as it got)
+        keys = (
+            [FINAL]
+            if FINAL in await store.change_keys(run_id)
+            else [s.key for s in steps if s.status in ("succeeded", "interrupted")]
+        )
+    else:
+        keys = [s.key for s in steps if s.key == step or s.step == step]
+        if not keys:
+            raise no_such_step(run_id, step, steps)
+    return "".join([await store.diff(run_id, key) for key in keys])
+
+
+def batch_refused(run_id: str, doing: str) -> UsageError:
+    """The error for ``doing`` (diff, apply) on batch run ``run_id``: its repositories' changes
+    are in its child runs, one per repository."""
+    return UsageError(
+        f"run {run_id} is a batch run: cannot {doing} it as one run; each repository's changes "
+        f"are in its own run (orchestrator show {run_id} lists them): {doing} those"
+    )
 
 
 def no_such_step(run_id: str, step: str, steps: Sequence[StepRecord]) -> UsageError:
@@ -73,6 +101,24 @@ async def list_runs(
     check_trio_face("list_runs")  # before anything starts
     async with open_run_store(state_directory(state_dir)) as store:
         return [(await as_seen(r, store))[0] for r in await store.list_runs(limit=limit)]
+
+
+#: a top-level run and, for a batch run, its child runs (one per repository), oldest first
+RunGroup: TypeAlias = tuple[RunRecord, list[RunRecord]]
+
+
+async def list_run_groups(
+    *, state_dir: str | os.PathLike[str] | None = None, limit: int | None = 50
+) -> list[RunGroup]:
+    """The runs that belong to no batch, newest first (``limit`` counts them), each with its
+    child runs when it is a batch; every run as :func:`as_seen` reads it."""
+    async with open_run_store(state_directory(state_dir)) as store:
+        groups: list[RunGroup] = []
+        for record in await store.list_runs(limit=limit, top_level=True):
+            seen = (await as_seen(record, store))[0]
+            kids = await store.children(record.run_id) if record.kind == "batch" else []
+            groups.append((seen, [(await as_seen(c, store))[0] for c in kids]))
+        return groups
 
 
 async def as_seen(
@@ -125,12 +171,16 @@ async def get_run_json(
     ``appliedSteps``, a comparison's agents' ``applied``). A run with no such object (running,
     interrupted, crashed, or recorded by a release that kept none) is rebuilt from its records,
     without what only its process knew (``wallSeconds``, ``reused``, a resume's ``restored``).
+    A pipeline's or comparison's object has ``parent``: the batch run it is one repository of
+    (or null). A batch run gives its batch object (see :func:`batch_json`).
     """
     check_trio_face("get_run_json")  # before anything starts
     if store is None:
         async with open_run_store(state_directory(state_dir)) as opened:
             return await get_run_json(run_id, store=opened)
     record = await store.get_run(run_id)
+    if record.kind == "batch":
+        return await _batch_json(record, store)
     record, steps = await as_seen(record, store, await store.steps(record.run_id))
     rebuilt = await _rebuild(record, steps, store)
     kept = _kept_result(record)
@@ -140,6 +190,9 @@ async def get_run_json(
     # the record's own fields fill in what an older release's object lacks
     shown = {**{k: rebuilt[k] for k in _RECORD_FIELDS}, **kept}
     shown.update((key, rebuilt[key]) for key in LATER if key in rebuilt)
+    if record.kind != "prompt":  # a prompt's object is the prompt's: no batch runs one
+        # set when a batch takes the run in (after the run returned its object)
+        shown["parent"] = record.parent
     if record.kind == "compare" and isinstance(shown.get("agents"), list):
         written = {a.get("name"): a.get("applied") for a in rebuilt.get("agents") or ()}
         shown["agents"] = [
@@ -335,6 +388,9 @@ async def _rebuild(record: RunRecord, steps: list[StepRecord], store: RunStore) 
             {s.key: s.started for s in steps if s.started is not None},
         ).to_json(),
     }
+    if record.kind != "prompt":  # a prompt's object is the prompt's: no batch runs one
+        # the batch run it is one repository of, or null
+        result["parent"] = record.parent
     # what the applies wrote to the workspace: the run's final changes, or step instances
     applied_keys = [
         key
@@ -413,3 +469,154 @@ async def get_run(run_id: str, *, state_dir: str | os.PathLike[str] | None = Non
     """The record of the run that ``run_id`` (a unique prefix is enough) names."""
     async with open_run_store(state_directory(state_dir)) as store:
         return await store.get_run(run_id)
+
+
+# ------------------------------------------------------------------------------------- batches
+
+#: the statuses of a batch's repository that has not finished (an interrupted batch's read
+#: ``interrupted``)
+BATCH_UNFINISHED = ("pending", "running")
+
+
+def _repo_entry(spec: Any) -> dict[str, Any]:
+    """A repository's entry in a batch object before anything is known of its run: from its
+    spec as the batch's options record it (or a bare source)."""
+    given = dict(spec) if isinstance(spec, Mapping) else {"source": spec}
+    source = str(given.get("source") or given.get("url") or given.get("path") or "")
+    name = str(given.get("name") or Path(source.rstrip("/")).name or source or "?")
+    return {
+        "name": name,
+        "source": source,
+        "url": given.get("url"),
+        "path": given.get("path"),
+        "ref": given.get("ref"),
+        "head": None,
+        "runId": None,
+        "status": "pending",
+        "exitCode": None,
+        "error": None,
+        "skipped": None,
+        "files": None,
+        "added": None,
+        "removed": None,
+        "verify": None,
+        "applied": False,
+        "branch": None,
+        "branchCommit": None,
+        "pushed": None,
+        "tokens": None,
+        "cost": None,
+        "seconds": None,
+    }
+
+
+def _counts(repos: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """How many repositories of a batch ended each way."""
+    ended = ("succeeded", "failed", "skipped", "interrupted")
+    return {status: sum(1 for r in repos if r.get("status") == status) for status in ended}
+
+
+def batch_json(record: RunRecord) -> dict[str, Any]:
+    """The batch object of batch run ``record`` (see :func:`get_run_json`), from its record.
+
+    The object the batch keeps in its record (updated as repositories finish), with the
+    record's status; what it lacks (a batch that kept none yet) from its options. When the
+    record reads ``interrupted`` (Ctrl-C, or its process is gone), the repositories that had
+    not finished read ``interrupted`` too.
+    """
+    options = dict(record.options)
+    kept = dict(record.result) if isinstance(record.result, Mapping) else {}
+    budget = options.get("budget")
+    budget = dict(budget) if isinstance(budget, Mapping) else {}
+    finished = record.finished
+    pipeline = record.pipeline
+    base: dict[str, Any] = {
+        "runId": record.run_id,
+        "kind": "batch",
+        "status": record.status,
+        "exitCode": None,
+        "pipeline": pipeline,
+        "pipelineName": Path(pipeline).stem if pipeline else None,
+        "seconds": None if finished is None else round(max(0.0, finished - record.created), 3),
+        "maxRepos": options.get("maxRepos"),
+        "maxSessions": options.get("maxSessions"),
+        "counts": {},
+        "budget": {
+            "maxTokens": budget.get("maxTokens"),
+            "maxCost": budget.get("maxCost"),
+            "maxSeconds": budget.get("maxSeconds"),
+            "onSpent": budget.get("onSpent") or "finish",
+            "tokens": None,
+            "cost": None,
+            "seconds": None,
+            "spent": None,
+        },
+        "repos": [_repo_entry(spec) for spec in options.get("repos") or ()],
+    }
+    batch = {**base, **kept}
+    batch.update(runId=record.run_id, kind="batch", status=record.status)
+    repos = [dict(r) for r in batch.get("repos") or () if isinstance(r, Mapping)]
+    if record.status == "interrupted":
+        for entry in repos:
+            if entry.get("status") in BATCH_UNFINISHED:
+                entry["status"] = "interrupted"
+    batch["repos"] = repos
+    if not kept.get("counts") or record.status == "interrupted":
+        batch["counts"] = _counts(repos)
+    # why the status reads as it does when the record alone cannot say (or null)
+    batch["statusReason"] = record.status_reason
+    return batch
+
+
+async def _batch_json(record: RunRecord, store: RunStore) -> dict[str, Any]:
+    return batch_json((await as_seen(record, store))[0])
+
+
+async def batch_diffs(run_id: str, *, store: RunStore) -> dict[str, str]:
+    """Each repository's diff of batch run ``run_id``, by its name, in the batch's order: its
+    child run's final changes (as :func:`diff_run` gives them); "" for a repository whose run
+    changed nothing, never started, or is no longer recorded."""
+    record = await store.get_run(run_id)
+    if record.kind != "batch":
+        raise UsageError(f"run {record.run_id} is a {record.kind} run, not a batch run")
+    diffs: dict[str, str] = {}
+    for i, entry in enumerate(batch_json(record)["repos"]):
+        name = str(entry.get("name") or f"repository {i + 1}")
+        child = entry.get("runId")
+        if name in diffs:  # names are unique within a batch; a hand-made record may not be
+            name = f"{name} ({child or i + 1})"
+        text = ""
+        if isinstance(child, str) and child:
+            try:
+                text = await _stored_diff(store, child, None)
+            except RunNotFound:
+                text = ""
+        diffs[name] = text
+    return diffs
+
+
+async def write_batch_report(
+    run_id: str,
+    out_dir: str | os.PathLike[str],
+    *,
+    state_dir: str | os.PathLike[str] | None = None,
+    store: RunStore | None = None,
+) -> tuple[dict[str, Any], ReportPaths]:
+    """Write the report of batch run ``run_id`` (its table and each repository's diff) as
+    ``report.html`` and ``report.md`` in ``out_dir``; the batch object and where it went.
+
+    Reads the run store (``store``, else the one of ``state_dir``); raises
+    :class:`~orchestrator.errors.ReportError` when the directory cannot be written.
+    """
+    from ..report import render_batch_report
+
+    if store is None:
+        async with open_run_store(state_directory(state_dir)) as opened:
+            return await write_batch_report(run_id, out_dir, store=opened)
+    record = await store.get_run(run_id)
+    if record.kind != "batch":
+        raise UsageError(f"run {record.run_id} is a {record.kind} run, not a batch run")
+    batch = await _batch_json(record, store)
+    diffs = await batch_diffs(record.run_id, store=store)
+    paths = await trio.to_thread.run_sync(render_batch_report, batch, diffs, out_dir)
+    return batch, paths

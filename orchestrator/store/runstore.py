@@ -29,13 +29,14 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import orjson
 import trio
 from attrs import define
 
 from .._log import get_logger
 from .._names import name_from_column
-from ..errors import StoreError, UsageError
+from ..errors import RunNotFound, StoreError, UsageError
 from . import _sql
 from ._db import Database
 from ._rows import (
@@ -66,6 +67,10 @@ log = get_logger(__name__)
 STORE_FILENAME = "runs.sqlite3"
 #: the file type bits of a mode
 _FILE_TYPE = 0o170000
+#: the runs that belong to no batch (or to one no longer recorded)
+_TOP_LEVEL = (
+    "(parent IS NULL OR NOT EXISTS (SELECT 1 FROM runs AS batch WHERE batch.run_id = runs.parent))"
+)
 
 
 @define(eq=False)
@@ -129,9 +134,18 @@ class RunStore(Database):
         return await self._read(lambda conn: _sql.find_run(conn, self.path, run_id_or_prefix))
 
     async def list_runs(
-        self, *, limit: int | None = 50, status: str | None = None, kind: str | None = None
+        self,
+        *,
+        limit: int | None = 50,
+        status: str | None = None,
+        kind: str | None = None,
+        top_level: bool = False,
     ) -> list[RunRecord]:
-        """Runs, newest first; optionally only those with ``status`` or of ``kind``."""
+        """Runs, newest first; optionally only those with ``status`` or of ``kind``.
+
+        With ``top_level``, only the runs that belong to no batch (a child run whose batch is
+        no longer recorded counts as one of them), so ``limit`` counts those.
+        """
         if status is not None and status not in RUN_STATUSES:
             raise UsageError(
                 f"unknown run status {status!r}; one of: {', '.join(sorted(RUN_STATUSES))}"
@@ -148,6 +162,8 @@ class RunStore(Database):
         if kind is not None:
             where.append("kind = ?")
             args.append(kind)
+        if top_level:
+            where.append(_TOP_LEVEL)
         sql = f"SELECT {RUN_COLUMNS} FROM runs"
         if where:
             sql += " WHERE " + " AND ".join(where)
@@ -160,6 +176,48 @@ class RunStore(Database):
             return [run_from_row(row) for row in conn.execute(sql, args)]
 
         return await self._read(select)
+
+    async def children(self, run_id: str) -> list[RunRecord]:
+        """The child runs of batch run ``run_id`` (one per repository), oldest first."""
+
+        def select(conn: sqlite3.Connection) -> list[RunRecord]:
+            _sql.require_run(conn, run_id)
+            rows = conn.execute(
+                f"SELECT {RUN_COLUMNS} FROM runs WHERE parent = ? ORDER BY created, rowid",
+                (run_id,),
+            )
+            return [run_from_row(row) for row in rows]
+
+        return await self._read(select)
+
+    async def set_parent(self, run_id: str, parent: str | None) -> RunRecord:
+        """Make run ``run_id`` a child of batch run ``parent`` (None: a run of its own again);
+        return it as changed.
+
+        Raises :class:`~orchestrator.errors.RunNotFound` for an unknown run or parent, and
+        :class:`~orchestrator.errors.StoreError` when ``parent`` is not a batch run, or
+        ``run_id`` is one (batches do not nest).
+        """
+
+        def update(conn: sqlite3.Connection) -> RunRecord:
+            row = conn.execute(
+                f"SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,)
+            ).fetchone()
+            if row is None:
+                raise RunNotFound(f"no run {run_id!r} in the run store")
+            run = run_from_row(row)
+            if parent is not None:
+                found = conn.execute("SELECT kind FROM runs WHERE run_id = ?", (parent,)).fetchone()
+                if found is None:
+                    raise RunNotFound(f"no run {parent!r} in the run store")
+                if found[0] != "batch":
+                    raise StoreError(f"run {parent} is a {found[0]} run, not a batch run")
+                if run.kind == "batch":
+                    raise StoreError(f"run {run_id} is a batch run: it cannot belong to another")
+            conn.execute("UPDATE runs SET parent = ? WHERE run_id = ?", (parent, run_id))
+            return attrs.evolve(run, parent=parent)
+
+        return await self._write(update)
 
     async def mark_interrupted(self, run_id: str) -> None:
         """Mark a running run, and its running and pending steps, ``interrupted``.
