@@ -71,6 +71,10 @@ _EXPORTS: dict[str, str] = {
     "list_runs": "orchestrator.runs",
     "resume_run": "orchestrator.runs",
     "PruneOutcome": "orchestrator.runs",
+    "BatchOutcome": "orchestrator.runs",
+    "RepoOutcome": "orchestrator.runs",
+    "batch": "orchestrator.runs",
+    "resume_batch": "orchestrator.runs",
     "prune": "orchestrator.runs",
     "run_pipeline": "orchestrator.runs",
     "RunStore": "orchestrator.store",
@@ -82,6 +86,8 @@ _EXPORTS: dict[str, str] = {
     "aio": "orchestrator.aio",
     "CancelToken": "orchestrator.sync",
     "apply_run_sync": "orchestrator.sync",
+    "batch_sync": "orchestrator.sync",
+    "resume_batch_sync": "orchestrator.sync",
     "compare_sync": "orchestrator.sync",
     "diff_run_sync": "orchestrator.sync",
     "get_run_json_sync": "orchestrator.sync",
@@ -156,7 +162,11 @@ if TYPE_CHECKING:
     from .runs import InstanceOutcome as InstanceOutcome
     from .runs import PermissionEntry as PermissionEntry
     from .runs import PromptRun as PromptRun
+    from .runs import BatchOutcome as BatchOutcome
     from .runs import PruneOutcome as PruneOutcome
+    from .runs import RepoOutcome as RepoOutcome
+    from .runs import batch as batch
+    from .runs import resume_batch as resume_batch
     from .runs import RunOutcome as RunOutcome
     from .runs import StepOutcome as StepOutcome
     from .runs import ToolCallEntry as ToolCallEntry
@@ -179,12 +189,14 @@ if TYPE_CHECKING:
     from .supervisor import open_supervisor as open_supervisor
     from .sync import CancelToken as CancelToken
     from .sync import apply_run_sync as apply_run_sync
+    from .sync import batch_sync as batch_sync
     from .sync import compare_sync as compare_sync
     from .sync import diff_run_sync as diff_run_sync
     from .sync import get_run_json_sync as get_run_json_sync
     from .sync import list_runs_sync as list_runs_sync
     from .sync import prompt_sync as prompt_sync
     from .sync import prune_sync as prune_sync
+    from .sync import resume_batch_sync as resume_batch_sync
     from .sync import resume_run_sync as resume_run_sync
     from .sync import run_pipeline_sync as run_pipeline_sync
 

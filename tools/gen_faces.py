@@ -43,6 +43,8 @@ FUNCTIONS = [
     ("orchestrator.runs.recorded", "get_run_json"),
     ("orchestrator.runs.recorded", "diff_run"),
     ("orchestrator.runs.prune", "prune"),
+    ("orchestrator.runs.batch", "batch"),
+    ("orchestrator.runs.batch", "resume_batch"),
 ]
 #: parameters bound to one trio run: a run store opened in it, an agent pool serving in it
 LEFT_OUT = {"store", "pool"}

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+import trio
+
 from ..pipeline.results import RunEvent
 from .output import say
 
@@ -181,13 +183,13 @@ class BatchProgress:
                 view(RunEvent("update", event.run_id, step=repo, data={"title": data["title"]}))
 
     def _finished(self, event: RunEvent, live: bool) -> None:
-        from .batchview import entry_outcome
+        from ..report._batch import repo_rows
         from .live import progress_line
 
         data = event.data
         repo = str(data.get("repo"))
         status = data.get("status")
-        said = entry_outcome(data)
+        said = repo_rows({"repos": [{**data, "name": repo}]})[0].outcome()
         self._tokens.pop(repo, None)
         if not live:
             level = "info" if status == "succeeded" else "warning"
@@ -219,14 +221,14 @@ class BatchProgress:
             self._view.forget(name)
 
 
-def finish_batch(args: argparse.Namespace, outcome: Any) -> int:
+async def finish_batch(args: argparse.Namespace, outcome: Any) -> int:
     """Print a batch's result (the table and summary, or ``--json``); its exit code."""
     from .batchview import batch_summary_line, batch_table
     from .runs import _emit
 
     result = dict(outcome.result)
     if getattr(args, "report", None):
-        result["report"] = _write_report(args.report, result, args.state_dir)
+        result["report"] = await _write_report(args.report, outcome.run_id, args.state_dir)
     if args.json:
         _emit(result)
         return int(outcome.exit_code)
@@ -245,10 +247,11 @@ def finish_batch(args: argparse.Namespace, outcome: Any) -> int:
     return int(outcome.exit_code)
 
 
-def _write_report(out_dir: str, result: dict[str, Any], state_dir: str | None) -> dict[str, str]:
-    from ..report.batch import write_batch_report_from_store
+async def _write_report(out_dir: str, run_id: str, state_dir: str | None) -> dict[str, str]:
+    from ..runs.recorded import write_batch_report
 
-    paths = write_batch_report_from_store(result, out_dir, state_dir=state_dir)
+    with trio.CancelScope(shield=True):  # the batch is done: its report is written whole
+        _, paths = await write_batch_report(run_id, out_dir, state_dir=state_dir)
     return {"html": str(paths.html), "markdown": str(paths.markdown)}
 
 
@@ -296,7 +299,7 @@ async def cmd_batch(args: argparse.Namespace) -> int:
             sandbox=args.sandbox or None,
             mcp_servers=mcp_servers(args, config),
         )
-    return finish_batch(args, outcome)
+    return await finish_batch(args, outcome)
 
 
 #: the live table's columns, as a batch names them
@@ -319,4 +322,4 @@ async def cmd_resume_batch(args: argparse.Namespace) -> int:
             on_event=BatchProgress(args, view),
             sandbox=args.sandbox or None,
         )
-    return finish_batch(args, outcome)
+    return await finish_batch(args, outcome)

@@ -10,6 +10,7 @@ their twins for scripts and threads, and for asyncio.
 from __future__ import annotations
 
 from .apply import ApplyOutcome, apply_run, recover
+from .batch import BatchOutcome, RepoOutcome, batch, resume_batch
 from .compare import compare
 from .default_policy import DefaultRejections
 from .outcomes import (
@@ -36,6 +37,7 @@ __all__ = [
     "AgentIdentity",
     "AgentOutcome",
     "ApplyOutcome",
+    "BatchOutcome",
     "BranchUsage",
     "CheckEntry",
     "DefaultRejections",
@@ -45,6 +47,7 @@ __all__ = [
     "PromptRun",
     "PruneOutcome",
     "PrunedRun",
+    "RepoOutcome",
     "RoundEntry",
     "RunOutcome",
     "SkippedRun",
@@ -53,6 +56,7 @@ __all__ = [
     "Verdict",
     "VerifyEntry",
     "apply_run",
+    "batch",
     "compare",
     "diff_run",
     "get_run_json",

@@ -73,6 +73,8 @@ BatchStatus = Literal["succeeded", "failed", "interrupted"]
 OnBudget = Literal["finish", "cancel"]
 #: the fields a commit message template may name
 MESSAGE_FIELDS = frozenset({"batch_id", "run_id", "pipeline", "repo"})
+#: seconds between two writes of a running batch's object to its record
+RESULT_EVERY = 1.0
 #: repositories at once, unless asked otherwise
 DEFAULT_MAX_REPOS = 4
 
@@ -164,6 +166,9 @@ class _Batch:
     on_event: Callable[[RunEvent], None] | None
     clone_timeout: float | None
     entries: dict[str, RepoOutcome] = attrs.field(factory=dict)
+    #: when the batch's object was last written to its record (see :meth:`save`)
+    written: float = 0.0
+    began: float = attrs.field(factory=time.monotonic)
     started_at: dict[str, float] = attrs.field(factory=dict)
     #: the child runs of an earlier attempt, by repository: resumed rather than started anew
     children: dict[str, str] = attrs.field(factory=dict)
@@ -179,6 +184,14 @@ class _Batch:
             await self.store.put_step(
                 entry.to_step(self.batch_id, started, time.time() if done else None)
             )
+            # the whole object too, for `show` while it runs: at most once a second, so a
+            # batch of many repositories does not rewrite it for each one
+            now = time.monotonic()
+            if done and now - self.written >= RESULT_EVERY:
+                self.written = now
+                await self.store.update_run(
+                    self.batch_id, result=self.result("running", now - self.began)
+                )
 
     def emit(self, type_: str, **data: Any) -> None:
         if self.on_event is not None:
@@ -392,7 +405,9 @@ class _Batch:
         entries = [self.entries[s.name] for s in self.specs]
         counts = dict.fromkeys(("succeeded", "failed", "skipped", "interrupted", "pending"), 0)
         for entry in entries:
-            key = entry.status if entry.status != "running" else "interrupted"
+            key = entry.status
+            if key == "running" and status != "running":  # the batch ended while it ran
+                key = "interrupted"
             counts[key] = counts.get(key, 0) + 1
         code = {"succeeded": 0, "failed": 1, "interrupted": 130}.get(status)
         return {
