@@ -285,8 +285,11 @@ async def _rebuild(record: RunRecord, steps: list[StepRecord], store: RunStore) 
     for entry in by_step.values():
         statuses = [i["status"] for i in entry["instances"].values()]
         if statuses and entry["status"] not in ("failed", "skipped"):
-            if "failed" in statuses:
-                failed = next(i for i in entry["instances"].values() if i["status"] == "failed")
+            if "failed" in statuses or "skipped" in statuses:
+                # an instance skipped because the run's budget was spent fails its step, as
+                # the runner counts it (its dependants were skipped)
+                ended = "failed" if "failed" in statuses else "skipped"
+                failed = next(i for i in entry["instances"].values() if i["status"] == ended)
                 entry.update(
                     status="failed",
                     error=failed["error"],
