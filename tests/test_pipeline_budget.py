@@ -339,3 +339,85 @@ async def test_max_seconds_cancels_a_turn_still_running_at_the_deadline(
     assert outcome.status == "failed"
     assert outcome.result["steps"]["after"]["status"] == "skipped"
     assert budget.statistics()["spent"].startswith("time: ")
+
+
+async def test_no_new_round_of_a_check_starts_once_the_budget_is_spent(tmp_path: Path) -> None:
+    """A check that never passes, five rounds allowed: round 1's usage spends the budget, so
+    round 2 does not start; the instance fails with kind ``budget``, its round kept."""
+    (ws,) = projects(tmp_path, "ws")
+
+    @step(agent="demo", check="echo not yet; exit 1", rounds=5)
+    def edit() -> str:
+        return 'replace "todo" with "done" in a.txt'
+
+    with trio.fail_after(LIMIT):
+        outcome = await run_pipeline(
+            Pipeline.from_steps([edit], name="rounds"), {}, cwd=ws, config=config(),
+            policy="edit", _budget=RunBudget(max_tokens=1),
+        )  # fmt: skip
+    one = instances(outcome, "edit")["edit"]
+    used = one["usage"]["used"]
+    assert one["status"] == "failed"
+    assert one["errorKind"] == "budget"
+    assert one["error"] == (
+        "check failed (exit 1) after 1 round: not yet; round 2 not started: "
+        f"the budget is spent (tokens: {used} used of 1)"
+    )
+    assert [r["turn"] for r in one["rounds"]] == [1]
+    assert [c["path"] for c in one["changes"]] == ["a.txt"]
+    assert outcome.status == "failed"
+
+
+@define
+class SpendingPool:
+    """A pool whose every lease spends ``budget`` (another session's report) before the
+    session is handed over: the instance got its slot while the budget was within."""
+
+    inner: CountingPool
+    budget: RunBudget
+
+    @asynccontextmanager
+    async def lease(
+        self,
+        spec: AgentSpec,
+        *,
+        cwd: Any,
+        services: ClientServices | None = None,
+        step: str | None = None,
+        mcp_servers: Sequence[t.McpServer] = (),
+    ) -> AsyncIterator[Lease]:
+        async with self.inner.lease(
+            spec, cwd=cwd, services=services, step=step, mcp_servers=mcp_servers
+        ) as lease:
+            self.budget.observe(object(), 2, None)
+            yield lease
+
+
+async def test_an_agent_is_not_prompted_once_the_budget_is_spent(tmp_path: Path) -> None:
+    """The budget is spent after the instance took its slot, before its first turn: the
+    prompt is never sent and the instance is recorded skipped, as one that got no slot."""
+    (ws,) = projects(tmp_path, "ws")
+    budget = RunBudget(max_tokens=1)
+
+    @step(agent="demo")
+    def edit() -> str:
+        return 'replace "todo" with "done" in a.txt'
+
+    prompts: list[t.SessionUpdate] = []
+    with trio.fail_after(LIMIT):
+        async with open_supervisor() as supervisor:
+            counting = CountingPool(supervisor)
+            pool = SpendingPool(counting, budget)
+            outcome = await run_pipeline(
+                Pipeline.from_steps([edit], name="late"), {}, cwd=ws, config=config(),
+                policy="edit", pool=pool, on_update=prompts.append, _budget=budget,
+            )  # fmt: skip
+    assert counting.leases == 1
+    assert prompts == []  # the agent said nothing: it was never prompted
+    one = instances(outcome, "edit")["edit"]
+    assert one["status"] == "skipped"
+    assert one["errorKind"] == "budget"
+    assert one["error"] == "not started: the budget is spent (tokens: 2 used of 1)"
+    assert outcome.result["steps"]["edit"]["status"] == "failed"
+    assert outcome.status == "failed"
+    assert (ws / "a.txt").read_text() == "todo\n"

@@ -10,9 +10,13 @@ on the agent) are not counted: counted too, the same tokens would count twice.
 
 A limit is spent when its total goes over it (``tokens > max_tokens``, ``cost > max_cost``),
 or when ``max_seconds`` have passed since :meth:`RunBudget.start` (trio's clock). Once spent,
-a budget stays spent. A run given a budget then starts no new step instance (nor a new round of
-a ``check=`` loop): those are recorded ``skipped``, with error kind ``budget``; its running
-turns finish (``on_spent="finish"``) or are cancelled (``"cancel"``).
+a budget stays spent. A run given a budget then starts no new step instance: one that gets its
+slot after (or whose agent would get its first prompt after) is recorded ``skipped``, error
+kind ``budget``, and its step fails; a resume runs it. No new round of a ``check=`` loop
+starts either: the instance fails with kind ``budget``. Running turns finish
+(``on_spent="finish"``: recorded as usual) or are cancelled the ACP way (``"cancel"``: the
+instance fails, kind ``budget``, what the turn did so far kept), the turn whose own report
+spent the budget included.
 """
 
 from __future__ import annotations
