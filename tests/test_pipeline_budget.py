@@ -421,3 +421,36 @@ async def test_an_agent_is_not_prompted_once_the_budget_is_spent(tmp_path: Path)
     assert outcome.result["steps"]["edit"]["status"] == "failed"
     assert outcome.status == "failed"
     assert (ws / "a.txt").read_text() == "todo\n"
+
+
+async def test_a_budget_spent_from_the_start_starts_nothing(tmp_path: Path) -> None:
+    """A budget of no seconds is spent when the run starts: a Python step and an agent step
+    are each recorded skipped (kind ``budget``), each step fails, no agent is prompted."""
+    (ws,) = projects(tmp_path, "ws")
+
+    @step
+    def count() -> int:
+        return 1
+
+    @step(agent="demo")
+    def edit() -> str:
+        return 'replace "todo" with "done" in a.txt'
+
+    updates: list[t.SessionUpdate] = []
+    with trio.fail_after(LIMIT):
+        outcome = await run_pipeline(
+            Pipeline.from_steps([count, edit], name="none"), {}, cwd=ws, config=config(),
+            policy="edit", on_update=updates.append, _budget=RunBudget(max_seconds=0),
+        )  # fmt: skip
+    assert updates == []
+    for name in ("count", "edit"):
+        entry = outcome.result["steps"][name]
+        assert entry["status"] == "failed"
+        assert entry["errorKind"] == "budget"
+        one = entry["instances"][name]
+        assert one["status"] == "skipped"
+        assert re.fullmatch(
+            r"not started: the budget is spent \(time: [\d.]+ s of 0 s\)", one["error"]
+        )
+    assert outcome.status == "failed"
+    assert outcome.exit_code == 1

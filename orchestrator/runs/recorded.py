@@ -255,6 +255,9 @@ async def _rebuild(record: RunRecord, steps: list[StepRecord], store: RunStore) 
     for s in steps:
         entry = by_step.setdefault(s.step, _step_entry())
         own = s.instance is None and s.agent is None and s.result is None
+        # a Python step's one instance, skipped because the run's budget was spent, is an
+        # instance all the same (a step's own record of a skip has no error kind)
+        own = own and not (s.status == "skipped" and s.error_kind == "budget")
         if own and s.status in ("skipped", "failed"):
             entry.update(
                 status=s.status,
