@@ -251,6 +251,7 @@ def _defined_exceptions() -> set[type[BaseException]]:
 INTERNAL = {
     "orchestrator._fetch._Refused",
     "orchestrator.demo.instructions._Refused",
+    "orchestrator.pipeline._budget.NotStarted",
     "orchestrator.runs.outcomes._Unreadable",
     "orchestrator.store.runstore._RolledBack",
     "orchestrator.vfs.pool._Unclean",
