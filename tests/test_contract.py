@@ -251,6 +251,7 @@ def _defined_exceptions() -> set[type[BaseException]]:
 INTERNAL = {
     "orchestrator._fetch._Refused",
     "orchestrator.demo.instructions._Refused",
+    "orchestrator.pipeline._budget.NotStarted",
     "orchestrator.runs._clones._GitFailed",
     "orchestrator.runs._repos._Bad",
     "orchestrator.runs.outcomes._Unreadable",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from ..sandbox import Sandbox
 from ..vfs import Branch, Workdir
 from ._branchio import BranchDirs
 from ._branchstate import state_of
+from ._budget import RunBudget
 from ._calls import jsonable, prompt_input, run_verify, update_event
 from ._recording import Recorder, call_listener
 from ._rounds import feedback_prompt, run_check, with_feedback
@@ -86,8 +87,10 @@ async def _within_budget(
     timeout: float | None,
     idle_timeout: float | None,
     on_update: Callable[[t.SessionUpdate], None],
+    watch: Callable[[], Awaitable[None]] | None = None,
 ) -> TurnResult:
-    """One turn of ``lease``'s session, cancelled the ACP way once ``exceeded`` is set."""
+    """One turn of ``lease``'s session, cancelled the ACP way once ``exceeded`` is set;
+    ``watch`` runs beside it (it sets ``exceeded`` when the run's budget is spent)."""
     # Ctrl-C cancels both tasks: the caller's ``except trio.Cancelled`` must see one Cancelled
     with single_error():
         async with trio.open_nursery() as nursery:
@@ -97,6 +100,8 @@ async def _within_budget(
                 await lease.session.cancel()
 
             nursery.start_soon(cancel_on_budget)
+            if watch is not None:
+                nursery.start_soon(watch)
             turn = await lease.prompt(
                 prompt, timeout=timeout, idle_timeout=idle_timeout, on_update=on_update
             )
@@ -142,6 +147,10 @@ class AgentTurns:
     sandboxes: Mapping[tuple[str, str], Sandbox] = field(factory=dict)
     #: the MCP servers of each (step, agent label) whose sessions get some
     mcp_servers: Mapping[tuple[str, str], tuple[McpServer, ...]] = field(factory=dict)
+    #: the budget the run shares with others, if any: every usage update of every turn counts
+    #: against it; once spent, no turn starts (nor a round), and with ``on_spent="cancel"``
+    #: running turns are cancelled
+    budget: RunBudget | None = None
     #: policies by name, loaded once per run
     _policies: dict[str, PolicySet] = field(init=False, factory=dict)
     #: the policy of each (step, agent), narrowed once per run
@@ -262,6 +271,26 @@ class AgentTurns:
                 if model:
                     await session.set_model(model)
                 exceeded = trio.Event()
+                # the run's budget, spent: what it said when it cancelled the turn
+                # (``cancel``), or when it left a check's next round unstarted
+                shared = self.budget
+                cancels = shared is not None and shared.on_spent == "cancel"
+                run_spent: list[str] = []
+                no_round: list[str] = []
+
+                def budget_spent() -> None:
+                    # the run's budget cancels the turn, as the step's own does
+                    assert shared is not None
+                    spent = shared.spent
+                    if spent is not None and not exceeded.is_set():
+                        run_spent.append(spent)
+                        exceeded.set()
+
+                async def watch_budget() -> None:
+                    assert shared is not None
+                    await shared.wait_spent()
+                    budget_spent()
+
                 recorder = self.recorder
                 # a listener may decline per-update events (``wants_updates = False``): they
                 # cost the typed decoding of every update
@@ -277,6 +306,13 @@ class AgentTurns:
                         call_listener(hook, update, event_type="session_update")
                     if listener is not None:
                         recorder.notify(update_event(self.run_id, step.name, key, agent, update))
+                    if shared is not None and isinstance(update, t.UsageUpdate):
+                        cost = update.cost.amount if update.cost is not None else None
+                        shared.observe(session, update.used, cost, run=self.run_id)
+                        if cancels:
+                            # at once, not when the watcher runs: the update that spends the
+                            # budget cancels its own turn, whatever else the loop does first
+                            budget_spent()
                     if (
                         limit is not None
                         and isinstance(update, t.UsageUpdate)
@@ -286,9 +322,14 @@ class AgentTurns:
                         over_budget.append(update.used)
                         exceeded.set()
 
-                # updates are only for the listener and the token budget: without either,
-                # the turn need not call back at all
-                wants_updates = listener is not None or limit is not None or hook is not None
+                # updates are only for the listener and the budgets: without them, the turn
+                # need not call back at all
+                wants_updates = (
+                    listener is not None
+                    or limit is not None
+                    or hook is not None
+                    or shared is not None
+                )
                 number = 0
                 # the branch as the round starts: what the round changed is against it
                 previous = state_of(workdir.branch) if check is not None else None
@@ -300,11 +341,15 @@ class AgentTurns:
                 try:
                     while True:
                         number += 1
+                        if number == 1 and shared is not None:
+                            # spent since the instance took its slot: the agent is not asked
+                            # to start (the instance is recorded skipped)
+                            shared.check_within()
                         left = timeout
                         if timeout is not None and number > 1:
                             left = _time_left(step, agent, timeout, started, number)
                         try:
-                            if limit is None:
+                            if limit is None and not cancels:
                                 turn = await lease.prompt(
                                     prompt_input(prompt),
                                     timeout=left,
@@ -319,6 +364,7 @@ class AgentTurns:
                                     timeout=left,
                                     idle_timeout=step.idle_timeout,
                                     on_update=on_update,
+                                    watch=watch_budget if cancels else None,
                                 )
                         except BaseException:
                             # what the turn did, whether the agent ended it after
@@ -341,7 +387,7 @@ class AgentTurns:
                         diff = await self.dirs.changes_since(previous, workdir.branch)
                         previous = state_of(workdir.branch)
                         open_round = RoundResult(number, turn.stop_reason, diff=diff)
-                        if over_budget or turn.stop_reason != "end_turn":
+                        if over_budget or run_spent or turn.stop_reason != "end_turn":
                             # cut short (the budget, the agent's cancel or refusal): no check,
                             # and no next round
                             rounds.append(open_round)
@@ -371,6 +417,11 @@ class AgentTurns:
                         )
                         if outcome.passed or number >= step.rounds:
                             break
+                        spent = shared.spent if shared is not None else None
+                        if spent is not None:
+                            # no new round once the run's budget is spent
+                            no_round.append(spent)
+                            break
                         earlier.append(turn)
                         with _in_time(step, agent, timeout, started, "while its feedback ran"):
                             prompt = await feedback_prompt(step.feedback, outcome, number + 1)
@@ -391,6 +442,10 @@ class AgentTurns:
                             rounds=(*rounds, *([open_round] if open_round else [])),
                         )  # fmt: skip
                     raise
+                finally:
+                    if shared is not None:
+                        # the session's turns are over: its figures stay counted
+                        shared.settle(session, run=self.run_id)
         if check is None:
             await self.dirs.harvest(workdir)
             self._permission_events(step, key, agent, turn)
@@ -408,8 +463,17 @@ class AgentTurns:
             verify = await run_verify(command, Path(workdir.root), sandbox=sandbox)
         error: str | None
         kind: ErrorKind | None = None
-        if over_budget:
+        if run_spent:
+            error = f"cancelled: the budget is spent ({run_spent[0]})"
+            kind = "budget"
+        elif over_budget:
             error = f"budget exceeded: {over_budget[0]} tokens > {step.budget.max_tokens}"  # type: ignore[union-attr]
+            kind = "budget"
+        elif no_round and last_check is not None:
+            error = (
+                f"{check_failure(last_check, len(rounds))}; round {len(rounds) + 1} not "
+                f"started: the budget is spent ({no_round[0]})"
+            )
             kind = "budget"
         elif last_check is not None and not last_check.passed:
             error = check_failure(last_check, len(rounds))

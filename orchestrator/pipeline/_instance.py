@@ -20,6 +20,7 @@ from ..store import StepRecord
 from ..vfs import Branch, MergeResult, Snapshot
 from ._agent_step import AgentTurns
 from ._branchio import BranchDirs
+from ._budget import NotStarted, RunBudget
 from ._calls import call, describe, error_kind, user_traceback
 from ._recording import Recorder
 from ._state import StepState
@@ -48,8 +49,12 @@ class InstanceExecutor:
     recorder: Recorder
     dirs: BranchDirs
     turns: AgentTurns
+    #: the budget the run shares with others, if any: once it is spent, no attempt starts
+    budget: RunBudget | None = None
     #: branch name -> the key of the instance it is the branch of
     branch_keys: dict[str, str | None] = field(factory=dict)
+    #: this run's instances waiting for a slot now (the slots may be shared with other runs)
+    waiting: int = 0
 
     async def run(
         self,
@@ -79,10 +84,21 @@ class InstanceExecutor:
         while True:
             # an instance counts as started once it holds a slot (not while it waits for one)
             # and keeps it until its outcome is recorded
-            async with self.slots:
+            self.waiting += 1
+            try:
+                await self.slots.acquire()
+            finally:
+                self.waiting -= 1
+            try:
+                spent = self.budget.spent if self.budget is not None else None
+                if spent is not None:
+                    self._not_started(state, name, key, agent, attempt, spent)
+                    return
                 retry = await self._run_attempt(
                     state, base, args, name, key, agent, item, attempt, going_on
                 )
+            finally:
+                self.slots.release()
             if not retry:
                 return
             attempt += 1
@@ -124,6 +140,11 @@ class InstanceExecutor:
             output = await self._attempt(
                 state, branch, args, name, key, agent, item, attempt, feedback
             )
+        except NotStarted as e:
+            # the budget was spent before its first turn was sent: the agent did nothing
+            branch.close()
+            self._not_started(state, name, key, agent, attempt, e.spent, started=started)
+            return False
         except Exception as e:
             # what an agent step's turns did before the error (None for other steps, or when
             # no turn ran): taken even for a retry, which starts afresh
@@ -193,6 +214,38 @@ class InstanceExecutor:
         diffs = self.dirs.take_diffs(branch)
         recorder.finish(name, step, key, agent, output, branch, attempt, started, diffs)
         return False
+
+    def _not_started(
+        self,
+        state: StepState,
+        name: str,
+        key: str | None,
+        agent: str | None,
+        attempt: int,
+        spent: str,
+        *,
+        started: float | None = None,
+    ) -> None:
+        """Record instance ``name`` skipped: the run's budget is ``spent``. Its step fails (its
+        dependants are skipped), and a resume runs it (only succeeded instances are reused)."""
+        step = state.step
+        error = f"not started: the budget is spent ({spent})"
+        state.failures[key] = error
+        state.failure_kinds[key] = "budget"
+        self.recorder.record(
+            name, step, key, agent, "skipped", attempt,
+            started=started, error=error, error_kind="budget",
+        )  # fmt: skip
+        self.recorder.emit(
+            RunEvent(
+                "step_skipped",
+                self.run_id,
+                step.name,
+                key,
+                agent,
+                {"cause": error, "error": error, "errorKind": "budget"},
+            )
+        )
 
     def _retry(
         self, step: Step, key: str | None, agent: str | None, error: str | None, attempt: int

@@ -40,6 +40,7 @@ from ..vfs import Branch, MergeResult, Snapshot, merge_branches
 from ..vfs.pool import DirPool, reuse_enabled_by_env
 from ._agent_step import AgentTurns, label_run_agents
 from ._branchio import BranchCosts, BranchDirs, BranchIO
+from ._budget import RunBudget
 from ._calls import MISSING, call, describe, error_kind, fan_out_items, user_traceback
 from ._instance import InstanceExecutor, fork_from
 from ._recording import EventSink, Recorder
@@ -99,6 +100,13 @@ class PipelineRunner:
     #: :mod:`orchestrator.vfs.pool`); the environment variable ``ORCHESTRATOR_REUSE_DIRS=0``
     #: turns it off too
     reuse_dirs: bool = True
+    #: a budget the run shares with others (a batch's runs): every usage update counts against
+    #: it; once spent, no instance starts (each is recorded skipped, error kind ``budget``) and
+    #: running turns finish or are cancelled as it says (see :mod:`._budget`)
+    budget: RunBudget | None = None
+    #: the slots instances hold while they run, when shared with other runs (at most that many
+    #: instances, so live sessions, across them all); None: the run's own, :attr:`parallel`
+    slots: trio.Semaphore | None = None
     states: dict[str, StepState] = field(factory=dict)
     #: files branches changed that changed in the workspace too before a branch kept their
     #: content, so merges found no base for them (see :attr:`MergeResult.base_gone`)
@@ -146,8 +154,9 @@ class PipelineRunner:
             services=self.services,
             sandboxes=self.sandboxes,
             mcp_servers=self.mcp_servers,
+            budget=self.budget,
         )
-        slots = trio.Semaphore(max(self.parallel, 1))
+        slots = self.slots if self.slots is not None else trio.Semaphore(max(self.parallel, 1))
         self._executor = InstanceExecutor(
             run_id=self.run_id,
             workspace=self.workspace,
@@ -158,9 +167,12 @@ class PipelineRunner:
             recorder=self._recorder,
             dirs=self._dirs,
             turns=self._turns,
+            budget=self.budget,
         )
-        # instances waiting for a slot will want directories: part of what a copy would serve
-        self._dirs.pending = lambda: slots.statistics().tasks_waiting
+        # this run's instances waiting for a slot will want directories: part of what a copy
+        # would serve (the slots' own count would take in other runs' instances, when shared)
+        executor = self._executor
+        self._dirs.pending = lambda: executor.waiting
 
     def statistics(self) -> dict[str, float | int]:
         """Branch directory I/O so far (see :class:`BranchIO`)."""

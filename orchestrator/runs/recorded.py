@@ -308,6 +308,9 @@ async def _rebuild(record: RunRecord, steps: list[StepRecord], store: RunStore) 
     for s in steps:
         entry = by_step.setdefault(s.step, _step_entry())
         own = s.instance is None and s.agent is None and s.result is None
+        # a Python step's one instance, skipped because the run's budget was spent, is an
+        # instance all the same (a step's own record of a skip has no error kind)
+        own = own and not (s.status == "skipped" and s.error_kind == "budget")
         if own and s.status in ("skipped", "failed"):
             entry.update(
                 status=s.status,
@@ -338,8 +341,11 @@ async def _rebuild(record: RunRecord, steps: list[StepRecord], store: RunStore) 
     for entry in by_step.values():
         statuses = [i["status"] for i in entry["instances"].values()]
         if statuses and entry["status"] not in ("failed", "skipped"):
-            if "failed" in statuses:
-                failed = next(i for i in entry["instances"].values() if i["status"] == "failed")
+            if "failed" in statuses or "skipped" in statuses:
+                # an instance skipped because the run's budget was spent fails its step, as
+                # the runner counts it (its dependants were skipped)
+                ended = "failed" if "failed" in statuses else "skipped"
+                failed = next(i for i in entry["instances"].values() if i["status"] == ended)
                 entry.update(
                     status="failed",
                     error=failed["error"],

@@ -19,6 +19,7 @@ from ..config import Config
 from ..errors import ResumeConflict, UsageError
 from ..mcp import McpServer
 from ..pipeline import Pipeline, load_pipeline
+from ..pipeline._budget import RunBudget
 from ..pipeline.results import RunEvent
 from ..pipeline.runner import AgentPool
 from ..policy import PolicySet
@@ -60,6 +61,8 @@ async def resume_run(
     services: ClientServices | None = None,
     record_transcripts: bool | None = None,
     mcp_servers: Sequence[McpServer | str] | None = None,
+    _budget: RunBudget | None = None,
+    _slots: trio.Semaphore | None = None,
 ) -> RunOutcome:
     """Run ``run_id`` again: finished instances are reused with their branches, the rest re-run.
 
@@ -195,6 +198,8 @@ async def resume_run(
             options=options,
             services=services,
             record_transcripts=record_transcripts,
+            _budget=_budget,
+            _slots=_slots,
         )
     except ResumeConflict as e:
         raise ResumeConflict(e.paths, record.run_id) from None

@@ -43,6 +43,7 @@ from ..errors import AgentNotFound, AlreadyApplied, StoreError, SymlinkRefused, 
 from ..mcp import McpServer, merge_mcp_servers
 from ..pipeline import Pipeline, load_pipeline
 from ..pipeline._branchio import TRASH
+from ..pipeline._budget import RunBudget
 from ..pipeline._calls import safe
 from ..pipeline._recording import notify
 from ..pipeline._writer import open_store_writer
@@ -369,6 +370,9 @@ async def run_pipeline(
     mcp_servers: Sequence[McpServer | str] | None = None,
     _extra_options: Mapping[str, Any] | None = None,
     _finish_result: Callable[[RunOutcome], Mapping[str, Any]] | None = None,
+    _budget: RunBudget | None = None,
+    _slots: trio.Semaphore | None = None,
+    _parent: str | None = None,
 ) -> RunOutcome:
     """Run ``pipeline`` (a file or a :class:`Pipeline`) on branches of ``cwd``.
 
@@ -419,6 +423,12 @@ async def run_pipeline(
     run store for :func:`~orchestrator.runs.apply_run`. An apply refused because the changes
     would make a symlink leading outside the workspace raises
     :class:`~orchestrator.errors.SymlinkRefused` once the run is recorded.
+
+    A batch runs its repositories' runs in one trio run and gives each the same private
+    ``_budget`` (a :class:`~orchestrator.pipeline._budget.RunBudget`: its clock starts with
+    the first run; once spent, no instance starts) and ``_slots`` (held by each running
+    instance in place of the run's own ``max_sessions`` slots); ``_parent`` is the batch's
+    run id, recorded as the run's parent.
     """
     check_trio_face("run_pipeline")  # before anything starts
     root = workspace_root(cwd)
@@ -502,6 +512,7 @@ async def run_pipeline(
                         "mcpServers": _mcp_json(sessions_mcp),
                         **dict(_extra_options or {}),
                     },
+                    parent=_parent,
                 )
                 await store.create_run(record)
             else:
@@ -584,7 +595,11 @@ async def run_pipeline(
                         max_file_size=settings.max_file_size,
                         max_turn_record_bytes=settings.max_turn_record_bytes,
                         reuse_dirs=reuse_dirs,
+                        budget=_budget,
+                        slots=_slots,
                     )
+                    if _budget is not None:
+                        _budget.start()  # the first run that shares it starts its clock
                     await runner.emit(
                         RunEvent("run_started", run_id, data={"pipeline": pipe.name, "kind": _kind})
                     )
