@@ -158,27 +158,27 @@ if TYPE_CHECKING:
     from .runs import AgentIdentity as AgentIdentity
     from .runs import AgentOutcome as AgentOutcome
     from .runs import ApplyOutcome as ApplyOutcome
+    from .runs import BatchOutcome as BatchOutcome
     from .runs import FileChange as FileChange
     from .runs import InstanceOutcome as InstanceOutcome
     from .runs import PermissionEntry as PermissionEntry
     from .runs import PromptRun as PromptRun
-    from .runs import BatchOutcome as BatchOutcome
     from .runs import PruneOutcome as PruneOutcome
     from .runs import RepoOutcome as RepoOutcome
-    from .runs import batch as batch
-    from .runs import resume_batch as resume_batch
     from .runs import RunOutcome as RunOutcome
     from .runs import StepOutcome as StepOutcome
     from .runs import ToolCallEntry as ToolCallEntry
     from .runs import Verdict as Verdict
     from .runs import VerifyEntry as VerifyEntry
     from .runs import apply_run as apply_run
+    from .runs import batch as batch
     from .runs import compare as compare
     from .runs import diff_run as diff_run
     from .runs import get_run_json as get_run_json
     from .runs import list_runs as list_runs
     from .runs import prompt as prompt
     from .runs import prune as prune
+    from .runs import resume_batch as resume_batch
     from .runs import resume_run as resume_run
     from .runs import run_pipeline as run_pipeline
     from .sandbox import Sandbox as Sandbox

@@ -33,8 +33,12 @@ from orchestrator.pipeline.results import RunEvent
 from orchestrator.policy import PolicySet
 from orchestrator.protocol import types as t
 from orchestrator.runs import threaded as _threaded
+from orchestrator.runs._repos import RepoSpec
 from orchestrator.runs.apply import ApplyOutcome
 from orchestrator.runs.apply import apply_run as _apply_run
+from orchestrator.runs.batch import BatchOutcome, OnBudget
+from orchestrator.runs.batch import batch as _batch
+from orchestrator.runs.batch import resume_batch as _resume_batch
 from orchestrator.runs.compare import compare as _compare
 from orchestrator.runs.prompt import PromptRun
 from orchestrator.runs.prompt import prompt as _prompt
@@ -52,12 +56,14 @@ from orchestrator.supervisor import Connector
 
 __all__ = [
     "apply_run",
+    "batch",
     "compare",
     "diff_run",
     "get_run_json",
     "list_runs",
     "prompt",
     "prune",
+    "resume_batch",
     "resume_run",
     "run_pipeline",
 ]
@@ -336,5 +342,109 @@ async def prune(
     return await _threaded.call_async(
         functools.partial(
             _prune, run_ids, older_than=older_than, keep=keep, dry_run=dry_run, state_dir=state_dir
+        )
+    )
+
+
+async def batch(
+    pipeline: Pipeline | str | os.PathLike[str],
+    repos: Sequence[str | RepoSpec] = (),
+    inputs: Mapping[str, Any] | None = None,
+    *,
+    repos_file: str | os.PathLike[str] | None = None,
+    cwd: str | os.PathLike[str] = ".",
+    policy: str | os.PathLike[str] | PolicySet | None = None,
+    escalate: Escalate | None = None,
+    config: Config | None = None,
+    max_repos: int | None = None,
+    max_sessions: int | None = None,
+    max_file_size: int | str | None = None,
+    apply: bool = False,
+    git_branch: str | None = None,
+    push: str | None = None,
+    message: str | None = None,
+    max_tokens: int | None = None,
+    max_cost: float | None = None,
+    max_seconds: float | None = None,
+    on_budget: OnBudget = "finish",
+    on_event: Callable[[RunEvent], None] | None = None,
+    state_dir: str | os.PathLike[str] | None = None,
+    connector: Connector | None = None,
+    sandbox: SandboxChoice = None,
+    record_transcripts: bool = True,
+    mcp_servers: Sequence[McpServer | str] | None = None,
+    clone_timeout: float | None = 600,
+) -> BatchOutcome:
+    """:func:`~orchestrator.runs.batch.batch` awaited from asyncio (see the module)."""
+    return await _threaded.call_async(
+        functools.partial(
+            _batch,
+            pipeline,
+            repos,
+            inputs,
+            repos_file=repos_file,
+            cwd=cwd,
+            policy=policy,
+            escalate=escalate,
+            config=config,
+            max_repos=max_repos,
+            max_sessions=max_sessions,
+            max_file_size=max_file_size,
+            apply=apply,
+            git_branch=git_branch,
+            push=push,
+            message=message,
+            max_tokens=max_tokens,
+            max_cost=max_cost,
+            max_seconds=max_seconds,
+            on_budget=on_budget,
+            on_event=on_event,
+            state_dir=state_dir,
+            connector=connector,
+            sandbox=sandbox,
+            record_transcripts=record_transcripts,
+            mcp_servers=mcp_servers,
+            clone_timeout=clone_timeout,
+        )
+    )
+
+
+async def resume_batch(
+    batch_id: str,
+    *,
+    state_dir: str | os.PathLike[str] | None = None,
+    pipeline: Pipeline | str | os.PathLike[str] | None = None,
+    policy: str | os.PathLike[str] | PolicySet | None = None,
+    escalate: Escalate | None = None,
+    config: Config | None = None,
+    max_repos: int | None = None,
+    max_sessions: int | None = None,
+    max_tokens: int | None = None,
+    max_cost: float | None = None,
+    max_seconds: float | None = None,
+    on_budget: OnBudget | None = None,
+    on_event: Callable[[RunEvent], None] | None = None,
+    connector: Connector | None = None,
+    sandbox: SandboxChoice = None,
+) -> BatchOutcome:
+    """:func:`~orchestrator.runs.batch.resume_batch` awaited from asyncio (see the module)."""
+    return await _threaded.call_async(
+        functools.partial(
+            _resume_batch,
+            batch_id,
+            state_dir=state_dir,
+            pipeline=pipeline,
+            policy=policy,
+            escalate=escalate,
+            config=config,
+            max_repos=max_repos,
+            max_sessions=max_sessions,
+            max_tokens=max_tokens,
+            max_cost=max_cost,
+            max_seconds=max_seconds,
+            on_budget=on_budget,
+            on_event=on_event,
+            connector=connector,
+            sandbox=sandbox,
         )
     )

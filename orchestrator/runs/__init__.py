@@ -64,6 +64,7 @@ __all__ = [
     "prompt",
     "prune",
     "recover",
+    "resume_batch",
     "resume_run",
     "run_pipeline",
 ]

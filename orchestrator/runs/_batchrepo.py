@@ -73,9 +73,10 @@ class RepoOutcome:
     error: str | None = None
     #: ``budget`` when it was skipped because the batch's budget was spent
     skipped: str | None = None
-    files: int = 0
-    added: int = 0
-    removed: int = 0
+    #: the child run's final change set: files, lines added and removed (None: no run)
+    files: int | None = None
+    added: int | None = None
+    removed: int | None = None
     #: ``passed`` or ``failed`` when verify commands or checks ran; None when none did
     verify: str | None = None
     applied: bool = False
@@ -159,9 +160,9 @@ class RepoOutcome:
             exit_code=number("exitCode"),
             error=text("error"),
             skipped=text("skipped"),
-            files=number("files") or 0,
-            added=number("added") or 0,
-            removed=number("removed") or 0,
+            files=number("files"),
+            added=number("added"),
+            removed=number("removed"),
             verify=text("verify"),
             applied=data.get("applied") is True,
             branch=text("branch"),

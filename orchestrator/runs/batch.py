@@ -202,7 +202,7 @@ class _Batch:
 
     async def run(self) -> None:
         """Every repository not yet succeeded, at most :attr:`max_repos` at once, in order."""
-        limiter = trio.CapacityLimiter(self.max_repos)
+        limiter = trio.Semaphore(self.max_repos)
         async with trio.open_nursery() as nursery:
             for spec in self.specs:
                 if self.entries[spec.name].succeeded:
@@ -222,7 +222,7 @@ class _Batch:
         await self.save(entry)
         self.emit("repo_finished", repo=spec.name, **_event_entry(entry))
 
-    async def _one(self, spec: RepoSpec, limiter: trio.CapacityLimiter) -> None:
+    async def _one(self, spec: RepoSpec, limiter: trio.Semaphore) -> None:
         try:
             await self._repository(spec)
         finally:
@@ -341,6 +341,11 @@ class _Batch:
                 error = f"stopped: the budget is spent ({spent})" if spent else error
         elif figures["verify"] == "failed":
             status, error = "failed", "verify failed"
+        # this attempt's sessions, as the batch's budget counted them (the record's figures
+        # when the budget saw none: a run whose agents report no usage)
+        used = self.budget.usage(outcome.run_id)
+        if used.get("tokens") is not None or used.get("cost") is not None:
+            figures.update(tokens=used.get("tokens"), cost=used.get("cost"))
         warnings = tuple(str(w) for w in result.get("warnings") or ())
         if status == "succeeded" and not figures["files"]:
             warnings += ("the pipeline changed nothing in this repository",)
