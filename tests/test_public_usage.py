@@ -21,6 +21,7 @@ import orchestrator
 from orchestrator import (
     AgentSpec,
     ApplyOutcome,
+    BatchOutcome,
     CancelToken,
     Limits,
     Pipeline,
@@ -33,6 +34,8 @@ from orchestrator import (
     aio,
     apply_run,
     apply_run_sync,
+    batch,
+    batch_sync,
     compare,
     compare_sync,
     diff_run,
@@ -52,6 +55,8 @@ from orchestrator import (
     prune_sync,
     render_report,
     resolve_agent,
+    resume_batch,
+    resume_batch_sync,
     resume_run,
     resume_run_sync,
     run_pipeline,
@@ -140,6 +145,19 @@ def test_the_sync_face(
     would = prune_sync([side.run_id], dry_run=True)
     assert would.dry_run and [r.run_id for r in would.deleted] == [side.run_id]
 
+    repos = [str(orchestrator_project({"README.md": "The colour.\n"}, git=True)) for _ in "ab"]
+    many: BatchOutcome = batch_sync(
+        PIPE,
+        repos,
+        {"task": EDIT},
+        policy="edit",
+        connector=orchestrator_agents,
+        git_branch="agent/usage",
+    )
+    assert many.exit_code == 0 and [r.branch for r in many.repos] == ["agent/usage"] * 2
+    kept = resume_batch_sync(many.run_id, pipeline=PIPE, connector=orchestrator_agents)
+    assert [r.run_id for r in kept.repos] == [r.run_id for r in many.repos]
+
     token = CancelToken()
     token.cancel()
     with pytest.raises(RunCancelled) as cancelled:
@@ -171,6 +189,13 @@ def test_the_asyncio_face(
         assert len(await aio.list_runs(limit=2)) == 2
         assert (await aio.apply_run(one.run_id)).applied
         assert (await aio.prune([side.run_id])).deleted[0].run_id == side.run_id
+        repo = str(orchestrator_project({"README.md": "The colour.\n"}, git=True))
+        many = await aio.batch(
+            PIPE, [repo], {"task": EDIT}, policy="edit", connector=orchestrator_agents
+        )
+        assert many.status == "succeeded" and many.repos[0].files and not many.repos[0].branch
+        again = await aio.resume_batch(many.run_id, pipeline=PIPE, connector=orchestrator_agents)
+        assert again.status == "succeeded"
         return one, two
 
     one, two = asyncio.run(main())
@@ -208,6 +233,11 @@ async def test_the_trio_face(
     assert (await apply_run(piped.run_id)).written == ("README.md",)
     pruned = await prune([side.run_id])
     assert [r.run_id for r in pruned.deleted] == [side.run_id] and pruned.bytes_freed >= 0
+    repo = orchestrator_project({"README.md": "The colour.\n"}, git=True)
+    many = await batch(loaded, [repo.as_posix()], policy="edit", connector=orchestrator_agents)
+    assert many.status == "succeeded" and many.repos[0].files == 1
+    with pytest.raises(UsageError, match="not a batch"):
+        await resume_batch(piped.run_id)
 
     with trio.CancelScope() as scope:
         scope.cancel()

@@ -534,6 +534,10 @@ async def apply_run(
     async with open_run_store(state) as store:
         record = await store.get_run(run_id)
         full = record.run_id
+        if record.kind == "batch":
+            from .recorded import batch_refused
+
+            raise batch_refused(full, "apply")
         # not while the run runs in another process (nor may it start while this applies)
         with hold_run_lock(state / "runs" / full, full, doing="apply"):
             if git_branch is None:

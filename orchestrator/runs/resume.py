@@ -92,6 +92,11 @@ async def resume_run(
     state = state_directory(state_dir)
     async with open_run_store(state) as store:
         record = await store.get_run(run_id)
+    if record.kind == "batch":
+        raise UsageError(
+            f"run {record.run_id} is a batch: resume_batch resumes it (the repositories that "
+            "did not succeed)"
+        )
     recorded = dict(record.options)
     base = (
         config
