@@ -194,8 +194,8 @@ def test_the_asyncio_face(
             PIPE, [repo], {"task": EDIT}, policy="edit", connector=orchestrator_agents
         )
         assert many.status == "succeeded" and many.repos[0].files and not many.repos[0].branch
-        again = await aio.resume_batch(many.run_id, pipeline=PIPE, connector=orchestrator_agents)
-        assert again.status == "succeeded"
+        kept = await aio.resume_batch(many.run_id, pipeline=PIPE, connector=orchestrator_agents)
+        assert kept.status == "succeeded"
         return one, two
 
     one, two = asyncio.run(main())

@@ -22,7 +22,7 @@ from attrs import frozen
 
 from ..errors import PushFailed
 from ..store import StepRecord
-from ._repos import RepoSpec
+from ._repos import RepoSpec, redact
 
 __all__ = [
     "REPO_STATUSES",
@@ -95,8 +95,8 @@ class RepoOutcome:
         """The entry of a repository not begun."""
         return cls(
             name=spec.name,
-            source=spec.source,
-            url=spec.url,
+            source=redact(spec.source),
+            url=redact(spec.url) if spec.url is not None else None,
             path=str(spec.path) if spec.path is not None else None,
             ref=spec.ref,
         )

@@ -57,10 +57,10 @@ from ._batchrepo import (
     child_figures,
     push_branch,
 )
-from ._clones import open_checkout
+from ._clones import CLONES, open_checkout
 from ._face import check_trio_face
 from ._lock import hold_run_lock
-from ._repos import RepoSpec, label_repos, parse_repos, repo_spec
+from ._repos import RepoSpec, cache_key, label_repos, parse_repos, redact, repo_spec
 from .apply import apply_recorded
 from .resume import resume_run
 from .run import RunOutcome, launchable, run_pipeline
@@ -236,9 +236,14 @@ class _Batch:
             status="running", error=None, skipped=None, exit_code=None, warnings=()
         )
         await self.save(entry)
-        self.emit("repo_started", repo=spec.name, source=spec.source)
+        self.emit("repo_started", repo=spec.name, source=spec.shown)
         try:
             entry = await self._work(spec, entry)
+        except Exception as e:  # a defect of ours, or the OS: this repository fails, not all
+            log.exception("repository failed", repo=spec.name)
+            entry = self.entries[spec.name].evolve(
+                status="failed", exit_code=1, error=f"internal error: {type(e).__name__}: {e}"
+            )
         except trio.Cancelled:
             entry = self.entries[spec.name]
             await self.save(
@@ -250,6 +255,13 @@ class _Batch:
         self.emit("repo_finished", repo=spec.name, **_event_entry(entry))
 
     async def _work(self, spec: RepoSpec, entry: RepoOutcome) -> RepoOutcome:
+        if spec.url is not None and _REDACTED in spec.url:  # a resume whose clone is gone
+            return entry.evolve(
+                status="failed",
+                exit_code=2,
+                error=f"the credentials of {spec.url} are not recorded and its clone is gone: "
+                "start a new batch with the repository list",
+            )
         resumed = self.children.get(spec.name)
         # a clone is resumed at the commit its run started from: the branch may have moved on
         checkout_spec = spec
@@ -614,7 +626,7 @@ async def batch(
         "mcp_servers": mcp_servers,
     }
     options = {
-        "repos": [s.to_json() for s in specs],
+        "repos": [_recorded_spec(s) for s in specs],
         "maxRepos": repos_at_once,
         "maxSessions": sessions,
         "apply": apply,
@@ -783,7 +795,7 @@ async def resume_batch(
         row.key: RepoOutcome.from_json(row.result) for row in rows if row.result is not None
     }
     options = dict(record.options)
-    specs = tuple(RepoSpec.from_json(r) for r in options.get("repos") or ())
+    specs = await trio.to_thread.run_sync(_restored_specs, options.get("repos") or (), state)
     if not specs:
         raise UsageError(f"batch {record.run_id} records no repositories")
     if isinstance(pipeline, Pipeline):
@@ -849,6 +861,52 @@ async def resume_batch(
         options.get("cloneTimeout", 600),
         previous=previous or {s.name: RepoOutcome.pending(s) for s in specs},
     )
+
+
+#: what stands for credentials in a recorded URL (see :func:`~._repos.redact`)
+_REDACTED = "***@"
+
+
+def _recorded_spec(spec: RepoSpec) -> dict[str, Any]:
+    """``spec`` as the batch's record keeps it: credentials in its URL hidden (the clone's own
+    git config keeps the URL, as ``git clone`` does), with the clone's cache key, by which a
+    resume finds the URL again."""
+    data = spec.to_json()
+    if spec.url is not None:
+        data.update(url=redact(spec.url), source=redact(spec.source), cacheKey=cache_key(spec.url))
+    return data
+
+
+def _restored_specs(recorded: Sequence[Any], state: Path) -> tuple[RepoSpec, ...]:
+    """The recorded repositories, each URL whose credentials were hidden read again from its
+    clone's git config (left hidden when the clone is gone: that repository then fails)."""
+    specs = []
+    for data in recorded:
+        spec = RepoSpec.from_json(data)
+        key = data.get("cacheKey") if isinstance(data, Mapping) else None
+        if spec.url is not None and _REDACTED in spec.url and isinstance(key, str):
+            real = _origin_url(state / CLONES / key)
+            if real is not None and redact(real) == spec.url:
+                spec = attrs.evolve(spec, url=real)
+        specs.append(spec)
+    return tuple(specs)
+
+
+def _origin_url(clone: Path) -> str | None:
+    """The ``origin`` URL a clone's git config holds (blocking); None when it has none."""
+    import subprocess
+
+    config = clone / ".git" / "config"
+    if not config.is_file() or config.is_symlink():
+        return None
+    done = subprocess.run(
+        ["git", "config", "--file", str(config), "--get", "remote.origin.url"],
+        capture_output=True,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+    url = done.stdout.decode("utf-8", "surrogateescape").strip()
+    return url if done.returncode == 0 and url else None
 
 
 def _policy_source(policy: str | os.PathLike[str] | PolicySet | None) -> str | None:
