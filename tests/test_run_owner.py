@@ -14,10 +14,12 @@ from typing import Any
 
 import orjson
 import pytest
+import trio
+import trio.testing
 
 from orchestrator.agent.reaper import process_started
 from orchestrator.errors import RunBusy
-from orchestrator.runs._lock import LOCK_NAME, RunOwner, hold_run_lock, run_owner
+from orchestrator.runs._lock import LOCK_NAME, RunOwner, hold_run_lock, run_owner, wait_run_lock
 
 
 def record(run_dir: Path) -> dict[str, Any]:
@@ -96,3 +98,36 @@ def test_a_lock_without_a_record_is_unknown(tmp_path: Path) -> None:
     assert run_owner(tmp_path).state == "unknown"
     (tmp_path / LOCK_NAME).write_bytes(b"")
     assert run_owner(tmp_path).state == "unknown"
+
+
+async def test_waiting_for_a_lock_held_a_moment_takes_it(tmp_path: Path) -> None:
+    """A lock another holder lets go of while one waits is taken (a run moving leftovers)."""
+    run_dir = tmp_path / "runs" / "r1"
+    order: list[str] = []
+    held = trio.Event()
+
+    async def brief() -> None:
+        with hold_run_lock(run_dir, "r1", doing="prune"):
+            held.set()
+            await trio.sleep(0.1)
+            order.append("released")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(brief)
+        await held.wait()
+        async with wait_run_lock(run_dir, "r1", doing="apply"):
+            order.append("taken")
+    assert order == ["released", "taken"]
+    with hold_run_lock(run_dir, "r1", doing="apply"):  # and let go of again
+        pass
+
+
+async def test_waiting_for_a_lock_held_too_long_is_refused(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A lock still held once the patience is spent: RunBusy, as without waiting."""
+    run_dir = tmp_path / "runs" / "r1"
+    with hold_run_lock(run_dir, "r1", doing="resume"):
+        with pytest.raises(RunBusy, match="cannot apply"):
+            async with wait_run_lock(run_dir, "r1", doing="apply", patience=5):
+                pytest.fail("the lock is held")  # pragma: no cover

@@ -19,18 +19,26 @@ from __future__ import annotations
 import fcntl
 import os
 import socket
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
 import orjson
+import trio
 from attrs import frozen
 
 from ..agent.reaper import process_started, same_process
 from ..errors import RunBusy
 
-__all__ = ["RunOwner", "hold_run_lock", "move_leftovers", "probe_run_lock", "run_owner"]
+__all__ = [
+    "RunOwner",
+    "hold_run_lock",
+    "move_leftovers",
+    "probe_run_lock",
+    "run_owner",
+    "wait_run_lock",
+]
 
 LOCK_NAME = "lock"
 
@@ -107,6 +115,38 @@ def hold_run_lock(run_dir: Path, run_id: str, *, doing: str) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing the file releases the lock
+
+
+#: seconds :func:`wait_run_lock` waits for a run's lock by default
+LOCK_PATIENCE = 10.0
+#: seconds between two tries
+_LOCK_POLL = 0.02
+
+
+@asynccontextmanager
+async def wait_run_lock(
+    run_dir: Path, run_id: str, *, doing: str, patience: float = LOCK_PATIENCE
+) -> AsyncIterator[None]:
+    """:func:`hold_run_lock`, waiting up to ``patience`` seconds for it (cancellably) when it
+    is held: another run of the same process or state directory takes a finished run's lock for
+    a moment to move its leftover directories (:func:`move_leftovers`), and a batch that applies
+    its repositories' runs one after another must not fail for that. :class:`RunBusy` when it
+    is still held after that."""
+    deadline = trio.current_time() + patience
+    while True:
+        try:
+            lock = hold_run_lock(run_dir, run_id, doing=doing)
+            lock.__enter__()
+        except RunBusy:
+            if trio.current_time() >= deadline:
+                raise
+            await trio.sleep(_LOCK_POLL)
+            continue
+        break
+    try:
+        yield
+    finally:
+        lock.__exit__(None, None, None)
 
 
 def probe_run_lock(run_dir: Path) -> bool:

@@ -37,6 +37,7 @@ from ..errors import (
     OrchestratorError,
     PushFailed,
     RepoUnavailable,
+    RunBusy,
     RunNotFound,
     UsageError,
 )
@@ -59,7 +60,7 @@ from ._batchrepo import (
 )
 from ._clones import CLONES, open_checkout
 from ._face import check_trio_face
-from ._lock import hold_run_lock
+from ._lock import LOCK_PATIENCE, hold_run_lock, wait_run_lock
 from ._repos import RepoSpec, cache_key, label_repos, parse_repos, redact, repo_spec
 from .apply import apply_recorded
 from .resume import resume_run
@@ -301,16 +302,7 @@ class _Batch:
         on_event.wants_updates = wants  # type: ignore[attr-defined]
         try:
             if resumed is not None:
-                return await resume_run(
-                    resumed,
-                    state_dir=self.state,
-                    config=self.config,
-                    apply=self.apply,
-                    on_event=on_event,
-                    _budget=self.budget,
-                    _slots=self.slots,
-                    **{k: v for k, v in self.run_options.items() if k in _RESUME_OPTIONS},
-                )
+                return await self._resume_child(resumed, on_event)
             return await run_pipeline(
                 self.pipe,
                 self.inputs,
@@ -334,6 +326,27 @@ class _Batch:
             code = 2 if isinstance(e, UsageError) else 1
             run_id = seen[0] if seen else resumed
             return entry.evolve(status="failed", error=_one_line(e), exit_code=code, run_id=run_id)
+
+    async def _resume_child(self, run_id: str, on_event: Callable[[RunEvent], None]) -> RunOutcome:
+        """Resume the repository's earlier child run; its lock may be held a moment by another
+        run moving leftovers (see :func:`wait_run_lock`): it waits for it as an apply does."""
+        deadline = trio.current_time() + LOCK_PATIENCE
+        while True:
+            try:
+                return await resume_run(
+                    run_id,
+                    state_dir=self.state,
+                    config=self.config,
+                    apply=self.apply,
+                    on_event=on_event,
+                    _budget=self.budget,
+                    _slots=self.slots,
+                    **{k: v for k, v in self.run_options.items() if k in _RESUME_OPTIONS},
+                )
+            except RunBusy:  # refused before anything started: nothing to undo
+                if trio.current_time() >= deadline:
+                    raise
+                await trio.sleep(0.02)
 
     def _from_child(self, entry: RepoOutcome, outcome: RunOutcome) -> RepoOutcome:
         result = outcome.result
@@ -386,7 +399,7 @@ class _Batch:
                 )
                 message = message if message.endswith("\n") else message + "\n"
             try:
-                with hold_run_lock(self.state / "runs" / run_id, run_id, doing="apply"):
+                async with wait_run_lock(self.state / "runs" / run_id, run_id, doing="apply"):
                     applied = await apply_recorded(
                         self.store,
                         run_id,
