@@ -127,7 +127,6 @@ async def test_waiting_for_a_lock_held_too_long_is_refused(
 ) -> None:
     """A lock still held once the patience is spent: RunBusy, as without waiting."""
     run_dir = tmp_path / "runs" / "r1"
-    with hold_run_lock(run_dir, "r1", doing="resume"):
-        with pytest.raises(RunBusy, match="cannot apply"):
-            async with wait_run_lock(run_dir, "r1", doing="apply", patience=5):
-                pytest.fail("the lock is held")  # pragma: no cover
+    with hold_run_lock(run_dir, "r1", doing="resume"), pytest.raises(RunBusy, match="cannot"):
+        async with wait_run_lock(run_dir, "r1", doing="apply", patience=5):
+            pytest.fail("the lock is held")  # pragma: no cover
