@@ -320,6 +320,20 @@ async def test_release_session_and_kill_session(ctx: SessionContext) -> None:
         assert (await output(terminals, other, theirs)).exit_status is None
 
 
+async def test_a_cancelled_session_starts_no_command_until_its_next_turn(
+    ctx: SessionContext,
+) -> None:
+    """After kill_session (session/cancel) a create is refused: the command would outlive the
+    kill and hold the turn; the session's next turn (reopen_session) may start commands."""
+    async with service() as terminals:
+        await terminals.kill_session("s1")
+        with pytest.raises(InvalidRequest, match="being cancelled"):
+            await create(terminals, ctx, "sleep 60")
+        assert terminals.terminal_ids("s1") == []
+        terminals.reopen_session("s1")
+        assert await run(terminals, ctx, "echo again") == "again\n"
+
+
 # --------------------------------------------------------------------------- refusals
 
 

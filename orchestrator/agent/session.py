@@ -310,6 +310,9 @@ class AcpSession:
         turn._last_activity = trio.current_time()
         self._turn = turn
         self._cancelling = False
+        reopen = getattr(self.services.terminal, "reopen_session", None)
+        if reopen is not None:  # a turn cancelled before kept it from starting commands
+            reopen(self.session_id)
         self.turns += 1
         self.last_result = None
         params = t.PromptRequest(session_id=self.session_id, prompt=blocks)

@@ -297,6 +297,10 @@ class ProcessTerminalService:
     _ids: itertools.count[int] = field(factory=lambda: itertools.count(1), init=False)
     _closing: bool = field(default=False, init=False)
     _starting: dict[str, int] = field(factory=dict, init=False)
+    #: sessions whose turn is being cancelled: they start no new command until their next turn
+    #: (a command an agent asks for after ``session/cancel`` would outlive the kill of the
+    #: session's terminals, and the turn would wait for it)
+    _cancelled: set[str] = field(factory=set, init=False)
 
     # ----------------------------------------------------------------------- the protocol
 
@@ -308,6 +312,8 @@ class ProcessTerminalService:
             raise InternalError("the terminal service is shutting down")
         if not request.command.strip():
             raise InvalidParams("empty command")
+        if ctx.session_id in self._cancelled:
+            raise InvalidRequest("the turn is being cancelled: no new command starts")
         args = list(request.args or ())
         argv = (request.command, *args) if args else ("/bin/sh", "-c", request.command)
         line = _argv_line(argv) if args else request.command
@@ -363,6 +369,8 @@ class ProcessTerminalService:
         )
         self._terminals[term.id] = term
         self._nursery.start_soon(self._supervise, term)
+        if session_id in self._cancelled:  # cancelled while it started: it goes as the rest did
+            self._nursery.start_soon(self._kill, term)
         log.info(
             "terminal started",
             terminal=term.id,
@@ -425,7 +433,9 @@ class ProcessTerminalService:
         ]
 
     async def kill_session(self, session_id: str) -> None:
-        """Kill every terminal of a session (on ``session/cancel``); ids stay valid."""
+        """Kill every terminal of a session (on ``session/cancel``); ids stay valid. The session
+        starts no new command until :meth:`reopen_session` (its next turn)."""
+        self._cancelled.add(session_id)
         terms = self._session_terminals(session_id)
         if not terms:
             # most sessions never open a terminal: no nursery for nothing
@@ -435,8 +445,13 @@ class ProcessTerminalService:
             for term in terms:
                 nursery.start_soon(self._kill, term)
 
+    def reopen_session(self, session_id: str) -> None:
+        """A new turn of the session: it may start commands again (see :meth:`kill_session`)."""
+        self._cancelled.discard(session_id)
+
     async def release_session(self, session_id: str) -> None:
         """Kill and release every terminal of a session (when the session ends)."""
+        self._cancelled.discard(session_id)
         terms = self._session_terminals(session_id)
         if not terms:
             await trio.lowlevel.checkpoint()
