@@ -90,10 +90,10 @@ class RepoRow:
     def reason(self) -> str | None:
         """Why it failed, short, for the summary line: its exit code, else the head of its
         error (``clone failed`` of ``clone failed: ...``)."""
+        if self.skipped:  # the budget, not the run's exit code, is why
+            return first_line(self.skipped, SUMMARY_REASON) or None
         if self.exit_code is not None:
             return f"exit {self.exit_code}"
-        if self.skipped:
-            return first_line(self.skipped, SUMMARY_REASON) or None
         head = first_line(self.error).split(": ", 1)[0]
         return first_line(head, SUMMARY_REASON) or None
 

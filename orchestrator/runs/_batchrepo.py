@@ -313,5 +313,9 @@ async def push_branch(
             for line in done.stderr.decode("utf-8", "replace").splitlines()
             if line.strip()
         ]
-        last = redact_url_text(lines[-1]) if lines else f"exit {done.returncode}"
+        # git's own verdict (``! [rejected] ... (fetch first)``, ``fatal: ...``), not the hints
+        # it prints after it
+        said = [line for line in lines if line.startswith(("!", "error:", "fatal:"))]
+        chosen = (said or lines)[0 if said else -1] if lines else f"exit {done.returncode}"
+        last = redact_url_text(chosen)
         raise PushFailed(f"git push to {redact_url_text(remote)} failed: {last}")

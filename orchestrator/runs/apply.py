@@ -377,6 +377,17 @@ def _merged(
     return merged.net_changes()
 
 
+def _in_clone_cache(cwd: str, state: Path) -> bool:
+    """Whether ``cwd`` is a clone of the batches' cache in the state directory ``state``."""
+    from ._clones import CLONES
+
+    try:
+        Path(cwd).resolve().relative_to((state / CLONES).resolve())
+    except ValueError:
+        return False
+    return True
+
+
 def _git_base(cwd: str, branch: str, paths: Sequence[str]) -> Tree:
     """``HEAD``'s version of ``paths``, once the branch is known to be possible (blocking)."""
     try:
@@ -538,6 +549,11 @@ async def apply_run(
             from .recorded import batch_refused
 
             raise batch_refused(full, "apply")
+        if git_branch is None and _in_clone_cache(record.cwd, state):
+            raise UsageError(
+                f"run {full} worked in a clone the batch cache holds ({record.cwd}), which the "
+                "next batch resets: commit its changes on a git branch instead"
+            )
         # not while the run runs in another process (nor may it start while this applies)
         with hold_run_lock(state / "runs" / full, full, doing="apply"):
             if git_branch is None:
