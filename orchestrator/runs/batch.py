@@ -17,6 +17,7 @@ not succeed (a step failed, a check never passed, conflicts) or whose verify fai
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import string
@@ -37,6 +38,7 @@ from ..errors import (
     OrchestratorError,
     PushFailed,
     RepoUnavailable,
+    RunBusy,
     RunNotFound,
     UsageError,
 )
@@ -59,7 +61,7 @@ from ._batchrepo import (
 )
 from ._clones import open_checkout
 from ._face import check_trio_face
-from ._lock import hold_run_lock
+from ._lock import hold_run_lock, run_owner
 from ._repos import RepoSpec, label_repos, parse_repos, repo_spec
 from .apply import apply_recorded
 from .resume import resume_run
@@ -282,6 +284,8 @@ class _Batch:
         def on_event(event: RunEvent) -> None:
             if event.type == "run_started" and not seen:
                 seen.append(event.run_id)
+                # known at once: a batch interrupted from now on resumes this run, not a new one
+                self.entries[name] = self.entries[name].evolve(run_id=event.run_id)
             if self.on_event is not None:
                 _notify(self.on_event, attrs.evolve(event, data={**event.data, "repo": name}))
 
@@ -374,7 +378,7 @@ class _Batch:
                 )
                 message = message if message.endswith("\n") else message + "\n"
             try:
-                with hold_run_lock(self.state / "runs" / run_id, run_id, doing="apply"):
+                with await self._child_lock(run_id):
                     applied = await apply_recorded(
                         self.store,
                         run_id,
@@ -402,6 +406,27 @@ class _Batch:
                 return entry.evolve(status="failed", error=str(e), exit_code=1)
             entry = entry.evolve(pushed=self.push)
         return entry
+
+    async def _child_lock(self, run_id: str) -> contextlib.ExitStack:
+        """The lock of child run ``run_id``, held (until the stack returned is closed).
+
+        A run starting sweeps the leftovers of the runs whose lock is free, holding each such
+        lock a moment: the runs of this batch's other repositories do so as they start, and
+        one may hold this run's lock just as its run has ended. While the lock file still says
+        this process held it last (no other process took it for a run or an apply), a refusal
+        is such a sweep, and the lock is tried again; :class:`RunBusy` otherwise.
+        """
+        run_dir = self.state / "runs" / run_id
+        for attempt in range(1, _LOCK_TRIES + 1):
+            stack = contextlib.ExitStack()
+            try:
+                stack.enter_context(hold_run_lock(run_dir, run_id, doing="apply"))
+                return stack
+            except RunBusy:
+                if attempt == _LOCK_TRIES or run_owner(run_dir).pid != os.getpid():
+                    raise
+            await trio.sleep(_LOCK_WAIT * attempt)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     # ------------------------------------------------------------------ the object
 
@@ -434,6 +459,9 @@ class _Batch:
         }
 
 
+#: tries at a child run's lock a sweep holds, and the seconds between (times the try's number)
+_LOCK_TRIES = 20
+_LOCK_WAIT = 0.01
 #: the child run options a resume of a child takes again
 _RESUME_OPTIONS = frozenset({"policy", "escalate", "max_sessions", "connector", "sandbox"})
 
