@@ -505,10 +505,11 @@ async def test_report_names_every_repository(tmp_path: Path, state_dir: Path) ->
 
 
 async def test_runs_lists_the_batch_with_its_children(tmp_path: Path, state_dir: Path) -> None:
-    """runs: the batch's line, then one indented line per repository's child run."""
-    repos = [make_repo(tmp_path, n, remote=False) for n in ("one", "two")]
+    """runs: the batch's line, then one indented line per repository's child run (oldest
+    first: one repository at a time, in the batch's order), naming its repository."""
+    repos = [make_repo(tmp_path, n, remote=False) for n in ("one", "two", "three")]
     pipeline = write_pipeline(tmp_path)
-    argv = ["batch", str(pipeline), "--policy", "edit", "--json"]
+    argv = ["batch", str(pipeline), "--policy", "edit", "--json", "--max-repos", "1"]
     for repo in repos:
         argv += ["--repo", str(repo)]
     document = checked(await run_cli(*argv, cwd=tmp_path, state=state_dir), EXIT_OK)
@@ -521,9 +522,9 @@ async def test_runs_lists_the_batch_with_its_children(tmp_path: Path, state_dir:
     done = await run_cli("runs", cwd=tmp_path, state=state_dir)
     assert done.returncode == 0, done.stderr.decode()
     lines = done.stdout.decode().splitlines()
-    assert lines[0].split()[0] == document["runId"]
-    assert [line.split()[:2] for line in lines[1:3]] == [["\u21b3", kid] for kid in kids]
-    assert [line.split()[-1] for line in lines[1:3]] == ["one", "two"]
+    assert len(lines) == 4 and lines[0].split()[0] == document["runId"]
+    assert [line.split()[:2] for line in lines[1:]] == [["\u21b3", kid] for kid in kids]
+    assert [line.split()[-1] for line in lines[1:]] == ["one", "two", "three"]
 
 
 # --------------------------------------------------------------------------- Ctrl-C
