@@ -245,6 +245,35 @@ async def test_the_trio_face(
     assert scope.cancelled_caught
 
 
+def test_the_batch_faces(
+    orchestrator_project: TempProjects, orchestrator_agents: InProcessAgents
+) -> None:
+    """batch and resume_batch on each face: trio, sync, asyncio."""
+    repos = [str(_project(orchestrator_project)) for _ in range(2)]
+    file = Path(repos[0]).parent / "batch_usage.py"
+    file.write_text(
+        f"from orchestrator import step\n\n\n@step(agent='demo')\ndef fix() -> str:\n"
+        f"    return {EDIT!r}\n",
+        encoding="utf-8",
+    )
+    done: BatchOutcome = batch_sync(file, repos, policy="edit", connector=orchestrator_agents)
+    assert done.status == "succeeded" and [r.files for r in done.repos] == [1, 1]
+    again = resume_batch_sync(done.run_id, connector=orchestrator_agents)
+    assert [r.run_id for r in again.repos] == [r.run_id for r in done.repos]
+
+    async def on_trio() -> BatchOutcome:
+        one = await batch(file, repos[:1], policy="edit", connector=orchestrator_agents)
+        return await resume_batch(one.run_id, connector=orchestrator_agents)
+
+    assert trio.run(on_trio).exit_code == 0
+
+    async def on_asyncio() -> BatchOutcome:
+        one = await aio.batch(file, repos[1:], policy="edit", connector=orchestrator_agents)
+        return await aio.resume_batch(one.run_id, connector=orchestrator_agents)
+
+    assert asyncio.run(on_asyncio()).repos[0].status == "succeeded"
+
+
 async def test_the_supervisor_and_the_connections(tmp_path: Path) -> None:
     """A lease from the supervisor, an agent process, an agent on a stream."""
     spec: AgentSpec = resolve_agent("demo")

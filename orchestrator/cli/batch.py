@@ -308,16 +308,31 @@ _HEADERS = {"step": "repository", "agent": "step", "last tool call": "now"}
 
 async def cmd_resume_batch(args: argparse.Namespace) -> int:
     """``orchestrator resume BATCH``."""
+    from ..errors import UsageError
     from ..runs.batch import resume_batch
     from .escalation import choose_escalation
     from .runs import _view
 
+    # a batch goes on with its recorded apply or branch; these are a pipeline run's
+    for flag, given in (
+        ("--apply", args.apply),
+        ("--max-file-size", args.max_file_size is not None),
+        ("--transcript", args.transcript is not None),
+        ("--diff", args.diff),
+    ):
+        if given:
+            raise UsageError(f"{flag} is for resuming a pipeline run; run {args.run} is a batch")
     with _view(args, f"resume {args.run}", headers=_HEADERS) as view:
         outcome = await resume_batch(
             args.run,
             state_dir=args.state_dir,
             policy=args.policy,
+            max_repos=args.max_repos,
             max_sessions=args.max_sessions,
+            max_tokens=args.max_tokens,
+            max_cost=args.max_cost,
+            max_seconds=args.max_seconds,
+            on_budget=args.on_budget,
             escalate=choose_escalation(),
             on_event=BatchProgress(args, view),
             sandbox=args.sandbox or None,

@@ -299,6 +299,16 @@ def add_parsers(sub: Any) -> None:
         help="the largest file a step may change, in bytes or with K, M, G (default: as recorded)",
     )
     u.add_argument("--report", metavar="DIR", help="write report.html and report.md into DIR")
+    batch = u.add_argument_group("a batch's (default: as recorded; a budget counts again from 0)")
+    batch.add_argument("--max-repos", type=positive_int, help="repositories at once")
+    batch.add_argument("--max-tokens", type=positive_int, help="tokens the agents report")
+    batch.add_argument("--max-cost", type=positive_seconds, help="cost the agents report")
+    batch.add_argument("--max-seconds", type=positive_seconds, help="wall-clock seconds")
+    batch.add_argument(
+        "--on-budget",
+        choices=("finish", "cancel"),
+        help="when spent: let running turns finish or cancel them",
+    )
     u.add_argument("--transcript", help="append every wire frame to this ND-JSON file")
     u.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
     u.add_argument("--diff", action="store_true", help=DIFF_HELP)
@@ -587,7 +597,7 @@ async def cmd_compare(args: argparse.Namespace) -> int:
 
 async def cmd_resume(args: argparse.Namespace) -> int:
     """``orchestrator resume``."""
-    from ..errors import ResumeConflict
+    from ..errors import ResumeConflict, UsageError
     from ..runs import resume_run
     from ..runs.recorded import get_run
     from .escalation import choose_escalation
@@ -596,6 +606,19 @@ async def cmd_resume(args: argparse.Namespace) -> int:
         from .batch import cmd_resume_batch
 
         return await cmd_resume_batch(args)
+    batch_only = [
+        flag
+        for flag, value in (
+            ("--max-repos", args.max_repos),
+            ("--max-tokens", args.max_tokens),
+            ("--max-cost", args.max_cost),
+            ("--max-seconds", args.max_seconds),
+            ("--on-budget", args.on_budget),
+        )
+        if value is not None
+    ]
+    if batch_only:
+        raise UsageError(f"{batch_only[0]} is for resuming a batch; run {args.run} is not one")
 
     with _view(args, f"resume {args.run}") as view:
         try:

@@ -295,6 +295,8 @@ class _Batch:
         def on_event(event: RunEvent) -> None:
             if event.type == "run_started" and not seen:
                 seen.append(event.run_id)
+                # known at once: a batch interrupted from now on resumes this run, not a new one
+                self.entries[name] = self.entries[name].evolve(run_id=event.run_id)
             if self.on_event is not None:
                 _notify(self.on_event, attrs.evolve(event, data={**event.data, "repo": name}))
 
