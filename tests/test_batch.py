@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from orchestrator import batch, batch_sync, resume_batch, run_pipeline
+from orchestrator import batch, batch_sync, list_runs, resume_batch, run_pipeline
 from orchestrator.errors import UsageError
 from orchestrator.pipeline.results import RunEvent
 from orchestrator.store import open_run_store
@@ -183,3 +183,17 @@ def test_batch_sync_runs_a_batch(tmp_path: Path, state_dir: Path) -> None:
     ]
     assert outcome.result["repos"][0]["files"] == 1
     assert (tmp_path / "a" / "app.txt").read_text() == "greeting = old\n"  # nothing applied
+
+
+async def test_one_string_is_not_a_list_of_repositories(tmp_path: Path, state_dir: Path) -> None:
+    """A string given as the repositories (not a list of them) is a UsageError, not a batch
+    over its characters; so is an item that is neither a path, a URL nor a RepoSpec."""
+    pipeline = tmp_path / "p.py"
+    pipeline.write_text(
+        "from orchestrator import step\n\n\n@step()\ndef one() -> int:\n    return 1\n"
+    )
+    with pytest.raises(UsageError, match="a list of them"):
+        await batch(pipeline, str(tmp_path))
+    with pytest.raises(UsageError, match="not int"):
+        await batch(pipeline, [123])  # type: ignore[list-item]
+    assert await list_runs() == []

@@ -369,7 +369,21 @@ def usage_cases(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
             "absent.py",
         ),
         "apply with a URL": ([*base, "--repo", str(repo), "--repo", url, "--apply"], "x.git"),
+        "formatted message field": (
+            [*base, "--repo", str(repo), "--git-branch", BRANCH, "--message", "{batch_id:d}"],
+            "formats",
+        ),
+        "invalid branch name": ([*base, "--repo", str(repo), "--git-branch", "bad..name"], "bad.."),
+        "list that is no file": ([*base, "--repos", str(fifo(tmp_path))], "regular file"),
     }
+
+
+def fifo(tmp_path: Path) -> Path:
+    """A named pipe no one writes to (reading it would wait for ever)."""
+    path = tmp_path / "repos.fifo"
+    if not path.exists():
+        os.mkfifo(path)
+    return path
 
 
 @pytest.mark.parametrize(
@@ -382,6 +396,9 @@ def usage_cases(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
         "bad list line",
         "missing pipeline",
         "apply with a URL",
+        "formatted message field",
+        "invalid branch name",
+        "list that is no file",
     ],
 )
 async def test_bad_usage_exits_2_with_one_line_and_records_nothing(
@@ -483,6 +500,10 @@ async def test_url_repositories_are_cloned_and_their_branch_pushed(
         assert commit is not None and commit == entry["branchCommit"]
         assert git(bare(repo), "rev-parse", f"{commit}^") == parent
         assert user_state(repo) == before[name]  # the user's own checkout is not the clone
+    # a clone of the cache is no place to apply to: the next batch resets it
+    done = await run_cli("apply", entries["u1"]["runId"], cwd=tmp_path, state=state_dir)
+    assert done.returncode == 2 and "commit its changes on a git branch" in one_line_error(done)
+    assert not git(Path(entries["u1"]["path"]), "status", "--porcelain")
 
 
 async def test_report_names_every_repository(tmp_path: Path, state_dir: Path) -> None:
@@ -600,3 +621,18 @@ async def test_ctrl_c_interrupts_the_batch_then_resume_finishes_it(
     assert again["slow"]["status"] == "succeeded" and again["slow"]["runId"] == slow_run
     assert again["fast"] == entries["fast"]
     assert branch_commit(repos[1]) == again["slow"]["branchCommit"] is not None
+
+
+async def test_a_batch_runs_from_a_directory_holding_the_state_directory(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    """The batch's own directory is no workspace: one that holds the state directory (a home
+    directory with the default one) runs the batch; only a repository may not hold it."""
+    home = tmp_path / "home"
+    home.mkdir()
+    state = home / ".state"
+    repo = make_repo(tmp_path, "svc", remote=False)
+    pipeline = write_pipeline(tmp_path)
+    argv = ["batch", str(pipeline), "--repo", str(repo), "--policy", "edit", "--json"]
+    document = checked(await run_cli(*argv, cwd=home, state=state), EXIT_OK)
+    assert [r["status"] for r in document["repos"]] == ["succeeded"]

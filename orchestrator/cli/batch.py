@@ -39,7 +39,14 @@ def add_parser(sub: Any) -> None:
     """Add ``batch`` to the ``orchestrator`` parser's subcommands."""
     from . import SANDBOX_HELP
     from .mcp import add_mcp_options
-    from .runs import FILE_SIZE_HELP, MAX_SET_DEPTH, file_size, positive_int, positive_seconds
+    from .runs import (
+        FILE_SIZE_HELP,
+        MAX_SET_DEPTH,
+        file_size,
+        positive_amount,
+        positive_int,
+        positive_seconds,
+    )
 
     p = sub.add_parser(
         "batch",
@@ -72,7 +79,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--max-sessions",
         type=positive_int,
-        help="live agent sessions at once, across all repositories (default: 8)",
+        help="live agent sessions at once, across all repositories (default: the config's, else 8)",
     )
     out = p.add_argument_group("what comes out (default: nothing is touched)")
     out.add_argument(
@@ -91,7 +98,7 @@ def add_parser(sub: Any) -> None:
     )
     budget = p.add_argument_group("budget of the whole batch")
     budget.add_argument("--max-tokens", type=positive_int, help="tokens the agents report")
-    budget.add_argument("--max-cost", type=positive_seconds, help="cost the agents report")
+    budget.add_argument("--max-cost", type=positive_amount, help="cost the agents report")
     budget.add_argument("--max-seconds", type=positive_seconds, help="wall-clock seconds")
     budget.add_argument(
         "--on-budget",

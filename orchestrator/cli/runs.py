@@ -76,6 +76,19 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def positive_amount(text: str) -> float:
+    """An argparse type: a finite amount above 0 (a cost, in the agents' currency)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an amount, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(
+            f"must be a finite amount above 0, got {text!r} (leave it out for no limit)"
+        )
+    return value
+
+
 #: how deep the JSON of a ``--set`` value may nest (values are recorded with the run as JSON)
 MAX_SET_DEPTH = 100
 
@@ -302,7 +315,7 @@ def add_parsers(sub: Any) -> None:
     batch = u.add_argument_group("a batch's (default: as recorded; a budget counts again from 0)")
     batch.add_argument("--max-repos", type=positive_int, help="repositories at once")
     batch.add_argument("--max-tokens", type=positive_int, help="tokens the agents report")
-    batch.add_argument("--max-cost", type=positive_seconds, help="cost the agents report")
+    batch.add_argument("--max-cost", type=positive_amount, help="cost the agents report")
     batch.add_argument("--max-seconds", type=positive_seconds, help="wall-clock seconds")
     batch.add_argument(
         "--on-budget",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import os
+import stat
 import string
 import time
 import uuid
@@ -102,21 +103,82 @@ class BatchOutcome:
 
 
 def _check_message(template: str | None) -> None:
-    """A commit message template names only :data:`MESSAGE_FIELDS`; UsageError otherwise."""
+    """A commit message template names only :data:`MESSAGE_FIELDS`, plainly (no conversion,
+    format spec or index: those fail or grow without bound once filled); UsageError otherwise."""
     if template is None:
         return
     if not template.strip():
         raise UsageError("the commit message template is empty")
+    if len(template) > MAX_MESSAGE:
+        raise UsageError(f"the commit message template is longer than {MAX_MESSAGE} characters")
+    allowed = ", ".join("{" + f + "}" for f in sorted(MESSAGE_FIELDS))
     try:
-        fields = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+        parts = list(string.Formatter().parse(template))
     except ValueError as e:
         raise UsageError(f"the commit message template {template!r}: {e}") from None
-    unknown = sorted({f for f in fields if f not in MESSAGE_FIELDS} - {""})
-    if "" in fields or unknown:
+    for _, name, spec, conversion in parts:
+        if name is None:
+            continue
+        if name not in MESSAGE_FIELDS:
+            raise UsageError(f"the commit message template names {{{name}}}: it may name {allowed}")
+        if spec or conversion:
+            raise UsageError(
+                f"the commit message template formats {{{name}}}: it may only name {allowed}, "
+                "as they are"
+            )
+
+
+#: the longest commit message template taken
+MAX_MESSAGE = 10_000
+#: the commit message of a repository's branch when none is given
+DEFAULT_MESSAGE = (
+    "{pipeline}: changes of batch {batch_id}\n\n"
+    "Run {run_id} of orchestrator batch {batch_id}, repository {repo}.\n"
+)
+#: the largest repository list read
+MAX_REPOS_FILE = 8 * 1024 * 1024
+
+
+def _read_text(path: Path, shown: str) -> str:
+    """The repository list's text: a regular file of at most :data:`MAX_REPOS_FILE` bytes
+    (a FIFO or a device would block or never end), UTF-8 (blocking)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise UsageError(f"the repository list {shown}: {e.strerror or e}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise UsageError(f"the repository list {shown} is not a regular file")
+        data = f.read(MAX_REPOS_FILE + 1)
+    if len(data) > MAX_REPOS_FILE:
         raise UsageError(
-            f"the commit message template names {', '.join(unknown) or '{}'}: it may name "
-            + ", ".join("{" + f + "}" for f in sorted(MESSAGE_FIELDS))
+            f"the repository list {shown} is larger than {MAX_REPOS_FILE // (1024 * 1024)} MiB"
         )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"the repository list {shown}: not UTF-8 text (byte {e.start})") from None
+
+
+def _check_branch(name: str) -> None:
+    """``name`` is a valid git branch name (``git check-ref-format``); UsageError otherwise,
+    before any repository runs (blocking)."""
+    import subprocess
+
+    if not name or name.startswith("-"):
+        raise UsageError(f"{name!r} is not a valid git branch name")
+    try:
+        done = subprocess.run(
+            ["git", "check-ref-format", f"refs/heads/{name}"],
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+    except FileNotFoundError:
+        raise UsageError("git is not installed: a git branch cannot be made") from None
+    if done.returncode != 0:
+        raise UsageError(f"{name!r} is not a valid git branch name")
 
 
 def _read_repos(
@@ -128,17 +190,21 @@ def _read_repos(
         path = Path(repos_file).expanduser()
         if not path.is_absolute():
             path = cwd / path
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as e:
-            raise UsageError(
-                f"the repository list {repos_file}: not UTF-8 text (byte {e.start})"
-            ) from None
-        except OSError as e:
-            raise UsageError(f"the repository list {repos_file}: {e.strerror or e}") from None
+        text = _read_text(path, os.fspath(repos_file))
         specs += parse_repos(text, base=path.parent, origin=os.fspath(repos_file))
+    if isinstance(repos, str | bytes | os.PathLike):
+        raise UsageError(
+            "the repositories are a list of them (one string is one repository: put it in a list)"
+        )
     for item in repos:
-        specs.append(item if isinstance(item, RepoSpec) else repo_spec(item, base=cwd))
+        if isinstance(item, RepoSpec):
+            specs.append(item)
+        elif isinstance(item, str | os.PathLike):
+            specs.append(repo_spec(os.fspath(item), base=cwd))
+        else:
+            raise UsageError(
+                f"a repository is a path, a URL or a RepoSpec, not {type(item).__name__}"
+            )
     if not specs:
         raise UsageError("no repositories: give a list of them, or one at least")
     return label_repos(specs)
@@ -394,12 +460,10 @@ class _Batch:
         if entry.branch is None or entry.branch_commit is None:
             if not entry.files:
                 return entry  # nothing to commit: no branch (the warning says why)
-            message = None
-            if self.message is not None:
-                message = self.message.format(
-                    batch_id=self.batch_id, run_id=run_id, pipeline=self.pipe.name, repo=entry.name
-                )
-                message = message if message.endswith("\n") else message + "\n"
+            message = (self.message or DEFAULT_MESSAGE).format(
+                batch_id=self.batch_id, run_id=run_id, pipeline=self.pipe.name, repo=entry.name
+            )
+            message = message if message.endswith("\n") else message + "\n"
             try:
                 async with wait_run_lock(self.state / "runs" / run_id, run_id, doing="apply"):
                     applied = await apply_recorded(
@@ -601,6 +665,8 @@ async def batch(
             "choose one"
         )
     _check_message(message)
+    if git_branch is not None:
+        await trio.to_thread.run_sync(_check_branch, git_branch)
     if message is not None and git_branch is None:
         raise UsageError("a commit message template needs a git branch to commit on")
     budget = _budget(max_tokens, max_cost, max_seconds, on_budget)
@@ -626,7 +692,9 @@ async def batch(
         with_agents.check_agents(cfg.resolve_agent)
     if isinstance(policy, str | os.PathLike) and policy is not None:
         PolicySet.load(os.fspath(policy))  # a policy that cannot load: before anything starts
-    state = state_directory(state_dir, workspace=root)
+    # the batch's directory is no workspace: each repository's run checks the state directory
+    # is not inside it
+    state = state_directory(state_dir)
     batch_id = uuid.uuid4().hex[:12]
     sessions = max_sessions or cfg.max_sessions or 8
     repos_at_once = max_repos or DEFAULT_MAX_REPOS
