@@ -17,12 +17,13 @@ not succeed (a step failed, a check never passed, conflicts) or whose verify fai
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import string
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,6 +38,7 @@ from ..errors import (
     OrchestratorError,
     PushFailed,
     RepoUnavailable,
+    RunBusy,
     RunNotFound,
     UsageError,
 )
@@ -77,6 +79,8 @@ MESSAGE_FIELDS = frozenset({"batch_id", "run_id", "pipeline", "repo"})
 RESULT_EVERY = 1.0
 #: repositories at once, unless asked otherwise
 DEFAULT_MAX_REPOS = 4
+#: seconds a repository's commit waits for its own finished run's lock (see _run_lock)
+RUN_LOCK_WAIT = 5.0
 
 
 @frozen
@@ -374,7 +378,7 @@ class _Batch:
                 )
                 message = message if message.endswith("\n") else message + "\n"
             try:
-                with hold_run_lock(self.state / "runs" / run_id, run_id, doing="apply"):
+                async with _run_lock(self.state / "runs" / run_id, run_id):
                     applied = await apply_recorded(
                         self.store,
                         run_id,
@@ -436,6 +440,31 @@ class _Batch:
 
 #: the child run options a resume of a child takes again
 _RESUME_OPTIONS = frozenset({"policy", "escalate", "max_sessions", "connector", "sandbox"})
+
+
+@contextlib.asynccontextmanager
+async def _run_lock(run_dir: Path, run_id: str) -> AsyncIterator[None]:
+    """Hold the lock of a child run this batch just ran, for its commit.
+
+    The run released it as it ended; until the commit takes it again, another run starting in
+    the same state directory (another repository's, in this process or not) may hold it for a
+    moment while it looks for leftovers of dead runs (``move_leftovers``). That is no reason to
+    fail the repository: the lock is polled for up to :data:`RUN_LOCK_WAIT` seconds, then
+    :class:`RunBusy` (someone really holds it: an apply or resume of the run elsewhere).
+    """
+    deadline = trio.current_time() + RUN_LOCK_WAIT
+    delay = 0.005
+    with contextlib.ExitStack() as stack:
+        while True:
+            try:
+                stack.enter_context(hold_run_lock(run_dir, run_id, doing="apply"))
+                break
+            except RunBusy:
+                if trio.current_time() >= deadline:
+                    raise
+            await trio.sleep(delay)
+            delay = min(delay * 2, 0.2)
+        yield
 
 
 def _notify(listener: Callable[[RunEvent], None], event: RunEvent) -> None:
