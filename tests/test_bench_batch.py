@@ -43,7 +43,7 @@ def test_three_repositories_every_kind_prints_the_table_and_writes_json(tmp_path
         assert [s["share"] for s in samples] == [0.1, 0.25, 0.5, 0.75, 1.0]
         assert samples[-1]["finished"] == 3
         assert rows[kind]["peak_rss_kib"] >= max(s["rss_kib"] for s in samples)
-        assert set(document["ratios_to_floor"][kind]) == {"wall", "cpu"}
+        assert set(document["ratios_to_floor"][kind]) == {"wall", "cpu", "own_cpu"}
     assert rows["floor"]["seconds"] > 0
     # the benchmark's branches are gone and the working trees are as generated
     for repo in sorted((cache / "repos-3").glob("r0*")):
