@@ -10,8 +10,10 @@ Run ``.venv/bin/python benchmarks/bench_batch.py`` (``--help`` for the flags). I
   time. It runs in a fresh worker process (this script with ``--worker``) so that its memory is
   the orchestrator's alone: the worker samples its ``VmRSS`` each time 10, 25, 50, 75 and 100 %
   of the repositories have finished (``on_event``, ``repo_finished``) and reads its peak
-  (``VmHWM``) at the end. ``--trace`` also compares ``tracemalloc`` snapshots at 20 % and 60 %
-  (what grows with the repositories finished, by line).
+  (``VmHWM``) and its own CPU time apart from its children's (agents, git) at the end.
+  ``--trace`` also compares ``tracemalloc`` snapshots at 20 % and 60 % (what grows with the
+  repositories finished, by line); ``--collect`` samples after ``gc.collect()`` and
+  ``malloc_trim(0)`` (live memory, not what the allocator keeps).
 - **floor**: the same change by a plain Python loop over the repositories, one after the other:
   read ``app.txt`` from ``HEAD`` (``git cat-file``), replace, and commit it on a new branch
   with the plumbing the orchestrator uses too, the working tree and index untouched
