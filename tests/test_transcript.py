@@ -230,3 +230,16 @@ async def test_a_file_that_cannot_be_written_is_reported_once(
         "cannot write the transcript; the rest of it is left out"
     ]
     assert warnings[0]["path"] == "/dev/full"
+
+
+def test_transcript_buffer_allocated_at_first_line_and_let_go_at_close(tmp_path: Path) -> None:
+    """No buffer before a line, one while lines come, none after close; what was written
+    is in the file."""
+    path = tmp_path / "t.ndjson"
+    out = TranscriptFile(path, max_buffer=4096)
+    assert len(out._buffer) == 0
+    out.write(b'{"a":1}\n')
+    assert len(out._buffer) == 4096
+    out.close()
+    assert len(out._buffer) == 0
+    assert path.read_bytes() == b'{"a":1}\n'

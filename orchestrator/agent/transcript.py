@@ -92,8 +92,11 @@ class TranscriptFile:
         self.writes = 0
         # ``fd``: the file opened already (by whoever checked it); closed by :meth:`close`
         self._fd: int | None = fd
-        # the buffer, allocated once, and how much of it holds lines
-        self._buffer = bytearray(max_buffer)
+        # the buffer, allocated at the first line and let go at close (a closed file's
+        # object may live on in a reference cycle until a full garbage collection: a batch
+        # of many runs would hold a megabyte per agent session until then), and how much of
+        # it holds lines
+        self._buffer = bytearray()
         self._used = 0
         # lines taken so far: the flusher tells a pause by this count not moving
         self._taken = 0
@@ -121,6 +124,8 @@ class TranscriptFile:
                 self._write(data)
                 self._taken += 1
                 return
+        if not self._buffer:
+            self._buffer = bytearray(self.max_buffer)
         first = not self._used
         self._buffer[self._used : self._used + size] = data  # in place: no allocation
         self._used += size
@@ -173,6 +178,7 @@ class TranscriptFile:
     def close(self) -> None:
         """Write what is left and close the file."""
         self.flush()
+        self._buffer = bytearray()
         if self._fd is not None:
             fd, self._fd = self._fd, None
             try:
