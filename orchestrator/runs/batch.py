@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import functools
 import os
-import stat
-import string
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -35,37 +33,37 @@ from .._log import get_logger
 from ..agent.permissions import Escalate
 from ..config import Config
 from ..errors import (
-    OrchestratorError,
-    PushFailed,
-    RepoUnavailable,
-    RunBusy,
-    RunNotFound,
     UsageError,
 )
 from ..mcp import McpServer
 from ..pipeline import Pipeline, load_pipeline
 from ..pipeline._budget import RunBudget
-from ..pipeline._recording import call_listener
 from ..pipeline.results import RunEvent
 from ..policy import PolicySet
 from ..sandbox import SandboxChoice
 from ..state import state_directory
-from ..store import RunRecord, RunStore, open_run_store
+from ..store import RunRecord, open_run_store
 from ..supervisor import Connector
+from ._batchinput import (
+    GIVEN_IN_CODE,
+    check_branch,
+    check_message,
+    check_positive,
+    make_budget,
+    policy_source,
+    read_repos,
+    recorded_spec,
+    restored_specs,
+)
+from ._batchjob import BatchJob
 from ._batchrepo import (
     REPO_STEP,
     RepoOutcome,
-    budget_only_failures,
-    child_figures,
-    push_branch,
 )
-from ._clones import CLONES, open_checkout
 from ._face import check_trio_face
-from ._lock import LOCK_PATIENCE, hold_run_lock, wait_run_lock
-from ._repos import RepoSpec, cache_key, label_repos, parse_repos, redact, repo_spec
-from .apply import apply_recorded
-from .resume import resume_run
-from .run import RunOutcome, launchable, run_pipeline
+from ._lock import hold_run_lock
+from ._repos import RepoSpec
+from .run import launchable
 
 log = get_logger(__name__)
 
@@ -73,10 +71,8 @@ __all__ = ["BatchOutcome", "RepoOutcome", "batch", "resume_batch"]
 
 BatchStatus = Literal["succeeded", "failed", "interrupted"]
 OnBudget = Literal["finish", "cancel"]
-#: the fields a commit message template may name
-MESSAGE_FIELDS = frozenset({"batch_id", "run_id", "pipeline", "repo"})
-#: seconds between two writes of a running batch's object to its record
-RESULT_EVERY = 1.0
+
+
 #: repositories at once, unless asked otherwise
 DEFAULT_MAX_REPOS = 4
 
@@ -100,495 +96,6 @@ class BatchOutcome:
     def failed(self) -> tuple[RepoOutcome, ...]:
         """The repositories that did not succeed (failed, skipped, interrupted, not begun)."""
         return tuple(r for r in self.repos if not r.succeeded)
-
-
-def _check_message(template: str | None) -> None:
-    """A commit message template names only :data:`MESSAGE_FIELDS`, plainly (no conversion,
-    format spec or index: those fail or grow without bound once filled); UsageError otherwise."""
-    if template is None:
-        return
-    if not template.strip():
-        raise UsageError("the commit message template is empty")
-    if len(template) > MAX_MESSAGE:
-        raise UsageError(f"the commit message template is longer than {MAX_MESSAGE} characters")
-    allowed = ", ".join("{" + f + "}" for f in sorted(MESSAGE_FIELDS))
-    try:
-        parts = list(string.Formatter().parse(template))
-    except ValueError as e:
-        raise UsageError(f"the commit message template {template!r}: {e}") from None
-    for _, name, spec, conversion in parts:
-        if name is None:
-            continue
-        if name not in MESSAGE_FIELDS:
-            raise UsageError(f"the commit message template names {{{name}}}: it may name {allowed}")
-        if spec or conversion:
-            raise UsageError(
-                f"the commit message template formats {{{name}}}: it may only name {allowed}, "
-                "as they are"
-            )
-
-
-#: the longest commit message template taken
-MAX_MESSAGE = 10_000
-#: the commit message of a repository's branch when none is given
-DEFAULT_MESSAGE = (
-    "{pipeline}: changes of batch {batch_id}\n\n"
-    "Run {run_id} of orchestrator batch {batch_id}, repository {repo}.\n"
-)
-#: the largest repository list read
-MAX_REPOS_FILE = 8 * 1024 * 1024
-
-
-def _read_text(path: Path, shown: str) -> str:
-    """The repository list's text: a regular file of at most :data:`MAX_REPOS_FILE` bytes
-    (a FIFO or a device would block or never end), UTF-8 (blocking)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as e:
-        raise UsageError(f"the repository list {shown}: {e.strerror or e}") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise UsageError(f"the repository list {shown} is not a regular file")
-        data = f.read(MAX_REPOS_FILE + 1)
-    if len(data) > MAX_REPOS_FILE:
-        raise UsageError(
-            f"the repository list {shown} is larger than {MAX_REPOS_FILE // (1024 * 1024)} MiB"
-        )
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise UsageError(f"the repository list {shown}: not UTF-8 text (byte {e.start})") from None
-
-
-def _check_branch(name: str) -> None:
-    """``name`` is a valid git branch name (``git check-ref-format``); UsageError otherwise,
-    before any repository runs (blocking)."""
-    import subprocess
-
-    if not name or name.startswith("-"):
-        raise UsageError(f"{name!r} is not a valid git branch name")
-    try:
-        done = subprocess.run(
-            ["git", "check-ref-format", f"refs/heads/{name}"],
-            capture_output=True,
-            stdin=subprocess.DEVNULL,
-            check=False,
-        )
-    except FileNotFoundError:
-        raise UsageError("git is not installed: a git branch cannot be made") from None
-    if done.returncode != 0:
-        raise UsageError(f"{name!r} is not a valid git branch name")
-
-
-def _read_repos(
-    repos: Sequence[str | RepoSpec], repos_file: str | os.PathLike[str] | None, cwd: Path
-) -> tuple[RepoSpec, ...]:
-    """The batch's repositories: the file's, then the ones given, labelled (blocking)."""
-    specs: list[RepoSpec] = []
-    if repos_file is not None:
-        path = Path(repos_file).expanduser()
-        if not path.is_absolute():
-            path = cwd / path
-        text = _read_text(path, os.fspath(repos_file))
-        specs += parse_repos(text, base=path.parent, origin=os.fspath(repos_file))
-    if isinstance(repos, str | bytes | os.PathLike):
-        raise UsageError(
-            "the repositories are a list of them (one string is one repository: put it in a list)"
-        )
-    for item in repos:
-        if isinstance(item, RepoSpec):
-            specs.append(item)
-        elif isinstance(item, str | os.PathLike):
-            specs.append(repo_spec(os.fspath(item), base=cwd))
-        else:
-            raise UsageError(
-                f"a repository is a path, a URL or a RepoSpec, not {type(item).__name__}"
-            )
-    if not specs:
-        raise UsageError("no repositories: give a list of them, or one at least")
-    return label_repos(specs)
-
-
-@attrs.define(eq=False)
-class _Batch:
-    """One attempt of a batch: its repositories' entries, and the work of each."""
-
-    store: RunStore
-    batch_id: str
-    state: Path
-    pipe: Pipeline
-    inputs: Mapping[str, Any]
-    specs: tuple[RepoSpec, ...]
-    config: Config
-    budget: RunBudget
-    slots: trio.Semaphore
-    max_repos: int
-    max_sessions: int
-    apply: bool
-    git_branch: str | None
-    push: str | None
-    message: str | None
-    run_options: Mapping[str, Any]
-    on_event: Callable[[RunEvent], None] | None
-    clone_timeout: float | None
-    entries: dict[str, RepoOutcome] = attrs.field(factory=dict)
-    #: when the batch's object was last written to its record (see :meth:`save`)
-    written: float = 0.0
-    began: float = attrs.field(factory=time.monotonic)
-    started_at: dict[str, float] = attrs.field(factory=dict)
-    #: the child runs of an earlier attempt, by repository: resumed rather than started anew
-    children: dict[str, str] = attrs.field(factory=dict)
-
-    # ------------------------------------------------------------------ records
-
-    async def save(self, entry: RepoOutcome) -> None:
-        """Keep ``entry`` (also in the store, at once: a batch killed later still has it)."""
-        self.entries[entry.name] = entry
-        started = self.started_at.get(entry.name)
-        done = entry.status not in ("pending", "running")
-        with trio.CancelScope(shield=True):
-            await self.store.put_step(
-                entry.to_step(self.batch_id, started, time.time() if done else None)
-            )
-            # the whole object too, for `show` while it runs: at most once a second, so a
-            # batch of many repositories does not rewrite it for each one
-            now = time.monotonic()
-            if done and now - self.written >= RESULT_EVERY:
-                self.written = now
-                await self.store.update_run(
-                    self.batch_id, result=self.result("running", now - self.began)
-                )
-
-    def emit(self, type_: str, **data: Any) -> None:
-        if self.on_event is not None:
-            event = RunEvent(type_, self.batch_id, data=data)  # type: ignore[arg-type]
-            _notify(self.on_event, event)
-
-    # ------------------------------------------------------------------ scheduling
-
-    async def run(self) -> None:
-        """Every repository not yet succeeded, at most :attr:`max_repos` at once, in order."""
-        limiter = trio.Semaphore(self.max_repos)
-        async with trio.open_nursery() as nursery:
-            for spec in self.specs:
-                if self.entries[spec.name].succeeded:
-                    continue
-                await limiter.acquire()
-                spent = self.budget.spent
-                if spent is not None:
-                    limiter.release()
-                    await self._skip(spec, spent)
-                    continue
-                nursery.start_soon(self._one, spec, limiter, name=f"repository {spec.name}")
-
-    async def _skip(self, spec: RepoSpec, why: str) -> None:
-        entry = self.entries[spec.name].evolve(
-            status="skipped", skipped="budget", error=f"not started: the budget is spent ({why})"
-        )
-        await self.save(entry)
-        self.emit("repo_finished", repo=spec.name, **_event_entry(entry))
-
-    async def _one(self, spec: RepoSpec, limiter: trio.Semaphore) -> None:
-        try:
-            await self._repository(spec)
-        finally:
-            limiter.release()
-
-    async def _repository(self, spec: RepoSpec) -> None:
-        """Check out, run (or resume) the pipeline, then commit and push as asked."""
-        began = time.monotonic()
-        self.started_at[spec.name] = time.time()
-        entry = self.entries[spec.name].evolve(
-            status="running", error=None, skipped=None, exit_code=None, warnings=()
-        )
-        await self.save(entry)
-        self.emit("repo_started", repo=spec.name, source=spec.shown)
-        try:
-            entry = await self._work(spec, entry)
-        except Exception as e:  # a defect of ours, or the OS: this repository fails, not all
-            log.exception("repository failed", repo=spec.name)
-            entry = self.entries[spec.name].evolve(
-                status="failed", exit_code=1, error=f"internal error: {type(e).__name__}: {e}"
-            )
-        except trio.Cancelled:
-            entry = self.entries[spec.name]
-            await self.save(
-                entry.evolve(status="interrupted", seconds=_since(began), exit_code=130)
-            )
-            raise
-        entry = entry.evolve(seconds=_since(began))
-        await self.save(entry)
-        self.emit("repo_finished", repo=spec.name, **_event_entry(entry))
-
-    async def _work(self, spec: RepoSpec, entry: RepoOutcome) -> RepoOutcome:
-        if spec.url is not None and _REDACTED in spec.url:  # a resume whose clone is gone
-            return entry.evolve(
-                status="failed",
-                exit_code=2,
-                error=f"the credentials of {spec.url} are not recorded and its clone is gone: "
-                "start a new batch with the repository list",
-            )
-        resumed = self.children.get(spec.name)
-        # a clone is resumed at the commit its run started from: the branch may have moved on
-        checkout_spec = spec
-        if resumed is not None and spec.url is not None and entry.head is not None:
-            checkout_spec = attrs.evolve(spec, ref=entry.head)
-        try:
-            async with open_checkout(
-                checkout_spec, self.state, timeout=self.clone_timeout
-            ) as checkout:
-                entry = entry.evolve(path=str(checkout.path), head=checkout.head)
-                await self.save(entry)
-                outcome = await self._child(spec, checkout.path, resumed, entry)
-                if isinstance(outcome, RepoOutcome):  # it failed before its run did anything
-                    return outcome
-                entry = self._from_child(entry, outcome)
-                if entry.succeeded and self.git_branch is not None:
-                    entry = await self._commit(entry, checkout.path)
-                return entry
-        except RepoUnavailable as e:
-            return entry.evolve(status="failed", error=str(e), exit_code=2)
-
-    async def _child(
-        self, spec: RepoSpec, cwd: Path, resumed: str | None, entry: RepoOutcome
-    ) -> RunOutcome | RepoOutcome:
-        """The repository's child run (started, or an earlier one resumed); an entry instead
-        when it could not run at all (refused before it started, or raised)."""
-        seen: list[str] = []
-        name = spec.name
-
-        def on_event(event: RunEvent) -> None:
-            if event.type == "run_started" and not seen:
-                seen.append(event.run_id)
-                # known at once: a batch interrupted from now on resumes this run, not a new one
-                self.entries[name] = self.entries[name].evolve(run_id=event.run_id)
-            if self.on_event is not None:
-                _notify(self.on_event, attrs.evolve(event, data={**event.data, "repo": name}))
-
-        wants = getattr(self.on_event, "wants_updates", True) if self.on_event else False
-        on_event.wants_updates = wants  # type: ignore[attr-defined]
-        try:
-            if resumed is not None:
-                return await self._resume_child(resumed, on_event)
-            return await run_pipeline(
-                self.pipe,
-                self.inputs,
-                cwd=cwd,
-                state_dir=self.state,
-                config=self.config,
-                apply=self.apply,
-                on_event=on_event,
-                _parent=self.batch_id,
-                _budget=self.budget,
-                _slots=self.slots,
-                **self.run_options,
-            )
-        except RunNotFound as e:  # the earlier child run was pruned: a new one
-            if resumed is None:
-                raise
-            log.info("the repository's run is gone; starting it anew", repo=name, error=str(e))
-            self.children.pop(name, None)
-            return await self._child(spec, cwd, None, entry)
-        except OrchestratorError as e:
-            code = 2 if isinstance(e, UsageError) else 1
-            run_id = seen[0] if seen else resumed
-            return entry.evolve(status="failed", error=_one_line(e), exit_code=code, run_id=run_id)
-
-    async def _resume_child(self, run_id: str, on_event: Callable[[RunEvent], None]) -> RunOutcome:
-        """Resume the repository's earlier child run; its lock may be held a moment by another
-        run moving leftovers (see :func:`wait_run_lock`): it waits for it as an apply does."""
-        deadline = trio.current_time() + LOCK_PATIENCE
-        while True:
-            try:
-                return await resume_run(
-                    run_id,
-                    state_dir=self.state,
-                    config=self.config,
-                    apply=self.apply,
-                    on_event=on_event,
-                    _budget=self.budget,
-                    _slots=self.slots,
-                    **{k: v for k, v in self.run_options.items() if k in _RESUME_OPTIONS},
-                )
-            except RunBusy:  # refused before anything started: nothing to undo
-                if trio.current_time() >= deadline:
-                    raise
-                await trio.sleep(0.02)
-
-    def _from_child(self, entry: RepoOutcome, outcome: RunOutcome) -> RepoOutcome:
-        result = outcome.result
-        figures = child_figures(result)
-        status: Any = "succeeded"
-        error: str | None = None
-        skipped: str | None = None
-        code = outcome.exit_code
-        if outcome.status == "interrupted":
-            status = "interrupted"
-        elif outcome.status != "succeeded" or code != 0:
-            status = "failed"
-            error = _child_error(result, outcome)
-            if outcome.status == "failed" and budget_only_failures(result):
-                status, skipped = "skipped", "budget"
-                spent = self.budget.spent
-                error = f"stopped: the budget is spent ({spent})" if spent else error
-        elif figures["verify"] == "failed":
-            status, error = "failed", "verify failed"
-        # this attempt's sessions, as the batch's budget counted them (the record's figures
-        # when the budget saw none: a run whose agents report no usage)
-        used = self.budget.usage(outcome.run_id)
-        if used.get("tokens") is not None or used.get("cost") is not None:
-            figures.update(tokens=used.get("tokens"), cost=used.get("cost"))
-        warnings = tuple(str(w) for w in result.get("warnings") or ())
-        if status == "succeeded" and not figures["files"]:
-            warnings += ("the pipeline changed nothing in this repository",)
-        return entry.evolve(
-            run_id=outcome.run_id,
-            status=status,
-            exit_code=code,
-            error=error,
-            skipped=skipped,
-            applied=bool(result.get("applied")),
-            warnings=warnings,
-            **figures,
-        )
-
-    async def _commit(self, entry: RepoOutcome, cwd: Path) -> RepoOutcome:
-        """The repository's changes committed on the batch's new branch, and pushed."""
-        assert self.git_branch is not None and entry.run_id is not None
-        run_id = entry.run_id
-        if entry.branch is None or entry.branch_commit is None:
-            if not entry.files:
-                return entry  # nothing to commit: no branch (the warning says why)
-            message = (self.message or DEFAULT_MESSAGE).format(
-                batch_id=self.batch_id, run_id=run_id, pipeline=self.pipe.name, repo=entry.name
-            )
-            message = message if message.endswith("\n") else message + "\n"
-            try:
-                async with wait_run_lock(self.state / "runs" / run_id, run_id, doing="apply"):
-                    applied = await apply_recorded(
-                        self.store,
-                        run_id,
-                        state=self.state,
-                        git_branch=self.git_branch,
-                        message=message,
-                    )
-            except OrchestratorError as e:
-                return entry.evolve(status="failed", error=_one_line(e), exit_code=1)
-            if applied.workspace_changed:
-                paths = ", ".join(applied.workspace_changed[:5])
-                return entry.evolve(
-                    status="failed",
-                    exit_code=3,
-                    error=f"no branch: files differ at HEAD from the run's base ({paths})",
-                )
-            if not applied.applied:
-                return entry
-            entry = entry.evolve(branch=self.git_branch, branch_commit=applied.git_commit)
-            await self.save(entry)
-        if self.push is not None and entry.pushed is None:
-            try:
-                await push_branch(cwd, self.push, self.git_branch, timeout=self.clone_timeout)
-            except PushFailed as e:
-                return entry.evolve(status="failed", error=str(e), exit_code=1)
-            entry = entry.evolve(pushed=self.push)
-        return entry
-
-    # ------------------------------------------------------------------ the object
-
-    def result(self, status: str, seconds: float) -> dict[str, Any]:
-        """The batch object (``--json``) as things stand."""
-        entries = [self.entries[s.name] for s in self.specs]
-        counts = dict.fromkeys(("succeeded", "failed", "skipped", "interrupted", "pending"), 0)
-        for entry in entries:
-            key = entry.status
-            if key == "running" and status != "running":  # the batch ended while it ran
-                key = "interrupted"
-            counts[key] = counts.get(key, 0) + 1
-        code = {"succeeded": 0, "failed": 1, "interrupted": 130}.get(status)
-        return {
-            "runId": self.batch_id,
-            "kind": "batch",
-            "status": status,
-            "exitCode": code,
-            "pipeline": self.pipe.path,
-            "pipelineName": self.pipe.name,
-            "seconds": round(seconds, 3),
-            "maxRepos": self.max_repos,
-            "maxSessions": self.max_sessions,
-            "counts": counts,
-            "budget": self.budget.statistics(),
-            "gitBranch": self.git_branch,
-            "push": self.push,
-            "apply": self.apply,
-            "repos": [e.to_json() for e in entries],
-        }
-
-
-#: the child run options a resume of a child takes again
-_RESUME_OPTIONS = frozenset({"policy", "escalate", "max_sessions", "connector", "sandbox"})
-
-
-def _notify(listener: Callable[[RunEvent], None], event: RunEvent) -> None:
-    call_listener(listener, event, event_type=event.type)
-
-
-def _event_entry(entry: RepoOutcome) -> dict[str, Any]:
-    data = entry.to_json()
-    data.pop("name", None)
-    return data
-
-
-def _since(began: float) -> float:
-    return round(time.monotonic() - began, 3)
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip() or type(e).__name__
-    return text.splitlines()[0] if "\n" in text else text
-
-
-def _child_error(result: Mapping[str, Any], outcome: RunOutcome) -> str:
-    """Why a child run did not succeed, one line: its first failed instance's error."""
-    if outcome.status == "conflicts":
-        conflicts = result.get("conflicts") or []
-        return f"merge conflicts ({len(conflicts)})"
-    if outcome.workspace_changed:
-        return "not applied: the repository changed during the run"
-    steps = result.get("steps")
-    for name, step in steps.items() if isinstance(steps, Mapping) else ():
-        instances = step.get("instances") if isinstance(step, Mapping) else None
-        for key, inst in instances.items() if isinstance(instances, Mapping) else ():
-            if isinstance(inst, Mapping) and inst.get("status") == "failed" and inst.get("error"):
-                where = name if key in (None, "", name) else f"{name}[{key}]"
-                return f"{where}: {str(inst['error']).splitlines()[0]}"
-    error = result.get("error")
-    return str(error).splitlines()[0] if error else f"run {outcome.status}"
-
-
-def _budget(
-    max_tokens: int | None, max_cost: float | None, max_seconds: float | None, on_budget: str
-) -> RunBudget:
-    for name, value in (
-        ("max_tokens", max_tokens),
-        ("max_cost", max_cost),
-        ("max_seconds", max_seconds),
-    ):
-        if value is not None and (isinstance(value, bool) or not value > 0):
-            raise UsageError(f"{name} must be above 0, not {value!r}")
-    if on_budget not in ("finish", "cancel"):
-        raise UsageError(f"on_budget is finish or cancel, not {on_budget!r}")
-    return RunBudget(
-        max_tokens=max_tokens,
-        max_cost=max_cost,
-        max_seconds=max_seconds,
-        on_spent=on_budget,  # type: ignore[arg-type]
-    )
-
-
-def _positive(name: str, value: int | None) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise UsageError(f"{name} must be a whole number of 1 or more, not {value!r}")
 
 
 async def batch(
@@ -655,8 +162,8 @@ async def batch(
         raise UsageError(f"the batch's directory {cwd} is not a directory")
     pipe = pipeline if isinstance(pipeline, Pipeline) else load_pipeline(pipeline)
     values = pipe.check_inputs(inputs or {})
-    _positive("max_repos", max_repos)
-    _positive("max_sessions", max_sessions)
+    check_positive("max_repos", max_repos)
+    check_positive("max_sessions", max_sessions)
     if push is not None and git_branch is None:
         raise UsageError("pushing needs a git branch to push: name the branch to commit on")
     if apply and git_branch is not None:
@@ -664,13 +171,13 @@ async def batch(
             "apply writes the changes into each checkout, a git branch commits them beside it: "
             "choose one"
         )
-    _check_message(message)
+    check_message(message)
     if git_branch is not None:
-        await trio.to_thread.run_sync(_check_branch, git_branch)
+        await trio.to_thread.run_sync(check_branch, git_branch)
     if message is not None and git_branch is None:
         raise UsageError("a commit message template needs a git branch to commit on")
-    budget = _budget(max_tokens, max_cost, max_seconds, on_budget)
-    specs = await trio.to_thread.run_sync(_read_repos, repos, repos_file, root)
+    budget = make_budget(max_tokens, max_cost, max_seconds, on_budget)
+    specs = await trio.to_thread.run_sync(read_repos, repos, repos_file, root)
     if apply:
         cloned = [s.source for s in specs if s.url is not None]
         if cloned:
@@ -709,7 +216,7 @@ async def batch(
         "mcp_servers": mcp_servers,
     }
     options = {
-        "repos": [_recorded_spec(s) for s in specs],
+        "repos": [recorded_spec(s) for s in specs],
         "maxRepos": repos_at_once,
         "maxSessions": sessions,
         "apply": apply,
@@ -722,7 +229,7 @@ async def batch(
             "maxSeconds": max_seconds,
             "onSpent": on_budget,
         },
-        "policy": _policy_source(policy),
+        "policy": policy_source(policy),
         "cloneTimeout": clone_timeout,
         "recordTranscripts": record_transcripts,
     }
@@ -777,7 +284,7 @@ async def _run_batch(
                 await store.update_run(batch_id, status="running", finished=None, error=None)
             else:
                 await store.create_run(record)
-            job = _Batch(
+            job = BatchJob(
                 store=store,
                 batch_id=batch_id,
                 state=state,
@@ -866,8 +373,8 @@ async def resume_batch(
     ``on_budget``, ``max_repos``, ``max_sessions`` and ``policy`` replace the recorded ones.
     """
     check_trio_face("resume_batch")  # before anything starts
-    _positive("max_repos", max_repos)
-    _positive("max_sessions", max_sessions)
+    check_positive("max_repos", max_repos)
+    check_positive("max_sessions", max_sessions)
     state = state_directory(state_dir)
     async with open_run_store(state) as store:
         record = await store.get_run(batch_id)
@@ -878,7 +385,7 @@ async def resume_batch(
         row.key: RepoOutcome.from_json(row.result) for row in rows if row.result is not None
     }
     options = dict(record.options)
-    specs = await trio.to_thread.run_sync(_restored_specs, options.get("repos") or (), state)
+    specs = await trio.to_thread.run_sync(restored_specs, options.get("repos") or (), state)
     if not specs:
         raise UsageError(f"batch {record.run_id} records no repositories")
     if isinstance(pipeline, Pipeline):
@@ -894,7 +401,7 @@ async def resume_batch(
         log.warning("the pipeline changed since the batch", pipeline=pipe.path or pipe.name)
     values = pipe.check_inputs(dict(record.inputs))
     recorded = dict(options.get("budget") or {})
-    budget = _budget(
+    budget = make_budget(
         max_tokens if max_tokens is not None else recorded.get("maxTokens"),
         max_cost if max_cost is not None else recorded.get("maxCost"),
         max_seconds if max_seconds is not None else recorded.get("maxSeconds"),
@@ -944,66 +451,6 @@ async def resume_batch(
         options.get("cloneTimeout", 600),
         previous=previous or {s.name: RepoOutcome.pending(s) for s in specs},
     )
-
-
-#: what stands for credentials in a recorded URL (see :func:`~._repos.redact`)
-_REDACTED = "***@"
-
-
-def _recorded_spec(spec: RepoSpec) -> dict[str, Any]:
-    """``spec`` as the batch's record keeps it: credentials in its URL hidden (the clone's own
-    git config keeps the URL, as ``git clone`` does), with the clone's cache key, by which a
-    resume finds the URL again."""
-    data = spec.to_json()
-    if spec.url is not None:
-        data.update(url=redact(spec.url), source=redact(spec.source), cacheKey=cache_key(spec.url))
-    return data
-
-
-def _restored_specs(recorded: Sequence[Any], state: Path) -> tuple[RepoSpec, ...]:
-    """The recorded repositories, each URL whose credentials were hidden read again from its
-    clone's git config (left hidden when the clone is gone: that repository then fails)."""
-    specs = []
-    for data in recorded:
-        spec = RepoSpec.from_json(data)
-        key = data.get("cacheKey") if isinstance(data, Mapping) else None
-        if spec.url is not None and _REDACTED in spec.url and isinstance(key, str):
-            real = _origin_url(state / CLONES / key)
-            if real is not None and redact(real) == spec.url:
-                spec = attrs.evolve(spec, url=real)
-        specs.append(spec)
-    return tuple(specs)
-
-
-def _origin_url(clone: Path) -> str | None:
-    """The ``origin`` URL a clone's git config holds (blocking); None when it has none."""
-    import subprocess
-
-    config = clone / ".git" / "config"
-    if not config.is_file() or config.is_symlink():
-        return None
-    done = subprocess.run(
-        ["git", "config", "--file", str(config), "--get", "remote.origin.url"],
-        capture_output=True,
-        check=False,
-        stdin=subprocess.DEVNULL,
-    )
-    url = done.stdout.decode("utf-8", "surrogateescape").strip()
-    return url if done.returncode == 0 and url else None
-
-
-def _policy_source(policy: str | os.PathLike[str] | PolicySet | None) -> str | None:
-    """The policy as the batch's record keeps it: a name or a file, or a mark for one given in
-    code (a resume then needs it given again)."""
-    if policy is None or isinstance(policy, str):
-        return policy
-    if isinstance(policy, os.PathLike):
-        return os.fspath(policy)
-    return GIVEN_IN_CODE
-
-
-#: how the record names a policy given as a :class:`PolicySet`
-GIVEN_IN_CODE = "(given in code)"
 
 
 def _json_values(values: Mapping[str, Any]) -> dict[str, Any]:
