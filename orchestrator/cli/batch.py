@@ -8,12 +8,12 @@ summary table on stdout (:mod:`.batchview`), or with ``--json`` the batch object
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import trio
-
-from ..pipeline.results import RunEvent
 from .output import say
+
+if TYPE_CHECKING:  # the parser is built without trio or attrs loaded (a fast --help)
+    from ..pipeline.results import RunEvent
 
 __all__ = ["BatchProgress", "add_parser", "cmd_batch", "finish_batch"]
 
@@ -131,6 +131,8 @@ class BatchProgress:
         self.wants_updates = view is not None
 
     def __call__(self, event: RunEvent) -> None:
+        from ..pipeline.results import RunEvent
+
         if event.type == "batch_started":
             ids: list[str] = getattr(self._args, "run_ids", [])
             if event.run_id not in ids:
@@ -160,6 +162,8 @@ class BatchProgress:
             self._child(view, repo, event)
 
     def _child(self, view: Any, repo: str, event: RunEvent) -> None:
+        from ..pipeline.results import RunEvent
+
         """A child run's event, as its repository's row shows it."""
         if event.type == "step_started":
             view(
@@ -190,6 +194,7 @@ class BatchProgress:
                 view(RunEvent("update", event.run_id, step=repo, data={"title": data["title"]}))
 
     def _finished(self, event: RunEvent, live: bool) -> None:
+        from ..pipeline.results import RunEvent
         from ..report._batch import repo_rows
         from .live import progress_line
 
@@ -255,6 +260,8 @@ async def finish_batch(args: argparse.Namespace, outcome: Any) -> int:
 
 
 async def _write_report(out_dir: str, run_id: str, state_dir: str | None) -> dict[str, str]:
+    import trio
+
     from ..runs.recorded import write_batch_report
 
     with trio.CancelScope(shield=True):  # the batch is done: its report is written whole
