@@ -53,6 +53,7 @@ __all__ = [
     "AuthenticationError",
     "BacklogExceeded",
     "CapabilityNotSupported",
+    "ClusterError",
     "CommandRefused",
     "ConnectionClosed",
     "ErrorKind",
@@ -123,6 +124,8 @@ __all__ = [
 #:   fan-out source)
 #: - ``usage``: bad input met while running (a model or mode the agent does not offer, ...)
 #: - ``store``: the run store failed
+#: - ``node-lost``: the cluster node running the instance was lost during its turn: what the
+#:   agent did is unknown (never sent again on its own; a resume runs the instance again)
 #: - ``internal``: anything else
 ErrorKind: TypeAlias = Literal[
     "timeout",
@@ -140,6 +143,7 @@ ErrorKind: TypeAlias = Literal[
     "exception",
     "usage",
     "store",
+    "node-lost",
     "internal",
 ]
 #: every :data:`ErrorKind`, in the order documented there
@@ -183,6 +187,11 @@ class OrchestratorError(Exception):
 
 class UsageError(OrchestratorError):
     """Bad input from the user: a wrong option, a missing file, an unknown agent name."""
+
+
+class ClusterError(OrchestratorError):
+    """A cluster that cannot run the work: Ray is not installed, its address cannot be
+    reached, or no node of it offers agent slots."""
 
 
 class RegistryError(UsageError):
