@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
+from .cluster import add_cluster_options, cluster_option
 from .output import say
 
 if TYPE_CHECKING:  # the parser is built without trio or attrs loaded (a fast --help)
@@ -81,6 +82,7 @@ def add_parser(sub: Any) -> None:
         type=positive_int,
         help="live agent sessions at once, across all repositories (default: the config's, else 8)",
     )
+    add_cluster_options(p)
     out = p.add_argument_group("what comes out (default: nothing is touched)")
     out.add_argument(
         "--apply", action="store_true", help="write each local repository's changes in place"
@@ -312,6 +314,7 @@ async def cmd_batch(args: argparse.Namespace) -> int:
             state_dir=args.state_dir,
             sandbox=args.sandbox or None,
             mcp_servers=mcp_servers(args, config),
+            cluster=cluster_option(args),
         )
     return await finish_batch(args, outcome)
 
@@ -350,5 +353,6 @@ async def cmd_resume_batch(args: argparse.Namespace) -> int:
             escalate=choose_escalation(),
             on_event=BatchProgress(args, view),
             sandbox=args.sandbox or None,
+            cluster=cluster_option(args),
         )
     return await finish_batch(args, outcome)

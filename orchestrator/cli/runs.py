@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 from .._names import display_names
 from .._words import count
 from . import EXIT_FAILED, EXIT_MERGE_CONFLICTS, EXIT_OK, EXIT_USAGE, SANDBOX_HELP
+from .cluster import add_cluster_options, cluster_option
 from .mcp import add_mcp_options, mcp_servers
 from .output import say, terminal_text
 from .render import conflict_line, final_values, sandbox_lines, step_details
@@ -244,6 +245,7 @@ def add_parsers(sub: Any) -> None:
     )
     p.add_argument("--apply", action="store_true", help="write the run's changes to --cwd")
     _shared(p)
+    add_cluster_options(p)
 
     c = sub.add_parser(
         "compare",
@@ -269,6 +271,7 @@ def add_parsers(sub: Any) -> None:
     add_prompt_input(c, what="task")
     add_session_choices(c, each=True)
     _shared(c)
+    add_cluster_options(c)
 
     r = sub.add_parser(
         "runs",
@@ -312,6 +315,7 @@ def add_parsers(sub: Any) -> None:
         help="the largest file a step may change, in bytes or with K, M, G (default: as recorded)",
     )
     u.add_argument("--report", metavar="DIR", help="write report.html and report.md into DIR")
+    add_cluster_options(u)
     batch = u.add_argument_group("a batch's (default: as recorded; a budget counts again from 0)")
     batch.add_argument("--max-repos", type=positive_int, help="repositories at once")
     batch.add_argument("--max-tokens", type=positive_int, help="tokens the agents report")
@@ -567,6 +571,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
             sandbox=args.sandbox or None,
             max_file_size=args.max_file_size,
             mcp_servers=mcp_servers(args, config),
+            cluster=cluster_option(args),
         )
     return _finish(args, outcome)
 
@@ -604,6 +609,7 @@ async def cmd_compare(args: argparse.Namespace) -> int:
             model=args.model,
             mode=args.mode,
             mcp_servers=mcp_servers(args, config),
+            cluster=cluster_option(args),
         )
     return _finish(args, outcome)
 
@@ -646,6 +652,7 @@ async def cmd_resume(args: argparse.Namespace) -> int:
                 on_event=track_run(args, view),
                 sandbox=args.sandbox or None,
                 transcript=args.transcript,
+                cluster=cluster_option(args),
             )
         except ResumeConflict as e:
             # the command's error object names the run (and the files, below)

@@ -202,6 +202,11 @@ class AgentTurns:
         """
         return self._interrupted.pop(name, None)
 
+    def keep_interrupted(self, name: str, result: StepResult) -> None:
+        """Keep ``result`` as instance ``name``'s turns cut short (a turn that ran elsewhere:
+        see :meth:`take_interrupted`)."""
+        self._interrupted[name] = result
+
     async def turn(
         self,
         step: Step,

@@ -23,6 +23,7 @@ from ._branchio import BranchDirs
 from ._budget import NotStarted, RunBudget
 from ._calls import call, describe, error_kind, user_traceback
 from ._recording import Recorder
+from ._remote import RemoteFailure, RemoteReply, RemoteTurn, RemoteTurns, run_remote
 from ._state import StepState
 from ._step import Step
 from .results import CheckResult, RunEvent, StepContext, StepResult
@@ -55,6 +56,8 @@ class InstanceExecutor:
     branch_keys: dict[str, str | None] = field(factory=dict)
     #: this run's instances waiting for a slot now (the slots may be shared with other runs)
     waiting: int = 0
+    #: where agent turns run when not here (a cluster's nodes); None: in this process
+    remote: RemoteTurns | None = None
 
     async def run(
         self,
@@ -293,6 +296,10 @@ class InstanceExecutor:
         needs_dir = agent is not None or step.wants_workdir
         if not needs_dir:
             return await call(step.fn, call_args)
+        if agent is not None and self.remote is not None:
+            return await self._remote_turn(
+                step, branch, call_args, name, key, agent, item, attempt, feedback
+            )
         workdir = await self.dirs.materialize(
             branch, name, attempt, max_file_size=step.max_file_size
         )
@@ -310,6 +317,77 @@ class InstanceExecutor:
         finally:
             # removed in the background: nothing the step reports depends on it
             self.dirs.remove(workdir)
+
+
+    async def _remote_turn(
+        self,
+        step: Step,
+        branch: Branch,
+        call_args: dict[str, Any],
+        name: str,
+        key: str | None,
+        agent: str,
+        item: Any,
+        attempt: int,
+        feedback: CheckResult | None,
+    ) -> StepResult:
+        """The agent turn of an instance, run by :attr:`remote` on a copy of ``branch``; the
+        branch takes what it changed. A failure is raised as a local turn's would be, what the
+        turn did before it kept (see :meth:`AgentTurns.take_interrupted`)."""
+        assert self.remote is not None
+        turns = self.turns
+        spec = turns.specs[agent]
+        sandbox = turns.sandboxes.get((step.name, agent))
+        prompt = None
+        if "workdir" not in step.params:  # else the node calls the step function there
+            prompt = await call(step.fn, call_args, inline=True)
+        request = RemoteTurn(
+            run_id=self.run_id,
+            step=step,
+            name=name,
+            key=key,
+            agent=agent,
+            spec=spec,
+            policy=turns.policy_for(step, spec),
+            sandbox=sandbox,
+            mcp_servers=tuple(turns.mcp_servers.get((step.name, agent), ())),
+            verify=turns.verify.get(step.name),
+            item=item,
+            prompt=prompt,
+            call_args=call_args if prompt is None else {},
+            attempt=attempt,
+            feedback=feedback,
+            max_file_size=step.max_file_size
+            if step.max_file_size is not None
+            else self.dirs.max_file_size,
+            max_turn_record_bytes=self.recorder.max_turn_bytes,
+        )
+
+        def take(reply: RemoteReply) -> tuple[StepResult | None, RemoteFailure | None]:
+            result, failure = run_remote(reply, branch, self.recorder)
+            budget = self.budget
+            if budget is not None:  # what the sessions used counts here too
+                for session, used, cost in reply.usage:
+                    budget.observe(session, used, cost, run=self.run_id)
+                    budget.settle(session, run=self.run_id)
+            return result, failure
+
+        def cancelled(reply: RemoteReply) -> None:
+            # what a cancelled turn did is kept, as a local one's is
+            result, _ = take(reply)
+            if result is not None:
+                turns.keep_interrupted(name, result)
+
+        reply = await self.remote.run_turn(request, branch, on_cancelled=cancelled)
+        if reply.not_started is not None:
+            raise NotStarted(reply.not_started)
+        result, failure = take(reply)
+        if failure is not None:
+            if result is not None:
+                turns.keep_interrupted(name, result)
+            raise failure
+        assert result is not None
+        return result
 
 
 def _going_on(

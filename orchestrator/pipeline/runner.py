@@ -44,6 +44,7 @@ from ._budget import RunBudget
 from ._calls import MISSING, call, describe, error_kind, fan_out_items, user_traceback
 from ._instance import InstanceExecutor, fork_from
 from ._recording import EventSink, Recorder
+from ._remote import RemoteTurns
 from ._state import AgentPool, LeaseLike, StepState
 from ._writer import StoreWriter
 from .branches import conflict_json
@@ -107,6 +108,8 @@ class PipelineRunner:
     #: the slots instances hold while they run, when shared with other runs (at most that many
     #: instances, so live sessions, across them all); None: the run's own, :attr:`parallel`
     slots: trio.Semaphore | None = None
+    #: where agent turns run when not in this process (a cluster's nodes)
+    remote: RemoteTurns | None = None
     states: dict[str, StepState] = field(factory=dict)
     #: files branches changed that changed in the workspace too before a branch kept their
     #: content, so merges found no base for them (see :attr:`MergeResult.base_gone`)
@@ -168,6 +171,7 @@ class PipelineRunner:
             dirs=self._dirs,
             turns=self._turns,
             budget=self.budget,
+            remote=self.remote,
         )
         # this run's instances waiting for a slot will want directories: part of what a copy
         # would serve (the slots' own count would take in other runs' instances, when shared)

@@ -362,7 +362,9 @@ class BatchJob:
 
 
 #: the child run options a resume of a child takes again
-_RESUME_OPTIONS = frozenset({"policy", "escalate", "max_sessions", "connector", "sandbox"})
+_RESUME_OPTIONS = frozenset(
+    {"policy", "escalate", "max_sessions", "connector", "sandbox", "_cluster"}
+)
 
 
 def _notify(listener: Callable[[RunEvent], None], event: RunEvent) -> None:

@@ -21,7 +21,8 @@ import functools
 import os
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,6 +32,8 @@ from attrs import frozen
 
 from .._log import get_logger
 from ..agent.permissions import Escalate
+from ..cluster._connect import ClusterSpec, cluster_spec
+from ..cluster._driver import ClusterSession, open_cluster
 from ..config import Config
 from ..errors import (
     UsageError,
@@ -126,6 +129,7 @@ async def batch(
     record_transcripts: bool = True,
     mcp_servers: Sequence[McpServer | str] | None = None,
     clone_timeout: float | None = 600,
+    cluster: str | ClusterSpec | None = None,
 ) -> BatchOutcome:
     """Run ``pipeline`` in every repository of ``repos`` (and of the list in ``repos_file``),
     each as a child run of one batch run.
@@ -219,6 +223,7 @@ async def batch(
         "repos": [recorded_spec(s) for s in specs],
         "maxRepos": repos_at_once,
         "maxSessions": sessions,
+        "maxSessionsGiven": max_sessions is not None,
         "apply": apply,
         "gitBranch": git_branch,
         "push": push,
@@ -256,6 +261,7 @@ async def batch(
         on_event,
         clone_timeout,
         previous={},
+        cluster=cluster_spec(cluster),
     )
 
 
@@ -272,6 +278,7 @@ async def _run_batch(
     clone_timeout: float | None,
     *,
     previous: Mapping[str, RepoOutcome],
+    cluster: ClusterSpec | None = None,
 ) -> BatchOutcome:
     """Run (or resume: ``previous`` holds the earlier attempt's entries) the batch ``record``."""
     batch_id = record.run_id
@@ -279,7 +286,14 @@ async def _run_batch(
     run_dir = state / "runs" / batch_id
     resuming = bool(previous)
     with hold_run_lock(run_dir, batch_id, doing="resume"):
-        async with open_run_store(state) as store:
+        async with open_run_store(state) as store, _on_cluster(cluster, budget) as session:
+            limit = int(options["maxSessions"])
+            if session is not None:
+                # every repository's runs place their turns on the one cluster session; the
+                # live sessions are the cluster's agent slots unless a limit was given
+                if not options.get("maxSessionsGiven"):
+                    limit = session.slots
+                run_options = {**run_options, "_cluster": session, "max_sessions": limit}
             if resuming:
                 await store.update_run(batch_id, status="running", finished=None, error=None)
             else:
@@ -293,9 +307,9 @@ async def _run_batch(
                 specs=specs,
                 config=cfg,
                 budget=budget,
-                slots=trio.Semaphore(int(options["maxSessions"])),
+                slots=trio.Semaphore(limit),
                 max_repos=int(options["maxRepos"]),
-                max_sessions=int(options["maxSessions"]),
+                max_sessions=limit,
                 apply=bool(options.get("apply")),
                 git_branch=options.get("gitBranch"),
                 push=options.get("push"),
@@ -346,6 +360,18 @@ async def _run_batch(
             return BatchOutcome(batch_id, status, result, tuple(job.entries[s.name] for s in specs))
 
 
+@asynccontextmanager
+async def _on_cluster(
+    spec: ClusterSpec | None, budget: RunBudget
+) -> AsyncIterator[ClusterSession | None]:
+    """The batch's cluster session for the block (None: one machine)."""
+    if spec is None:
+        yield None
+        return
+    async with open_cluster(spec, budget=budget) as session:
+        yield session
+
+
 async def resume_batch(
     batch_id: str,
     *,
@@ -363,6 +389,7 @@ async def resume_batch(
     on_event: Callable[[RunEvent], None] | None = None,
     connector: Connector | None = None,
     sandbox: SandboxChoice = None,
+    cluster: str | ClusterSpec | None = None,
 ) -> BatchOutcome:
     """Run batch ``batch_id`` again: the repositories that succeeded are kept; the others run
     again, each resuming its child run (only the steps that did not succeed run again) or, when
@@ -417,6 +444,7 @@ async def resume_batch(
         options["maxRepos"] = max_repos
     if max_sessions is not None:
         options["maxSessions"] = max_sessions
+        options["maxSessionsGiven"] = True
     cfg = (
         config
         if config is not None
@@ -450,6 +478,7 @@ async def resume_batch(
         on_event,
         options.get("cloneTimeout", 600),
         previous=previous or {s.name: RepoOutcome.pending(s) for s in specs},
+        cluster=cluster_spec(cluster),
     )
 
 

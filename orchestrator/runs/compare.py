@@ -14,6 +14,7 @@ from .._names import display_names
 from ..agent.client import ClientOptions
 from ..agent.permissions import Escalate
 from ..agent.services import ClientServices
+from ..cluster._connect import ClusterSpec
 from ..agents import AgentSpec
 from ..config import Config
 from ..errors import UsageError
@@ -114,6 +115,7 @@ async def compare(
     record_transcripts: bool = True,
     sandbox: SandboxChoice = None,
     mcp_servers: Sequence[McpServer | str] = (),
+    cluster: str | ClusterSpec | None = None,
 ) -> RunOutcome:
     """The same task to each agent at once, each in its own branch; side by side.
 
@@ -128,8 +130,8 @@ async def compare(
     ``winner`` (see :mod:`orchestrator.runs.verdict`). ``apply`` names the agent whose
     changes to write to the workspace, if that agent succeeded (else the status is failed).
     The other keyword arguments are :func:`~orchestrator.runs.run_pipeline`'s (``policy``,
-    ``sandbox``, ``mcp_servers``, ``state_dir``, ...); under a sandbox the verify command runs
-    confined too.
+    ``sandbox``, ``mcp_servers``, ``state_dir``, ``cluster``, ...); under a sandbox the verify
+    command runs confined too.
 
     One agent on several models: ``["claude:sonnet", "claude:opus"]`` (``NAME:MODEL`` of a
     known agent, see :func:`~orchestrator.agents.resolve_agent`), labelled apart, each model
@@ -199,6 +201,7 @@ async def compare(
         record_transcripts=record_transcripts,
         sandbox=sandbox,
         mcp_servers=mcp_servers,
+        cluster=cluster,
     )
     if apply is not None and outcome.status == "succeeded":
         if apply not in outcome.result.get("succeeded", ()):

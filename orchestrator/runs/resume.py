@@ -15,6 +15,8 @@ from ..agent.client import ClientOptions
 from ..agent.permissions import Escalate
 from ..agent.services import ClientServices
 from ..agents import AgentSpec
+from ..cluster._connect import ClusterSpec
+from ..cluster._driver import ClusterSession
 from ..config import Config
 from ..errors import ResumeConflict, UsageError
 from ..mcp import McpServer
@@ -63,6 +65,8 @@ async def resume_run(
     mcp_servers: Sequence[McpServer | str] | None = None,
     _budget: RunBudget | None = None,
     _slots: trio.Semaphore | None = None,
+    cluster: str | ClusterSpec | None = None,
+    _cluster: ClusterSession | None = None,
 ) -> RunOutcome:
     """Run ``run_id`` again: finished instances are reused with their branches, the rest re-run.
 
@@ -205,6 +209,8 @@ async def resume_run(
             record_transcripts=record_transcripts,
             _budget=_budget,
             _slots=_slots,
+            cluster=cluster,
+            _cluster=_cluster,
         )
     except ResumeConflict as e:
         raise ResumeConflict(e.paths, record.run_id) from None

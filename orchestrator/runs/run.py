@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import inspect
 import os
 import time
 import uuid
@@ -38,6 +39,9 @@ from ..agent.permissions import Escalate
 from ..agent.services import ClientServices
 from ..agent.transcript import TranscriptFile, flushing_transcript_file
 from ..agents import AgentSpec
+from ..cluster._connect import ClusterSpec, cluster_spec
+from ..cluster._driver import ClusterSession, ClusterTurns, open_cluster
+from ..cluster._node import RunHostConfig
 from ..config import Config
 from ..errors import AgentNotFound, AlreadyApplied, StoreError, SymlinkRefused, UsageError
 from ..mcp import McpServer, merge_mcp_servers
@@ -373,6 +377,8 @@ async def run_pipeline(
     _budget: RunBudget | None = None,
     _slots: trio.Semaphore | None = None,
     _parent: str | None = None,
+    cluster: str | ClusterSpec | None = None,
+    _cluster: ClusterSession | None = None,
 ) -> RunOutcome:
     """Run ``pipeline`` (a file or a :class:`Pipeline`) on branches of ``cwd``.
 
@@ -431,6 +437,21 @@ async def run_pipeline(
     run id, recorded as the run's parent.
     """
     check_trio_face("run_pipeline")  # before anything starts
+    if _cluster is None:
+        spec = cluster_spec(cluster)
+        if spec is not None:
+            args = {k: v for k, v in locals().items() if k in _RUN_PARAMETERS}
+            async with open_cluster(spec, budget=_budget) as session:
+                return await run_pipeline(**{**args, "cluster": None, "_cluster": session})
+    else:
+        if pool is not None or connector is not None or services is not None:
+            raise UsageError(
+                "a run on a cluster starts its agents on the cluster's nodes, with their own "
+                "services: no pool, connector or services may be given"
+            )
+        if max_sessions is None and _settings_restored is None:
+            # as many live sessions as the cluster has agent slots
+            max_sessions = _cluster.slots
     root = workspace_root(cwd)
     pipe = pipeline if isinstance(pipeline, Pipeline) else load_pipeline(pipeline)
     values = pipe.check_inputs(inputs or {})
@@ -510,6 +531,7 @@ async def run_pipeline(
                         "settings": settings.to_json(),
                         "sandbox": confinement,
                         "mcpServers": _mcp_json(sessions_mcp),
+                        **({"cluster": _cluster.spec.address} if _cluster is not None else {}),
                         **dict(_extra_options or {}),
                     },
                     parent=_parent,
@@ -568,6 +590,18 @@ async def run_pipeline(
                         transcript_copy=copy,
                         workdir=run_dir,
                     ) as supervisor,
+                    _hosted(
+                        _cluster,
+                        RunHostConfig(
+                            run_id=run_id,
+                            options=settings.client_options(options),
+                            max_turn_transcript_bytes=settings.max_turn_record_bytes,
+                            max_file_size=settings.max_file_size,
+                            on_spent=_budget.on_spent if _budget is not None else None,
+                            reuse_dirs=reuse_dirs,
+                        ),
+                        run_dir / "transcripts" if record_transcripts else None,
+                    ) as remote,
                 ):
                     runner = PipelineRunner(
                         pipeline=pipe,
@@ -597,6 +631,7 @@ async def run_pipeline(
                         reuse_dirs=reuse_dirs,
                         budget=_budget,
                         slots=_slots,
+                        remote=remote,
                     )
                     if _budget is not None:
                         _budget.start()  # the first run that shares it starts its clock
@@ -664,6 +699,10 @@ async def run_pipeline(
             if refused is not None:
                 raise refused  # the run is recorded (its changes too); the apply is bad input
             return outcome
+
+
+#: the parameters of run_pipeline, passed on as they are when it opens a cluster
+_RUN_PARAMETERS = frozenset(inspect.signature(run_pipeline).parameters)
 
 
 async def _conclude(
@@ -792,6 +831,18 @@ def _trash_branches(run_dir: Path) -> None:
             os.rename(branches, trash / f"branches.{uuid.uuid4().hex[:8]}")
         except OSError:
             remove_tree(str(branches))
+
+
+@asynccontextmanager
+async def _hosted(
+    session: ClusterSession | None, config: RunHostConfig, transcripts: Path | None
+) -> AsyncIterator[ClusterTurns | None]:
+    """The run's turns on the cluster's nodes for the block (None: in this process)."""
+    if session is None:
+        yield None
+        return
+    async with session.open_run(config, transcripts) as turns:
+        yield turns
 
 
 async def _import_transcripts(store: RunStore, run_id: str, run_dir: Path) -> None:

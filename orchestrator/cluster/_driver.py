@@ -1,0 +1,329 @@
+"""The driver's side of a cluster: its nodes' supervisors, the coordinator, and placing turns.
+
+:func:`open_cluster` connects to the cluster, starts one :class:`~._node.NodeSupervisor` actor
+on each node that offers ``agent_slots`` (holding them) and one coordinator actor, and ends them
+all with the block: their agents end with them. :meth:`ClusterSession.open_run` hosts one run on
+every node; its :class:`ClusterTurns` place each agent turn on the node with the most free
+slots, ship the instance's tree (only the blobs that node has not seen), and wait for the
+reply in a worker thread (never ``ray.get`` on trio's thread).
+
+No prompt is sent twice: the actors are never restarted and their calls never retried (Ray's
+defaults would run a prompt again after a worker died), and each round of each attempt is
+claimed with the coordinator before its prompt goes. A node lost during a turn leaves the
+turn's outcome unknown: the instance fails with kind ``node-lost`` and the node takes no more
+turns; a resume runs the instance again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import trio
+from attrs import define, field
+
+from .._log import get_logger
+from ..errors import ClusterError
+from ..pipeline._budget import RunBudget
+from ..pipeline._remote import RemoteReply, RemoteTurn
+from ..pipeline.spec import Step
+from ..vfs import Branch
+from ._connect import AgentNode, ClusterSpec, connect, import_ray
+from ._coordinator import Coordinator
+from ._node import NodeSupervisor, RunHostConfig
+from ._trees import blobs_for, manifest_of
+
+__all__ = ["ClusterSession", "ClusterTurns", "open_cluster"]
+
+log = get_logger(__name__)
+
+#: how long a cancelled turn may take to end on its node and say what it did
+CANCEL_GRACE = 15.0
+#: how long a node's supervisor may take to start (its slots may be held by another run)
+START_TIMEOUT = 60.0
+#: how long the nodes may take to end their agents at the end
+STOP_TIMEOUT = 20.0
+
+
+def _short(node_id: str) -> str:
+    return node_id[:8]
+
+
+@define(eq=False)
+class _Node:
+    info: AgentNode
+    actor: Any
+    free: int
+    #: the blob digests sent to it (it keeps them for the session)
+    seen: set[str] = field(factory=set)
+    lost: bool = False
+
+
+@define(eq=False)
+class ClusterSession:
+    """A connection to a cluster and the actors of this process (see :func:`open_cluster`)."""
+
+    spec: ClusterSpec
+    ray: ModuleType
+    nodes: list[_Node]
+    coordinator: Any
+    budget: RunBudget | None
+    #: the worker threads waiting for replies
+    waits: trio.CapacityLimiter = field(factory=lambda: trio.CapacityLimiter(1000))
+    _changed: trio.Event = field(factory=trio.Event)
+    _modules: set[str] = field(factory=set)
+
+    @property
+    def slots(self) -> int:
+        """Agent slots of the nodes not lost."""
+        return sum(n.info.slots for n in self.nodes if not n.lost)
+
+    @asynccontextmanager
+    async def open_run(
+        self, config: RunHostConfig, transcripts: Path | None
+    ) -> AsyncIterator[ClusterTurns]:
+        """Host run ``config.run_id`` on every node for the block; at its end each node's
+        wire transcripts are written to ``transcripts`` (``LABEL@NODE.jsonl``)."""
+        live = [n for n in self.nodes if not n.lost]
+        await self._gather([n.actor.open_run.remote(config) for n in live], lost=live)
+        try:
+            yield ClusterTurns(self, config.run_id)
+        finally:
+            with trio.CancelScope(shield=True):
+                for node in self.nodes:
+                    if node.lost:
+                        continue
+                    try:
+                        files = await self._get(node.actor.close_run.remote(config.run_id))
+                    except Exception as e:  # a node lost at the end: its transcripts with it
+                        log.warning("node lost", node=_short(node.info.node_id), error=str(e))
+                        node.lost = True
+                        continue
+                    if transcripts is not None and files:
+                        await trio.to_thread.run_sync(
+                            _write_transcripts, transcripts, _short(node.info.node_id), files
+                        )
+
+    async def _gather(self, refs: list[Any], *, lost: list[_Node]) -> list[Any]:
+        out = []
+        for ref, node in zip(refs, lost, strict=True):
+            try:
+                out.append(await self._get(ref))
+            except Exception as e:
+                if _is_lost(self.ray, e):
+                    node.lost = True
+                    continue
+                raise
+        return out
+
+    async def _get(self, ref: Any, timeout: float | None = None) -> Any:
+        ray = self.ray
+        return await trio.to_thread.run_sync(
+            lambda: ray.get(ref, timeout=timeout), abandon_on_cancel=True, limiter=self.waits
+        )
+
+    async def _take(self) -> _Node:
+        """The node with the most free slots, once one has a free slot."""
+        while True:
+            live = [n for n in self.nodes if not n.lost]
+            if not live:
+                raise ClusterError("no node of the cluster is left to run agents")
+            node = max(live, key=lambda n: n.free)
+            if node.free > 0:
+                node.free -= 1
+                return node
+            await self._changed.wait()
+
+    def _give(self, node: _Node) -> None:
+        node.free += 1
+        self._wake()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def _by_value(self, step: Step) -> None:
+        """The pipeline's own modules travel by value: a node cannot import a pipeline file
+        loaded here (nor a test's module)."""
+        for fn in (step.fn, step.check, step.feedback):
+            name = getattr(fn, "__module__", None)
+            if not isinstance(name, str) or name in self._modules:
+                continue
+            if name.split(".")[0] in ("orchestrator", "builtins"):
+                continue
+            module = sys.modules.get(name)
+            if module is not None:
+                self.ray.cloudpickle.register_pickle_by_value(module)
+                self._modules.add(name)
+
+
+@define(eq=False)
+class ClusterTurns:
+    """One run's agent turns on the cluster (satisfies
+    :class:`~orchestrator.pipeline._remote.RemoteTurns`)."""
+
+    session: ClusterSession
+    run_id: str
+
+    async def run_turn(
+        self,
+        turn: RemoteTurn,
+        branch: Branch,
+        *,
+        on_cancelled: Callable[[RemoteReply], None],
+    ) -> RemoteReply:
+        """Run ``turn`` on a node (see the module docstring)."""
+        session = self.session
+        node = await session._take()
+        try:
+            session._by_value(turn.step)
+            manifest = await trio.to_thread.run_sync(manifest_of, branch)
+            seen = frozenset(node.seen)
+            blobs = await trio.to_thread.run_sync(blobs_for, branch, manifest, seen)
+            call_id = uuid.uuid4().hex
+            ref = node.actor.run_turn.remote(call_id, turn, manifest, blobs)
+            node.seen.update(blobs)
+            try:
+                reply: RemoteReply = await session._get(ref)
+            except trio.Cancelled:
+                with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_GRACE):
+                    node.actor.cancel.remote(call_id)
+                    with contextlib.suppress(Exception):
+                        on_cancelled(await session._get(ref))
+                raise
+            except Exception as e:
+                if not _is_lost(session.ray, e):
+                    return _failed(turn, f"{turn.name}: {_cause(e)}", "internal")
+                node.lost = True
+                session._wake()
+                where = _short(node.info.node_id)
+                log.warning("node lost", node=where, instance=turn.name)
+                return _failed(
+                    turn,
+                    f"node {where} was lost during the turn: its outcome is unknown "
+                    "(not sent again; a resume runs it)",
+                    "node-lost",
+                )
+            return reply
+        finally:
+            session._give(node)
+
+
+def _failed(turn: RemoteTurn, message: str, kind: Any) -> RemoteReply:
+    return RemoteReply(result=None, states={}, events=(), error=(message, kind, None))
+
+
+def _cause(e: BaseException) -> str:
+    cause = getattr(e, "cause", None)
+    if isinstance(cause, BaseException):
+        return f"{type(cause).__name__}: {cause}"
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+def _is_lost(ray: ModuleType, e: BaseException) -> bool:
+    """Whether ``e`` says the actor (its node, its worker) is gone: the outcome is unknown."""
+    exc = ray.exceptions
+    lost = (
+        exc.RayActorError,
+        exc.ActorUnavailableError,
+        exc.WorkerCrashedError,
+        exc.NodeDiedError,
+        exc.ObjectLostError,
+        exc.OwnerDiedError,
+    )
+    return isinstance(e, lost)
+
+
+def _write_transcripts(folder: Path, node: str, files: dict[str, bytes]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        stem = name[: -len(".jsonl")] if name.endswith(".jsonl") else name
+        (folder / f"{stem}@{node}.jsonl").write_bytes(data)
+
+
+@asynccontextmanager
+async def open_cluster(
+    spec: ClusterSpec, *, budget: RunBudget | None = None
+) -> AsyncIterator[ClusterSession]:
+    """Connect to the cluster ``spec`` names and start this process's actors on it, for the
+    block (see the module docstring). ``budget``: the run's (or batch's) budget, held by the
+    coordinator for every node. Raises :class:`~orchestrator.errors.ClusterError` when Ray is
+    not installed, the cluster cannot be reached, or no node offers agent slots."""
+    ray = import_ray()
+    with connect(spec) as nodes:
+        strategies = ray.util.scheduling_strategies
+        here = ray.get_runtime_context().get_node_id()
+        coordinator = (
+            ray.remote(Coordinator)
+            .options(
+                num_cpus=0,
+                max_restarts=0,
+                max_task_retries=0,
+                scheduling_strategy=strategies.NodeAffinitySchedulingStrategy(here, soft=True),
+            )
+            .remote(
+                max_tokens=budget.max_tokens if budget is not None else None,
+                max_cost=budget.max_cost if budget is not None else None,
+                max_seconds=budget.max_seconds if budget is not None else None,
+                rates=dict(spec.rates),
+            )
+        )
+        remote = ray.remote(NodeSupervisor)
+        made: list[_Node] = []
+        try:
+            for info in nodes:
+                actor = remote.options(
+                    num_cpus=0,
+                    resources={"agent_slots": info.slots},
+                    max_concurrency=info.slots * 2 + 8,
+                    max_restarts=0,
+                    max_task_retries=0,
+                    scheduling_strategy=strategies.NodeAffinitySchedulingStrategy(
+                        info.node_id, soft=False
+                    ),
+                ).remote(_short(info.node_id), info.slots, coordinator)
+                made.append(_Node(info, actor, info.slots))
+            session = ClusterSession(spec, ray, made, coordinator, budget)
+            with trio.fail_after(START_TIMEOUT):
+                for node in made:
+                    try:
+                        await session._get(node.actor.ready.remote())
+                    except Exception as e:
+                        raise ClusterError(
+                            f"node {_short(node.info.node_id)}: its supervisor did not start: "
+                            f"{_cause(e)}"
+                        ) from None
+            if budget is not None:
+                await session._get(coordinator.start.remote())
+            yield session
+        except trio.TooSlowError:
+            raise ClusterError(
+                f"the nodes' supervisors did not start within {START_TIMEOUT:g}s (are their "
+                "agent slots held by another run?)"
+            ) from None
+        finally:
+            with trio.CancelScope(shield=True):
+                await _stop(ray, made, coordinator)
+
+
+async def _stop(ray: ModuleType, nodes: list[_Node], coordinator: Any) -> None:
+    """End every node's supervisor (its agents end), then the actors."""
+    refs = [n.actor.shutdown.remote() for n in nodes if not n.lost]
+
+    def wait() -> None:
+        with contextlib.suppress(Exception):
+            ray.wait(refs, num_returns=len(refs), timeout=STOP_TIMEOUT)
+        for node in nodes:
+            with contextlib.suppress(Exception):
+                ray.kill(node.actor, no_restart=True)
+        with contextlib.suppress(Exception):
+            ray.kill(coordinator, no_restart=True)
+
+    if refs or nodes:
+        await trio.to_thread.run_sync(wait)

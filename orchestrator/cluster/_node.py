@@ -1,0 +1,507 @@
+"""The supervisor of one cluster node: the one-machine supervisor, hosted in a Ray actor.
+
+:class:`NodeSupervisor` is the actor's class (made remote by the driver, pinned to its node,
+never restarted nor retried: a prompt costs money). It starts a trio loop in a thread and keeps
+its token; each call is a plain method that hands the work to that loop. (An ``async def`` on the
+class would make Ray run it as an asyncio actor and serialise every call: the coroutines live
+at module level.)
+
+Per run, the node opens a supervisor of its own (agent processes, transcripts under the node's
+scratch directory) and branch directories; per turn it makes the instance's tree from the
+manifest and blobs the driver sent (blobs it has seen are not sent again), runs the turn there
+as the one-machine runner does (:class:`~orchestrator.pipeline._agent_step.AgentTurns`), and
+gives back what the turn changed, its result and its events. Before each prompt it claims the
+attempt's round with the coordinator (a prompt is never sent twice) and waits for the agent's
+request rate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+from attrs import define, field, frozen
+
+from ..agent.session import ClientOptions
+from ..agent.services import ClientServices
+from ..agent.turn import TurnResult
+from ..agents import AgentSpec
+from ..errors import ClusterError
+from ..pipeline._agent_step import AgentTurns
+from ..pipeline._branchio import BranchDirs, BranchIO
+from ..pipeline._budget import NotStarted, RunBudget
+from ..pipeline._calls import call, describe, error_kind, user_traceback
+from ..pipeline._recording import Recorder
+from ..pipeline._remote import RemoteReply, RemoteTurn
+from ..pipeline._state import LeaseLike
+from ..pipeline.results import RunEvent, StepResult
+from ..policy import PolicySet
+from ..protocol import types as t
+from ..store import AddEvent
+from ..supervisor import Limits, Supervisor, open_supervisor
+from ..vfs import Branch, Snapshot, Workspace
+from ..vfs.pool import DirPool
+from ._trees import BlobStore, Manifest, TreeCache, change_states
+
+__all__ = ["NodeSupervisor", "RunHostConfig"]
+
+#: how often a node asks the coordinator whether the run's budget is spent, during a turn
+BUDGET_POLL = 0.2
+
+
+@frozen
+class RunHostConfig:
+    """What a node needs to host one run's turns (picklable)."""
+
+    run_id: str
+    options: ClientOptions
+    max_turn_transcript_bytes: int | None
+    max_file_size: int | None
+    #: what running turns do once the run's budget is spent; None: the run has no budget
+    on_spent: str | None = None
+    reuse_dirs: bool = True
+
+
+@define(eq=False)
+class _RunHost:
+    """One run's supervisor and branch directories on this node."""
+
+    config: RunHostConfig
+    directory: Path
+    supervisor: Supervisor
+    dirs: BranchDirs
+    close: trio.Event = field(factory=trio.Event)
+    closed: trio.Event = field(factory=trio.Event)
+    #: the base tree of each manifest seen in this run (held in the tree cache meanwhile)
+    bases: dict[str, Snapshot] = field(factory=dict)
+    held: contextlib.ExitStack = field(factory=contextlib.ExitStack)
+    base_lock: trio.Lock = field(factory=trio.Lock)
+
+
+@define(eq=False)
+class _NodeState:
+    """What the node's trio loop holds."""
+
+    node: str
+    slots: int
+    scratch: Path
+    coordinator: Any
+    store: BlobStore
+    trees: TreeCache
+    token: trio.lowlevel.TrioToken | None = None
+    nursery: trio.Nursery | None = None
+    runs: dict[str, _RunHost] = field(factory=dict)
+    #: the cancel scope of each turn running, by the driver's call id
+    calls: dict[str, trio.CancelScope] = field(factory=dict)
+    #: turns cancelled before they began
+    cancelled: set[str] = field(factory=set)
+    stop: trio.Event = field(factory=trio.Event)
+
+
+class NodeSupervisor:
+    """The Ray actor of one node (see the module docstring); sync methods only."""
+
+    def __init__(self, node: str, slots: int, coordinator: Any, scratch: str | None = None):
+        base = scratch or os.environ.get("ORCHESTRATOR_NODE_SCRATCH") or tempfile.gettempdir()
+        root = Path(tempfile.mkdtemp(prefix="orchestrator-node-", dir=base))
+        store = BlobStore(root / "blobs")
+        self._state = _NodeState(
+            node=node,
+            slots=slots,
+            scratch=root,
+            coordinator=coordinator,
+            store=store,
+            trees=TreeCache(root / "trees", store),
+        )
+        started = threading.Event()
+        self._thread = threading.Thread(
+            target=trio.run, args=(_main, self._state, started), daemon=True, name="node-trio"
+        )
+        self._thread.start()
+        started.wait()
+
+    def ready(self) -> int:
+        """The actor's process id, once its loop runs."""
+        return os.getpid()
+
+    def open_run(self, config: RunHostConfig) -> None:
+        """Host run ``config.run_id``'s turns (once per run)."""
+        self._run(_open_run, self._state, config)
+
+    def run_turn(
+        self, call_id: str, turn: RemoteTurn, manifest: Manifest, blobs: Mapping[str, bytes]
+    ) -> RemoteReply:
+        """Run one turn (see the module docstring)."""
+        reply: RemoteReply = self._run(_serve_turn, self._state, call_id, turn, manifest, blobs)
+        return reply
+
+    def cancel(self, call_id: str) -> None:
+        """Cancel turn ``call_id`` the ACP way; its :meth:`run_turn` returns what it did."""
+        state = self._state
+        assert state.token is not None
+        trio.from_thread.run_sync(_cancel, state, call_id, trio_token=state.token)
+
+    def close_run(self, run_id: str) -> dict[str, bytes]:
+        """Stop hosting ``run_id`` (its agents end); its wire transcripts, by file name."""
+        files: dict[str, bytes] = self._run(_close_run, self._state, run_id)
+        return files
+
+    def shutdown(self) -> None:
+        """End every run's agents and the loop; the scratch directory is deleted."""
+        state = self._state
+        if state.token is not None and self._thread.is_alive():
+            with contextlib.suppress(trio.RunFinishedError):
+                trio.from_thread.run_sync(state.stop.set, trio_token=state.token)
+            self._thread.join()
+        shutil.rmtree(state.scratch, ignore_errors=True)
+
+    def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        state = self._state
+        if state.token is None or not self._thread.is_alive():
+            raise ClusterError(f"node {state.node}: its supervisor has stopped")
+        return trio.from_thread.run(fn, *args, trio_token=state.token)
+
+
+async def _main(state: _NodeState, started: threading.Event) -> None:
+    state.token = trio.lowlevel.current_trio_token()
+    async with trio.open_nursery() as nursery:
+        state.nursery = nursery
+        started.set()
+        await state.stop.wait()
+        for host in state.runs.values():
+            host.close.set()
+    for host in state.runs.values():
+        host.held.close()
+
+
+async def _open_run(state: _NodeState, config: RunHostConfig) -> None:
+    if config.run_id in state.runs:
+        return
+    assert state.nursery is not None
+    await state.nursery.start(_host_run, state, config)
+
+
+async def _host_run(
+    state: _NodeState, config: RunHostConfig, *, task_status: trio.TaskStatus[_RunHost]
+) -> None:
+    directory = state.scratch / "runs" / config.run_id
+    await trio.to_thread.run_sync(lambda: directory.mkdir(parents=True, exist_ok=True))
+    async with open_supervisor(
+        Limits(
+            max_sessions=state.slots,
+            max_turn_transcript_bytes=config.max_turn_transcript_bytes,
+        ),
+        options=config.options,
+        transcripts=directory / "transcripts",
+        workdir=directory,
+    ) as supervisor:
+        pool = None
+        if config.reuse_dirs:
+            pool = DirPool(str(directory / "branches" / ".pool"), max(state.slots, 1))
+        dirs = BranchDirs(directory, BranchIO(), config.max_file_size, pool, limit=state.slots)
+        async with dirs.serving():
+            host = _RunHost(config, directory, supervisor, dirs)
+            state.runs[config.run_id] = host
+            task_status.started(host)
+            await host.close.wait()
+    host.closed.set()
+
+
+async def _close_run(state: _NodeState, run_id: str) -> dict[str, bytes]:
+    host = state.runs.get(run_id)
+    if host is None:
+        return {}
+    host.close.set()
+    await host.closed.wait()
+    del state.runs[run_id]
+    host.held.close()
+
+    def collect() -> dict[str, bytes]:
+        out = {}
+        folder = host.directory / "transcripts"
+        if folder.is_dir():
+            out = {p.name: p.read_bytes() for p in sorted(folder.glob("*.jsonl"))}
+        shutil.rmtree(host.directory, ignore_errors=True)
+        return out
+
+    return await trio.to_thread.run_sync(collect)
+
+
+def _cancel(state: _NodeState, call_id: str) -> None:
+    scope = state.calls.get(call_id)
+    if scope is None:
+        state.cancelled.add(call_id)  # not begun yet: it will not begin
+    else:
+        scope.cancel()
+
+
+async def _base(state: _NodeState, host: _RunHost, manifest: Manifest) -> Snapshot:
+    """The tree of ``manifest`` as a snapshot of a directory of the node's tree cache: one per
+    manifest per run, so instances of one tree share branch directories (the pool's key)."""
+    async with host.base_lock:
+        snapshot = host.bases.get(manifest.digest)
+        if snapshot is None:
+
+            def make() -> Snapshot:
+                directory = host.held.enter_context(state.trees.open(manifest))
+                return Workspace.open(directory).snapshot()
+
+            snapshot = await trio.to_thread.run_sync(make)
+            host.bases[manifest.digest] = snapshot
+    return snapshot
+
+
+class _Collect:
+    """A run store writer that keeps the events a turn emits, for the driver to record."""
+
+    def __init__(self) -> None:
+        self.events: list[RunEvent] = []
+
+    def put(self, op: object) -> None:
+        if isinstance(op, AddEvent):
+            self.events.append(RunEvent.from_json(op.event))
+
+
+@define(eq=False)
+class _NodeBudget(RunBudget):
+    """The run's budget as a node sees it: what its sessions report goes to the coordinator,
+    which says when the budget (shared by every node) is spent."""
+
+    coordinator: Any = None
+    call_id: str = ""
+    #: the coordinator's word: how the budget was spent, once it is
+    remote_spent: str | None = None
+    #: each session's highest figures, for the driver: key -> (tokens, cost)
+    latest: dict[str, tuple[int | None, float | None]] = field(factory=dict)
+
+    def key(self, session: object) -> str:
+        return f"{self.call_id}:{id(session)}"
+
+    def observe(
+        self, session: object, used: int | None, cost: float | None, *, run: str | None = None
+    ) -> None:
+        super().observe(session, used, cost, run=run)
+        key = self.key(session)
+        before = self.latest.get(key, (None, None))
+        self.latest[key] = (_highest(before[0], used), _highest(before[1], cost))
+        if self.coordinator is not None:
+            # not waited for: the poll (and the driver) hears the verdict
+            self.coordinator.observe.remote(key, used, cost, run)
+
+    @property
+    def spent(self) -> str | None:
+        return self.remote_spent
+
+    def learn(self, spent: str | None) -> None:
+        if spent is not None and self.remote_spent is None:
+            self.remote_spent = spent
+            self._waiting.unpark_all()
+
+
+def _highest(a: Any, b: Any) -> Any:
+    if b is None or (a is not None and a >= b):
+        return a
+    return b
+
+
+async def _ask(ref: Any) -> Any:
+    import ray
+
+    return await trio.to_thread.run_sync(ray.get, ref, abandon_on_cancel=True)
+
+
+async def _poll_budget(budget: _NodeBudget) -> None:
+    while budget.remote_spent is None:
+        budget.learn(await _ask(budget.coordinator.spent.remote()))
+        await trio.sleep(BUDGET_POLL)
+
+
+@define(eq=False)
+class _GatedLease:
+    """A lease whose prompts each claim their round first and wait for the agent's rate."""
+
+    inner: LeaseLike
+    gate: Callable[[], Any]
+
+    @property
+    def session(self) -> Any:
+        return self.inner.session
+
+    async def prompt(self, prompt: Any, **kwargs: Any) -> TurnResult:
+        await self.gate()
+        return await self.inner.prompt(prompt, **kwargs)
+
+
+@define(eq=False)
+class _GatedPool:
+    inner: Supervisor
+    gate: Callable[[], Any]
+
+    def lease(
+        self,
+        spec: AgentSpec,
+        *,
+        cwd: str | os.PathLike[str],
+        services: ClientServices | None = None,
+        step: str | None = None,
+        mcp_servers: Sequence[t.McpServer] = (),
+    ) -> AbstractAsyncContextManager[LeaseLike]:
+        return self._lease(spec, cwd=cwd, services=services, step=step, mcp_servers=mcp_servers)
+
+    @asynccontextmanager
+    async def _lease(self, spec: AgentSpec, **kwargs: Any) -> AsyncIterator[LeaseLike]:
+        async with self.inner.lease(spec, **kwargs) as lease:
+            yield _GatedLease(lease, self.gate)
+
+
+def _no_policy(name: str) -> PolicySet:
+    raise ClusterError(f"policy {name!r}: a node runs the policy the driver resolved")
+
+
+async def _serve_turn(
+    state: _NodeState,
+    call_id: str,
+    turn: RemoteTurn,
+    manifest: Manifest,
+    blobs: Mapping[str, bytes],
+) -> RemoteReply:
+    host = state.runs.get(turn.run_id)
+    if host is None:
+        raise ClusterError(f"node {state.node}: run {turn.run_id} is not open here")
+    await trio.to_thread.run_sync(_keep_blobs, state.store, blobs)
+    snapshot = await _base(state, host, manifest)
+    branch = Branch.from_tree(snapshot, turn.name)
+    collect = _Collect()
+    recorder = Recorder(
+        turn.run_id,
+        collect,  # type: ignore[arg-type]
+        snapshot,
+        None,
+        turn.max_turn_record_bytes,
+    )
+    step = turn.step
+    coordinator = state.coordinator
+    budget = _NodeBudget(
+        call_id=call_id,
+        coordinator=coordinator,
+        on_spent=host.config.on_spent or "finish",  # type: ignore[arg-type]
+    )
+    rounds = 0
+
+    async def gate() -> None:
+        # a prompt goes once: the attempt's round is claimed first (a retried call finds it
+        # taken), then the agent's request rate is waited for
+        nonlocal rounds
+        rounds += 1
+        if coordinator is None:
+            return
+        key = f"{turn.run_id}/{turn.name}/{turn.attempt}/{rounds}"
+        if not await _ask(coordinator.claim.remote(key, call_id)):
+            raise ClusterError(
+                f"{turn.name}: round {rounds} of attempt {turn.attempt} was sent before: "
+                "not sent again"
+            )
+        while True:
+            wait = await _ask(coordinator.take.remote(turn.agent))
+            if wait <= 0:
+                return
+            await trio.sleep(wait)
+
+    turns = AgentTurns(
+        run_id=turn.run_id,
+        pool=_GatedPool(host.supervisor, gate),
+        agents={turn.agent: turn.spec},
+        recorder=recorder,
+        dirs=host.dirs,
+        policy=turn.policy,
+        load_policy=_no_policy,
+        escalate=None,
+        verify={step.name: turn.verify} if turn.verify is not None else {},
+        specs={turn.agent: turn.spec},
+        sandboxes={(step.name, turn.agent): turn.sandbox} if turn.sandbox is not None else {},
+        mcp_servers={(step.name, turn.agent): turn.mcp_servers} if turn.mcp_servers else {},
+        budget=budget if host.config.on_spent is not None else None,
+    )
+    result: StepResult | None = None
+    error: tuple[str, Any, str | None] | None = None
+    not_started: str | None = None
+    scope = trio.CancelScope()
+    if call_id in state.cancelled:
+        scope.cancel()
+    state.calls[call_id] = scope
+    try:
+        with scope:
+            async with trio.open_nursery() as nursery:
+                if host.config.on_spent is not None and coordinator is not None:
+                    budget.learn(await _ask(coordinator.spent.remote()))
+                    nursery.start_soon(_poll_budget, budget)
+                try:
+                    result = await _turn(host, turns, turn, branch)
+                except NotStarted as e:
+                    not_started = e.spent
+                except Exception as e:
+                    result = turns.take_interrupted(turn.name)
+                    error = (describe(e), error_kind(e), user_traceback(e))
+                nursery.cancel_scope.cancel()
+    finally:
+        state.calls.pop(call_id, None)
+        state.cancelled.discard(call_id)
+    cancelled = scope.cancelled_caught
+    if cancelled:
+        result = turns.take_interrupted(turn.name)
+    return RemoteReply(
+        result=_portable(result),
+        states=change_states(branch),
+        events=tuple(collect.events),
+        error=error,
+        cancelled=cancelled,
+        not_started=not_started,
+        usage=tuple((key, used, cost) for key, (used, cost) in budget.latest.items()),
+        node=state.node,
+    )
+
+
+async def _turn(host: _RunHost, turns: AgentTurns, turn: RemoteTurn, branch: Branch) -> StepResult:
+    step = turn.step
+    workdir = await host.dirs.materialize(
+        branch, turn.name, turn.attempt, max_file_size=turn.max_file_size
+    )
+    try:
+        prompt = turn.prompt
+        if prompt is None:  # the step function wants the branch directory
+            args = {**turn.call_args, "workdir": Path(workdir.root)}
+            prompt = await call(step.fn, args, inline=True)
+        return await turns.turn(
+            step,
+            turn.name,
+            turn.key,
+            turn.agent,
+            turn.item,
+            prompt,
+            workdir,
+            turn.attempt,
+            feedback=turn.feedback,
+        )
+    finally:
+        host.dirs.remove(workdir)
+
+
+def _keep_blobs(store: BlobStore, blobs: Mapping[str, bytes]) -> None:
+    for digest, data in blobs.items():
+        store.put(digest, data)
+
+
+def _portable(result: StepResult | None) -> StepResult | None:
+    """``result`` without its typed turn, which stays on the node (the record never held it)."""
+    if result is None:
+        return None
+    return attrs.evolve(result, turn=None)
