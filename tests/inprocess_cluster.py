@@ -1,0 +1,110 @@
+"""A cluster session without Ray, for tests: the nodes' supervisors run in this process.
+
+:class:`InProcessCluster` stands where :class:`orchestrator.cluster._driver.ClusterSession`
+does (``run_pipeline(..., _cluster=...)``): each node is a real
+:class:`~orchestrator.cluster._node.NodeSupervisor` (its own trio loop in a thread, its own
+supervisor, tree cache and branch directories), called from worker threads as Ray would call
+it, with manifests and blobs shipped as the driver ships them. What Ray adds (placement, loss
+of a node, the coordinator) is tested against a real loopback cluster in test_cluster.py.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import trio
+from attrs import define, field
+
+from orchestrator.cluster._node import NodeSupervisor, RunHostConfig
+from orchestrator.cluster._trees import blobs_for, manifest_of
+from orchestrator.pipeline._remote import RemoteReply, RemoteTurn
+from orchestrator.vfs import Branch
+
+
+@define
+class _Spec:
+    address: str = "in-process"
+
+
+@define(eq=False)
+class InProcessCluster:
+    """Nodes in this process (see the module docstring)."""
+
+    nodes: list[NodeSupervisor]
+    spec: _Spec = field(factory=_Spec)
+    #: (node index, instance name) of every turn run, in order
+    placed: list[tuple[int, str]] = field(factory=list)
+    #: the blob digests each node was sent
+    seen: list[set[str]] = field(factory=list)
+    _next: int = 0
+
+    @property
+    def slots(self) -> int:
+        return 2 * len(self.nodes)
+
+    @asynccontextmanager
+    async def open_run(
+        self, config: RunHostConfig, transcripts: Path | None
+    ) -> AsyncIterator[_Turns]:
+        for node in self.nodes:
+            await trio.to_thread.run_sync(node.open_run, config)
+        try:
+            yield _Turns(self)
+        finally:
+            for i, node in enumerate(self.nodes):
+                files = await trio.to_thread.run_sync(node.close_run, config.run_id)
+                if transcripts is not None:
+                    transcripts.mkdir(parents=True, exist_ok=True)
+                    for name, data in files.items():
+                        (transcripts / f"{name[:-6]}@n{i}.jsonl").write_bytes(data)
+
+
+@define(eq=False)
+class _Turns:
+    cluster: InProcessCluster
+
+    async def run_turn(
+        self,
+        turn: RemoteTurn,
+        branch: Branch,
+        *,
+        on_cancelled: Callable[[RemoteReply], None],
+    ) -> RemoteReply:
+        cluster = self.cluster
+        index = cluster._next % len(cluster.nodes)  # round robin
+        cluster._next += 1
+        cluster.placed.append((index, turn.name))
+        node = cluster.nodes[index]
+        manifest = manifest_of(branch)
+        blobs = blobs_for(branch, manifest, cluster.seen[index])
+        cluster.seen[index].update(blobs)
+        call_id = uuid.uuid4().hex
+        try:
+            reply: RemoteReply = await trio.to_thread.run_sync(
+                node.run_turn, call_id, turn, manifest, blobs, abandon_on_cancel=True
+            )
+        except trio.Cancelled:
+            # the turn goes on in its thread until cancelled there; its reply is what it did
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(node.cancel, call_id)
+            raise
+        return reply
+
+
+@asynccontextmanager
+async def in_process_cluster(count: int = 2) -> AsyncIterator[InProcessCluster]:
+    """``count`` nodes of 2 slots each, shut down at the end (their agents end)."""
+    nodes: list[NodeSupervisor] = []
+    try:
+        for i in range(count):
+            nodes.append(await trio.to_thread.run_sync(NodeSupervisor, f"n{i}", 2, None))
+        yield InProcessCluster(nodes, seen=[set() for _ in nodes])
+    finally:
+        with trio.CancelScope(shield=True):
+            for node in nodes:
+                await trio.to_thread.run_sync(node.shutdown)
+
+

@@ -1,0 +1,148 @@
+"""Agent turns run by node supervisors (orchestrator.cluster._node) in this process, without Ray:
+the demo pipeline gives the same result as on one machine, the nodes' transcripts and events come
+back to the driver's record, a step whose prompt wants its branch directory gets the node's, and
+a failing or cancelled turn is recorded as a local one is."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from inprocess_cluster import in_process_cluster
+from orchestrator import run_pipeline
+from orchestrator.store import open_run_store
+
+pytestmark = pytest.mark.slow
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def copy_sample(tmp_path: Path, name: str) -> Path:
+    dest = tmp_path / name
+    shutil.copytree(EXAMPLES / "sample-project", dest)
+    return dest
+
+
+def summary(outcome: Any) -> dict[str, Any]:
+    """What a run's result says, apart from ids, times and where it ran."""
+    result = outcome.result
+    steps = {
+        s["name"]: (s["status"], sorted((i.get("key"), i["status"]) for i in s.get("instances", ())))
+        for s in result["steps"]
+    }
+    return {"status": outcome.status, "steps": steps, "diff": result.get("diff")}
+
+
+async def test_the_demo_pipeline_gives_the_same_result_on_nodes(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    """The demo pipeline (fan-out, two agents on one step, a merge, a Python step) run with its
+    agent turns on two node supervisors: same statuses, same conflicts, same final diff as on
+    one machine; turns went to both nodes, and each node's transcripts are in the record."""
+    pipeline = EXAMPLES / "demo_pipeline.py"
+    here = await run_pipeline(pipeline, cwd=copy_sample(tmp_path, "here"), policy="edit")
+    async with in_process_cluster(2) as cluster:
+        there = await run_pipeline(
+            pipeline,
+            cwd=copy_sample(tmp_path, "there"),
+            policy="edit",
+            _cluster=cluster,  # type: ignore[arg-type]
+        )
+    assert here.status == "succeeded", here.result
+    assert summary(there) == summary(here)
+    assert {i for i, _ in cluster.placed} == {0, 1}
+    async with open_run_store(state_dir) as store:
+        labels = {t.agent for t in await store.transcripts(there.run_id)}
+    assert any(label.endswith("@n0") for label in labels), labels
+    assert any(label.endswith("@n1") for label in labels), labels
+    run = await _record(state_dir, there.run_id)
+    assert run.options["cluster"] == "in-process"
+
+
+async def _record(state_dir: Path, run_id: str) -> Any:
+    async with open_run_store(state_dir) as store:
+        return await store.get_run(run_id)
+
+
+WORKDIR_PIPELINE = """\
+from pathlib import Path
+from orchestrator import step
+
+
+@step(agent="demo", check="grep -q new app.txt")
+def fix(workdir: Path) -> str:
+    name = sorted(p.name for p in workdir.iterdir() if p.suffix == ".txt")[0]
+    return f'replace "old" with "new" in {name}\\n'
+
+
+@step(agent="demo")
+def fail() -> str:
+    raise ValueError("no prompt for you")
+"""
+
+
+async def test_a_prompt_that_wants_its_directory_and_a_failing_one(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    """A prompt function with ``workdir`` is called on the node in the branch directory there;
+    one that raises fails its instance with kind ``exception`` and its traceback, as on one
+    machine."""
+    project = tmp_path / "p"
+    project.mkdir()
+    (project / "app.txt").write_text("old\n")
+    path = tmp_path / "pipe.py"
+    path.write_text(WORKDIR_PIPELINE)
+    async with in_process_cluster(1) as cluster:
+        outcome = await run_pipeline(
+            path, cwd=project, policy="edit", _cluster=cluster  # type: ignore[arg-type]
+        )
+    steps = {s["name"]: s for s in outcome.result["steps"]}
+    assert steps["fix"]["status"] == "succeeded"
+    assert "+new" in outcome.result["diff"]
+    assert steps["fail"]["status"] == "failed"
+    assert steps["fail"]["errorKind"] == "exception"
+    assert "no prompt for you" in steps["fail"]["error"]
+    assert (project / "app.txt").read_text() == "old\n"  # nothing applied
+
+
+SLEEP_PIPELINE = """\
+from orchestrator import step
+
+
+@step(agent="demo")
+def slow() -> str:
+    return 'create made.txt with "made"\\nrun sleep 30\\n'
+"""
+
+
+async def test_a_cancelled_run_keeps_what_the_node_did(tmp_path: Path, state_dir: Path) -> None:
+    """Cancelled while its turn runs on a node, the run is recorded interrupted, with what the
+    turn wrote (harvested on the node) kept in its instance; no agent or sleep is left."""
+    project = tmp_path / "p"
+    project.mkdir()
+    (project / "app.txt").write_text("old\n")
+    path = tmp_path / "pipe.py"
+    path.write_text(SLEEP_PIPELINE)
+    started: list[str] = []
+
+    def on_event(event: Any) -> None:
+        if event.type == "run_started":
+            started.append(event.run_id)
+
+    async with in_process_cluster(1) as cluster:
+        with trio.move_on_after(8):
+            await run_pipeline(
+                path, cwd=project, policy="trusted", on_event=on_event,
+                _cluster=cluster,  # type: ignore[arg-type]
+            )  # fmt: skip
+    assert started
+    run = await _record(state_dir, started[0])
+    assert run.status == "interrupted"
+    async with open_run_store(state_dir) as store:
+        steps = {s.step: s for s in await store.steps(started[0])}
+    assert steps["slow"].status == "interrupted"
+    assert "made.txt" in (steps["slow"].result or {}).get("changes", {})
