@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import shutil
 import signal
 import time
@@ -44,26 +45,38 @@ def ray_env() -> Path:
     return tmp
 
 
-def _children(pid: int) -> set[int]:
-    """Every descendant of ``pid`` alive now (from /proc)."""
-    parents: dict[int, list[int]] = {}
+def _processes() -> dict[int, int]:
+    """Every process alive now: its parent, by process id (from /proc)."""
+    parents: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
         except (OSError, IndexError, ValueError):
             continue
-        parents.setdefault(ppid, []).append(int(entry))
-    found: set[int] = set()
-    todo = [pid]
+    return parents
+
+
+def _descendants(roots: set[int]) -> set[int]:
+    """``roots`` and every descendant of theirs alive now."""
+    children: dict[int, list[int]] = {}
+    for pid, ppid in _processes().items():
+        children.setdefault(ppid, []).append(pid)
+    found = set(roots)
+    todo = list(roots)
     while todo:
-        for child in parents.get(todo.pop(), []):
+        for child in children.get(todo.pop(), []):
             if child not in found:
                 found.add(child)
                 todo.append(child)
     return found
+
+
+def _direct_children() -> set[int]:
+    me = os.getpid()
+    return {pid for pid, ppid in _processes().items() if ppid == me}
 
 
 def _start_time(pid: int) -> str | None:
@@ -73,6 +86,26 @@ def _start_time(pid: int) -> str | None:
             return f.read().rsplit(")", 1)[1].split()[19]
     except (OSError, IndexError):
         return None
+
+
+def _kill(pid: int, started: str | None) -> None:
+    """SIGKILL ``pid`` if it is still the process that started at ``started``, and wait until
+    it is gone (a pidfd becomes readable when the process exits; a zombie is gone enough)."""
+    if started is None or _start_time(pid) != started:
+        return
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        if _start_time(pid) != started:  # the id was reused before the pidfd was taken
+            return
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+        select.select([fd], [], [], 30)
+    except ProcessLookupError:
+        pass
+    finally:
+        os.close(fd)
 
 
 class LoopbackCluster:
@@ -89,14 +122,19 @@ class LoopbackCluster:
         #: seconds it took to come up (every node), to shut down (set by :func:`start_cluster`)
         self.up_seconds: float | None = None
         self.down_seconds: float | None = None
-        #: every process the cluster started, with its start time
+        #: every process the cluster started, with its start time; the ones this process
+        #: started itself (Ray's node processes; the rest descend from them)
         self._started: dict[int, str | None] = {}
-        self._cluster = ray.cluster_utils.Cluster(
+        self._roots: set[int] = set()
+        before = _direct_children()
+        # Any: ray.cluster_utils is partly typed
+        self._cluster: Any = ray.cluster_utils.Cluster(
             initialize_head=True,
             connect=False,
             head_node_args=self._node_args(slots),
             shutdown_at_exit=False,
         )
+        self._roots |= _direct_children() - before
         self._note_processes()
 
     @staticmethod
@@ -110,7 +148,9 @@ class LoopbackCluster:
         }
 
     def _note_processes(self) -> None:
-        for pid in _children(os.getpid()):
+        """Note the processes of this cluster alive now: those this process started for it and
+        their descendants (not another cluster's: tests may run two)."""
+        for pid in _descendants(self._roots):
             self._started.setdefault(pid, _start_time(pid))
 
     @property
@@ -127,7 +167,9 @@ class LoopbackCluster:
     def add_node(self, slots: int = SLOTS) -> Any:
         """Start one more node offering ``slots`` agent slots (``0``: none); waits until it
         joined. Returns it (for :meth:`remove_node`)."""
+        before = _direct_children()
         node = self._cluster.add_node(wait=True, **self._node_args(slots))
+        self._roots |= _direct_children() - before
         self._note_processes()
         return node
 
@@ -144,9 +186,7 @@ class LoopbackCluster:
             self._cluster.shutdown()
         finally:
             for pid, started in self._started.items():
-                if started is not None and _start_time(pid) == started:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
+                _kill(pid, started)
             if self._own_tmp:
                 shutil.rmtree(self.tmp, ignore_errors=True)
 

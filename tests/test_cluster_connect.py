@@ -207,7 +207,7 @@ def test_closed_port_fails_at_once(ray_cluster: Any) -> None:
 @pytest.mark.ray
 def test_no_agent_slots(ray_cluster: Any) -> None:
     """A cluster whose nodes offer no agent_slots is refused, saying how to start one."""
-    from raycluster import start_cluster
+    from raycluster import start_cluster, survivors
 
     with start_cluster(nodes=1, slots=0) as bare:
         with pytest.raises(ClusterError) as caught, connect(ClusterSpec(bare.address)):
@@ -217,3 +217,4 @@ def test_no_agent_slots(ray_cluster: Any) -> None:
         assert f"no node of the Ray cluster at {bare.address} offers agent slots" in message
         assert """--resources '{"agent_slots": N}'""" in message
         assert not _connected()
+    assert survivors(bare) == []

@@ -52,7 +52,9 @@ CONNECT_TIMEOUT = 10.0
 
 #: the values that mean "no cluster: this machine"
 _LOCAL = ("", "local", "none")
-_HOST = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*|\[[0-9A-Fa-f:.]+\])"
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+#: a host name, an IPv4 address or an IPv6 address in brackets
+_HOST = rf"(?:{_LABEL}(?:\.{_LABEL})*|\[[0-9A-Fa-f:.]+\])"
 _ADDRESS = re.compile(rf"(?:ray://)?({_HOST}):(\d{{1,5}})")
 
 
@@ -118,9 +120,7 @@ def import_ray() -> ModuleType:
     try:
         import ray
     except ImportError as e:
-        raise ClusterError(
-            "Ray is not installed: pip install 'acp-orchestrator[ray]'"
-        ) from e
+        raise ClusterError("Ray is not installed: pip install 'acp-orchestrator[ray]'") from e
     return ray
 
 
@@ -277,4 +277,3 @@ def connect(spec: ClusterSpec) -> Iterator[list[AgentNode]]:
     finally:
         if initialized:
             ray.shutdown()
-

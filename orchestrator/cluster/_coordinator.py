@@ -40,7 +40,9 @@ class Rate:
 
     def __attrs_post_init__(self) -> None:
         if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 1:
-            raise UsageError(f"a rate's count must be a whole number, 1 or more, not {self.count!r}")
+            raise UsageError(
+                f"a rate's count must be a whole number, 1 or more, not {self.count!r}"
+            )
         per = self.per
         if isinstance(per, bool) or not isinstance(per, int | float) or not math.isfinite(per):
             raise UsageError(f"a rate's period must be a number of seconds, not {per!r}")
@@ -84,7 +86,7 @@ class Coordinator:
         max_tokens: int | None = None,
         max_cost: float | None = None,
         max_seconds: float | None = None,
-        rates: Mapping[str, Rate] = {},  # noqa: B006 -- never mutated: copied below
+        rates: Mapping[str, Rate] = {},  # never mutated: copied below
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         _not_negative("max_tokens", max_tokens, whole=True)
