@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 
 from orchestrator.cluster._connect import ClusterSpec, connect
-
 from orchestrator.cluster._coordinator import Coordinator, Rate, parse_rate
 from orchestrator.errors import UsageError
 
