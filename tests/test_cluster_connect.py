@@ -218,3 +218,11 @@ def test_no_agent_slots(ray_cluster: Any) -> None:
         assert """--resources '{"agent_slots": N}'""" in message
         assert not _connected()
     assert survivors(bare) == []
+
+
+@pytest.mark.ray
+def test_auto_finds_the_cluster(ray_cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """auto finds the cluster RAY_ADDRESS names, as Ray does."""
+    monkeypatch.setenv("RAY_ADDRESS", ray_cluster.address)
+    with connect(ClusterSpec("auto")) as nodes:
+        assert len(nodes) == 2

@@ -137,8 +137,9 @@ class AgentNode:
 
 
 def _bootstrap(ray: ModuleType, address: str) -> tuple[str, int] | None:
-    """The host and port Ray will dial for ``address`` (``auto`` is looked up as Ray does),
-    None when Ray finds none (it then says so itself)."""
+    """The host and port Ray will dial for ``address`` (``auto`` is looked up as Ray does:
+    ``RAY_ADDRESS``, a GCS running on this machine, the cluster it last started); None when Ray's
+    lookup fails (``ray.init`` then says why). :class:`ClusterError` when ``auto`` finds none."""
     if address == "auto":
         try:
             from ray._private import services
@@ -147,7 +148,10 @@ def _bootstrap(ray: ModuleType, address: str) -> tuple[str, int] | None:
         except Exception:  # Ray's own lookup failing: ray.init reports it
             return None
         if not found:
-            return None
+            raise ClusterError(
+                "no Ray cluster found for address auto: none runs on this machine "
+                "(ray start) and RAY_ADDRESS is not set"
+            )
         address = found
     address = address.removeprefix("ray://")
     host, _, port = address.rpartition(":")
