@@ -143,4 +143,23 @@ def is_process_watchdog(pid: int) -> bool:
         return False
 
 
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[Any]:
+    """A loopback Ray cluster for the session: two nodes on this machine, 2 agent slots each
+    (see tests/raycluster.py: ``.address``, ``.nodes``, ``add_node(slots)``,
+    ``remove_node(node)``). Skipped when Ray is not installed.
+
+    The fixture does not connect this process to it: a test connects (``ray.init(address=
+    ray_cluster.address)`` or ``connect()``) and disconnects when done, so each test starts
+    from a driver that is not connected, and a test's CLI subprocess is a driver of its own."""
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("Ray is not installed (pip install -e '.[ray]')")
+    from raycluster import start_cluster
+
+    with start_cluster() as cluster:
+        yield cluster
+
+
 os.environ.setdefault("PYTHONUNBUFFERED", "1")

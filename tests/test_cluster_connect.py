@@ -1,0 +1,228 @@
+"""Which cluster a run uses (the option, the environment) and connecting to a loopback one."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+from typing import Any
+
+import pytest
+
+from orchestrator.cluster._connect import (
+    CLUSTER_ENV,
+    AgentNode,
+    ClusterSpec,
+    cluster_spec,
+    connect,
+    import_ray,
+)
+from orchestrator.cluster._coordinator import Rate
+from orchestrator.errors import ClusterError, UsageError
+
+
+@pytest.mark.parametrize(
+    ("value", "address"),
+    [
+        ("auto", "auto"),
+        ("ray:auto", "auto"),
+        ("127.0.0.1:6379", "127.0.0.1:6379"),
+        ("ray:127.0.0.1:6379", "127.0.0.1:6379"),
+        ("head.example.org:6379", "head.example.org:6379"),
+        ("ray://head:10001", "ray://head:10001"),
+        ("ray:ray://head:10001", "ray://head:10001"),
+        ("[::1]:6379", "[::1]:6379"),
+    ],
+)
+def test_cluster_addresses(value: str, address: str) -> None:
+    """An address, bare or after ray:, names that cluster."""
+    assert cluster_spec(value, environ={}) == ClusterSpec(address)
+
+
+@pytest.mark.parametrize("value", ["local", "none", "", "LOCAL"])
+def test_local_means_no_cluster(value: str) -> None:
+    """local, none and the empty value mean this machine."""
+    assert cluster_spec(value, environ={CLUSTER_ENV: "auto"}) is None
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "ray:",
+        "head",
+        "head:",
+        "head:0",
+        "head:65536",
+        "head:port",
+        "head :6379",
+        " 127.0.0.1:6379",
+        "ray:local",
+        "http://head:6379",
+        "ray://head",
+        "-head:6379",
+        "head:6379\n",
+    ],
+)
+def test_bad_addresses(value: str) -> None:
+    """Anything else is a usage error of one line naming the value."""
+    with pytest.raises(UsageError) as caught:
+        cluster_spec(value, environ={})
+    message = str(caught.value)
+    assert "\n" not in message
+    assert repr(value) in message
+    assert "--" not in message
+
+
+def test_environment_names_the_cluster() -> None:
+    """No value: the environment variable says, when set and not empty."""
+    assert cluster_spec(None, environ={CLUSTER_ENV: "ray:10.0.0.1:6379"}) == ClusterSpec(
+        "10.0.0.1:6379"
+    )
+    assert cluster_spec(None, environ={CLUSTER_ENV: ""}) is None
+    assert cluster_spec(None, environ={}) is None
+    with pytest.raises(UsageError, match="'nowhere'"):
+        cluster_spec(None, environ={CLUSTER_ENV: "nowhere"})
+
+
+def test_option_wins_over_environment() -> None:
+    """A value given is used even when the environment names another cluster."""
+    assert cluster_spec("local", environ={CLUSTER_ENV: "auto"}) is None
+    assert cluster_spec("h:1", environ={CLUSTER_ENV: "auto"}) == ClusterSpec("h:1")
+
+
+def test_spec_passes_through_and_checks_itself() -> None:
+    """A ClusterSpec given is returned as is; one built with a bad address or rate is refused."""
+    spec = ClusterSpec("auto", rates={"claude": Rate(5, 1.0)})
+    assert cluster_spec(spec, environ={}) is spec
+    with pytest.raises(UsageError, match="not a cluster address"):
+        ClusterSpec("no address")
+    with pytest.raises(UsageError, match="not a rate"):
+        ClusterSpec("auto", rates={"claude": "5/s"})  # type: ignore[dict-item]
+
+
+def test_importing_the_module_imports_no_ray() -> None:
+    """Importing the connect module (and the cluster package) leaves Ray unimported."""
+    code = (
+        "import sys, orchestrator.cluster._connect, orchestrator.cluster._coordinator; "
+        "sys.exit('ray' in sys.modules)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_ray_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without Ray, a cluster is refused with how to install it, in one line."""
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(ClusterError) as caught:
+        import_ray()
+    assert str(caught.value) == "Ray is not installed: pip install 'acp-orchestrator[ray]'"
+    with pytest.raises(ClusterError, match="not installed"), connect(ClusterSpec("auto")):
+        pass
+
+
+def _connected() -> bool:
+    import ray
+
+    return bool(ray.is_initialized())
+
+
+@pytest.mark.ray
+def test_connect_finds_nodes_and_slots(ray_cluster: Any) -> None:
+    """Both nodes of the loopback cluster are found with their slots; the end disconnects."""
+    with connect(ClusterSpec(ray_cluster.address)) as nodes:
+        assert _connected()
+        assert nodes == sorted(nodes, key=lambda node: node.node_id)
+        assert {node.node_id for node in nodes} == {n.node_id for n in ray_cluster.nodes}
+        assert all(node == AgentNode(node.node_id, "127.0.0.1", 2) for node in nodes)
+    assert not _connected()
+
+
+@pytest.mark.ray
+def test_second_connect_reuses(ray_cluster: Any) -> None:
+    """A connect inside another reuses the connection and leaves it up at its end."""
+    with connect(ClusterSpec(ray_cluster.address)) as outer:
+        with connect(ClusterSpec(ray_cluster.address)) as inner:
+            assert inner == outer
+        assert _connected()
+    assert not _connected()
+
+
+@pytest.mark.ray
+def test_connect_prints_nothing(ray_cluster: Any, capfd: pytest.CaptureFixture[str]) -> None:
+    """Connecting and disconnecting, even from a thread, writes nothing to stdout or stderr."""
+
+    def join() -> None:
+        with connect(ClusterSpec(ray_cluster.address)):
+            pass
+
+    thread = threading.Thread(target=join)
+    thread.start()
+    thread.join()
+    with connect(ClusterSpec(ray_cluster.address)):
+        pass
+    assert capfd.readouterr() == ("", "")
+
+
+@pytest.mark.ray
+def test_connect_keeps_signal_handlers(ray_cluster: Any) -> None:
+    """ray.init's SIGTERM handler (sys.exit) is taken back: the process's signals stay its own."""
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    with connect(ClusterSpec(ray_cluster.address)):
+        assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.ray
+def test_closed_port_fails_at_once(ray_cluster: Any) -> None:
+    """A closed port is one line naming the address, not Ray's minutes of retries."""
+    address = f"127.0.0.1:{_closed_port()}"
+    caught: list[BaseException] = []
+
+    def join() -> None:
+        try:
+            with connect(ClusterSpec(address)):
+                pass
+        except BaseException as e:
+            caught.append(e)
+
+    # a thread, so that a regression (Ray retrying for about 14 minutes) fails here instead
+    # of hanging the suite
+    thread = threading.Thread(target=join, daemon=True)
+    thread.start()
+    thread.join(120)
+    assert not thread.is_alive(), "connect to a closed port did not fail"
+    [error] = caught
+    assert isinstance(error, ClusterError)
+    assert str(error) == f"cannot reach the Ray cluster at {address}: Connection refused"
+    assert not _connected()
+
+
+@pytest.mark.ray
+def test_no_agent_slots(ray_cluster: Any) -> None:
+    """A cluster whose nodes offer no agent_slots is refused, saying how to start one."""
+    from raycluster import start_cluster, survivors
+
+    with start_cluster(nodes=1, slots=0) as bare:
+        with pytest.raises(ClusterError) as caught, connect(ClusterSpec(bare.address)):
+            pass
+        message = str(caught.value)
+        assert "\n" not in message
+        assert f"no node of the Ray cluster at {bare.address} offers agent slots" in message
+        assert """--resources '{"agent_slots": N}'""" in message
+        assert not _connected()
+    assert survivors(bare) == []
+
+
+@pytest.mark.ray
+def test_auto_finds_the_cluster(ray_cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """auto finds the cluster RAY_ADDRESS names, as Ray does."""
+    monkeypatch.setenv("RAY_ADDRESS", ray_cluster.address)
+    with connect(ClusterSpec("auto")) as nodes:
+        assert len(nodes) == 2
