@@ -11,6 +11,7 @@ of a node, the coordinator) is tested against a real loopback cluster in test_cl
 from __future__ import annotations
 
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -39,6 +40,7 @@ class InProcessCluster:
     placed: list[tuple[int, str]] = field(factory=list)
     #: the blob digests each node was sent
     seen: list[set[str]] = field(factory=list)
+    calls: ThreadPoolExecutor = field(factory=lambda: ThreadPoolExecutor(16))
     _next: int = 0
 
     @property
@@ -80,16 +82,21 @@ class _Turns:
         node = cluster.nodes[index]
         manifest = manifest_of(branch)
         blobs = blobs_for(branch, manifest, cluster.seen[index])
+        await trio.to_thread.run_sync(node.put_blobs, blobs)
         cluster.seen[index].update(blobs)
         call_id = uuid.uuid4().hex
+        # the call runs in a thread of its own, as an actor's does: a future stands for Ray's
+        # object reference
+        future = cluster.calls.submit(node.run_turn, call_id, turn, manifest)
         try:
             reply: RemoteReply = await trio.to_thread.run_sync(
-                node.run_turn, call_id, turn, manifest, blobs, abandon_on_cancel=True
+                future.result, abandon_on_cancel=True
             )
         except trio.Cancelled:
-            # the turn goes on in its thread until cancelled there; its reply is what it did
+            # as the driver does: cancel the turn on its node, keep what it did
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(node.cancel, call_id)
+                on_cancelled(await trio.to_thread.run_sync(future.result))
             raise
         return reply
 
@@ -98,13 +105,17 @@ class _Turns:
 async def in_process_cluster(count: int = 2) -> AsyncIterator[InProcessCluster]:
     """``count`` nodes of 2 slots each, shut down at the end (their agents end)."""
     nodes: list[NodeSupervisor] = []
+    made = None
     try:
         for i in range(count):
             nodes.append(await trio.to_thread.run_sync(NodeSupervisor, f"n{i}", 2, None))
-        yield InProcessCluster(nodes, seen=[set() for _ in nodes])
+        made = InProcessCluster(nodes, seen=[set() for _ in nodes])
+        yield made
     finally:
         with trio.CancelScope(shield=True):
             for node in nodes:
                 await trio.to_thread.run_sync(node.shutdown)
+            if made is not None:
+                made.calls.shutdown()
 
 

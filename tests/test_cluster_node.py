@@ -31,10 +31,12 @@ def summary(outcome: Any) -> dict[str, Any]:
     """What a run's result says, apart from ids, times and where it ran."""
     result = outcome.result
     steps = {
-        s["name"]: (s["status"], sorted((i.get("key"), i["status"]) for i in s.get("instances", ())))
-        for s in result["steps"]
+        name: (s["status"], {key: i["status"] for key, i in s["instances"].items()})
+        for name, s in result["steps"].items()
     }
-    return {"status": outcome.status, "steps": steps, "diff": result.get("diff")}
+    conflicts = [(c["path"], c.get("resolution")) for c in result.get("conflicts") or ()]
+    return {"status": outcome.status, "steps": steps, "conflicts": conflicts,
+            "patch": Path(outcome.run_dir, "changes.patch").read_text()}
 
 
 async def test_the_demo_pipeline_gives_the_same_result_on_nodes(
@@ -56,11 +58,25 @@ async def test_the_demo_pipeline_gives_the_same_result_on_nodes(
     assert summary(there) == summary(here)
     assert {i for i, _ in cluster.placed} == {0, 1}
     async with open_run_store(state_dir) as store:
-        labels = {t.agent for t in await store.transcripts(there.run_id)}
+        labels = set(await store.transcript_sources(there.run_id))
     assert any(label.endswith("@n0") for label in labels), labels
     assert any(label.endswith("@n1") for label in labels), labels
     run = await _record(state_dir, there.run_id)
     assert run.options["cluster"] == "in-process"
+
+
+def _sleeping(marker: Path) -> list[int]:
+    """The processes running ``sleep 30`` (the turn's command) now."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if argv[:2] == [b"sleep", b"30"]:
+                found.append(int(entry.name))
+    return found
 
 
 async def _record(state_dir: Path, run_id: str) -> Any:
@@ -100,9 +116,9 @@ async def test_a_prompt_that_wants_its_directory_and_a_failing_one(
         outcome = await run_pipeline(
             path, cwd=project, policy="edit", _cluster=cluster  # type: ignore[arg-type]
         )
-    steps = {s["name"]: s for s in outcome.result["steps"]}
+    steps = outcome.result["steps"]
     assert steps["fix"]["status"] == "succeeded"
-    assert "+new" in outcome.result["diff"]
+    assert "+new" in Path(outcome.run_dir, "changes.patch").read_text()
     assert steps["fail"]["status"] == "failed"
     assert steps["fail"]["errorKind"] == "exception"
     assert "no prompt for you" in steps["fail"]["error"]
@@ -140,9 +156,10 @@ async def test_a_cancelled_run_keeps_what_the_node_did(tmp_path: Path, state_dir
                 _cluster=cluster,  # type: ignore[arg-type]
             )  # fmt: skip
     assert started
+    assert not _sleeping(project), "a command of the cancelled turn is still running"
     run = await _record(state_dir, started[0])
     assert run.status == "interrupted"
     async with open_run_store(state_dir) as store:
         steps = {s.step: s for s in await store.steps(started[0])}
     assert steps["slow"].status == "interrupted"
-    assert "made.txt" in (steps["slow"].result or {}).get("changes", {})
+    assert {"path": "made.txt", "change": "added"} in (steps["slow"].result or {})["changes"]

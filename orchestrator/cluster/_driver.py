@@ -60,9 +60,12 @@ class _Node:
     info: AgentNode
     actor: Any
     free: int
-    #: the blob digests sent to it (it keeps them for the session)
+    #: the blob digests it holds (it keeps them for the session)
     seen: set[str] = field(factory=set)
     lost: bool = False
+    #: held while blobs are sent to it: a turn needing blobs another turn is sending waits
+    #: for them to be there
+    shipping: trio.Lock = field(factory=trio.Lock)
 
 
 @define(eq=False)
@@ -184,14 +187,20 @@ class ClusterTurns:
         try:
             session._by_value(turn.step)
             manifest = await trio.to_thread.run_sync(manifest_of, branch)
-            seen = frozenset(node.seen)
-            blobs = await trio.to_thread.run_sync(blobs_for, branch, manifest, seen)
             call_id = uuid.uuid4().hex
-            ref = node.actor.run_turn.remote(call_id, turn, manifest, blobs)
-            node.seen.update(blobs)
+            ref = None
             try:
+                async with node.shipping:
+                    if not manifest.digests() <= node.seen:
+                        seen = frozenset(node.seen)
+                        blobs = await trio.to_thread.run_sync(blobs_for, branch, manifest, seen)
+                        await session._get(node.actor.put_blobs.remote(blobs))
+                        node.seen.update(blobs)
+                ref = node.actor.run_turn.remote(call_id, turn, manifest)
                 reply: RemoteReply = await session._get(ref)
             except trio.Cancelled:
+                if ref is None:
+                    raise
                 with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_GRACE):
                     node.actor.cancel.remote(call_id)
                     with contextlib.suppress(Exception):

@@ -8,7 +8,7 @@ at module level.)
 
 Per run, the node opens a supervisor of its own (agent processes, transcripts under the node's
 scratch directory) and branch directories; per turn it makes the instance's tree from the
-manifest and blobs the driver sent (blobs it has seen are not sent again), runs the turn there
+manifest the driver sent, from the blobs it sent before (each once per node), runs the turn there
 as the one-machine runner does (:class:`~orchestrator.pipeline._agent_step.AgentTurns`), and
 gives back what the turn changed, its result and its events. Before each prompt it claims the
 attempt's round with the coordinator (a prompt is never sent twice) and waits for the agent's
@@ -46,7 +46,6 @@ from ..pipeline._state import LeaseLike
 from ..pipeline.results import RunEvent, StepResult
 from ..policy import PolicySet
 from ..protocol import types as t
-from ..store import AddEvent
 from ..supervisor import Limits, Supervisor, open_supervisor
 from ..vfs import Branch, Snapshot, Workspace
 from ..vfs.pool import DirPool
@@ -137,11 +136,15 @@ class NodeSupervisor:
         """Host run ``config.run_id``'s turns (once per run)."""
         self._run(_open_run, self._state, config)
 
-    def run_turn(
-        self, call_id: str, turn: RemoteTurn, manifest: Manifest, blobs: Mapping[str, bytes]
-    ) -> RemoteReply:
-        """Run one turn (see the module docstring)."""
-        reply: RemoteReply = self._run(_serve_turn, self._state, call_id, turn, manifest, blobs)
+    def put_blobs(self, blobs: Mapping[str, bytes]) -> int:
+        """Keep ``blobs`` (digest -> content, each checked); how many the node holds now."""
+        _keep_blobs(self._state.store, blobs)
+        return len(blobs)
+
+    def run_turn(self, call_id: str, turn: RemoteTurn, manifest: Manifest) -> RemoteReply:
+        """Run one turn on the tree of ``manifest``, whose blobs the node holds (see
+        :meth:`put_blobs` and the module docstring)."""
+        reply: RemoteReply = self._run(_serve_turn, self._state, call_id, turn, manifest)
         return reply
 
     def cancel(self, call_id: str) -> None:
@@ -261,14 +264,20 @@ async def _base(state: _NodeState, host: _RunHost, manifest: Manifest) -> Snapsh
 
 
 class _Collect:
-    """A run store writer that keeps the events a turn emits, for the driver to record."""
+    """The listener and store writer of a turn's recorder on a node: it keeps the events the
+    turn emits, for the driver to record; per-update events are declined (the driver's
+    listener does not see a node's session updates)."""
+
+    wants_updates = False
 
     def __init__(self) -> None:
         self.events: list[RunEvent] = []
 
+    def __call__(self, event: RunEvent) -> None:
+        self.events.append(event)
+
     def put(self, op: object) -> None:
-        if isinstance(op, AddEvent):
-            self.events.append(RunEvent.from_json(op.event))
+        """The driver stores the events it is given back."""
 
 
 @define(eq=False)
@@ -372,12 +381,10 @@ async def _serve_turn(
     call_id: str,
     turn: RemoteTurn,
     manifest: Manifest,
-    blobs: Mapping[str, bytes],
 ) -> RemoteReply:
     host = state.runs.get(turn.run_id)
     if host is None:
         raise ClusterError(f"node {state.node}: run {turn.run_id} is not open here")
-    await trio.to_thread.run_sync(_keep_blobs, state.store, blobs)
     snapshot = await _base(state, host, manifest)
     branch = Branch.from_tree(snapshot, turn.name)
     collect = _Collect()
@@ -385,7 +392,7 @@ async def _serve_turn(
         turn.run_id,
         collect,  # type: ignore[arg-type]
         snapshot,
-        None,
+        collect,
         turn.max_turn_record_bytes,
     )
     step = turn.step
