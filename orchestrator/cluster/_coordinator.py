@@ -211,6 +211,10 @@ class Coordinator:
             return False
         return True
 
+    def holder(self, key: str) -> str | None:
+        """Who claimed ``key``; None: nobody (the work it stands for was never begun)."""
+        return self._claims.get(key)
+
     def statistics(self) -> dict[str, Any]:
         """The budget (``maxTokens``, ``maxCost``, ``maxSeconds``, ``tokens``, ``cost``,
         ``seconds`` since :meth:`start` or None, ``spent``), the rates (``rates``: by agent,

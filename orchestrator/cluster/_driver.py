@@ -36,6 +36,7 @@ from ..pipeline.spec import Step
 from ..vfs import Branch
 from ._connect import AgentNode, ClusterSpec, connect, import_ray
 from ._coordinator import Coordinator
+from ._keys import first_round_key
 from ._node import NodeSupervisor, RunHostConfig
 from ._trees import blobs_for, manifest_of
 
@@ -45,7 +46,8 @@ log = get_logger(__name__)
 
 #: how long a cancelled turn may take to end on its node and say what it did
 CANCEL_GRACE = 15.0
-#: how long a node's supervisor may take to start (its slots may be held by another run)
+#: how long a node's supervisor may take to start (its slots may be held by another run):
+#: one that does not is left out
 START_TIMEOUT = 60.0
 #: how long the nodes may take to end their agents at the end
 STOP_TIMEOUT = 20.0
@@ -63,6 +65,9 @@ class _Node:
     #: the blob digests it holds (it keeps them for the session)
     seen: set[str] = field(factory=set)
     lost: bool = False
+    #: when a turn was last placed on it (a count): among nodes as free, the one that waited
+    #: longest takes the next turn
+    placed: int = 0
     #: held while blobs are sent to it: a turn needing blobs another turn is sending waits
     #: for them to be there
     shipping: trio.Lock = field(factory=trio.Lock)
@@ -81,6 +86,7 @@ class ClusterSession:
     waits: trio.CapacityLimiter = field(factory=lambda: trio.CapacityLimiter(1000))
     _changed: trio.Event = field(factory=trio.Event)
     _modules: set[str] = field(factory=set)
+    _placed: int = 0
 
     @property
     def slots(self) -> int:
@@ -137,9 +143,11 @@ class ClusterSession:
             live = [n for n in self.nodes if not n.lost]
             if not live:
                 raise ClusterError("no node of the cluster is left to run agents")
-            node = max(live, key=lambda n: n.free)
+            node = max(live, key=lambda n: (n.free, -n.placed))
             if node.free > 0:
                 node.free -= 1
+                self._placed += 1
+                node.placed = self._placed
                 return node
             await self._changed.wait()
 
@@ -181,47 +189,68 @@ class ClusterTurns:
         *,
         on_cancelled: Callable[[RemoteReply], None],
     ) -> RemoteReply:
-        """Run ``turn`` on a node (see the module docstring)."""
+        """Run ``turn`` on a node (see the module docstring). A node lost before the turn's
+        first prompt was claimed (so never sent) is left, and the turn placed on another."""
         session = self.session
-        node = await session._take()
-        try:
-            session._by_value(turn.step)
-            manifest = await trio.to_thread.run_sync(manifest_of, branch)
-            call_id = uuid.uuid4().hex
-            ref = None
+        while True:
+            node = await session._take()
             try:
-                async with node.shipping:
-                    if not manifest.digests() <= node.seen:
-                        seen = frozenset(node.seen)
-                        blobs = await trio.to_thread.run_sync(blobs_for, branch, manifest, seen)
-                        await session._get(node.actor.put_blobs.remote(blobs))
-                        node.seen.update(blobs)
-                ref = node.actor.run_turn.remote(call_id, turn, manifest)
-                reply: RemoteReply = await session._get(ref)
-            except trio.Cancelled:
-                if ref is None:
-                    raise
-                with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_GRACE):
-                    node.actor.cancel.remote(call_id)
-                    with contextlib.suppress(Exception):
-                        on_cancelled(await session._get(ref))
+                reply, unsent = await self._on(node, turn, branch, on_cancelled)
+            finally:
+                session._give(node)
+            if not unsent:
+                return reply
+            log.info("placed again: its node was lost before it began", instance=turn.name)
+
+    async def _on(
+        self,
+        node: _Node,
+        turn: RemoteTurn,
+        branch: Branch,
+        on_cancelled: Callable[[RemoteReply], None],
+    ) -> tuple[RemoteReply, bool]:
+        """``turn`` on ``node``: its reply, and whether the node was lost before its first
+        prompt was claimed (the turn may go elsewhere)."""
+        session = self.session
+        session._by_value(turn.step)
+        manifest = await trio.to_thread.run_sync(manifest_of, branch)
+        call_id = uuid.uuid4().hex
+        ref = None
+        try:
+            async with node.shipping:
+                if not manifest.digests() <= node.seen:
+                    seen = frozenset(node.seen)
+                    blobs = await trio.to_thread.run_sync(blobs_for, branch, manifest, seen)
+                    await session._get(node.actor.put_blobs.remote(blobs))
+                    node.seen.update(blobs)
+            ref = node.actor.run_turn.remote(call_id, turn, manifest)
+            reply: RemoteReply = await session._get(ref)
+        except trio.Cancelled:
+            if ref is None:
                 raise
-            except Exception as e:
-                if not _is_lost(session.ray, e):
-                    return _failed(turn, f"{turn.name}: {_cause(e)}", "internal")
-                node.lost = True
-                session._wake()
-                where = _short(node.info.node_id)
-                log.warning("node lost", node=where, instance=turn.name)
-                return _failed(
-                    turn,
-                    f"node {where} was lost during the turn: its outcome is unknown "
-                    "(not sent again; a resume runs it)",
-                    "node-lost",
-                )
-            return reply
-        finally:
-            session._give(node)
+            with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_GRACE):
+                node.actor.cancel.remote(call_id)
+                with contextlib.suppress(Exception):
+                    on_cancelled(await session._get(ref))
+            raise
+        except Exception as e:
+            if not _is_lost(session.ray, e):
+                return _failed(turn, f"{turn.name}: {_cause(e)}", "internal"), False
+            node.lost = True
+            session._wake()
+            where = _short(node.info.node_id)
+            log.warning("node lost", node=where, instance=turn.name, error=_cause(e))
+            first = first_round_key(turn)
+            holder = await session._get(session.coordinator.holder.remote(first))
+            if holder != call_id:  # never claimed: its prompt was never sent
+                return _failed(turn, "", "node-lost"), True
+            return _failed(
+                turn,
+                f"node {where} was lost during the turn: its outcome is unknown "
+                "(not sent again; a resume runs it)",
+                "node-lost",
+            ), False
+        return reply, False
 
 
 def _failed(turn: RemoteTurn, message: str, kind: Any) -> RemoteReply:
@@ -236,17 +265,10 @@ def _cause(e: BaseException) -> str:
 
 
 def _is_lost(ray: ModuleType, e: BaseException) -> bool:
-    """Whether ``e`` says the actor (its node, its worker) is gone: the outcome is unknown."""
+    """Whether ``e`` says the actor (its node, its worker) is gone: any error of Ray's own, not
+    one our code raised in the actor (a ``RayTaskError``)."""
     exc = ray.exceptions
-    lost = (
-        exc.RayActorError,
-        exc.ActorUnavailableError,
-        exc.WorkerCrashedError,
-        exc.NodeDiedError,
-        exc.ObjectLostError,
-        exc.OwnerDiedError,
-    )
-    return isinstance(e, lost)
+    return isinstance(e, exc.RayError) and not isinstance(e, exc.RayTaskError)
 
 
 def _write_transcripts(folder: Path, node: str, files: dict[str, bytes]) -> None:
@@ -299,23 +321,29 @@ async def open_cluster(
                 ).remote(_short(info.node_id), info.slots, coordinator)
                 made.append(_Node(info, actor, info.slots))
             session = ClusterSession(spec, ray, made, coordinator, budget)
-            with trio.fail_after(START_TIMEOUT):
+            failures: list[str] = []
+
+            async def ready(node: _Node) -> None:
+                try:
+                    await session._get(node.actor.ready.remote(), timeout=START_TIMEOUT)
+                except Exception as e:  # a node that died (or is dying): left out
+                    node.lost = True
+                    where = _short(node.info.node_id)
+                    log.warning("node left out", node=where, error=_cause(e))
+                    failures.append(f"node {where}: its supervisor did not start: {_cause(e)}")
+
+            async with trio.open_nursery() as nursery:
                 for node in made:
-                    try:
-                        await session._get(node.actor.ready.remote())
-                    except Exception as e:
-                        raise ClusterError(
-                            f"node {_short(node.info.node_id)}: its supervisor did not start: "
-                            f"{_cause(e)}"
-                        ) from None
+                    nursery.start_soon(ready, node)
+            if all(n.lost for n in made):
+                raise ClusterError(
+                    failures[0]
+                    if len(failures) == 1
+                    else f"no node's supervisor started ({failures[0]}; ...)"
+                )
             if budget is not None:
                 await session._get(coordinator.start.remote())
             yield session
-        except trio.TooSlowError:
-            raise ClusterError(
-                f"the nodes' supervisors did not start within {START_TIMEOUT:g}s (are their "
-                "agent slots held by another run?)"
-            ) from None
         finally:
             with trio.CancelScope(shield=True):
                 await _stop(ray, made, coordinator)

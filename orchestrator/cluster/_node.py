@@ -49,6 +49,7 @@ from ..protocol import types as t
 from ..supervisor import Limits, Supervisor, open_supervisor
 from ..vfs import Branch, Snapshot, Workspace
 from ..vfs.pool import DirPool
+from ._keys import round_key
 from ._trees import BlobStore, Manifest, TreeCache, change_states
 
 __all__ = ["NodeSupervisor", "RunHostConfig"]
@@ -411,7 +412,7 @@ async def _serve_turn(
         rounds += 1
         if coordinator is None:
             return
-        key = f"{turn.run_id}/{turn.name}/{turn.attempt}/{rounds}"
+        key = round_key(turn, rounds)
         if not await _ask(coordinator.claim.remote(key, call_id)):
             raise ClusterError(
                 f"{turn.name}: round {rounds} of attempt {turn.attempt} was sent before: "
