@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator.cluster import _connect
 from orchestrator.cluster._connect import (
     CLUSTER_ENV,
     AgentNode,
@@ -226,3 +227,53 @@ def test_auto_finds_the_cluster(ray_cluster: Any, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("RAY_ADDRESS", ray_cluster.address)
     with connect(ClusterSpec("auto")) as nodes:
         assert len(nodes) == 2
+
+
+def _listener(answer: bytes | None) -> tuple[socket.socket, threading.Thread]:
+    """A local server that accepts one connection and, unless ``answer`` is None (silent),
+    reads a little, sends ``answer`` and closes."""
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            if answer is None:
+                while conn.recv(1024):  # silent until the client gives up and closes
+                    pass
+                return
+            conn.recv(1024)
+            conn.sendall(answer)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return server, thread
+
+
+@pytest.mark.ray
+def test_not_grpc_fails_at_once(ray_cluster: Any) -> None:
+    """A port where a web server answers (a dashboard's, say) is refused in one line."""
+    server, thread = _listener(b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n")
+    address = f"127.0.0.1:{server.getsockname()[1]}"
+    with server, pytest.raises(ClusterError) as caught, connect(ClusterSpec(address)):
+        pass
+    thread.join()
+    assert str(caught.value) == (
+        f"no Ray cluster at {address}: what answers there does not speak gRPC "
+        "(give the address of the head node's GCS, port 6379 unless changed)"
+    )
+    assert not _connected()
+
+
+@pytest.mark.ray
+def test_silent_port_fails_after_the_timeout(
+    ray_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A port that accepts and never answers is refused once the connect timeout passes."""
+    monkeypatch.setattr(_connect, "CONNECT_TIMEOUT", 0.2)
+    server, thread = _listener(None)
+    address = f"127.0.0.1:{server.getsockname()[1]}"
+    with server, pytest.raises(ClusterError) as caught, connect(ClusterSpec(address)):
+        pass
+    thread.join()
+    assert str(caught.value) == f"cannot reach the Ray cluster at {address}: no answer in 0.2 s"
+    assert not _connected()

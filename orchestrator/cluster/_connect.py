@@ -158,12 +158,32 @@ def _bootstrap(ray: ModuleType, address: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
+#: what an HTTP/2 client sends first (RFC 9113 3.4), then an empty SETTINGS frame
+_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+#: the type of a SETTINGS frame, the first frame a server sends
+_SETTINGS = 4
+
+
 def _probe(host: str, port: int, address: str) -> None:
-    """Raise :class:`ClusterError` unless a TCP connection to ``host:port`` opens within
-    :data:`CONNECT_TIMEOUT`: Ray would retry for minutes before failing."""
+    """Raise :class:`ClusterError` unless ``host:port`` answers as a gRPC server does (a Ray
+    GCS or Ray Client server) within :data:`CONNECT_TIMEOUT`: given a closed port, or one
+    where something else listens (a dashboard's address, say), Ray retries for minutes.
+
+    The check is HTTP/2's: a server answers a client's preface with a SETTINGS frame. It is
+    skipped when Ray uses TLS (``RAY_USE_TLS``), where the handshake comes first."""
+    tls = os.environ.get("RAY_USE_TLS", "0").lower() not in ("0", "false", "")
     try:
-        with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT):
-            pass
+        with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT) as conn:
+            if tls:
+                return
+            conn.settimeout(CONNECT_TIMEOUT)
+            conn.sendall(_PREFACE)
+            header = b""
+            while len(header) < 9:
+                chunk = conn.recv(9 - len(header))
+                if not chunk:
+                    break
+                header += chunk
     except TimeoutError as e:
         raise ClusterError(
             f"cannot reach the Ray cluster at {address}: no answer in {CONNECT_TIMEOUT:g} s"
@@ -171,6 +191,11 @@ def _probe(host: str, port: int, address: str) -> None:
     except OSError as e:
         reason = e.strerror or type(e).__name__
         raise ClusterError(f"cannot reach the Ray cluster at {address}: {reason}") from e
+    if len(header) < 9 or header[3] != _SETTINGS:
+        raise ClusterError(
+            f"no Ray cluster at {address}: what answers there does not speak gRPC "
+            "(give the address of the head node's GCS, port 6379 unless changed)"
+        )
 
 
 def _first_line(error: BaseException) -> str:
