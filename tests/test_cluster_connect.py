@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import subprocess
 import sys
@@ -277,3 +278,40 @@ def test_silent_port_fails_after_the_timeout(
     thread.join()
     assert str(caught.value) == f"cannot reach the Ray cluster at {address}: no answer in 0.2 s"
     assert not _connected()
+
+
+class _Waiter(logging.Handler):
+    """Notes the records that mention ``text``; ``seen`` is set at the first."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+        self.seen = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.seen.set()
+
+
+@pytest.mark.ray
+def test_lost_node_reported_to_logging_not_stdout(
+    ray_cluster: Any, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A node lost while connected: Ray's news of it goes to logging, never to stdout or
+    stderr; once it is marked dead, connect finds the nodes left."""
+    node = ray_cluster.add_node(1)
+    waiter = _Waiter(f"{node.node_id} and address")  # "The node with node id: ... marked dead"
+    logger = logging.getLogger("ray")
+    # ray.init clears the handlers of its logger: this one is added once connected
+    with connect(ClusterSpec(ray_cluster.address)) as nodes:
+        logger.addHandler(waiter)
+        try:
+            assert sorted(n.slots for n in nodes) == [1, 2, 2]
+            ray_cluster.remove_node(node)
+            assert waiter.seen.wait(120), "the node was never reported lost"
+            with connect(ClusterSpec(ray_cluster.address)) as left:
+                assert {n.node_id for n in left} == {n.node_id for n in ray_cluster.nodes}
+                assert len(left) == 2
+        finally:
+            logger.removeHandler(waiter)
+    assert capfd.readouterr() == ("", "")

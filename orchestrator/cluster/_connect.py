@@ -243,6 +243,34 @@ def _quiet() -> Iterator[None]:
         _library_logging()
 
 
+@contextlib.contextmanager
+def _errors_to_logging() -> Iterator[None]:
+    """The cluster's error messages (a node that died, a worker killed) go to the ``ray``
+    logger, as warnings, while connected: a thread of Ray's driver prints them to stdout
+    otherwise (even with ``log_to_driver=False``), into a CLI's ``--json`` output. The thread
+    looks the printing function up at each message; a Ray without it is left as it is."""
+    try:
+        from ray._private import worker
+    except ImportError:  # pragma: no cover - another Ray layout
+        yield
+        return
+    original = getattr(worker, "print_to_stdstream", None)
+    if original is None:  # pragma: no cover - another Ray layout
+        yield
+        return
+    logger = logging.getLogger("ray")
+
+    def to_logging(data: dict[str, Any], ignore_prefix: bool) -> None:
+        for line in data.get("lines") or ():
+            logger.warning("(%s) %s", data.get("pid"), line)
+
+    worker.print_to_stdstream = to_logging
+    try:
+        yield
+    finally:
+        worker.print_to_stdstream = original
+
+
 def _agent_nodes(ray: ModuleType) -> list[AgentNode]:
     nodes: list[AgentNode] = []
     for info in ray.nodes():
@@ -295,7 +323,10 @@ def connect(spec: ClusterSpec) -> Iterator[list[AgentNode]]:
             if not tracebacks and faulthandler.is_enabled():
                 faulthandler.disable()
         initialized = True
-    try:
+    with contextlib.ExitStack() as stack:
+        if initialized:  # shut down first, then the printing is Ray's again
+            stack.enter_context(_errors_to_logging())
+            stack.callback(ray.shutdown)
         nodes = _agent_nodes(ray)
         if not nodes:
             raise ClusterError(
@@ -303,6 +334,3 @@ def connect(spec: ClusterSpec) -> Iterator[list[AgentNode]]:
                 f"nodes with ray start --resources '{{\"{AGENT_SLOTS}\": N}}' (N agents at once)"
             )
         yield nodes
-    finally:
-        if initialized:
-            ray.shutdown()
