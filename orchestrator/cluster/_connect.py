@@ -310,7 +310,12 @@ def connect(spec: ClusterSpec) -> Iterator[list[AgentNode]]:
                     logging_level=logging.WARNING,
                     configure_logging=False,
                 )
-        except Exception as e:
+        except BaseException as e:
+            # whatever ray.init set up before failing (or being interrupted) is undone
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            if not isinstance(e, Exception):
+                raise
             raise ClusterError(
                 f"cannot connect to the Ray cluster at {spec.address}: {_first_line(e)}"
             ) from e
