@@ -25,6 +25,15 @@ SLOTS = 2
 #: the object store of each node (Ray's default is 30 % of the RAM, in /dev/shm)
 OBJECT_STORE = 100_000_000
 
+#: how the head finds a node dead: a missed health check every second, 5 in a row (Ray's
+#: defaults take about 16 s here; a node stalled for seconds on a loaded CI box stays alive)
+HEALTH_CHECK = {
+    "health_check_initial_delay_ms": 0,
+    "health_check_period_ms": 1000,
+    "health_check_timeout_ms": 3000,
+    "health_check_failure_threshold": 5,
+}
+
 #: Ray's settings for a loopback cluster, set before ray is imported
 RAY_ENV = {
     # otherwise Ray rewrites 127.0.0.1 to the LAN address and binds gRPC to every interface
@@ -131,7 +140,7 @@ class LoopbackCluster:
         self._cluster: Any = ray.cluster_utils.Cluster(
             initialize_head=True,
             connect=False,
-            head_node_args=self._node_args(slots),
+            head_node_args={**self._node_args(slots), "_system_config": HEALTH_CHECK},
             shutdown_at_exit=False,
         )
         self._roots |= _direct_children() - before

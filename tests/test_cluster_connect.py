@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator.cluster import _connect
 from orchestrator.cluster._connect import (
     CLUSTER_ENV,
     AgentNode,
@@ -226,3 +228,90 @@ def test_auto_finds_the_cluster(ray_cluster: Any, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("RAY_ADDRESS", ray_cluster.address)
     with connect(ClusterSpec("auto")) as nodes:
         assert len(nodes) == 2
+
+
+def _listener(answer: bytes | None) -> tuple[socket.socket, threading.Thread]:
+    """A local server that accepts one connection and, unless ``answer`` is None (silent),
+    reads a little, sends ``answer`` and closes."""
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            if answer is None:
+                while conn.recv(1024):  # silent until the client gives up and closes
+                    pass
+                return
+            conn.recv(1024)
+            conn.sendall(answer)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return server, thread
+
+
+@pytest.mark.ray
+def test_not_grpc_fails_at_once(ray_cluster: Any) -> None:
+    """A port where a web server answers (a dashboard's, say) is refused in one line."""
+    server, thread = _listener(b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n")
+    address = f"127.0.0.1:{server.getsockname()[1]}"
+    with server, pytest.raises(ClusterError) as caught, connect(ClusterSpec(address)):
+        pass
+    thread.join()
+    assert str(caught.value) == (
+        f"no Ray cluster at {address}: what answers there does not speak gRPC "
+        "(give the address of the head node's GCS, port 6379 unless changed)"
+    )
+    assert not _connected()
+
+
+@pytest.mark.ray
+def test_silent_port_fails_after_the_timeout(
+    ray_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A port that accepts and never answers is refused once the connect timeout passes."""
+    monkeypatch.setattr(_connect, "CONNECT_TIMEOUT", 0.2)
+    server, thread = _listener(None)
+    address = f"127.0.0.1:{server.getsockname()[1]}"
+    with server, pytest.raises(ClusterError) as caught, connect(ClusterSpec(address)):
+        pass
+    thread.join()
+    assert str(caught.value) == f"cannot reach the Ray cluster at {address}: no answer in 0.2 s"
+    assert not _connected()
+
+
+class _Waiter(logging.Handler):
+    """Notes the records that mention ``text``; ``seen`` is set at the first."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+        self.seen = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.seen.set()
+
+
+@pytest.mark.ray
+def test_lost_node_reported_to_logging_not_stdout(
+    ray_cluster: Any, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A node lost while connected: Ray's news of it goes to logging, never to stdout or
+    stderr; once it is marked dead, connect finds the nodes left."""
+    node = ray_cluster.add_node(1)
+    waiter = _Waiter(f"{node.node_id} and address")  # "The node with node id: ... marked dead"
+    logger = logging.getLogger("ray")
+    # ray.init clears the handlers of its logger: this one is added once connected
+    with connect(ClusterSpec(ray_cluster.address)) as nodes:
+        logger.addHandler(waiter)
+        try:
+            assert sorted(n.slots for n in nodes) == [1, 2, 2]
+            ray_cluster.remove_node(node)
+            assert waiter.seen.wait(120), "the node was never reported lost"
+            with connect(ClusterSpec(ray_cluster.address)) as left:
+                assert {n.node_id for n in left} == {n.node_id for n in ray_cluster.nodes}
+                assert len(left) == 2
+        finally:
+            logger.removeHandler(waiter)
+    assert capfd.readouterr() == ("", "")

@@ -158,12 +158,32 @@ def _bootstrap(ray: ModuleType, address: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
+#: what an HTTP/2 client sends first (RFC 9113 3.4), then an empty SETTINGS frame
+_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+#: the type of a SETTINGS frame, the first frame a server sends
+_SETTINGS = 4
+
+
 def _probe(host: str, port: int, address: str) -> None:
-    """Raise :class:`ClusterError` unless a TCP connection to ``host:port`` opens within
-    :data:`CONNECT_TIMEOUT`: Ray would retry for minutes before failing."""
+    """Raise :class:`ClusterError` unless ``host:port`` answers as a gRPC server does (a Ray
+    GCS or Ray Client server) within :data:`CONNECT_TIMEOUT`: given a closed port, or one
+    where something else listens (a dashboard's address, say), Ray retries for minutes.
+
+    The check is HTTP/2's: a server answers a client's preface with a SETTINGS frame. It is
+    skipped when Ray uses TLS (``RAY_USE_TLS``), where the handshake comes first."""
+    tls = os.environ.get("RAY_USE_TLS", "0").lower() not in ("0", "false", "")
     try:
-        with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT):
-            pass
+        with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT) as conn:
+            if tls:
+                return
+            conn.settimeout(CONNECT_TIMEOUT)
+            conn.sendall(_PREFACE)
+            header = b""
+            while len(header) < 9:
+                chunk = conn.recv(9 - len(header))
+                if not chunk:
+                    break
+                header += chunk
     except TimeoutError as e:
         raise ClusterError(
             f"cannot reach the Ray cluster at {address}: no answer in {CONNECT_TIMEOUT:g} s"
@@ -171,6 +191,11 @@ def _probe(host: str, port: int, address: str) -> None:
     except OSError as e:
         reason = e.strerror or type(e).__name__
         raise ClusterError(f"cannot reach the Ray cluster at {address}: {reason}") from e
+    if len(header) < 9 or header[3] != _SETTINGS:
+        raise ClusterError(
+            f"no Ray cluster at {address}: what answers there does not speak gRPC "
+            "(give the address of the head node's GCS, port 6379 unless changed)"
+        )
 
 
 def _first_line(error: BaseException) -> str:
@@ -218,6 +243,34 @@ def _quiet() -> Iterator[None]:
         _library_logging()
 
 
+@contextlib.contextmanager
+def _errors_to_logging() -> Iterator[None]:
+    """The cluster's error messages (a node that died, a worker killed) go to the ``ray``
+    logger, as warnings, while connected: a thread of Ray's driver prints them to stdout
+    otherwise (even with ``log_to_driver=False``), into a CLI's ``--json`` output. The thread
+    looks the printing function up at each message; a Ray without it is left as it is."""
+    try:
+        from ray._private import worker
+    except ImportError:  # pragma: no cover - another Ray layout
+        yield
+        return
+    original = getattr(worker, "print_to_stdstream", None)
+    if original is None:  # pragma: no cover - another Ray layout
+        yield
+        return
+    logger = logging.getLogger("ray")
+
+    def to_logging(data: dict[str, Any], ignore_prefix: bool) -> None:
+        for line in data.get("lines") or ():
+            logger.warning("(%s) %s", data.get("pid"), line)
+
+    worker.print_to_stdstream = to_logging
+    try:
+        yield
+    finally:
+        worker.print_to_stdstream = original
+
+
 def _agent_nodes(ray: ModuleType) -> list[AgentNode]:
     nodes: list[AgentNode] = []
     for info in ray.nodes():
@@ -257,7 +310,12 @@ def connect(spec: ClusterSpec) -> Iterator[list[AgentNode]]:
                     logging_level=logging.WARNING,
                     configure_logging=False,
                 )
-        except Exception as e:
+        except BaseException as e:
+            # whatever ray.init set up before failing (or being interrupted) is undone
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            if not isinstance(e, Exception):
+                raise
             raise ClusterError(
                 f"cannot connect to the Ray cluster at {spec.address}: {_first_line(e)}"
             ) from e
@@ -270,7 +328,10 @@ def connect(spec: ClusterSpec) -> Iterator[list[AgentNode]]:
             if not tracebacks and faulthandler.is_enabled():
                 faulthandler.disable()
         initialized = True
-    try:
+    with contextlib.ExitStack() as stack:
+        if initialized:  # shut down first, then the printing is Ray's again
+            stack.enter_context(_errors_to_logging())
+            stack.callback(ray.shutdown)
         nodes = _agent_nodes(ray)
         if not nodes:
             raise ClusterError(
@@ -278,6 +339,3 @@ def connect(spec: ClusterSpec) -> Iterator[list[AgentNode]]:
                 f"nodes with ray start --resources '{{\"{AGENT_SLOTS}\": N}}' (N agents at once)"
             )
         yield nodes
-    finally:
-        if initialized:
-            ray.shutdown()
