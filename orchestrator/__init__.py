@@ -40,6 +40,8 @@ _EXPORTS: dict[str, str] = {
     "Config": "orchestrator.config",
     "AgentInput": "orchestrator.pipeline",
     "Budget": "orchestrator.pipeline",
+    "ClusterSpec": "orchestrator.cluster",
+    "Rate": "orchestrator.cluster",
     "Pipeline": "orchestrator.pipeline",
     "Step": "orchestrator.pipeline",
     "agent_input": "orchestrator.pipeline",
@@ -164,6 +166,8 @@ if TYPE_CHECKING:
     from .runs import PermissionEntry as PermissionEntry
     from .runs import PromptRun as PromptRun
     from .runs import PruneOutcome as PruneOutcome
+    from .cluster import ClusterSpec as ClusterSpec
+    from .cluster import Rate as Rate
     from .runs import RepoOutcome as RepoOutcome
     from .runs import RunOutcome as RunOutcome
     from .runs import StepOutcome as StepOutcome

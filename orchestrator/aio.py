@@ -26,6 +26,7 @@ from orchestrator.agent.client import ClientOptions
 from orchestrator.agent.permissions import Escalate
 from orchestrator.agent.services import ClientServices
 from orchestrator.agents import AgentSpec
+from orchestrator.cluster._connect import ClusterSpec
 from orchestrator.config import Config
 from orchestrator.mcp import McpServer
 from orchestrator.pipeline import Pipeline
@@ -145,6 +146,7 @@ async def run_pipeline(
     record_transcripts: bool = True,
     sandbox: SandboxChoice = None,
     mcp_servers: Sequence[McpServer | str] | None = None,
+    cluster: str | ClusterSpec | None = None,
 ) -> RunOutcome:
     """:func:`~orchestrator.runs.run.run_pipeline` awaited from asyncio (see the module)."""
     return await _threaded.call_async(
@@ -171,6 +173,7 @@ async def run_pipeline(
             record_transcripts=record_transcripts,
             sandbox=sandbox,
             mcp_servers=mcp_servers,
+            cluster=cluster,
         )
     )
 
@@ -202,6 +205,7 @@ async def compare(
     record_transcripts: bool = True,
     sandbox: SandboxChoice = None,
     mcp_servers: Sequence[McpServer | str] = (),
+    cluster: str | ClusterSpec | None = None,
 ) -> RunOutcome:
     """:func:`~orchestrator.runs.compare.compare` awaited from asyncio (see the module)."""
     return await _threaded.call_async(
@@ -232,6 +236,7 @@ async def compare(
             record_transcripts=record_transcripts,
             sandbox=sandbox,
             mcp_servers=mcp_servers,
+            cluster=cluster,
         )
     )
 
@@ -257,6 +262,7 @@ async def resume_run(
     services: ClientServices | None = None,
     record_transcripts: bool | None = None,
     mcp_servers: Sequence[McpServer | str] | None = None,
+    cluster: str | ClusterSpec | None = None,
 ) -> RunOutcome:
     """:func:`~orchestrator.runs.resume.resume_run` awaited from asyncio (see the module)."""
     return await _threaded.call_async(
@@ -281,6 +287,7 @@ async def resume_run(
             services=services,
             record_transcripts=record_transcripts,
             mcp_servers=mcp_servers,
+            cluster=cluster,
         )
     )
 
@@ -374,6 +381,7 @@ async def batch(
     record_transcripts: bool = True,
     mcp_servers: Sequence[McpServer | str] | None = None,
     clone_timeout: float | None = 600,
+    cluster: str | ClusterSpec | None = None,
 ) -> BatchOutcome:
     """:func:`~orchestrator.runs.batch.batch` awaited from asyncio (see the module)."""
     return await _threaded.call_async(
@@ -405,6 +413,7 @@ async def batch(
             record_transcripts=record_transcripts,
             mcp_servers=mcp_servers,
             clone_timeout=clone_timeout,
+            cluster=cluster,
         )
     )
 
@@ -426,6 +435,7 @@ async def resume_batch(
     on_event: Callable[[RunEvent], None] | None = None,
     connector: Connector | None = None,
     sandbox: SandboxChoice = None,
+    cluster: str | ClusterSpec | None = None,
 ) -> BatchOutcome:
     """:func:`~orchestrator.runs.batch.resume_batch` awaited from asyncio (see the module)."""
     return await _threaded.call_async(
@@ -446,5 +456,6 @@ async def resume_batch(
             on_event=on_event,
             connector=connector,
             sandbox=sandbox,
+            cluster=cluster,
         )
     )

@@ -79,6 +79,7 @@ __all__ = [
     "ProtocolVersionMismatch",
     "PushFailed",
     "RegistryError",
+    "RemoteTurnFailed",
     "RepoUnavailable",
     "ReportError",
     "RequestCancelled",
@@ -192,6 +193,21 @@ class UsageError(OrchestratorError):
 class ClusterError(OrchestratorError):
     """A cluster that cannot run the work: Ray is not installed, its address cannot be
     reached, or no node of it offers agent slots."""
+
+
+class RemoteTurnFailed(OrchestratorError):
+    """An agent step's turn that failed on a cluster node: the node's message, the
+    :data:`ErrorKind` it failed with, and the traceback of the pipeline's code that raised
+    there, if any (the exception itself stays on the node)."""
+
+    def __init__(self, message: str, kind: ErrorKind, traceback: str | None = None) -> None:
+        super().__init__(message)
+        # read by the runner's error_kind and user_traceback
+        self.remote_kind: ErrorKind = kind
+        self.remote_traceback = traceback
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.remote_kind, self.remote_traceback))
 
 
 class RegistryError(UsageError):

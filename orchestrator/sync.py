@@ -28,6 +28,7 @@ from orchestrator.agent.client import ClientOptions
 from orchestrator.agent.permissions import Escalate
 from orchestrator.agent.services import ClientServices
 from orchestrator.agents import AgentSpec
+from orchestrator.cluster._connect import ClusterSpec
 from orchestrator.config import Config
 from orchestrator.mcp import McpServer
 from orchestrator.pipeline import Pipeline
@@ -151,6 +152,7 @@ def run_pipeline_sync(
     record_transcripts: bool = True,
     sandbox: SandboxChoice = None,
     mcp_servers: Sequence[McpServer | str] | None = None,
+    cluster: str | ClusterSpec | None = None,
     cancel: CancelToken | None = None,
 ) -> RunOutcome:
     """:func:`~orchestrator.runs.run.run_pipeline` in a thread of its own (see the module)."""
@@ -178,6 +180,7 @@ def run_pipeline_sync(
             record_transcripts=record_transcripts,
             sandbox=sandbox,
             mcp_servers=mcp_servers,
+            cluster=cluster,
         ),
         cancel,
     )
@@ -210,6 +213,7 @@ def compare_sync(
     record_transcripts: bool = True,
     sandbox: SandboxChoice = None,
     mcp_servers: Sequence[McpServer | str] = (),
+    cluster: str | ClusterSpec | None = None,
     cancel: CancelToken | None = None,
 ) -> RunOutcome:
     """:func:`~orchestrator.runs.compare.compare` in a thread of its own (see the module)."""
@@ -241,6 +245,7 @@ def compare_sync(
             record_transcripts=record_transcripts,
             sandbox=sandbox,
             mcp_servers=mcp_servers,
+            cluster=cluster,
         ),
         cancel,
     )
@@ -267,6 +272,7 @@ def resume_run_sync(
     services: ClientServices | None = None,
     record_transcripts: bool | None = None,
     mcp_servers: Sequence[McpServer | str] | None = None,
+    cluster: str | ClusterSpec | None = None,
     cancel: CancelToken | None = None,
 ) -> RunOutcome:
     """:func:`~orchestrator.runs.resume.resume_run` in a thread of its own (see the module)."""
@@ -292,6 +298,7 @@ def resume_run_sync(
             services=services,
             record_transcripts=record_transcripts,
             mcp_servers=mcp_servers,
+            cluster=cluster,
         ),
         cancel,
     )
@@ -397,6 +404,7 @@ def batch_sync(
     record_transcripts: bool = True,
     mcp_servers: Sequence[McpServer | str] | None = None,
     clone_timeout: float | None = 600,
+    cluster: str | ClusterSpec | None = None,
     cancel: CancelToken | None = None,
 ) -> BatchOutcome:
     """:func:`~orchestrator.runs.batch.batch` in a thread of its own (see the module)."""
@@ -429,6 +437,7 @@ def batch_sync(
             record_transcripts=record_transcripts,
             mcp_servers=mcp_servers,
             clone_timeout=clone_timeout,
+            cluster=cluster,
         ),
         cancel,
     )
@@ -451,6 +460,7 @@ def resume_batch_sync(
     on_event: Callable[[RunEvent], None] | None = None,
     connector: Connector | None = None,
     sandbox: SandboxChoice = None,
+    cluster: str | ClusterSpec | None = None,
     cancel: CancelToken | None = None,
 ) -> BatchOutcome:
     """:func:`~orchestrator.runs.batch.resume_batch` in a thread of its own (see the module)."""
@@ -472,6 +482,7 @@ def resume_batch_sync(
             on_event=on_event,
             connector=connector,
             sandbox=sandbox,
+            cluster=cluster,
         ),
         cancel,
     )

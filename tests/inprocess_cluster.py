@@ -11,8 +11,8 @@ of a node, the coordinator) is tested against a real loopback cluster in test_cl
 from __future__ import annotations
 
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -117,5 +117,3 @@ async def in_process_cluster(count: int = 2) -> AsyncIterator[InProcessCluster]:
                 await trio.to_thread.run_sync(node.shutdown)
             if made is not None:
                 made.calls.shutdown()
-
-

@@ -54,7 +54,7 @@ def pids_of(path: Path) -> list[int]:
 async def wait_for_lines(path: Path, count: int, timeout: float = 60) -> list[int]:
     """The pids written to ``path``, once there are ``count`` of them."""
     with trio.fail_after(timeout):
-        while len(pids_of(path)) < count:
+        while len(pids_of(path)) < count:  # noqa: ASYNC110 - polling a file the agent writes
             await trio.sleep(0.05)
     return pids_of(path)
 
@@ -84,7 +84,7 @@ def waiting_commands(marker: Path) -> list[int]:
 
 async def wait_gone(pids: list[int], timeout: float = 20) -> None:
     with trio.fail_after(timeout):
-        while any(alive(p) for p in pids):
+        while any(alive(p) for p in pids):  # noqa: ASYNC110 - polling /proc
             await trio.sleep(0.05)
 
 
@@ -192,9 +192,7 @@ async def test_a_removed_node_fails_its_instances_and_resume_finishes_them(
 
         async def run() -> None:
             outcome.append(
-                await run_pipeline(
-                    path, cwd=project, policy="trusted", cluster=ray_cluster.address
-                )
+                await run_pipeline(path, cwd=project, policy="trusted", cluster=ray_cluster.address)
             )
 
         async with trio.open_nursery() as nursery:
@@ -322,7 +320,7 @@ def test_ctrl_c_leaves_nothing_running(ray_cluster: Any, tmp_path: Path, state_d
             time.sleep(0.05)
         [actor] = pids_of(pids)
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()

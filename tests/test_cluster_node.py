@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 import trio
-
 from inprocess_cluster import in_process_cluster
+
 from orchestrator import run_pipeline
 from orchestrator.store import open_run_store
 
@@ -35,8 +35,12 @@ def summary(outcome: Any) -> dict[str, Any]:
         for name, s in result["steps"].items()
     }
     conflicts = [(c["path"], c.get("resolution")) for c in result.get("conflicts") or ()]
-    return {"status": outcome.status, "steps": steps, "conflicts": conflicts,
-            "patch": Path(outcome.run_dir, "changes.patch").read_text()}
+    return {
+        "status": outcome.status,
+        "steps": steps,
+        "conflicts": conflicts,
+        "patch": Path(outcome.run_dir, "changes.patch").read_text(),
+    }
 
 
 async def test_the_demo_pipeline_gives_the_same_result_on_nodes(
@@ -114,7 +118,10 @@ async def test_a_prompt_that_wants_its_directory_and_a_failing_one(
     path.write_text(WORKDIR_PIPELINE)
     async with in_process_cluster(1) as cluster:
         outcome = await run_pipeline(
-            path, cwd=project, policy="edit", _cluster=cluster  # type: ignore[arg-type]
+            path,
+            cwd=project,
+            policy="edit",
+            _cluster=cluster,  # type: ignore[arg-type]
         )
     steps = outcome.result["steps"]
     assert steps["fix"]["status"] == "succeeded"

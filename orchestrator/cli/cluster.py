@@ -22,9 +22,7 @@ RATE_HELP = (
 def add_cluster_options(p: argparse.ArgumentParser | Any) -> None:
     """``--cluster ADDRESS`` and ``--rate AGENT=N/PERIOD``."""
     p.add_argument("--cluster", metavar="ADDRESS", help=CLUSTER_HELP)
-    p.add_argument(
-        "--rate", action="append", default=[], metavar="AGENT=N/PERIOD", help=RATE_HELP
-    )
+    p.add_argument("--rate", action="append", default=[], metavar="AGENT=N/PERIOD", help=RATE_HELP)
 
 
 def cluster_option(args: argparse.Namespace) -> Any:

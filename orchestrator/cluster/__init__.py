@@ -6,3 +6,8 @@ step instance is placed on a node with free ``agent_slots``, where a supervisor 
 one-machine supervisor and runs the turn on a branch directory made from the instance's tree,
 shipped as a content-addressed manifest and blobs.
 """
+
+from ._connect import CLUSTER_ENV, ClusterSpec, cluster_spec
+from ._coordinator import Rate, parse_rate
+
+__all__ = ["CLUSTER_ENV", "ClusterSpec", "Rate", "cluster_spec", "parse_rate"]

@@ -31,8 +31,8 @@ import attrs
 import trio
 from attrs import define, field, frozen
 
-from ..agent.session import ClientOptions
 from ..agent.services import ClientServices
+from ..agent.session import ClientOptions
 from ..agent.turn import TurnResult
 from ..agents import AgentSpec
 from ..errors import ClusterError

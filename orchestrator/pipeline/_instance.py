@@ -16,6 +16,7 @@ import attrs
 import trio
 from attrs import define, field
 
+from ..errors import RemoteTurnFailed
 from ..store import StepRecord
 from ..vfs import Branch, MergeResult, Snapshot
 from ._agent_step import AgentTurns
@@ -23,7 +24,7 @@ from ._branchio import BranchDirs
 from ._budget import NotStarted, RunBudget
 from ._calls import call, describe, error_kind, user_traceback
 from ._recording import Recorder
-from ._remote import RemoteFailure, RemoteReply, RemoteTurn, RemoteTurns, run_remote
+from ._remote import RemoteReply, RemoteTurn, RemoteTurns, run_remote
 from ._state import StepState
 from ._step import Step
 from .results import CheckResult, RunEvent, StepContext, StepResult
@@ -318,7 +319,6 @@ class InstanceExecutor:
             # removed in the background: nothing the step reports depends on it
             self.dirs.remove(workdir)
 
-
     async def _remote_turn(
         self,
         step: Step,
@@ -363,7 +363,7 @@ class InstanceExecutor:
             max_turn_record_bytes=self.recorder.max_turn_bytes,
         )
 
-        def take(reply: RemoteReply) -> tuple[StepResult | None, RemoteFailure | None]:
+        def take(reply: RemoteReply) -> tuple[StepResult | None, RemoteTurnFailed | None]:
             result, failure = run_remote(reply, branch, self.recorder)
             budget = self.budget
             if budget is not None:  # what the sessions used counts here too

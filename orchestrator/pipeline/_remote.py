@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from attrs import frozen
 
 from ..agents import AgentSpec
-from ..errors import ErrorKind, OrchestratorError
+from ..errors import ErrorKind, RemoteTurnFailed
 from ..mcp import McpServer
 from ..policy import PolicySet
 from ..sandbox import Sandbox
@@ -24,7 +24,7 @@ from ._recording import Recorder
 from .results import CheckResult, RunEvent, StepResult
 from .spec import Step
 
-__all__ = ["RemoteFailure", "RemoteReply", "RemoteTurn", "RemoteTurns", "run_remote"]
+__all__ = ["RemoteReply", "RemoteTurn", "RemoteTurns", "run_remote"]
 
 
 @frozen
@@ -95,22 +95,9 @@ class RemoteTurns(Protocol):
         ...
 
 
-class RemoteFailure(OrchestratorError):
-    """A turn that failed on a node: its message, kind and the pipeline's traceback, if any."""
-
-    def __init__(self, message: str, kind: ErrorKind, traceback: str | None = None) -> None:
-        super().__init__(message)
-        # read by the runner's error_kind and user_traceback
-        self.remote_kind: ErrorKind = kind
-        self.remote_traceback = traceback
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (str(self), self.remote_kind, self.remote_traceback))
-
-
 def run_remote(
     reply: RemoteReply, branch: Branch, recorder: Recorder
-) -> tuple[StepResult | None, RemoteFailure | None]:
+) -> tuple[StepResult | None, RemoteTurnFailed | None]:
     """Put ``reply`` into the driver's ``branch`` and ``recorder``: the branch takes the
     node's changes, the events are emitted (and stored) here. Returns the result, and the
     failure to raise (with the result of what the turn did before it, if any)."""
@@ -122,4 +109,4 @@ def run_remote(
     if reply.error is None:
         return result, None
     message, kind, traceback = reply.error
-    return result, RemoteFailure(message, kind, traceback)
+    return result, RemoteTurnFailed(message, kind, traceback)

@@ -14,8 +14,8 @@ from .._names import display_names
 from ..agent.client import ClientOptions
 from ..agent.permissions import Escalate
 from ..agent.services import ClientServices
-from ..cluster._connect import ClusterSpec
 from ..agents import AgentSpec
+from ..cluster._connect import ClusterSpec
 from ..config import Config
 from ..errors import UsageError
 from ..mcp import McpServer
