@@ -142,6 +142,8 @@ if TYPE_CHECKING:
     from .agent.turn import TurnResult as TurnResult
     from .agents import AgentSpec as AgentSpec
     from .agents import resolve_agent as resolve_agent
+    from .cluster import ClusterSpec as ClusterSpec
+    from .cluster import Rate as Rate
     from .config import Config as Config
     from .mcp import McpServer as McpServer
     from .pipeline import AgentInput as AgentInput
@@ -166,8 +168,6 @@ if TYPE_CHECKING:
     from .runs import PermissionEntry as PermissionEntry
     from .runs import PromptRun as PromptRun
     from .runs import PruneOutcome as PruneOutcome
-    from .cluster import ClusterSpec as ClusterSpec
-    from .cluster import Rate as Rate
     from .runs import RepoOutcome as RepoOutcome
     from .runs import RunOutcome as RunOutcome
     from .runs import StepOutcome as StepOutcome
