@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import trio
 from attrs import define, field
@@ -49,7 +50,7 @@ class InProcessCluster:
 
     @asynccontextmanager
     async def open_run(
-        self, config: RunHostConfig, transcripts: Path | None
+        self, config: RunHostConfig, transcripts: Path | None, copy: Any = None
     ) -> AsyncIterator[_Turns]:
         for node in self.nodes:
             await trio.to_thread.run_sync(node.open_run, config)
@@ -62,6 +63,9 @@ class InProcessCluster:
                     transcripts.mkdir(parents=True, exist_ok=True)
                     for name, data in files.items():
                         (transcripts / f"{name[:-6]}@n{i}.jsonl").write_bytes(data)
+                if copy is not None:
+                    for data in files.values():
+                        copy.write(data)
 
 
 @define(eq=False)

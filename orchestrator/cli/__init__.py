@@ -301,6 +301,7 @@ async def _interruptible(handler: Callable[[argparse.Namespace], Any], args: Any
     from ..errors import (
         AgentStartError,
         CapabilityNotSupported,
+        ClusterError,
         OrchestratorError,
         ResumeConflict,
         UnsettledConflicts,
@@ -371,6 +372,8 @@ async def _interruptible(handler: Callable[[argparse.Namespace], Any], args: Any
                 not_found = isinstance(e.__cause__, FileNotFoundError | PermissionError)
                 code = fail(e, EXIT_USAGE if not_found else EXIT_FAILED)
             except CapabilityNotSupported as e:
+                code = fail(e, EXIT_USAGE)
+            except ClusterError as e:  # no Ray, an address with no cluster: the setup's fault
                 code = fail(e, EXIT_USAGE)
             except UnsettledConflicts as e:
                 code = fail(e, EXIT_MERGE_CONFLICTS)

@@ -80,7 +80,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--max-sessions",
         type=positive_int,
-        help="live agent sessions at once, across all repositories (default: the config's, else 8)",
+        help="live agent sessions at once, across all repositories (default: the config's, else "
+        "8; on a cluster, its agent slots)",
     )
     add_cluster_options(p)
     out = p.add_argument_group("what comes out (default: nothing is touched)")

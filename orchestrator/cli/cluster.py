@@ -27,7 +27,7 @@ def add_cluster_options(p: argparse.ArgumentParser | Any) -> None:
 
 def cluster_option(args: argparse.Namespace) -> Any:
     """The cluster the command's options (or ``$ORCHESTRATOR_CLUSTER``) name, with its rates:
-    a :class:`~orchestrator.cluster.ClusterSpec`, or None for this machine."""
+    a :class:`~orchestrator.cluster.ClusterSpec`, or ``"local"`` for this machine."""
     import attrs
 
     from ..cluster._connect import cluster_spec
@@ -40,9 +40,14 @@ def cluster_option(args: argparse.Namespace) -> Any:
         agent, sep, rate = text.partition("=")
         if not sep or not agent.strip():
             raise UsageError(f"--rate {text!r}: expected AGENT=N/PERIOD, such as claude=30/m")
-        rates[agent.strip()] = parse_rate(rate.strip())
+        try:
+            rates[agent.strip()] = parse_rate(rate.strip())
+        except UsageError as e:
+            raise UsageError(f"--rate {text!r}: {e}") from None
     if rates:
         if spec is None:
             raise UsageError("--rate limits prompts across a cluster: it needs --cluster")
         spec = attrs.evolve(spec, rates={**spec.rates, **rates})
-    return spec
+    # this machine, decided here (the environment variable read once): the library must not
+    # read it again
+    return spec if spec is not None else "local"

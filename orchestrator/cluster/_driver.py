@@ -29,6 +29,7 @@ import trio
 from attrs import define, field
 
 from .._log import get_logger
+from ..agent.transcript import TranscriptFile
 from ..errors import ClusterError
 from ..pipeline._budget import RunBudget
 from ..pipeline._remote import RemoteReply, RemoteTurn
@@ -95,10 +96,14 @@ class ClusterSession:
 
     @asynccontextmanager
     async def open_run(
-        self, config: RunHostConfig, transcripts: Path | None
+        self,
+        config: RunHostConfig,
+        transcripts: Path | None,
+        copy: TranscriptFile | None = None,
     ) -> AsyncIterator[ClusterTurns]:
         """Host run ``config.run_id`` on every node for the block; at its end each node's
-        wire transcripts are written to ``transcripts`` (``LABEL@NODE.jsonl``)."""
+        wire transcripts are written to ``transcripts`` (``LABEL@NODE.jsonl``), and their
+        lines to ``copy`` (the run's live transcript file), if given."""
         live = [n for n in self.nodes if not n.lost]
         await self._gather([n.actor.open_run.remote(config) for n in live], lost=live)
         try:
@@ -118,6 +123,9 @@ class ClusterSession:
                         await trio.to_thread.run_sync(
                             _write_transcripts, transcripts, _short(node.info.node_id), files
                         )
+                    if copy is not None:
+                        for data in files.values():
+                            copy.write(data)
 
     async def _gather(self, refs: list[Any], *, lost: list[_Node]) -> list[Any]:
         out = []

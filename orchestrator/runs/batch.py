@@ -155,7 +155,10 @@ async def batch(
     ``skipped`` (``budget``), and running turns finish (``on_budget="finish"``) or are
     cancelled (``"cancel"``). ``on_event`` sees the batch's events (``batch_started``,
     ``repo_started``, ``repo_finished``, ``batch_finished``) and every child run's, with
-    ``repo`` in their data. The other options are :func:`run_pipeline`'s.
+    ``repo`` in their data. ``cluster`` runs every repository's agent turns on that Ray
+    cluster (one connection, one coordinator holding the budget for every node; without
+    ``max_sessions``, as many at once as its agent slots). The other options are
+    :func:`run_pipeline`'s.
 
     Bad input (the pipeline, its inputs, the list, an option) raises before anything is
     recorded or started; a repository that cannot be reached (a clone that fails) fails alone.
@@ -397,7 +400,8 @@ async def resume_batch(
 
     The batch goes on with its recorded options (repositories, apply, branch, push, budgets);
     a budget counts again from nothing, and ``max_tokens``, ``max_cost``, ``max_seconds``,
-    ``on_budget``, ``max_repos``, ``max_sessions`` and ``policy`` replace the recorded ones.
+    ``on_budget``, ``max_repos``, ``max_sessions`` and ``policy`` replace the recorded ones;
+    ``cluster`` runs this attempt on a cluster (as :func:`batch`).
     """
     check_trio_face("resume_batch")  # before anything starts
     check_positive("max_repos", max_repos)

@@ -90,7 +90,8 @@ async def resume_run(
     or the :class:`~orchestrator.pipeline.Pipeline` a program built in code, which has no
     file to read again). ``verify`` replaces the recorded verify commands, and
     ``record_transcripts`` the first attempt's choice (a prompt keeps its wire transcript only
-    when asked). The other keyword arguments are :func:`~orchestrator.runs.run_pipeline`'s.
+    when asked). ``cluster`` runs this attempt on a cluster, whatever the first one ran on.
+    The other keyword arguments are :func:`~orchestrator.runs.run_pipeline`'s.
     """
     check_trio_face("resume_run")  # before anything starts
     state = state_directory(state_dir)

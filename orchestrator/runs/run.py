@@ -430,6 +430,15 @@ async def run_pipeline(
     would make a symlink leading outside the workspace raises
     :class:`~orchestrator.errors.SymlinkRefused` once the run is recorded.
 
+    ``cluster`` (``"ray:HOST:PORT"``, ``"auto"``, a :class:`~orchestrator.cluster.ClusterSpec`
+    with request rates; default: ``$ORCHESTRATOR_CLUSTER``; ``"local"``: this machine) runs
+    every agent turn on a node of that Ray cluster, the rest here (see
+    :mod:`orchestrator.cluster`); without ``max_sessions``, as many turns at once as the
+    cluster has agent slots. A cluster that cannot be reached raises
+    :class:`~orchestrator.errors.ClusterError` before anything is recorded; ``pool``,
+    ``connector`` and ``services`` cannot be given with one. A batch gives its child runs its
+    cluster session (``_cluster``).
+
     A batch runs its repositories' runs in one trio run and gives each the same private
     ``_budget`` (a :class:`~orchestrator.pipeline._budget.RunBudget`: its clock starts with
     the first run; once spent, no instance starts) and ``_slots`` (held by each running
@@ -601,6 +610,7 @@ async def run_pipeline(
                             reuse_dirs=reuse_dirs,
                         ),
                         run_dir / "transcripts" if record_transcripts else None,
+                        copy,
                     ) as remote,
                 ):
                     runner = PipelineRunner(
@@ -835,13 +845,16 @@ def _trash_branches(run_dir: Path) -> None:
 
 @asynccontextmanager
 async def _hosted(
-    session: ClusterSession | None, config: RunHostConfig, transcripts: Path | None
+    session: ClusterSession | None,
+    config: RunHostConfig,
+    transcripts: Path | None,
+    copy: TranscriptFile | None,
 ) -> AsyncIterator[ClusterTurns | None]:
     """The run's turns on the cluster's nodes for the block (None: in this process)."""
     if session is None:
         yield None
         return
-    async with session.open_run(config, transcripts) as turns:
+    async with session.open_run(config, transcripts, copy) as turns:
         yield turns
 
 
