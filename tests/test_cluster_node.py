@@ -156,12 +156,21 @@ async def test_a_cancelled_run_keeps_what_the_node_did(tmp_path: Path, state_dir
         if event.type == "run_started":
             started.append(event.run_id)
 
-    async with in_process_cluster(1) as cluster:
-        with trio.move_on_after(8):
-            await run_pipeline(
-                path, cwd=project, policy="trusted", on_event=on_event,
-                _cluster=cluster,  # type: ignore[arg-type]
-            )  # fmt: skip
+    async with in_process_cluster(1) as cluster, trio.open_nursery() as nursery:
+        scope = trio.CancelScope()
+
+        async def run() -> None:
+            with scope:
+                await run_pipeline(
+                    path, cwd=project, policy="trusted", on_event=on_event,
+                    _cluster=cluster,  # type: ignore[arg-type]
+                )  # fmt: skip
+
+        nursery.start_soon(run)
+        with trio.fail_after(60):  # cancelled once the turn's command runs
+            while not _sleeping(project):  # noqa: ASYNC110 - polling /proc
+                await trio.sleep(0.02)
+        scope.cancel()
     assert started
     assert not _sleeping(project), "a command of the cancelled turn is still running"
     run = await _record(state_dir, started[0])

@@ -17,6 +17,7 @@ turns; a resume runs the instance again.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -39,7 +40,7 @@ from ._connect import AgentNode, ClusterSpec, connect, import_ray
 from ._coordinator import Coordinator
 from ._keys import first_round_key
 from ._node import NodeSupervisor, RunHostConfig
-from ._trees import blobs_for, manifest_of
+from ._trees import Manifest, blobs_for, manifest_of
 
 __all__ = ["ClusterSession", "ClusterTurns", "open_cluster"]
 
@@ -50,6 +51,8 @@ CANCEL_GRACE = 15.0
 #: how long a node's supervisor may take to start (its slots may be held by another run):
 #: one that does not is left out
 START_TIMEOUT = 60.0
+#: the most blob bytes sent to a node in one call
+SHIP_BYTES = 32 * 1024 * 1024
 #: how long the nodes may take to end their agents at the end
 STOP_TIMEOUT = 20.0
 
@@ -189,6 +192,21 @@ class ClusterTurns:
 
     session: ClusterSession
     run_id: str
+    #: the manifests of the trees fresh branches forked from: id -> (tree, manifest); the
+    #: instances of a fan-out share one
+    _manifests: dict[int, tuple[object, Manifest]] = field(factory=dict)
+
+    async def _manifest(self, branch: Branch) -> Manifest:
+        """``branch``'s manifest; a branch with no changes of its own has its base's."""
+        if branch.changes:
+            return await trio.to_thread.run_sync(manifest_of, branch)
+        base = branch.base
+        known = self._manifests.get(id(base))
+        if known is not None and known[0] is base:
+            return known[1]
+        manifest = await trio.to_thread.run_sync(manifest_of, branch)
+        self._manifests[id(base)] = (base, manifest)
+        return manifest
 
     async def run_turn(
         self,
@@ -221,14 +239,17 @@ class ClusterTurns:
         prompt was claimed (the turn may go elsewhere)."""
         session = self.session
         session._by_value(turn.step)
-        manifest = await trio.to_thread.run_sync(manifest_of, branch)
+        manifest = await self._manifest(branch)
         call_id = uuid.uuid4().hex
         ref = None
         try:
             async with node.shipping:
-                if not manifest.digests() <= node.seen:
+                while not manifest.digests() <= node.seen:
+                    # in parts: a large tree never sits whole in memory or in one message
                     seen = frozenset(node.seen)
-                    blobs = await trio.to_thread.run_sync(blobs_for, branch, manifest, seen)
+                    blobs = await trio.to_thread.run_sync(
+                        functools.partial(blobs_for, branch, manifest, seen, limit=SHIP_BYTES)
+                    )
                     await session._get(node.actor.put_blobs.remote(blobs))
                     node.seen.update(blobs)
             ref = node.actor.run_turn.remote(call_id, turn, manifest)

@@ -71,6 +71,19 @@ class RunHostConfig:
     reuse_dirs: bool = True
 
 
+#: base trees a run keeps on a node when no turn uses them (the next fan-out item reuses one)
+KEEP_BASES = 4
+
+
+@define(eq=False)
+class _Base:
+    """One base tree of a run on a node: its snapshot, and its hold on the tree cache."""
+
+    snapshot: Snapshot
+    held: contextlib.ExitStack
+    users: int = 0
+
+
 @define(eq=False)
 class _RunHost:
     """One run's supervisor and branch directories on this node."""
@@ -81,9 +94,9 @@ class _RunHost:
     dirs: BranchDirs
     close: trio.Event = field(factory=trio.Event)
     closed: trio.Event = field(factory=trio.Event)
-    #: the base tree of each manifest seen in this run (held in the tree cache meanwhile)
-    bases: dict[str, Snapshot] = field(factory=dict)
-    held: contextlib.ExitStack = field(factory=contextlib.ExitStack)
+    #: the base trees of this run's turns by manifest digest, least recently used first: a
+    #: snapshot of a tree cache directory, held there while turns use it (and a few after)
+    bases: dict[str, _Base] = field(factory=dict)
     base_lock: trio.Lock = field(factory=trio.Lock)
 
 
@@ -184,7 +197,7 @@ async def _main(state: _NodeState, started: threading.Event) -> None:
         for host in state.runs.values():
             host.close.set()
     for host in state.runs.values():
-        host.held.close()
+        _let_go(host, keep=0)
 
 
 async def _open_run(state: _NodeState, config: RunHostConfig) -> None:
@@ -227,7 +240,7 @@ async def _close_run(state: _NodeState, run_id: str) -> dict[str, bytes]:
     host.close.set()
     await host.closed.wait()
     del state.runs[run_id]
-    host.held.close()
+    _let_go(host, keep=0)
 
     def collect() -> dict[str, bytes]:
         out = {}
@@ -248,20 +261,39 @@ def _cancel(state: _NodeState, call_id: str) -> None:
         scope.cancel()
 
 
-async def _base(state: _NodeState, host: _RunHost, manifest: Manifest) -> Snapshot:
-    """The tree of ``manifest`` as a snapshot of a directory of the node's tree cache: one per
-    manifest per run, so instances of one tree share branch directories (the pool's key)."""
+@asynccontextmanager
+async def _base(state: _NodeState, host: _RunHost, manifest: Manifest) -> AsyncIterator[Snapshot]:
+    """The tree of ``manifest`` as a snapshot of a directory of the node's tree cache, for the
+    block: one per manifest per run, so instances of one tree share branch directories (the
+    pool's key); held while turns use it, let go once :data:`KEEP_BASES` others are newer."""
     async with host.base_lock:
-        snapshot = host.bases.get(manifest.digest)
-        if snapshot is None:
+        base = host.bases.pop(manifest.digest, None)
+        if base is None:
 
-            def make() -> Snapshot:
-                directory = host.held.enter_context(state.trees.open(manifest))
-                return Workspace.open(directory).snapshot()
+            def make() -> _Base:
+                held = contextlib.ExitStack()
+                try:
+                    directory = held.enter_context(state.trees.open(manifest))
+                    return _Base(Workspace.open(directory).snapshot(), held)
+                except BaseException:
+                    held.close()
+                    raise
 
-            snapshot = await trio.to_thread.run_sync(make)
-            host.bases[manifest.digest] = snapshot
-    return snapshot
+            base = await trio.to_thread.run_sync(make)
+        host.bases[manifest.digest] = base  # the most recently used last
+        base.users += 1
+    try:
+        yield base.snapshot
+    finally:
+        base.users -= 1
+        _let_go(host, keep=KEEP_BASES)
+
+
+def _let_go(host: _RunHost, *, keep: int) -> None:
+    """Let the tree cache evict the bases no turn uses, but the ``keep`` most recent."""
+    idle = [d for d, b in host.bases.items() if b.users == 0]
+    for digest in idle[: max(len(idle) - keep, 0)]:
+        host.bases.pop(digest).held.close()
 
 
 class _Collect:
@@ -386,7 +418,14 @@ async def _serve_turn(
     host = state.runs.get(turn.run_id)
     if host is None:
         raise ClusterError(f"node {state.node}: run {turn.run_id} is not open here")
-    snapshot = await _base(state, host, manifest)
+    async with _base(state, host, manifest) as snapshot:
+        return await _serve_on(state, host, snapshot, call_id, turn)
+
+
+async def _serve_on(
+    state: _NodeState, host: _RunHost, snapshot: Snapshot, call_id: str, turn: RemoteTurn
+) -> RemoteReply:
+    """:func:`_serve_turn` on the snapshot of its tree."""
     branch = Branch.from_tree(snapshot, turn.name)
     collect = _Collect()
     recorder = Recorder(

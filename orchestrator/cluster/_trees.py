@@ -141,16 +141,27 @@ def manifest_of(tree: Tree | Branch) -> Manifest:
     return Manifest.of(entries)
 
 
-def blobs_for(tree: Tree | Branch, manifest: Manifest, have: Collection[str]) -> dict[str, bytes]:
+def blobs_for(
+    tree: Tree | Branch,
+    manifest: Manifest,
+    have: Collection[str],
+    *,
+    limit: int | None = None,
+) -> dict[str, bytes]:
     """The content of every hash of ``manifest`` not in ``have``, read from ``tree`` once each.
 
     ``manifest`` is ``tree``'s (:func:`manifest_of`); ``have`` what the receiving node holds
-    already (what :meth:`BlobStore.missing` did not name).
+    already (what :meth:`BlobStore.missing` did not name). ``limit``: stop once the blobs read
+    hold that many bytes (one blob at least), for shipping a large tree in parts.
     """
     out: dict[str, bytes] = {}
+    size = 0
     for entry in manifest.entries:
         if entry.digest not in have and entry.digest not in out:
-            out[entry.digest] = tree.read(entry.path)
+            data = out[entry.digest] = tree.read(entry.path)
+            size += len(data)
+            if limit is not None and size >= limit:
+                break
     return out
 
 

@@ -155,7 +155,9 @@ class InstanceExecutor:
             cut_short = self.turns.take_interrupted(name)
             error = describe(e)
             kind = error_kind(e)
-            if attempt <= step.retries:
+            # a turn whose node was lost may have been sent: its outcome is unknown, and a
+            # retry would send it again (a resume is the user's choice)
+            if attempt <= step.retries and kind != "node-lost":
                 return self._retry(step, key, agent, error, attempt)
             state.failures[key] = error
             state.failure_kinds[key] = kind
