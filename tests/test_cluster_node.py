@@ -173,8 +173,8 @@ async def test_a_cancelled_run_keeps_what_the_node_did(tmp_path: Path, state_dir
         scope.cancel()
     assert started
     assert not _sleeping(project), "a command of the cancelled turn is still running"
-    run = await _record(state_dir, started[0])
-    assert run.status == "interrupted"
+    record = await _record(state_dir, started[0])
+    assert record.status == "interrupted"
     async with open_run_store(state_dir) as store:
         steps = {s.step: s for s in await store.steps(started[0])}
     assert steps["slow"].status == "interrupted"
