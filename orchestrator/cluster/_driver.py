@@ -148,13 +148,15 @@ class ClusterSession:
             lambda: ray.get(ref, timeout=timeout), abandon_on_cancel=True, limiter=self.waits
         )
 
-    async def _take(self) -> _Node:
-        """The node with the most free slots, once one has a free slot."""
+    async def _take(self, digests: frozenset[str] = frozenset()) -> _Node:
+        """The node with the most free slots, once one has a free slot; among those as free,
+        the one that holds the most of ``digests`` (the turn's tree), then the one idle
+        longest."""
         while True:
             live = [n for n in self.nodes if not n.lost]
             if not live:
                 raise ClusterError("no node of the cluster is left to run agents")
-            node = max(live, key=lambda n: (n.free, -n.placed))
+            node = max(live, key=lambda n: (n.free, -len(digests - n.seen), -n.placed))
             if node.free > 0:
                 node.free -= 1
                 self._placed += 1
@@ -218,10 +220,12 @@ class ClusterTurns:
         """Run ``turn`` on a node (see the module docstring). A node lost before the turn's
         first prompt was claimed (so never sent) is left, and the turn placed on another."""
         session = self.session
+        manifest = await self._manifest(branch)
+        digests = manifest.digests()
         while True:
-            node = await session._take()
+            node = await session._take(digests)
             try:
-                reply, unsent = await self._on(node, turn, branch, on_cancelled)
+                reply, unsent = await self._on(node, turn, branch, manifest, digests, on_cancelled)
             finally:
                 session._give(node)
             if not unsent:
@@ -233,18 +237,19 @@ class ClusterTurns:
         node: _Node,
         turn: RemoteTurn,
         branch: Branch,
+        manifest: Manifest,
+        digests: frozenset[str],
         on_cancelled: Callable[[RemoteReply], None],
     ) -> tuple[RemoteReply, bool]:
         """``turn`` on ``node``: its reply, and whether the node was lost before its first
         prompt was claimed (the turn may go elsewhere)."""
         session = self.session
         session._by_value(turn.step)
-        manifest = await self._manifest(branch)
         call_id = uuid.uuid4().hex
         ref = None
         try:
             async with node.shipping:
-                while not manifest.digests() <= node.seen:
+                while not digests <= node.seen:
                     # in parts: a large tree never sits whole in memory or in one message
                     seen = frozenset(node.seen)
                     blobs = await trio.to_thread.run_sync(
