@@ -5,6 +5,7 @@ nodes; a worker killed mid-turn sends no second prompt; a removed node's instanc
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 import trio
 
-from orchestrator import batch, resume_run, run_pipeline
+from orchestrator import batch, compare, resume_run, run_pipeline
 from orchestrator.cluster._connect import ClusterSpec
 from orchestrator.cluster._coordinator import Rate
 from orchestrator.store import open_run_store
@@ -336,3 +337,30 @@ def test_ctrl_c_leaves_nothing_running(ray_cluster: Any, tmp_path: Path, state_d
         [str(exe), "runs", "--json"], capture_output=True, text=True, check=True
     ).stdout
     assert '"interrupted"' in runs
+
+
+async def test_a_comparison_on_the_cluster_with_its_transcript(
+    ray_cluster: Any, tmp_path: Path, state_dir: Path
+) -> None:
+    """compare on the cluster: each agent's turn on a node, the verdict as on one machine, and
+    --transcript gets every node's frames (at the end of the run)."""
+    project = tmp_path / "p"
+    project.mkdir()
+    (project / "app.txt").write_text("old\n")
+    task = 'replace "old" with "new" in app.txt'
+    wire = tmp_path / "wire.jsonl"
+    there = await compare(
+        ["alice=demo", "bob=demo"], task, cwd=project, policy="edit", verify="grep -q new app.txt",
+        transcript=wire, cluster=ray_cluster.address,
+    )  # fmt: skip
+    here = await compare(
+        ["alice=demo", "bob=demo"], task, cwd=project, policy="edit", verify="grep -q new app.txt"
+    )
+    assert there.status == here.status == "succeeded"
+    assert sorted(there.result["succeeded"]) == sorted(here.result["succeeded"]) == ["alice", "bob"]
+    frames = [json.loads(line) for line in wire.read_text().splitlines()]
+    prompts = [
+        f for f in frames if f["dir"] == "send" and f["msg"].get("method") == "session/prompt"
+    ]
+    assert sorted(f["agent"] for f in prompts) == ["alice", "bob"]
+    assert (project / "app.txt").read_text() == "old\n"
