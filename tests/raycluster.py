@@ -173,11 +173,15 @@ class LoopbackCluster:
         """Ray's node objects of the cluster (the head first); ``.unique_id`` is the node id."""
         return list(self._cluster.list_all_nodes())
 
-    def add_node(self, slots: int = SLOTS) -> Any:
+    def add_node(self, slots: int = SLOTS, *, ip: str = "127.0.0.1") -> Any:
         """Start one more node offering ``slots`` agent slots (``0``: none); waits until it
-        joined. Returns it (for :meth:`remove_node`)."""
+        joined. Returns it (for :meth:`remove_node`). ``ip``: another loopback address
+        (``127.0.0.2``) keeps drivers of this machine off it: a driver attaches to a node of
+        its own address, and loses the cluster with that node."""
         before = _direct_children()
-        node = self._cluster.add_node(wait=True, **self._node_args(slots))
+        node = self._cluster.add_node(
+            wait=True, **{**self._node_args(slots), "node_ip_address": ip}
+        )
         self._roots |= _direct_children() - before
         self._note_processes()
         return node

@@ -104,16 +104,16 @@ class ClusterSession:
         transcripts: Path | None,
         copy: TranscriptFile | None = None,
     ) -> AsyncIterator[ClusterTurns]:
-        """Host run ``config.run_id`` on every node for the block; at its end each node's
-        wire transcripts are written to ``transcripts`` (``LABEL@NODE.jsonl``), and their
-        lines to ``copy`` (the run's live transcript file), if given."""
-        live = [n for n in self.nodes if not n.lost]
-        await self._gather([n.actor.open_run.remote(config) for n in live], lost=live)
+        """Host run ``config.run_id`` for the block, on each node when its first turn of the
+        run goes there; at its end each of those nodes' wire transcripts are written to
+        ``transcripts`` (``LABEL@NODE.jsonl``), and their lines to ``copy`` (the run's live
+        transcript file), if given."""
+        turns = ClusterTurns(self, config.run_id, config)
         try:
-            yield ClusterTurns(self, config.run_id)
+            yield turns
         finally:
             with trio.CancelScope(shield=True):
-                for node in self.nodes:
+                for node in turns.hosted:
                     if node.lost:
                         continue
                     try:
@@ -129,18 +129,6 @@ class ClusterSession:
                     if copy is not None:
                         for data in files.values():
                             copy.write(data)
-
-    async def _gather(self, refs: list[Any], *, lost: list[_Node]) -> list[Any]:
-        out = []
-        for ref, node in zip(refs, lost, strict=True):
-            try:
-                out.append(await self._get(ref))
-            except Exception as e:
-                if _is_lost(self.ray, e):
-                    node.lost = True
-                    continue
-                raise
-        return out
 
     async def _get(self, ref: Any, timeout: float | None = None) -> Any:
         ray = self.ray
@@ -194,6 +182,10 @@ class ClusterTurns:
 
     session: ClusterSession
     run_id: str
+    config: RunHostConfig
+    #: the nodes hosting the run (its first turn there opened it), in that order
+    hosted: list[_Node] = field(factory=list)
+    _hosting: dict[int, trio.Event] = field(factory=dict)
     #: the manifests of the trees fresh branches forked from: id -> (tree, manifest); the
     #: instances of a fan-out share one
     _manifests: dict[int, tuple[object, Manifest]] = field(factory=dict)
@@ -209,6 +201,19 @@ class ClusterTurns:
         manifest = await trio.to_thread.run_sync(manifest_of, branch)
         self._manifests[id(base)] = (base, manifest)
         return manifest
+
+    async def _host(self, node: _Node) -> None:
+        """Open the run on ``node`` unless it is (once: turns placed there meanwhile wait)."""
+        opened = self._hosting.get(id(node))
+        if opened is not None:
+            await opened.wait()
+            return
+        opened = self._hosting[id(node)] = trio.Event()
+        try:
+            await self.session._get(node.actor.open_run.remote(self.config))
+            self.hosted.append(node)
+        finally:
+            opened.set()
 
     async def run_turn(
         self,
@@ -248,6 +253,7 @@ class ClusterTurns:
         call_id = uuid.uuid4().hex
         ref = None
         try:
+            await self._host(node)
             async with node.shipping:
                 while not digests <= node.seen:
                     # in parts: a large tree never sits whole in memory or in one message
@@ -323,14 +329,16 @@ async def open_cluster(
     ray = import_ray()
     with connect(spec) as nodes:
         strategies = ray.util.scheduling_strategies
-        here = ray.get_runtime_context().get_node_id()
+        # the coordinator lives on the head: the cluster lives and dies with it (the driver's
+        # own node may be any node, and be lost like any)
+        here = _head_node(ray) or ray.get_runtime_context().get_node_id()
         coordinator = (
             ray.remote(Coordinator)
             .options(
                 num_cpus=0,
                 max_restarts=0,
                 max_task_retries=0,
-                scheduling_strategy=strategies.NodeAffinitySchedulingStrategy(here, soft=True),
+                scheduling_strategy=strategies.NodeAffinitySchedulingStrategy(here, soft=False),
             )
             .remote(
                 max_tokens=budget.max_tokens if budget is not None else None,
@@ -381,6 +389,14 @@ async def open_cluster(
         finally:
             with trio.CancelScope(shield=True):
                 await _stop(ray, made, coordinator)
+
+
+def _head_node(ray: ModuleType) -> str | None:
+    """The head node's id, if Ray says which it is."""
+    for node in ray.nodes():
+        if node.get("Alive") and "node:__internal_head__" in (node.get("Resources") or {}):
+            return str(node["NodeID"])
+    return None
 
 
 async def _stop(ray: ModuleType, nodes: list[_Node], coordinator: Any) -> None:

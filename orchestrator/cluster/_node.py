@@ -32,6 +32,7 @@ import trio
 from attrs import define, field, frozen
 
 from ..agent.services import ClientServices
+from .._log import get_logger
 from ..agent.session import ClientOptions
 from ..agent.turn import TurnResult
 from ..agents import AgentSpec
@@ -54,7 +55,10 @@ from ._trees import BlobStore, Manifest, TreeCache, change_states
 
 __all__ = ["NodeSupervisor", "RunHostConfig"]
 
-#: how often a node asks the coordinator whether the run's budget is spent, during a turn
+log = get_logger(__name__)
+
+#: how often a node asks the coordinator whether the run's budget is spent, while turns of the
+#: run run there (one question for all of them)
 BUDGET_POLL = 0.2
 
 
@@ -98,6 +102,12 @@ class _RunHost:
     #: snapshot of a tree cache directory, held there while turns use it (and a few after)
     bases: dict[str, _Base] = field(factory=dict)
     base_lock: trio.Lock = field(factory=trio.Lock)
+    #: the budgets of the run's turns running here: one poll of the coordinator serves them
+    budgets: set[_NodeBudget] = field(factory=set)
+    #: set when a budget joins :attr:`budgets` (and replaced)
+    joined: trio.Event = field(factory=trio.Event)
+    #: the coordinator's word that the run's budget is spent, once it is
+    spent: str | None = None
 
 
 @define(eq=False)
@@ -225,11 +235,14 @@ async def _host_run(
         if config.reuse_dirs:
             pool = DirPool(str(directory / "branches" / ".pool"), max(state.slots, 1))
         dirs = BranchDirs(directory, BranchIO(), config.max_file_size, pool, limit=state.slots)
-        async with dirs.serving():
+        async with dirs.serving(), trio.open_nursery() as nursery:
             host = _RunHost(config, directory, supervisor, dirs)
             state.runs[config.run_id] = host
+            if config.on_spent is not None and state.coordinator is not None:
+                nursery.start_soon(_poll_budget, state, host)
             task_status.started(host)
             await host.close.wait()
+            nursery.cancel_scope.cancel()
     host.closed.set()
 
 
@@ -349,6 +362,13 @@ class _NodeBudget(RunBudget):
             self._waiting.unpark_all()
 
 
+def _is_ray_error(e: BaseException) -> bool:
+    """Whether ``e`` is Ray's own (a call to the coordinator that failed)."""
+    import ray
+
+    return isinstance(e, ray.exceptions.RayError) or type(e).__module__.startswith("ray.")
+
+
 def _highest(a: Any, b: Any) -> Any:
     if b is None or (a is not None and a >= b):
         return a
@@ -361,9 +381,24 @@ async def _ask(ref: Any) -> Any:
     return await trio.to_thread.run_sync(ray.get, ref, abandon_on_cancel=True)
 
 
-async def _poll_budget(budget: _NodeBudget) -> None:
-    while budget.remote_spent is None:
-        budget.learn(await _ask(budget.coordinator.spent.remote()))
+async def _poll_budget(state: _NodeState, host: _RunHost) -> None:
+    """While turns of the run with a budget run here, ask the coordinator every
+    :data:`BUDGET_POLL` seconds whether the budget is spent, for all of them at once."""
+    while host.spent is None:
+        if not host.budgets:
+            await host.joined.wait()
+            continue
+        try:
+            spent = await _ask(state.coordinator.spent.remote())
+        except Exception as e:  # the coordinator out of reach for now: asked again
+            log.warning("the coordinator did not answer", error=str(e).splitlines()[0])
+            await trio.sleep(BUDGET_POLL)
+            continue
+        if spent is not None:
+            host.spent = spent
+            for budget in host.budgets:
+                budget.learn(spent)
+            return
         await trio.sleep(BUDGET_POLL)
 
 
@@ -485,21 +520,30 @@ async def _serve_on(
     if call_id in state.cancelled:
         scope.cancel()
     state.calls[call_id] = scope
+    budgeted = host.config.on_spent is not None and coordinator is not None
     try:
         with scope:
-            async with trio.open_nursery() as nursery:
-                if host.config.on_spent is not None and coordinator is not None:
-                    budget.learn(await _ask(coordinator.spent.remote()))
-                    nursery.start_soon(_poll_budget, budget)
-                try:
-                    result = await _turn(host, turns, turn, branch)
-                except NotStarted as e:
-                    not_started = e.spent
-                except Exception as e:
-                    result = turns.take_interrupted(turn.name)
-                    error = (describe(e), error_kind(e), user_traceback(e))
-                nursery.cancel_scope.cancel()
+            if budgeted:
+                # the coordinator's word now (before the first prompt), then the run's poll's
+                budget.learn(host.spent or await _ask(coordinator.spent.remote()))
+                host.budgets.add(budget)
+                host.joined.set()
+                host.joined = trio.Event()
+            try:
+                result = await _turn(host, turns, turn, branch)
+            except NotStarted as e:
+                not_started = e.spent
+            except Exception as e:
+                result = turns.take_interrupted(turn.name)
+                error = (describe(e), error_kind(e), user_traceback(e))
+                if _is_ray_error(e):  # the coordinator is out of reach: this node is cut off
+                    error = (
+                        f"node {state.node} lost the cluster: {describe(e)}",
+                        "node-lost",
+                        None,
+                    )
     finally:
+        host.budgets.discard(budget)
         state.calls.pop(call_id, None)
         state.cancelled.discard(call_id)
     cancelled = scope.cancelled_caught
