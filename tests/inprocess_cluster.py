@@ -10,6 +10,7 @@ of a node, the coordinator) is tested against a real loopback cluster in test_cl
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -112,7 +113,8 @@ async def in_process_cluster(count: int = 2) -> AsyncIterator[InProcessCluster]:
     made = None
     try:
         for i in range(count):
-            nodes.append(await trio.to_thread.run_sync(NodeSupervisor, f"n{i}", 2, None))
+            made_node = functools.partial(NodeSupervisor, f"n{i}", 2, None, in_ray=False)
+            nodes.append(await trio.to_thread.run_sync(made_node))
         made = InProcessCluster(nodes, seen=[set() for _ in nodes])
         yield made
     finally:

@@ -210,6 +210,9 @@ async def test_a_removed_node_fails_its_instances_and_resume_finishes_them(
     instances = done.result["steps"]["wait"]["instances"]
     kinds = sorted(i["errorKind"] or "ok" for i in instances.values())
     assert kinds == ["node-lost", "ok", "ok"], [i.get("error") for i in instances.values()]
+    # the lost node's supervisor (its raylet killed under it) ended itself and its agents
+    await wait_gone(pids_of(pids))
+    assert not waiting_commands(marker)
     again = await resume_run(done.run_id, cluster=ray_cluster.address)
     assert again.status == "succeeded", again.result["steps"]
     assert sorted(p.name for p in project.iterdir()) == ["a.txt", "wait.sh"]  # nothing applied
@@ -364,3 +367,39 @@ async def test_a_comparison_on_the_cluster_with_its_transcript(
     ]
     assert sorted(f["agent"] for f in prompts) == ["alice", "bob"]
     assert (project / "app.txt").read_text() == "old\n"
+
+
+def test_a_killed_driver_leaves_nothing_on_the_nodes(
+    ray_cluster: Any, tmp_path: Path, state_dir: Path
+) -> None:
+    """SIGKILL of `orchestrator run --cluster` while its turn waits on a node: Ray ends the
+    driver's actors, and the node supervisor ends its agent and the agent's command first."""
+    project, marker, pids = waiting_project(tmp_path)
+    path = tmp_path / "forever.py"
+    path.write_text(PIPELINE_FOREVER.format(prompt=WAITING_PROMPT))
+    exe = Path(sys.executable).parent / "orchestrator"
+    proc = subprocess.Popen(
+        [str(exe), "run", str(path), "--cwd", str(project), "--policy", "trusted",
+         "--cluster", ray_cluster.address, "--no-progress"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90
+        while not pids_of(pids):
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        [actor] = pids_of(pids)
+        proc.kill()
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+    deadline = time.monotonic() + 30
+    while (alive(actor) or waiting_commands(marker)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(actor)
+    assert not waiting_commands(marker)

@@ -60,6 +60,7 @@ __all__ = [
     "MARKER",
     "ProcessTree",
     "close_tree",
+    "detach_watchdog",
     "open_tree",
     "process_started",
     "release_tree",
@@ -108,6 +109,9 @@ class _Containment:
     def __init__(self) -> None:
         self.reset()
 
+    #: start the watchdog detached from this process (see :func:`detach_watchdog`)
+    detached = False
+
     def reset(self) -> None:
         self.lock = threading.Lock()
         self.nonce = os.urandom(8).hex()
@@ -140,9 +144,15 @@ class _Containment:
         # No credentials in its environment: only the markers above, so that the sweep of an
         # orchestrator above this one takes it along.
         inherited = os.environ.get(MARKER)
+        command = watchdog_command(self.nonce, self.since)
+        if self.detached:
+            # started by a shell that exits at once: not a child of this process (a host that
+            # kills its worker's children with it, as Ray does, would kill the watchdog too);
+            # the pipe is its stdin still (a background job's would be /dev/null)
+            command = ["/bin/sh", "-c", 'exec 3<&0; "$@" 0<&3 3<&- &', "detach", *command]
         try:
             watchdog = subprocess.Popen(
-                watchdog_command(self.nonce, self.since),
+                command,
                 stdin=read_end,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -193,6 +203,14 @@ _CONTAINMENT = _Containment()
 _parents_watchdogs: list[subprocess.Popen[bytes]] = []
 os.register_at_fork(after_in_child=_CONTAINMENT.after_fork_in_child)
 atexit.register(lambda: stop_watchdog())
+
+
+def detach_watchdog() -> None:
+    """Start this process's watchdog (when its first tree opens) as no child of it, but of
+    init: for a process whose host kills its children when it ends it (a Ray worker), which
+    would kill the watchdog before it sweeps. On an orderly exit the watchdog is not waited
+    for then: it is not this process's child."""
+    _CONTAINMENT.detached = True
 
 
 def open_tree() -> ProcessTree:

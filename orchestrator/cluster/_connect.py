@@ -26,7 +26,7 @@ from typing import Any
 from attrs import field, frozen
 
 from ..errors import ClusterError, UsageError
-from ._coordinator import Rate
+from ._coordinator import Rate, parse_rate
 
 __all__ = [
     "AGENT_SLOTS",
@@ -70,18 +70,39 @@ def _check_address(address: str, value: object) -> None:
         )
 
 
+def _unprefixed(address: str) -> str:
+    """``address`` without a ``ray:`` prefix (``ray://`` is Ray Client's scheme: kept)."""
+    if isinstance(address, str) and address.startswith("ray:") and not address.startswith("ray://"):
+        return address[len("ray:") :]
+    return address
+
+
+def _rates(rates: Mapping[str, Rate | str]) -> dict[str, Rate]:
+    """``rates`` with rate texts (``"30/m"``) parsed."""
+    if not isinstance(rates, Mapping):
+        raise UsageError(f"rates must be a mapping of agent to rate, not {rates!r}")
+    return {k: parse_rate(v) if isinstance(v, str) else v for k, v in rates.items()}
+
+
 @frozen
 class ClusterSpec:
     """A cluster to run on: the address :func:`connect` gives Ray, and request-rate limits."""
 
-    #: what ``ray.init`` gets: ``auto``, ``127.0.0.1:6379``, ``ray://host:10001``
-    address: str
-    #: request-rate limits by agent label (see :class:`~._coordinator.Coordinator.take`)
-    rates: Mapping[str, Rate] = field(factory=dict, hash=False)
+    #: what ``ray.init`` gets: ``auto``, ``127.0.0.1:6379``, ``ray://host:10001`` (given as
+    #: ``ray:127.0.0.1:6379``, the prefix is dropped)
+    address: str = field(converter=_unprefixed)
+    #: request-rate limits by agent (see :class:`~._coordinator.Coordinator.take`): a
+    #: :class:`Rate` or its text (``"30/m"``)
+    rates: Mapping[str, Rate] = field(factory=dict, hash=False, converter=_rates)
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.address, str):
             raise UsageError(f"not a cluster address: {self.address!r}")
+        if self.address.lower() in _LOCAL:
+            raise UsageError(
+                f"a ClusterSpec names a cluster, not {self.address!r}: for this machine give "
+                "cluster='local' (or None)"
+            )
         _check_address(self.address, self.address)
         for agent, rate in self.rates.items():
             if not isinstance(rate, Rate):

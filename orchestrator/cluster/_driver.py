@@ -263,7 +263,10 @@ class ClusterTurns:
                     )
                     await session._get(node.actor.put_blobs.remote(blobs))
                     node.seen.update(blobs)
-            ref = node.actor.run_turn.remote(call_id, turn, manifest)
+            try:
+                ref = node.actor.run_turn.remote(call_id, turn, manifest)
+            except Exception as e:  # it cannot be pickled: said without the objects' reprs
+                return _failed(turn, _unsendable(session.ray, turn, e), "usage"), False
             reply: RemoteReply = await session._get(ref)
         except trio.Cancelled:
             if ref is None:
@@ -291,6 +294,33 @@ class ClusterTurns:
                 "node-lost",
             ), False
         return reply, False
+
+
+def _unsendable(ray: ModuleType, turn: RemoteTurn, error: BaseException) -> str:
+    """Why ``turn`` cannot go to a node, in one line naming the part that cannot be pickled;
+    never the objects themselves (their reprs may hold secrets: an agent's environment)."""
+    step = turn.step
+    parts = (
+        ("check function", step.check if callable(step.check) else None),
+        ("feedback function", step.feedback),
+        ("prompt function", step.fn if turn.prompt is None else None),
+        ("inputs", dict(turn.call_args) or None),
+        ("item", turn.item),
+        ("prompt", turn.prompt),
+    )
+    for what, value in parts:
+        if value is None:
+            continue
+        try:
+            ray.cloudpickle.dumps(value)
+        except Exception as e:
+            error = e
+            break
+    else:
+        what = "turn"
+    text = str(error).splitlines()[0] if str(error) else ""
+    cause = type(error).__name__ + (f": {text}" if text and len(text) <= 120 else "")
+    return f"step {step.name}: its {what} cannot be sent to a cluster node ({cause})"
 
 
 def _failed(turn: RemoteTurn, message: str, kind: Any) -> RemoteReply:

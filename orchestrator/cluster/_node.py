@@ -17,11 +17,13 @@ request rate.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -33,6 +35,7 @@ from attrs import define, field, frozen
 
 from ..agent.services import ClientServices
 from .._log import get_logger
+from ..agent import reaper
 from ..agent.session import ClientOptions
 from ..agent.turn import TurnResult
 from ..agents import AgentSpec
@@ -40,7 +43,7 @@ from ..errors import ClusterError
 from ..pipeline._agent_step import AgentTurns
 from ..pipeline._branchio import BranchDirs, BranchIO
 from ..pipeline._budget import NotStarted, RunBudget
-from ..pipeline._calls import call, describe, error_kind, user_traceback
+from ..pipeline._calls import MISSING, call, describe, error_kind, user_traceback
 from ..pipeline._recording import Recorder
 from ..pipeline._remote import RemoteReply, RemoteTurn
 from ..pipeline._state import LeaseLike
@@ -57,6 +60,10 @@ __all__ = ["NodeSupervisor", "RunHostConfig"]
 
 log = get_logger(__name__)
 
+#: how long a node's supervisor may take to end its agents when it stops
+STOP_GRACE = 20.0
+#: how often the node's supervisor checks that the raylet that started it is alive
+PARENT_POLL = 1.0
 #: how often a node asks the coordinator whether the run's budget is spent, while turns of the
 #: run run there (one question for all of them)
 BUDGET_POLL = 0.2
@@ -128,12 +135,26 @@ class _NodeState:
     #: turns cancelled before they began
     cancelled: set[str] = field(factory=set)
     stop: trio.Event = field(factory=trio.Event)
+    #: the raylet that started this process is gone: the node is lost
+    orphaned: bool = False
 
 
 class NodeSupervisor:
     """The Ray actor of one node (see the module docstring); sync methods only."""
 
-    def __init__(self, node: str, slots: int, coordinator: Any, scratch: str | None = None):
+    def __init__(
+        self,
+        node: str,
+        slots: int,
+        coordinator: Any,
+        scratch: str | None = None,
+        *,
+        in_ray: bool = True,
+    ):
+        # Ray kills a worker's children with it: the watchdog that ends the agents' process
+        # trees when this process dies must not be one
+        if in_ray:
+            reaper.detach_watchdog()
         base = scratch or os.environ.get("ORCHESTRATOR_NODE_SCRATCH") or tempfile.gettempdir()
         root = Path(tempfile.mkdtemp(prefix="orchestrator-node-", dir=base))
         store = BlobStore(root / "blobs")
@@ -151,6 +172,13 @@ class NodeSupervisor:
         )
         self._thread.start()
         started.wait()
+        # however the actor ends (killed by Ray as its driver died: an exit of the process),
+        # its agents and their commands end first
+        if in_ray:  # (a test may host it in its own process)
+            atexit.register(self.shutdown)
+            # a node whose raylet died leaves its workers running: this one ends with it
+            self._parent = os.getppid()
+            threading.Thread(target=self._watch_parent, daemon=True, name="node-parent").start()
 
     def ready(self) -> int:
         """The actor's process id, once its loop runs."""
@@ -188,8 +216,16 @@ class NodeSupervisor:
         if state.token is not None and self._thread.is_alive():
             with contextlib.suppress(trio.RunFinishedError):
                 trio.from_thread.run_sync(state.stop.set, trio_token=state.token)
-            self._thread.join()
+            self._thread.join(STOP_GRACE)
         shutil.rmtree(state.scratch, ignore_errors=True)
+
+    def _watch_parent(self) -> None:
+        while os.getppid() == self._parent:
+            time.sleep(PARENT_POLL)
+        log.warning("the node's raylet is gone: ending its agents", node=self._state.node)
+        self._state.orphaned = True  # the turns it cuts short are the node's loss
+        self.shutdown()
+        os._exit(1)
 
     def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
         state = self._state
@@ -549,6 +585,11 @@ async def _serve_on(
     cancelled = scope.cancelled_caught
     if cancelled:
         result = turns.take_interrupted(turn.name)
+    if state.orphaned and (error is not None or cancelled):
+        # ended because the node was lost (its supervisor ends its agents): said so
+        cancelled = False
+        lost = f"node {state.node} was lost during the turn (its raylet ended)"
+        error = (lost, "node-lost", None)
     return RemoteReply(
         result=_portable(result),
         states=change_states(branch),
@@ -576,7 +617,7 @@ async def _turn(host: _RunHost, turns: AgentTurns, turn: RemoteTurn, branch: Bra
             turn.name,
             turn.key,
             turn.agent,
-            turn.item,
+            MISSING if turn.no_item else turn.item,
             prompt,
             workdir,
             turn.attempt,

@@ -22,7 +22,7 @@ from ..vfs import Branch, MergeResult, Snapshot
 from ._agent_step import AgentTurns
 from ._branchio import BranchDirs
 from ._budget import NotStarted, RunBudget
-from ._calls import call, describe, error_kind, user_traceback
+from ._calls import MISSING, call, describe, error_kind, user_traceback
 from ._recording import Recorder
 from ._remote import RemoteReply, RemoteTurn, RemoteTurns, run_remote
 from ._state import StepState
@@ -354,7 +354,8 @@ class InstanceExecutor:
             sandbox=sandbox,
             mcp_servers=tuple(turns.mcp_servers.get((step.name, agent), ())),
             verify=turns.verify.get(step.name),
-            item=item,
+            item=item if item is not MISSING else None,
+            no_item=item is MISSING,
             prompt=prompt,
             call_args=call_args if prompt is None else {},
             attempt=attempt,

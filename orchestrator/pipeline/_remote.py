@@ -46,7 +46,9 @@ class RemoteTurn:
     mcp_servers: tuple[McpServer, ...]
     #: the step's verify command, if any
     verify: str | None
+    #: the instance's item (a fan-out's), and whether it has none (not the same as None)
     item: Any
+    no_item: bool
     #: the prompt built on the driver; None when the step function wants the branch
     #: directory (``workdir``): the node calls it there with :attr:`call_args`
     prompt: Any

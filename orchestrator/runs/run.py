@@ -446,6 +446,10 @@ async def run_pipeline(
     run id, recorded as the run's parent.
     """
     check_trio_face("run_pipeline")  # before anything starts
+    if _kind == "prompt":  # its caller reads the typed turn, which stays on a node
+        if cluster is not None and cluster_spec(cluster) is not None:
+            raise UsageError("a prompt runs on this machine, never on a cluster")
+        cluster = "local"  # whatever the environment says
     if _cluster is None:
         spec = cluster_spec(cluster)
         if spec is not None:
