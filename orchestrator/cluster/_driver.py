@@ -308,16 +308,15 @@ def _unsendable(ray: ModuleType, turn: RemoteTurn, error: BaseException) -> str:
         ("item", turn.item),
         ("prompt", turn.prompt),
     )
-    for what, value in parts:
+    what = "turn"
+    for part, value in parts:
         if value is None:
             continue
         try:
             ray.cloudpickle.dumps(value)
         except Exception as e:
-            error = e
+            what, error = part, e
             break
-    else:
-        what = "turn"
     text = str(error).splitlines()[0] if str(error) else ""
     cause = type(error).__name__ + (f": {text}" if text and len(text) <= 120 else "")
     return f"step {step.name}: its {what} cannot be sent to a cluster node ({cause})"

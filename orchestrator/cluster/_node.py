@@ -33,9 +33,9 @@ import attrs
 import trio
 from attrs import define, field, frozen
 
-from ..agent.services import ClientServices
 from .._log import get_logger
 from ..agent import reaper
+from ..agent.services import ClientServices
 from ..agent.session import ClientOptions
 from ..agent.turn import TurnResult
 from ..agents import AgentSpec
