@@ -99,8 +99,13 @@ def test_spec_passes_through_and_checks_itself() -> None:
     assert cluster_spec(spec, environ={}) is spec
     with pytest.raises(UsageError, match="not a cluster address"):
         ClusterSpec("no address")
+    # a rate's text is parsed; anything else is refused
+    assert ClusterSpec("auto", rates={"claude": "5/s"}).rates == {"claude": Rate(5, 1.0)}
     with pytest.raises(UsageError, match="not a rate"):
-        ClusterSpec("auto", rates={"claude": "5/s"})  # type: ignore[dict-item]
+        ClusterSpec("auto", rates={"claude": 5})  # type: ignore[dict-item]
+    assert ClusterSpec("ray:127.0.0.1:6379").address == "127.0.0.1:6379"
+    with pytest.raises(UsageError, match="cluster='local'"):
+        ClusterSpec("local")
 
 
 def test_importing_the_module_imports_no_ray() -> None:
