@@ -345,24 +345,35 @@ async def _interruptible(handler: Callable[[argparse.Namespace], Any], args: Any
         work = trio.CancelScope()
 
         # outside the command's scope, so that it still hears a second interrupt
-        async def watch_signals() -> None:
+        async def watch_signals(*, task_status: trio.TaskStatus[None]) -> None:
             nonlocal interrupted
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                async for _ in signals:
-                    if interrupted:
-                        log.warning("interrupted again: stopping the agents now")
-                        end_grace_periods()
-                        continue
-                    interrupted = True
-                    # a run's turns (once it started) end with grace; other work just stops
-                    log.warning(
-                        "interrupted: ending the running turns (again to stop at once)"
-                        if args.run_ids
-                        else "interrupted"
-                    )
-                    work.cancel()
+            try:
+                with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    task_status.started()
+                    await _each_signal(signals)
+            except KeyboardInterrupt:
+                # a signal that came as the command ended, delivered again as the receiver
+                # closed: the command is over (it exits 130 if it was interrupted)
+                interrupted = True
 
-        nursery.start_soon(watch_signals)
+        async def _each_signal(signals: Any) -> None:
+            nonlocal interrupted
+            async for _ in signals:
+                if interrupted:
+                    log.warning("interrupted again: stopping the agents now")
+                    end_grace_periods()
+                    continue
+                interrupted = True
+                # a run's turns (once it started) end with grace; other work just stops
+                log.warning(
+                    "interrupted: ending the running turns (again to stop at once)"
+                    if args.run_ids
+                    else "interrupted"
+                )
+                work.cancel()
+
+        # installed before the command runs: an interrupt while it imports is heard
+        await nursery.start(watch_signals)
         with work:
             try:
                 code = await handler(args)
