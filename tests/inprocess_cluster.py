@@ -30,6 +30,7 @@ from orchestrator.vfs import Branch
 @define
 class _Spec:
     address: str = "in-process"
+    rates: dict[str, object] = field(factory=dict)
 
 
 @define(eq=False)
@@ -72,6 +73,7 @@ class InProcessCluster:
 @define(eq=False)
 class _Turns:
     cluster: InProcessCluster
+    rate_keys: dict[str, str] = field(factory=dict)
 
     async def run_turn(
         self,

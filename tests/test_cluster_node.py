@@ -179,3 +179,21 @@ async def test_a_cancelled_run_keeps_what_the_node_did(tmp_path: Path, state_dir
         steps = {s.step: s for s in await store.steps(started[0])}
     assert steps["slow"].status == "interrupted"
     assert {"path": "made.txt", "change": "added"} in (steps["slow"].result or {})["changes"]
+
+
+def test_a_rate_counts_every_label_of_its_agent(tmp_path: Path) -> None:
+    """A rate named for an agent covers it under any label (alice=demo, demo:demo-slow) and
+    not another program; a rate that names no agent of the run is refused."""
+    from orchestrator.cluster._coordinator import Rate
+    from orchestrator.cluster._driver import rate_keys_of
+    from orchestrator.config import Config
+    from orchestrator.errors import UsageError
+
+    config = Config.load(tmp_path, environ={"HOME": str(tmp_path)})
+    specs = [config.resolve_agent(t) for t in ("alice=demo", "demo:demo-slow", "echo=cat")]
+    rates = {"demo": Rate(1, 1.0)}
+    keys = rate_keys_of(rates, specs, config.resolve_agent)
+    assert keys == {"alice": "demo", "demo:demo-slow": "demo"}
+    with pytest.raises(UsageError, match="the rate of 'nosuch' names no agent of the run"):
+        rate_keys_of({"nosuch": Rate(1, 1.0)}, specs, config.resolve_agent)
+    assert rate_keys_of({"nosuch": Rate(1, 1.0)}, specs, config.resolve_agent, strict=False) == {}

@@ -29,6 +29,10 @@ _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 _RATE = re.compile(r"(\d+)/(\d+(?:\.\d+)?)?([smh])")
 
 
+#: the slowest rate taken: one request a day
+MAX_INTERVAL = 86_400.0
+
+
 @frozen
 class Rate:
     """At most ``count`` requests every ``per`` seconds, evenly spaced."""
@@ -48,6 +52,8 @@ class Rate:
             raise UsageError(f"a rate's period must be a number of seconds, not {per!r}")
         if per <= 0:
             raise UsageError(f"a rate's period must be more than 0 seconds, not {per!r}")
+        if per / self.count > MAX_INTERVAL:  # a typo, surely: the run would wait for days
+            raise UsageError(f"a rate of {self} is slower than one request a day")
 
     @property
     def interval(self) -> float:

@@ -20,18 +20,20 @@ import contextlib
 import functools
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import attrs
 import trio
 from attrs import define, field
 
 from .._log import get_logger
 from ..agent.transcript import TranscriptFile
-from ..errors import ClusterError
+from ..agents import AgentSpec
+from ..errors import ClusterError, OrchestratorError, UsageError
 from ..pipeline._budget import RunBudget
 from ..pipeline._remote import RemoteReply, RemoteTurn
 from ..pipeline.spec import Step
@@ -183,6 +185,8 @@ class ClusterTurns:
     session: ClusterSession
     run_id: str
     config: RunHostConfig
+    #: the request rate each agent's prompts count against (the rate's name), by label
+    rate_keys: dict[str, str] = field(factory=dict)
     #: the nodes hosting the run (its first turn there opened it), in that order
     hosted: list[_Node] = field(factory=list)
     _hosting: dict[int, trio.Event] = field(factory=dict)
@@ -225,6 +229,7 @@ class ClusterTurns:
         """Run ``turn`` on a node (see the module docstring). A node lost before the turn's
         first prompt was claimed (so never sent) is left, and the turn placed on another."""
         session = self.session
+        turn = attrs.evolve(turn, rate_key=self.rate_keys.get(turn.agent))
         manifest = await self._manifest(branch)
         digests = manifest.digests()
         while True:
@@ -294,6 +299,36 @@ class ClusterTurns:
                 "node-lost",
             ), False
         return reply, False
+
+
+def rate_keys_of(
+    rates: Mapping[str, Any],
+    agents: Iterable[AgentSpec],
+    resolve: Callable[[str], AgentSpec],
+    *,
+    strict: bool = True,
+) -> dict[str, str]:
+    """Which rate each agent's prompts count against, by the agent's label: the rate named
+    by its label, by the agent its label names a model of (``claude`` for ``claude:opus``),
+    or by the agent the rate's name resolves to (the same program, whatever its label: so
+    ``x=claude`` counts against ``claude``'s rate too). With ``strict``, a rate that no agent
+    of the run counts against is a :class:`~orchestrator.errors.UsageError`."""
+    programs: dict[str, tuple[str, ...]] = {}
+    for name in rates:
+        # not an agent's name: it may still be a label
+        with contextlib.suppress(OrchestratorError):
+            programs[name] = resolve(name).command
+    keys: dict[str, str] = {}
+    for spec in agents:
+        for name in rates:
+            label = spec.name
+            if name in (label, label.partition(":")[0]) or programs.get(name) == spec.command:
+                keys[label] = name
+                break
+    unused = [name for name in rates if name not in keys.values()]
+    if strict and unused:
+        raise UsageError(f"the rate of {unused[0]!r} names no agent of the run")
+    return keys
 
 
 def _unsendable(ray: ModuleType, turn: RemoteTurn, error: BaseException) -> str:

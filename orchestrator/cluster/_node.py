@@ -34,7 +34,7 @@ import trio
 from attrs import define, field, frozen
 
 from .._log import get_logger
-from ..agent import reaper
+from ..agent import _sweep, reaper
 from ..agent.services import ClientServices
 from ..agent.session import ClientOptions
 from ..agent.turn import TurnResult
@@ -156,7 +156,10 @@ class NodeSupervisor:
         if in_ray:
             reaper.detach_watchdog()
         base = scratch or os.environ.get("ORCHESTRATOR_NODE_SCRATCH") or tempfile.gettempdir()
-        root = Path(tempfile.mkdtemp(prefix="orchestrator-node-", dir=base))
+        _sweep_scratch(Path(base))
+        root = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=base))
+        # whose it is: a later supervisor on this node deletes it if this one was killed
+        (root / OWNER).write_text(f"{os.getpid()} {_sweep.start_time(os.getpid())}\n")
         store = BlobStore(root / "blobs")
         self._state = _NodeState(
             node=node,
@@ -232,6 +235,29 @@ class NodeSupervisor:
         if state.token is None or not self._thread.is_alive():
             raise ClusterError(f"node {state.node}: its supervisor has stopped")
         return trio.from_thread.run(fn, *args, trio_token=state.token)
+
+
+#: the scratch directories of node supervisors, and the file in each naming its process
+SCRATCH_PREFIX = "orchestrator-node-"
+OWNER = "owner"
+
+
+def _sweep_scratch(base: Path) -> None:
+    """Delete the scratch directories in ``base`` of node supervisors that are gone (killed
+    with their node's worker, or their driver: what they held is nobody's now)."""
+    try:
+        entries = list(base.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        if not entry.name.startswith(SCRATCH_PREFIX) or not entry.is_dir():
+            continue
+        try:
+            pid, started = (int(x) for x in (entry / OWNER).read_text().split())
+        except (OSError, ValueError):
+            continue  # not one of ours, or being made: left alone
+        if not _sweep.running_since(pid, started):
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 async def _main(state: _NodeState, started: threading.Event) -> None:
@@ -528,8 +554,8 @@ async def _serve_on(
                 f"{turn.name}: round {rounds} of attempt {turn.attempt} was sent before: "
                 "not sent again"
             )
-        while True:
-            wait = await _ask(coordinator.take.remote(turn.agent))
+        while turn.rate_key is not None:
+            wait = await _ask(coordinator.take.remote(turn.rate_key))
             if wait <= 0:
                 return
             await trio.sleep(wait)

@@ -57,6 +57,8 @@ class RemoteTurn:
     feedback: CheckResult | None
     max_file_size: int | None
     max_turn_record_bytes: int | None
+    #: the request rate its prompts count against (the cluster's), if any
+    rate_key: str | None = None
 
 
 @frozen

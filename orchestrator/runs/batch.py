@@ -33,13 +33,14 @@ from attrs import frozen
 from .._log import get_logger
 from ..agent.permissions import Escalate
 from ..cluster._connect import ClusterSpec, cluster_spec
-from ..cluster._driver import ClusterSession, open_cluster
+from ..cluster._driver import ClusterSession, open_cluster, rate_keys_of
 from ..config import Config
 from ..errors import (
     UsageError,
 )
 from ..mcp import McpServer
 from ..pipeline import Pipeline, load_pipeline
+from ..pipeline._agent_step import label_run_agents
 from ..pipeline._budget import RunBudget
 from ..pipeline.results import RunEvent
 from ..policy import PolicySet
@@ -206,6 +207,10 @@ async def batch(
         with_agents.check_agents(cfg.resolve_agent)
     if isinstance(policy, str | os.PathLike) and policy is not None:
         PolicySet.load(os.fspath(policy))  # a policy that cannot load: before anything starts
+    on_cluster = cluster_spec(cluster)
+    if on_cluster is not None and on_cluster.rates:  # a rate that names no agent: now
+        labelled = label_run_agents(with_agents, cfg.resolve_agent, base=os.getcwd())
+        rate_keys_of(on_cluster.rates, labelled.values(), cfg.resolve_agent)
     # the batch's directory is no workspace: each repository's run checks the state directory
     # is not inside it
     state = state_directory(state_dir)
@@ -264,7 +269,7 @@ async def batch(
         on_event,
         clone_timeout,
         previous={},
-        cluster=cluster_spec(cluster),
+        cluster=on_cluster,
     )
 
 

@@ -40,7 +40,7 @@ from ..agent.services import ClientServices
 from ..agent.transcript import TranscriptFile, flushing_transcript_file
 from ..agents import AgentSpec
 from ..cluster._connect import ClusterSpec, cluster_spec
-from ..cluster._driver import ClusterSession, ClusterTurns, open_cluster
+from ..cluster._driver import ClusterSession, ClusterTurns, open_cluster, rate_keys_of
 from ..cluster._node import RunHostConfig
 from ..config import Config
 from ..errors import AgentNotFound, AlreadyApplied, StoreError, SymlinkRefused, UsageError
@@ -480,6 +480,14 @@ async def run_pipeline(
     # labels for the whole run, before anything starts: relative paths as typed here, like
     # prompt and compare; different agents never share a label
     agents = label_run_agents(pipe, cfg.resolve_agent, base=os.getcwd())
+    # the request rates of the cluster's agents, by label (before anything is recorded)
+    rate_keys = (
+        rate_keys_of(
+            _cluster.spec.rates, agents.values(), cfg.resolve_agent, strict=_parent is None
+        )
+        if _cluster is not None
+        else {}
+    )
     file_limit = file_size_option(max_file_size)
     settings = _settings(
         pipe,
@@ -615,6 +623,7 @@ async def run_pipeline(
                         ),
                         run_dir / "transcripts" if record_transcripts else None,
                         copy,
+                        rate_keys,
                     ) as remote,
                 ):
                     runner = PipelineRunner(
@@ -853,12 +862,14 @@ async def _hosted(
     config: RunHostConfig,
     transcripts: Path | None,
     copy: TranscriptFile | None,
+    rate_keys: Mapping[str, str],
 ) -> AsyncIterator[ClusterTurns | None]:
     """The run's turns on the cluster's nodes for the block (None: in this process)."""
     if session is None:
         yield None
         return
     async with session.open_run(config, transcripts, copy) as turns:
+        turns.rate_keys = dict(rate_keys)
         yield turns
 
 
