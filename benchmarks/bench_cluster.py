@@ -28,14 +28,16 @@ this machine). Every run is checked: all succeeded, each repository's ``changes.
 same on both paths (the fan-out's too), the repositories untouched.
 
 The **micro** section (a worker connected to the cluster) breaks the overhead down:
-``manifest_of`` of a tree of 100 and 10,000 files (first, hashing; then again), the blobs of
-that tree shipped to a node the first time (``blobs_for`` + ``put_blobs``), again to a node
-that has them (the driver sends nothing: a set comparison) and resent anyway, one actor round
-trip (``ready``), one coordinator call (``claim``, ``take``, ``spent``) one at a time and its
-throughput with many in flight (one actor, one call at a time), and the cluster session's
-start and stop (``open_cluster``). The coordinator calls of a turn are counted from the code
-paths (one claim and one take per prompt; with a budget, one ``spent`` at the start and one
-every ``BUDGET_POLL`` seconds of the turn, plus an ``observe`` per usage report).
+``manifest_of`` of a tree of 100 and 10,000 files (``--trees``; first, hashing; then again),
+the blobs of that tree shipped to a node the first time (``blobs_for`` + ``put_blobs``),
+again to a node that has them (the driver sends nothing: a set comparison) and resent
+anyway, one actor round trip (``ready``), a run hosted and ended on every node
+(``open_run``, ``close_run``: each repository of a batch is a run), one coordinator call
+(``claim``, ``take``, ``spent``) one at a time and its throughput with many in flight (one
+actor, one call at a time), and the cluster session's start and stop (``open_cluster``).
+The coordinator calls of a turn are counted from the code paths (one claim and one take per
+prompt; with a budget, one ``spent`` at the start and one every ``BUDGET_POLL`` seconds of
+the turn, plus an ``observe`` per usage report).
 
 ``--json`` prints the figures as JSON (they are always written to ``--output``). The exit
 status is 1 when a run was wrong. A script to run, never a timed test; Linux only.
@@ -99,7 +101,7 @@ def make(item: str) -> str:
     return f'create out/{{item}}.txt with "{{item}}"\\n'
 '''
 
-#: the tree sizes of the micro section
+#: the tree sizes of the micro section (files)
 TREE_SIZES = (100, 10_000)
 
 
@@ -323,9 +325,10 @@ def micro(args: argparse.Namespace) -> dict[str, Any]:
     """The overhead's parts, measured one by one on the cluster at ``args.address``."""
     import trio
 
+    from orchestrator.agent.session import ClientOptions
     from orchestrator.cluster._connect import ClusterSpec
     from orchestrator.cluster._driver import open_cluster
-    from orchestrator.cluster._node import BUDGET_POLL
+    from orchestrator.cluster._node import BUDGET_POLL, RunHostConfig
     from orchestrator.cluster._trees import blobs_for, manifest_of
     from orchestrator.vfs import Branch, Workspace
 
@@ -360,6 +363,17 @@ def micro(args: argparse.Namespace) -> dict[str, Any]:
                     await get(make(i))
                     samples.append(time.perf_counter() - t0)
                 found[f"{name}_rtt"] = _times(samples)
+            # a run hosted on every node and ended there (each repository of a batch is a
+            # run: it costs this on every node of the cluster)
+            samples = []
+            for i in range(max(5, calls // 10)):
+                t0 = time.perf_counter()
+                async with session.open_run(
+                    RunHostConfig(f"bench-{i}", ClientOptions(), None, None), None
+                ):
+                    pass
+                samples.append((time.perf_counter() - t0) / len(session.nodes))
+            found["run_host_per_node"] = _times(samples)
             samples = []
             for _ in range(calls):  # the same without the worker thread
                 t0 = time.perf_counter()
@@ -380,7 +394,7 @@ def micro(args: argparse.Namespace) -> dict[str, Any]:
             )
 
             trees = []
-            for size in TREE_SIZES:
+            for size in args.trees:
                 root = work / f"tree-{size}"
                 await trio.to_thread.run_sync(_make_tree, root, size)
                 snapshot = Workspace.open(str(root)).snapshot()
@@ -440,7 +454,10 @@ def _spawn(args: argparse.Namespace, kind: str, address: str | None, extra: list
     command += ["--address", address or "", "--cache", str(args.cache), *extra]
     proc = subprocess.run(command, capture_output=True, check=False)
     if proc.returncode != 0:
-        raise RuntimeError(f"the {kind} worker failed ({proc.returncode}): {proc.stderr[-3000:]!r}")
+        lines = proc.stderr.decode(errors="replace").strip().splitlines()
+        raise RuntimeError(
+            f"the {kind} worker failed ({proc.returncode}): {lines[-1] if lines else '?'}"
+        )
     return json.loads(proc.stdout)
 
 
@@ -501,7 +518,8 @@ def measure(args: argparse.Namespace, address: str) -> dict[str, Any]:
             raise RuntimeError(f"{kind}: the changes differ between the paths")
     result: dict[str, Any] = {"runs": runs}
     if not args.no_micro:
-        result["micro"] = _spawn(args, "micro", address, ["--calls", str(args.calls)])
+        extra = ["--calls", str(args.calls), "--trees", *map(str, args.trees)]
+        result["micro"] = _spawn(args, "micro", address, extra)
     return result
 
 
@@ -618,7 +636,8 @@ def report(found: dict[str, Any], args: argparse.Namespace, times: dict[str, Any
             f"({m['ready_rtt']['p90_ms']:.2f}), direct ray.get "
             f"{m['ready_rtt_direct']['p50_ms']:.2f}; coordinator claim "
             f"{m['claim_rtt']['p50_ms']:.2f}, take {m['take_rtt']['p50_ms']:.2f}, spent "
-            f"{m['spent_rtt']['p50_ms']:.2f}"
+            f"{m['spent_rtt']['p50_ms']:.2f}; a run hosted and ended, per node "
+            f"{m['run_host_per_node']['p50_ms']:.1f}"
         )
         print(
             f"micro: coordinator {m['coordinator_calls_per_second']:.0f} calls/s with many in "
@@ -660,6 +679,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cluster", help="an existing cluster's HOST:PORT (no loopback)")
     parser.add_argument("--no-micro", action="store_true", help="leave out the micro section")
     parser.add_argument("--calls", type=int, default=200, help="micro: calls per round trip")
+    parser.add_argument(
+        "--trees",
+        type=int,
+        nargs="+",
+        default=list(TREE_SIZES),
+        help="micro: the sizes of the trees shipped, in files (default 100 10000)",
+    )
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -673,14 +699,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        return worker(args)
+        from orchestrator.errors import OrchestratorError
+
+        try:
+            return worker(args)
+        except OrchestratorError as e:  # one line for the parent to show
+            print(f"{type(e).__name__}: {e}", file=sys.stderr)
+            return 1
     if min(args.repos, args.items, args.nodes, args.slots, args.repeat, args.calls) < 1:
         parser.error("--repos, --items, --nodes, --slots, --repeat and --calls are 1 or more")
+    if min(args.trees) < 1:
+        parser.error("--trees are 1 or more files each")
     if args.max_sessions is None:
         args.max_sessions = args.nodes * args.slots
     if args.max_sessions < 1:
         parser.error("--max-sessions is 1 or more")
-    if args.cluster and args.cluster.startswith("ray:"):
+    if args.cluster and args.cluster.startswith("ray:") and not args.cluster.startswith("ray://"):
         args.cluster = args.cluster[len("ray:") :]
     args.cache = args.cache.resolve()
     args.cache.mkdir(parents=True, exist_ok=True)

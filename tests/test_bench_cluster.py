@@ -24,7 +24,7 @@ def test_two_repositories_and_two_items_on_a_loopback_cluster(tmp_path: Path) ->
         pytest.skip("Ray is not installed (pip install -e '.[ray]')")
     output = tmp_path / "cluster.json"
     cache = tmp_path / "cache"
-    args = ["--repos", "2", "--items", "2", "--repeat", "1", "--calls", "5"]
+    args = ["--repos", "2", "--items", "2", "--repeat", "1", "--calls", "5", "--trees", "10", "300"]
     args += ["--cache", str(cache), "--output", str(output)]
     proc = subprocess.Popen(
         [sys.executable, str(SCRIPT), *args],
@@ -44,7 +44,7 @@ def test_two_repositories_and_two_items_on_a_loopback_cluster(tmp_path: Path) ->
         for where in ("local", "cluster"):
             assert any(line.split()[:2] == [kind, where] for line in out.splitlines())
         assert f"{kind}: cluster overhead" in out
-    assert "micro: tree of 10000 files" in out and "coordinator calls per turn" in out
+    assert "micro: tree of 300 files" in out and "coordinator calls per turn" in out
     document = json.loads(output.read_text())
     assert (document["repos"], document["items"], document["max_sessions"]) == (2, 2, 4)
     assert document["cluster_up_seconds"] > 0 and document["cluster_down_seconds"] > 0
@@ -55,7 +55,8 @@ def test_two_repositories_and_two_items_on_a_loopback_cluster(tmp_path: Path) ->
         assert (row["connect_seconds"] is None) == (where == "local")
     assert set(document["overhead"]) == {"batch", "fanout"}
     micro = document["micro"]
-    assert [t["files"] for t in micro["trees"]] == [100, 10_000]
+    assert [t["files"] for t in micro["trees"]] == [10, 300]
+    assert all(t["put_blobs_first_ms"] > 0 and t["bytes"] > 0 for t in micro["trees"])
     assert micro["coordinator_calls_per_second"] > 0
     # its cluster's directory is gone, and with it every process that lived in it
     assert not Path(f"/tmp/raybench-{proc.pid}").exists()
@@ -67,3 +68,24 @@ def test_two_repositories_and_two_items_on_a_loopback_cluster(tmp_path: Path) ->
                 continue
             assert f"raybench-{proc.pid}".encode() not in cmdline, entry.name
     assert os.path.isdir(cache / "repos-2")  # the repositories made once, kept for next time
+
+
+def test_an_unreachable_cluster_fails_in_one_line(tmp_path: Path) -> None:
+    """--cluster at a closed port: exit 1 and one line naming the address (no traceback)."""
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("Ray is not installed (pip install -e '.[ray]')")
+    args = ["--cluster", "127.0.0.1:1", "--repos", "1", "--items", "1", "--repeat", "1"]
+    args += ["--kinds", "fanout", "--cache", str(tmp_path / "cache")]
+    args += ["--output", str(tmp_path / "cluster.json")]
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 1
+    [line] = [x for x in proc.stderr.splitlines() if x.startswith("bench_cluster:")]
+    assert "cannot reach the Ray cluster at 127.0.0.1:1" in line, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "cluster.json").exists()
