@@ -130,6 +130,13 @@ def make_chain(root: Path, depth: int, name: str = "d") -> str:
     return "/".join([name] * depth + ["f.txt"])
 
 
+def is_test_cluster(pid: int) -> bool:
+    """Whether ``pid`` is a process of a loopback Ray cluster of this test session (see
+    tests/raycluster.py): it and what runs below it are the cluster's, not a test's leftovers."""
+    cluster = sys.modules.get("raycluster")
+    return cluster is not None and bool(cluster.is_cluster_process(pid))
+
+
 def is_process_watchdog(pid: int) -> bool:
     """Whether ``pid`` is an orchestrator's process watchdog (it lives as long as its process).
 

@@ -68,6 +68,18 @@ def _processes() -> dict[int, int]:
     return parents
 
 
+#: the processes this process started for loopback clusters (each cluster's roots: its head's
+#: and nodes' processes); what runs below them is the clusters' (Ray's workers, our actors).
+#: Tests that look for processes a run left behind pass over them: a session's cluster stays
+#: up while other tests run.
+ROOTS: set[int] = set()
+
+
+def is_cluster_process(pid: int) -> bool:
+    """Whether ``pid`` is one of :data:`ROOTS`."""
+    return pid in ROOTS
+
+
 def _descendants(roots: set[int]) -> set[int]:
     """``roots`` and every descendant of theirs alive now."""
     children: dict[int, list[int]] = {}
@@ -144,6 +156,7 @@ class LoopbackCluster:
             shutdown_at_exit=False,
         )
         self._roots |= _direct_children() - before
+        ROOTS.update(self._roots)
         self._note_processes()
 
     @staticmethod
@@ -183,6 +196,7 @@ class LoopbackCluster:
             wait=True, **{**self._node_args(slots), "node_ip_address": ip}
         )
         self._roots |= _direct_children() - before
+        ROOTS.update(self._roots)
         self._note_processes()
         return node
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import pid_gone
+from conftest import is_test_cluster, pid_gone
 from run_helpers import CLI_LIMIT, agent_command, prompts, record_events, snapshot, timeline
 from run_helpers import write_script as write_turn
 
@@ -67,7 +67,7 @@ def children() -> set[int]:
             except OSError:
                 continue  # the thread or process ended meanwhile
             for kid in kids:
-                if kid not in found:
+                if kid not in found and not is_test_cluster(kid):  # the session's, not a run's
                     found.add(kid)
                     todo.append(kid)
     return {pid for pid in found if "orchestrator-watchdog" not in alive({pid}).get(pid, "")}

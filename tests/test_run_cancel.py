@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import trio
-from conftest import is_process_watchdog, pid_gone
+from conftest import is_process_watchdog, is_test_cluster, pid_gone
 from run_helpers import config, spec_for, timeline, workspace
 
 from orchestrator import RunEvent
@@ -62,7 +62,7 @@ def descendants() -> set[int]:
             except OSError:
                 continue  # the thread or process ended meanwhile
             for kid in kids:
-                if kid not in found:
+                if kid not in found and not is_test_cluster(kid):  # the session's, not a run's
                     found.add(kid)
                     todo.append(kid)
     return {p for p in found if not pid_gone(p) and not is_process_watchdog(p)}
