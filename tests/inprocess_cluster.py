@@ -11,6 +11,7 @@ of a node, the coordinator) is tested against a real loopback cluster in test_cl
 from __future__ import annotations
 
 import functools
+import shutil
 import uuid
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -125,3 +126,31 @@ async def in_process_cluster(count: int = 2) -> AsyncIterator[InProcessCluster]:
                 await trio.to_thread.run_sync(node.shutdown)
             if made is not None:
                 made.calls.shutdown()
+
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def copy_sample(tmp_path: Path, name: str) -> Path:
+    """A copy of examples/sample-project at ``tmp_path/name``."""
+    dest = tmp_path / name
+    shutil.copytree(EXAMPLES / "sample-project", dest)
+    return dest
+
+
+def summary(outcome: Any) -> dict[str, Any]:
+    """What a run's result says, apart from ids, times and where it ran: the same on a
+    cluster as on one machine."""
+    result = outcome.result
+    steps = {
+        name: (s["status"], {key: i["status"] for key, i in s["instances"].items()})
+        for name, s in result["steps"].items()
+    }
+    conflicts = [(c["path"], c.get("resolution")) for c in result.get("conflicts") or ()]
+    patch = Path(outcome.run_dir, "changes.patch")
+    return {
+        "status": outcome.status,
+        "steps": steps,
+        "conflicts": conflicts,
+        "patch": patch.read_text() if patch.exists() else None,
+    }

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +16,8 @@ from typing import Any
 
 import pytest
 import trio
+from inprocess_cluster import EXAMPLES, copy_sample, summary
+from schema_check import FrameValidator
 
 from orchestrator import batch, compare, resume_run, run_pipeline
 from orchestrator.cluster._connect import ClusterSpec
@@ -24,28 +25,6 @@ from orchestrator.cluster._coordinator import Rate
 from orchestrator.store import open_run_store
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
-
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-
-
-def copy_sample(tmp_path: Path, name: str) -> Path:
-    dest = tmp_path / name
-    shutil.copytree(EXAMPLES / "sample-project", dest)
-    return dest
-
-
-def summary(outcome: Any) -> dict[str, Any]:
-    """What a run's result says, apart from ids, times and where it ran."""
-    steps = {
-        name: (s["status"], {key: i["status"] for key, i in s["instances"].items()})
-        for name, s in outcome.result["steps"].items()
-    }
-    patch = Path(outcome.run_dir, "changes.patch")
-    return {
-        "status": outcome.status,
-        "steps": steps,
-        "patch": patch.read_text() if patch.exists() else None,
-    }
 
 
 def pids_of(path: Path) -> list[int]:
@@ -366,6 +345,11 @@ async def test_a_comparison_on_the_cluster_with_its_transcript(
         f for f in frames if f["dir"] == "send" and f["msg"].get("method") == "session/prompt"
     ]
     assert sorted(f["agent"] for f in prompts) == ["alice", "bob"]
+    # the nodes' frames are checked against the ACP schema as this process's are
+    validators: dict[str, FrameValidator] = {}
+    for f in frames:
+        validators.setdefault(f["agent"], FrameValidator()).feed(f["dir"], f["msg"])
+    assert sum(v.validated for v in validators.values()) >= 6
     assert (project / "app.txt").read_text() == "old\n"
 
 

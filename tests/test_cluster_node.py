@@ -5,42 +5,17 @@ a failing or cancelled turn is recorded as a local one is."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
-from inprocess_cluster import in_process_cluster
+from inprocess_cluster import EXAMPLES, copy_sample, in_process_cluster, summary
 
 from orchestrator import run_pipeline
 from orchestrator.store import open_run_store
 
 pytestmark = pytest.mark.slow
-
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-
-
-def copy_sample(tmp_path: Path, name: str) -> Path:
-    dest = tmp_path / name
-    shutil.copytree(EXAMPLES / "sample-project", dest)
-    return dest
-
-
-def summary(outcome: Any) -> dict[str, Any]:
-    """What a run's result says, apart from ids, times and where it ran."""
-    result = outcome.result
-    steps = {
-        name: (s["status"], {key: i["status"] for key, i in s["instances"].items()})
-        for name, s in result["steps"].items()
-    }
-    conflicts = [(c["path"], c.get("resolution")) for c in result.get("conflicts") or ()]
-    return {
-        "status": outcome.status,
-        "steps": steps,
-        "conflicts": conflicts,
-        "patch": Path(outcome.run_dir, "changes.patch").read_text(),
-    }
 
 
 async def test_the_demo_pipeline_gives_the_same_result_on_nodes(

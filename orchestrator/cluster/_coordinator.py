@@ -19,7 +19,7 @@ from typing import Any
 from attrs import frozen
 
 from ..errors import UsageError
-from ..pipeline._budget import UsageMeter, _amount, _not_negative, _seconds
+from ..pipeline._budget import RunMeters, _not_negative, over_limit, spent_text
 
 __all__ = ["Coordinator", "Rate", "parse_rate"]
 
@@ -106,8 +106,7 @@ class Coordinator:
         self.max_seconds = max_seconds
         self._rates: dict[str, Rate] = dict(rates)
         self._clock = clock
-        self._meter = UsageMeter()
-        self._runs: dict[str, UsageMeter] = {}
+        self._meters = RunMeters()
         self._started: float | None = None
         #: the limit spent first (tokens, cost, time), None while within: spent stays spent
         self._cause: str | None = None
@@ -130,33 +129,16 @@ class Coordinator:
     def _elapsed(self) -> float | None:
         return None if self._started is None else self._clock() - self._started
 
-    def _over(self) -> str | None:
-        tokens, cost = self._meter.tokens, self._meter.cost
-        if self.max_tokens is not None and tokens is not None and tokens > self.max_tokens:
-            return "tokens"
-        if self.max_cost is not None and cost is not None and cost > self.max_cost:
-            return "cost"
-        elapsed = self._elapsed()
-        if self.max_seconds is not None and elapsed is not None and elapsed >= self.max_seconds:
-            return "time"
-        return None
-
     def spent(self) -> str | None:
         """None while within the limits; once one is spent (for good), one line that says
         which, with the figures now (the texts of ``RunBudget.spent``): ``tokens: 10234 used
         of 10000``, ``cost: 1.02 of 1.00``, ``time: 60 s of 60 s``."""
+        limits = (self.max_tokens, self.max_cost, self.max_seconds, self._elapsed())
         if self._cause is None:
-            self._cause = self._over()
+            self._cause = over_limit(self._meters.total, *limits)
             if self._cause is None:
                 return None
-        if self._cause == "tokens":
-            return f"tokens: {self._meter.tokens} used of {self.max_tokens}"
-        if self._cause == "cost":
-            assert self._meter.cost is not None and self.max_cost is not None
-            return f"cost: {_amount(self._meter.cost)} of {_amount(self.max_cost)}"
-        elapsed = self._elapsed()
-        assert elapsed is not None and self.max_seconds is not None
-        return f"time: {_seconds(elapsed)} s of {self.max_seconds:g} s"
+        return spent_text(self._cause, self._meters.total, *limits)
 
     def observe(
         self, session: str, used: int | None, cost: float | None, run: str | None = None
@@ -164,25 +146,16 @@ class Coordinator:
         """``session`` reported its cumulative usage (``used`` tokens, ``cost``; None: not
         reported), counted with the highest figures it reported, in the totals and in
         ``run``'s. Returns :meth:`spent` after it."""
-        self._meter.observe(session, used, cost)
-        if run is not None:
-            meter = self._runs.get(run)
-            if meter is None:
-                meter = self._runs[run] = UsageMeter()
-            meter.observe(session, used, cost)
+        self._meters.observe(session, used, cost, run)
         return self.spent()
 
     def settle(self, session: str, run: str | None = None) -> None:
         """``session`` ended: its figures stay counted; it takes no more room here."""
-        self._meter.settle(session)
-        meter = self._runs.get(run) if run is not None else None
-        if meter is not None:
-            meter.settle(session)
+        self._meters.settle(session, run)
 
     def usage(self, run: str) -> dict[str, Any]:
         """What the sessions of ``run`` used: ``{"tokens": int | None, "cost": float | None}``."""
-        meter = self._runs.get(run)
-        return meter.to_json() if meter is not None else {"tokens": None, "cost": None}
+        return self._meters.usage(run)
 
     # -- request rate
 
@@ -240,8 +213,8 @@ class Coordinator:
             "maxTokens": self.max_tokens,
             "maxCost": self.max_cost,
             "maxSeconds": self.max_seconds,
-            "tokens": self._meter.tokens,
-            "cost": self._meter.cost,
+            "tokens": self._meters.total.tokens,
+            "cost": self._meters.total.cost,
             "seconds": None if elapsed is None else round(elapsed, 3),
             "spent": self.spent(),
             "rates": rates,

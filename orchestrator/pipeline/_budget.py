@@ -30,7 +30,15 @@ from attrs import define, field
 
 from ..errors import UsageError
 
-__all__ = ["ON_SPENT", "NotStarted", "RunBudget", "UsageMeter"]
+__all__ = [
+    "ON_SPENT",
+    "NotStarted",
+    "RunBudget",
+    "RunMeters",
+    "UsageMeter",
+    "over_limit",
+    "spent_text",
+]
 
 #: what running turns do once a budget is spent
 ON_SPENT = ("finish", "cancel")
@@ -101,6 +109,76 @@ class UsageMeter:
         return {"tokens": self.tokens, "cost": self.cost}
 
 
+@define(eq=False)
+class RunMeters:
+    """The usage of every session (:attr:`total`) and of each run's sessions apart."""
+
+    total: UsageMeter = field(factory=UsageMeter)
+    _runs: dict[str, UsageMeter] = field(factory=dict)
+
+    def observe(
+        self, session: object, used: int | None, cost: float | None, run: str | None
+    ) -> None:
+        """``session`` (of ``run``, if given) reported its cumulative usage."""
+        self.total.observe(session, used, cost)
+        if run is not None:
+            meter = self._runs.get(run)
+            if meter is None:
+                meter = self._runs[run] = UsageMeter()
+            meter.observe(session, used, cost)
+
+    def settle(self, session: object, run: str | None) -> None:
+        """``session`` ended: its figures stay counted; it takes no more room here."""
+        self.total.settle(session)
+        meter = self._runs.get(run) if run is not None else None
+        if meter is not None:
+            meter.settle(session)
+
+    def usage(self, run: str) -> dict[str, Any]:
+        """``{"tokens": int | None, "cost": float | None}`` of ``run``'s sessions (None:
+        nothing reported)."""
+        meter = self._runs.get(run)
+        return meter.to_json() if meter is not None else {"tokens": None, "cost": None}
+
+
+def over_limit(
+    meter: UsageMeter,
+    max_tokens: int | None,
+    max_cost: float | None,
+    max_seconds: float | None,
+    elapsed: float | None,
+) -> str | None:
+    """The first limit ``meter``'s totals (or ``elapsed`` seconds) are over: ``tokens``,
+    ``cost``, ``time``; None while within them all."""
+    tokens, cost = meter.tokens, meter.cost
+    if max_tokens is not None and tokens is not None and tokens > max_tokens:
+        return "tokens"
+    if max_cost is not None and cost is not None and cost > max_cost:
+        return "cost"
+    if max_seconds is not None and elapsed is not None and elapsed >= max_seconds:
+        return "time"
+    return None
+
+
+def spent_text(
+    cause: str,
+    meter: UsageMeter,
+    max_tokens: int | None,
+    max_cost: float | None,
+    max_seconds: float | None,
+    elapsed: float | None,
+) -> str:
+    """How the limit ``cause`` (from :func:`over_limit`) was spent, with the figures now:
+    ``tokens: 10234 used of 10000``, ``cost: 1.02 of 1.00``, ``time: 60 s of 60 s``."""
+    if cause == "tokens":
+        return f"tokens: {meter.tokens} used of {max_tokens}"
+    if cause == "cost":
+        assert meter.cost is not None and max_cost is not None
+        return f"cost: {_amount(meter.cost)} of {_amount(max_cost)}"
+    assert elapsed is not None and max_seconds is not None
+    return f"time: {_seconds(elapsed)} s of {max_seconds:g} s"
+
+
 def _amount(value: float) -> str:
     """A cost for people: two decimals, more when they would hide it (0.0034)."""
     text = f"{value:.2f}"
@@ -137,8 +215,7 @@ class RunBudget:
     #: what running turns do once it is spent: ``finish``, or ``cancel`` (ACP session/cancel)
     on_spent: Literal["finish", "cancel"] = "finish"
     #: every session's figures, and each run's
-    _meter: UsageMeter = field(init=False, factory=UsageMeter)
-    _runs: dict[str, UsageMeter] = field(init=False, factory=dict)
+    _meters: RunMeters = field(init=False, factory=RunMeters)
     #: trio's clock when the budget started, None before
     _started: float | None = field(init=False, default=None)
     #: the limit that was spent first (tokens, cost, time), None while within
@@ -177,15 +254,9 @@ class RunBudget:
 
     def _over(self) -> str | None:
         """The first limit over now (tokens, cost, time), or None."""
-        tokens, cost = self._meter.tokens, self._meter.cost
-        if self.max_tokens is not None and tokens is not None and tokens > self.max_tokens:
-            return "tokens"
-        if self.max_cost is not None and cost is not None and cost > self.max_cost:
-            return "cost"
-        seconds, started = self.max_seconds, self._started
-        if seconds is not None and started is not None and trio.current_time() >= started + seconds:
-            return "time"
-        return None
+        return over_limit(
+            self._meters.total, self.max_tokens, self.max_cost, self.max_seconds, self._elapsed()
+        )
 
     @property
     def spent(self) -> str | None:
@@ -197,14 +268,14 @@ class RunBudget:
             if self._cause is None:
                 return None
             self._waiting.unpark_all()
-        if self._cause == "tokens":
-            return f"tokens: {self._meter.tokens} used of {self.max_tokens}"
-        if self._cause == "cost":
-            assert self._meter.cost is not None and self.max_cost is not None
-            return f"cost: {_amount(self._meter.cost)} of {_amount(self.max_cost)}"
-        elapsed = self._elapsed()
-        assert elapsed is not None and self.max_seconds is not None
-        return f"time: {_seconds(elapsed)} s of {self.max_seconds:g} s"
+        return spent_text(
+            self._cause,
+            self._meters.total,
+            self.max_tokens,
+            self.max_cost,
+            self.max_seconds,
+            self._elapsed(),
+        )
 
     def observe(
         self, session: object, used: int | None, cost: float | None, *, run: str | None = None
@@ -214,21 +285,13 @@ class RunBudget:
         None: not reported. It counts with the highest figures it reported, in the totals and
         in ``run``'s (a run id; see :meth:`usage`). Waiters of :meth:`wait_spent` wake when
         this spends the budget."""
-        self._meter.observe(session, used, cost)
-        if run is not None:
-            meter = self._runs.get(run)
-            if meter is None:
-                meter = self._runs[run] = UsageMeter()
-            meter.observe(session, used, cost)
+        self._meters.observe(session, used, cost, run)
         if self._cause is None:
             self.spent  # noqa: B018 -- notes the cause and wakes the waiters
 
     def settle(self, session: object, *, run: str | None = None) -> None:
         """``session`` ended: its figures stay counted; it takes no more room here."""
-        self._meter.settle(session)
-        meter = self._runs.get(run) if run is not None else None
-        if meter is not None:
-            meter.settle(session)
+        self._meters.settle(session, run)
 
     async def wait_spent(self) -> None:
         """Return once the budget is spent: a total went over its limit, or the time since
@@ -244,8 +307,7 @@ class RunBudget:
         """What the sessions of run ``run`` used, as they reported it through this budget:
         ``{"tokens": int | None, "cost": float | None}`` (None: nothing reported). Attempts of
         a run (a resume) given the same budget add up."""
-        meter = self._runs.get(run)
-        return meter.to_json() if meter is not None else {"tokens": None, "cost": None}
+        return self._meters.usage(run)
 
     def statistics(self) -> dict[str, Any]:
         """The limits, the totals so far and whether it is spent: ``maxTokens``, ``maxCost``,
@@ -257,8 +319,8 @@ class RunBudget:
             "maxCost": self.max_cost,
             "maxSeconds": self.max_seconds,
             "onSpent": self.on_spent,
-            "tokens": self._meter.tokens,
-            "cost": self._meter.cost,
+            "tokens": self._meters.total.tokens,
+            "cost": self._meters.total.cost,
             "seconds": None if elapsed is None else round(elapsed, 3),
             "spent": self.spent,
         }
