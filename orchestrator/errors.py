@@ -202,7 +202,6 @@ class RemoteTurnFailed(OrchestratorError):
 
     def __init__(self, message: str, kind: ErrorKind, traceback: str | None = None) -> None:
         super().__init__(message)
-        # read by the runner's error_kind and user_traceback
         self.remote_kind: ErrorKind = kind
         self.remote_traceback = traceback
 

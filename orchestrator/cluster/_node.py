@@ -624,7 +624,6 @@ async def _serve_on(
         cancelled=cancelled,
         not_started=not_started,
         usage=tuple((key, used, cost) for key, (used, cost) in budget.latest.items()),
-        node=state.node,
     )
 
 

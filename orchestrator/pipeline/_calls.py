@@ -32,6 +32,7 @@ from ..errors import (
     OrchestratorError,
     ProtocolError,
     ProtocolVersionMismatch,
+    RemoteTurnFailed,
     SandboxUnavailable,
     StepAborted,
     StoreError,
@@ -147,9 +148,8 @@ _KINDS: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], Error
 
 def error_kind(e: BaseException) -> ErrorKind:
     """The :data:`~orchestrator.errors.ErrorKind` of an exception that failed a step."""
-    remote = getattr(e, "remote_kind", None)
-    if remote is not None:  # a failure that happened on a cluster node says its kind
-        return remote  # type: ignore[no-any-return]
+    if isinstance(e, RemoteTurnFailed):  # a failure on a cluster node says its kind
+        return e.remote_kind
     if isinstance(e, StepAborted) or user_traceback(e) is not None:
         return "exception"  # the pipeline's own code raised it
     if isinstance(e, FileTooLarge):
@@ -205,9 +205,8 @@ def user_traceback(e: BaseException) -> str | None:
     """
     if isinstance(e, StepAborted) and e.__cause__ is not None:
         return user_traceback(e.__cause__)
-    remote = getattr(e, "remote_traceback", None)
-    if isinstance(remote, str):  # the pipeline's code raised on a cluster node
-        return remote
+    if isinstance(e, RemoteTurnFailed):  # the pipeline's code raised on a node, or did not
+        return e.remote_traceback
     frames = [frame for frame, _ in traceback.walk_tb(e.__traceback__)]
     entries = [i for i, frame in enumerate(frames) if frame.f_code in _ENTRIES]
     if not entries:

@@ -79,8 +79,6 @@ class RemoteReply:
     not_started: str | None = None
     #: each session's final usage: (session, tokens, cost), for the driver's budget
     usage: Sequence[tuple[str, int | None, float | None]] = ()
-    #: where it ran, for the record (a node's id, shortened)
-    node: str | None = None
 
 
 class RemoteTurns(Protocol):
