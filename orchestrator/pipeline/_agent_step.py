@@ -268,6 +268,8 @@ class AgentTurns:
                 mcp_servers=[server.to_protocol() for server in servers],
             ) as lease:
                 session = lease.session
+                # which session served this attempt, on which process: what a replay plays
+                self.recorder.session(name, attempt, agent, lease.process, session.session_id)
                 # the agent's own choice (``claude:sonnet``) is more specific than the step's
                 mode = spec.mode or step.mode
                 model = spec.model or step.model

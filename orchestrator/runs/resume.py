@@ -88,9 +88,9 @@ async def resume_run(
 
     A pipeline run is resumed from its recorded file; ``pipeline`` gives it instead (a file,
     or the :class:`~orchestrator.pipeline.Pipeline` a program built in code, which has no
-    file to read again). ``verify`` replaces the recorded verify commands, and
-    ``record_transcripts`` the first attempt's choice (a prompt keeps its wire transcript only
-    when asked). ``cluster`` runs this attempt on a cluster, whatever the first one ran on.
+    file to read again). ``verify`` replaces the recorded verify commands;
+    ``record_transcripts=False`` declines keeping the wire transcripts (every run keeps them,
+    a prompt's too). ``cluster`` runs this attempt on a cluster, whatever the first one ran on.
     The other keyword arguments are :func:`~orchestrator.runs.run_pipeline`'s.
     """
     check_trio_face("resume_run")  # before anything starts
@@ -171,8 +171,8 @@ async def resume_run(
     if verify is None:  # the verify commands the run was started with
         verify = dict(recorded.get("verify") or {})
     if record_transcripts is None:
-        # as the first attempt: a prompt keeps its wire transcript only when asked
-        record_transcripts = record.kind != "prompt"
+        # every run keeps its wire transcripts (what a replay plays), a resumed prompt's too
+        record_transcripts = True
     said = restored.to_json()
     started = time.monotonic()
 
