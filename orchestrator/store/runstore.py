@@ -346,7 +346,9 @@ class RunStore(Database):
 
         def select(conn: sqlite3.Connection) -> list[SessionRecord]:
             _sql.require_run(conn, run_id)
-            sql = "SELECT key, attempt, agent, source, session_id FROM step_sessions WHERE run_id = ?"
+            sql = (
+                "SELECT key, attempt, agent, source, session_id FROM step_sessions WHERE run_id = ?"
+            )
             args: tuple[str, ...] = (run_id,)
             if key is not None:
                 sql += " AND key = ?"
