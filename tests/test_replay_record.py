@@ -14,9 +14,12 @@ from run_helpers import workspace
 
 from orchestrator import Config, Pipeline, StepContext, prompt, run_pipeline, step
 from orchestrator.errors import RunNotFound, UsageError
+from orchestrator.pipeline._recording import own_changes
 from orchestrator.replay import RecordedSession, RecordedTurn, ReplayRecord
 from orchestrator.runs.replay_record import record_from_transcript, replay_record
-from orchestrator.store import open_run_store
+from orchestrator.store import StoredChange, open_run_store
+from orchestrator.vfs.branch import Branch
+from orchestrator.vfs.tree import MemoryTree
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "examples" / "demo_pipeline.py"
@@ -81,11 +84,15 @@ async def test_a_demo_pipeline_run_gives_every_instance_its_session_turns_and_ch
     async with open_run_store(state_dir) as store:
         steps = {s.key: s for s in await store.steps(run_id) if s.agent is not None}
         run = await store.get_run(run_id)
-    assert set(record.steps) == set(steps) == {
-        *(f"rename[{path}]" for path in RENAMES),
-        "docs[alice]",
-        "docs[bob]",
-    }
+    assert (
+        set(record.steps)
+        == set(steps)
+        == {
+            *(f"rename[{path}]" for path in RENAMES),
+            "docs[alice]",
+            "docs[bob]",
+        }
+    )
     assert record.run["runId"] == run_id
     assert (record.run["kind"], record.run["cwd"]) == ("pipeline", run.cwd)
     assert record.run["pipeline"] == run.pipeline == str(DEMO)
@@ -105,13 +112,16 @@ async def test_a_demo_pipeline_run_gives_every_instance_its_session_turns_and_ch
         (turn,) = session.turns
         assert turn.response is not None
         assert turn.response["result"]["stopReason"] == "end_turn"
-        # every frame the agent sent is about this session; every one we sent answers one
-        asked = {f.msg["id"] for f in turn.frames if f.dir == "recv" and "id" in f.msg}
+        # every frame the agent sent is about this session; we answered each of its requests
+        # once, and sent nothing else
+        request_ids = [f.msg["id"] for f in turn.frames if f.dir == "recv" and "id" in f.msg]
+        answered = [f.msg["id"] for f in turn.frames if f.dir == "send"]
+        assert request_ids and sorted(answered) == sorted(request_ids)
         for frame in turn.frames:
             if frame.dir == "recv":
                 assert frame.msg["params"]["sessionId"] == session.session_id
             else:
-                assert frame.msg["id"] in asked and "method" not in frame.msg
+                assert "method" not in frame.msg
             assert frame.t >= 0
     # alice and bob each ran a session demo-1, on processes of their own
     alice, bob = record.steps["docs[alice]"][0], record.steps["docs[bob]"][0]
@@ -176,9 +186,7 @@ async def test_a_retried_instance_has_a_session_per_attempt(
     assert record.run["pipelineSource"] is None  # built in code: no file text
 
 
-async def test_a_turn_cut_by_the_storage_cap_is_marked_cut(
-    tmp_path: Path, state_dir: Path
-) -> None:
+async def test_a_turn_cut_by_the_storage_cap_is_marked_cut(tmp_path: Path, state_dir: Path) -> None:
     """With a small max_turn_record_bytes the transcript drops a turn's updates: the record
     marks that turn cut, and its session not replayable."""
     ws = workspace(tmp_path, {f"f{i}.txt": "old\n" for i in range(6)})
@@ -225,6 +233,7 @@ async def test_a_prompt_run_has_a_record(project: Path, state_dir: Path) -> None
     assert record.run["kind"] == "prompt"
     assert record.run["inputs"] == {"text": 'replace "colour" with "color" in README.md'}
     [(key, (session,))] = record.steps.items()
+    assert key == "prompt"
     assert (session.agent, session.source, session.session_id) == ("demo", "demo", run.session_id)
     (turn,) = session.turns
     assert turn.prompt_text == 'replace "colour" with "color" in README.md'
@@ -311,3 +320,22 @@ def test_a_bad_transcript_file_is_a_usage_error(tmp_path: Path) -> None:
     assert list(record.steps) == ["a:s"]
     only: RecordedSession = record.steps["a:s"][0]
     assert (only.new, only.turns, only.complete) == ({"sessionId": "s"}, (), True)
+
+
+def test_own_changes_are_against_the_fork_and_keep_a_change_back_to_the_base() -> None:
+    """A forked branch's own changes are its writes (with modes; a mode change as a write of
+    the content), deletions and a change back to the run's base content, not its parent's."""
+    run_base = MemoryTree.from_files({"a.txt": b"A\n", "b.txt": b"B\n", "c.sh": b"c\n"})
+    parent = Branch.from_tree(run_base, "parent")
+    parent.write("a.txt", b"parent\n")
+    parent.write("p.txt", b"parent only\n")
+    child = parent.fork("child")
+    child.write("a.txt", b"A\n")  # back to the run's base content: the net change is gone
+    child.delete("b.txt")
+    child.chmod("c.sh", 0o755)
+    assert "a.txt" not in child.net_changes()
+    assert own_changes(child) == [
+        StoredChange("a.txt", "write", b"A\n", 0o100644),
+        StoredChange("b.txt", "delete"),
+        StoredChange("c.sh", "write", b"c\n", 0o100755),
+    ]

@@ -429,6 +429,9 @@ def record_from_transcript(path: str | os.PathLike[str]) -> ReplayRecord:
         raise UsageError(f"cannot read the transcript {name}: {e.strerror or e}") from None
     raw = data.split(b"\n")
     by_source: dict[str, list[JsonObject]] = {}
+    # where each line is in the file: the order sessions were opened in (each process's ``t``
+    # counts from its own start, so times of two processes do not compare)
+    position: dict[int, int] = {}
     for number, line in enumerate(raw, start=1):
         if not line.strip():
             continue
@@ -446,12 +449,13 @@ def record_from_transcript(path: str | os.PathLike[str]) -> ReplayRecord:
                 '({"dir", "t", "agent", "msg"})'
             )
         source = value.get("agent")
+        position[id(value)] = number
         by_source.setdefault(source if isinstance(source, str) and source else "agent", []).append(
             value
         )
     steps: dict[str, tuple[RecordedSession, ...]] = {}
     agents: dict[str, JsonObject] = {}
-    openings: list[tuple[float, str, RecordedSession]] = []
+    openings: list[tuple[int, str, RecordedSession]] = []
     for source, lines in by_source.items():
         index = _Transcript.of(lines)
         label = source.partition("#")[0]
@@ -478,7 +482,7 @@ def record_from_transcript(path: str | os.PathLike[str]) -> ReplayRecord:
                 complete=built.why is None,
                 why=built.why,
             )
-            openings.append((_time(entry), source, session))
+            openings.append((position[id(entry)], source, session))
     openings.sort(key=lambda item: item[0])
     for _, source, session in openings:
         key = f"{session.agent}:{session.session_id}"
