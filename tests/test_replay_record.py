@@ -339,3 +339,70 @@ def test_own_changes_are_against_the_fork_and_keep_a_change_back_to_the_base() -
         StoredChange("b.txt", "delete"),
         StoredChange("c.sh", "write", b"c\n", 0o100755),
     ]
+
+
+def process_lines(text: str, stop: str) -> list[dict[str, Any]]:
+    """One agent process's transcript: a handshake, a session s-1 and one turn of it in which
+    the agent reads a file."""
+    frames = [
+        ("send", {"id": 0, "method": "initialize", "params": {"protocolVersion": 1}}),
+        ("recv", {"id": 0, "result": {"protocolVersion": 1, "agentInfo": {"name": text}}}),
+        ("send", {"id": 1, "method": "session/new", "params": {"cwd": "/w", "mcpServers": []}}),
+        ("recv", {"id": 1, "result": {"sessionId": "s-1"}}),
+        ("send", {"id": 2, "method": "session/prompt",
+                  "params": {"sessionId": "s-1", "prompt": [{"type": "text", "text": text}]}}),
+        ("recv", {"id": 0, "method": "fs/read_text_file",
+                  "params": {"sessionId": "s-1", "path": "/w/a"}}),
+        ("send", {"id": 0, "result": {"content": text}}),
+        ("recv", {"id": 2, "result": {"stopReason": stop}}),
+    ]  # fmt: skip
+    return [
+        {"dir": d, "t": i / 10, "agent": "a", "msg": {"jsonrpc": "2.0", **msg}}
+        for i, (d, msg) in enumerate(frames)
+    ]
+
+
+async def test_a_source_holding_two_processes_gives_each_session_its_own_turns(
+    state_dir: Path,
+) -> None:
+    """A resumed run appends its new process's transcript to the same source, where request
+    ids and session ids start over: each recorded session gets the turns and answers of its
+    own opening."""
+    from orchestrator.store import RunRecord, SessionRecord
+
+    async with open_run_store(state_dir) as store:
+        await store.create_run(RunRecord("r1", "pipeline", "succeeded", 1.0, "/w"))
+        lines = process_lines("first", "end_turn") + process_lines("second", "refusal")
+        await store.add_transcript("r1", "a", lines)
+        await store.put_session(SessionRecord("r1", "x", 1, "a", "a", "s-1"))
+        await store.put_session(SessionRecord("r1", "y", 1, "a", "a", "s-1"))
+    record = await replay_record("r1", state_dir=state_dir)
+    round_trips(record)
+    (x,), (y,) = record.steps["x"], record.steps["y"]
+    assert [t.prompt_text for t in x.turns] == ["first"]
+    assert [t.prompt_text for t in y.turns] == ["second"]
+    assert [t.response for t in x.turns] == [{"result": {"stopReason": "end_turn"}}]
+    assert [t.response for t in y.turns] == [{"result": {"stopReason": "refusal"}}]
+    assert [f.msg.get("result") for f in y.turns[0].frames] == [None, {"content": "second"}]
+    assert record.agents == {"a": {"initialize": lines[1]["msg"]["result"]}}
+
+
+async def test_a_run_recorded_before_sessions_were_kept_is_not_complete(
+    state_dir: Path,
+) -> None:
+    """A run whose store rows predate the per-attempt sessions gets its steps' last sessions,
+    found in their transcript, marked not complete with the reason."""
+    from orchestrator.store import RunRecord, StepRecord
+
+    async with open_run_store(state_dir) as store:
+        await store.create_run(RunRecord("r1", "pipeline", "succeeded", 1.0, "/w"))
+        await store.add_transcript("r1", "a", process_lines("only", "end_turn"))
+        await store.put_step(
+            StepRecord("r1", "x", "x", agent="a", status="succeeded", session_id="s-1")
+        )
+    record = await replay_record("r1", state_dir=state_dir)
+    (x,) = record.steps["x"]
+    assert (x.agent, x.source, x.session_id, x.attempt) == ("a", "a", "s-1", 1)
+    assert [t.prompt_text for t in x.turns] == ["only"]
+    assert not x.complete and not x.replayable
+    assert x.why is not None and "recorded before" in x.why

@@ -229,8 +229,9 @@ class _Transcript:
     opened: dict[str, list[JsonObject]] = field(factory=dict)
     #: per session id: its prompts, in order
     prompts: dict[str, list[_Prompt]] = field(factory=dict)
-    #: per id of a request we sent: the line index of its answer
-    answers: dict[Any, int] = field(factory=dict)
+    #: per id of a request we sent: the line indexes of the answers with that id (a run
+    #: resumed on a new process appends its transcript to the same source: ids start over)
+    answers: dict[Any, list[int]] = field(factory=dict)
     #: per id of a request the agent sent: the line indexes of our answers to it
     replies: dict[Any, list[int]] = field(factory=dict)
     #: the line indexes of the agent's frames naming a session, per session id
@@ -272,7 +273,7 @@ class _Transcript:
                     index.prompt_lines.append(i)
             elif direction == "recv" and method is None and has_id:
                 ident = _key(msg["id"])
-                index.answers.setdefault(ident, i)
+                index.answers.setdefault(ident, []).append(i)
                 what = sent.get(ident)
                 result = msg.get("result")
                 if what == "initialize" and isinstance(result, dict):
@@ -306,7 +307,7 @@ class _Transcript:
         frames = self.frames.get(session_id, [])
         turns: list[RecordedTurn] = []
         for number, prompt in enumerate(prompts):
-            end = self.answers.get(prompt.id)
+            end = next((i for i in self.answers.get(prompt.id, []) if i > prompt.index), None)
             following = prompts[number + 1].index if number + 1 < len(prompts) else None
             stop = end if end is not None else (following or len(self.lines))
             turns.append(self._turn(prompt, end, stop, frames))
