@@ -282,11 +282,19 @@ async def test_a_transcript_file_gives_a_record_without_changes(
         assert [t.response for t in from_file.turns] == [t.response for t in from_store.turns]
 
 
-async def test_an_unknown_run_is_not_found(state_dir: Path) -> None:
-    """replay_record of a run id the store does not hold raises RunNotFound, one line."""
+async def test_an_unknown_run_is_not_found_and_a_batch_is_refused(state_dir: Path) -> None:
+    """replay_record of a run id the store does not hold raises RunNotFound, of a batch run a
+    UsageError, each one line."""
+    from orchestrator.store import RunRecord
+
     with pytest.raises(RunNotFound) as caught:
         await replay_record("no-such-run", state_dir=state_dir)
     assert "no-such-run" in str(caught.value) and "\n" not in str(caught.value)
+    async with open_run_store(state_dir) as store:
+        await store.create_run(RunRecord("b1", "batch", "succeeded", 1.0, "/w"))
+    with pytest.raises(UsageError, match=r"^run b1 is a batch run: replay one of") as refused:
+        await replay_record("b1", state_dir=state_dir)
+    assert "\n" not in str(refused.value)
 
 
 def test_a_bad_transcript_file_is_a_usage_error(tmp_path: Path) -> None:
