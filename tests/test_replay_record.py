@@ -413,7 +413,7 @@ async def test_a_run_recorded_before_sessions_were_kept_is_not_complete(
     assert (x.agent, x.source, x.session_id, x.attempt) == ("a", "a", "s-1", 1)
     assert [t.prompt_text for t in x.turns] == ["only"]
     assert not x.complete and not x.replayable
-    assert x.why is not None and "recorded before" in x.why
+    assert x.why is not None and "does not say which session served each attempt" in x.why
 
 
 def test_a_pipeline_keeps_its_file_text_as_python_reads_it() -> None:
