@@ -945,3 +945,50 @@ def test_divergence_json_keeps_texts_short() -> None:
     assert len(value["recorded"]) < 230 and value["recorded"].endswith("(1000 chars)")
     assert isinstance(value["now"], str) and len(value["now"]) < 230
     assert Divergence.from_json(orjson.loads(orjson.dumps(value))).kind == "fs-read"
+
+
+async def test_a_refusal_in_an_earlier_turn_blocks_the_last_turns_disk_writes(
+    tmp_path: Path,
+) -> None:
+    """A permission refused in turn 1 keeps the changes recorded for turn 2 off the disk."""
+    first = turn("one", permission(0, 0, "s-1", f"{RECORDED_CWD}/a.txt"))
+    record = make_record(
+        {"edit": [session("s-1", [first, turn("two", [])], changes=[write("b.txt", b"B")])]}
+    )
+    replayed = await replay(tmp_path, record, ["one", "two"], policy="deny-all")
+    assert replayed.kinds() == ["permission", "disk"]
+    assert replayed.divergences[1]["turn"] == 1
+    assert "b.txt" not in replayed.files
+
+
+async def test_cancel_ends_a_running_turn(tmp_path: Path, autojump_clock: trio.abc.Clock) -> None:
+    """session/cancel ends the turn with stopReason cancelled: no later frame, no disk write."""
+    frames = [say(0.0, "s-1", "first"), say(100.0, "s-1", "never")]
+    record = make_record(
+        {"edit": [session("s-1", [turn("go", frames)], changes=[write("b.txt", b"B")])]}
+    )
+    chunks: list[str] = []
+    started = trio.Event()
+
+    def seen(update: Any) -> None:
+        chunks.append(update.content.text)
+        started.set()
+
+    async with (
+        open_branch(tmp_path, "cancel", {"a.txt": b"1"}) as workdir,
+        open_branch_services(workdir, PolicySet.from_preset("trusted")) as branch,
+        replay_in_memory(record, branch.services, [], timing="recorded") as conn,
+    ):
+        live = await conn.new_session(workdir.root, step="edit")
+        results: list[TurnResult] = []
+
+        async def run() -> None:
+            results.append(await live.prompt("go", on_update=seen))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run)
+            await started.wait()
+            await live.cancel()
+        assert not (Path(workdir.root) / "b.txt").exists()
+    assert [r.stop_reason for r in results] == ["cancelled"]
+    assert chunks == ["first"]

@@ -73,7 +73,9 @@ class _Live:
     terminals: dict[str, str] = field(factory=dict)
     #: the running turn's cancel scope (session/cancel ends it)
     running: trio.CancelScope | None = None
-    cancelled: bool = False
+    #: requests the record shows granted that were refused now, in any turn so far: the
+    #: agent would not have made its disk changes
+    refused: list[str] = field(factory=list)
 
 
 @define(eq=False)
@@ -82,8 +84,6 @@ class _TurnState:
 
     live: _Live
     index: int
-    #: a request the record shows granted was refused now (the disk writes are then skipped)
-    refused: list[str] = field(factory=list)
     #: fs/write_text_file requests that succeeded now: absolute path -> content
     written: dict[str, str] = field(factory=dict)
 
@@ -199,7 +199,6 @@ class ReplayAgent:
     def _cancel(self, params: Any) -> None:
         live = self.sessions.get(str(params.get("sessionId"))) if isinstance(params, dict) else None
         if live is not None and live.running is not None:
-            live.cancelled = True
             live.running.cancel()
 
     # ------------------------------------------------------------------ the turn
@@ -248,7 +247,6 @@ class ReplayAgent:
                 self._report(state, "not-replayable", message)
             raise JsonRpcError(message, code=NOT_REPLAYABLE)
         turn = turns[index]
-        live.cancelled = False
         scope = live.running = trio.CancelScope()
         try:
             with scope:
@@ -295,13 +293,13 @@ class ReplayAgent:
             except JsonRpcError as e:
                 result, error = None, e
             self._compare(state, method, msg.get("params"), params, answers.get(i), result, error)
-        if state.refused:
-            if last and live_changes(state.live):
+        if state.live.refused:
+            if last and _changes(state.live):
                 self._report(
                     state,
                     "disk",
-                    "the recorded disk changes were not applied: " + "; ".join(state.refused),
-                    [c.path for c in live_changes(state.live)],
+                    "the recorded disk changes were not applied: " + "; ".join(state.live.refused),
+                    [c.path for c in _changes(state.live)],
                     None,
                 )
             return
@@ -347,7 +345,7 @@ class ReplayAgent:
                 state.live.terminals[old] = new
         if (recorded_error is None) != (error is None):
             if error is not None:
-                state.refused.append(f"{method} was answered with an error: {error.message}")
+                state.live.refused.append(f"{method} was answered with an error: {error.message}")
                 self._report(
                     state,
                     "request",
@@ -382,7 +380,7 @@ class ReplayAgent:
             was, now = _chosen(recorded, options), _chosen(result, options)
             if was != now:
                 if was in _GRANTING and now not in _GRANTING:
-                    state.refused.append(f"the permission was answered {now}")
+                    state.live.refused.append(f"the permission was answered {now}")
                 self._report(
                     state,
                     "permission",
@@ -417,7 +415,7 @@ class ReplayAgent:
     async def _apply_changes(self, state: _TurnState) -> None:
         """Write the session's recorded own changes into its cwd (confined to it)."""
         live = state.live
-        for change in live_changes(live):
+        for change in _changes(live):
             target = os.path.normpath(os.path.join(live.cwd, change.path))
             if change.kind == "write" and change.data is not None and change.mode is None:
                 written = state.written.get(target)
@@ -439,7 +437,7 @@ def _check_agent(record: ReplayRecord, agent: str) -> None:
         raise UsageError(f"the record has no agent {agent!r} (it has: {known})")
 
 
-def live_changes(live: _Live) -> Sequence[RecordedChange]:
+def _changes(live: _Live) -> Sequence[RecordedChange]:
     """The recorded own changes of a live session's recorded session."""
     return live.recorded.changes
 
