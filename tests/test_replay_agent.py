@@ -204,6 +204,8 @@ class AgentFrameValidator:
             return
         assert msg.get("jsonrpc") == "2.0", msg
         method = msg.get("method")
+        if isinstance(method, str) and method.startswith("_"):
+            return  # an extension method: the envelope only (checked above)
         if method is not None:
             if method == "session/update":
                 self._check("SessionNotification", msg.get("params"), method)
@@ -298,6 +300,8 @@ class Replayed:
     files: dict[str, bytes] = field(factory=dict)
     modes: dict[str, int] = field(factory=dict)
     pid: int | None = None
+    #: the branch directory the replay ran in (removed since)
+    root: Path | None = None
 
     def kinds(self) -> list[str]:
         return [d["kind"] for d in self.divergences]
@@ -317,6 +321,7 @@ async def replay(
     step: str | None = "edit",
     args: Sequence[str] = (),
     sessions: int = 1,
+    transcript: Path | None = None,
 ) -> Replayed:
     """Replay ``record`` as a subprocess on a fresh branch; each prompt in turn, in each session."""
     path = tmp_path / "record.json"
@@ -334,9 +339,11 @@ async def replay(
                     cwd=root,
                     services=branch.services,
                     options=ClientOptions(step_meta=True),
+                    transcript=None if transcript is None else TranscriptWriter(transcript),
                     term_grace=1.0,
                 ) as conn:
                     replayed.pid = conn.pid
+                    replayed.root = root
                     for _ in range(sessions):
                         live = await conn.new_session(root, step=step)
                         for prompt in prompts:
@@ -417,6 +424,20 @@ DEMO_PROMPT = "\n".join(
 )
 
 
+def agent_frames(transcript: Path, root: Path) -> list[tuple[str, Any]]:
+    """The agent's requests and notifications in a transcript, in order: method and params
+    with the branch directory written ``ROOT`` (the ids and the directory differ by run)."""
+    found = []
+    for line in _read_transcript(transcript):
+        msg = line.get("msg")
+        if line["dir"] == "recv" and isinstance(msg, dict) and "method" in msg:
+            params = orjson.loads(
+                orjson.dumps(msg.get("params")).replace(str(root).encode(), b"ROOT")
+            )
+            found.append((msg["method"], params))
+    return found
+
+
 async def record_demo(tmp_path: Path) -> tuple[ReplayRecord, TurnResult, dict[str, bytes]]:
     """Run the demo agent for one turn on a branch, recording its transcript; the record, the
     turn's result and the branch's files after it."""
@@ -453,7 +474,15 @@ async def test_a_recorded_demo_run_replays_with_the_same_frames_and_changes(tmp_
     """A demo run replayed on a fresh branch shows the same updates and leaves the same files."""
     record, recorded_result, recorded_files = await record_demo(tmp_path)
     assert recorded_files["docs/new.md"] == b"hello"  # written behind the client's back
-    replayed = await replay(tmp_path, record, [DEMO_PROMPT], files=DEMO_FILES)
+    transcript = tmp_path / "replayed.jsonl"
+    replayed = await replay(
+        tmp_path, record, [DEMO_PROMPT], files=DEMO_FILES, transcript=transcript
+    )
+    assert replayed.root is not None
+    recorded_frames = agent_frames(tmp_path / "demo.jsonl", tmp_path / "branches" / "recorded")
+    replayed_frames = agent_frames(transcript, replayed.root)
+    assert [m for m, _ in recorded_frames].count("terminal/create") == 1
+    assert replayed_frames == recorded_frames
     (result,) = replayed.results
     assert isinstance(result, TurnResult)
     assert updates_of(result) == updates_of(recorded_result)
@@ -992,3 +1021,53 @@ async def test_cancel_ends_a_running_turn(tmp_path: Path, autojump_clock: trio.a
         assert not (Path(workdir.root) / "b.txt").exists()
     assert [r.stop_reason for r in results] == ["cancelled"]
     assert chunks == ["first"]
+
+
+async def test_a_request_of_an_unknown_method_is_sent_as_recorded(tmp_path: Path) -> None:
+    """A request the client does not serve goes out; its error answer matches the record's."""
+    not_found = {"code": -32601, "message": "Method not found"}
+    frames = [
+        ask(0, 5, "_vendor/thing", {"sessionId": "s-1"}),
+        answered(0, 5, error=not_found),
+        ask(0, 6, "_vendor/thing", {"sessionId": "s-1"}),
+        answered(0, 6, {"ok": True}),
+    ]
+    record = make_record({"edit": [session("s-1", [turn("go", frames)])]})
+    replayed = await replay(tmp_path, record, ["go"])
+    assert replayed.kinds() == ["request"]
+    assert "_vendor/thing answered an error" in replayed.divergences[0]["detail"]
+
+
+async def test_mode_config_and_close_are_accepted(tmp_path: Path) -> None:
+    """session/set_mode, set_config_option and close are accepted without a divergence."""
+    options = [
+        {
+            "id": "model",
+            "name": "Model",
+            "type": "select",
+            "currentValue": "m",
+            "options": [{"value": "m", "name": "M"}],
+        }
+    ]
+    modes = {"currentModeId": "edit", "availableModes": [{"id": "edit", "name": "Edit"}]}
+    recorded = RecordedSession(
+        AGENT,
+        1,
+        AGENT,
+        "s-1",
+        {"sessionId": "s-1", "configOptions": options, "modes": modes},
+        [turn("go", [say(0, "s-1", "x")])],
+        cwd=RECORDED_CWD,
+    )
+    record = ReplayRecord({"runId": "r"}, {AGENT: {"initialize": INIT}}, {"edit": (recorded,)})
+    found: list[Divergence] = []
+    async with (
+        open_branch(tmp_path, "modes", {"a.txt": b"1"}) as workdir,
+        open_branch_services(workdir, PolicySet.from_preset("trusted")) as branch,
+        replay_in_memory(record, branch.services, found) as conn,
+    ):
+        live = await conn.new_session(workdir.root, step="edit")
+        await live.set_mode("edit")
+        await live.set_config_option("model", "m")
+        assert (await live.prompt("go")).text == "x"
+    assert found == []
