@@ -665,13 +665,19 @@ async def test_disk_writes_apply_contents_modes_and_deletions(tmp_path: Path) ->
     changes = [
         write("a.txt", b"changed\n"),
         write("bin/run.sh", b"#!/bin/sh\n", 0o100755),
+        write("new.txt", b"new"),
         RecordedChange("old.txt", "delete"),
     ]
     record = make_record({"edit": [session("s-1", [turn("go", [])], changes=changes)]})
     replayed = await replay(tmp_path, record, ["go"], files={"a.txt": b"one\n", "old.txt": b"x"})
     assert replayed.divergences == []
-    assert replayed.files == {"a.txt": b"changed\n", "bin/run.sh": b"#!/bin/sh\n"}
+    assert replayed.files == {
+        "a.txt": b"changed\n",
+        "bin/run.sh": b"#!/bin/sh\n",
+        "new.txt": b"new",
+    }
     assert replayed.modes["bin/run.sh"] == 0o755
+    assert replayed.modes["new.txt"] == 0o644
 
 
 async def test_disk_writes_are_applied_after_the_last_turn_only(tmp_path: Path) -> None:
@@ -1071,3 +1077,16 @@ async def test_mode_config_and_close_are_accepted(tmp_path: Path) -> None:
         await live.set_config_option("model", "m")
         assert (await live.prompt("go")).text == "x"
     assert found == []
+
+
+def test_a_sessions_cwd_is_an_optional_key_of_the_record() -> None:
+    """A session's cwd round-trips through JSON; absent it is None; not a string is refused."""
+    recorded = session("s-1", [turn("go", [])])
+    again = ReplayRecord.from_json(orjson.loads(make_record({"k": [recorded]}).dumps()))
+    assert again.steps["k"][0].cwd == RECORDED_CWD
+    assert again.steps["k"][0] == recorded
+    value = recorded.to_json()
+    del value["cwd"]
+    assert RecordedSession.from_json(value).cwd is None
+    with pytest.raises(UsageError, match="cwd is not a string"):
+        RecordedSession.from_json({**value, "cwd": 3})

@@ -44,6 +44,8 @@ __all__ = ["ReplayAgent", "Timing", "main", "serve_replay_agent"]
 log = get_logger(__name__)
 
 Timing = Literal["fast", "recorded"]
+#: the mode of a file a change creates without a recorded mode (the vfs's default)
+_NEW_FILE_MODE = 0o644
 #: permission option kinds that grant
 _GRANTING = ("allow_once", "allow_always")
 
@@ -125,7 +127,12 @@ class ReplayAgent:
         return self.record.agents[self.agent].get("initialize") or {"protocolVersion": 1}
 
     def _pick(self, key: str | None) -> tuple[str | None, RecordedSession]:
-        """The recorded session a new session plays (see the module doc of the plan)."""
+        """The recorded session a new session plays, and its step key.
+
+        The k-th session/new naming step ``key`` plays that step's k-th recorded attempt (past
+        the last, the last again); without a key, or with a key the record lacks, the next
+        recorded session of the agent not served yet, in record order.
+        """
         if key is not None:
             attempts = [s for s in self.record.steps.get(key, ()) if s.agent == self.agent]
             if attempts:
@@ -283,7 +290,7 @@ class ReplayAgent:
             if self.timing == "recorded" and start + frame.t > trio.current_time():
                 self.waits += 1
                 await trio.sleep_until(start + frame.t)
-            params = self._mapped(state.live, msg.get("params"))
+            params = self._live_params(state.live, msg.get("params"))
             if "id" not in msg:
                 await self.rpc.notify(method, params)
                 continue
@@ -306,8 +313,8 @@ class ReplayAgent:
         if last:
             await self._apply_changes(state)
 
-    def _mapped(self, live: _Live, params: Any) -> Any:
-        """A recorded frame's params with the live session id and terminal ids."""
+    def _live_params(self, live: _Live, params: Any) -> Any:
+        """A recorded frame's params with the live session id, terminal ids and paths."""
         if not isinstance(params, dict):
             return params
         mapped = _mapped(params, live.terminals, live.recorded_cwd, str(live.cwd))
@@ -478,7 +485,12 @@ def _apply(cwd: Path, change: RecordedChange) -> None:
     if target.is_symlink():
         target.unlink()  # the record has a file there: replace the link, never follow it
     temporary = target.with_name(f".{target.name}.replay{os.getpid()}")
-    mode = 0o644 if change.mode is None else stat.S_IMODE(change.mode)
+    if change.mode is not None:
+        mode = stat.S_IMODE(change.mode)
+    elif target.is_file():
+        mode = stat.S_IMODE(target.stat().st_mode)  # as the vfs does: a write keeps the mode
+    else:
+        mode = _NEW_FILE_MODE
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     try:
         with os.fdopen(fd, "wb") as out:
