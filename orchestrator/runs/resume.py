@@ -281,7 +281,8 @@ async def resume_run(
     or the :class:`~orchestrator.pipeline.Pipeline` a program built in code, which has no
     file to read again). ``verify`` replaces the recorded verify commands;
     ``record_transcripts=False`` declines keeping this attempt's wire transcripts (kept by
-    default, as every run's are: a replay plays them). ``cluster`` runs this attempt on a cluster, whatever the first one ran on.
+    default, as every run's are: a replay plays them). ``cluster`` runs this attempt on a
+    cluster, whatever the first one ran on.
     The other keyword arguments are :func:`~orchestrator.runs.run_pipeline`'s.
     """
     check_trio_face("resume_run")  # before anything starts
