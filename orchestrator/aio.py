@@ -93,6 +93,7 @@ async def prompt(
     mode: str | None = None,
     connector: Connector | None = None,
     mcp_servers: Sequence[McpServer | str] = (),
+    record_transcripts: bool = True,
 ) -> PromptRun:
     """:func:`~orchestrator.runs.prompt.prompt` awaited from asyncio (see the module)."""
     return await _threaded.call_async(
@@ -119,6 +120,7 @@ async def prompt(
             mode=mode,
             connector=connector,
             mcp_servers=mcp_servers,
+            record_transcripts=record_transcripts,
         )
     )
 

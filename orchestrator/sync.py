@@ -97,6 +97,7 @@ def prompt_sync(
     mode: str | None = None,
     connector: Connector | None = None,
     mcp_servers: Sequence[McpServer | str] = (),
+    record_transcripts: bool = True,
     cancel: CancelToken | None = None,
 ) -> PromptRun:
     """:func:`~orchestrator.runs.prompt.prompt` in a thread of its own (see the module)."""
@@ -124,6 +125,7 @@ def prompt_sync(
             mode=mode,
             connector=connector,
             mcp_servers=mcp_servers,
+            record_transcripts=record_transcripts,
         ),
         cancel,
     )

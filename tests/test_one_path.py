@@ -341,13 +341,15 @@ async def test_ask_rules_reach_the_terminal_under_every_command(
     assert [p["verdict"] for p in instance["permissions"]] == ["allow"]
 
 
-async def test_a_prompt_keeps_its_wire_transcript_only_when_asked(
+async def test_a_prompt_keeps_its_wire_transcript_unless_declined(
     tmp_path: Path, project: Path, state_dir: Path
 ) -> None:
-    """prompt records no wire transcript in the store unless --transcript asks for one."""
+    """prompt records its wire transcript in the store, with --transcript or without; a
+    library caller's record_transcripts=False declines it."""
+    from orchestrator import prompt
     from orchestrator.store import open_run_store
 
-    quiet = await run_cli(
+    plain = await run_cli(
         "prompt", "--agent", "demo", "--json", "hello", cwd=project, state=state_dir
     )
     asked_file = tmp_path / "wire.ndjson"
@@ -355,9 +357,20 @@ async def test_a_prompt_keeps_its_wire_transcript_only_when_asked(
         "prompt", "--agent", "demo", "--json", "--transcript", str(asked_file), "hello",
         cwd=project, state=state_dir,
     )  # fmt: skip
-    assert quiet.returncode == asked.returncode == EXIT_OK
+    assert plain.returncode == asked.returncode == EXIT_OK
+    declined = await prompt(
+        "demo", "hello", cwd=project, state_dir=state_dir, record_transcripts=False
+    )
+    assert declined.status == "succeeded"
     async with open_run_store(state_dir) as store:
-        assert await store.transcript_sources(as_json(quiet)["runId"]) == []
+        assert await store.transcript_sources(as_json(plain)["runId"]) == ["demo"]
+        methods = [
+            line["msg"].get("method")
+            for line in await store.transcript(as_json(plain)["runId"])
+            if line.get("dir") == "send"
+        ]
+        assert methods[:3] == ["initialize", "session/new", "session/prompt"]
+        assert await store.transcript_sources(declined.run_id) == []
         kept = await store.transcript(as_json(asked)["runId"])
     frames = [orjson.loads(line) for line in asked_file.read_bytes().splitlines()]
     assert [f["msg"].get("method") for f in frames if f["dir"] == "send"][:2] == [

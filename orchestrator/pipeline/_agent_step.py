@@ -268,6 +268,11 @@ class AgentTurns:
                 mcp_servers=[server.to_protocol() for server in servers],
             ) as lease:
                 session = lease.session
+                # which session served this attempt, on which process (the transcript's source;
+                # a pool that does not say serves the agent from one): what a replay plays
+                process = getattr(lease, "process", None)
+                source = process if isinstance(process, str) else spec.name
+                self.recorder.session(name, attempt, agent, source, session.session_id)
                 # the agent's own choice (``claude:sonnet``) is more specific than the step's
                 mode = spec.mode or step.mode
                 model = spec.model or step.model

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import importlib.util
 import math
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
@@ -64,6 +65,17 @@ def _jsonable(value: Any) -> Any:
     return repr(value)
 
 
+def _source_text(text: str | bytes) -> str:
+    """A pipeline file's text as Python reads it (its coding declaration, else UTF-8); bytes
+    Python could not read become U+FFFD (the digest keeps the exact bytes)."""
+    if isinstance(text, str):
+        return text
+    try:
+        return importlib.util.decode_source(text)
+    except (SyntaxError, LookupError, UnicodeDecodeError):
+        return text.decode("utf-8", "replace")
+
+
 def _differ(a: Any, b: Any) -> bool:
     try:
         return bool(a != b)
@@ -93,6 +105,9 @@ class Pipeline:
     _parents: Mapping[str, tuple[str, ...]] = field(factory=dict, repr=False)
     _children: Mapping[str, tuple[str, ...]] = field(factory=dict, repr=False)
     _graph: Any = field(default=None, repr=False)
+    #: the pipeline file's text as it was loaded (what a run records, and a replay can load
+    #: again); None when built in code without one
+    source: str | None = field(default=None, repr=False)
 
     @property
     def graph(self) -> nx.DiGraph[str]:
@@ -174,6 +189,7 @@ class Pipeline:
             parents=MappingProxyType({n: tuple(p) for n, p in parents.items()}),
             children=MappingProxyType({n: tuple(c) for n, c in children.items()}),
             graph=graph,
+            source=None if text is None else _source_text(text),
         )
         log.debug("pipeline built", pipeline=name, steps=len(by_name), inputs=list(inputs))
         return pipeline

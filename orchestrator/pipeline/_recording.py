@@ -15,8 +15,18 @@ from attrs import define
 from .._log import get_logger
 from ..agent.turn import DEFAULT_MAX_TURN_RECORD_BYTES
 from ..errors import ErrorKind
-from ..store import AddConflicts, AddEvent, AddPermissions, PutChanges, PutStep, StepRecord
-from ..vfs import Branch, ChangeSet, Snapshot
+from ..store import (
+    AddConflicts,
+    AddEvent,
+    AddPermissions,
+    PutChanges,
+    PutSession,
+    PutStep,
+    SessionRecord,
+    StepRecord,
+    StoredChange,
+)
+from ..vfs import Branch, ChangeSet, Delete, ModeChange, Snapshot, Write
 from ._branchstate import branch_diffs
 from ._calls import stored_value
 from ._writer import StoreWriter
@@ -24,7 +34,7 @@ from .branches import stored_changes
 from .results import EventType, RunEvent, StepResult, StepStatus
 from .spec import Step
 
-__all__ = ["EventSink", "Recorder", "notify"]
+__all__ = ["EventSink", "Recorder", "notify", "own_changes"]
 
 log = get_logger(__name__)
 
@@ -45,6 +55,25 @@ def notify(on_event: EventSink | None, event: RunEvent) -> None:
     """Give ``event`` to the run's listener, if any (see :func:`call_listener`)."""
     if on_event is not None:
         call_listener(on_event, event, event_type=event.type)
+
+
+def own_changes(branch: Branch) -> list[StoredChange]:
+    """The branch's own changes (against what it forked from) as the store keeps them: each a
+    ``write`` with the content and mode the path has now (a mode change too), or a ``delete``.
+
+    A change back to the content it forked from is kept (the agent wrote it).
+    """
+    out: list[StoredChange] = []
+    for path, change in sorted(branch.changes.items()):
+        if isinstance(change, Write):
+            out.append(StoredChange(path, "write", change.data, change.mode))
+        elif isinstance(change, ModeChange):
+            state = branch.state(path)
+            if state is not None:  # a mode change of a path that is gone changes nothing
+                out.append(StoredChange(path, "write", state.data, change.mode))
+        elif isinstance(change, Delete):
+            out.append(StoredChange(path, "delete"))
+    return out
 
 
 @define(eq=False)
@@ -75,6 +104,13 @@ class Recorder:
     def put_step(self, record: StepRecord) -> None:
         """Store ``record`` (it replaces any earlier record with its key)."""
         self.writer.put(PutStep(record))
+
+    def session(self, name: str, attempt: int, agent: str, source: str, session_id: str) -> None:
+        """Attempt ``attempt`` of instance ``name`` runs in session ``session_id`` of ``agent``,
+        on the process whose transcript is ``source`` (``claude#2``)."""
+        self.writer.put(
+            PutSession(SessionRecord(self.run_id, name, attempt, agent, source, session_id))
+        )
 
     def skipped(self, step: str, cause: str, finished: float) -> None:
         """``step`` was skipped, because of ``cause``."""
@@ -214,7 +250,14 @@ class Recorder:
         if result is not None:
             own_diff = result.diff
         self.writer.put(
-            PutChanges(self.run_id, name, stored_changes(self.snapshot, net), run_diff, own_diff)
+            PutChanges(
+                self.run_id,
+                name,
+                stored_changes(self.snapshot, net),
+                run_diff,
+                own_diff,
+                own_changes(branch),
+            )
         )
         if result is not None and result.permissions:
             self.writer.put(

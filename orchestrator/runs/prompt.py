@@ -297,6 +297,7 @@ async def prompt(
     mode: str | None = None,
     connector: Connector | None = None,
     mcp_servers: Sequence[McpServer | str] = (),
+    record_transcripts: bool = True,
 ) -> PromptRun:
     """Run one turn of ``agent`` with ``text`` on a branch of ``cwd``: a one-step run.
 
@@ -327,6 +328,10 @@ async def prompt(
 
     ``sandbox`` (``True`` or :class:`~orchestrator.sandbox.Sandbox` rules) runs the agent and
     its terminal commands confined by Landlock (see :func:`~orchestrator.runs.run_pipeline`).
+
+    The agent's wire transcript is kept in the run store, as every run's is (a replay plays
+    it): ``record_transcripts=False`` declines that, unless ``transcript`` names a file, which
+    gets its lines appended as they come as well.
 
     ``model`` and ``mode`` are set in the session before the turn: the model through the
     agent's config option of category ``model`` (by value or name), the mode through its
@@ -391,9 +396,9 @@ async def prompt(
         mcp_servers=mcp_servers,
         max_file_size=max_file_size,
         connector=connector,
-        # a prompt keeps its turn, audit and changes; its wire transcript only when asked
-        # (a flood of updates is tens of megabytes of frames)
-        record_transcripts=transcript is not None,
+        # a prompt keeps its turn, audit, changes and wire transcript, as every run does (what
+        # a replay of it plays); a caller may decline the transcript, unless it names a file
+        record_transcripts=record_transcripts,
         _kind="prompt",
         # recorded before the run starts, so an interrupted prompt can be resumed
         _extra_options={

@@ -557,7 +557,7 @@ async def run_pipeline(
                     },
                     parent=_parent,
                 )
-                await store.create_run(record)
+                await store.create_run(record, pipeline_source=pipe.source)
             else:
                 if (await store.get_run(run_id)).status == "running":
                     # its lock was free: the process that ran it is gone (killed, crashed)

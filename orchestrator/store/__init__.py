@@ -1,9 +1,11 @@
 """The run store: every run recorded in SQLite, to list, show, resume and apply it later.
 
 ``orchestrator prompt``, ``compare`` and ``run`` record a :class:`RunRecord` per run, a
-:class:`StepRecord` per step, each step's change set (:class:`StoredChange`, contents stored once
-per SHA-256) and diffs, wire transcripts, permission decisions, merge conflicts, a timeline and
-what was applied (:class:`ApplyRecord`), in ``<state_dir>/runs.sqlite3``. Typical use::
+:class:`StepRecord` per step, the agent session of each attempt (:class:`SessionRecord`), each
+step's change set (:class:`StoredChange`, contents stored once per SHA-256), its own changes and
+diffs, the pipeline file's text, wire transcripts, permission decisions, merge conflicts, a
+timeline and what was applied (:class:`ApplyRecord`), in ``<state_dir>/runs.sqlite3``. Typical
+use::
 
     async with open_run_store(state_directory()) as store:
         await store.create_run(RunRecord(run_id, "pipeline", "running", time.time(), cwd))
@@ -27,7 +29,16 @@ its schema version; older files are migrated when opened, newer ones are refused
 from __future__ import annotations
 
 from ._schema import SCHEMA_VERSION
-from .ops import AddConflicts, AddEvent, AddPermissions, PutChanges, PutStep, StoreOp, UpdateRun
+from .ops import (
+    AddConflicts,
+    AddEvent,
+    AddPermissions,
+    PutChanges,
+    PutSession,
+    PutStep,
+    StoreOp,
+    UpdateRun,
+)
 from .records import (
     BASE_UNKNOWN,
     CHANGE_KINDS,
@@ -39,6 +50,7 @@ from .records import (
     ChangeKind,
     RunKind,
     RunRecord,
+    SessionRecord,
     StepRecord,
     StoredChange,
 )
@@ -59,10 +71,12 @@ __all__ = [
     "ChangeEntry",
     "ChangeKind",
     "PutChanges",
+    "PutSession",
     "PutStep",
     "RunKind",
     "RunRecord",
     "RunStore",
+    "SessionRecord",
     "StepRecord",
     "StoreOp",
     "StoredChange",

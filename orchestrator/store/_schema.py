@@ -192,8 +192,44 @@ _V6 = _sql(
     "CREATE INDEX runs_parent ON runs (parent) WHERE parent IS NOT NULL",
 )
 
+# v7: what a replay needs. The pipeline file's text as loaded (NULL for a pipeline built in
+# code, and for older runs); per attempt of a step instance, the agent session that served it
+# (``steps`` keeps only the last attempt); and each instance's own change set (its changes
+# against what it forked from, where ``changes`` holds them against the run's base). An own
+# change is a ``write`` (data and mode) or a ``delete``; it goes with its change set.
+_V7 = _sql(
+    "ALTER TABLE runs ADD COLUMN pipeline_source TEXT",
+    """
+    CREATE TABLE step_sessions (
+        id         INTEGER PRIMARY KEY,
+        run_id     TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+        key        TEXT NOT NULL,
+        attempt    INTEGER NOT NULL,
+        agent      TEXT NOT NULL,
+        source     TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        UNIQUE (run_id, key, attempt)
+    )
+    """,
+    "CREATE INDEX step_sessions_run ON step_sessions (run_id, id)",
+    """
+    CREATE TABLE own_changes (
+        run_id TEXT NOT NULL,
+        key    TEXT NOT NULL,
+        seq    INTEGER NOT NULL,
+        path   TEXT NOT NULL,
+        kind   TEXT NOT NULL,
+        blob   TEXT REFERENCES blobs (digest),
+        mode   INTEGER,
+        PRIMARY KEY (run_id, key, path),
+        FOREIGN KEY (run_id, key) REFERENCES change_sets (run_id, key) ON DELETE CASCADE
+    )
+    """,
+    "CREATE INDEX own_changes_blob ON own_changes (blob)",
+)
+
 #: the migrations, in order: ``MIGRATIONS[i]`` takes a database from version i to i + 1
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
 #: the version this code writes
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -21,7 +21,16 @@ from ..errors import RunNotFound
 from ._db import Apply, Staged
 from ._rows import RUN_COLUMNS, STEP_COLUMNS, dumps, run_from_row, run_values, step_values
 from ._rows import transcript_lines as encode_transcript_lines
-from .ops import AddConflicts, AddEvent, AddPermissions, PutChanges, PutStep, StoreOp, UpdateRun
+from .ops import (
+    AddConflicts,
+    AddEvent,
+    AddPermissions,
+    PutChanges,
+    PutSession,
+    PutStep,
+    StoreOp,
+    UpdateRun,
+)
 from .records import RunRecord
 
 __all__ = [
@@ -125,20 +134,25 @@ def read_blob(conn: sqlite3.Connection, rowid: int) -> bytes:
         return blob.read()
 
 
+#: a blob no change and no own change refers to (``blobs`` being the row looked at)
+_UNREFERENCED = (
+    "NOT EXISTS (SELECT 1 FROM changes WHERE blob = blobs.digest) "
+    "AND NOT EXISTS (SELECT 1 FROM own_changes WHERE blob = blobs.digest)"
+)
+
+
 def drop_unreferenced_blobs(conn: sqlite3.Connection, digests: Iterable[str]) -> None:
-    """Delete those of ``digests`` that no change refers to any more."""
+    """Delete those of ``digests`` that no change (nor own change) refers to any more."""
     conn.executemany(
-        "DELETE FROM blobs WHERE digest = ? "
-        "AND NOT EXISTS (SELECT 1 FROM changes WHERE blob = blobs.digest)",
+        f"DELETE FROM blobs WHERE digest = ? AND {_UNREFERENCED}",
         ((d,) for d in set(digests)),
     )
 
 
 def drop_all_unreferenced_blobs(conn: sqlite3.Connection) -> None:
-    """Delete every content blob that no change refers to (a collection by reference)."""
-    conn.execute(
-        "DELETE FROM blobs WHERE NOT EXISTS (SELECT 1 FROM changes WHERE blob = blobs.digest)"
-    )
+    """Delete every content blob that no change (nor own change) refers to (a collection by
+    reference)."""
+    conn.execute(f"DELETE FROM blobs WHERE {_UNREFERENCED}")
 
 
 def free_bytes(conn: sqlite3.Connection) -> int:
@@ -149,9 +163,11 @@ def free_bytes(conn: sqlite3.Connection) -> int:
 
 
 def change_set_blobs(conn: sqlite3.Connection, where: str, args: tuple[Any, ...]) -> list[str]:
-    """The distinct content blobs that the changes matching ``where`` refer to."""
+    """The distinct content blobs that the changes and own changes matching ``where`` refer to."""
     rows = conn.execute(
-        f"SELECT DISTINCT blob FROM changes WHERE {where} AND blob IS NOT NULL", args
+        f"SELECT blob FROM changes WHERE {where} AND blob IS NOT NULL UNION "
+        f"SELECT blob FROM own_changes WHERE {where} AND blob IS NOT NULL",
+        args + args,
     ).fetchall()
     return [row[0] for row in rows]
 
@@ -182,11 +198,12 @@ def _stage_put_step(op: PutStep) -> Staged[None]:
 
 
 def _stage_put_changes(op: PutChanges) -> Staged[None]:
-    run_id, key, items = op.run_id, op.key, op.changes
+    run_id, key, items, own = op.run_id, op.key, op.changes, op.own
 
     # hashing happens in the thread, before the write lock is taken
     def hash_contents() -> Apply[None]:
         digests = [None if c.data is None else hashlib.sha256(c.data).hexdigest() for c in items]
+        own_digests = [None if c.data is None else hashlib.sha256(c.data).hexdigest() for c in own]
 
         def replace(conn: sqlite3.Connection) -> None:
             require_run(conn, run_id)
@@ -213,11 +230,46 @@ def _stage_put_changes(op: PutChanges) -> Staged[None]:
                         change.base_digest,
                     ),
                 )
+            for seq, (change, digest) in enumerate(zip(own, own_digests, strict=True)):
+                if change.data is not None and digest is not None:
+                    store_blob(conn, digest, change.data)
+                conn.execute(
+                    "INSERT INTO own_changes (run_id, key, seq, path, kind, blob, mode) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (run_id, key, seq, name_column(change.path), change.kind, digest, change.mode),
+                )
             drop_unreferenced_blobs(conn, old)
 
         return replace
 
     return hash_contents
+
+
+def _stage_put_session(op: PutSession) -> Staged[None]:
+    record = op.session
+
+    def replace(conn: sqlite3.Connection) -> None:
+        require_run(conn, record.run_id)
+        # the attempt starts over: what a resumed run recorded of it, and of the attempts after
+        # it, is no longer this instance's (the record holds its attempts as they ran last)
+        conn.execute(
+            "DELETE FROM step_sessions WHERE run_id = ? AND key = ? AND attempt >= ?",
+            (record.run_id, record.key, record.attempt),
+        )
+        conn.execute(
+            "INSERT INTO step_sessions (run_id, key, attempt, agent, source, session_id) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                record.run_id,
+                record.key,
+                record.attempt,
+                record.agent,
+                record.source,
+                record.session_id,
+            ),
+        )
+
+    return _ready(replace)
 
 
 def _stage_add_records(
@@ -292,6 +344,8 @@ def stage(op: StoreOp) -> Staged[object]:
         return _stage_put_step(op)
     if isinstance(op, PutChanges):
         return _stage_put_changes(op)
+    if isinstance(op, PutSession):
+        return _stage_put_session(op)
     if isinstance(op, AddPermissions):
         return _stage_add_records("permissions", op.run_id, op.key, op.records)
     if isinstance(op, AddConflicts):

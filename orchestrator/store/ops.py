@@ -16,13 +16,14 @@ from typing import Any, TypeAlias
 from attrs import field, frozen
 
 from ._rows import RUN_UPDATABLE
-from .records import StepRecord, StoredChange
+from .records import SessionRecord, StepRecord, StoredChange
 
 __all__ = [
     "AddConflicts",
     "AddEvent",
     "AddPermissions",
     "PutChanges",
+    "PutSession",
     "PutStep",
     "StoreOp",
     "UpdateRun",
@@ -64,15 +65,32 @@ class PutChanges:
     diff: str
     #: the step's own changes against what it forked from
     own_diff: str = ""
+    #: the step's own changes as values (``write`` or ``delete``, no base digest): what a
+    #: replay writes where the agent wrote behind the client's back
+    own: tuple[StoredChange, ...] = field(converter=_changes, default=())
 
     def __attrs_post_init__(self) -> None:
-        seen: set[str] = set()
-        for change in self.changes:
-            if change.path in seen:
+        for changes, what in ((self.changes, "change set"), (self.own, "own change set")):
+            seen: set[str] = set()
+            for change in changes:
+                if change.path in seen:
+                    raise ValueError(
+                        f"path {change.path!r} appears twice in the {what} of {self.key!r}"
+                    )
+                seen.add(change.path)
+        for change in self.own:
+            if change.kind == "mode":
                 raise ValueError(
-                    f"path {change.path!r} appears twice in the change set of {self.key!r}"
+                    f"the own change of {change.path!r} in {self.key!r} is a mode change: "
+                    "own changes are writes (content and mode) or deletions"
                 )
-            seen.add(change.path)
+
+
+@frozen
+class PutSession:
+    """:meth:`~orchestrator.store.RunStore.put_session`: the session that served an attempt."""
+
+    session: SessionRecord
 
 
 @frozen
@@ -119,4 +137,6 @@ class UpdateRun:
 
 
 #: one write for :meth:`~orchestrator.store.RunStore.write_many`
-StoreOp: TypeAlias = PutStep | PutChanges | AddPermissions | AddConflicts | AddEvent | UpdateRun
+StoreOp: TypeAlias = (
+    PutStep | PutChanges | PutSession | AddPermissions | AddConflicts | AddEvent | UpdateRun
+)

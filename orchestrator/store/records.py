@@ -25,6 +25,7 @@ __all__ = [
     "ChangeKind",
     "RunKind",
     "RunRecord",
+    "SessionRecord",
     "StepRecord",
     "StoredChange",
 ]
@@ -180,6 +181,37 @@ class StepRecord:
             "cause": self.cause,
             "usage": None if self.usage is None else dict(self.usage),
             "traceback": self.traceback,
+        }
+
+
+@frozen
+class SessionRecord:
+    """The agent session that served one attempt of a step instance (a replay plays it again).
+
+    ``steps`` keeps only an instance's last attempt; this is kept for every attempt.
+    """
+
+    run_id: str
+    #: the step instance's key (``implement[codex]``)
+    key: str
+    #: 1 for the first try, 2 for the first retry, ...
+    attempt: int
+    #: the agent's label in the run (``claude``)
+    agent: str
+    #: the agent process whose wire transcript holds the session (``claude``, ``claude#2``)
+    source: str
+    #: the ACP session id
+    session_id: str
+
+    def to_json(self) -> dict[str, Any]:
+        """The camelCase JSON object."""
+        return {
+            "runId": self.run_id,
+            "key": self.key,
+            "attempt": self.attempt,
+            "agent": self.agent,
+            "source": self.source,
+            "sessionId": self.session_id,
         }
 
 

@@ -48,13 +48,23 @@ from ._rows import (
     transcript_rows,
 )
 from ._schema import SCHEMA_VERSION, connect
-from .ops import AddConflicts, AddEvent, AddPermissions, PutChanges, PutStep, StoreOp, UpdateRun
+from .ops import (
+    AddConflicts,
+    AddEvent,
+    AddPermissions,
+    PutChanges,
+    PutSession,
+    PutStep,
+    StoreOp,
+    UpdateRun,
+)
 from .records import (
     RUN_KINDS,
     RUN_STATUSES,
     ApplyRecord,
     ChangeEntry,
     RunRecord,
+    SessionRecord,
     StepRecord,
     StoredChange,
 )
@@ -103,20 +113,38 @@ class RunStore(Database):
 
     # ----------------------------------------------------------------------- runs
 
-    async def create_run(self, run: RunRecord) -> None:
-        """Record a new run; ``StoreError`` if its id is taken."""
+    async def create_run(self, run: RunRecord, *, pipeline_source: str | None = None) -> None:
+        """Record a new run; ``StoreError`` if its id is taken.
+
+        ``pipeline_source`` is the pipeline file's text as the run loaded it (None: a pipeline
+        built in code, or a run of no pipeline file): :meth:`pipeline_source` gives it back.
+        """
         values = run_values(run)
 
         def insert(conn: sqlite3.Connection) -> None:
             try:
                 conn.execute(
-                    f"INSERT INTO runs ({RUN_COLUMNS}) VALUES ({', '.join('?' * len(values))})",
-                    values,
+                    f"INSERT INTO runs ({RUN_COLUMNS}, pipeline_source) "
+                    f"VALUES ({', '.join('?' * (len(values) + 1))})",
+                    (*values, pipeline_source),
                 )
             except sqlite3.IntegrityError as e:
                 raise StoreError(f"run {run.run_id!r} already exists in {self.path}") from e
 
         await self._write(insert)
+
+    async def pipeline_source(self, run_id: str) -> str | None:
+        """The text of the pipeline file as run ``run_id`` loaded it; None for a pipeline
+        built in code, or a run recorded before the store kept it."""
+
+        def select(conn: sqlite3.Connection) -> str | None:
+            _sql.require_run(conn, run_id)
+            row = conn.execute(
+                "SELECT pipeline_source FROM runs WHERE run_id = ?", (run_id,)
+            ).fetchone()
+            return None if row[0] is None else str(row[0])
+
+        return await self._read(select)
 
     async def update_run(self, run_id: str, /, **fields: Any) -> RunRecord:
         """Change fields of a run (``status=``, ``finished=``, ``result=``, ...); return it.
@@ -304,6 +332,32 @@ class RunStore(Database):
 
         return await self._read(select)
 
+    async def put_session(self, session: SessionRecord) -> None:
+        """Record the agent session that served an attempt of a step instance.
+
+        It replaces what was recorded of that attempt and of the instance's later attempts (a
+        resumed run runs the instance again from there).
+        """
+        await self._write_staged(_sql.stage(PutSession(session)))
+
+    async def sessions(self, run_id: str, key: str | None = None) -> list[SessionRecord]:
+        """The agent sessions of the run's step instances (of ``key`` only, if given), each
+        attempt's, in the order they were recorded."""
+
+        def select(conn: sqlite3.Connection) -> list[SessionRecord]:
+            _sql.require_run(conn, run_id)
+            sql = (
+                "SELECT key, attempt, agent, source, session_id FROM step_sessions WHERE run_id = ?"
+            )
+            args: tuple[str, ...] = (run_id,)
+            if key is not None:
+                sql += " AND key = ?"
+                args += (key,)
+            rows = conn.execute(sql + " ORDER BY id", args)
+            return [SessionRecord(run_id, k, a, agent, src, sid) for k, a, agent, src, sid in rows]
+
+        return await self._read(select)
+
     # ----------------------------------------------------------------------- changes
 
     async def put_changes(
@@ -314,13 +368,15 @@ class RunStore(Database):
         *,
         diff: str,
         own_diff: str = "",
+        own: Sequence[StoredChange] = (),
     ) -> None:
         """Record the change set of step ``key`` (replacing any earlier one) and its diffs.
 
         ``diff`` is the unified diff against the run's base; ``own_diff`` the step's own
-        changes against what it forked from. Contents are stored once per SHA-256.
+        changes against what it forked from, and ``own`` the same as values (``write`` or
+        ``delete``: :meth:`own_changes`). Contents are stored once per SHA-256.
         """
-        op = PutChanges(run_id, key, changes, diff, own_diff)
+        op = PutChanges(run_id, key, changes, diff, own_diff, own)
         await self._write_staged(_sql.stage(op))
 
     async def changes(self, run_id: str, key: str) -> list[StoredChange]:
@@ -344,6 +400,31 @@ class RunStore(Database):
                     base_digest,
                 )
                 for path, kind, rowid, data, mode, base_digest in rows
+            ]
+
+        return await self._read(select)
+
+    async def own_changes(self, run_id: str, key: str) -> list[StoredChange]:
+        """The own changes of step ``key`` (what its turns changed against what it forked
+        from, each a ``write`` with its content and mode or a ``delete``), in order; empty if
+        none were recorded (and for runs recorded before the store kept them)."""
+
+        def select(conn: sqlite3.Connection) -> list[StoredChange]:
+            _sql.require_run(conn, run_id)
+            rows = conn.execute(
+                "SELECT c.path, c.kind, b.rowid, CASE WHEN b.size <= ? THEN b.data END, c.mode "
+                "FROM own_changes AS c LEFT JOIN blobs AS b ON b.digest = c.blob "
+                "WHERE c.run_id = ? AND c.key = ? ORDER BY c.seq",
+                (_sql.BLOB_PIECE, run_id, key),
+            ).fetchall()
+            return [
+                StoredChange(
+                    name_from_column(path),
+                    kind,
+                    data if data is not None or rowid is None else _sql.read_blob(conn, rowid),
+                    mode,
+                )
+                for path, kind, rowid, data, mode in rows
             ]
 
         return await self._read(select)
