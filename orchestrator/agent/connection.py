@@ -46,6 +46,7 @@ from .services import (
     SessionContext,
 )
 from .session import (
+    STEP_META_KEY,
     AcpSession,
     ClientOptions,
     Turn,
@@ -230,10 +231,17 @@ class AgentConnection:
         services: ClientServices | None = None,
         step: str | None = None,
     ) -> AcpSession:
-        """Open a session in ``cwd`` (made absolute); authenticates first if the agent asks."""
+        """Open a session in ``cwd`` (made absolute); authenticates first if the agent asks.
+
+        With :attr:`ClientOptions.step_meta`, ``step`` goes to the agent in the request's
+        ``_meta`` (under :data:`STEP_META_KEY`).
+        """
         check_mcp_capabilities(mcp_servers, self.agent_capabilities.mcp_capabilities, self.name)
         path = os.path.abspath(cwd)
-        request = t.NewSessionRequest(cwd=path, mcp_servers=list(mcp_servers))
+        meta = None
+        if self.options.step_meta and step is not None:
+            meta = {STEP_META_KEY: {"step": step}}
+        request = t.NewSessionRequest(cwd=path, mcp_servers=list(mcp_servers), meta=meta)
         raw = await self._call_authenticated("session/new", request)
         response = structure(raw, t.NewSessionResponse)
         session = self._session(response.session_id, path, services, step)

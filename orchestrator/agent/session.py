@@ -41,10 +41,13 @@ from .turn import TurnAccumulator, TurnResult
 if TYPE_CHECKING:
     from .connection import AgentConnection
 
-__all__ = ["CLIENT_INFO", "AcpSession", "ClientOptions", "Turn"]
+__all__ = ["CLIENT_INFO", "STEP_META_KEY", "AcpSession", "ClientOptions", "Turn"]
 
 log = get_logger(__name__)
 
+#: the key of ``session/new``'s ``_meta`` under which :attr:`ClientOptions.step_meta` names
+#: the step instance: ``{"acp-orchestrator": {"step": KEY}}``
+STEP_META_KEY = "acp-orchestrator"
 CLIENT_INFO = t.Implementation(name="acp-orchestrator", title="ACP Orchestrator", version="0.1.0")
 UpdateCallback = Callable[[t.SessionUpdate], None]
 # The updates that change the session's own state, besides being part of a turn.
@@ -77,6 +80,10 @@ class ClientOptions:
     #: the most bytes of answers waiting for the agent to read them; past it the agent is cut
     #: off the same way. None: no bound
     max_unsent_bytes: int | None = DEFAULT_MAX_UNSENT_BYTES
+    #: send the step instance's key in ``session/new`` as
+    #: ``"_meta": {"acp-orchestrator": {"step": KEY}}`` (a replay agent picks the recorded
+    #: session by it); off by default, as a real agent has no use for it
+    step_meta: bool = False
 
 
 @define(eq=False)

@@ -1,0 +1,606 @@
+"""The replay agent: an ACP agent that plays a recorded agent's sessions back.
+
+From a :class:`~orchestrator.replay.record.ReplayRecord` and an agent label it answers
+``initialize`` and ``session/new`` as the recorded agent did, and on each prompt plays the
+recorded turn against the client it talks to now: notifications are sent again, requests (fs
+reads and writes, terminals, permissions) are issued again and their answers compared with the
+recorded ones, the recorded disk changes the agent made behind the client's back are written
+into the session's cwd, and the prompt gets the recorded answer. What differs is reported as a
+:class:`~orchestrator.replay._divergence.Divergence`; ``strict`` stops the turn at the first.
+
+Run it as ``python -m orchestrator.replay RECORD.json --agent LABEL`` (ACP over
+stdin/stdout), or in memory with :func:`serve_replay_agent`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+import trio
+from attrs import define, field
+
+from .._log import get_logger
+from ..agent.session import STEP_META_KEY
+from ..errors import InvalidParams, JsonRpcError, UsageError
+from ..jsonrpc.connection import JsonRpcConnection
+from ._divergence import (
+    NOT_REPLAYABLE,
+    Divergence,
+    DivergenceKind,
+    diverged_error,
+    short,
+)
+from .record import RecordedChange, RecordedSession, RecordedTurn, ReplayRecord, load_record
+
+__all__ = ["ReplayAgent", "Timing", "main", "serve_replay_agent"]
+
+log = get_logger(__name__)
+
+Timing = Literal["fast", "recorded"]
+#: permission option kinds that grant
+_GRANTING = ("allow_once", "allow_always")
+
+
+class _Stop(Exception):
+    """A strict replay met a divergence: the turn ends with it."""
+
+    def __init__(self, divergence: Divergence) -> None:
+        super().__init__(divergence.detail)
+        self.divergence = divergence
+
+
+@define(eq=False)
+class _Live:
+    """A session opened by the client, and the recorded session it plays."""
+
+    session_id: str
+    recorded: RecordedSession
+    #: the step key the client named (None: picked in record order)
+    step: str | None
+    cwd: Path
+    #: the next turn's index
+    turn: int = 0
+    #: recorded terminal id -> the live one
+    terminals: dict[str, str] = field(factory=dict)
+    #: the running turn's cancel scope (session/cancel ends it)
+    running: trio.CancelScope | None = None
+    cancelled: bool = False
+
+
+@define(eq=False)
+class _TurnState:
+    """What one replayed turn found so far."""
+
+    live: _Live
+    index: int
+    #: a request the record shows granted was refused now (the disk writes are then skipped)
+    refused: list[str] = field(factory=list)
+    #: fs/write_text_file requests that succeeded now: absolute path -> content
+    written: dict[str, str] = field(factory=dict)
+
+
+@define(eq=False)
+class ReplayAgent:
+    """The replay agent's state over one connection."""
+
+    rpc: JsonRpcConnection
+    record: ReplayRecord
+    agent: str
+    strict: bool = False
+    timing: Timing = "fast"
+    on_divergence: Callable[[Divergence], None] | None = None
+    sessions: dict[str, _Live] = field(factory=dict)
+    #: how many times each step key was opened
+    _opened: dict[str, int] = field(factory=dict)
+    #: the recorded sessions served so far (by identity)
+    _used: set[int] = field(factory=set)
+    #: how many times the replay waited for a frame's recorded time
+    waits: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        _check_agent(self.record, self.agent)
+
+    def install(self) -> None:
+        """Register the ACP methods the agent serves."""
+        self.rpc.on_request("initialize", self._initialize)
+        self.rpc.on_request("session/new", self._new_session)
+        self.rpc.on_request("session/prompt", self._prompt)
+        self.rpc.on_request("session/set_mode", self._accept)
+        self.rpc.on_request("session/set_config_option", self._set_config_option)
+        self.rpc.on_request("session/close", self._close)
+        self.rpc.on_notification("session/cancel", self._cancel)
+
+    # ------------------------------------------------------------------ sessions
+
+    async def _initialize(self, params: Any) -> Any:
+        return self.record.agents[self.agent].get("initialize") or {"protocolVersion": 1}
+
+    def _pick(self, key: str | None) -> tuple[str | None, RecordedSession]:
+        """The recorded session a new session plays (see the module doc of the plan)."""
+        if key is not None:
+            attempts = [s for s in self.record.steps.get(key, ()) if s.agent == self.agent]
+            if attempts:
+                k = self._opened.get(key, 0)
+                self._opened[key] = k + 1
+                chosen = attempts[min(k, len(attempts) - 1)]
+                self._used.add(id(chosen))
+                return key, chosen
+        for step, sessions in self.record.steps.items():
+            for session in sessions:
+                if session.agent == self.agent and id(session) not in self._used:
+                    self._used.add(id(session))
+                    return step, session
+        raise JsonRpcError(
+            f"the record holds no more sessions of agent {self.agent!r} to replay",
+            code=NOT_REPLAYABLE,
+        )
+
+    async def _new_session(self, params: Any) -> Any:
+        if not isinstance(params, dict):
+            raise InvalidParams("session/new needs params")
+        cwd = params.get("cwd")
+        if not isinstance(cwd, str) or not os.path.isabs(cwd):
+            raise InvalidParams("cwd must be an absolute path")
+        meta = params.get("_meta")
+        key = None
+        if isinstance(meta, dict) and isinstance(meta.get(STEP_META_KEY), dict):
+            step = meta[STEP_META_KEY].get("step")
+            key = step if isinstance(step, str) else None
+        step_key, recorded = self._pick(key)
+        session_id = recorded.session_id
+        n = 1
+        while session_id in self.sessions:
+            n += 1
+            session_id = f"{recorded.session_id}~{n}"
+        self.sessions[session_id] = _Live(session_id, recorded, step_key, Path(cwd))
+        result = dict(recorded.new or {})
+        result["sessionId"] = session_id
+        log.info("session opened", session=session_id, step=step_key, attempt=recorded.attempt)
+        return result
+
+    def _session(self, params: Any) -> _Live:
+        live = self.sessions.get(str(params.get("sessionId"))) if isinstance(params, dict) else None
+        if live is None:
+            raise InvalidParams("unknown session")
+        return live
+
+    async def _accept(self, params: Any) -> Any:
+        self._session(params)
+        return {}
+
+    async def _set_config_option(self, params: Any) -> Any:
+        live = self._session(params)
+        options = (live.recorded.new or {}).get("configOptions")
+        return {"configOptions": options if isinstance(options, list) else []}
+
+    async def _close(self, params: Any) -> Any:
+        live = self._session(params)
+        if live.running is not None:
+            live.running.cancel()
+        del self.sessions[live.session_id]
+        return {}
+
+    def _cancel(self, params: Any) -> None:
+        live = self.sessions.get(str(params.get("sessionId"))) if isinstance(params, dict) else None
+        if live is not None and live.running is not None:
+            live.cancelled = True
+            live.running.cancel()
+
+    # ------------------------------------------------------------------ the turn
+
+    def _report(
+        self,
+        state: _TurnState,
+        kind: DivergenceKind,
+        detail: str,
+        recorded: Any = None,
+        now: Any = None,
+    ) -> None:
+        """Report a divergence; under ``strict`` it ends the turn."""
+        live = state.live
+        divergence = Divergence(
+            live.step, live.recorded.attempt, state.index, kind, detail, short(recorded), short(now)
+        )
+        log.warning("replay diverged", kind=kind, step=live.step, detail=detail)
+        if self.on_divergence is not None:
+            self.on_divergence(divergence)
+        if self.strict:
+            raise _Stop(divergence)
+
+    async def _prompt(self, params: Any) -> Any:
+        live = self._session(params)
+        if live.running is not None:
+            raise InvalidParams("a turn is already running in this session")
+        index = live.turn
+        live.turn += 1
+        state = _TurnState(live, index)
+        turns = live.recorded.turns
+        where = f"turn {index + 1} of step {live.step or live.session_id}"
+        if index >= len(turns):
+            why = f"the record has {len(turns)} turn(s)"
+        elif not live.recorded.complete:
+            why = live.recorded.why or "the record of the session is not complete"
+        elif turns[index].cut:
+            why = "its frames were cut by the per-turn storage cap"
+        elif turns[index].response is None:
+            why = "the record has no answer to its prompt"
+        else:
+            why = None
+        if why is not None:
+            message = f"{where} is not replayable: {why}"
+            with contextlib.suppress(_Stop):  # the error says it either way
+                self._report(state, "not-replayable", message)
+            raise JsonRpcError(message, code=NOT_REPLAYABLE)
+        turn = turns[index]
+        live.cancelled = False
+        scope = live.running = trio.CancelScope()
+        try:
+            with scope:
+                await self._play(state, turn, params.get("prompt"), last=index == len(turns) - 1)
+        except _Stop as stop:
+            raise diverged_error(stop.divergence) from None
+        finally:
+            live.running = None
+        if scope.cancelled_caught:
+            return {"stopReason": "cancelled"}
+        response = turn.response or {}
+        if "error" in response:
+            raise JsonRpcError.from_error_object(response["error"])
+        return response.get("result")
+
+    async def _play(
+        self, state: _TurnState, turn: RecordedTurn, prompt: Any, *, last: bool
+    ) -> None:
+        """The turn's frames, then its disk writes."""
+        now_text = _prompt_text(prompt)
+        if now_text != turn.prompt_text:
+            self._report(
+                state, "prompt", "the prompt is not the recorded one", turn.prompt_text, now_text
+            )
+        answers = _answers(turn)
+        start = trio.current_time()
+        for i, frame in enumerate(turn.frames):
+            if frame.dir != "recv":
+                continue
+            msg = frame.msg
+            method = msg.get("method")
+            if not isinstance(method, str):
+                continue  # the agent's answer to a request of ours: nothing to play
+            if self.timing == "recorded" and start + frame.t > trio.current_time():
+                self.waits += 1
+                await trio.sleep_until(start + frame.t)
+            params = self._mapped(state.live, msg.get("params"))
+            if "id" not in msg:
+                await self.rpc.notify(method, params)
+                continue
+            try:
+                result: Any = await self.rpc.request(method, params)
+                error: JsonRpcError | None = None
+            except JsonRpcError as e:
+                result, error = None, e
+            self._compare(state, method, msg.get("params"), params, answers.get(i), result, error)
+        if state.refused:
+            if last and live_changes(state.live):
+                self._report(
+                    state,
+                    "disk",
+                    "the recorded disk changes were not applied: " + "; ".join(state.refused),
+                    [c.path for c in live_changes(state.live)],
+                    None,
+                )
+            return
+        if last:
+            await self._apply_changes(state)
+
+    def _mapped(self, live: _Live, params: Any) -> Any:
+        """A recorded frame's params with the live session id and terminal ids."""
+        if not isinstance(params, dict):
+            return params
+        mapped = _map_terminals(params, live.terminals)
+        if "sessionId" in mapped:
+            mapped["sessionId"] = live.session_id
+        return mapped
+
+    def _compare(
+        self,
+        state: _TurnState,
+        method: str,
+        recorded_params: Any,
+        params: Any,
+        answer: dict[str, Any] | None,
+        result: Any,
+        error: JsonRpcError | None,
+    ) -> None:
+        """Compare the answer a re-issued request got with the recorded one."""
+        if error is None and method == "fs/write_text_file" and isinstance(params, dict):
+            path, content = params.get("path"), params.get("content")
+            if isinstance(path, str) and isinstance(content, str):
+                state.written[os.path.normpath(path)] = content
+        if answer is None:
+            return  # the record has no answer to compare with
+        recorded_error = answer.get("error")
+        recorded_result = answer.get("result")
+        if method == "terminal/create" and error is None and isinstance(result, dict):
+            old = (
+                (recorded_result or {}).get("terminalId")
+                if isinstance(recorded_result, dict)
+                else None
+            )
+            new = result.get("terminalId")
+            if isinstance(old, str) and isinstance(new, str):
+                state.live.terminals[old] = new
+        if (recorded_error is None) != (error is None):
+            if error is not None:
+                state.refused.append(f"{method} was answered with an error: {error.message}")
+                self._report(
+                    state,
+                    "request",
+                    f"{method} answered an error where the record has a result: {error.message}",
+                    recorded_result,
+                    error.to_error_object(),
+                )
+            else:
+                self._report(
+                    state,
+                    "request",
+                    f"{method} answered a result where the record has an error",
+                    recorded_error,
+                    result,
+                )
+            return
+        if error is not None or not isinstance(result, dict):
+            return
+        recorded = recorded_result if isinstance(recorded_result, dict) else {}
+        if method == "fs/read_text_file":
+            if recorded.get("content") != result.get("content"):
+                path = recorded_params.get("path") if isinstance(recorded_params, dict) else None
+                self._report(
+                    state,
+                    "fs-read",
+                    f"reading {path} returned other content",
+                    recorded.get("content"),
+                    result.get("content"),
+                )
+        elif method == "session/request_permission":
+            options = recorded_params.get("options") if isinstance(recorded_params, dict) else None
+            was, now = _chosen(recorded, options), _chosen(result, options)
+            if was != now:
+                if was in _GRANTING and now not in _GRANTING:
+                    state.refused.append(f"the permission was answered {now}")
+                self._report(
+                    state,
+                    "permission",
+                    f"the permission was answered {now}, the record has {was}",
+                    was,
+                    now,
+                )
+        elif method == "terminal/wait_for_exit":
+            keys = ("exitCode", "signal")
+            was_exit = {k: recorded.get(k) for k in keys}
+            now_exit = {k: result.get(k) for k in keys}
+            if was_exit != now_exit:
+                self._report(state, "terminal", "the command ended otherwise", was_exit, now_exit)
+        elif method == "terminal/output":
+            if recorded.get("output") != result.get("output"):
+                self._report(
+                    state,
+                    "terminal",
+                    "the command's output differs",
+                    recorded.get("output"),
+                    result.get("output"),
+                )
+            if recorded.get("exitStatus") != result.get("exitStatus"):
+                self._report(
+                    state,
+                    "terminal",
+                    "the command ended otherwise",
+                    recorded.get("exitStatus"),
+                    result.get("exitStatus"),
+                )
+
+    # ------------------------------------------------------------------ disk writes
+
+    async def _apply_changes(self, state: _TurnState) -> None:
+        """Write the session's recorded own changes into its cwd (confined to it)."""
+        live = state.live
+        for change in live_changes(live):
+            target = os.path.normpath(os.path.join(live.cwd, change.path))
+            if change.kind == "write" and change.data is not None and change.mode is None:
+                written = state.written.get(target)
+                if written is not None and written.encode("utf-8") == change.data:
+                    continue  # a re-issued fs/write_text_file made it already
+            problem = _confined(live.cwd, change.path)
+            if problem is None:
+                try:
+                    await trio.to_thread.run_sync(_apply, live.cwd, change)
+                except OSError as e:
+                    problem = f"cannot change {change.path}: {e.strerror or e}"
+            if problem is not None:
+                self._report(state, "disk", problem, change.path, None)
+
+
+def _check_agent(record: ReplayRecord, agent: str) -> None:
+    if agent not in record.agents:
+        known = ", ".join(sorted(record.agents)) or "none"
+        raise UsageError(f"the record has no agent {agent!r} (it has: {known})")
+
+
+def live_changes(live: _Live) -> Sequence[RecordedChange]:
+    """The recorded own changes of a live session's recorded session."""
+    return live.recorded.changes
+
+
+def _confined(cwd: Path, rel: str) -> str | None:
+    """Why ``rel`` may not be changed under ``cwd`` (None: it may)."""
+    if os.path.isabs(rel) or rel.startswith("~"):
+        return f"refused to change {rel}: an absolute path"
+    parts = Path(rel).parts
+    if not parts or any(part in ("..", "") for part in parts) or "\0" in rel:
+        return f"refused to change {rel}: it leaves the session's directory"
+    here = cwd
+    for part in parts[:-1]:
+        here = here / part
+        try:
+            st = here.lstat()
+        except FileNotFoundError:
+            break
+        except OSError as e:
+            return f"refused to change {rel}: {e.strerror or e}"
+        if stat.S_ISLNK(st.st_mode):
+            return f"refused to change {rel}: {here.relative_to(cwd)} is a symlink"
+        if not stat.S_ISDIR(st.st_mode):
+            return f"refused to change {rel}: {here.relative_to(cwd)} is not a directory"
+    return None
+
+
+def _apply(cwd: Path, change: RecordedChange) -> None:
+    """Make one recorded change under ``cwd`` (a worker thread; ``_confined`` said yes)."""
+    target = cwd / change.path
+    if change.kind == "delete":
+        if target.is_symlink() or target.is_file():
+            target.unlink()
+        elif target.exists():
+            raise IsADirectoryError(21, "a directory, not a file")
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.is_symlink():
+        target.unlink()  # the record has a file there: replace the link, never follow it
+    temporary = target.with_name(f".{target.name}.replay{os.getpid()}")
+    mode = 0o644 if change.mode is None else stat.S_IMODE(change.mode)
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(change.data or b"")
+        os.chmod(temporary, mode)
+        os.replace(temporary, target)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def _prompt_text(prompt: Any) -> str:
+    """The text blocks of a live prompt, joined as ``RecordedTurn.prompt_text`` joins them."""
+    if not isinstance(prompt, list):
+        return ""
+    return "\n".join(
+        str(block.get("text", ""))
+        for block in prompt
+        if isinstance(block, dict) and block.get("type") == "text"
+    )
+
+
+def _answers(turn: RecordedTurn) -> dict[int, dict[str, Any]]:
+    """Frame index of each recorded request of the agent -> our recorded answer to it."""
+    pending: dict[Any, int] = {}
+    answers: dict[int, dict[str, Any]] = {}
+    for i, frame in enumerate(turn.frames):
+        msg = frame.msg
+        if frame.dir == "recv" and "method" in msg and "id" in msg:
+            pending[_id_key(msg["id"])] = i
+        elif frame.dir == "send" and "method" not in msg and "id" in msg:
+            at = pending.pop(_id_key(msg["id"]), None)
+            if at is not None:
+                answers[at] = msg
+    return answers
+
+
+def _id_key(value: Any) -> Any:
+    return (type(value).__name__, value) if isinstance(value, str | int) else repr(value)
+
+
+def _map_terminals(value: Any, terminals: dict[str, str]) -> Any:
+    """A copy of ``value`` with every ``terminalId`` recorded replaced by the live one."""
+    if isinstance(value, dict):
+        return {
+            k: terminals.get(v, v)
+            if k == "terminalId" and isinstance(v, str)
+            else _map_terminals(v, terminals)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_map_terminals(v, terminals) for v in value]
+    return value
+
+
+def _chosen(answer: dict[str, Any], options: Any) -> str:
+    """A permission answer as the kind of the option chosen (``cancelled``, or the option id
+    when the request does not list it)."""
+    outcome = answer.get("outcome")
+    if not isinstance(outcome, dict) or outcome.get("outcome") != "selected":
+        return "cancelled"
+    option_id = outcome.get("optionId")
+    for option in options if isinstance(options, list) else ():
+        if isinstance(option, dict) and option.get("optionId") == option_id:
+            return str(option.get("kind"))
+    return f"option {option_id!r}"
+
+
+async def serve_replay_agent(
+    stream: trio.abc.Stream,
+    record: ReplayRecord,
+    agent: str,
+    *,
+    strict: bool = False,
+    timing: Timing = "fast",
+    divergences: Callable[[Divergence], None] | None = None,
+) -> None:
+    """Serve the replay agent of ``agent`` in ``record`` over ``stream`` until it closes.
+
+    :class:`~orchestrator.errors.UsageError` if the record has no such agent.
+    """
+    rpc = JsonRpcConnection(stream, name="client")
+    ReplayAgent(rpc, record, agent, strict, timing, divergences).install()
+    await rpc.serve()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point: ACP over stdin/stdout; a bad command line or record exits 2."""
+    import argparse
+    import logging
+
+    parser = argparse.ArgumentParser(
+        prog="python -m orchestrator.replay",
+        description="Play back an agent of a replay record, speaking ACP on stdin/stdout.",
+    )
+    parser.add_argument("record", help="the replay record (JSON)")
+    parser.add_argument("--agent", required=True, help="the label of the agent to play")
+    parser.add_argument("--divergences", help="append each divergence to this file, a JSON line")
+    parser.add_argument("--strict", action="store_true", help="stop a turn at its first divergence")
+    parser.add_argument("--timing", choices=("fast", "recorded"), default="fast")
+    args = parser.parse_args(argv)
+    # stdout carries the protocol: log lines go to stderr, and only warnings
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
+    try:
+        record = load_record(args.record)
+        _check_agent(record, args.agent)
+        out = open(args.divergences, "ab") if args.divergences else None  # noqa: SIM115
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except OSError as e:
+        print(f"error: cannot open {args.divergences}: {e.strerror or e}", file=sys.stderr)
+        sys.exit(2)
+
+    def report(divergence: Divergence) -> None:
+        if out is not None:
+            out.write(orjson.dumps(divergence.to_json()) + b"\n")
+            out.flush()
+
+    async def run() -> None:
+        stream = trio.StapledStream(trio.lowlevel.FdStream(1), trio.lowlevel.FdStream(0))
+        await serve_replay_agent(
+            stream, record, args.agent, strict=args.strict, timing=args.timing, divergences=report
+        )
+
+    try:
+        trio.run(run)
+    finally:
+        if out is not None:
+            out.close()
