@@ -31,9 +31,11 @@ from orchestrator.store import (
     AddPermissions,
     ApplyRecord,
     PutChanges,
+    PutSession,
     PutStep,
     RunRecord,
     RunStore,
+    SessionRecord,
     StepRecord,
     StoredChange,
     StoreOp,
@@ -489,6 +491,99 @@ async def test_put_changes_replaces_the_set(store: RunStore) -> None:
     assert await store.changes("r1", "s") == [StoredChange("b", "delete")]
     assert await store.diff("r1", "s") == "d2"
     assert await store.own_diff("r1", "s") == ""
+
+
+async def test_own_changes_round_trip_and_go_with_their_change_set(store: RunStore) -> None:
+    """A step's own changes (writes with content and mode, deletions) come back in order; a
+    new change set replaces them, and a step without any has none."""
+    await store.create_run(run())
+    big = bytes(range(256)) * (_sql.BLOB_PIECE // 256 + 1)  # read through a blob handle
+    own = [
+        StoredChange("README.md", "write", b"new\n", 0o100644),
+        StoredChange("big.bin", "write", big, 0o100755),
+        StoredChange("gone.txt", "delete"),
+        StoredChange("link", "write", b"README.md", 0o120777),
+    ]
+    net = [StoredChange("README.md", "write", b"new\n", None, "1" * 64)]
+    await store.put_changes("r1", "s", net, diff="d", own_diff="o", own=own)
+    assert await store.own_changes("r1", "s") == own
+    assert await store.changes("r1", "s") == net
+    assert await store.own_changes("r1", "other") == []
+    await store.put_changes("r1", "s", net, diff="d")
+    assert await store.own_changes("r1", "s") == []
+    with pytest.raises(RunNotFound):
+        await store.own_changes("nope", "s")
+
+
+async def test_own_changes_are_writes_or_deletions(store: RunStore) -> None:
+    """An own change set holding a mode change or a path twice is refused before any write."""
+    await store.create_run(run())
+    with pytest.raises(ValueError, match="mode change"):
+        PutChanges("r1", "s", [], "", "", [StoredChange("x", "mode", None, 0o100755)])
+    with pytest.raises(ValueError, match="twice in the own change set"):
+        PutChanges("r1", "s", [], "", "", [StoredChange("x", "delete")] * 2)
+    assert sql(store, "SELECT count(*) FROM change_sets") == [(0,)]
+
+
+async def test_a_blob_an_own_change_holds_is_kept(store: RunStore) -> None:
+    """Content only an own change refers to stays until that change set goes too."""
+    await store.create_run(run("r1"))
+    await store.create_run(run("r2"))
+    only_own = [StoredChange("a.txt", "write", b"own only", 0o100644)]
+    await store.put_changes("r1", "s", [], diff="", own=only_own)
+    await store.put_changes("r2", "s", [StoredChange("b", "write", b"other")], diff="")
+    await store.put_changes("r2", "s", [], diff="")  # drops "other", keeps "own only"
+    assert sql(store, "SELECT size FROM blobs") == [(len(b"own only"),)]
+    assert await store.own_changes("r1", "s") == only_own
+    assert await store.delete_runs(["r2"]) >= 0
+    assert sql(store, "SELECT count(*) FROM blobs") == [(1,)]
+    await store.delete_run("r1")
+    assert sql(store, "SELECT count(*) FROM blobs") == [(0,)]
+    assert sql(store, "SELECT count(*) FROM own_changes") == [(0,)]
+
+
+async def test_sessions_of_every_attempt_are_kept(store: RunStore) -> None:
+    """Each attempt's session is kept in order (a step record keeps only the last); one
+    recorded again for an attempt replaces it and the attempts after it."""
+    await store.create_run(run())
+    first = SessionRecord("r1", "impl[a]", 1, "claude", "claude", "s-1")
+    second = SessionRecord("r1", "impl[a]", 2, "claude", "claude#2", "s-1")
+    other = SessionRecord("r1", "docs", 1, "bob", "bob", "s-1")
+    await store.write_many([PutSession(first), PutSession(other)])
+    await store.put_session(second)
+    assert await store.sessions("r1") == [first, other, second]
+    assert await store.sessions("r1", "impl[a]") == [first, second]
+    assert second.to_json() == {
+        "runId": "r1",
+        "key": "impl[a]",
+        "attempt": 2,
+        "agent": "claude",
+        "source": "claude#2",
+        "sessionId": "s-1",
+    }
+    # a resume runs impl[a] again from its first attempt: the old second one is not its
+    again = SessionRecord("r1", "impl[a]", 1, "claude", "claude", "s-9")
+    await store.put_session(again)
+    assert await store.sessions("r1") == [other, again]
+    with pytest.raises(RunNotFound):
+        await store.put_session(attrs.evolve(first, run_id="nope"))
+    await store.delete_run("r1")
+    assert sql(store, "SELECT count(*) FROM step_sessions") == [(0,)]
+
+
+async def test_the_pipeline_source_is_kept_with_the_run(store: RunStore) -> None:
+    """The pipeline file's text given when the run is created comes back; a run without one
+    has None."""
+    text = "from orchestrator import step\n\n@step()\ndef one() -> str:\n    return 'é'\n"
+    await store.create_run(run("r1", pipeline="/p/pipe.py"), pipeline_source=text)
+    await store.create_run(run("r2"))
+    assert await store.pipeline_source("r1") == text
+    assert await store.pipeline_source("r2") is None
+    # an update of the run leaves it alone
+    await store.update_run("r1", status="succeeded")
+    assert await store.pipeline_source("r1") == text
+    with pytest.raises(RunNotFound):
+        await store.pipeline_source("nope")
 
 
 async def test_duplicate_paths_are_refused(store: RunStore) -> None:
@@ -1195,6 +1290,48 @@ async def test_migrates_a_version_3_database(tmp_path: Path) -> None:
         child = attrs.evolve(await s.get_run("old-run"), run_id="child-run", parent="old-run")
         await s.create_run(child)
         assert (await s.get_run("child-run")).parent == "old-run"
+    assert sql(s, "PRAGMA user_version") == [(SCHEMA_VERSION,)]
+
+
+# Version 6 as that release created it: version 3, step tracebacks (v4), error kinds (v5) and
+# a run's batch (v6).
+V6_SCHEMA = (
+    V3_SCHEMA.replace("PRAGMA user_version = 3;", "")
+    + """
+ALTER TABLE steps ADD COLUMN traceback TEXT;
+ALTER TABLE steps ADD COLUMN error_kind TEXT;
+ALTER TABLE runs ADD COLUMN parent TEXT;
+CREATE INDEX runs_parent ON runs (parent) WHERE parent IS NOT NULL;
+UPDATE steps SET agent = 'claude', session_id = 'sess-1' WHERE key = 'turn';
+INSERT INTO blobs VALUES ('d1', 3, X'6e6577');
+INSERT INTO change_sets VALUES ('old-run', 'turn', 'diff', 'own diff');
+INSERT INTO changes VALUES ('old-run', 'turn', 0, 'a.txt', 'write', 'd1', NULL, NULL);
+PRAGMA user_version = 6;
+"""
+)
+
+
+async def test_migrates_a_version_6_database(tmp_path: Path) -> None:
+    """A version-6 file gains what a replay needs on open: its runs have no pipeline text, no
+    sessions per attempt and no own changes, and take them from then on."""
+    make_db(tmp_path / STORE_FILENAME, V6_SCHEMA)
+    async with open_run_store(tmp_path) as s:
+        assert s.migrated_from == 6
+        assert await s.pipeline_source("old-run") is None
+        assert await s.sessions("old-run") == []
+        assert await s.own_changes("old-run", "turn") == []
+        assert [c.data for c in await s.changes("old-run", "turn")] == [b"new"]
+        assert await s.own_diff("old-run", "turn") == "own diff"
+        turn = (await s.steps("old-run"))[0]
+        assert (turn.agent, turn.session_id) == ("claude", "sess-1")
+        session = SessionRecord("old-run", "turn", 1, "claude", "claude", "sess-1")
+        await s.put_session(session)
+        assert await s.sessions("old-run") == [session]
+        own = [StoredChange("a.txt", "write", b"new", 0o100644)]
+        await s.put_changes("old-run", "turn", [], diff="", own=own)
+        assert await s.own_changes("old-run", "turn") == own
+        await s.create_run(run("new-run"), pipeline_source="text")
+        assert await s.pipeline_source("new-run") == "text"
     assert sql(s, "PRAGMA user_version") == [(SCHEMA_VERSION,)]
 
 

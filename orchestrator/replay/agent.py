@@ -65,6 +65,8 @@ class _Live:
     #: the step key the client named (None: picked in record order)
     step: str | None
     cwd: Path
+    #: the session's cwd in the record (paths under it are mapped to ``cwd``), or None
+    recorded_cwd: str | None = None
     #: the next turn's index
     turn: int = 0
     #: recorded terminal id -> the live one
@@ -159,7 +161,14 @@ class ReplayAgent:
         while session_id in self.sessions:
             n += 1
             session_id = f"{recorded.session_id}~{n}"
-        self.sessions[session_id] = _Live(session_id, recorded, step_key, Path(cwd))
+        recorded_cwd = recorded.cwd or self.record.run.get("cwd")
+        self.sessions[session_id] = _Live(
+            session_id,
+            recorded,
+            step_key,
+            Path(cwd),
+            recorded_cwd if isinstance(recorded_cwd, str) and recorded_cwd != cwd else None,
+        )
         result = dict(recorded.new or {})
         result["sessionId"] = session_id
         log.info("session opened", session=session_id, step=step_key, attempt=recorded.attempt)
@@ -303,7 +312,7 @@ class ReplayAgent:
         """A recorded frame's params with the live session id and terminal ids."""
         if not isinstance(params, dict):
             return params
-        mapped = _map_terminals(params, live.terminals)
+        mapped = _mapped(params, live.terminals, live.recorded_cwd, str(live.cwd))
         if "sessionId" in mapped:
             mapped["sessionId"] = live.session_id
         return mapped
@@ -382,9 +391,7 @@ class ReplayAgent:
                     now,
                 )
         elif method == "terminal/wait_for_exit":
-            keys = ("exitCode", "signal")
-            was_exit = {k: recorded.get(k) for k in keys}
-            now_exit = {k: result.get(k) for k in keys}
+            was_exit, now_exit = _status(recorded), _status(result)
             if was_exit != now_exit:
                 self._report(state, "terminal", "the command ended otherwise", was_exit, now_exit)
         elif method == "terminal/output":
@@ -396,7 +403,7 @@ class ReplayAgent:
                     recorded.get("output"),
                     result.get("output"),
                 )
-            if recorded.get("exitStatus") != result.get("exitStatus"):
+            if _status(recorded.get("exitStatus")) != _status(result.get("exitStatus")):
                 self._report(
                     state,
                     "terminal",
@@ -515,18 +522,30 @@ def _id_key(value: Any) -> Any:
     return (type(value).__name__, value) if isinstance(value, str | int) else repr(value)
 
 
-def _map_terminals(value: Any, terminals: dict[str, str]) -> Any:
-    """A copy of ``value`` with every ``terminalId`` recorded replaced by the live one."""
+def _mapped(value: Any, terminals: dict[str, str], old_cwd: str | None, new_cwd: str) -> Any:
+    """A copy of ``value`` with every recorded ``terminalId`` replaced by the live one, and
+    every path under the recorded cwd moved under the live cwd."""
     if isinstance(value, dict):
         return {
             k: terminals.get(v, v)
             if k == "terminalId" and isinstance(v, str)
-            else _map_terminals(v, terminals)
+            else _mapped(v, terminals, old_cwd, new_cwd)
             for k, v in value.items()
         }
     if isinstance(value, list):
-        return [_map_terminals(v, terminals) for v in value]
+        return [_mapped(v, terminals, old_cwd, new_cwd) for v in value]
+    if isinstance(value, str) and old_cwd is not None and value.startswith(old_cwd):
+        rest = value[len(old_cwd) :]
+        if not rest or rest.startswith("/"):
+            return new_cwd + rest
     return value
+
+
+def _status(value: Any) -> dict[str, Any] | None:
+    """A terminal's exit status as compared: its exit code and signal (absent and null alike)."""
+    if not isinstance(value, dict):
+        return None
+    return {k: value.get(k) for k in ("exitCode", "signal")}
 
 
 def _chosen(answer: dict[str, Any], options: Any) -> str:

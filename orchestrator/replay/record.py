@@ -19,7 +19,8 @@ is refused)::
 
     Session: {"agent": LABEL, "attempt": N, "source": "claude#2", "sessionId": ID,
               "new": <the session/new result>, "turns": [<Turn>, ...],
-              "changes": [<Change>, ...], "complete": true|false}
+              "changes": [<Change>, ...], "complete": true|false,
+              "cwd": <the session/new cwd> | null}      # cwd: optional
     Turn:    {"t": <seconds since the transcript began, when the prompt was sent>,
               "prompt": [<ContentBlock>, ...], "frames": [<Frame>, ...],
               "response": {"result": {...}} | {"error": {...}} | null, "cut": true|false}
@@ -202,6 +203,10 @@ class RecordedSession:
     complete: bool = True
     #: why it is not complete (None when it is)
     why: str | None = None
+    #: the session's cwd as recorded (the ``cwd`` of its ``session/new``): a replay maps the
+    #: paths of the recorded frames under it to the cwd of the session now (None: not recorded;
+    #: the run's cwd stands in)
+    cwd: str | None = None
 
     @property
     def replayable(self) -> bool:
@@ -219,6 +224,7 @@ class RecordedSession:
             "changes": [change.to_json() for change in self.changes],
             "complete": self.complete,
             "why": self.why,
+            "cwd": self.cwd,
         }
 
     @classmethod
@@ -237,6 +243,9 @@ class RecordedSession:
         if not isinstance(turns, list) or not isinstance(changes, list):
             raise _bad("a session's turns or changes are not lists")
         why = obj.get("why")
+        cwd = obj.get("cwd")
+        if cwd is not None and not isinstance(cwd, str):
+            raise _bad("a session's cwd is not a string")
         return cls(
             str(agent),
             attempt,
@@ -247,6 +256,7 @@ class RecordedSession:
             [RecordedChange.from_json(change) for change in changes],
             bool(obj.get("complete", True)),
             None if why is None else str(why),
+            cwd,
         )
 
 
