@@ -294,6 +294,13 @@ async def resume_run(
             f"run {record.run_id} is a batch: resume_batch resumes it (the repositories that "
             "did not succeed)"
         )
+    replayed = dict(record.options).get("replay")
+    if isinstance(replayed, Mapping):
+        # a resume would start the real agents where the replay played them back
+        raise UsageError(
+            f"run {record.run_id} is a replay of run {replayed.get('of')}: replay that run "
+            "again instead of resuming this one"
+        )
     rebuilt = await rebuild_run(
         RecordedRun.of(record),
         state=state,
