@@ -270,6 +270,15 @@ async def test_an_edited_prompt_step_is_reported_per_instance_and_strict_stops_i
     # the steps after it never ran
     assert result["steps"]["docs"]["status"] != "succeeded"
     assert [d["kind"] for d in result["replay"]["divergences"]] == ["prompt"] * 3
+    done = await replay(
+        recorded["runId"], str(edited), "--strict", "--no-progress",
+        tmp_path=tmp_path, state=state_dir, config=no_demo,
+    )  # fmt: skip
+    assert done.returncode == EXIT_FAILED
+    out = done.stdout.decode()
+    # a failed replay is replayed again, not resumed
+    assert f"nothing was written to the workspace; orchestrator replay {recorded['runId']} " in out
+    assert "orchestrator resume" not in out
 
 
 # --------------------------------------------------------------------------- --save, refusals
