@@ -14,9 +14,12 @@ from run_helpers import workspace
 
 from orchestrator import Config, Pipeline, StepContext, prompt, run_pipeline, step
 from orchestrator.errors import RunNotFound, UsageError
+from orchestrator.pipeline._recording import own_changes
 from orchestrator.replay import RecordedSession, RecordedTurn, ReplayRecord
 from orchestrator.runs.replay_record import record_from_transcript, replay_record
-from orchestrator.store import open_run_store
+from orchestrator.store import StoredChange, open_run_store
+from orchestrator.vfs.branch import Branch
+from orchestrator.vfs.tree import MemoryTree
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "examples" / "demo_pipeline.py"
@@ -81,11 +84,15 @@ async def test_a_demo_pipeline_run_gives_every_instance_its_session_turns_and_ch
     async with open_run_store(state_dir) as store:
         steps = {s.key: s for s in await store.steps(run_id) if s.agent is not None}
         run = await store.get_run(run_id)
-    assert set(record.steps) == set(steps) == {
-        *(f"rename[{path}]" for path in RENAMES),
-        "docs[alice]",
-        "docs[bob]",
-    }
+    assert (
+        set(record.steps)
+        == set(steps)
+        == {
+            *(f"rename[{path}]" for path in RENAMES),
+            "docs[alice]",
+            "docs[bob]",
+        }
+    )
     assert record.run["runId"] == run_id
     assert (record.run["kind"], record.run["cwd"]) == ("pipeline", run.cwd)
     assert record.run["pipeline"] == run.pipeline == str(DEMO)
@@ -105,13 +112,16 @@ async def test_a_demo_pipeline_run_gives_every_instance_its_session_turns_and_ch
         (turn,) = session.turns
         assert turn.response is not None
         assert turn.response["result"]["stopReason"] == "end_turn"
-        # every frame the agent sent is about this session; every one we sent answers one
-        asked = {f.msg["id"] for f in turn.frames if f.dir == "recv" and "id" in f.msg}
+        # every frame the agent sent is about this session; we answered each of its requests
+        # once, and sent nothing else
+        request_ids = [f.msg["id"] for f in turn.frames if f.dir == "recv" and "id" in f.msg]
+        answered = [f.msg["id"] for f in turn.frames if f.dir == "send"]
+        assert request_ids and sorted(answered) == sorted(request_ids)
         for frame in turn.frames:
             if frame.dir == "recv":
                 assert frame.msg["params"]["sessionId"] == session.session_id
             else:
-                assert frame.msg["id"] in asked and "method" not in frame.msg
+                assert "method" not in frame.msg
             assert frame.t >= 0
     # alice and bob each ran a session demo-1, on processes of their own
     alice, bob = record.steps["docs[alice]"][0], record.steps["docs[bob]"][0]
@@ -176,9 +186,7 @@ async def test_a_retried_instance_has_a_session_per_attempt(
     assert record.run["pipelineSource"] is None  # built in code: no file text
 
 
-async def test_a_turn_cut_by_the_storage_cap_is_marked_cut(
-    tmp_path: Path, state_dir: Path
-) -> None:
+async def test_a_turn_cut_by_the_storage_cap_is_marked_cut(tmp_path: Path, state_dir: Path) -> None:
     """With a small max_turn_record_bytes the transcript drops a turn's updates: the record
     marks that turn cut, and its session not replayable."""
     ws = workspace(tmp_path, {f"f{i}.txt": "old\n" for i in range(6)})
@@ -225,6 +233,7 @@ async def test_a_prompt_run_has_a_record(project: Path, state_dir: Path) -> None
     assert record.run["kind"] == "prompt"
     assert record.run["inputs"] == {"text": 'replace "colour" with "color" in README.md'}
     [(key, (session,))] = record.steps.items()
+    assert key == "prompt"
     assert (session.agent, session.source, session.session_id) == ("demo", "demo", run.session_id)
     (turn,) = session.turns
     assert turn.prompt_text == 'replace "colour" with "color" in README.md'
@@ -273,11 +282,19 @@ async def test_a_transcript_file_gives_a_record_without_changes(
         assert [t.response for t in from_file.turns] == [t.response for t in from_store.turns]
 
 
-async def test_an_unknown_run_is_not_found(state_dir: Path) -> None:
-    """replay_record of a run id the store does not hold raises RunNotFound, one line."""
+async def test_an_unknown_run_is_not_found_and_a_batch_is_refused(state_dir: Path) -> None:
+    """replay_record of a run id the store does not hold raises RunNotFound, of a batch run a
+    UsageError, each one line."""
+    from orchestrator.store import RunRecord
+
     with pytest.raises(RunNotFound) as caught:
         await replay_record("no-such-run", state_dir=state_dir)
     assert "no-such-run" in str(caught.value) and "\n" not in str(caught.value)
+    async with open_run_store(state_dir) as store:
+        await store.create_run(RunRecord("b1", "batch", "succeeded", 1.0, "/w"))
+    with pytest.raises(UsageError, match=r"^run b1 is a batch run: replay one of") as refused:
+        await replay_record("b1", state_dir=state_dir)
+    assert "\n" not in str(refused.value)
 
 
 def test_a_bad_transcript_file_is_a_usage_error(tmp_path: Path) -> None:
@@ -311,3 +328,89 @@ def test_a_bad_transcript_file_is_a_usage_error(tmp_path: Path) -> None:
     assert list(record.steps) == ["a:s"]
     only: RecordedSession = record.steps["a:s"][0]
     assert (only.new, only.turns, only.complete) == ({"sessionId": "s"}, (), True)
+
+
+def test_own_changes_are_against_the_fork_and_keep_a_change_back_to_the_base() -> None:
+    """A forked branch's own changes are its writes (with modes; a mode change as a write of
+    the content), deletions and a change back to the run's base content, not its parent's."""
+    run_base = MemoryTree.from_files({"a.txt": b"A\n", "b.txt": b"B\n", "c.sh": b"c\n"})
+    parent = Branch.from_tree(run_base, "parent")
+    parent.write("a.txt", b"parent\n")
+    parent.write("p.txt", b"parent only\n")
+    child = parent.fork("child")
+    child.write("a.txt", b"A\n")  # back to the run's base content: the net change is gone
+    child.delete("b.txt")
+    child.chmod("c.sh", 0o755)
+    assert "a.txt" not in child.net_changes()
+    assert own_changes(child) == [
+        StoredChange("a.txt", "write", b"A\n", 0o100644),
+        StoredChange("b.txt", "delete"),
+        StoredChange("c.sh", "write", b"c\n", 0o100755),
+    ]
+
+
+def process_lines(text: str, stop: str) -> list[dict[str, Any]]:
+    """One agent process's transcript: a handshake, a session s-1 and one turn of it in which
+    the agent reads a file."""
+    frames = [
+        ("send", {"id": 0, "method": "initialize", "params": {"protocolVersion": 1}}),
+        ("recv", {"id": 0, "result": {"protocolVersion": 1, "agentInfo": {"name": text}}}),
+        ("send", {"id": 1, "method": "session/new", "params": {"cwd": "/w", "mcpServers": []}}),
+        ("recv", {"id": 1, "result": {"sessionId": "s-1"}}),
+        ("send", {"id": 2, "method": "session/prompt",
+                  "params": {"sessionId": "s-1", "prompt": [{"type": "text", "text": text}]}}),
+        ("recv", {"id": 0, "method": "fs/read_text_file",
+                  "params": {"sessionId": "s-1", "path": "/w/a"}}),
+        ("send", {"id": 0, "result": {"content": text}}),
+        ("recv", {"id": 2, "result": {"stopReason": stop}}),
+    ]  # fmt: skip
+    return [
+        {"dir": d, "t": i / 10, "agent": "a", "msg": {"jsonrpc": "2.0", **msg}}
+        for i, (d, msg) in enumerate(frames)
+    ]
+
+
+async def test_a_source_holding_two_processes_gives_each_session_its_own_turns(
+    state_dir: Path,
+) -> None:
+    """A resumed run appends its new process's transcript to the same source, where request
+    ids and session ids start over: each recorded session gets the turns and answers of its
+    own opening."""
+    from orchestrator.store import RunRecord, SessionRecord
+
+    async with open_run_store(state_dir) as store:
+        await store.create_run(RunRecord("r1", "pipeline", "succeeded", 1.0, "/w"))
+        lines = process_lines("first", "end_turn") + process_lines("second", "refusal")
+        await store.add_transcript("r1", "a", lines)
+        await store.put_session(SessionRecord("r1", "x", 1, "a", "a", "s-1"))
+        await store.put_session(SessionRecord("r1", "y", 1, "a", "a", "s-1"))
+    record = await replay_record("r1", state_dir=state_dir)
+    round_trips(record)
+    (x,), (y,) = record.steps["x"], record.steps["y"]
+    assert [t.prompt_text for t in x.turns] == ["first"]
+    assert [t.prompt_text for t in y.turns] == ["second"]
+    assert [t.response for t in x.turns] == [{"result": {"stopReason": "end_turn"}}]
+    assert [t.response for t in y.turns] == [{"result": {"stopReason": "refusal"}}]
+    assert [f.msg.get("result") for f in y.turns[0].frames] == [None, {"content": "second"}]
+    assert record.agents == {"a": {"initialize": lines[1]["msg"]["result"]}}
+
+
+async def test_a_run_recorded_before_sessions_were_kept_is_not_complete(
+    state_dir: Path,
+) -> None:
+    """A run whose store rows predate the per-attempt sessions gets its steps' last sessions,
+    found in their transcript, marked not complete with the reason."""
+    from orchestrator.store import RunRecord, StepRecord
+
+    async with open_run_store(state_dir) as store:
+        await store.create_run(RunRecord("r1", "pipeline", "succeeded", 1.0, "/w"))
+        await store.add_transcript("r1", "a", process_lines("only", "end_turn"))
+        await store.put_step(
+            StepRecord("r1", "x", "x", agent="a", status="succeeded", session_id="s-1")
+        )
+    record = await replay_record("r1", state_dir=state_dir)
+    (x,) = record.steps["x"]
+    assert (x.agent, x.source, x.session_id, x.attempt) == ("a", "a", "s-1", 1)
+    assert [t.prompt_text for t in x.turns] == ["only"]
+    assert not x.complete and not x.replayable
+    assert x.why is not None and "recorded before" in x.why

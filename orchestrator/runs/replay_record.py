@@ -234,8 +234,9 @@ class _Transcript:
     cwds: dict[str, list[str | None]] = field(factory=dict)
     #: per session id: its prompts, in order
     prompts: dict[str, list[_Prompt]] = field(factory=dict)
-    #: per id of a request we sent: the line index of its answer
-    answers: dict[Any, int] = field(factory=dict)
+    #: per id of a request we sent: the line indexes of the answers with that id (a run
+    #: resumed on a new process appends its transcript to the same source: ids start over)
+    answers: dict[Any, list[int]] = field(factory=dict)
     #: per id of a request the agent sent: the line indexes of our answers to it
     replies: dict[Any, list[int]] = field(factory=dict)
     #: the line indexes of the agent's frames naming a session, per session id
@@ -281,7 +282,7 @@ class _Transcript:
                     index.prompt_lines.append(i)
             elif direction == "recv" and method is None and has_id:
                 ident = _key(msg["id"])
-                index.answers.setdefault(ident, i)
+                index.answers.setdefault(ident, []).append(i)
                 what = sent.get(ident)
                 result = msg.get("result")
                 if what == "initialize" and isinstance(result, dict):
@@ -318,7 +319,7 @@ class _Transcript:
         frames = self.frames.get(session_id, [])
         turns: list[RecordedTurn] = []
         for number, prompt in enumerate(prompts):
-            end = self.answers.get(prompt.id)
+            end = next((i for i in self.answers.get(prompt.id, []) if i > prompt.index), None)
             following = prompts[number + 1].index if number + 1 < len(prompts) else None
             stop = end if end is not None else (following or len(self.lines))
             turns.append(self._turn(prompt, end, stop, frames))
@@ -441,6 +442,9 @@ def record_from_transcript(path: str | os.PathLike[str]) -> ReplayRecord:
         raise UsageError(f"cannot read the transcript {name}: {e.strerror or e}") from None
     raw = data.split(b"\n")
     by_source: dict[str, list[JsonObject]] = {}
+    # where each line is in the file: the order sessions were opened in (each process's ``t``
+    # counts from its own start, so times of two processes do not compare)
+    position: dict[int, int] = {}
     for number, line in enumerate(raw, start=1):
         if not line.strip():
             continue
@@ -458,12 +462,13 @@ def record_from_transcript(path: str | os.PathLike[str]) -> ReplayRecord:
                 '({"dir", "t", "agent", "msg"})'
             )
         source = value.get("agent")
+        position[id(value)] = number
         by_source.setdefault(source if isinstance(source, str) and source else "agent", []).append(
             value
         )
     steps: dict[str, tuple[RecordedSession, ...]] = {}
     agents: dict[str, JsonObject] = {}
-    openings: list[tuple[float, str, RecordedSession]] = []
+    openings: list[tuple[int, str, RecordedSession]] = []
     for source, lines in by_source.items():
         index = _Transcript.of(lines)
         label = source.partition("#")[0]
@@ -490,7 +495,7 @@ def record_from_transcript(path: str | os.PathLike[str]) -> ReplayRecord:
                 complete=built.why is None,
                 why=built.why,
             )
-            openings.append((_time(entry), source, session))
+            openings.append((position[id(entry)], source, session))
     openings.sort(key=lambda item: item[0])
     for _, source, session in openings:
         key = f"{session.agent}:{session.session_id}"
