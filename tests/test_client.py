@@ -380,6 +380,37 @@ async def test_protocol_version_mismatch_is_refused() -> None:
     assert info.value.agent == AGENT
 
 
+# --------------------------------------------------------------------------- session/new _meta
+
+
+def new_session_params(record: AgentRecord) -> list[Any]:
+    """The params of every session/new the agent received, in order."""
+    return [
+        e["message"].get("params")
+        for e in record.of("recv")
+        if isinstance(e["message"], dict) and e["message"].get("method") == "session/new"
+    ]
+
+
+async def test_step_meta_names_the_step_in_session_new(tmp_path: Path) -> None:
+    """With step_meta, session/new carries the step key under _meta["acp-orchestrator"]."""
+    async with connect(turns(), options=ClientOptions(step_meta=True)) as (conn, record):
+        session = await conn.new_session(tmp_path, step="review[alice]")
+        await conn.new_session(tmp_path)  # no step: no _meta
+    assert session.step == "review[alice]"
+    first, second = new_session_params(record)
+    assert first["_meta"] == {"acp-orchestrator": {"step": "review[alice]"}}
+    assert "_meta" not in second
+
+
+async def test_step_meta_is_off_by_default(tmp_path: Path) -> None:
+    """Without step_meta, session/new sends no _meta even for a session of a step."""
+    async with connect(turns()) as (conn, record):
+        await conn.new_session(tmp_path, step="review")
+    (params,) = new_session_params(record)
+    assert "_meta" not in params
+
+
 # --------------------------------------------------------------------------- authentication
 
 

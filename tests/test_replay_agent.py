@@ -13,7 +13,7 @@ import os
 import stat
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ import trio
 import trio.testing
 from attrs import define, field
 from conftest import pid_gone
-from schema_check import SchemaIndex, _load_index, SCHEMA_PATH
+from schema_check import SCHEMA_PATH, SchemaIndex, _load_index
 
 import orchestrator.agent.launch as launch_module
 from orchestrator.agent.branch_services import open_branch_services
@@ -33,7 +33,9 @@ from orchestrator.agent.launch import open_agent_on_stream
 from orchestrator.agent.transcript import TranscriptWriter
 from orchestrator.agent.turn import TurnResult
 from orchestrator.errors import JsonRpcError, UsageError
+from orchestrator.jsonrpc.connection import JsonRpcConnection
 from orchestrator.policy import PolicySet
+from orchestrator.protocol import types as t
 from orchestrator.replay import (
     RecordedChange,
     RecordedFrame,
@@ -42,8 +44,7 @@ from orchestrator.replay import (
     ReplayRecord,
 )
 from orchestrator.replay._divergence import NOT_REPLAYABLE, REPLAY_DIVERGED, Divergence
-from orchestrator.replay.agent import ReplayAgent, serve_replay_agent
-from orchestrator.jsonrpc.connection import JsonRpcConnection
+from orchestrator.replay.agent import ReplayAgent, Timing, serve_replay_agent
 from orchestrator.vfs import Branch, Workdir, Workspace, materialize_async
 
 LIMIT = 30.0  # seconds any test here may take (each agent is a fresh Python process)
@@ -72,7 +73,11 @@ def text(value: str) -> dict[str, Any]:
 
 def note(t: float, sid: str, update: dict[str, Any]) -> RecordedFrame:
     """A recorded ``session/update`` notification of the agent."""
-    msg = {"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": sid, "update": update}}
+    msg = {
+        "jsonrpc": "2.0",
+        "method": "session/update",
+        "params": {"sessionId": sid, "update": update},
+    }
     return RecordedFrame(t, "recv", msg)
 
 
@@ -83,7 +88,9 @@ def say(t: float, sid: str, words: str) -> RecordedFrame:
 
 def ask(t: float, request_id: int, method: str, params: dict[str, Any]) -> RecordedFrame:
     """A recorded request of the agent."""
-    return RecordedFrame(t, "recv", {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
+    return RecordedFrame(
+        t, "recv", {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
+    )
 
 
 def answered(t: float, request_id: int, result: Any = None, error: Any = None) -> RecordedFrame:
@@ -92,28 +99,50 @@ def answered(t: float, request_id: int, result: Any = None, error: Any = None) -
     return RecordedFrame(t, "send", {"jsonrpc": "2.0", "id": request_id, **body})
 
 
-def permission(t: float, request_id: int, sid: str, path: str, chose: str = "allow") -> list[RecordedFrame]:
+def permission(
+    t: float, request_id: int, sid: str, path: str, chose: str = "allow"
+) -> list[RecordedFrame]:
     """A recorded permission request for an edit of ``path`` and its recorded answer."""
     params = {
         "sessionId": sid,
-        "toolCall": {"toolCallId": "call-1", "title": f"edit {path}", "kind": "edit",
-                     "locations": [{"path": path}]},
+        "toolCall": {
+            "toolCallId": "call-1",
+            "title": f"edit {path}",
+            "kind": "edit",
+            "locations": [{"path": path}],
+        },
         "options": OPTIONS,
     }
     outcome = {"outcome": {"outcome": "selected", "optionId": chose}}
-    return [ask(t, request_id, "session/request_permission", params), answered(t, request_id, outcome)]
+    return [
+        ask(t, request_id, "session/request_permission", params),
+        answered(t, request_id, outcome),
+    ]
 
 
-def turn(prompt: str, frames: Sequence[RecordedFrame], *, stop: str = "end_turn",
-         response: Any = "default", cut: bool = False) -> RecordedTurn:
+def turn(
+    prompt: str,
+    frames: Sequence[RecordedFrame],
+    *,
+    stop: str = "end_turn",
+    response: Any = "default",
+    cut: bool = False,
+) -> RecordedTurn:
     """A recorded turn answered ``stop`` (or ``response`` as given)."""
     if response == "default":
         response = {"result": {"stopReason": stop}}
     return RecordedTurn(0.0, [text(prompt)], frames, response, cut)
 
 
-def session(sid: str, turns: Sequence[RecordedTurn], *, changes: Sequence[RecordedChange] = (),
-            attempt: int = 1, complete: bool = True, why: str | None = None) -> RecordedSession:
+def session(
+    sid: str,
+    turns: Sequence[RecordedTurn],
+    *,
+    changes: Sequence[RecordedChange] = (),
+    attempt: int = 1,
+    complete: bool = True,
+    why: str | None = None,
+) -> RecordedSession:
     """A recorded session of the demo agent."""
     return RecordedSession(
         AGENT, attempt, AGENT, sid, {"sessionId": sid}, turns, changes, complete, why, RECORDED_CWD
@@ -150,7 +179,11 @@ class AgentFrameValidator:
 
     def _def(self, method: str, suffix: str, side: str) -> str | None:
         for name, definition in self.index.defs.items():
-            if definition.get("x-method") == method and definition.get("x-side") == side and name.endswith(suffix):
+            if (
+                definition.get("x-method") == method
+                and definition.get("x-side") == side
+                and name.endswith(suffix)
+            ):
                 return name
         return None
 
@@ -171,6 +204,8 @@ class AgentFrameValidator:
             return
         assert msg.get("jsonrpc") == "2.0", msg
         method = msg.get("method")
+        if isinstance(method, str) and method.startswith("_"):
+            return  # an extension method: the envelope only (checked above)
         if method is not None:
             if method == "session/update":
                 self._check("SessionNotification", msg.get("params"), method)
@@ -182,13 +217,19 @@ class AgentFrameValidator:
             if "error" in msg:
                 self._check("Error", msg["error"], f"error answer to {asked}")
             elif asked is not None and not asked.startswith("_"):
-                self._check(self._def(asked, "Response", "agent"), msg.get("result"), f"answer to {asked}")
+                self._check(
+                    self._def(asked, "Response", "agent"), msg.get("result"), f"answer to {asked}"
+                )
 
 
 @pytest.fixture(autouse=True)
-def validate_agent_frames(validate_client_frames: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[AgentFrameValidator]]:
+def validate_agent_frames(
+    validate_client_frames: None, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[list[AgentFrameValidator]]:
     """Every frame the (replay) agent sends to our client is checked against the schema."""
-    inner = launch_module.JsonRpcConnection  # conftest's client-side validating factory
+    inner: Callable[..., JsonRpcConnection] = vars(launch_module)[
+        "JsonRpcConnection"
+    ]  # conftest's client-side validating factory
     validators: list[AgentFrameValidator] = []
 
     def factory(stream: Any, **kwargs: Any) -> JsonRpcConnection:
@@ -206,7 +247,9 @@ def validate_agent_frames(validate_client_frames: None, monkeypatch: pytest.Monk
     monkeypatch.setattr(launch_module, "JsonRpcConnection", factory)
     yield validators
     faults = [f for v in validators for f in v.faults]
-    assert not faults, "the replay agent sent frames violating the ACP schema:\n" + "\n".join(faults)
+    assert not faults, "the replay agent sent frames violating the ACP schema:\n" + "\n".join(
+        faults
+    )
     assert sum(v.validated for v in validators) > 0 or not validators
 
 
@@ -238,7 +281,9 @@ async def open_branch(tmp_path: Path, name: str, files: dict[str, bytes]) -> Asy
     """A branch of a workspace holding ``files``, materialized; removed on the way out."""
     workspace = write_tree(tmp_path / f"ws-{name}", files)
     snapshot = await trio.to_thread.run_sync(Workspace.open(workspace).snapshot)
-    workdir = await materialize_async(Branch.from_tree(snapshot, name), tmp_path / "branches" / name)
+    workdir = await materialize_async(
+        Branch.from_tree(snapshot, name), tmp_path / "branches" / name
+    )
     try:
         yield workdir
     finally:
@@ -255,6 +300,8 @@ class Replayed:
     files: dict[str, bytes] = field(factory=dict)
     modes: dict[str, int] = field(factory=dict)
     pid: int | None = None
+    #: the branch directory the replay ran in (removed since)
+    root: Path | None = None
 
     def kinds(self) -> list[str]:
         return [d["kind"] for d in self.divergences]
@@ -274,6 +321,7 @@ async def replay(
     step: str | None = "edit",
     args: Sequence[str] = (),
     sessions: int = 1,
+    transcript: Path | None = None,
 ) -> Replayed:
     """Replay ``record`` as a subprocess on a fresh branch; each prompt in turn, in each session."""
     path = tmp_path / "record.json"
@@ -291,9 +339,11 @@ async def replay(
                     cwd=root,
                     services=branch.services,
                     options=ClientOptions(step_meta=True),
+                    transcript=None if transcript is None else TranscriptWriter(transcript),
                     term_grace=1.0,
                 ) as conn:
                     replayed.pid = conn.pid
+                    replayed.root = root
                     for _ in range(sessions):
                         live = await conn.new_session(root, step=step)
                         for prompt in prompts:
@@ -303,14 +353,16 @@ async def replay(
                                 replayed.results.append(e)
         replayed.files = read_tree(root)
         replayed.modes = {rel: stat.S_IMODE((root / rel).stat().st_mode) for rel in replayed.files}
-    assert replayed.pid is not None and pid_gone(replayed.pid), "the replay agent outlived its connection"
+    assert replayed.pid is not None and pid_gone(replayed.pid), (
+        "the replay agent outlived its connection"
+    )
     if out.exists():
         replayed.divergences = [orjson.loads(line) for line in out.read_bytes().splitlines()]
     print("divergences:", replayed.divergences)  # shown when a test fails
     return replayed
 
 
-# --------------------------------------------------------------------------- recorded from the demo agent
+# ------------------------------------------------------------------ recorded from the demo agent
 
 
 def _read_transcript(path: Path) -> list[dict[str, Any]]:
@@ -346,7 +398,9 @@ def record_from_demo_transcript(path: Path, changes: Sequence[RecordedChange]) -
         if prompt_line is not None and response is None:
             frames.append(RecordedFrame(line["t"] - prompt_line["t"], direction, msg))
     assert init is not None and new is not None and prompt_line is not None
-    recorded_turn = RecordedTurn(prompt_line["t"], prompt_line["msg"]["params"]["prompt"], frames, response)
+    recorded_turn = RecordedTurn(
+        prompt_line["t"], prompt_line["msg"]["params"]["prompt"], frames, response
+    )
     sid = new["sessionId"]
     recorded = RecordedSession(AGENT, 1, AGENT, sid, new, [recorded_turn], changes, cwd=cwd)
     return ReplayRecord({"runId": "r-demo"}, {AGENT: {"initialize": init}}, {"edit": (recorded,)})
@@ -360,12 +414,28 @@ def tree_changes(before: dict[str, bytes], after: dict[str, bytes]) -> list[Reco
 
 
 DEMO_FILES = {"a.txt": b"one\nold two\n", "gone.txt": b"bye\n"}
-DEMO_PROMPT = '\n'.join([
-    'replace "old" with "new" in a.txt',
-    'create docs/new.md with "hello"',
-    "delete gone.txt",
-    "run echo ran",
-])
+DEMO_PROMPT = "\n".join(
+    [
+        'replace "old" with "new" in a.txt',
+        'create docs/new.md with "hello"',
+        "delete gone.txt",
+        "run echo ran",
+    ]
+)
+
+
+def agent_frames(transcript: Path, root: Path) -> list[tuple[str, Any]]:
+    """The agent's requests and notifications in a transcript, in order: method and params
+    with the branch directory written ``ROOT`` (the ids and the directory differ by run)."""
+    found = []
+    for line in _read_transcript(transcript):
+        msg = line.get("msg")
+        if line["dir"] == "recv" and isinstance(msg, dict) and "method" in msg:
+            params = orjson.loads(
+                orjson.dumps(msg.get("params")).replace(str(root).encode(), b"ROOT")
+            )
+            found.append((msg["method"], params))
+    return found
 
 
 async def record_demo(tmp_path: Path) -> tuple[ReplayRecord, TurnResult, dict[str, bytes]]:
@@ -404,7 +474,15 @@ async def test_a_recorded_demo_run_replays_with_the_same_frames_and_changes(tmp_
     """A demo run replayed on a fresh branch shows the same updates and leaves the same files."""
     record, recorded_result, recorded_files = await record_demo(tmp_path)
     assert recorded_files["docs/new.md"] == b"hello"  # written behind the client's back
-    replayed = await replay(tmp_path, record, [DEMO_PROMPT], files=DEMO_FILES)
+    transcript = tmp_path / "replayed.jsonl"
+    replayed = await replay(
+        tmp_path, record, [DEMO_PROMPT], files=DEMO_FILES, transcript=transcript
+    )
+    assert replayed.root is not None
+    recorded_frames = agent_frames(tmp_path / "demo.jsonl", tmp_path / "branches" / "recorded")
+    replayed_frames = agent_frames(transcript, replayed.root)
+    assert [m for m, _ in recorded_frames].count("terminal/create") == 1
+    assert replayed_frames == recorded_frames
     (result,) = replayed.results
     assert isinstance(result, TurnResult)
     assert updates_of(result) == updates_of(recorded_result)
@@ -462,7 +540,9 @@ async def test_a_permission_granted_again_applies_the_changes(tmp_path: Path) ->
 
 async def test_a_changed_prompt_is_reported(tmp_path: Path) -> None:
     """A prompt text other than the recorded one is a prompt divergence; the turn goes on."""
-    record = make_record({"edit": [session("s-1", [turn("the old prompt", [say(0, "s-1", "hi")])])]})
+    record = make_record(
+        {"edit": [session("s-1", [turn("the old prompt", [say(0, "s-1", "hi")])])]}
+    )
     replayed = await replay(tmp_path, record, ["a new prompt"])
     assert replayed.kinds() == ["prompt"]
     assert replayed.divergences[0]["recorded"] == "the old prompt"
@@ -473,8 +553,14 @@ async def test_a_changed_prompt_is_reported(tmp_path: Path) -> None:
 
 async def test_strict_stops_at_the_first_divergence(tmp_path: Path) -> None:
     """--strict answers the prompt -32050 at the first divergence: no more frames, no writes."""
-    frames = [say(0, "s-1", "before"), *permission(0.1, 0, "s-1", f"{RECORDED_CWD}/a.txt"), say(0.2, "s-1", "after")]
-    record = make_record({"edit": [session("s-1", [turn("go", frames)], changes=[write("b.txt", b"B")])]})
+    frames = [
+        say(0, "s-1", "before"),
+        *permission(0.1, 0, "s-1", f"{RECORDED_CWD}/a.txt"),
+        say(0.2, "s-1", "after"),
+    ]
+    record = make_record(
+        {"edit": [session("s-1", [turn("go", frames)], changes=[write("b.txt", b"B")])]}
+    )
     replayed = await replay(tmp_path, record, ["go"], policy="deny-all", args=["--strict"])
     (error,) = replayed.results
     assert isinstance(error, JsonRpcError)
@@ -488,7 +574,9 @@ async def test_strict_stops_at_the_first_divergence(tmp_path: Path) -> None:
 async def test_strict_stops_before_any_frame_on_a_changed_prompt(tmp_path: Path) -> None:
     """A strict replay of a changed prompt sends none of the turn's frames."""
     frames = [*permission(0.0, 0, "s-1", f"{RECORDED_CWD}/a.txt"), say(0.1, "s-1", "after")]
-    record = make_record({"edit": [session("s-1", [turn("old", frames)], changes=[write("b.txt", b"B")])]})
+    record = make_record(
+        {"edit": [session("s-1", [turn("old", frames)], changes=[write("b.txt", b"B")])]}
+    )
     replayed = await replay(tmp_path, record, ["new"], args=["--strict"])
     (error,) = replayed.results
     assert isinstance(error, JsonRpcError) and error.code == REPLAY_DIVERGED
@@ -502,7 +590,9 @@ async def test_a_request_refused_now_is_reported_and_blocks_the_disk_writes(tmp_
         ask(0, 3, "fs/read_text_file", {"sessionId": "s-1", "path": "/elsewhere/outside.txt"}),
         answered(0, 3, {"content": "secret"}),
     ]
-    record = make_record({"edit": [session("s-1", [turn("go", frames)], changes=[write("b.txt", b"B")])]})
+    record = make_record(
+        {"edit": [session("s-1", [turn("go", frames)], changes=[write("b.txt", b"B")])]}
+    )
     replayed = await replay(tmp_path, record, ["go"])
     assert replayed.kinds() == ["request", "disk"]
     assert "fs/read_text_file" in replayed.divergences[0]["detail"]
@@ -520,8 +610,18 @@ def terminal_frames(sid: str, output: str, code: int) -> list[RecordedFrame]:
     return [
         ask(0, 1, "terminal/create", {"sessionId": sid, "command": "echo ran"}),
         answered(0, 1, {"terminalId": tid}),
-        note(0, sid, {"sessionUpdate": "tool_call", "toolCallId": "c", "title": "run", "kind": "execute",
-                      "status": "in_progress", "content": [{"type": "terminal", "terminalId": tid}]}),
+        note(
+            0,
+            sid,
+            {
+                "sessionUpdate": "tool_call",
+                "toolCallId": "c",
+                "title": "run",
+                "kind": "execute",
+                "status": "in_progress",
+                "content": [{"type": "terminal", "terminalId": tid}],
+            },
+        ),
         ask(0, 2, "terminal/wait_for_exit", ref),
         answered(0, 2, status),
         ask(0, 3, "terminal/output", ref),
@@ -533,18 +633,23 @@ def terminal_frames(sid: str, output: str, code: int) -> list[RecordedFrame]:
 
 async def test_terminal_ids_are_mapped_to_the_live_ones(tmp_path: Path) -> None:
     """The recorded terminal id is replaced by the client's: no divergence, the update names it."""
-    record = make_record({"edit": [session("s-1", [turn("go", terminal_frames("s-1", "ran\n", 0))])]})
+    record = make_record(
+        {"edit": [session("s-1", [turn("go", terminal_frames("s-1", "ran\n", 0))])]}
+    )
     replayed = await replay(tmp_path, record, ["go"])
     assert replayed.divergences == []
     (result,) = replayed.results
     assert isinstance(result, TurnResult)
     content = result.tool_calls["c"].content
-    assert content and content[0].terminal_id != "rec-term-9"
+    assert content and isinstance(content[0], t.Terminal)
+    assert content[0].terminal_id != "rec-term-9" and content[0].terminal_id.startswith("term-")
 
 
 async def test_a_terminal_whose_output_and_exit_differ_is_reported(tmp_path: Path) -> None:
     """A command that prints and exits otherwise than recorded gives terminal divergences."""
-    record = make_record({"edit": [session("s-1", [turn("go", terminal_frames("s-1", "other\n", 3))])]})
+    record = make_record(
+        {"edit": [session("s-1", [turn("go", terminal_frames("s-1", "other\n", 3))])]}
+    )
     replayed = await replay(tmp_path, record, ["go"])
     assert replayed.kinds() == ["terminal", "terminal", "terminal"]
     assert replayed.divergences[0]["recorded"] == {"exitCode": 3, "signal": None}
@@ -560,19 +665,27 @@ async def test_disk_writes_apply_contents_modes_and_deletions(tmp_path: Path) ->
     changes = [
         write("a.txt", b"changed\n"),
         write("bin/run.sh", b"#!/bin/sh\n", 0o100755),
+        write("new.txt", b"new"),
         RecordedChange("old.txt", "delete"),
     ]
     record = make_record({"edit": [session("s-1", [turn("go", [])], changes=changes)]})
     replayed = await replay(tmp_path, record, ["go"], files={"a.txt": b"one\n", "old.txt": b"x"})
     assert replayed.divergences == []
-    assert replayed.files == {"a.txt": b"changed\n", "bin/run.sh": b"#!/bin/sh\n"}
+    assert replayed.files == {
+        "a.txt": b"changed\n",
+        "bin/run.sh": b"#!/bin/sh\n",
+        "new.txt": b"new",
+    }
     assert replayed.modes["bin/run.sh"] == 0o755
+    assert replayed.modes["new.txt"] == 0o644
 
 
 async def test_disk_writes_are_applied_after_the_last_turn_only(tmp_path: Path) -> None:
     """Changes of a two-turn session are written after its last turn, not its first."""
     changes = [write("b.txt", b"B")]
-    record = make_record({"edit": [session("s-1", [turn("one", []), turn("two", [])], changes=changes)]})
+    record = make_record(
+        {"edit": [session("s-1", [turn("one", []), turn("two", [])], changes=changes)]}
+    )
     once = await replay(tmp_path, record, ["one"])
     assert "b.txt" not in once.files
     twice = await replay(tmp_path, record, ["one", "two"])
@@ -600,7 +713,9 @@ async def test_a_disk_write_through_a_symlink_is_refused(tmp_path: Path) -> None
     """A change whose directory is now a symlink out of the cwd is refused and reported."""
     target = tmp_path / "elsewhere"
     target.mkdir()
-    record = make_record({"edit": [session("s-1", [turn("go", [])], changes=[write("link/x.txt", b"no")])]})
+    record = make_record(
+        {"edit": [session("s-1", [turn("go", [])], changes=[write("link/x.txt", b"no")])]}
+    )
     path = tmp_path / "record.json"
     record.dump(path)
     async with open_branch(tmp_path, "linked", {"a.txt": b"1"}) as workdir:
@@ -642,7 +757,9 @@ async def test_a_turn_without_a_response_is_not_replayable(tmp_path: Path) -> No
 
 async def test_an_incomplete_session_and_an_extra_turn_are_not_replayable(tmp_path: Path) -> None:
     """A session the record marks incomplete, and a prompt past the recorded turns, are refused."""
-    record = make_record({"edit": [session("s-1", [turn("go", [])], complete=False, why="no transcript")]})
+    record = make_record(
+        {"edit": [session("s-1", [turn("go", [])], complete=False, why="no transcript")]}
+    )
     replayed = await replay(tmp_path, record, ["go"])
     assert replayed.kinds() == ["not-replayable"]
     assert "no transcript" in replayed.divergences[0]["detail"]
@@ -668,13 +785,15 @@ async def test_a_recorded_error_answer_is_answered_again(tmp_path: Path) -> None
 
 async def test_sessions_are_picked_by_step_and_attempt(tmp_path: Path) -> None:
     """The k-th session/new of a step plays its k-th attempt, then the last again."""
-    record = make_record({
-        "other": [session("o-1", [turn("go", [say(0, "o-1", "other")])])],
-        "edit": [
-            session("e-1", [turn("go", [say(0, "e-1", "first")])]),
-            session("e-2", [turn("go", [say(0, "e-2", "second")])], attempt=2),
-        ],
-    })
+    record = make_record(
+        {
+            "other": [session("o-1", [turn("go", [say(0, "o-1", "other")])])],
+            "edit": [
+                session("e-1", [turn("go", [say(0, "e-1", "first")])]),
+                session("e-2", [turn("go", [say(0, "e-2", "second")])], attempt=2),
+            ],
+        }
+    )
     replayed = await replay(tmp_path, record, ["go"], sessions=3)
     texts = [r.text for r in replayed.results if isinstance(r, TurnResult)]
     assert texts == ["first", "second", "second"]
@@ -683,10 +802,12 @@ async def test_sessions_are_picked_by_step_and_attempt(tmp_path: Path) -> None:
 
 async def test_without_a_step_sessions_are_served_in_record_order(tmp_path: Path) -> None:
     """Without a step key each session/new plays the next unused session; then an error."""
-    record = make_record({
-        "one": [session("o-1", [turn("go", [say(0, "o-1", "one")])])],
-        "two": [session("t-1", [turn("go", [say(0, "t-1", "two")])])],
-    })
+    record = make_record(
+        {
+            "one": [session("o-1", [turn("go", [say(0, "o-1", "one")])])],
+            "two": [session("t-1", [turn("go", [say(0, "t-1", "two")])])],
+        }
+    )
     replayed = await replay(tmp_path, record, ["go"], step=None, sessions=2)
     assert [r.text for r in replayed.results if isinstance(r, TurnResult)] == ["one", "two"]
     with pytest.raises(JsonRpcError, match="no more sessions"):
@@ -735,20 +856,22 @@ def timed_record() -> ReplayRecord:
     return make_record({"edit": [session("s-1", [turn("go", frames)])]})
 
 
-async def _timed(tmp_path: Path, timing: str) -> tuple[float, list[str]]:
+async def _timed(tmp_path: Path, timing: Timing) -> tuple[float, list[str]]:
     """Seconds of (virtual) time the turn took, and the chunks in order."""
     chunks: list[str] = []
-    async with open_branch(tmp_path, timing, {"a.txt": b"1"}) as workdir:
-        async with open_branch_services(workdir, PolicySet.from_preset("trusted")) as branch:
-            async with replay_in_memory(timed_record(), branch.services, [], timing=timing) as conn:
-                live = await conn.new_session(workdir.root, step="edit")
+    async with (
+        open_branch(tmp_path, timing, {"a.txt": b"1"}) as workdir,
+        open_branch_services(workdir, PolicySet.from_preset("trusted")) as branch,
+        replay_in_memory(timed_record(), branch.services, [], timing=timing) as conn,
+    ):
+        live = await conn.new_session(workdir.root, step="edit")
 
-                def seen(update: Any) -> None:
-                    chunks.append(update.content.text)
+        def seen(update: Any) -> None:
+            chunks.append(update.content.text)
 
-                start = trio.current_time()
-                await live.prompt("go", on_update=seen)
-                return trio.current_time() - start, chunks
+        start = trio.current_time()
+        await live.prompt("go", on_update=seen)
+        return trio.current_time() - start, chunks
 
 
 async def test_recorded_timing_waits_for_each_frame_and_keeps_order(
@@ -770,9 +893,12 @@ async def test_fast_timing_does_not_wait(tmp_path: Path, autojump_clock: trio.ab
 async def test_the_agent_counts_no_wait_in_fast_mode() -> None:
     """The agent's own count of waits is 0 in fast mode and one per late frame in recorded."""
     record = timed_record()
-    for timing, expected in (("fast", 0), ("recorded", 3)):
+    cases: tuple[tuple[Timing, int], ...] = (("fast", 0), ("recorded", 3))
+    for timing, expected in cases:
         client_end, agent_end = trio.testing.memory_stream_pair()
-        agent = ReplayAgent(JsonRpcConnection(agent_end, name="client"), record, AGENT, timing=timing)
+        agent = ReplayAgent(
+            JsonRpcConnection(agent_end, name="client"), record, AGENT, timing=timing
+        )
         agent.install()
         peer = JsonRpcConnection(client_end, name="agent")
         peer.on_notification("session/update", lambda params: None)
@@ -780,7 +906,9 @@ async def test_the_agent_counts_no_wait_in_fast_mode() -> None:
             nursery.start_soon(agent.rpc.serve)
             await nursery.start(peer.serve)
             await peer.request("session/new", {"cwd": "/tmp", "mcpServers": []})
-            answer = await peer.request("session/prompt", {"sessionId": "s-1", "prompt": [text("go")]})
+            answer = await peer.request(
+                "session/prompt", {"sessionId": "s-1", "prompt": [text("go")]}
+            )
             assert answer == {"stopReason": "end_turn"}
             assert agent.waits == expected
             nursery.cancel_scope.cancel()
@@ -792,7 +920,11 @@ async def test_the_agent_counts_no_wait_in_fast_mode() -> None:
 def run_replay_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "orchestrator.replay", *args],
-        capture_output=True, text=True, timeout=LIMIT, stdin=subprocess.DEVNULL, check=False,
+        capture_output=True,
+        text=True,
+        timeout=LIMIT,
+        stdin=subprocess.DEVNULL,
+        check=False,
     )
 
 
@@ -801,12 +933,16 @@ def run_replay_cli(*args: str) -> subprocess.CompletedProcess[str]:
     [
         (b"not json", "is not JSON"),
         (b'{"format": "something else"}', "it is not a replay record"),
-        (b'{"format": "acp-orchestrator/replay-record", "version": 1, "steps": {"x": 3}}',
-         "does not hold a list of sessions"),
+        (
+            b'{"format": "acp-orchestrator/replay-record", "version": 1, "steps": {"x": 3}}',
+            "does not hold a list of sessions",
+        ),
         (b'{"format": "acp-orchestrator/replay-record", "version": 9}', "reads up to version 1"),
     ],
 )
-def test_a_malformed_record_exits_2_with_one_line(tmp_path: Path, content: bytes, message: str) -> None:
+def test_a_malformed_record_exits_2_with_one_line(
+    tmp_path: Path, content: bytes, message: str
+) -> None:
     """A record that cannot be read: exit 2, one line on stderr naming the problem."""
     path = tmp_path / "bad.json"
     path.write_bytes(content)
@@ -833,7 +969,9 @@ def test_an_unknown_agent_or_missing_file_exits_2(tmp_path: Path) -> None:
 def test_serve_replay_agent_refuses_an_unknown_agent() -> None:
     """The in-memory agent refuses a label the record lacks with a UsageError."""
     with pytest.raises(UsageError, match="no agent 'nobody'"):
-        ReplayAgent(JsonRpcConnection(trio.testing.memory_stream_pair()[0]), make_record({}), "nobody")
+        ReplayAgent(
+            JsonRpcConnection(trio.testing.memory_stream_pair()[0]), make_record({}), "nobody"
+        )
 
 
 def test_divergence_json_keeps_texts_short() -> None:
@@ -842,3 +980,113 @@ def test_divergence_json_keeps_texts_short() -> None:
     assert len(value["recorded"]) < 230 and value["recorded"].endswith("(1000 chars)")
     assert isinstance(value["now"], str) and len(value["now"]) < 230
     assert Divergence.from_json(orjson.loads(orjson.dumps(value))).kind == "fs-read"
+
+
+async def test_a_refusal_in_an_earlier_turn_blocks_the_last_turns_disk_writes(
+    tmp_path: Path,
+) -> None:
+    """A permission refused in turn 1 keeps the changes recorded for turn 2 off the disk."""
+    first = turn("one", permission(0, 0, "s-1", f"{RECORDED_CWD}/a.txt"))
+    record = make_record(
+        {"edit": [session("s-1", [first, turn("two", [])], changes=[write("b.txt", b"B")])]}
+    )
+    replayed = await replay(tmp_path, record, ["one", "two"], policy="deny-all")
+    assert replayed.kinds() == ["permission", "disk"]
+    assert replayed.divergences[1]["turn"] == 1
+    assert "b.txt" not in replayed.files
+
+
+async def test_cancel_ends_a_running_turn(tmp_path: Path, autojump_clock: trio.abc.Clock) -> None:
+    """session/cancel ends the turn with stopReason cancelled: no later frame, no disk write."""
+    frames = [say(0.0, "s-1", "first"), say(100.0, "s-1", "never")]
+    record = make_record(
+        {"edit": [session("s-1", [turn("go", frames)], changes=[write("b.txt", b"B")])]}
+    )
+    chunks: list[str] = []
+    started = trio.Event()
+
+    def seen(update: Any) -> None:
+        chunks.append(update.content.text)
+        started.set()
+
+    async with (
+        open_branch(tmp_path, "cancel", {"a.txt": b"1"}) as workdir,
+        open_branch_services(workdir, PolicySet.from_preset("trusted")) as branch,
+        replay_in_memory(record, branch.services, [], timing="recorded") as conn,
+    ):
+        live = await conn.new_session(workdir.root, step="edit")
+        results: list[TurnResult] = []
+
+        async def run() -> None:
+            results.append(await live.prompt("go", on_update=seen))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run)
+            await started.wait()
+            await live.cancel()
+        assert not (Path(workdir.root) / "b.txt").exists()
+    assert [r.stop_reason for r in results] == ["cancelled"]
+    assert chunks == ["first"]
+
+
+async def test_a_request_of_an_unknown_method_is_sent_as_recorded(tmp_path: Path) -> None:
+    """A request the client does not serve goes out; its error answer matches the record's."""
+    not_found = {"code": -32601, "message": "Method not found"}
+    frames = [
+        ask(0, 5, "_vendor/thing", {"sessionId": "s-1"}),
+        answered(0, 5, error=not_found),
+        ask(0, 6, "_vendor/thing", {"sessionId": "s-1"}),
+        answered(0, 6, {"ok": True}),
+    ]
+    record = make_record({"edit": [session("s-1", [turn("go", frames)])]})
+    replayed = await replay(tmp_path, record, ["go"])
+    assert replayed.kinds() == ["request"]
+    assert "_vendor/thing answered an error" in replayed.divergences[0]["detail"]
+
+
+async def test_mode_config_and_close_are_accepted(tmp_path: Path) -> None:
+    """session/set_mode, set_config_option and close are accepted without a divergence."""
+    options = [
+        {
+            "id": "model",
+            "name": "Model",
+            "type": "select",
+            "currentValue": "m",
+            "options": [{"value": "m", "name": "M"}],
+        }
+    ]
+    modes = {"currentModeId": "edit", "availableModes": [{"id": "edit", "name": "Edit"}]}
+    recorded = RecordedSession(
+        AGENT,
+        1,
+        AGENT,
+        "s-1",
+        {"sessionId": "s-1", "configOptions": options, "modes": modes},
+        [turn("go", [say(0, "s-1", "x")])],
+        cwd=RECORDED_CWD,
+    )
+    record = ReplayRecord({"runId": "r"}, {AGENT: {"initialize": INIT}}, {"edit": (recorded,)})
+    found: list[Divergence] = []
+    async with (
+        open_branch(tmp_path, "modes", {"a.txt": b"1"}) as workdir,
+        open_branch_services(workdir, PolicySet.from_preset("trusted")) as branch,
+        replay_in_memory(record, branch.services, found) as conn,
+    ):
+        live = await conn.new_session(workdir.root, step="edit")
+        await live.set_mode("edit")
+        await live.set_config_option("model", "m")
+        assert (await live.prompt("go")).text == "x"
+    assert found == []
+
+
+def test_a_sessions_cwd_is_an_optional_key_of_the_record() -> None:
+    """A session's cwd round-trips through JSON; absent it is None; not a string is refused."""
+    recorded = session("s-1", [turn("go", [])])
+    again = ReplayRecord.from_json(orjson.loads(make_record({"k": [recorded]}).dumps()))
+    assert again.steps["k"][0].cwd == RECORDED_CWD
+    assert again.steps["k"][0] == recorded
+    value = recorded.to_json()
+    del value["cwd"]
+    assert RecordedSession.from_json(value).cwd is None
+    with pytest.raises(UsageError, match="cwd is not a string"):
+        RecordedSession.from_json({**value, "cwd": 3})

@@ -44,6 +44,8 @@ __all__ = ["ReplayAgent", "Timing", "main", "serve_replay_agent"]
 log = get_logger(__name__)
 
 Timing = Literal["fast", "recorded"]
+#: the mode of a file a change creates without a recorded mode (the vfs's default)
+_NEW_FILE_MODE = 0o644
 #: permission option kinds that grant
 _GRANTING = ("allow_once", "allow_always")
 
@@ -73,7 +75,9 @@ class _Live:
     terminals: dict[str, str] = field(factory=dict)
     #: the running turn's cancel scope (session/cancel ends it)
     running: trio.CancelScope | None = None
-    cancelled: bool = False
+    #: requests the record shows granted that were refused now, in any turn so far: the
+    #: agent would not have made its disk changes
+    refused: list[str] = field(factory=list)
 
 
 @define(eq=False)
@@ -82,8 +86,6 @@ class _TurnState:
 
     live: _Live
     index: int
-    #: a request the record shows granted was refused now (the disk writes are then skipped)
-    refused: list[str] = field(factory=list)
     #: fs/write_text_file requests that succeeded now: absolute path -> content
     written: dict[str, str] = field(factory=dict)
 
@@ -125,7 +127,12 @@ class ReplayAgent:
         return self.record.agents[self.agent].get("initialize") or {"protocolVersion": 1}
 
     def _pick(self, key: str | None) -> tuple[str | None, RecordedSession]:
-        """The recorded session a new session plays (see the module doc of the plan)."""
+        """The recorded session a new session plays, and its step key.
+
+        The k-th session/new naming step ``key`` plays that step's k-th recorded attempt (past
+        the last, the last again); without a key, or with a key the record lacks, the next
+        recorded session of the agent not served yet, in record order.
+        """
         if key is not None:
             attempts = [s for s in self.record.steps.get(key, ()) if s.agent == self.agent]
             if attempts:
@@ -199,7 +206,6 @@ class ReplayAgent:
     def _cancel(self, params: Any) -> None:
         live = self.sessions.get(str(params.get("sessionId"))) if isinstance(params, dict) else None
         if live is not None and live.running is not None:
-            live.cancelled = True
             live.running.cancel()
 
     # ------------------------------------------------------------------ the turn
@@ -248,7 +254,6 @@ class ReplayAgent:
                 self._report(state, "not-replayable", message)
             raise JsonRpcError(message, code=NOT_REPLAYABLE)
         turn = turns[index]
-        live.cancelled = False
         scope = live.running = trio.CancelScope()
         try:
             with scope:
@@ -285,7 +290,7 @@ class ReplayAgent:
             if self.timing == "recorded" and start + frame.t > trio.current_time():
                 self.waits += 1
                 await trio.sleep_until(start + frame.t)
-            params = self._mapped(state.live, msg.get("params"))
+            params = self._live_params(state.live, msg.get("params"))
             if "id" not in msg:
                 await self.rpc.notify(method, params)
                 continue
@@ -295,21 +300,21 @@ class ReplayAgent:
             except JsonRpcError as e:
                 result, error = None, e
             self._compare(state, method, msg.get("params"), params, answers.get(i), result, error)
-        if state.refused:
-            if last and live_changes(state.live):
+        if state.live.refused:
+            if last and _changes(state.live):
                 self._report(
                     state,
                     "disk",
-                    "the recorded disk changes were not applied: " + "; ".join(state.refused),
-                    [c.path for c in live_changes(state.live)],
+                    "the recorded disk changes were not applied: " + "; ".join(state.live.refused),
+                    [c.path for c in _changes(state.live)],
                     None,
                 )
             return
         if last:
             await self._apply_changes(state)
 
-    def _mapped(self, live: _Live, params: Any) -> Any:
-        """A recorded frame's params with the live session id and terminal ids."""
+    def _live_params(self, live: _Live, params: Any) -> Any:
+        """A recorded frame's params with the live session id, terminal ids and paths."""
         if not isinstance(params, dict):
             return params
         mapped = _mapped(params, live.terminals, live.recorded_cwd, str(live.cwd))
@@ -347,7 +352,7 @@ class ReplayAgent:
                 state.live.terminals[old] = new
         if (recorded_error is None) != (error is None):
             if error is not None:
-                state.refused.append(f"{method} was answered with an error: {error.message}")
+                state.live.refused.append(f"{method} was answered with an error: {error.message}")
                 self._report(
                     state,
                     "request",
@@ -382,7 +387,7 @@ class ReplayAgent:
             was, now = _chosen(recorded, options), _chosen(result, options)
             if was != now:
                 if was in _GRANTING and now not in _GRANTING:
-                    state.refused.append(f"the permission was answered {now}")
+                    state.live.refused.append(f"the permission was answered {now}")
                 self._report(
                     state,
                     "permission",
@@ -417,7 +422,7 @@ class ReplayAgent:
     async def _apply_changes(self, state: _TurnState) -> None:
         """Write the session's recorded own changes into its cwd (confined to it)."""
         live = state.live
-        for change in live_changes(live):
+        for change in _changes(live):
             target = os.path.normpath(os.path.join(live.cwd, change.path))
             if change.kind == "write" and change.data is not None and change.mode is None:
                 written = state.written.get(target)
@@ -439,7 +444,7 @@ def _check_agent(record: ReplayRecord, agent: str) -> None:
         raise UsageError(f"the record has no agent {agent!r} (it has: {known})")
 
 
-def live_changes(live: _Live) -> Sequence[RecordedChange]:
+def _changes(live: _Live) -> Sequence[RecordedChange]:
     """The recorded own changes of a live session's recorded session."""
     return live.recorded.changes
 
@@ -480,7 +485,12 @@ def _apply(cwd: Path, change: RecordedChange) -> None:
     if target.is_symlink():
         target.unlink()  # the record has a file there: replace the link, never follow it
     temporary = target.with_name(f".{target.name}.replay{os.getpid()}")
-    mode = 0o644 if change.mode is None else stat.S_IMODE(change.mode)
+    if change.mode is not None:
+        mode = stat.S_IMODE(change.mode)
+    elif target.is_file():
+        mode = stat.S_IMODE(target.stat().st_mode)  # as the vfs does: a write keeps the mode
+    else:
+        mode = _NEW_FILE_MODE
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     try:
         with os.fdopen(fd, "wb") as out:
