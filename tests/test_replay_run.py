@@ -171,3 +171,28 @@ async def test_a_record_with_no_run_and_an_unknown_agent_are_refused(
     assert run.status == "failed"
     docs = run.steps["docs"].instances
     assert "agent alice is not in the replay record" in str(docs["alice"].error)
+
+
+async def test_a_pipeline_in_latin_1_replays_from_its_recorded_text(
+    tmp_path: Path, sample: Path, state_dir: Path
+) -> None:
+    """A pipeline file with a latin-1 coding declaration, deleted after its run: its recorded
+    text is loaded as the file was (the same digest), and the replay does what the run did."""
+    path = tmp_path / "latin.py"
+    path.write_bytes(
+        "# -*- coding: latin-1 -*-\n"
+        "from orchestrator import step\n\n\n"
+        "@step(agent='demo')\n"
+        "def fix() -> str:\n"
+        '    return \'replace "colour" with "colôr" in README.md\\n\'\n'.encode("latin-1")
+    )
+    recorded = await run_pipeline(path, cwd=sample, policy="edit")
+    assert recorded.status == "succeeded" and "colôr" in recorded.diff
+    path.unlink()
+    replayed = await replay_run(recorded.run_id, in_process=True)
+    assert replayed.result["replay"]["divergences"] == []
+    assert replayed.diff == recorded.diff
+    async with open_run_store(state_dir) as store:
+        was = await store.get_run(recorded.run_id)
+        now = await store.get_run(replayed.run_id)
+    assert now.pipeline_digest == was.pipeline_digest

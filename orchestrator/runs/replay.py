@@ -17,12 +17,14 @@ record comes back per step in the result's ``replay`` object.
 
 from __future__ import annotations
 
+import io
 import itertools
 import os
 import shutil
 import sys
 import tempfile
 import time
+import tokenize
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -252,7 +254,7 @@ def _recorded_pipeline(recorded: RecordedRun) -> Pipeline:
     folder = os.path.dirname(recorded.pipeline) if recorded.pipeline else None
     with tempfile.TemporaryDirectory(prefix="orchestrator-replay-pipeline-") as tmp:
         file = Path(tmp) / name
-        file.write_text(source, encoding="utf-8")
+        file.write_bytes(_source_bytes(source))
         added = folder is not None and os.path.isdir(folder)
         if added:
             sys.path.insert(0, str(folder))
@@ -262,6 +264,16 @@ def _recorded_pipeline(recorded: RecordedRun) -> Pipeline:
             if added and str(folder) in sys.path:
                 sys.path.remove(str(folder))
     return attrs.evolve(pipe, path=recorded.pipeline)
+
+
+def _source_bytes(source: str) -> bytes:
+    """A pipeline's recorded text as its file's bytes: in the encoding its coding declaration
+    names (Python reads it back so), else UTF-8."""
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(source.encode("utf-8")).readline)
+        return source.encode(encoding, errors="replace")
+    except (SyntaxError, LookupError):  # a declaration Python refuses: it refuses the file too
+        return source.encode("utf-8")
 
 
 def _replay_json(
