@@ -530,6 +530,36 @@ async def test_a_permission_the_policy_now_rejects_is_reported_and_no_disk_write
     assert isinstance(result, TurnResult) and result.text == "editingdone"
 
 
+async def test_no_write_nor_command_is_sent_past_a_permission_refused_now(tmp_path: Path) -> None:
+    """After a granted permission is refused now, the recorded fs write and terminal are not
+    sent (each reported), the rest of the turn is: nothing runs that the policy refused."""
+    cwd = RECORDED_CWD
+    frames = [
+        *permission(0.0, 0, "s-1", f"{cwd}/a.txt"),
+        ask(
+            0.1,
+            1,
+            "fs/write_text_file",
+            {"sessionId": "s-1", "path": f"{cwd}/a.txt", "content": "X"},
+        ),
+        answered(0.1, 1, {}),
+        ask(0.2, 2, "terminal/create", {"sessionId": "s-1", "command": "touch ran.txt"}),
+        answered(0.2, 2, {"terminalId": "t-9"}),
+        ask(0.3, 3, "terminal/wait_for_exit", {"sessionId": "s-1", "terminalId": "t-9"}),
+        answered(0.3, 3, {"exitCode": 0}),
+        say(0.4, "s-1", "done"),
+    ]
+    record = make_record({"edit": [session("s-1", [turn("go", frames)])]})
+    replayed = await replay(tmp_path, record, ["go"], policy="deny-all")
+    assert replayed.kinds() == ["permission", "request", "request"]
+    assert "fs/write_text_file not sent" in replayed.divergences[1]["detail"]
+    assert "terminal/create not sent" in replayed.divergences[2]["detail"]
+    assert "ran.txt" not in replayed.files
+    assert replayed.files.get("a.txt") != b"X"
+    (result,) = replayed.results
+    assert isinstance(result, TurnResult) and result.text == "done"
+
+
 async def test_a_permission_granted_again_applies_the_changes(tmp_path: Path) -> None:
     """Under a policy that grants it, the same record diverges nowhere and writes the file."""
     record = make_record({"edit": [permitted_session(changes=[write("b.txt", b"B\n")])]})

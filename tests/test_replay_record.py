@@ -413,4 +413,22 @@ async def test_a_run_recorded_before_sessions_were_kept_is_not_complete(
     assert (x.agent, x.source, x.session_id, x.attempt) == ("a", "a", "s-1", 1)
     assert [t.prompt_text for t in x.turns] == ["only"]
     assert not x.complete and not x.replayable
-    assert x.why is not None and "recorded before" in x.why
+    assert x.why is not None and "does not say which session served each attempt" in x.why
+
+
+def test_a_pipeline_keeps_its_file_text_as_python_reads_it() -> None:
+    """A pipeline's source is its text decoded as Python decodes it (its coding line); one
+    built without text has none."""
+
+    @step()
+    def one() -> str:
+        return "x"
+
+    latin = b'# -*- coding: latin-1 -*-\nNAME = "caf\xe9"\n'
+    assert (
+        Pipeline.from_steps([one], text=latin).source
+        == '# -*- coding: latin-1 -*-\nNAME = "café"\n'
+    )
+    assert Pipeline.from_steps([one]).source is None
+    assert Pipeline.from_steps([one], text="given").source == "given"
+    assert Pipeline.from_steps([one], text=latin).digest != Pipeline.from_steps([one]).digest

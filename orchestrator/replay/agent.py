@@ -48,6 +48,9 @@ Timing = Literal["fast", "recorded"]
 _NEW_FILE_MODE = 0o644
 #: permission option kinds that grant
 _GRANTING = ("allow_once", "allow_always")
+#: requests that change the branch or run a program: after a refusal the record cannot say
+#: what the agent would have done instead, and these are what a refusal is meant to stop
+_ACTING = ("fs/write_text_file", "terminal/create")
 
 
 class _Stop(Exception):
@@ -290,6 +293,8 @@ class ReplayAgent:
             if self.timing == "recorded" and start + frame.t > trio.current_time():
                 self.waits += 1
                 await trio.sleep_until(start + frame.t)
+            if "id" in msg and state.live.refused and self._withheld(state, method, msg):
+                continue
             params = self._live_params(state.live, msg.get("params"))
             if "id" not in msg:
                 await self.rpc.notify(method, params)
@@ -312,6 +317,30 @@ class ReplayAgent:
             return
         if last:
             await self._apply_changes(state)
+
+    def _withheld(self, state: _TurnState, method: str, msg: dict[str, Any]) -> bool:
+        """Whether a recorded request is not sent, a request the record shows granted having
+        been refused before it in this session: writes and commands are not played past a
+        refusal (the agent would not have made them), nor the calls on a terminal whose
+        creation was not played."""
+        if method in _ACTING:
+            params = msg.get("params")
+            what = params.get("path") or params.get("command") if isinstance(params, dict) else None
+            self._report(
+                state,
+                "request",
+                f"{method} not sent: {state.live.refused[0]} before it",
+                what,
+                None,
+            )
+            return True
+        params = msg.get("params")
+        terminal = params.get("terminalId") if isinstance(params, dict) else None
+        return (
+            method.startswith("terminal/")
+            and isinstance(terminal, str)
+            and terminal not in state.live.terminals
+        )
 
     def _live_params(self, live: _Live, params: Any) -> Any:
         """A recorded frame's params with the live session id, terminal ids and paths."""

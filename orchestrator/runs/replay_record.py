@@ -122,8 +122,9 @@ async def _from_store(store: RunStore, run_id: str) -> ReplayRecord:
 async def _sessions_of_steps(
     store: RunStore, run_id: str
 ) -> tuple[list[SessionRecord], str | None]:
-    """The sessions of a run recorded before v7 of the store: each agent step's last attempt,
-    on the process (transcript) whose session/new answered its id, if only one did."""
+    """The sessions of a run whose attempts' sessions were not recorded (before v7 of the
+    store; turns run on a cluster's nodes): each agent step's last attempt, on the process
+    (transcript) whose session/new answered its id if only one did."""
     sources = await store.transcript_sources(run_id)
     opened: dict[str, list[str]] = {}
     for source in sources:
@@ -141,7 +142,8 @@ async def _sessions_of_steps(
             SessionRecord(run_id, step.key, step.attempt, step.agent, source, step.session_id)
         )
     why = (
-        "the run was recorded before the run store kept each attempt's session and its own changes"
+        "the run store does not say which session served each attempt, nor what it changed "
+        "itself (a run recorded before it kept them, or whose turns ran on a cluster's nodes)"
     )
     return out, why
 
