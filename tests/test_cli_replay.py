@@ -164,7 +164,7 @@ async def test_with_deny_all_the_rejections_show_where_the_run_would_have_stoppe
     sample: Path, tmp_path: Path, state_dir: Path, no_demo: Path
 ) -> None:
     """--policy deny-all: every request rejected in the result, a permission divergence per
-    request; with --strict each agent's turn stops at its rejection and nothing changes."""
+    request, nothing changed; with --strict each agent's turn stops at its rejection."""
     recorded = await record(sample, tmp_path, state_dir)
     done = await replay(
         recorded["runId"], "--policy", "deny-all", "--json",
@@ -185,6 +185,8 @@ async def test_with_deny_all_the_rejections_show_where_the_run_would_have_stoppe
     assert len(permission) == sum(len(v) for v in was.values())
     assert all((d["recorded"], d["now"]) == ("allow_once", "reject_once") for d in permission)
     assert result["replay"]["notReplayable"] == []
+    # the writes that needed the rejected permissions were not made: nothing changed
+    assert result["changes"] == []
     done = await replay(
         recorded["runId"], "--policy", "deny-all", "--no-progress",
         tmp_path=tmp_path, state=state_dir, config=no_demo,
