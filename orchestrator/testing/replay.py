@@ -39,7 +39,8 @@ def replay_connector(
 ) -> ReplayAgents:
     """A connector that serves every agent of a run from ``record`` (a record, or its file):
     in the test's process, or with ``in_process=False`` as ``python -m orchestrator.replay``
-    subprocesses. ``strict`` (the default here) fails a step at its first divergence."""
+    subprocesses (then call its ``close()`` once the run returned: it deletes the record
+    file they read). ``strict`` (the default here) fails a step at its first divergence."""
     loaded = record if isinstance(record, ReplayRecord) else load_record(record)
     return ReplayAgents(loaded, strict=strict, timing=timing, in_process=in_process)
 
