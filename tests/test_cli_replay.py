@@ -24,6 +24,7 @@ from conftest import pid_gone
 from run_helpers import CLI, CLI_LIMIT, as_json, one_line_error, run_cli, snapshot
 from test_cli_interrupt import descendants, last_line
 
+from orchestrator.sandbox import kernel_abi
 from orchestrator.store import RunRecord, open_run_store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -281,6 +282,44 @@ async def test_an_edited_prompt_step_is_reported_per_instance_and_strict_stops_i
     # a failed replay is replayed again, not resumed
     assert f"nothing was written to the workspace; orchestrator replay {recorded['runId']} " in out
     assert "orchestrator resume" not in out
+
+
+def landlock_missing() -> str | None:
+    """Why this kernel cannot confine agents (None: it can)."""
+    try:
+        kernel_abi()
+    except Exception as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.skipif(landlock_missing() is not None, reason=str(landlock_missing()))
+async def test_a_confined_run_is_replayed_confined(
+    sample: Path, tmp_path: Path, state_dir: Path, no_demo: Path
+) -> None:
+    """A run recorded with --sandbox: its replay agents are confined as its agents were, and
+    still read their record and report what differs (deny-all: the rejections)."""
+    done = await run_cli(
+        "run", str(PIPELINE), "--cwd", str(sample), "--policy", "edit", "--sandbox", "--json",
+        cwd=tmp_path, state=state_dir,
+    )  # fmt: skip
+    assert done.returncode == EXIT_OK, done.stderr.decode()
+    recorded = as_json(done)
+    done = await replay(
+        recorded["runId"], "--json", tmp_path=tmp_path, state=state_dir, config=no_demo
+    )
+    assert done.returncode == EXIT_OK, done.stderr.decode()
+    result = as_json(done)
+    assert set(result["sandbox"]["confined"]) == {"rename", "docs"}
+    assert result["diff"] == recorded["diff"]
+    done = await replay(
+        recorded["runId"], "--policy", "deny-all", "--json",
+        tmp_path=tmp_path, state=state_dir, config=no_demo,
+    )  # fmt: skip
+    assert done.returncode == EXIT_FAILED, done.stderr.decode()
+    result = as_json(done)
+    assert {d["step"] for d in result["replay"]["divergences"]} == AGENT_KEYS
+    assert result["changes"] == []
 
 
 # --------------------------------------------------------------------------- --save, refusals
