@@ -72,6 +72,7 @@ _EXPORTS: dict[str, str] = {
     "get_run_json": "orchestrator.runs",
     "list_runs": "orchestrator.runs",
     "resume_run": "orchestrator.runs",
+    "replay_run": "orchestrator.runs",
     "PruneOutcome": "orchestrator.runs",
     "BatchOutcome": "orchestrator.runs",
     "RepoOutcome": "orchestrator.runs",
@@ -97,6 +98,7 @@ _EXPORTS: dict[str, str] = {
     "prompt_sync": "orchestrator.sync",
     "prune_sync": "orchestrator.sync",
     "resume_run_sync": "orchestrator.sync",
+    "replay_run_sync": "orchestrator.sync",
     "run_pipeline_sync": "orchestrator.sync",
 }
 # the names above that are modules
@@ -182,6 +184,7 @@ if TYPE_CHECKING:
     from .runs import list_runs as list_runs
     from .runs import prompt as prompt
     from .runs import prune as prune
+    from .runs import replay_run as replay_run
     from .runs import resume_batch as resume_batch
     from .runs import resume_run as resume_run
     from .runs import run_pipeline as run_pipeline
@@ -200,6 +203,7 @@ if TYPE_CHECKING:
     from .sync import list_runs_sync as list_runs_sync
     from .sync import prompt_sync as prompt_sync
     from .sync import prune_sync as prune_sync
+    from .sync import replay_run_sync as replay_run_sync
     from .sync import resume_batch_sync as resume_batch_sync
     from .sync import resume_run_sync as resume_run_sync
     from .sync import run_pipeline_sync as run_pipeline_sync

@@ -33,6 +33,7 @@ from orchestrator.pipeline import Pipeline
 from orchestrator.pipeline.results import RunEvent
 from orchestrator.policy import PolicySet
 from orchestrator.protocol import types as t
+from orchestrator.replay.record import ReplayRecord
 from orchestrator.runs import threaded as _threaded
 from orchestrator.runs._repos import RepoSpec
 from orchestrator.runs.apply import ApplyOutcome
@@ -48,6 +49,8 @@ from orchestrator.runs.prune import prune as _prune
 from orchestrator.runs.recorded import diff_run as _diff_run
 from orchestrator.runs.recorded import get_run_json as _get_run_json
 from orchestrator.runs.recorded import list_runs as _list_runs
+from orchestrator.runs.replay import Timing
+from orchestrator.runs.replay import replay_run as _replay_run
 from orchestrator.runs.resume import resume_run as _resume_run
 from orchestrator.runs.run import RunOutcome
 from orchestrator.runs.run import run_pipeline as _run_pipeline
@@ -64,6 +67,7 @@ __all__ = [
     "list_runs",
     "prompt",
     "prune",
+    "replay_run",
     "resume_batch",
     "resume_run",
     "run_pipeline",
@@ -290,6 +294,47 @@ async def resume_run(
             record_transcripts=record_transcripts,
             mcp_servers=mcp_servers,
             cluster=cluster,
+        )
+    )
+
+
+async def replay_run(
+    run: str | os.PathLike[str] | ReplayRecord,
+    pipeline: Pipeline | str | os.PathLike[str] | None = None,
+    *,
+    policy: str | os.PathLike[str] | PolicySet | None = None,
+    strict: bool = False,
+    timing: Timing = "fast",
+    cwd: str | os.PathLike[str] | None = None,
+    state_dir: str | os.PathLike[str] | None = None,
+    config: Config | None = None,
+    max_sessions: int | None = None,
+    escalate: Escalate | None = None,
+    apply: bool = False,
+    on_event: Callable[[RunEvent], None] | None = None,
+    on_update: Callable[[t.SessionUpdate], None] | None = None,
+    transcript: str | os.PathLike[str] | None = None,
+    in_process: bool = False,
+) -> RunOutcome:
+    """:func:`~orchestrator.runs.replay.replay_run` awaited from asyncio (see the module)."""
+    return await _threaded.call_async(
+        functools.partial(
+            _replay_run,
+            run,
+            pipeline,
+            policy=policy,
+            strict=strict,
+            timing=timing,
+            cwd=cwd,
+            state_dir=state_dir,
+            config=config,
+            max_sessions=max_sessions,
+            escalate=escalate,
+            apply=apply,
+            on_event=on_event,
+            on_update=on_update,
+            transcript=transcript,
+            in_process=in_process,
         )
     )
 

@@ -35,6 +35,7 @@ from orchestrator.pipeline import Pipeline
 from orchestrator.pipeline.results import RunEvent
 from orchestrator.policy import PolicySet
 from orchestrator.protocol import types as t
+from orchestrator.replay.record import ReplayRecord
 from orchestrator.runs import threaded as _threaded
 from orchestrator.runs._repos import RepoSpec
 from orchestrator.runs.apply import ApplyOutcome
@@ -50,6 +51,8 @@ from orchestrator.runs.prune import prune as _prune
 from orchestrator.runs.recorded import diff_run as _diff_run
 from orchestrator.runs.recorded import get_run_json as _get_run_json
 from orchestrator.runs.recorded import list_runs as _list_runs
+from orchestrator.runs.replay import Timing
+from orchestrator.runs.replay import replay_run as _replay_run
 from orchestrator.runs.resume import resume_run as _resume_run
 from orchestrator.runs.run import RunOutcome
 from orchestrator.runs.run import run_pipeline as _run_pipeline
@@ -68,6 +71,7 @@ __all__ = [
     "list_runs_sync",
     "prompt_sync",
     "prune_sync",
+    "replay_run_sync",
     "resume_batch_sync",
     "resume_run_sync",
     "run_pipeline_sync",
@@ -301,6 +305,49 @@ def resume_run_sync(
             record_transcripts=record_transcripts,
             mcp_servers=mcp_servers,
             cluster=cluster,
+        ),
+        cancel,
+    )
+
+
+def replay_run_sync(
+    run: str | os.PathLike[str] | ReplayRecord,
+    pipeline: Pipeline | str | os.PathLike[str] | None = None,
+    *,
+    policy: str | os.PathLike[str] | PolicySet | None = None,
+    strict: bool = False,
+    timing: Timing = "fast",
+    cwd: str | os.PathLike[str] | None = None,
+    state_dir: str | os.PathLike[str] | None = None,
+    config: Config | None = None,
+    max_sessions: int | None = None,
+    escalate: Escalate | None = None,
+    apply: bool = False,
+    on_event: Callable[[RunEvent], None] | None = None,
+    on_update: Callable[[t.SessionUpdate], None] | None = None,
+    transcript: str | os.PathLike[str] | None = None,
+    in_process: bool = False,
+    cancel: CancelToken | None = None,
+) -> RunOutcome:
+    """:func:`~orchestrator.runs.replay.replay_run` in a thread of its own (see the module)."""
+    return _threaded.call_sync(
+        functools.partial(
+            _replay_run,
+            run,
+            pipeline,
+            policy=policy,
+            strict=strict,
+            timing=timing,
+            cwd=cwd,
+            state_dir=state_dir,
+            config=config,
+            max_sessions=max_sessions,
+            escalate=escalate,
+            apply=apply,
+            on_event=on_event,
+            on_update=on_update,
+            transcript=transcript,
+            in_process=in_process,
         ),
         cancel,
     )

@@ -252,6 +252,7 @@ INTERNAL = {
     "orchestrator._fetch._Refused",
     "orchestrator.demo.instructions._Refused",
     "orchestrator.pipeline._budget.NotStarted",
+    "orchestrator.replay.agent._Stop",
     "orchestrator.runs._clones._GitFailed",
     "orchestrator.runs._repos._Bad",
     "orchestrator.runs.outcomes._Unreadable",

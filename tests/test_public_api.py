@@ -79,6 +79,8 @@ EXPECTED = [
     "prune",
     "prune_sync",
     "render_report",
+    "replay_run",
+    "replay_run_sync",
     "resolve_agent",
     "resume_batch",
     "resume_batch_sync",

@@ -54,6 +54,8 @@ from orchestrator import (
     prune,
     prune_sync,
     render_report,
+    replay_run,
+    replay_run_sync,
     resolve_agent,
     resume_batch,
     resume_batch_sync,
@@ -111,7 +113,7 @@ def test_every_public_function_is_called_here() -> None:
 def test_the_sync_face(
     orchestrator_project: TempProjects, orchestrator_agents: InProcessAgents
 ) -> None:
-    """prompt, run, compare, resume, apply, list, get, diff: the *_sync twins."""
+    """prompt, run, compare, resume, replay, apply, list, get, diff: the *_sync twins."""
     project = _project(orchestrator_project)
     run: PromptRun = prompt_sync(
         "demo", EDIT, cwd=project, policy="edit", connector=orchestrator_agents
@@ -138,6 +140,9 @@ def test_the_sync_face(
     assert again.status == "succeeded" and again.result["reused"]
 
     assert diff_run_sync(piped.run_id) == piped.diff
+    # its agents played back; the pipeline built in code is given again
+    replayed = replay_run_sync(piped.run_id, PIPE, in_process=True)
+    assert replayed.result["replay"]["divergences"] == [] and replayed.diff == piped.diff
     assert get_run_json_sync(piped.run_id)["status"] == "succeeded"
     assert piped.run_id in [r.run_id for r in list_runs_sync()]
     applied: ApplyOutcome = apply_run_sync(piped.run_id)
@@ -187,6 +192,8 @@ def test_the_asyncio_face(
         assert await aio.diff_run(two.run_id) == two.diff
         assert (await aio.get_run_json(two.run_id))["runId"] == two.run_id
         assert len(await aio.list_runs(limit=2)) == 2
+        replayed = await aio.replay_run(two.run_id, PIPE, in_process=True)
+        assert replayed.result["replay"]["divergences"] == []
         assert (await aio.apply_run(one.run_id)).applied
         assert (await aio.prune([side.run_id])).deleted[0].run_id == side.run_id
         repo = str(orchestrator_project({"README.md": "The colour.\n"}, git=True))
@@ -230,6 +237,8 @@ async def test_the_trio_face(
     async with open_run_store(orchestrator.state.state_directory(None)) as store:
         assert (await store.get_run(piped.run_id)).status == "succeeded"
     assert {r.run_id for r in await list_runs()} >= {run.run_id, piped.run_id}
+    replayed = await replay_run(piped.run_id, in_process=True)
+    assert replayed.diff == piped.diff and replayed.result["replay"]["divergences"] == []
     assert (await apply_run(piped.run_id)).written == ("README.md",)
     pruned = await prune([side.run_id])
     assert [r.run_id for r in pruned.deleted] == [side.run_id] and pruned.bytes_freed >= 0

@@ -38,6 +38,7 @@ FUNCTIONS = [
     ("orchestrator.runs.run", "run_pipeline"),
     ("orchestrator.runs.compare", "compare"),
     ("orchestrator.runs.resume", "resume_run"),
+    ("orchestrator.runs.replay", "replay_run"),
     ("orchestrator.runs.apply", "apply_run"),
     ("orchestrator.runs.recorded", "list_runs"),
     ("orchestrator.runs.recorded", "get_run_json"),

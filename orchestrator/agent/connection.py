@@ -46,6 +46,7 @@ from .services import (
     SessionContext,
 )
 from .session import (
+    STEP_INSTANCE,
     STEP_META_KEY,
     AcpSession,
     ClientOptions,
@@ -233,14 +234,16 @@ class AgentConnection:
     ) -> AcpSession:
         """Open a session in ``cwd`` (made absolute); authenticates first if the agent asks.
 
-        With :attr:`ClientOptions.step_meta`, ``step`` goes to the agent in the request's
-        ``_meta`` (under :data:`STEP_META_KEY`).
+        With :attr:`ClientOptions.step_meta`, the step instance a pipeline opens it for
+        (:data:`STEP_INSTANCE`), else ``step``, goes to the agent in the request's ``_meta``
+        (under :data:`STEP_META_KEY`).
         """
         check_mcp_capabilities(mcp_servers, self.agent_capabilities.mcp_capabilities, self.name)
         path = os.path.abspath(cwd)
         meta = None
-        if self.options.step_meta and step is not None:
-            meta = {STEP_META_KEY: {"step": step}}
+        named = STEP_INSTANCE.get() or step
+        if self.options.step_meta and named is not None:
+            meta = {STEP_META_KEY: {"step": named}}
         request = t.NewSessionRequest(cwd=path, mcp_servers=list(mcp_servers), meta=meta)
         raw = await self._call_authenticated("session/new", request)
         response = structure(raw, t.NewSessionResponse)

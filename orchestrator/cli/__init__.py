@@ -37,6 +37,7 @@ examples:
   orchestrator run pipelines/batch_replace.py --policy edit --set change='Use pathlib'
   orchestrator compare --agent claude --agent codex --policy edit --verify "pytest -q" "Fix the bug"
   orchestrator runs; orchestrator show RUN; orchestrator apply RUN
+  orchestrator replay RUN --policy deny-all   # the run again, offline, its agents played back
   orchestrator apply RUN --git-branch agent/result
   orchestrator agents --check
   orchestrator trust    # let this project's .orchestrator.toml start its agents
@@ -179,6 +180,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .batch import add_parser as add_batch_parser
 
     add_batch_parser(sub)
+
+    from .replay import add_parser as add_replay_parser
+
+    add_replay_parser(sub)
     for command in sub.choices.values():
         _log_flags(command, before=False)
     return parser
@@ -243,6 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .agents import cmd_agents
     from .batch import cmd_batch
     from .prune import cmd_prune
+    from .replay import cmd_replay
     from .runs import HANDLERS
     from .trust import cmd_trust
 
@@ -252,6 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "trust": cmd_trust,
         "prune": cmd_prune,
         "batch": cmd_batch,
+        "replay": cmd_replay,
         **HANDLERS,
     }[args.command]
     import trio
@@ -417,19 +424,31 @@ async def _interruptible(handler: Callable[[argparse.Namespace], Any], args: Any
         from .logs import note
 
         last = args.run_ids[-1]
+        kind = args.run_kinds.get(last)
         note(
-            _resume_hint(last, args.run_kinds.get(last)),
+            _resume_hint(last, kind),
             level="warning",
             event="run_interrupted",
             runId=last,
-            resume=f"orchestrator resume {last}",
+            resume=_go_on(last, kind),
         )
     return EXIT_INTERRUPTED if interrupted else code
 
 
+def _go_on(run_id: str, kind: str | None) -> str:
+    """The command that goes on with an interrupted run: ``resume``; for a replay (kind
+    ``replay OF``), replaying its recorded run again."""
+    if kind and kind.startswith("replay "):
+        return f"orchestrator {kind}"
+    return f"orchestrator resume {run_id}"
+
+
 def _resume_hint(run_id: str, kind: str | None) -> str:
     """The line that ends an interrupted run command: the run, and what ``resume`` does for it
-    (a prompt's one turn starts again; elsewhere finished step instances are reused)."""
+    (a prompt's one turn starts again; elsewhere finished step instances are reused); a replay
+    is replayed again."""
+    if kind and kind.startswith("replay "):
+        return f"run {run_id} interrupted; {_go_on(run_id, kind)} replays the run again"
     does = "runs the prompt again" if kind == "prompt" else "goes on"
     return f"run {run_id} interrupted; orchestrator resume {run_id} {does}"
 

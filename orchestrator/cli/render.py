@@ -609,6 +609,10 @@ def _run_apply(result: Mapping[str, Any], run_id: str, out: IO[str]) -> None:
             f"resume would fail the same way: see orchestrator show {run_id}",
             out,
         )
+    elif status in ("interrupted", "failed") and isinstance(result.get("replay"), Mapping):
+        # a replay is not resumed (that would start the real agents): it is replayed again
+        of = result["replay"].get("of")
+        say(f"nothing was written to the workspace; orchestrator replay {of} replays it again", out)
     elif status in ("interrupted", "failed"):
         # the run's final changes do not exist (finished steps can be applied one by one:
         # orchestrator apply RUN --step STEP); a resume runs what did not succeed again

@@ -1,5 +1,5 @@
-"""The library API for runs: prompts, pipelines, comparisons, resume, apply, pruning, and the
-run store.
+"""The library API for runs: prompts, pipelines, comparisons, resume, replay, apply, pruning,
+and the run store.
 
 Every run goes one way: resolved through :class:`~orchestrator.config.Config`, started through
 the supervisor, recorded in the run store before anything is applied, and applied by one apply
@@ -29,6 +29,7 @@ from .outcomes import (
 from .prompt import PromptRun, prompt
 from .prune import PrunedRun, PruneOutcome, SkippedRun, prune
 from .recorded import diff_run, get_run_json, list_runs
+from .replay import replay_run
 from .resume import resume_run
 from .run import RunOutcome, run_pipeline
 from .verdict import Verdict
@@ -64,6 +65,7 @@ __all__ = [
     "prompt",
     "prune",
     "recover",
+    "replay_run",
     "resume_batch",
     "resume_run",
     "run_pipeline",

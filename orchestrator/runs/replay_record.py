@@ -184,6 +184,7 @@ def _session(
         base,
         new=built.new,
         turns=built.turns,
+        cwd=built.cwd,
         complete=why is None,
         why=why,
     )
@@ -210,6 +211,8 @@ class _Built:
     new: JsonObject | None = None
     turns: tuple[RecordedTurn, ...] = ()
     why: str | None = None
+    #: the ``cwd`` its ``session/new`` asked for
+    cwd: str | None = None
 
 
 @define
@@ -229,6 +232,8 @@ class _Transcript:
     initialize: JsonObject | None = None
     #: per session id: the ``session/new`` (load, resume) results that opened it, in order
     opened: dict[str, list[JsonObject]] = field(factory=dict)
+    #: per session id: the ``cwd`` of each ``session/new`` (load, resume) that opened it
+    cwds: dict[str, list[str | None]] = field(factory=dict)
     #: per session id: its prompts, in order
     prompts: dict[str, list[_Prompt]] = field(factory=dict)
     #: per id of a request we sent: the line indexes of the answers with that id (a run
@@ -247,6 +252,7 @@ class _Transcript:
         """Index ``lines`` (a transcript's decoded lines, in order). Blocking."""
         index = cls(lines)
         sent: dict[Any, str] = {}
+        asked_cwd: dict[Any, str] = {}
         for i, line in enumerate(lines):
             direction = line.get("dir")
             if direction == "cut":
@@ -262,6 +268,9 @@ class _Transcript:
             if direction == "send" and isinstance(method, str) and has_id:
                 ident = _key(msg["id"])
                 sent[ident] = method
+                cwd = params.get("cwd") if isinstance(params, dict) else None
+                if isinstance(cwd, str):
+                    asked_cwd[ident] = cwd
                 if method == "session/prompt" and isinstance(session, str):
                     prompt = params.get("prompt") if isinstance(params, dict) else None
                     blocks = (
@@ -288,6 +297,7 @@ class _Transcript:
                         opened = _param(lines, i, sent, ident) or opened
                     if isinstance(opened, str):
                         index.opened.setdefault(opened, []).append(result)
+                        index.cwds.setdefault(opened, []).append(asked_cwd.get(ident))
             elif direction == "recv" and isinstance(method, str):
                 if isinstance(session, str):
                     index.frames.setdefault(session, []).append(i)
@@ -301,6 +311,8 @@ class _Transcript:
         if not opened:
             return _Built(why=f"no session/new answered session {session_id} in its transcript")
         new = opened[min(nth, len(opened) - 1)]
+        cwds = self.cwds.get(session_id, [])
+        cwd = cwds[min(nth, len(cwds) - 1)] if cwds else None
         prompts = self.prompts.get(session_id, [])
         if len(opened) > 1:
             # the same id opened again on this process (not what agents do): its turns cannot
@@ -313,7 +325,7 @@ class _Transcript:
             following = prompts[number + 1].index if number + 1 < len(prompts) else None
             stop = end if end is not None else (following or len(self.lines))
             turns.append(self._turn(prompt, end, stop, frames))
-        return _Built(new, tuple(turns))
+        return _Built(new, tuple(turns), cwd=cwd)
 
     def _of_opening(self, session_id: str, nth: int, prompts: list[_Prompt]) -> list[_Prompt]:
         starts = [

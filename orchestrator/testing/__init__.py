@@ -8,7 +8,8 @@ sent (see :mod:`orchestrator.testing.scripted_agent`).
 
 To test your own pipelines: :class:`InProcessAgents` serves the demo agent and scripted
 agents in your test's process (pass it as ``connector=``), :class:`TempProjects` makes
-projects, and :mod:`orchestrator.testing.pytest_plugin` hands both out as pytest fixtures,
+projects, :func:`assert_replays` replays a recorded run (:mod:`orchestrator.testing.replay`),
+and :mod:`orchestrator.testing.pytest_plugin` hands both out as pytest fixtures,
 with a state directory of the test's own.
 
 :mod:`orchestrator.testing.hostile` is a catalogue of hostile agents (:data:`ATTACKS`) and
@@ -76,6 +77,7 @@ if TYPE_CHECKING:
         probe_policy_sync,
     )
     from orchestrator.testing.project import TempProjects
+    from orchestrator.testing.replay import ReplayAgents, assert_replays, replay_connector
     from orchestrator.testing.scripted_agent import (
         AgentRecord,
         scripted_agent_command,
@@ -113,6 +115,7 @@ __all__ = [
     "Raw",
     "ReadFile",
     "Replace",
+    "ReplayAgents",
     "Request",
     "Say",
     "Sleep",
@@ -130,9 +133,11 @@ __all__ = [
     "UserMessage",
     "WriteDisk",
     "WriteFile",
+    "assert_replays",
     "diff_content",
     "probe_policy",
     "probe_policy_sync",
+    "replay_connector",
     "scripted_agent_command",
     "serve_scripted_agent",
     "terminal_content",
@@ -140,7 +145,13 @@ __all__ = [
 ]
 
 _AGENT_NAMES = frozenset({"AgentRecord", "scripted_agent_command", "serve_scripted_agent"})
-_LAZY = {"InProcessAgents": "connector", "TempProjects": "project"}
+_LAZY = {
+    "InProcessAgents": "connector",
+    "TempProjects": "project",
+    "ReplayAgents": "replay",
+    "assert_replays": "replay",
+    "replay_connector": "replay",
+}
 _HOSTILE_NAMES = frozenset(
     {"ATTACKS", "Attack", "AttackResult", "probe_policy", "probe_policy_sync"}
 )
