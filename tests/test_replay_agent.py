@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import attrs
 import orjson
 import pytest
 import trio
@@ -566,6 +567,33 @@ async def test_a_permission_granted_again_applies_the_changes(tmp_path: Path) ->
     replayed = await replay(tmp_path, record, ["edit it"], policy="trusted")
     assert replayed.divergences == []
     assert replayed.files["b.txt"] == b"B\n"
+
+
+async def test_what_the_agent_said_before_its_first_prompt_comes_with_that_prompt(
+    tmp_path: Path,
+) -> None:
+    """The notifications recorded between session/new and the first prompt (the agent's
+    commands) are sent again, before the first turn's frames, and only once."""
+    commands = {
+        "sessionUpdate": "available_commands_update",
+        "availableCommands": [{"name": "review", "description": "Review the branch"}],
+    }
+    recorded = attrs.evolve(
+        session("s-1", [turn("one", [say(0, "s-1", "a")]), turn("two", [say(0, "s-1", "b")])]),
+        opening=[note(0.0, "s-1", commands)],
+    )
+    transcript = tmp_path / "replayed.jsonl"
+    replayed = await replay(
+        tmp_path, make_record({"edit": [recorded]}), ["one", "two"], transcript=transcript
+    )
+    assert replayed.divergences == []
+    assert replayed.root is not None
+    updates = [
+        params["update"]["sessionUpdate"]
+        for method, params in agent_frames(transcript, replayed.root)
+        if method == "session/update"
+    ]
+    assert updates == ["available_commands_update", "agent_message_chunk", "agent_message_chunk"]
 
 
 async def test_a_changed_prompt_is_reported(tmp_path: Path) -> None:
@@ -1120,3 +1148,59 @@ def test_a_sessions_cwd_is_an_optional_key_of_the_record() -> None:
     assert RecordedSession.from_json(value).cwd is None
     with pytest.raises(UsageError, match="cwd is not a string"):
         RecordedSession.from_json({**value, "cwd": 3})
+
+
+# --------------------------------------------------------------------------- tests: sources
+
+
+async def test_the_agent_plays_a_run_of_the_store_or_a_transcript_file(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    """``python -m orchestrator.replay RUN`` (from the run store) and ``... TRANSCRIPT`` (a
+    --transcript file) stand in for the recorded agent in a prompt: the same reply and diff."""
+    from orchestrator.agents import AgentSpec
+    from orchestrator.config import Config
+    from orchestrator.runs import prompt
+
+    def project(name: str) -> Path:
+        root = tmp_path / name
+        (root / "docs").mkdir(parents=True)
+        (root / "docs" / "a.md").write_text("The colour.\n")
+        return root
+
+    task = 'replace "colour" with "color" in **/*.md'
+    wire = tmp_path / "wire.ndjson"
+    recorded = await prompt(
+        "demo", task, cwd=project("p0"), policy="edit", state_dir=state_dir, transcript=wire
+    )
+    assert "+The color." in recorded.diff
+    sources = [(recorded.run_id, "--step", "prompt", "--state-dir", str(state_dir)), (str(wire),)]
+    for n, source in enumerate(sources, start=1):
+        spec = AgentSpec(
+            name="replayed", command=(sys.executable, "-m", "orchestrator.replay", *source)
+        )
+        again = await prompt(
+            "replayed",
+            task,
+            cwd=project(f"p{n}"),
+            policy="edit",
+            state_dir=state_dir,
+            config=Config(agents={"replayed": spec}),
+        )
+        assert again.turn.text == recorded.turn.text, source
+        assert again.turn.stop_reason == "end_turn"
+        assert again.diff == recorded.diff
+        assert again.agent_info == recorded.agent_info
+
+
+def test_a_step_the_record_lacks_or_an_unknown_run_exits_2(tmp_path: Path, state_dir: Path) -> None:
+    """--step naming no instance, and a run id the store lacks: exit 2, one line."""
+    path = tmp_path / "record.json"
+    make_record({"edit": [session("s-1", [turn("go", [])])]}).dump(path)
+    done = run_replay_cli(str(path), "--step", "nothing")
+    assert done.returncode == 2 and done.stderr.splitlines() == [
+        "error: the record has no step instance 'nothing' (it has: edit)"
+    ]
+    done = run_replay_cli("feedbeef", "--state-dir", str(state_dir))
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1
+    assert "feedbeef" in done.stderr

@@ -432,3 +432,34 @@ def test_a_pipeline_keeps_its_file_text_as_python_reads_it() -> None:
     assert Pipeline.from_steps([one]).source is None
     assert Pipeline.from_steps([one], text="given").source == "given"
     assert Pipeline.from_steps([one], text=latin).digest != Pipeline.from_steps([one]).digest
+
+
+def test_what_an_agent_says_before_the_first_prompt_is_the_sessions_opening(
+    tmp_path: Path,
+) -> None:
+    """A notification about a session between its session/new and its first prompt is kept
+    as the session's opening, not in a turn; one after the prompt is the turn's."""
+    commands = {"sessionUpdate": "available_commands_update", "availableCommands": []}
+    chunk = {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "hi"}}
+    prompt = {"sessionId": "s", "prompt": [{"type": "text", "text": "go"}]}
+
+    def line(t: float, direction: str, **msg: Any) -> dict[str, Any]:
+        return {"dir": direction, "t": t, "agent": "a", "msg": {"jsonrpc": "2.0", **msg}}
+
+    lines = [
+        line(0.0, "send", id=0, method="session/new", params={"cwd": "/x", "mcpServers": []}),
+        line(0.1, "recv", id=0, result={"sessionId": "s"}),
+        line(0.2, "recv", method="session/update", params={"sessionId": "s", "update": commands}),
+        line(0.3, "send", id=1, method="session/prompt", params=prompt),
+        line(0.4, "recv", method="session/update", params={"sessionId": "s", "update": chunk}),
+        line(0.5, "recv", id=1, result={"stopReason": "end_turn"}),
+    ]
+    path = tmp_path / "wire.ndjson"
+    path.write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in lines))
+    [session] = record_from_transcript(path).steps["a:s"]
+    assert [f.msg["params"]["update"] for f in session.opening] == [commands]
+    assert session.cwd == "/x"  # what a replay maps the recorded paths from
+    [turn] = session.turns
+    assert [f.msg["params"]["update"] for f in turn.frames] == [chunk]
+    again = RecordedSession.from_json(orjson.loads(orjson.dumps(session.to_json())))
+    assert again.opening == session.opening

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -37,9 +36,9 @@ from ._divergence import (
     diverged_error,
     short,
 )
-from .record import RecordedChange, RecordedSession, RecordedTurn, ReplayRecord, load_record
+from .record import RecordedChange, RecordedSession, RecordedTurn, ReplayRecord
 
-__all__ = ["ReplayAgent", "Timing", "main", "serve_replay_agent"]
+__all__ = ["ReplayAgent", "Timing", "run_replay_agent", "serve_replay_agent"]
 
 log = get_logger(__name__)
 
@@ -260,6 +259,14 @@ class ReplayAgent:
         scope = live.running = trio.CancelScope()
         try:
             with scope:
+                if index == 0:
+                    # what the agent said of the session before its first prompt (its
+                    # commands): the client has the session now, so these find it
+                    for frame in live.recorded.opening:
+                        method = frame.msg.get("method")
+                        if isinstance(method, str) and "id" not in frame.msg:
+                            said = self._live_params(live, frame.msg.get("params"))
+                            await self.rpc.notify(method, said)
                 await self._play(state, turn, params.get("prompt"), last=index == len(turns) - 1)
         except _Stop as stop:
             raise diverged_error(stop.divergence) from None
@@ -618,33 +625,22 @@ async def serve_replay_agent(
     await rpc.serve()
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Entry point: ACP over stdin/stdout; a bad command line or record exits 2."""
-    import argparse
-    import logging
+def run_replay_agent(
+    record: ReplayRecord,
+    agent: str,
+    *,
+    strict: bool = False,
+    timing: Timing = "fast",
+    divergences: str | None = None,
+) -> None:
+    """Serve ``agent`` of ``record`` on stdin/stdout until the client closes the connection;
+    each divergence appended to the file ``divergences`` as a JSON line (flushed at once).
 
-    parser = argparse.ArgumentParser(
-        prog="python -m orchestrator.replay",
-        description="Play back an agent of a replay record, speaking ACP on stdin/stdout.",
-    )
-    parser.add_argument("record", help="the replay record (JSON)")
-    parser.add_argument("--agent", required=True, help="the label of the agent to play")
-    parser.add_argument("--divergences", help="append each divergence to this file, a JSON line")
-    parser.add_argument("--strict", action="store_true", help="stop a turn at its first divergence")
-    parser.add_argument("--timing", choices=("fast", "recorded"), default="fast")
-    args = parser.parse_args(argv)
-    # stdout carries the protocol: log lines go to stderr, and only warnings
-    logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
-    try:
-        record = load_record(args.record)
-        _check_agent(record, args.agent)
-        out = open(args.divergences, "ab") if args.divergences else None  # noqa: SIM115
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    except OSError as e:
-        print(f"error: cannot open {args.divergences}: {e.strerror or e}", file=sys.stderr)
-        sys.exit(2)
+    :class:`~orchestrator.errors.UsageError` if the record has no such agent, ``OSError`` if
+    the divergences file cannot be opened (both before anything is served).
+    """
+    _check_agent(record, agent)
+    out = open(divergences, "ab") if divergences else None  # noqa: SIM115
 
     def report(divergence: Divergence) -> None:
         if out is not None:
@@ -654,7 +650,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     async def run() -> None:
         stream = trio.StapledStream(trio.lowlevel.FdStream(1), trio.lowlevel.FdStream(0))
         await serve_replay_agent(
-            stream, record, args.agent, strict=args.strict, timing=args.timing, divergences=report
+            stream, record, agent, strict=strict, timing=timing, divergences=report
         )
 
     try:

@@ -20,7 +20,8 @@ is refused)::
     Session: {"agent": LABEL, "attempt": N, "source": "claude#2", "sessionId": ID,
               "new": <the session/new result>, "turns": [<Turn>, ...],
               "changes": [<Change>, ...], "complete": true|false,
-              "cwd": <the session/new cwd> | null}      # cwd: optional
+              "cwd": <the session/new cwd> | null,      # optional
+              "opening": [<Frame>, ...]}                # optional
     Turn:    {"t": <seconds since the transcript began, when the prompt was sent>,
               "prompt": [<ContentBlock>, ...], "frames": [<Frame>, ...],
               "response": {"result": {...}} | {"error": {...}} | null, "cut": true|false}
@@ -207,6 +208,10 @@ class RecordedSession:
     #: paths of the recorded frames under it to the cwd of the session now (None: not recorded;
     #: the run's cwd stands in)
     cwd: str | None = None
+    #: the notifications the agent sent about the session before its first prompt (its
+    #: commands, modes: ``available_commands_update`` and the like), ``t`` from the session's
+    #: opening
+    opening: tuple[RecordedFrame, ...] = field(converter=_tuple, default=())
 
     @property
     def replayable(self) -> bool:
@@ -225,6 +230,7 @@ class RecordedSession:
             "complete": self.complete,
             "why": self.why,
             "cwd": self.cwd,
+            "opening": [frame.to_json() for frame in self.opening],
         }
 
     @classmethod
@@ -246,6 +252,9 @@ class RecordedSession:
         cwd = obj.get("cwd")
         if cwd is not None and not isinstance(cwd, str):
             raise _bad("a session's cwd is not a string")
+        opening = obj.get("opening", [])
+        if not isinstance(opening, list):
+            raise _bad("a session's opening frames are not a list")
         return cls(
             str(agent),
             attempt,
@@ -257,6 +266,7 @@ class RecordedSession:
             bool(obj.get("complete", True)),
             None if why is None else str(why),
             cwd,
+            [RecordedFrame.from_json(frame) for frame in opening],
         )
 
 

@@ -185,6 +185,7 @@ def _session(
         new=built.new,
         turns=built.turns,
         cwd=built.cwd,
+        opening=built.opening,
         complete=why is None,
         why=why,
     )
@@ -213,6 +214,8 @@ class _Built:
     why: str | None = None
     #: the ``cwd`` its ``session/new`` asked for
     cwd: str | None = None
+    #: the notifications about it before its first prompt
+    opening: tuple[RecordedFrame, ...] = ()
 
 
 @define
@@ -319,13 +322,22 @@ class _Transcript:
             # be told apart by id; each opening takes its share in order
             prompts = self._of_opening(session_id, nth, prompts)
         frames = self.frames.get(session_id, [])
+        opening: list[RecordedFrame] = []
+        if len(opened) == 1:
+            # what the agent said of the session before its first prompt (its commands)
+            first = prompts[0].index if prompts else len(self.lines)
+            opening = [
+                RecordedFrame(0.0, "recv", self.lines[i]["msg"])
+                for i in frames
+                if i < first and "id" not in self.lines[i]["msg"]
+            ]
         turns: list[RecordedTurn] = []
         for number, prompt in enumerate(prompts):
             end = next((i for i in self.answers.get(prompt.id, []) if i > prompt.index), None)
             following = prompts[number + 1].index if number + 1 < len(prompts) else None
             stop = end if end is not None else (following or len(self.lines))
             turns.append(self._turn(prompt, end, stop, frames))
-        return _Built(new, tuple(turns), cwd=cwd)
+        return _Built(new, tuple(turns), cwd=cwd, opening=tuple(opening))
 
     def _of_opening(self, session_id: str, nth: int, prompts: list[_Prompt]) -> list[_Prompt]:
         starts = [
@@ -496,6 +508,8 @@ def record_from_transcript(path: str | os.PathLike[str]) -> ReplayRecord:
                 turns=built.turns,
                 complete=built.why is None,
                 why=built.why,
+                cwd=built.cwd,
+                opening=built.opening,
             )
             openings.append((position[id(entry)], source, session))
     openings.sort(key=lambda item: item[0])
