@@ -22,6 +22,7 @@ from typing import Any
 import trio
 from attrs import define, field
 
+from orchestrator.cluster._driver import from_node
 from orchestrator.cluster._node import NodeSupervisor, RunHostConfig
 from orchestrator.cluster._trees import blobs_for, manifest_of
 from orchestrator.pipeline._remote import RemoteReply, RemoteTurn
@@ -104,9 +105,9 @@ class _Turns:
             # as the driver does: cancel the turn on its node, keep what it did
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(node.cancel, call_id)
-                on_cancelled(await trio.to_thread.run_sync(future.result))
+                on_cancelled(from_node(f"n{index}", await trio.to_thread.run_sync(future.result)))
             raise
-        return reply
+        return from_node(f"n{index}", reply)
 
 
 @asynccontextmanager

@@ -12,7 +12,8 @@ import pytest
 import trio
 from inprocess_cluster import EXAMPLES, copy_sample, in_process_cluster, summary
 
-from orchestrator import run_pipeline
+from orchestrator import replay_run, run_pipeline
+from orchestrator.runs.replay_record import replay_record
 from orchestrator.store import open_run_store
 
 pytestmark = pytest.mark.slow
@@ -42,6 +43,15 @@ async def test_the_demo_pipeline_gives_the_same_result_on_nodes(
     assert any(label.endswith("@n1") for label in labels), labels
     run = await _record(state_dir, there.run_id)
     assert run.options["cluster"] == "in-process"
+    # what a replay needs came back from the nodes: each attempt's session, on its node
+    record = await replay_record(there.run_id, state_dir=state_dir)
+    sessions = [s for attempts in record.steps.values() for s in attempts]
+    assert sessions and all(s.replayable for s in sessions), [s.why for s in sessions]
+    assert {s.source.rpartition("@")[2] for s in sessions} == {"n0", "n1"}
+    again = await replay_run(there.run_id, state_dir=state_dir, cwd=copy_sample(tmp_path, "again"))
+    assert again.status == "succeeded", again.result
+    assert again.result["replay"]["divergences"] == []
+    assert summary(again) == summary(here)
 
 
 def _sleeping(marker: Path) -> list[int]:

@@ -279,7 +279,7 @@ class ClusterTurns:
             with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_GRACE):
                 node.actor.cancel.remote(call_id)
                 with contextlib.suppress(Exception):
-                    on_cancelled(await session._get(ref))
+                    on_cancelled(from_node(_short(node.info.node_id), await session._get(ref)))
             raise
         except Exception as e:
             if not _is_lost(session.ray, e):
@@ -298,7 +298,7 @@ class ClusterTurns:
                 "(not sent again; a resume runs it)",
                 "node-lost",
             ), False
-        return reply, False
+        return from_node(_short(node.info.node_id), reply), False
 
 
 def rate_keys_of(
@@ -373,6 +373,18 @@ def _is_lost(ray: ModuleType, e: BaseException) -> bool:
     one our code raised in the actor (a ``RayTaskError``)."""
     exc = ray.exceptions
     return isinstance(e, exc.RayError) and not isinstance(e, exc.RayTaskError)
+
+
+def from_node(where: str, reply: RemoteReply) -> RemoteReply:
+    """``reply`` of node ``where`` with its sessions' transcript sources named as the driver
+    keeps that node's transcripts (``LABEL@NODE``, see :func:`_write_transcripts`)."""
+    if not reply.sessions:
+        return reply
+    sessions = tuple(
+        (name, attempt, agent, f"{source}@{where}", session_id)
+        for name, attempt, agent, source, session_id in reply.sessions
+    )
+    return attrs.evolve(reply, sessions=sessions)
 
 
 def _write_transcripts(folder: Path, node: str, files: dict[str, bytes]) -> None:

@@ -50,6 +50,7 @@ from ..pipeline._state import LeaseLike
 from ..pipeline.results import RunEvent, StepResult
 from ..policy import PolicySet
 from ..protocol import types as t
+from ..store.ops import PutSession
 from ..supervisor import Limits, Supervisor, open_supervisor
 from ..vfs import Branch, Snapshot, Workspace
 from ..vfs.pool import DirPool
@@ -380,12 +381,17 @@ class _Collect:
 
     def __init__(self) -> None:
         self.events: list[RunEvent] = []
+        #: the sessions that served the turn (see :attr:`RemoteReply.sessions`)
+        self.sessions: list[tuple[str, int, str, str, str]] = []
 
     def __call__(self, event: RunEvent) -> None:
         self.events.append(event)
 
     def put(self, op: object) -> None:
-        """The driver stores the events it is given back."""
+        """The driver stores the events and sessions it is given back; nothing else."""
+        if isinstance(op, PutSession):
+            s = op.session
+            self.sessions.append((s.key, s.attempt, s.agent, s.source, s.session_id))
 
 
 @define(eq=False)
@@ -624,6 +630,7 @@ async def _serve_on(
         cancelled=cancelled,
         not_started=not_started,
         usage=tuple((key, used, cost) for key, (used, cost) in budget.latest.items()),
+        sessions=tuple(collect.sessions),
     )
 
 

@@ -79,6 +79,10 @@ class RemoteReply:
     not_started: str | None = None
     #: each session's final usage: (session, tokens, cost), for the driver's budget
     usage: Sequence[tuple[str, int | None, float | None]] = ()
+    #: the sessions that served the turn's attempt: (instance, attempt, agent, transcript
+    #: source, session id), recorded by the driver (what a replay plays); the driver names
+    #: the source as its transcript is kept there (``LABEL@NODE``)
+    sessions: Sequence[tuple[str, int, str, str, str]] = ()
 
 
 class RemoteTurns(Protocol):
@@ -107,6 +111,8 @@ def run_remote(
         branch.set_state(path, state)
     for event in reply.events:
         recorder.emit(event)
+    for name, attempt, agent, source, session_id in reply.sessions:
+        recorder.session(name, attempt, agent, source, session_id)
     result = reply.result
     if reply.error is None:
         return result, None

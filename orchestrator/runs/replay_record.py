@@ -123,7 +123,7 @@ async def _sessions_of_steps(
     store: RunStore, run_id: str
 ) -> tuple[list[SessionRecord], str | None]:
     """The sessions of a run whose attempts' sessions were not recorded (before v7 of the
-    store; turns run on a cluster's nodes): each agent step's last attempt, on the process
+    store): each agent step's last attempt, on the process
     (transcript) whose session/new answered its id if only one did."""
     sources = await store.transcript_sources(run_id)
     opened: dict[str, list[str]] = {}
@@ -143,7 +143,7 @@ async def _sessions_of_steps(
         )
     why = (
         "the run store does not say which session served each attempt, nor what it changed "
-        "itself (a run recorded before it kept them, or whose turns ran on a cluster's nodes)"
+        "itself (a run recorded before it kept them)"
     )
     return out, why
 
