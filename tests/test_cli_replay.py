@@ -470,3 +470,27 @@ async def test_ctrl_c_ends_the_replay_and_leaves_no_process(
     assert last_line(stderr).endswith(
         f"run {interrupted.run_id} interrupted; orchestrator replay {saved} replays the run again"
     )
+
+
+async def test_a_replay_that_failed_is_never_said_to_be_as_recorded(
+    sample: Path, tmp_path: Path, state_dir: Path, no_demo: Path
+) -> None:
+    """A pipeline whose Python check now fails: no divergence, but the summary says the replay
+    failed (not "as recorded"), exit 1."""
+    recorded = await record(sample, tmp_path, state_dir)
+    text = PIPELINE.read_text()
+    old = '    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}\n'
+    assert old in text
+    broken = tmp_path / "broken" / "demo_pipeline.py"
+    broken.parent.mkdir()
+    broken.write_text(text.replace(old, '    raise RuntimeError("changed since")\n' + old))
+    done = await replay(
+        recorded["runId"], str(broken), "--no-progress",
+        tmp_path=tmp_path, state=state_dir, config=no_demo,
+    )  # fmt: skip
+    assert done.returncode == EXIT_FAILED, done.stderr.decode()
+    out = done.stdout.decode()
+    assert (
+        f"replay of run {recorded['runId']}: no divergence reported, but the replay failed" in out
+    )
+    assert "as recorded" not in out

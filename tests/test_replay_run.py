@@ -196,3 +196,55 @@ async def test_a_pipeline_in_latin_1_replays_from_its_recorded_text(
         was = await store.get_run(recorded.run_id)
         now = await store.get_run(replayed.run_id)
     assert now.pipeline_digest == was.pipeline_digest
+
+
+async def test_an_instance_or_agent_the_record_lacks_is_never_passed_off_as_replayed(
+    pipeline: Path, sample: Path, tmp_path: Path
+) -> None:
+    """A fan-out item added since the run (and an agent the record lacks) is reported
+    not replayable and fails, never played from another instance's session."""
+    recorded = await recorded_run(pipeline, sample)
+    wider = tmp_path / "wider"
+    shutil.copytree(SAMPLE, wider)
+    (wider / "shop" / "extra.py").write_text("def calc_total2():\n    pass\n")
+    replayed = await replay_run(recorded.run_id, cwd=wider, in_process=True)
+    assert replayed.status == "failed"
+    lacking = replayed.result["replay"]["notReplayable"]
+    assert [d["step"] for d in lacking] == ["rename[shop/extra.py]"]
+    assert "no session of agent 'demo'" in lacking[0]["detail"]
+    instances = replayed.steps["rename"].instances
+    assert instances["shop/extra.py"].status == "failed"
+    assert all(instances[k].status == "succeeded" for k in ("shop/cart.py", "shop/pricing.py"))
+    assert replayed.result["replay"]["divergences"] == []  # pricing's session played once
+
+    record = await replay_record(recorded.run_id)
+    only_demo = ReplayRecord(record.run, {"demo": record.agents["demo"]}, record.steps)
+    run = await replay_run(only_demo, in_process=True)
+    details = [d["detail"] for d in run.result["replay"]["notReplayable"]]
+    assert any("agent alice is not in the replay record" in d for d in details), details
+
+
+async def test_a_replay_that_diverged_is_not_applied(sample: Path, state_dir: Path) -> None:
+    """--apply after the workspace changed in a file the agent rewrote: the read diverges, the
+    changes are not applied (the user's line is kept), a warning says how to apply them."""
+    task = 'replace "colour" with "color" in **/*.md'
+    (sample / "NOTES.md").write_text("The colour.\n")
+    recorded = await prompt("demo", task, cwd=sample, policy="edit")
+    assert "NOTES.md" in recorded.diff
+    with (sample / "NOTES.md").open("a") as notes:
+        notes.write("A line of my own.\n")
+    replayed = await replay_run(recorded.run_id, apply=True, in_process=True)
+    kinds = {d["kind"] for d in replayed.result["replay"]["divergences"]}
+    assert "fs-read" in kinds
+    assert (sample / "NOTES.md").read_text() == "The colour.\nA line of my own.\n"
+    assert replayed.result["applied"] is False
+    assert any("not applied: the replay differs" in w for w in replayed.result["warnings"])
+
+
+async def test_a_pipeline_for_a_prompt_run_is_refused(sample: Path, tmp_path: Path) -> None:
+    """A prompt run has no pipeline file: giving one is a usage error, nothing run."""
+    recorded = await prompt("demo", "hello", cwd=sample)
+    with pytest.raises(UsageError, match="is a prompt run: it has no pipeline to replace"):
+        await replay_run(recorded.run_id, tmp_path / "nothing.py")
+    with pytest.raises(UsageError, match=r"the workspace to replay on, .* is not a directory"):
+        await replay_run(recorded.run_id, cwd=tmp_path / "nope")

@@ -180,7 +180,7 @@ async def _replay(args: argparse.Namespace) -> int:
     code = _finish(args, outcome)
     replay = dict(outcome.result.get("replay") or {})
     if not args.json:
-        _divergence_lines(replay)
+        _divergence_lines(replay, outcome.status)
     if code:
         return code
     return 1 if replay.get("divergences") or replay.get("notReplayable") else 0
@@ -199,13 +199,16 @@ def _replay_events(args: argparse.Namespace, on_event: Any) -> Any:
     return heard
 
 
-def _divergence_lines(replay: dict[str, Any]) -> None:
+def _divergence_lines(replay: dict[str, Any], status: str) -> None:
     """What differed from the record, per step (stdout, after the result)."""
     out = sys.stdout
     found = [*(replay.get("divergences") or ()), *(replay.get("notReplayable") or ())]
     of = replay.get("of") or "?"
     if not found:
-        say(f"replay of run {of}: as recorded, no divergence", out)
+        if status == "succeeded":
+            say(f"replay of run {of}: as recorded, no divergence", out)
+        else:  # never "as recorded" for a run that did not do what the record did
+            say(f"replay of run {of}: no divergence reported, but the replay {status}", out)
         return
     divergences = len(replay.get("divergences") or ())
     cannot = len(replay.get("notReplayable") or ())

@@ -132,17 +132,24 @@ class ReplayAgent:
         """The recorded session a new session plays, and its step key.
 
         The k-th session/new naming step ``key`` plays that step's k-th recorded attempt (past
-        the last, the last again); without a key, or with a key the record lacks, the next
-        recorded session of the agent not served yet, in record order.
+        the last, the last again); a key the record lacks (a step or an item added since) is
+        refused, never served another instance's session; without a key, the next recorded
+        session of the agent not served yet, in record order.
         """
         if key is not None:
             attempts = [s for s in self.record.steps.get(key, ()) if s.agent == self.agent]
-            if attempts:
-                k = self._opened.get(key, 0)
-                self._opened[key] = k + 1
-                chosen = attempts[min(k, len(attempts) - 1)]
-                self._used.add(id(chosen))
-                return key, chosen
+            if not attempts:
+                detail = f"the record has no session of agent {self.agent!r} for step {key}"
+                divergence = Divergence(key, 1, 0, "not-replayable", detail)
+                log.warning("replay diverged", kind="not-replayable", step=key, detail=detail)
+                if self.on_divergence is not None:
+                    self.on_divergence(divergence)
+                raise JsonRpcError(detail, code=NOT_REPLAYABLE)
+            k = self._opened.get(key, 0)
+            self._opened[key] = k + 1
+            chosen = attempts[min(k, len(attempts) - 1)]
+            self._used.add(id(chosen))
+            return key, chosen
         for step, sessions in self.record.steps.items():
             for session in sessions:
                 if session.agent == self.agent and id(session) not in self._used:
@@ -410,7 +417,7 @@ class ReplayAgent:
         recorded = recorded_result if isinstance(recorded_result, dict) else {}
         if method == "fs/read_text_file":
             if recorded.get("content") != result.get("content"):
-                path = recorded_params.get("path") if isinstance(recorded_params, dict) else None
+                path = params.get("path") if isinstance(params, dict) else None
                 self._report(
                     state,
                     "fs-read",

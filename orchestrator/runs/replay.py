@@ -45,6 +45,7 @@ from ..pipeline import Pipeline, load_pipeline
 from ..pipeline.results import RunEvent
 from ..policy import PolicySet
 from ..protocol import types as t
+from ..replay._divergence import Divergence
 from ..replay.record import ReplayRecord, load_record
 from ..state import state_directory
 from ._face import check_trio_face
@@ -53,7 +54,6 @@ from .resume import RecordedRun, rebuild_run
 from .run import RunOutcome, run_pipeline
 
 if TYPE_CHECKING:
-    from ..replay._divergence import Divergence
     from ..supervisor import ConnectArgs
 
 __all__ = ["RECORD_FILE", "ReplayAgents", "Timing", "load_replay_record", "replay_run"]
@@ -134,11 +134,13 @@ class ReplayAgents:
             if args.transcript is not None:
                 args.transcript.close()
             known = ", ".join(sorted(self.record.agents)) or "none"
-            raise AgentStartError(
+            message = (
                 f"agent {label} is not in the replay record of run {self.record.run_id or '?'}"
-                f" (recorded agents: {known})",
-                agent=label,
+                f" (recorded agents: {known})"
             )
+            # a step the record cannot serve: never passed off as replayed
+            self.divergences.append(Divergence(None, 1, 0, "not-replayable", message).to_json())
+            raise AgentStartError(message, agent=label)
         # the replay agent picks each session's record by the step instance it serves
         args = attrs.evolve(args, options=attrs.evolve(args.options, step_meta=True))
         self.started += 1
@@ -359,7 +361,13 @@ async def replay_run(
             "the replay record holds no run (one made from a transcript has none): serve its "
             "agents with a replay connector instead"
         )
+    if pipeline is not None and recorded.kind != "pipeline":
+        raise UsageError(
+            f"run {recorded.run_id} is a {recorded.kind} run: it has no pipeline to replace"
+        )
     where = cwd if cwd is not None else recorded.cwd
+    if cwd is not None and not os.path.isdir(cwd):
+        raise UsageError(f"the workspace to replay on, {os.fspath(cwd)}, is not a directory")
     if not where or not os.path.isdir(where):
         raise UsageError(
             f"the workspace of run {recorded.run_id}, {where or '(none recorded)'}, is not a "
@@ -393,10 +401,21 @@ async def replay_run(
         if key in options:
             extra[key] = options[key]
 
+    def faithful() -> bool:
+        # applied only as recorded: a file written over content the replay read otherwise
+        # would lose what the workspace holds now
+        return not agents.divergences
+
     def finish(outcome: RunOutcome) -> Mapping[str, Any]:
         result = dict(outcome.result)
         if spec is not None:  # a prompt reads like a prompt again
             result = prompt_result(outcome, spec, time.monotonic() - started)
+        if apply and agents.divergences:
+            held = (
+                "not applied: the replay differs from the record (see its divergences); "
+                f"review it, then apply it with `orchestrator apply {outcome.run_id}`"
+            )
+            result["warnings"] = [*result.get("warnings", ()), held]
         return {**result, "replay": _replay_json(record, agents, strict, timing, given)}
 
     run_ids: list[str] = []
@@ -428,6 +447,7 @@ async def replay_run(
             transcript=transcript,
             connector=agents,
             verify=rebuilt.verify,
+            _apply_gate=faithful,
         )
     finally:
         with trio.CancelScope(shield=True):

@@ -379,6 +379,7 @@ async def run_pipeline(
     _parent: str | None = None,
     cluster: str | ClusterSpec | None = None,
     _cluster: ClusterSession | None = None,
+    _apply_gate: Callable[[], bool] | None = None,
 ) -> RunOutcome:
     """Run ``pipeline`` (a file or a :class:`Pipeline`) on branches of ``cwd``.
 
@@ -666,6 +667,8 @@ async def run_pipeline(
                 with trio.CancelScope(shield=True):
                     imported = True
                     await _import_transcripts(store, run_id, run_dir)
+                if apply and _apply_gate is not None and not _apply_gate():
+                    apply = False  # the caller's last word (a replay that diverged)
                 status, unapplied, left_out, refused = await _conclude(
                     store, runner, _kind, apply, state
                 )
