@@ -724,6 +724,7 @@ async def test_disk_writes_apply_contents_modes_and_deletions(tmp_path: Path) ->
         write("a.txt", b"changed\n"),
         write("bin/run.sh", b"#!/bin/sh\n", 0o100755),
         write("new.txt", b"new"),
+        write("setid.sh", b"x", 0o106755),  # a record never sets a set-id or sticky bit
         RecordedChange("old.txt", "delete"),
     ]
     record = make_record({"edit": [session("s-1", [turn("go", [])], changes=changes)]})
@@ -733,9 +734,11 @@ async def test_disk_writes_apply_contents_modes_and_deletions(tmp_path: Path) ->
         "a.txt": b"changed\n",
         "bin/run.sh": b"#!/bin/sh\n",
         "new.txt": b"new",
+        "setid.sh": b"x",
     }
     assert replayed.modes["bin/run.sh"] == 0o755
     assert replayed.modes["new.txt"] == 0o644
+    assert replayed.modes["setid.sh"] == 0o755
 
 
 async def test_disk_writes_are_applied_after_the_last_turn_only(tmp_path: Path) -> None:

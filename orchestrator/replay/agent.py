@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import stat
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -29,6 +28,8 @@ from .._log import get_logger
 from ..agent.session import STEP_META_KEY
 from ..errors import InvalidParams, JsonRpcError, UsageError
 from ..jsonrpc.connection import JsonRpcConnection
+from . import _frames
+from ._disk import apply_change, confined
 from ._divergence import (
     NOT_REPLAYABLE,
     Divergence,
@@ -44,7 +45,6 @@ log = get_logger(__name__)
 
 Timing = Literal["fast", "recorded"]
 #: the mode of a file a change creates without a recorded mode (the vfs's default)
-_NEW_FILE_MODE = 0o644
 #: permission option kinds that grant
 _GRANTING = ("allow_once", "allow_always")
 #: requests that change the branch or run a program: after a refusal the record cannot say
@@ -290,12 +290,12 @@ class ReplayAgent:
         self, state: _TurnState, turn: RecordedTurn, prompt: Any, *, last: bool
     ) -> None:
         """The turn's frames, then its disk writes."""
-        now_text = _prompt_text(prompt)
+        now_text = _frames.prompt_text(prompt)
         if now_text != turn.prompt_text:
             self._report(
                 state, "prompt", "the prompt is not the recorded one", turn.prompt_text, now_text
             )
-        answers = _answers(turn)
+        answers = _frames.answers(turn)
         start = trio.current_time()
         for i, frame in enumerate(turn.frames):
             if frame.dir != "recv":
@@ -360,7 +360,7 @@ class ReplayAgent:
         """A recorded frame's params with the live session id, terminal ids and paths."""
         if not isinstance(params, dict):
             return params
-        mapped = _mapped(params, live.terminals, live.recorded_cwd, str(live.cwd))
+        mapped = _frames.mapped(params, live.terminals, live.recorded_cwd, str(live.cwd))
         if "sessionId" in mapped:
             mapped["sessionId"] = live.session_id
         return mapped
@@ -427,7 +427,7 @@ class ReplayAgent:
                 )
         elif method == "session/request_permission":
             options = recorded_params.get("options") if isinstance(recorded_params, dict) else None
-            was, now = _chosen(recorded, options), _chosen(result, options)
+            was, now = _frames.chosen(recorded, options), _frames.chosen(result, options)
             if was != now:
                 if was in _GRANTING and now not in _GRANTING:
                     state.live.refused.append(f"the permission was answered {now}")
@@ -439,7 +439,7 @@ class ReplayAgent:
                     now,
                 )
         elif method == "terminal/wait_for_exit":
-            was_exit, now_exit = _status(recorded), _status(result)
+            was_exit, now_exit = _frames.status(recorded), _frames.status(result)
             if was_exit != now_exit:
                 self._report(state, "terminal", "the command ended otherwise", was_exit, now_exit)
         elif method == "terminal/output":
@@ -451,7 +451,9 @@ class ReplayAgent:
                     recorded.get("output"),
                     result.get("output"),
                 )
-            if _status(recorded.get("exitStatus")) != _status(result.get("exitStatus")):
+            if _frames.status(recorded.get("exitStatus")) != _frames.status(
+                result.get("exitStatus")
+            ):
                 self._report(
                     state,
                     "terminal",
@@ -471,10 +473,10 @@ class ReplayAgent:
                 written = state.written.get(target)
                 if written is not None and written.encode("utf-8") == change.data:
                     continue  # a re-issued fs/write_text_file made it already
-            problem = _confined(live.cwd, change.path)
+            problem = confined(live.cwd, change.path)
             if problem is None:
                 try:
-                    await trio.to_thread.run_sync(_apply, live.cwd, change)
+                    await trio.to_thread.run_sync(apply_change, live.cwd, change)
                 except OSError as e:
                     problem = f"cannot change {change.path}: {e.strerror or e}"
             if problem is not None:
@@ -490,128 +492,6 @@ def _check_agent(record: ReplayRecord, agent: str) -> None:
 def _changes(live: _Live) -> Sequence[RecordedChange]:
     """The recorded own changes of a live session's recorded session."""
     return live.recorded.changes
-
-
-def _confined(cwd: Path, rel: str) -> str | None:
-    """Why ``rel`` may not be changed under ``cwd`` (None: it may)."""
-    if os.path.isabs(rel) or rel.startswith("~"):
-        return f"refused to change {rel}: an absolute path"
-    parts = Path(rel).parts
-    if not parts or any(part in ("..", "") for part in parts) or "\0" in rel:
-        return f"refused to change {rel}: it leaves the session's directory"
-    here = cwd
-    for part in parts[:-1]:
-        here = here / part
-        try:
-            st = here.lstat()
-        except FileNotFoundError:
-            break
-        except OSError as e:
-            return f"refused to change {rel}: {e.strerror or e}"
-        if stat.S_ISLNK(st.st_mode):
-            return f"refused to change {rel}: {here.relative_to(cwd)} is a symlink"
-        if not stat.S_ISDIR(st.st_mode):
-            return f"refused to change {rel}: {here.relative_to(cwd)} is not a directory"
-    return None
-
-
-def _apply(cwd: Path, change: RecordedChange) -> None:
-    """Make one recorded change under ``cwd`` (a worker thread; ``_confined`` said yes)."""
-    target = cwd / change.path
-    if change.kind == "delete":
-        if target.is_symlink() or target.is_file():
-            target.unlink()
-        elif target.exists():
-            raise IsADirectoryError(21, "a directory, not a file")
-        return
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if target.is_symlink():
-        target.unlink()  # the record has a file there: replace the link, never follow it
-    temporary = target.with_name(f".{target.name}.replay{os.getpid()}")
-    if change.mode is not None:
-        mode = stat.S_IMODE(change.mode)
-    elif target.is_file():
-        mode = stat.S_IMODE(target.stat().st_mode)  # as the vfs does: a write keeps the mode
-    else:
-        mode = _NEW_FILE_MODE
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(change.data or b"")
-        os.chmod(temporary, mode)
-        os.replace(temporary, target)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-
-
-def _prompt_text(prompt: Any) -> str:
-    """The text blocks of a live prompt, joined as ``RecordedTurn.prompt_text`` joins them."""
-    if not isinstance(prompt, list):
-        return ""
-    return "\n".join(
-        str(block.get("text", ""))
-        for block in prompt
-        if isinstance(block, dict) and block.get("type") == "text"
-    )
-
-
-def _answers(turn: RecordedTurn) -> dict[int, dict[str, Any]]:
-    """Frame index of each recorded request of the agent -> our recorded answer to it."""
-    pending: dict[Any, int] = {}
-    answers: dict[int, dict[str, Any]] = {}
-    for i, frame in enumerate(turn.frames):
-        msg = frame.msg
-        if frame.dir == "recv" and "method" in msg and "id" in msg:
-            pending[_id_key(msg["id"])] = i
-        elif frame.dir == "send" and "method" not in msg and "id" in msg:
-            at = pending.pop(_id_key(msg["id"]), None)
-            if at is not None:
-                answers[at] = msg
-    return answers
-
-
-def _id_key(value: Any) -> Any:
-    return (type(value).__name__, value) if isinstance(value, str | int) else repr(value)
-
-
-def _mapped(value: Any, terminals: dict[str, str], old_cwd: str | None, new_cwd: str) -> Any:
-    """A copy of ``value`` with every recorded ``terminalId`` replaced by the live one, and
-    every path under the recorded cwd moved under the live cwd."""
-    if isinstance(value, dict):
-        return {
-            k: terminals.get(v, v)
-            if k == "terminalId" and isinstance(v, str)
-            else _mapped(v, terminals, old_cwd, new_cwd)
-            for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [_mapped(v, terminals, old_cwd, new_cwd) for v in value]
-    if isinstance(value, str) and old_cwd is not None and value.startswith(old_cwd):
-        rest = value[len(old_cwd) :]
-        if not rest or rest.startswith("/"):
-            return new_cwd + rest
-    return value
-
-
-def _status(value: Any) -> dict[str, Any] | None:
-    """A terminal's exit status as compared: its exit code and signal (absent and null alike)."""
-    if not isinstance(value, dict):
-        return None
-    return {k: value.get(k) for k in ("exitCode", "signal")}
-
-
-def _chosen(answer: dict[str, Any], options: Any) -> str:
-    """A permission answer as the kind of the option chosen (``cancelled``, or the option id
-    when the request does not list it)."""
-    outcome = answer.get("outcome")
-    if not isinstance(outcome, dict) or outcome.get("outcome") != "selected":
-        return "cancelled"
-    option_id = outcome.get("optionId")
-    for option in options if isinstance(options, list) else ():
-        if isinstance(option, dict) and option.get("optionId") == option_id:
-            return str(option.get("kind"))
-    return f"option {option_id!r}"
 
 
 async def serve_replay_agent(

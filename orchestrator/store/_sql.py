@@ -12,11 +12,11 @@ import hashlib
 import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
-from .._names import name_column
+from .._names import name_column, name_from_column
 from ..errors import RunNotFound
 from ._db import Apply, Staged
 from ._rows import RUN_COLUMNS, STEP_COLUMNS, dumps, run_from_row, run_values, step_values
@@ -31,7 +31,7 @@ from .ops import (
     StoreOp,
     UpdateRun,
 )
-from .records import RunRecord
+from .records import RunRecord, StoredChange
 
 __all__ = [
     "change_set_blobs",
@@ -371,3 +371,29 @@ def stage_batch(ops: Sequence[StoreOp]) -> Staged[None]:
         return apply_all
 
     return prepare
+
+
+def stored_changes(
+    conn: sqlite3.Connection, table: Literal["changes", "own_changes"], run_id: str, key: str
+) -> list[StoredChange]:
+    """The rows of ``table`` for step ``key``, in order, with their contents (own changes
+    have no base digest). Blocking."""
+    require_run(conn, run_id)
+    base = "c.base_digest" if table == "changes" else "NULL"
+    # a large content is read through its own handle, without SQLite's copy of it
+    rows = conn.execute(
+        f"SELECT c.path, c.kind, b.rowid, CASE WHEN b.size <= ? THEN b.data END, c.mode, {base} "
+        f"FROM {table} AS c LEFT JOIN blobs AS b ON b.digest = c.blob "
+        "WHERE c.run_id = ? AND c.key = ? ORDER BY c.seq",
+        (BLOB_PIECE, run_id, key),
+    ).fetchall()
+    return [
+        StoredChange(
+            name_from_column(path),
+            kind,
+            data if data is not None or rowid is None else read_blob(conn, rowid),
+            mode,
+            base_digest,
+        )
+        for path, kind, rowid, data, mode, base_digest in rows
+    ]

@@ -382,52 +382,14 @@ class RunStore(Database):
     async def changes(self, run_id: str, key: str) -> list[StoredChange]:
         """The change set of step ``key``, in the order it was given (empty if none)."""
 
-        def select(conn: sqlite3.Connection) -> list[StoredChange]:
-            _sql.require_run(conn, run_id)
-            # a large content is read through its own handle, without SQLite's copy of it
-            rows = conn.execute(
-                "SELECT c.path, c.kind, b.rowid, CASE WHEN b.size <= ? THEN b.data END, c.mode, "
-                "c.base_digest FROM changes AS c LEFT JOIN blobs AS b ON b.digest = c.blob "
-                "WHERE c.run_id = ? AND c.key = ? ORDER BY c.seq",
-                (_sql.BLOB_PIECE, run_id, key),
-            ).fetchall()
-            return [
-                StoredChange(
-                    name_from_column(path),
-                    kind,
-                    data if data is not None or rowid is None else _sql.read_blob(conn, rowid),
-                    mode,
-                    base_digest,
-                )
-                for path, kind, rowid, data, mode, base_digest in rows
-            ]
-
-        return await self._read(select)
+        return await self._read(lambda conn: _sql.stored_changes(conn, "changes", run_id, key))
 
     async def own_changes(self, run_id: str, key: str) -> list[StoredChange]:
         """The own changes of step ``key`` (what its turns changed against what it forked
         from, each a ``write`` with its content and mode or a ``delete``), in order; empty if
         none were recorded (and for runs recorded before the store kept them)."""
 
-        def select(conn: sqlite3.Connection) -> list[StoredChange]:
-            _sql.require_run(conn, run_id)
-            rows = conn.execute(
-                "SELECT c.path, c.kind, b.rowid, CASE WHEN b.size <= ? THEN b.data END, c.mode "
-                "FROM own_changes AS c LEFT JOIN blobs AS b ON b.digest = c.blob "
-                "WHERE c.run_id = ? AND c.key = ? ORDER BY c.seq",
-                (_sql.BLOB_PIECE, run_id, key),
-            ).fetchall()
-            return [
-                StoredChange(
-                    name_from_column(path),
-                    kind,
-                    data if data is not None or rowid is None else _sql.read_blob(conn, rowid),
-                    mode,
-                )
-                for path, kind, rowid, data, mode in rows
-            ]
-
-        return await self._read(select)
+        return await self._read(lambda conn: _sql.stored_changes(conn, "own_changes", run_id, key))
 
     async def change_entries(self, run_id: str, key: str) -> list[ChangeEntry]:
         """The change set of step ``key`` without the contents (a symlink's target aside), in
