@@ -494,3 +494,18 @@ async def test_a_replay_that_failed_is_never_said_to_be_as_recorded(
         f"replay of run {recorded['runId']}: no divergence reported, but the replay failed" in out
     )
     assert "as recorded" not in out
+
+
+async def test_show_says_a_run_is_a_replay(
+    sample: Path, tmp_path: Path, state_dir: Path, no_demo: Path
+) -> None:
+    """``show`` of a replay run names the run it replays and how far it matched."""
+    recorded = await record(sample, tmp_path, state_dir)
+    done = await replay(
+        recorded["runId"], "--json", tmp_path=tmp_path, state=state_dir, config=no_demo
+    )
+    assert done.returncode == EXIT_OK, done.stderr.decode()
+    new = as_json(done)["runId"]
+    shown = await run_cli("show", new, cwd=tmp_path, state=state_dir)
+    assert shown.returncode == EXIT_OK
+    assert f"a replay of run {recorded['runId']}: no divergence" in shown.stdout.decode()

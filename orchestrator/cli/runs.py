@@ -815,6 +815,7 @@ async def cmd_show(args: argparse.Namespace) -> int:
     run_id = result["runId"]
     if result.get("kind") == "compare":
         say(f"run {run_id} (compare) in {result['cwd']}")
+        _replay_line(result)
         say(f"task: {result.get('task')}")
         say("")
         compare_result(result, sys.stdout, message_lines=None, diff=args.diff)
@@ -822,6 +823,7 @@ async def cmd_show(args: argparse.Namespace) -> int:
         run_ending(result, run_id, sys.stdout)
     elif result.get("kind") == "prompt" and "stopReason" in result:
         say(f"run {run_id} (prompt) in {result['cwd']}")
+        _replay_line(result)
         say("")
         prompt_details(result, sys.stdout)
         say("")
@@ -832,6 +834,7 @@ async def cmd_show(args: argparse.Namespace) -> int:
         say(f"run {run_id} ({result['kind']}) in {result['cwd']}: {result['status']}{reason}")
         if result.get("parent"):
             say(await _batch_line(run_id, str(result["parent"]), args.state_dir))
+        _replay_line(result)
         step_details(result, sys.stdout)
         for line in final_values(result, None):  # whole, where run printed their first lines
             say(line)
@@ -841,6 +844,16 @@ async def cmd_show(args: argparse.Namespace) -> int:
         run_ending(result, run_id, sys.stdout)
     _warn_interrupted(interrupted, run_id, result.get("cwd"))
     return EXIT_OK
+
+
+def _replay_line(result: dict[str, Any]) -> None:
+    """For a replay run: which run it replays, and how far it matched the record."""
+    replay = result.get("replay")
+    if not isinstance(replay, dict):
+        return
+    found = len(replay.get("divergences") or ()) + len(replay.get("notReplayable") or ())
+    how = "no divergence" if not found else f"{found} divergence{'s' if found != 1 else ''}"
+    say(f"a replay of run {replay.get('of')}: {how} (show --json lists them)")
 
 
 async def _batch_line(run_id: str, batch_id: str, state_dir: str | None) -> str:
