@@ -8,6 +8,7 @@ Real agents from npm (see ``real_agents.py``); skipped with the reason when one 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from real_agents import AGENTS, RealAgent, make_project, require_installed, task
 
 from orchestrator.config import Config
 from orchestrator.runs import replay_run, run_pipeline
+from orchestrator.store import open_run_store
 from orchestrator.testing.model_server import open_model_server
 
 pytestmark = [pytest.mark.real_agent, pytest.mark.slow]
@@ -65,6 +67,19 @@ def audit(result: Mapping[str, Any]) -> list[tuple[str, Any, Any, Any, Any]]:
     return rows
 
 
+async def updates(state_dir: Path, run_id: str) -> Counter[str]:
+    """The kinds of session updates the agent sent in a run, counted."""
+    async with open_run_store(state_dir) as store:
+        lines = await store.transcript(run_id)
+    return Counter(
+        str(line["msg"]["params"]["update"].get("sessionUpdate"))
+        for line in lines
+        if line.get("dir") == "recv"
+        and isinstance(line.get("msg"), dict)
+        and line["msg"].get("method") == "session/update"
+    )
+
+
 def final_diff(outcome: Any) -> str:
     """The run's final diff against its workspace."""
     return str(outcome.result["diff"])
@@ -102,6 +117,9 @@ async def test_a_real_agents_run_replays_offline(
     assert final_diff(again) == final_diff(recorded)
     assert audit(again.result) == audit(recorded.result)
     assert audit(recorded.result), "the recorded run asked no permission"
+    # the agent's updates came again, every one (its commands, sent before the first prompt,
+    # come with it)
+    assert await updates(state_dir, again.run_id) == await updates(state_dir, recorded.run_id)
 
     # a stricter policy: every permission the record shows granted is refused now
     with trio.fail_after(60):
