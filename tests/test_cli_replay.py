@@ -509,3 +509,23 @@ async def test_show_says_a_run_is_a_replay(
     shown = await run_cli("show", new, cwd=tmp_path, state=state_dir)
     assert shown.returncode == EXIT_OK
     assert f"a replay of run {recorded['runId']}: no divergence" in shown.stdout.decode()
+
+
+async def test_apply_of_a_replay_that_diverged_is_held_and_said(
+    sample: Path, tmp_path: Path, state_dir: Path, no_demo: Path
+) -> None:
+    """--apply after the workspace changed in a file the agents read: nothing is written, the
+    user's edit is kept, and the output says why and how to apply later."""
+    recorded = await record(sample, tmp_path, state_dir)
+    cart = sample / "shop" / "cart.py"
+    cart.write_text(cart.read_text() + "# my own line\n")
+    before = snapshot(sample)
+    done = await replay(
+        recorded["runId"], "--apply", "--no-progress",
+        tmp_path=tmp_path, state=state_dir, config=no_demo,
+    )  # fmt: skip
+    assert done.returncode == EXIT_FAILED, done.stderr.decode()
+    out = done.stdout.decode()
+    assert "not applied: the replay differs from the record" in out
+    assert "orchestrator apply " in out
+    assert snapshot(sample) == before

@@ -350,7 +350,7 @@ async def test_failed_instances_carry_their_error_kind(tmp_path: Path, state_dir
 def test_the_store_keeps_error_kinds_from_schema_version_5() -> None:
     """The error kind came with a migration (v5) of the run store's schema; a run's batch (v6)
     came after it, and what a replay needs (v7) after that."""
-    assert SCHEMA_VERSION == 7
+    assert SCHEMA_VERSION == 8
 
 
 @pytest.mark.parametrize(

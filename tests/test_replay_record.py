@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 from pathlib import Path
 from typing import Any
@@ -342,10 +343,12 @@ def test_own_changes_are_against_the_fork_and_keep_a_change_back_to_the_base() -
     child.delete("b.txt")
     child.chmod("c.sh", 0o755)
     assert "a.txt" not in child.net_changes()
+    sha = lambda data: hashlib.sha256(data).hexdigest()  # noqa: E731
+    # each says what the child forked from there (its parent's content, not the run's base)
     assert own_changes(child) == [
-        StoredChange("a.txt", "write", b"A\n", 0o100644),
-        StoredChange("b.txt", "delete"),
-        StoredChange("c.sh", "write", b"c\n", 0o100755),
+        StoredChange("a.txt", "write", b"A\n", 0o100644, sha(b"parent\n")),
+        StoredChange("b.txt", "delete", base_digest=sha(b"B\n")),
+        StoredChange("c.sh", "write", b"c\n", 0o100755, sha(b"c\n")),
     ]
 
 

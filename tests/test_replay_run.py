@@ -248,3 +248,25 @@ async def test_a_pipeline_for_a_prompt_run_is_refused(sample: Path, tmp_path: Pa
         await replay_run(recorded.run_id, tmp_path / "nothing.py")
     with pytest.raises(UsageError, match=r"the workspace to replay on, .* is not a directory"):
         await replay_run(recorded.run_id, cwd=tmp_path / "nope")
+
+
+async def test_a_file_the_agent_made_on_disk_is_not_made_over_one_found_there_now(
+    sample: Path,
+) -> None:
+    """The demo agent created a file behind the client's back; a file of the user's at that
+    path now: the replay does not overwrite it (a disk divergence), and --apply applies
+    nothing."""
+    recorded = await prompt(
+        "demo", 'create notes.txt with "agent notes"', cwd=sample, policy="edit"
+    )
+    assert "notes.txt" in recorded.diff
+    record = await replay_record(recorded.run_id)
+    [[session]] = record.steps.values()
+    assert [(c.path, c.base) for c in session.changes] == [("notes.txt", None)]
+    (sample / "notes.txt").write_text("USER NOTES\n")
+    replayed = await replay_run(recorded.run_id, apply=True, in_process=True)
+    [found] = replayed.result["replay"]["divergences"]
+    assert found["kind"] == "disk"
+    assert "notes.txt holds other content than the recording found there" in found["detail"]
+    assert (sample / "notes.txt").read_text() == "USER NOTES\n"
+    assert replayed.result["applied"] is False

@@ -181,6 +181,9 @@ async def _replay(args: argparse.Namespace) -> int:
     replay = dict(outcome.result.get("replay") or {})
     if not args.json:
         _divergence_lines(replay, outcome.status)
+        for warning in outcome.result.get("warnings") or ():
+            if str(warning).startswith("not applied: the replay differs"):
+                say(terminal_text(str(warning)), sys.stdout)
     if code:
         return code
     return 1 if replay.get("divergences") or replay.get("notReplayable") else 0

@@ -61,18 +61,20 @@ def own_changes(branch: Branch) -> list[StoredChange]:
     """The branch's own changes (against what it forked from) as the store keeps them: each a
     ``write`` with the content and mode the path has now (a mode change too), or a ``delete``.
 
-    A change back to the content it forked from is kept (the agent wrote it).
+    A change back to the content it forked from is kept (the agent wrote it). Each says what
+    it forked from there (``base_digest``: the SHA-256 of that file, None if there was none).
     """
     out: list[StoredChange] = []
     for path, change in sorted(branch.changes.items()):
+        base = branch.base.digest(path)
         if isinstance(change, Write):
-            out.append(StoredChange(path, "write", change.data, change.mode))
+            out.append(StoredChange(path, "write", change.data, change.mode, base))
         elif isinstance(change, ModeChange):
             state = branch.state(path)
             if state is not None:  # a mode change of a path that is gone changes nothing
-                out.append(StoredChange(path, "write", state.data, change.mode))
+                out.append(StoredChange(path, "write", state.data, change.mode, base))
         elif isinstance(change, Delete):
-            out.append(StoredChange(path, "delete"))
+            out.append(StoredChange(path, "delete", base_digest=base))
     return out
 
 

@@ -95,6 +95,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     except OSError as e:
         print(f"error: cannot open {e.filename}: {e.strerror or e}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:  # Ctrl-C: an agent ends quietly, as on its stdin's end
+        sys.exit(130)
 
 
 if __name__ == "__main__":

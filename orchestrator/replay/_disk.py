@@ -4,13 +4,14 @@ Blocking: called in worker threads."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from pathlib import Path
 
 from .record import RecordedChange
 
-__all__ = ["NEW_FILE_MODE", "apply_change", "confined"]
+__all__ = ["NEW_FILE_MODE", "apply_change", "confined", "found_digests"]
 
 #: the mode of a file the record creates without one (the vfs's default)
 NEW_FILE_MODE = 0o644
@@ -67,3 +68,39 @@ def apply_change(cwd: Path, change: RecordedChange) -> None:
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
+
+
+#: what :func:`found_digests` says of a path that is no regular file (a link, a directory)
+NOT_A_FILE = "not a regular file"
+
+
+def found_digests(cwd: Path, paths: list[str]) -> dict[str, str | None]:
+    """What each of ``paths`` holds under ``cwd`` now: the file's SHA-256 (hex), None if there
+    is nothing, :data:`NOT_A_FILE` otherwise. A path :func:`confined` refuses is left out."""
+    found: dict[str, str | None] = {}
+    for rel in paths:
+        if confined(cwd, rel) is not None:
+            continue
+        target = cwd / rel
+        try:
+            st = target.lstat()
+        except FileNotFoundError:
+            found[rel] = None
+            continue
+        except OSError:
+            found[rel] = NOT_A_FILE
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            found[rel] = NOT_A_FILE
+            continue
+        sha = hashlib.sha256()
+        try:
+            fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            found[rel] = NOT_A_FILE
+            continue
+        with os.fdopen(fd, "rb") as f:
+            for piece in iter(lambda: f.read(1 << 20), b""):
+                sha.update(piece)
+        found[rel] = sha.hexdigest()
+    return found

@@ -29,7 +29,7 @@ from ..agent.session import STEP_META_KEY
 from ..errors import InvalidParams, JsonRpcError, UsageError
 from ..jsonrpc.connection import JsonRpcConnection
 from . import _frames
-from ._disk import apply_change, confined
+from ._disk import apply_change, confined, found_digests
 from ._divergence import (
     NOT_REPLAYABLE,
     Divergence,
@@ -37,7 +37,7 @@ from ._divergence import (
     diverged_error,
     short,
 )
-from .record import RecordedChange, RecordedSession, RecordedTurn, ReplayRecord
+from .record import BASE_UNKNOWN, RecordedChange, RecordedSession, RecordedTurn, ReplayRecord
 
 __all__ = ["ReplayAgent", "Timing", "run_replay_agent", "serve_replay_agent"]
 
@@ -80,6 +80,9 @@ class _Live:
     #: requests the record shows granted that were refused now, in any turn so far: the
     #: agent would not have made its disk changes
     refused: list[str] = field(factory=list)
+    #: what the paths of the recorded disk changes held before the first turn (see
+    #: :func:`~orchestrator.replay._disk.found_digests`); None until then
+    found: dict[str, str | None] | None = None
 
 
 @define(eq=False)
@@ -267,6 +270,9 @@ class ReplayAgent:
         try:
             with scope:
                 if index == 0:
+                    # what the recorded disk changes will land on, before any frame changes it
+                    paths = [change.path for change in _changes(live)]
+                    live.found = await trio.to_thread.run_sync(found_digests, live.cwd, paths)
                     # what the agent said of the session before its first prompt (its
                     # commands): the client has the session now, so these find it
                     for frame in live.recorded.opening:
@@ -474,6 +480,13 @@ class ReplayAgent:
                 if written is not None and written.encode("utf-8") == change.data:
                     continue  # a re-issued fs/write_text_file made it already
             problem = confined(live.cwd, change.path)
+            now = live.found.get(change.path) if live.found is not None else None
+            if problem is None and change.base != BASE_UNKNOWN and now != change.base:
+                # the agent wrote over what it found: never over something else
+                problem = (
+                    f"{change.path} holds other content than the recording found there: "
+                    "the recorded change was not made"
+                )
             if problem is None:
                 try:
                     await trio.to_thread.run_sync(apply_change, live.cwd, change)

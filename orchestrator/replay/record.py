@@ -26,7 +26,8 @@ is refused)::
               "prompt": [<ContentBlock>, ...], "frames": [<Frame>, ...],
               "response": {"result": {...}} | {"error": {...}} | null, "cut": true|false}
     Frame:   {"t": <seconds since the prompt>, "dir": "recv"|"send", "msg": <the frame>}
-    Change:  {"path", "kind": "write"|"delete", "data": <base64> | null, "mode": int | null}
+    Change:  {"path", "kind": "write"|"delete", "data": <base64> | null, "mode": int | null,
+              "base": <sha256> | null | "unknown"}     # base: optional, "unknown" if missing
 
 ``frames`` holds, in wire order, what the agent sent during the turn about this session (its
 notifications and requests: ``recv``) and our answers to those requests (``send``); the
@@ -50,6 +51,7 @@ from attrs import field, frozen
 from ..errors import UsageError
 
 __all__ = [
+    "BASE_UNKNOWN",
     "FORMAT",
     "VERSION",
     "RecordedChange",
@@ -64,6 +66,8 @@ __all__ = [
 FORMAT = "acp-orchestrator/replay-record"
 #: the version this code writes and the newest it reads
 VERSION = 1
+#: a change's ``base`` when the record does not say what the recording found
+BASE_UNKNOWN = "unknown"
 
 JsonObject = dict[str, Any]
 
@@ -159,10 +163,20 @@ class RecordedChange:
     data: bytes | None = None
     #: the file's mode bits as stored (None: a regular file of the default mode)
     mode: int | None = None
+    #: what the recording found there before the change: the file's SHA-256 (hex), None if
+    #: there was no file, :data:`BASE_UNKNOWN` if the record does not say; a replay makes
+    #: the change only over what the recording found
+    base: str | None = BASE_UNKNOWN
 
     def to_json(self) -> JsonObject:
         encoded = None if self.data is None else base64.b64encode(self.data).decode("ascii")
-        return {"path": self.path, "kind": self.kind, "data": encoded, "mode": self.mode}
+        return {
+            "path": self.path,
+            "kind": self.kind,
+            "data": encoded,
+            "mode": self.mode,
+            "base": self.base,
+        }
 
     @classmethod
     def from_json(cls, value: Any) -> RecordedChange:
@@ -183,7 +197,10 @@ class RecordedChange:
         mode = obj.get("mode")
         if mode is not None and (not isinstance(mode, int) or isinstance(mode, bool)):
             raise _bad(f"the change of {path!r} has a mode that is not a number")
-        return cls(path, kind, data, mode)
+        base = obj.get("base", BASE_UNKNOWN)
+        if base is not None and not isinstance(base, str):
+            raise _bad(f"the change of {path!r} has a base that is not a digest")
+        return cls(path, kind, data, mode, base)
 
 
 @frozen

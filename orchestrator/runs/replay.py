@@ -411,10 +411,9 @@ async def replay_run(
         if spec is not None:  # a prompt reads like a prompt again
             result = prompt_result(outcome, spec, time.monotonic() - started)
         if apply and agents.divergences:
-            held = (
-                "not applied: the replay differs from the record (see its divergences); "
-                f"review it, then apply it with `orchestrator apply {outcome.run_id}`"
-            )
+            held = "not applied: the replay differs from the record (see its divergences)"
+            if outcome.status == "succeeded":
+                held += f"; review it, then apply it with `orchestrator apply {outcome.run_id}`"
             result["warnings"] = [*result.get("warnings", ()), held]
         return {**result, "replay": _replay_json(record, agents, strict, timing, given)}
 

@@ -152,9 +152,11 @@ def _changes(own: Sequence[StoredChange]) -> tuple[RecordedChange, ...]:
     out: list[RecordedChange] = []
     for change in own:
         if change.kind == "delete":
-            out.append(RecordedChange(change.path, "delete"))
+            out.append(RecordedChange(change.path, "delete", base=change.base_digest))
         elif change.kind == "write":
-            out.append(RecordedChange(change.path, "write", change.data, change.mode))
+            out.append(
+                RecordedChange(change.path, "write", change.data, change.mode, change.base_digest)
+            )
     return tuple(out)
 
 

@@ -228,8 +228,16 @@ _V7 = _sql(
     "CREATE INDEX own_changes_blob ON own_changes (blob)",
 )
 
+# v8: what each own change found where it changed (the SHA-256 of the file it forked from, NULL
+# if there was none): a replay writes a recorded change only over what the recording found.
+# Rows written before it do not say ("unknown").
+_V8 = _sql(
+    "ALTER TABLE own_changes ADD COLUMN base_digest TEXT",
+    "UPDATE own_changes SET base_digest = 'unknown'",
+)
+
 #: the migrations, in order: ``MIGRATIONS[i]`` takes a database from version i to i + 1
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8)
 #: the version this code writes
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -234,9 +234,18 @@ def _stage_put_changes(op: PutChanges) -> Staged[None]:
                 if change.data is not None and digest is not None:
                     store_blob(conn, digest, change.data)
                 conn.execute(
-                    "INSERT INTO own_changes (run_id, key, seq, path, kind, blob, mode) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (run_id, key, seq, name_column(change.path), change.kind, digest, change.mode),
+                    "INSERT INTO own_changes (run_id, key, seq, path, kind, blob, mode, "
+                    "base_digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        run_id,
+                        key,
+                        seq,
+                        name_column(change.path),
+                        change.kind,
+                        digest,
+                        change.mode,
+                        change.base_digest,
+                    ),
                 )
             drop_unreferenced_blobs(conn, old)
 
@@ -376,10 +385,9 @@ def stage_batch(ops: Sequence[StoreOp]) -> Staged[None]:
 def stored_changes(
     conn: sqlite3.Connection, table: Literal["changes", "own_changes"], run_id: str, key: str
 ) -> list[StoredChange]:
-    """The rows of ``table`` for step ``key``, in order, with their contents (own changes
-    have no base digest). Blocking."""
+    """The rows of ``table`` for step ``key``, in order, with their contents. Blocking."""
     require_run(conn, run_id)
-    base = "c.base_digest" if table == "changes" else "NULL"
+    base = "c.base_digest"
     # a large content is read through its own handle, without SQLite's copy of it
     rows = conn.execute(
         f"SELECT c.path, c.kind, b.rowid, CASE WHEN b.size <= ? THEN b.data END, c.mode, {base} "
