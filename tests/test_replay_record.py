@@ -343,7 +343,10 @@ def test_own_changes_are_against_the_fork_and_keep_a_change_back_to_the_base() -
     child.delete("b.txt")
     child.chmod("c.sh", 0o755)
     assert "a.txt" not in child.net_changes()
-    sha = lambda data: hashlib.sha256(data).hexdigest()  # noqa: E731
+
+    def sha(data: bytes) -> str:
+        return hashlib.sha256(data).hexdigest()
+
     # each says what the child forked from there (its parent's content, not the run's base)
     assert own_changes(child) == [
         StoredChange("a.txt", "write", b"A\n", 0o100644, sha(b"parent\n")),
