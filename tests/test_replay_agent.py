@@ -9,6 +9,7 @@ against the official ACP schema (agent side), besides the client-side check of c
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 import subprocess
@@ -38,6 +39,7 @@ from orchestrator.jsonrpc.connection import JsonRpcConnection
 from orchestrator.policy import PolicySet
 from orchestrator.protocol import types as t
 from orchestrator.replay import (
+    BASE_UNKNOWN,
     RecordedChange,
     RecordedFrame,
     RecordedSession,
@@ -159,9 +161,11 @@ def make_record(steps: dict[str, Sequence[RecordedSession]]) -> ReplayRecord:
     )
 
 
-def write(path: str, data: bytes, mode: int | None = None) -> RecordedChange:
-    """A recorded write of ``path``."""
-    return RecordedChange(path, "write", data, mode)
+def write(
+    path: str, data: bytes, mode: int | None = None, *, base: str | None = BASE_UNKNOWN
+) -> RecordedChange:
+    """A recorded write of ``path`` (``base``: what it found there)."""
+    return RecordedChange(path, "write", data, mode, base)
 
 
 # --------------------------------------------------------------------------- schema (agent side)
@@ -408,10 +412,20 @@ def record_from_demo_transcript(path: Path, changes: Sequence[RecordedChange]) -
 
 
 def tree_changes(before: dict[str, bytes], after: dict[str, bytes]) -> list[RecordedChange]:
-    """What changed from ``before`` to ``after``, as recorded changes."""
-    changes = [write(p, d) for p, d in sorted(after.items()) if before.get(p) != d]
-    changes += [RecordedChange(p, "delete") for p in sorted(before) if p not in after]
+    """What changed from ``before`` to ``after``, as recorded changes (each with what it
+    found there, as the run store records them)."""
+    changes = [
+        write(p, d, base=sha(before.get(p))) for p, d in sorted(after.items()) if before.get(p) != d
+    ]
+    changes += [
+        RecordedChange(p, "delete", base=sha(before[p])) for p in sorted(before) if p not in after
+    ]
     return changes
+
+
+def sha(data: bytes | None) -> str | None:
+    """What the store records of a file's content: its SHA-256 (hex), None for no file."""
+    return None if data is None else hashlib.sha256(data).hexdigest()
 
 
 DEMO_FILES = {"a.txt": b"one\nold two\n", "gone.txt": b"bye\n"}
@@ -721,11 +735,11 @@ async def test_a_terminal_whose_output_and_exit_differ_is_reported(tmp_path: Pat
 async def test_disk_writes_apply_contents_modes_and_deletions(tmp_path: Path) -> None:
     """The recorded own changes land in the branch: new files, modes, deletions."""
     changes = [
-        write("a.txt", b"changed\n"),
+        write("a.txt", b"changed\n", base=sha(b"one\n")),
         write("bin/run.sh", b"#!/bin/sh\n", 0o100755),
         write("new.txt", b"new"),
         write("setid.sh", b"x", 0o106755),  # a record never sets a set-id or sticky bit
-        RecordedChange("old.txt", "delete"),
+        RecordedChange("old.txt", "delete", base=sha(b"x")),
     ]
     record = make_record({"edit": [session("s-1", [turn("go", [])], changes=changes)]})
     replayed = await replay(tmp_path, record, ["go"], files={"a.txt": b"one\n", "old.txt": b"x"})
@@ -1207,3 +1221,21 @@ def test_a_step_the_record_lacks_or_an_unknown_run_exits_2(tmp_path: Path, state
     done = run_replay_cli("feedbeef", "--state-dir", str(state_dir))
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1
     assert "feedbeef" in done.stderr
+
+
+async def test_a_change_that_does_not_say_what_it_found_overwrites_and_deletes_nothing(
+    tmp_path: Path,
+) -> None:
+    """A recorded change without its base (an old or hand-edited record) writes a path only
+    where nothing is now: an existing file is neither overwritten nor deleted."""
+    changes = [
+        write("user.txt", b"agent\n"),
+        RecordedChange("precious.txt", "delete"),
+        write("fresh.txt", b"new\n"),
+    ]
+    record = make_record({"edit": [session("s-1", [turn("go", [])], changes=changes)]})
+    files = {"user.txt": b"USER\n", "precious.txt": b"PRECIOUS\n"}
+    replayed = await replay(tmp_path, record, ["go"], files=files)
+    assert replayed.kinds() == ["disk", "disk"]
+    assert all("does not say what" in d["detail"] for d in replayed.divergences)
+    assert replayed.files == {**files, "fresh.txt": b"new\n"}

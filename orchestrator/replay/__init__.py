@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .record import (
+    BASE_UNKNOWN,
     FORMAT,
     VERSION,
     RecordedChange,
@@ -14,6 +15,7 @@ from .record import (
 )
 
 __all__ = [
+    "BASE_UNKNOWN",
     "FORMAT",
     "VERSION",
     "RecordedChange",

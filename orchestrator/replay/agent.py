@@ -481,7 +481,14 @@ class ReplayAgent:
                     continue  # a re-issued fs/write_text_file made it already
             problem = confined(live.cwd, change.path)
             now = live.found.get(change.path) if live.found is not None else None
-            if problem is None and change.base != BASE_UNKNOWN and now != change.base:
+            if problem is None and change.base == BASE_UNKNOWN and now is not None:
+                # the record does not say what was there: nothing there is overwritten or
+                # deleted (a path with nothing there now takes a write)
+                problem = (
+                    f"the record does not say what {change.path} held, and it holds something "
+                    "now: the recorded change was not made"
+                )
+            elif problem is None and change.base != BASE_UNKNOWN and now != change.base:
                 # the agent wrote over what it found: never over something else
                 problem = (
                     f"{change.path} holds other content than the recording found there: "
