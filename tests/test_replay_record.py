@@ -17,6 +17,7 @@ from orchestrator import Config, Pipeline, StepContext, prompt, run_pipeline, st
 from orchestrator.errors import RunNotFound, UsageError
 from orchestrator.pipeline._recording import own_changes
 from orchestrator.replay import RecordedSession, RecordedTurn, ReplayRecord
+from orchestrator.replay._frames import answers
 from orchestrator.runs.replay_record import record_from_transcript, replay_record
 from orchestrator.store import StoredChange, open_run_store
 from orchestrator.vfs.branch import Branch
@@ -469,3 +470,46 @@ def test_what_an_agent_says_before_the_first_prompt_is_the_sessions_opening(
     assert [f.msg["params"]["update"] for f in turn.frames] == [chunk]
     again = RecordedSession.from_json(orjson.loads(orjson.dumps(session.to_json())))
     assert again.opening == session.opening
+
+
+def agent_requests_transcript(tmp_path: Path, ids: list[Any]) -> Path:
+    """A transcript of one turn in which the agent reads a file per id of ``ids`` (each read
+    asked before any is answered, answered in reverse order)."""
+
+    def line(t: float, direction: str, **msg: Any) -> dict[str, Any]:
+        return {"dir": direction, "t": t, "agent": "a", "msg": {"jsonrpc": "2.0", **msg}}
+
+    prompt = {"sessionId": "s", "prompt": [{"type": "text", "text": "go"}]}
+    lines = [
+        line(0.0, "send", id=0, method="session/new", params={"cwd": "/x", "mcpServers": []}),
+        line(0.1, "recv", id=0, result={"sessionId": "s"}),
+        line(0.2, "send", id=1, method="session/prompt", params=prompt),
+    ]
+    for n, ident in enumerate(ids):
+        read = {"sessionId": "s", "path": f"/x/f{n}"}
+        lines.append(line(0.3, "recv", id=ident, method="fs/read_text_file", params=read))
+    for n, ident in reversed(list(enumerate(ids))):
+        lines.append(line(0.4, "send", id=ident, result={"content": f"text {n}"}))
+    lines.append(line(0.5, "recv", id=1, result={"stopReason": "end_turn"}))
+    path = tmp_path / "wire.ndjson"
+    path.write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in lines))
+    return path
+
+
+@pytest.mark.parametrize(
+    "ids", [["1", 1], [1, 1.0]], ids=["string-and-integer", "integer-and-float"]
+)
+def test_an_agents_requests_of_equal_looking_ids_get_each_its_own_answer(
+    tmp_path: Path, ids: list[Any]
+) -> None:
+    """Ids an agent numbers apart (string "1" and integer 1, integer 1 and float 1.0) keep
+    each request paired with its own answer, as the replay agent pairs them."""
+    [session] = record_from_transcript(agent_requests_transcript(tmp_path, ids)).steps["a:s"]
+    [turn] = session.turns
+    paired = answers(turn)
+    assert len(paired) == len(ids)
+    for at, reply in paired.items():
+        asked = turn.frames[at].msg
+        assert type(reply["id"]) is type(asked["id"])
+        assert reply["result"] == {"content": f"text {asked['params']['path'][-1]}"}
+    assert len(turn.frames) == 2 * len(ids)  # each request and its one answer, nothing else

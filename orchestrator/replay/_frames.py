@@ -38,6 +38,8 @@ def answers(turn: RecordedTurn) -> dict[int, dict[str, Any]]:
 
 
 def id_key(value: Any) -> Any:
+    """A JSON-RPC id as a dict key: its type kept (an agent numbers ids of each type apart, so
+    ``"1"``, ``1`` and ``1.0`` are three ids), a list or object id made hashable."""
     return (type(value).__name__, value) if isinstance(value, str | int) else repr(value)
 
 

@@ -29,6 +29,7 @@ import trio
 from attrs import define, field
 
 from ..errors import UsageError
+from ..replay._frames import id_key
 from ..replay.record import (
     RecordedChange,
     RecordedFrame,
@@ -271,7 +272,7 @@ class _Transcript:
             params = msg.get("params")
             session = params.get("sessionId") if isinstance(params, dict) else None
             if direction == "send" and isinstance(method, str) and has_id:
-                ident = _key(msg["id"])
+                ident = id_key(msg["id"])
                 sent[ident] = method
                 cwd = params.get("cwd") if isinstance(params, dict) else None
                 if isinstance(cwd, str):
@@ -288,7 +289,7 @@ class _Transcript:
                     )
                     index.prompt_lines.append(i)
             elif direction == "recv" and method is None and has_id:
-                ident = _key(msg["id"])
+                ident = id_key(msg["id"])
                 index.answers.setdefault(ident, []).append(i)
                 what = sent.get(ident)
                 result = msg.get("result")
@@ -307,7 +308,7 @@ class _Transcript:
                 if isinstance(session, str):
                     index.frames.setdefault(session, []).append(i)
             elif direction == "send" and method is None and has_id:
-                index.replies.setdefault(_key(msg["id"]), []).append(i)
+                index.replies.setdefault(id_key(msg["id"]), []).append(i)
         return index
 
     def session(self, session_id: str, nth: int) -> _Built:
@@ -365,7 +366,7 @@ class _Transcript:
                 if "id" in msg and msg.get("id") is not None:
                     # our answer: the first reply with its id after it (an agent may use an
                     # id again once answered)
-                    replies = self.replies.get(_key(msg["id"]), [])
+                    replies = self.replies.get(id_key(msg["id"]), [])
                     picked.extend([r for r in replies if r > i][:1])
         recorded = [
             RecordedFrame(
@@ -406,18 +407,11 @@ def _param(lines: list[JsonObject], at: int, sent: Mapping[Any, str], ident: Any
         if (
             line.get("dir") == "send"
             and isinstance(msg, dict)
-            and _key(msg.get("id")) == ident
+            and id_key(msg.get("id")) == ident
             and isinstance(msg.get("params"), dict)
         ):
             return msg["params"].get("sessionId")
     return None
-
-
-def _key(ident: Any) -> Any:
-    """A JSON-RPC id as a dict key (a list or object id is not hashable)."""
-    if isinstance(ident, str | int | float) or ident is None:
-        return ident
-    return orjson.dumps(ident)
 
 
 def _time(line: Mapping[str, Any]) -> float:
