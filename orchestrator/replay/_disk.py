@@ -4,11 +4,11 @@ Blocking: called in worker threads."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 from pathlib import Path
 
+from ..vfs._fileio import digest_fd
 from .record import RecordedChange
 
 __all__ = ["NEW_FILE_MODE", "apply_change", "confined", "found_digests"]
@@ -75,8 +75,9 @@ NOT_A_FILE = "not a regular file"
 
 
 def found_digests(cwd: Path, paths: list[str]) -> dict[str, str | None]:
-    """What each of ``paths`` holds under ``cwd`` now: the file's SHA-256 (hex), None if there
-    is nothing, :data:`NOT_A_FILE` otherwise. A path :func:`confined` refuses is left out."""
+    """What each of ``paths`` holds under ``cwd`` now: the file's digest (the vfs's, as a
+    recorded change's base is), None if there is nothing, :data:`NOT_A_FILE` otherwise. A
+    path :func:`confined` refuses is left out."""
     found: dict[str, str | None] = {}
     for rel in paths:
         if confined(cwd, rel) is not None:
@@ -93,14 +94,14 @@ def found_digests(cwd: Path, paths: list[str]) -> dict[str, str | None]:
         if not stat.S_ISREG(st.st_mode):
             found[rel] = NOT_A_FILE
             continue
-        sha = hashlib.sha256()
         try:
             fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
             found[rel] = NOT_A_FILE
             continue
-        with os.fdopen(fd, "rb") as f:
-            for piece in iter(lambda: f.read(1 << 20), b""):
-                sha.update(piece)
-        found[rel] = sha.hexdigest()
+        try:
+            # the vfs's own digest: what a recorded change's base digest was taken with
+            found[rel] = digest_fd(fd)
+        finally:
+            os.close(fd)
     return found
