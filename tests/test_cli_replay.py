@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -392,6 +393,28 @@ async def test_bad_usage_is_one_line_and_exit_2(
     assert says in line, line
     async with open_run_store(state_dir) as store:
         assert [r.run_id for r in await store.list_runs(limit=None)] == ["5a1e0f"]
+
+
+@pytest.mark.parametrize("name", ["x.json", "x"])
+async def test_a_missing_file_is_said_alike_by_both_entry_points(
+    name: str, tmp_path: Path, state_dir: Path, no_demo: Path
+) -> None:
+    """A source naming a file that is not there (a path: never a run id) gets the same one
+    line from orchestrator replay and from python -m orchestrator.replay."""
+    missing = str(tmp_path / "nonexistent" / name)
+    cli = one_line_error(await replay(missing, tmp_path=tmp_path, state=state_dir, config=no_demo))
+    with trio.fail_after(CLI_LIMIT):
+        agent = await trio.run_process(
+            [sys.executable, "-m", "orchestrator.replay", missing, "--state-dir", str(state_dir)],
+            stdin=b"",
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    said = one_line_error(agent)
+    # each says the error after its own program name
+    assert cli == f"orchestrator: {said}", (cli, said)
+    assert said == f"error: cannot read the replay record {missing}: No such file or directory"
 
 
 async def test_a_replay_run_is_not_resumed(

@@ -19,28 +19,27 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import OrchestratorError, UsageError
-from .record import ReplayRecord, load_record
+from .record import ReplayRecord
 
 
 def _load(source: str, state_dir: str | None) -> ReplayRecord:
-    """The record ``source`` names: a record file, a transcript file, or a run of the store."""
+    """The record ``source`` names: a transcript file, else what ``orchestrator replay`` takes
+    (a record file or a run of the store, told apart by
+    :func:`~orchestrator.runs.replay.load_replay_record`)."""
     if os.path.isfile(source):
         with open(source, "rb") as f:
             head = f.read(4096).lstrip()
-        if head.startswith(b"{") and b'"format"' not in head.split(b"\n", 1)[0]:
-            first = head.split(b"\n", 1)[0]
-            if b'"dir"' in first:  # an ND-JSON transcript line, not a record document
-                from ..runs.replay_record import record_from_transcript
+        first = head.split(b"\n", 1)[0]
+        # an ND-JSON transcript line, not a record document
+        if head.startswith(b"{") and b'"format"' not in first and b'"dir"' in first:
+            from ..runs.replay_record import record_from_transcript
 
-                return record_from_transcript(source)
-        return load_record(source)
-    if os.sep in source or source.endswith((".json", ".jsonl", ".ndjson")):
-        return load_record(source)  # a file that is not there: said as such
+            return record_from_transcript(source)
     import trio
 
-    from ..runs.replay_record import replay_record
+    from ..runs.replay import load_replay_record
 
-    return trio.run(lambda: replay_record(source, state_dir=state_dir))
+    return trio.run(lambda: load_replay_record(source, state_dir=state_dir))
 
 
 def _only_step(record: ReplayRecord, step: str) -> ReplayRecord:

@@ -56,7 +56,14 @@ from .run import RunOutcome, run_pipeline
 if TYPE_CHECKING:
     from ..supervisor import ConnectArgs
 
-__all__ = ["RECORD_FILE", "ReplayAgents", "Timing", "load_replay_record", "replay_run"]
+__all__ = [
+    "RECORD_FILE",
+    "ReplayAgents",
+    "Timing",
+    "load_replay_record",
+    "names_a_file",
+    "replay_run",
+]
 
 log = get_logger(__name__)
 
@@ -72,18 +79,38 @@ async def load_replay_record(
     *,
     state_dir: str | os.PathLike[str] | None = None,
 ) -> ReplayRecord:
-    """``run`` as a replay record: itself, the record file it names (an existing file, or a
-    path ending in ``.json``), else the record of the run of that id in the run store."""
+    """``run`` as a replay record: itself, the record file it names, else the record of the
+    run of that id (or unique prefix) in the run store.
+
+    The one rule of what names a file (``python -m orchestrator.replay`` follows it too): a
+    path object, an existing file, or a name a run id never is: one holding a path separator
+    or ending in a record or transcript suffix. A file that is not there is said as such
+    (:class:`~orchestrator.errors.UsageError`), never looked up as a run.
+    """
     if isinstance(run, ReplayRecord):
         return run
     name = os.fspath(run)
     if not name:
         raise UsageError("replay: no run given (a run id or a replay record file)")
-    if not isinstance(run, str) or name.endswith(".json") or os.path.isfile(name):
+    if not isinstance(run, str) or names_a_file(name):
         return await trio.to_thread.run_sync(load_record, name)
     from .replay_record import replay_record
 
     return await replay_record(name, state_dir=state_dir)
+
+
+#: what a record or transcript file's name ends in (a run id never does)
+_FILE_SUFFIXES = (".json", ".jsonl", ".ndjson")
+
+
+def names_a_file(name: str) -> bool:
+    """Whether ``name`` given as a replay's source names a file rather than a run id."""
+    separators = [os.sep] + ([os.altsep] if os.altsep else [])
+    return (
+        any(sep in name for sep in separators)
+        or name.endswith(_FILE_SUFFIXES)
+        or os.path.isfile(name)
+    )
 
 
 @define(eq=False)
