@@ -283,10 +283,16 @@ class _TimedPool:
         services: ClientServices | None = None,
         step: str | None = None,
         mcp_servers: Sequence[t.McpServer] = (),
+        instance: str | None = None,
     ) -> AsyncIterator[LeaseLike]:
         start = time.perf_counter()
         manager = self.supervisor.lease(
-            spec, cwd=cwd, services=services, step=step, mcp_servers=mcp_servers
+            spec,
+            cwd=cwd,
+            services=services,
+            step=step,
+            mcp_servers=mcp_servers,
+            instance=instance,
         )
         lease = await manager.__aenter__()
         self.agent_seconds += time.perf_counter() - start

@@ -289,8 +289,13 @@ class Supervisor:
         services: ClientServices | None = None,
         step: str | None = None,
         mcp_servers: Sequence[t.McpServer] = (),
+        instance: str | None = None,
     ) -> AsyncIterator[Lease]:
         """A new session of ``spec`` in ``cwd``, on a pooled process, for the block's duration.
+
+        ``step`` is the session's step (its name, which policies scope by); ``instance``, the
+        step instance it serves (``rename[a.py]``), is what ``session/new`` names when the
+        agent's connection asks for it (``ClientOptions.step_meta``).
 
         Waits for room under the global and the agent's limits. A spec with a
         :attr:`~orchestrator.agents.AgentSpec.sandbox` gets a process per session, confined to
@@ -309,7 +314,7 @@ class Supervisor:
             try:
                 assert proc.conn is not None
                 session = await proc.conn.new_session(
-                    cwd, services=services, step=step, mcp_servers=mcp_servers
+                    cwd, services=services, step=step, mcp_servers=mcp_servers, instance=instance
                 )
             except BaseException:
                 proc.sessions -= 1

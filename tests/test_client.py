@@ -403,6 +403,16 @@ async def test_step_meta_names_the_step_in_session_new(tmp_path: Path) -> None:
     assert "_meta" not in second
 
 
+async def test_step_meta_names_the_instance_when_given(tmp_path: Path) -> None:
+    """An instance given names the session/new's step in _meta; the session's own step (what
+    policies scope by) stays the step's name."""
+    async with connect(turns(), options=ClientOptions(step_meta=True)) as (conn, record):
+        session = await conn.new_session(tmp_path, step="review", instance="review[alice]")
+    assert session.step == "review"
+    (params,) = new_session_params(record)
+    assert params["_meta"] == {"acp-orchestrator": {"step": "review[alice]"}}
+
+
 async def test_step_meta_is_off_by_default(tmp_path: Path) -> None:
     """Without step_meta, session/new sends no _meta even for a session of a step."""
     async with connect(turns()) as (conn, record):

@@ -54,9 +54,15 @@ class CountingPool:
         services: ClientServices | None = None,
         step: str | None = None,
         mcp_servers: Sequence[t.McpServer] = (),
+        instance: str | None = None,
     ) -> AsyncIterator[Lease]:
         async with self.inner.lease(
-            spec, cwd=cwd, services=services, step=step, mcp_servers=mcp_servers
+            spec,
+            cwd=cwd,
+            services=services,
+            step=step,
+            mcp_servers=mcp_servers,
+            instance=instance,
         ) as lease:
             self.live += 1
             self.leases += 1
@@ -385,9 +391,15 @@ class SpendingPool:
         services: ClientServices | None = None,
         step: str | None = None,
         mcp_servers: Sequence[t.McpServer] = (),
+        instance: str | None = None,
     ) -> AsyncIterator[Lease]:
         async with self.inner.lease(
-            spec, cwd=cwd, services=services, step=step, mcp_servers=mcp_servers
+            spec,
+            cwd=cwd,
+            services=services,
+            step=step,
+            mcp_servers=mcp_servers,
+            instance=instance,
         ) as lease:
             self.budget.observe(object(), 2, None)
             yield lease

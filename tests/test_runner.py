@@ -95,9 +95,15 @@ class CountingPool:
         services: ClientServices | None = None,
         step: str | None = None,
         mcp_servers: Sequence[t.McpServer] = (),
+        instance: str | None = None,
     ) -> AsyncIterator[Lease]:
         async with self.inner.lease(
-            spec, cwd=cwd, services=services, step=step, mcp_servers=mcp_servers
+            spec,
+            cwd=cwd,
+            services=services,
+            step=step,
+            mcp_servers=mcp_servers,
+            instance=instance,
         ) as lease:
             self.live += 1
             self.leases += 1
@@ -693,9 +699,15 @@ class UpdateRecordingPool:
         services: ClientServices | None = None,
         step: str | None = None,
         mcp_servers: Sequence[t.McpServer] = (),
+        instance: str | None = None,
     ) -> AsyncIterator[Any]:
         async with self.inner.lease(
-            spec, cwd=cwd, services=services, step=step, mcp_servers=mcp_servers
+            spec,
+            cwd=cwd,
+            services=services,
+            step=step,
+            mcp_servers=mcp_servers,
+            instance=instance,
         ) as lease:
             yield _RecordingLease(lease, self)
 

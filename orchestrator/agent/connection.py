@@ -46,7 +46,6 @@ from .services import (
     SessionContext,
 )
 from .session import (
-    STEP_INSTANCE,
     STEP_META_KEY,
     AcpSession,
     ClientOptions,
@@ -231,17 +230,19 @@ class AgentConnection:
         mcp_servers: Sequence[t.McpServer] = (),
         services: ClientServices | None = None,
         step: str | None = None,
+        instance: str | None = None,
     ) -> AcpSession:
         """Open a session in ``cwd`` (made absolute); authenticates first if the agent asks.
 
         With :attr:`ClientOptions.step_meta`, the step instance a pipeline opens it for
-        (:data:`STEP_INSTANCE`), else ``step``, goes to the agent in the request's ``_meta``
-        (under :data:`STEP_META_KEY`).
+        (``instance``: ``rename[a.py]``), else ``step``, goes to the agent in the request's
+        ``_meta`` (under :data:`STEP_META_KEY`). The session's own ``step`` is ``step``: the
+        step's name, which policies scope by.
         """
         check_mcp_capabilities(mcp_servers, self.agent_capabilities.mcp_capabilities, self.name)
         path = os.path.abspath(cwd)
         meta = None
-        named = STEP_INSTANCE.get() or step
+        named = instance or step
         if self.options.step_meta and named is not None:
             meta = {STEP_META_KEY: {"step": named}}
         request = t.NewSessionRequest(cwd=path, mcp_servers=list(mcp_servers), meta=meta)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -44,7 +43,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CLIENT_INFO",
-    "STEP_INSTANCE",
     "STEP_META_KEY",
     "AcpSession",
     "ClientOptions",
@@ -56,10 +54,6 @@ log = get_logger(__name__)
 #: the key of ``session/new``'s ``_meta`` under which :attr:`ClientOptions.step_meta` names
 #: the step instance: ``{"acp-orchestrator": {"step": KEY}}``
 STEP_META_KEY = "acp-orchestrator"
-#: the step instance a pipeline opens a session for (``rename[a.py]``), set by the pipeline
-#: around its lease: what :attr:`ClientOptions.step_meta` names in ``session/new`` (the
-#: session's own ``step`` is the step's name, which policies scope by)
-STEP_INSTANCE: ContextVar[str | None] = ContextVar("orchestrator_step_instance", default=None)
 CLIENT_INFO = t.Implementation(name="acp-orchestrator", title="ACP Orchestrator", version="0.1.0")
 UpdateCallback = Callable[[t.SessionUpdate], None]
 # The updates that change the session's own state, besides being part of a turn.

@@ -499,8 +499,16 @@ class _GatedPool:
         services: ClientServices | None = None,
         step: str | None = None,
         mcp_servers: Sequence[t.McpServer] = (),
+        instance: str | None = None,
     ) -> AbstractAsyncContextManager[LeaseLike]:
-        return self._lease(spec, cwd=cwd, services=services, step=step, mcp_servers=mcp_servers)
+        return self._lease(
+            spec,
+            cwd=cwd,
+            services=services,
+            step=step,
+            mcp_servers=mcp_servers,
+            instance=instance,
+        )
 
     @asynccontextmanager
     async def _lease(self, spec: AgentSpec, **kwargs: Any) -> AsyncIterator[LeaseLike]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,6 @@ from ..agent.client import AcpSession
 from ..agent.content import PromptInput
 from ..agent.permissions import Escalate
 from ..agent.services import ClientServices
-from ..agent.session import STEP_INSTANCE
 from ..agent.turn import TurnResult
 from ..agents import AgentSpec, label_agents
 from ..errors import ErrorKind, TurnTimeout, UsageError
@@ -261,15 +260,15 @@ class AgentTurns:
             # the session's step is the step's name, not the instance's (``plan[a]``): what
             # policies scope by (``step:plan``, a rule's ``steps``) in every fan-out alike
             servers = self.mcp_servers.get((step.name, agent), ())
-            async with _for_instance(
-                name,
-                self.pool.lease(
-                    spec,
-                    cwd=workdir.root,
-                    services=services,
-                    step=step.name,
-                    mcp_servers=[server.to_protocol() for server in servers],
-                ),
+            # the session/new names the instance: what a replay agent picks its recorded
+            # session by
+            async with self.pool.lease(
+                spec,
+                cwd=workdir.root,
+                services=services,
+                step=step.name,
+                mcp_servers=[server.to_protocol() for server in servers],
+                instance=name,
             ) as lease:
                 session = lease.session
                 # which session served this attempt, on which process (the transcript's source;
@@ -641,17 +640,3 @@ def _in_time(
         yield
     if scope.cancelled_caught:
         raise TurnTimeout(f"step {step.name} ran out of its {timeout:g}s {what}", agent=agent)
-
-
-@contextlib.asynccontextmanager
-async def _for_instance(
-    key: str, lease: contextlib.AbstractAsyncContextManager[LeaseLike]
-) -> AsyncIterator[LeaseLike]:
-    """``lease``, its session opened for step instance ``key`` (:data:`STEP_INSTANCE`: what a
-    replay agent picks the instance's recorded session by)."""
-    token = STEP_INSTANCE.set(key)
-    try:
-        async with lease as entered:
-            yield entered
-    finally:
-        STEP_INSTANCE.reset(token)

@@ -51,6 +51,7 @@ class AgentPool(Protocol):
         services: ClientServices | None = None,
         step: str | None = None,
         mcp_servers: Sequence[t.McpServer] = (),
+        instance: str | None = None,
     ) -> AbstractAsyncContextManager[LeaseLike]: ...
 
 
