@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.pipeline._supply import MARGIN, Decision, TreeUse, decide, fresh_copies
+from orchestrator.pipeline._supply import (
+    BUSY,
+    MARGIN,
+    CpuUse,
+    Decision,
+    TreeUse,
+    decide,
+    fresh_copies,
+)
 
 
 def test_nothing_in_use_copies() -> None:
@@ -77,3 +85,39 @@ def test_tree_use_estimates_follow_what_it_saw() -> None:
 def test_fresh_copies_is_at_least_one() -> None:
     """At least one fresh copy may run, whatever the machine."""
     assert fresh_copies() >= 1
+
+
+def test_a_busy_process_copies_no_more() -> None:
+    """While directories are in use and the run's process uses a CPU, no copy is made."""
+    # the queue alone would copy (see above)
+    assert decide([0.1], 0, 63, 0.2, 2.5).copy
+    assert decide([0.1], 0, 63, 0.2, 2.5, busy=BUSY - 0.1).copy
+    assert decide([0.1], 0, 63, 0.2, 2.5, busy=BUSY) == Decision(False, 2.5)
+    # nothing in use or being made: a copy all the same (nothing would come back)
+    assert decide([], 0, 63, 0.2, 2.5, busy=1.5).copy
+
+
+def test_one_return_is_not_yet_a_usual_hold() -> None:
+    """The first directory back (its turn started the agent) leaves the wait-a-copy rule on."""
+    use = TreeUse()
+    use.copied(2.0)
+    use.waiting = 60
+    use.handed("/d1", 10.0)
+    use.returned("/d1", 10.4)
+    use.handed("/d1", 10.4)
+    # one return: the queue rule would copy (60 x 0.4 s > 3 copies) but waits as a copy takes
+    waiting = use.decide(10.5, 0)
+    assert not waiting.copy and waiting.recheck == pytest.approx(1.9)
+    use.returned("/d1", 10.8)
+    use.handed("/d1", 10.8)
+    assert use.decide(10.9, 0).copy
+
+
+def test_cpu_use_is_sampled_over_spans_without_copies() -> None:
+    """The CPUs used are measured over spans of at least the window, restarted after a copy."""
+    cpu = CpuUse(window=0.1)
+    assert cpu.sample(0.0, 0.0) is None  # the first mark
+    assert cpu.sample(0.05, 0.05) is None  # too short a span
+    assert cpu.sample(0.2, 0.2) == pytest.approx(1.0)
+    cpu.restart(5.0, 9.0)  # a copy took 8.8 s of CPU meanwhile: not a sample
+    assert cpu.sample(6.0, 9.5) == pytest.approx(1.0 + 0.3 * (0.5 - 1.0))

@@ -50,7 +50,7 @@ from ._dircosts import (
     is_small,
     timed,
 )
-from ._supply import TreeUse, fresh_copies
+from ._supply import CpuUse, TreeUse, fresh_copies
 
 __all__ = [
     "INLINE_MAX_BYTES",
@@ -170,6 +170,10 @@ class BranchDirs:
     _taking: int = field(init=False, default=0)
     #: set (and replaced) when a directory comes back or a copy ends
     _changed: trio.Event = field(init=False, factory=trio.Event)
+    #: the CPUs this process used lately, sampled as directories are handed out and come back
+    _cpu: CpuUse = field(init=False, factory=CpuUse)
+    #: fresh copies under way (no CPU sample is taken meanwhile)
+    _copying: int = field(init=False, default=0)
 
     def __attrs_post_init__(self) -> None:
         self._disk = trio.Semaphore(max(self.limit, 1))
@@ -297,6 +301,7 @@ class BranchDirs:
                     if taken is not None:
                         return taken, True
                 pending = self.pending() if self.pending is not None else 0
+                use.busy = self._cpu.busy
                 decision = use.decide(trio.current_time(), pending)
                 if decision.copy:
                     try:
@@ -344,6 +349,7 @@ class BranchDirs:
             if discards != len(discarded):
                 self._supplied()  # one fewer in the pool: others decide again
         if taken is not None:
+            self._sample_cpu()
             use.handed(taken.root, trio.current_time())
             self._handed[taken.root] = use
         return taken
@@ -354,7 +360,8 @@ class BranchDirs:
         """A fresh copy of ``branch`` (one job of the budget), timed into ``use``."""
         if use is not None:
             use.copying += 1
-        started = trio.current_time()
+        self._copying += 1
+        started, cpu = trio.current_time(), time.process_time()
         try:
             # a job may copy on a few threads of its own (see materialize: where copying waits
             # on the disk they overlap the waits); the budget bounds the jobs, so the threads
@@ -365,12 +372,22 @@ class BranchDirs:
         finally:
             if use is not None:
                 use.copying -= 1
+            self._copying -= 1
+            if not self._copying:
+                self._cpu.restart(trio.current_time(), time.process_time())
         if use is not None:
             now = trio.current_time()
-            use.copied(now - started)
+            # what the copy costs the run: its time, or, on a machine it kept busy, the CPU
+            # time it took from the run (its threads', and what ran meanwhile: the larger)
+            use.copied(max(now - started, time.process_time() - cpu))
             use.handed(made.root, now)
             self._handed[made.root] = use
         return made
+
+    def _sample_cpu(self) -> None:
+        """A sample of this process's CPU use, unless a fresh copy is under way."""
+        if not self._copying:
+            self._cpu.sample(trio.current_time(), time.process_time())
 
     def _supplied(self) -> None:
         """Wake the branches waiting for a directory: one may be there, or a copy may start."""
@@ -409,6 +426,7 @@ class BranchDirs:
         counted, holds = self._live.pop(workdir.root, (0, False))
         use = self._handed.pop(workdir.root, None)
         if use is not None:
+            self._sample_cpu()
             use.returned(workdir.root, trio.current_time())
             # pooled or not, a waiting branch decides again (with one directory fewer in use)
             self._supplied()

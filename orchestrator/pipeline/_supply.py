@@ -9,13 +9,19 @@ is pure: :class:`~orchestrator.pipeline._branchio.BranchDirs` feeds it the figur
 
 - Nothing of the tree is in use or being made: copy (nothing would come back).
 - The first copy is under way: wait for it (it tells how long a copy takes).
-- No directory has come back yet: wait as long as a copy takes, measured from the start of the
-  oldest use (the rent-or-buy rule: at most twice the better choice's cost), then copy.
+- No directory has come back yet, or only one (the first turns start the agents: their time
+  says little of the next): wait as long as a copy takes, measured from the start of the oldest
+  use (the rent-or-buy rule: at most twice the better choice's cost), then copy.
 - Otherwise the work queued for the directories there are (branches waiting for one of them,
   and instances waiting to start, each holding a directory as long as they have so far) is
   compared with the copy: a copy is made only when that work exceeds :data:`MARGIN` copies. A
   new directory shortens the queue only once it is made, and competes with the directories in
   use while it is made; below that, the directories there are finish the queue as soon.
+- A copy's cost is its time, or the CPU time it took (its threads', and what ran meanwhile),
+  whichever is larger: on a machine the run keeps busy, that is what the copy takes from it.
+- While directories are in use and the run's process has lately been using about a whole CPU
+  (:data:`BUSY`: its Python code runs one thread at a time), a directory more cannot make the
+  turns go faster: their time is the run's own work, not a wait for the agents. No copy then.
 
 Fresh copies are made one after another (per tree and across trees, see :func:`fresh_copies`):
 copies at once contend for the same disk and slow each other down.
@@ -29,10 +35,12 @@ from attrs import define, field, frozen
 
 from .._util import usable_cpus
 
-__all__ = ["MARGIN", "Decision", "TreeUse", "decide", "fresh_copies"]
+__all__ = ["BUSY", "MARGIN", "CpuUse", "Decision", "TreeUse", "decide", "fresh_copies"]
 
 #: a copy is made when the queued work exceeds this many copies' time
 MARGIN = 3.0
+#: the run's process using this many CPUs or more is busy: a directory more would not help
+BUSY = 0.8
 #: weight of the latest figure in the running estimates
 _SMOOTHING = 0.3
 
@@ -63,17 +71,21 @@ def decide(
     demand: int,
     hold: float | None,
     copy: float | None,
+    busy: float | None = None,
 ) -> Decision:
     """Copy the tree now, or wait for a directory of it to come back.
 
     ``held``: for how long each directory of the tree in use has been held; ``copying``: copies
     of it under way; ``demand``: the branches that want one of its directories (the deciding one
     included, and instances of the run waiting to start); ``hold``: the usual time a directory
-    is held; ``copy``: the usual time a fresh copy takes (None: none measured yet).
+    is held; ``copy``: the usual cost of a fresh copy (None: none measured yet); ``busy``: the
+    CPUs the run's process used lately (None: not known).
     """
     spans = list(held)
     if not spans and not copying:
         return COPY
+    if busy is not None and busy >= BUSY and copy is not None:
+        return Decision(False, copy)
     if copy is None:
         # the first copy is under way (or none was ever finished): it will tell
         return COPY if not copying else Decision(False)
@@ -101,6 +113,10 @@ class TreeUse:
     waiting: int = 0
     hold: float | None = None
     copy: float | None = None
+    #: the CPUs the run's process used lately (set by the run)
+    busy: float | None = None
+    #: directories that came back so far
+    returns: int = 0
 
     def handed(self, directory: str, now: float) -> None:
         """``directory`` is in use from ``now``."""
@@ -111,6 +127,7 @@ class TreeUse:
         since = self.held.pop(directory, None)
         if since is not None:
             self.hold = _smooth(self.hold, now - since)
+            self.returns += 1
 
     def copied(self, seconds: float) -> None:
         """A fresh copy took ``seconds``."""
@@ -122,9 +139,35 @@ class TreeUse:
             (now - since for since in self.held.values()),
             self.copying,
             self.waiting + pending,
-            self.hold,
+            self.hold if self.returns >= 2 else None,
             self.copy,
+            self.busy,
         )
+
+
+@define
+class CpuUse:
+    """The CPUs a process used lately, from samples of its CPU time: each over at least
+    :attr:`window` seconds since the one before, smoothed. A span in which a fresh copy ran
+    is no sample: it tells what the copy costs, not what the turns do."""
+
+    window: float = 0.1
+    busy: float | None = None
+    _mark: tuple[float, float] | None = None
+
+    def restart(self, now: float, cpu: float) -> None:
+        """Start the next span at ``now`` (a copy ended, or runs: no sample until it ends)."""
+        self._mark = (now, cpu)
+
+    def sample(self, now: float, cpu: float) -> float | None:
+        """Take a sample (``now``: wall clock, ``cpu``: the process's CPU time); :attr:`busy`."""
+        if self._mark is None:
+            self._mark = (now, cpu)
+        elif now - self._mark[0] >= self.window:
+            rate = (cpu - self._mark[1]) / (now - self._mark[0])
+            self.busy = _smooth(self.busy, rate)
+            self._mark = (now, cpu)
+        return self.busy
 
 
 def _smooth(current: float | None, sample: float) -> float:
