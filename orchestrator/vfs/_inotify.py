@@ -119,10 +119,6 @@ class Inotify:
         self._by_dir[rel_dir] = wd
         return True
 
-    def watches(self, rel_dir: str) -> bool:
-        """Whether directory ``rel_dir`` has a watch of this instance."""
-        return rel_dir in self._by_dir
-
     def read(self) -> list[Event]:
         """Every queued event, without waiting. Sets :attr:`overflowed` on queue overflow."""
         events: list[Event] = []

@@ -56,7 +56,6 @@ from .._log import get_logger
 from .._names import name_bytes, name_of
 from ._fileio import CopyTally, make_dirs, remove_tree
 from ._links import LinkMap
-from ._survey import Handover
 from .branch import Branch
 from .changes import Change, ModeChange, Write
 from .checkout import (
@@ -220,8 +219,7 @@ class PoolStats:
     (not proven clean), evicted (over the limit), and what the resets cost: ``reset_paths``,
     the paths removed, written again or given their mode back (each counted once, an entry
     of a removed directory too), and ``reset_bytes``, the bytes of the files removed plus
-    those written; ``unscanned``, the resets that took what the directory's last harvest saw
-    instead of a stat of every entry (nothing having happened in it since)."""
+    those written."""
 
     made: int = 0
     reused: int = 0
@@ -229,7 +227,6 @@ class PoolStats:
     evicted: int = 0
     reset_paths: int = 0
     reset_bytes: int = 0
-    unscanned: int = 0
 
 
 @define(eq=False)
@@ -264,28 +261,6 @@ class _Origin:
 class _Parked:
     path: str
     origin: _Origin
-    #: what the directory's last harvest saw, with the watch since (None: the reset stats)
-    handed: Handover | None = None
-
-    def release(self) -> None:
-        """Release the watch handed over with the directory, if any."""
-        if self.handed is not None:
-            self.handed.close()
-            self.handed = None
-
-
-@frozen
-class _Found:
-    """What a reset found on disk before writing the files of the tree again."""
-
-    #: files of the tree to write again (not found as written), and those removed
-    stale: list[str]
-    removed: set[str]
-    #: directories of the tree found
-    dirs: set[str]
-    #: paths and bytes removed or put right so far
-    paths: int
-    size: int
 
 
 class _Unclean(Exception):
@@ -312,7 +287,6 @@ class DirPool:
     evicted: int = 0
     reset_paths: int = 0
     reset_bytes: int = 0
-    unscanned: int = 0
     _origins: dict[Workdir, _Origin] = field(factory=dict, alias="_origins")
     _parked: list[_Parked] = field(factory=list, alias="_parked")
     _lock: threading.Lock = field(factory=threading.Lock, alias="_lock")
@@ -329,7 +303,6 @@ class DirPool:
                 self.evicted,
                 self.reset_paths,
                 self.reset_bytes,
-                self.unscanned,
             )
 
     def _park_name(self, kind: str) -> str:
@@ -363,7 +336,6 @@ class DirPool:
             (st.st_uid, st.st_gid),
             workdir.watching or len(workdir._records) >= WATCH_MIN_FILES,
         )
-        workdir._surveyed = True
         with self._lock:
             self._origins[workdir] = origin
 
@@ -375,35 +347,27 @@ class DirPool:
     def give(self, workdir: Workdir) -> list[str]:
         """Take back a finished, harvested ``workdir`` (closed here); the directories to delete:
         it, if it cannot be pooled, and the one it evicts."""
-        handed = workdir.hand_over()
+        workdir.close()
         with self._lock:
             origin = self._origins.pop(workdir, None)
-        entry = _Parked(workdir.root, origin, handed) if origin is not None else None
-        if entry is None or self.limit <= 0:
-            if entry is not None:
-                entry.release()
+        if origin is None or self.limit <= 0:
             return [workdir.root]
         try:
             if not stat.S_ISDIR(os.lstat(workdir.root).st_mode):
-                entry.release()
                 return [workdir.root]  # replaced by the agent (a link): not what was made
         except OSError:
-            entry.release()
             return [workdir.root]
         try:
-            entry.path = self._park_name("pool")
-            os.rename(workdir.root, entry.path)
+            parked = self._park_name("pool")
+            os.rename(workdir.root, parked)
         except OSError as e:
             log.info("branch directory not pooled", directory=workdir.root, error=str(e))
-            entry.release()
             return [workdir.root]
         out: list[str] = []
         with self._lock:
-            self._parked.append(entry)
+            self._parked.append(_Parked(parked, origin))
             while len(self._parked) > self.limit:
-                evicted = self._parked.pop(0)
-                evicted.release()
-                out.append(evicted.path)
+                out.append(self._parked.pop(0).path)
                 self.evicted += 1
         return out
 
@@ -411,8 +375,6 @@ class DirPool:
         """Forget every pooled directory; their paths, to delete."""
         with self._lock:
             out = [p.path for p in self._parked]
-            for parked in self._parked:
-                parked.release()
             self._parked.clear()
             self._origins.clear()
         return out
@@ -458,7 +420,6 @@ class DirPool:
                     os.rename(parked.path, target)
                     holders = find_holders(target)
                 except OSError as e:
-                    parked.release()
                     self._discard(parked.path, target, e, discard)
                     continue
                 if holders:
@@ -467,30 +428,18 @@ class DirPool:
                     try:
                         os.rename(target, parked.path)
                     except OSError as e:
-                        parked.release()
                         self._discard(parked.path, target, e, discard)
                         continue
                     log.debug("pooled directory in use", directory=parked.path, pids=holders)
                     busy.append(parked)
                     continue
-                # nothing happened in it since its last harvest saw it: no stat of every entry
-                handed = parked.handed if parked.handed and parked.handed.quiet() else None
                 try:
                     workdir = self._reset(
-                        branch,
-                        key,
-                        overrides,
-                        changed,
-                        target,
-                        parked.origin,
-                        max_file_size,
-                        handed,
+                        branch, key, overrides, changed, target, parked.origin, max_file_size
                     )
                 except Exception as e:  # whatever it was, it is not proven to be the tree
                     self._discard(parked.path, target, e, discard)
                     continue
-                finally:
-                    parked.release()
                 with self._lock:
                     self.reused += 1
                 return workdir
@@ -553,13 +502,10 @@ class DirPool:
         target: str,
         origin: _Origin,
         max_file_size: int | None,
-        handed: Handover | None = None,
     ) -> Workdir:
         """Reset the directory at ``target``, written as ``origin``, to the tree holding
         ``overrides`` over the same snapshot (``key``); ``changed``: the paths whose content
-        differs between the two trees; ``handed``: what its last harvest saw, nothing having
-        happened since (else every entry is stat-ed). Raises if the directory cannot be proven
-        to be it."""
+        differs between the two trees. Raises if the directory cannot be proven to be it."""
         snapshot = origin.root
         # the files as written, by path and by directory and name: unchanged since (by their
         # stat), each is what the tree holds; the paths the trees differ in are not among them
@@ -583,17 +529,87 @@ class DirPool:
         if 4 * longest > _room(target, snapshot.root):  # perhaps one is too long: which
             _check_lengths(itertools.chain(expect, added), target, snapshot.root)
         links = LinkMap(snapshot.root, target)
+        paths = size = 0
+        removed: set[str] = set()  # files removed here: one written again counts once
+        stale: list[str] = []  # files of ``expect`` not as written: removed, to write again
         top = os.lstat(target)
         if not stat.S_ISDIR(top.st_mode):
             raise _Unclean("not a directory")
-        found = walked = None
-        if handed is not None:
-            found = _from_survey(target, top.st_dev, origin, expect, dirs, handed, links)
-        if found is None:
-            found = walked = _walk(target, top.st_dev, origin, by_dir, dirs, links)
-        stale, removed, found_dirs = found.stale, found.removed, found.dirs
-        paths, size = found.paths, found.size
+        device = top.st_dev
+        found_dirs: set[str] = set()
         none: dict[str, _Key] = {}
+        stack = [""]
+        while stack:
+            parent = stack.pop()
+            fd = os.open(os.path.join(target, parent) if parent else target, _DIR)
+            try:
+                st = os.fstat(fd)
+                if st.st_dev != device:
+                    raise _Unclean(f"{parent}: another filesystem")
+                if stat.S_IMODE(st.st_mode) != origin.dir_mode:
+                    os.fchmod(fd, origin.dir_mode)
+                    paths += 1
+                if (st.st_uid, st.st_gid) != origin.owner:
+                    os.fchown(fd, *origin.owner)
+                    paths += 1
+                found_dirs.add(parent)
+                prefix = f"{parent}/" if parent else ""
+                names = by_dir.get(parent, none)
+                intact, stale_before = 0, len(stale)
+                with os.scandir(fd) as it:
+                    entries = list(it)
+                # the loop runs for every entry of the tree: nothing allocated for one found
+                # as written but its stat
+                for entry in entries:
+                    est = entry.stat(follow_symlinks=False)
+                    if est.st_dev != device:
+                        raise _Unclean(f"{prefix}{entry.name}: another filesystem")
+                    mode = est.st_mode
+                    name = entry.name
+                    if mode & _S_IFMT == stat.S_IFDIR:
+                        rel = prefix + name
+                        if rel in dirs:
+                            stack.append(rel)
+                            continue
+                        if name in names:  # a file of the tree made a directory
+                            stale.append(rel)
+                        n, b = _remove_dir(target, rel, device)
+                        paths, size = paths + n, size + b
+                        continue
+                    # as written: the same stat (no write, chmod, rename or link leaves ctime
+                    # alone) and, for a file, no second name a hard link could write it by
+                    was = names.get(name)
+                    if was is not None:
+                        if (
+                            was[2] == est.st_ino
+                            and was[4] == est.st_ctime_ns
+                            and was[1] == est.st_mtime_ns
+                            and was[0] == est.st_size
+                            and was[3] == mode
+                        ):
+                            if mode & _S_IFMT == stat.S_IFREG:
+                                if est.st_nlink == 1:
+                                    intact += 1
+                                    continue
+                            elif _link_intact(prefix + name, fd, origin, links):
+                                intact += 1
+                                continue
+                        stale.append(prefix + name)
+                    rel = prefix + name
+                    os.unlink(name, dir_fd=fd)
+                    removed.add(rel)
+                    paths += 1
+                    if mode & _S_IFMT == stat.S_IFREG:
+                        size += est.st_size
+                if intact + len(stale) - stale_before < len(names):  # some are not there
+                    there = {entry.name for entry in entries}
+                    stale += [prefix + name for name in names if name not in there]
+            finally:
+                os.close(fd)
+        for parent, names in by_dir.items():
+            if names and parent not in found_dirs:  # the whole directory is gone
+                prefix = f"{parent}/" if parent else ""
+                stale += [prefix + name for name in names]
         missing_dirs = sorted(dirs - found_dirs)
         _make_dirs(target, missing_dirs)
         for rel in missing_dirs:  # made with the umask's mode: as the fresh one was
@@ -640,7 +656,6 @@ class DirPool:
         )
         if origin.watch:  # as it was made
             workdir._start_watching(["", *sorted(dirs - {""})])
-        workdir._surveyed = True
         origin = _Origin(
             key,
             snapshot,
@@ -659,7 +674,6 @@ class DirPool:
             self._origins[workdir] = origin
             self.reset_paths += paths
             self.reset_bytes += size
-            self.unscanned += walked is None
         log.info(
             "branch directory reused",
             branch=branch.name,
@@ -670,182 +684,6 @@ class DirPool:
         return workdir
 
 
-def _walk(
-    target: str,
-    device: int,
-    origin: _Origin,
-    by_dir: dict[str, dict[str, _Key]],
-    dirs: frozenset[str],
-    links: LinkMap,
-) -> _Found:
-    """Stat every entry of ``target`` (on ``device``) against what it was written as
-    (``by_dir``: the files the tree holds as written; ``dirs``: its directories): remove
-    what is not as written, or of no directory of the tree; put directories' modes right."""
-    paths = size = 0
-    removed: set[str] = set()  # files removed here: one written again counts once
-    stale: list[str] = []  # files of ``expect`` not as written: removed, to write again
-    found_dirs: set[str] = set()
-    none: dict[str, _Key] = {}
-    stack = [""]
-    while stack:
-        parent = stack.pop()
-        fd = os.open(os.path.join(target, parent) if parent else target, _DIR)
-        try:
-            st = os.fstat(fd)
-            if st.st_dev != device:
-                raise _Unclean(f"{parent}: another filesystem")
-            if stat.S_IMODE(st.st_mode) != origin.dir_mode:
-                os.fchmod(fd, origin.dir_mode)
-                paths += 1
-            if (st.st_uid, st.st_gid) != origin.owner:
-                os.fchown(fd, *origin.owner)
-                paths += 1
-            found_dirs.add(parent)
-            prefix = f"{parent}/" if parent else ""
-            names = by_dir.get(parent, none)
-            intact, stale_before = 0, len(stale)
-            with os.scandir(fd) as it:
-                entries = list(it)
-            # the loop runs for every entry of the tree: nothing allocated for one found
-            # as written but its stat
-            for entry in entries:
-                est = entry.stat(follow_symlinks=False)
-                if est.st_dev != device:
-                    raise _Unclean(f"{prefix}{entry.name}: another filesystem")
-                mode = est.st_mode
-                name = entry.name
-                if mode & _S_IFMT == stat.S_IFDIR:
-                    rel = prefix + name
-                    if rel in dirs:
-                        stack.append(rel)
-                        continue
-                    if name in names:  # a file of the tree made a directory
-                        stale.append(rel)
-                    n, b = _remove_dir(target, rel, device)
-                    paths, size = paths + n, size + b
-                    continue
-                # as written: the same stat (no write, chmod, rename or link leaves ctime
-                # alone) and, for a file, no second name a hard link could write it by
-                was = names.get(name)
-                if was is not None:
-                    if (
-                        was[2] == est.st_ino
-                        and was[4] == est.st_ctime_ns
-                        and was[1] == est.st_mtime_ns
-                        and was[0] == est.st_size
-                        and was[3] == mode
-                    ):
-                        if mode & _S_IFMT == stat.S_IFREG:
-                            if est.st_nlink == 1:
-                                intact += 1
-                                continue
-                        elif _link_intact(prefix + name, name, fd, origin, links):
-                            intact += 1
-                            continue
-                    stale.append(prefix + name)
-                rel = prefix + name
-                os.unlink(name, dir_fd=fd)
-                removed.add(rel)
-                paths += 1
-                if mode & _S_IFMT == stat.S_IFREG:
-                    size += est.st_size
-            if intact + len(stale) - stale_before < len(names):  # some are not there
-                there = {entry.name for entry in entries}
-                stale += [prefix + name for name in names if name not in there]
-        finally:
-            os.close(fd)
-    for parent, names in by_dir.items():
-        if names and parent not in found_dirs:  # the whole directory is gone
-            prefix = f"{parent}/" if parent else ""
-            stale += [prefix + name for name in names]
-    return _Found(stale, removed, found_dirs, paths, size)
-
-
-def _from_survey(
-    target: str,
-    device: int,
-    origin: _Origin,
-    expect: dict[str, _Key],
-    dirs: frozenset[str],
-    handed: Handover,
-    links: LinkMap,
-) -> _Found | None:
-    """What :func:`_walk` finds, taken from what the directory's last harvest saw
-    (``handed``: nothing happened in it since) instead of a stat of every entry: the files
-    its records hold otherwise than as written (``expect``), the entries it does not record
-    and the directories of no directory of the tree (``dirs``) are removed. None when that
-    harvest did not enter a directory of the tree (its ignore rules came to skip one): the
-    walk decides then."""
-    survey, found = handed.survey, handed.records
-    if not dirs.isdisjoint(survey.skipped):
-        return None
-    if survey.device != device or any(v[3] != device for v in survey.dirs.values()):
-        raise _Unclean("another filesystem in it")
-    paths = size = 0
-    removed: set[str] = set()
-    stale: list[str] = []
-    gone: set[str] = set()  # directories removed with all in them
-
-    def within_gone(rel: str) -> bool:
-        head = rel.rpartition("/")[0]
-        while head:
-            if head in gone:
-                return True
-            head = head.rpartition("/")[0]
-        return False
-
-    # directories of no directory of the tree (parents sort first): removed with all in them
-    for rel in sorted(itertools.chain((d for d in survey.dirs if d not in dirs), survey.skipped)):
-        if not within_gone(rel):
-            n, b = _remove_dir(target, rel, device)
-            paths, size = paths + n, size + b
-            gone.add(rel)
-    for rel in dict.fromkeys(survey.strays):
-        if rel in found or within_gone(rel):
-            continue
-        full = os.path.join(target, rel)
-        st = os.lstat(full)
-        if st.st_dev != device or stat.S_ISDIR(st.st_mode):
-            raise _Unclean(f"{rel}: not as the harvest saw it")
-        os.unlink(full)
-        removed.add(rel)
-        paths += 1
-        if stat.S_ISREG(st.st_mode):
-            size += st.st_size
-    linked = frozenset(survey.linked)
-    # the loop runs for every file of the tree: nothing allocated for one found as written
-    for rel, key in found.items():
-        want = expect.get(rel)
-        if want == key and rel not in linked:
-            if key[3] & _S_IFMT != stat.S_IFLNK:
-                continue
-            if _link_intact(rel, os.path.join(target, rel), None, origin, links):
-                continue
-        if want is not None:
-            stale.append(rel)
-        if within_gone(rel):
-            continue
-        os.unlink(os.path.join(target, rel))
-        removed.add(rel)
-        paths += 1
-        if key[3] & _S_IFMT == stat.S_IFREG:
-            size += key[0]
-    stale += expect.keys() - found.keys()  # gone, or not a file now (removed above)
-    found_dirs: set[str] = set()
-    for rel, (mode, uid, gid, _) in survey.dirs.items():
-        if rel not in dirs:
-            continue
-        found_dirs.add(rel)
-        full = os.path.join(target, rel) if rel else target
-        if stat.S_IMODE(mode) != origin.dir_mode:
-            os.chmod(full, origin.dir_mode)
-            paths += 1
-        if (uid, gid) != origin.owner:
-            os.chown(full, *origin.owner, follow_symlinks=False)
-            paths += 1
-    return _Found(stale, removed, found_dirs, paths, size)
-
-
 def _has_file(snapshot: Snapshot, rel: str, change: Change | None) -> bool:
     """Whether the tree holding ``change`` over ``snapshot`` for ``rel`` has a file there."""
     if change is None or isinstance(change, ModeChange):
@@ -853,11 +691,11 @@ def _has_file(snapshot: Snapshot, rel: str, change: Change | None) -> bool:
     return isinstance(change, Write)
 
 
-def _link_intact(rel: str, where: str, dir_fd: int | None, origin: _Origin, links: LinkMap) -> bool:
-    """Whether the symlink ``rel`` (``where``, relative to ``dir_fd`` if given), unchanged
-    since it was written, leads where it should from the directory's new path: one written
-    leading into the directory leads to its old path, and is written again."""
-    on_disk = os.readlink(where, dir_fd=dir_fd)
+def _link_intact(rel: str, dir_fd: int, origin: _Origin, links: LinkMap) -> bool:
+    """Whether the symlink ``rel`` (in ``dir_fd``), unchanged since it was written, leads
+    where it should from the directory's new path: one written leading into the directory
+    leads to its old path, and is written again."""
+    on_disk = os.readlink(_entry_name(rel), dir_fd=dir_fd)
     known = origin.rewritten.get(rel)
     recorded = name_of(known[1]) if known is not None else on_disk
     mapped = links.to_branch(rel, recorded)

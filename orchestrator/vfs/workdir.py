@@ -65,7 +65,6 @@ from ._fileio import (
     write_entry_atomic,
 )
 from ._links import LinkMap
-from ._survey import Handover, Survey
 from .branch import Branch
 from .changes import Change, Delete, FileState, Write
 from .errors import FileTooLarge, PathNotFound, PathRefused, WorkspaceChanged
@@ -225,11 +224,6 @@ class Workdir:
     _too_large: dict[str, tuple[_Key, int]] = field(factory=dict, alias="_too_large", repr=False)
     #: how the checkout made the files: reflinked (blocks shared with the workspace) or copied
     copies: CopyStats = field(factory=CopyStats, kw_only=True)
-    #: whether full scans keep a :class:`~orchestrator.vfs._survey.Survey` (a pooled directory)
-    _surveyed: bool = field(default=False, alias="_surveyed", repr=False)
-    #: what the last harvest saw, when it was a full scan of a watched directory (see
-    #: :meth:`hand_over`); None after any other harvest
-    _survey: Survey | None = field(default=None, alias="_survey", repr=False)
 
     @classmethod
     def open(
@@ -320,24 +314,9 @@ class Workdir:
     def close(self) -> None:
         """Stop watching the directory (harvests still work, by full scans)."""
         with self._lock:
-            self._survey = None
             if self._watcher is not None:
                 self._watcher.close()
                 self._watcher = None
-
-    def hand_over(self) -> Handover | None:
-        """Close the workdir, handing over what its last harvest saw with the watch that has
-        seen nothing change since: None unless that harvest was a full scan of the watched
-        directory (made when :attr:`_surveyed`) and no event is queued now."""
-        with self._lock:
-            watcher, survey = self._watcher, self._survey
-            self._watcher = self._survey = None
-            if watcher is None:
-                return None
-            if survey is None or watcher.read() or watcher.overflowed:
-                watcher.close()
-                return None
-            return Handover(survey, watcher, self._records)
 
     def recorded_bytes(self) -> int:
         """Bytes of the files the directory holds as last recorded: as written, or as the last
@@ -361,7 +340,6 @@ class Workdir:
         started = time.perf_counter()
         with self._lock:
             scan = _Scan()
-            self._survey = None  # events read here are no longer queued: only a full scan says
             watcher = self._watcher
             events = watcher.read() if watcher is not None else []
             resync = watcher is not None and (watcher.overflowed or _needs_resync(events))
@@ -428,13 +406,6 @@ class Workdir:
         rule_files = self._rule_files if matcher.rules.use_gitignore else None
         seen: set[str] = set()
         candidates: list[str] = []
-        # what a pooled directory's reset needs besides the records (see _survey.py): kept when
-        # every directory was listed under a watch
-        surveying = self._surveyed and watcher is not None
-        found_dirs: dict[str, tuple[int, int, int, int]] = {}
-        skipped: list[str] = []
-        strays: list[str] = []
-        linked: list[str] = []
         flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
         root_fd = os.open(self.root, flags)
         try:
@@ -444,20 +415,13 @@ class Workdir:
                 if watcher is not None and not watcher.add(parent):
                     watcher.close()
                     self._watcher = watcher = None
-                    surveying = False
                 try:
                     # Listing through a directory fd makes each entry's stat a one-component
                     # fstatat instead of a full path lookup.
                     fd = os.open(parent, flags, dir_fd=root_fd) if parent else os.dup(root_fd)
                 except OSError as e:
                     _refuse_too_long(e, parent)
-                    surveying = False
                     continue  # vanished or replaced meanwhile: its files count as missing
-                if surveying:
-                    assert watcher is not None
-                    dst = os.fstat(fd)
-                    found_dirs[parent] = (dst.st_mode, dst.st_uid, dst.st_gid, dst.st_dev)
-                    surveying = watcher.watches(parent)  # one that vanished and came back
                 prefix = f"{parent}/" if parent else ""
                 # Directories and unknown files are judged once the whole listing is seen: the
                 # directory's own .gitignore, wherever it comes in it, may have changed.
@@ -471,8 +435,6 @@ class Workdir:
                             if entry.is_dir(follow_symlinks=False):
                                 if name not in vcs:
                                     dirs.append(name)
-                                elif surveying:
-                                    skipped.append(prefix + name)
                                 continue
                             if name == _GITIGNORE:
                                 has_rules_file = True
@@ -481,8 +443,6 @@ class Workdir:
                             if known is None:
                                 if name not in vcs:
                                     unknown.append(entry)
-                                elif surveying:
-                                    strays.append(rel)
                                 continue
                             try:
                                 st = entry.stat(follow_symlinks=False)
@@ -497,8 +457,6 @@ class Workdir:
                                 st.st_ctime_ns,
                             ):
                                 candidates.append(rel)
-                            elif surveying and st.st_nlink != 1:
-                                linked.append(rel)
                     if rule_files is not None and (has_rules_file or parent in rule_files):
                         self._sync_rules(parent, fd, has_rules_file)
                     filtered = matcher.has_rules(parent)
@@ -506,20 +464,14 @@ class Workdir:
                         rel = prefix + name
                         if not (filtered and matcher.ignored(rel, parent, name, True)):
                             stack.append(rel)
-                        elif surveying:
-                            skipped.append(rel)
                     for entry in unknown:
                         # Only unknown paths need the ignore rules and a type check.
                         name = entry.name
                         rel = prefix + name
                         if filtered and matcher.ignored(rel, parent, name, False):
-                            if surveying:
-                                strays.append(rel)
                             continue
                         if entry.is_file(follow_symlinks=False) or entry.is_symlink():
                             candidates.append(rel)
-                        elif surveying:
-                            strays.append(rel)
                 finally:
                     os.close(fd)
         finally:
@@ -528,7 +480,6 @@ class Workdir:
             dropped = self._drop_ignored(scan)
             if dropped:
                 candidates = [rel for rel in candidates if rel not in dropped]
-                strays += dropped  # taken out of the branch, left on disk
         scan.scanned += len(seen) + sum(1 for rel in candidates if rel not in records)
         # recorded files the walk did not see (deleted, or in a directory it skipped), listed
         # before the candidates are recorded: a file checked now is not read a second time
@@ -538,15 +489,6 @@ class Workdir:
         for rel in unseen:
             self._check(rel, scan)
         self._check_gone(scan)
-        if surveying and self._watcher is watcher:
-            strays += candidates  # a changed one may be recorded no more (left on disk)
-            self._survey = Survey(
-                found_dirs,
-                tuple(skipped),
-                tuple(strays),
-                tuple(linked),
-                found_dirs[""][3],
-            )
 
     def _sync_rules(self, parent: str, dir_fd: int, present: bool) -> None:
         """Bring the patterns of directory ``parent`` in step with its ``.gitignore`` on disk
@@ -794,7 +736,6 @@ class Workdir:
                 self._check(rel, _Scan())
 
     def _start_watching(self, dirs: Iterable[str]) -> None:
-        self._survey = None
         watcher = _inotify.Inotify.open(self.root)
         if watcher is None:
             return
