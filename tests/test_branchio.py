@@ -305,7 +305,9 @@ async def test_leftovers_in_the_trash_are_deleted_by_the_next_attempt(tmp_path: 
     assert not (tmp_path / "run" / "trash").exists()
 
 
-def _waits_while_one_is_in_use(use: TreeUse, now: float, pending: int) -> Decision:
+def _waits_while_one_is_in_use(
+    use: TreeUse, now: float, pending: int, busy: float | None = None
+) -> Decision:
     """A decision that copies only when nothing of the tree is in use or being made."""
     return Decision(not use.held and not use.copying)
 

@@ -301,8 +301,7 @@ class BranchDirs:
                     if taken is not None:
                         return taken, True
                 pending = self.pending() if self.pending is not None else 0
-                use.busy = self._cpu.busy
-                decision = use.decide(trio.current_time(), pending)
+                decision = use.decide(trio.current_time(), pending, self._cpu.busy)
                 if decision.copy:
                     try:
                         self.copies.acquire_nowait()

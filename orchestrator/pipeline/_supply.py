@@ -113,8 +113,6 @@ class TreeUse:
     waiting: int = 0
     hold: float | None = None
     copy: float | None = None
-    #: the CPUs the run's process used lately (set by the run)
-    busy: float | None = None
     #: directories that came back so far
     returns: int = 0
 
@@ -133,15 +131,16 @@ class TreeUse:
         """A fresh copy took ``seconds``."""
         self.copy = _smooth(self.copy, seconds)
 
-    def decide(self, now: float, pending: int) -> Decision:
-        """:func:`decide` for a branch waiting now, with ``pending`` instances yet to start."""
+    def decide(self, now: float, pending: int, busy: float | None = None) -> Decision:
+        """:func:`decide` for a branch waiting now, with ``pending`` instances yet to start
+        (``busy``: the CPUs the run's process used lately, if known)."""
         return decide(
             (now - since for since in self.held.values()),
             self.copying,
             self.waiting + pending,
             self.hold if self.returns >= 2 else None,
             self.copy,
-            self.busy,
+            busy,
         )
 
 
