@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +163,12 @@ def run_ours(
     return {"seconds": wall, "branches": result.get("branches")}
 
 
+def _span(values: Iterable[int]) -> str:
+    """``values`` as one figure, or as ``low-high`` when they differ."""
+    seen = sorted(set(values))
+    return str(seen[0]) if len(seen) == 1 else f"{seen[0]}-{seen[-1]}"
+
+
 def _items(repo: Path, n: int) -> list[str]:
     return sorted(p.relative_to(repo).as_posix() for p in repo.rglob("*.txt"))[:n]
 
@@ -274,10 +281,13 @@ def report(found: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
                 peak = max((s["branches"] or {}).get("peakBytes", 0) for s in samples[label])
             else:
                 peak = n * size  # every item's copy stays until the end
+            # every sample's counters: the runs may decide differently (a range when they do)
+            counted = [s["branches"] for s in samples[label] if s.get("branches")]
             counters = (
-                f"made {branches['made']}, reused {branches['reused']}, "
-                f"copied {branches['bytesCopied'] / mb:.0f} MB"
-                if branches
+                f"made {_span(c['made'] for c in counted)}, "
+                f"reused {_span(c['reused'] for c in counted)}, "
+                f"copied {_span(round(c['bytesCopied'] / mb) for c in counted)} MB"
+                if counted
                 else ""
             )
             per = f"{per_extra:13.3f}" if per_extra is not None else f"{'':>13}"
@@ -293,6 +303,7 @@ def report(found: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
                     "seconds_per_extra_item": per_extra,
                     "peak_bytes": peak,
                     "branches": branches,
+                    "all_branches": counted,
                     "all_seconds": [s["seconds"] for s in samples[label]],
                 }
             )

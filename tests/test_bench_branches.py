@@ -46,6 +46,7 @@ def test_quick_run_prints_the_table_the_counters_and_writes_json(tmp_path: Path)
     ours = rows["ours N=4"]["branches"]
     assert ours["made"] == 4 and ours["reused"] == 0
     assert ours["bytesCopied"] == 4 * document["tree_bytes"]
+    assert rows["ours N=4"]["all_branches"] == [ours]  # one repeat: one run's counters
     # one session at a time: one directory on disk at a time (and the agent's line)
     single = rows["ours N=4 sessions=1"]
     assert single["peak_bytes"] <= document["tree_bytes"] + 100
