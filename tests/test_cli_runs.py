@@ -248,6 +248,27 @@ def test_run_refuses_bad_pipeline_with_exit_2(
     assert "cycle" in as_json(done)["error"]["message"]
 
 
+def test_run_refuses_a_bad_reuse_setting_with_exit_2(
+    tmp_path: Path, project: Path, state_dir: Path
+) -> None:
+    """ORCHESTRATOR_REUSE_DIRS that is neither a yes nor a no: one line, exit 2, no run."""
+    pipeline = tmp_path / "one.py"
+    pipeline.write_text("from orchestrator import step\n@step()\ndef one() -> int: return 1\n")
+    env = {**os.environ, "ORCHESTRATOR_STATE_DIR": str(state_dir)}
+    done = subprocess.run(
+        [str(CLI), "run", str(pipeline), "--cwd", str(project)],
+        capture_output=True,
+        text=True,
+        env={**env, "ORCHESTRATOR_REUSE_DIRS": "banana"},
+        timeout=180,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().count("\n") == 0 and "Traceback" not in done.stderr
+    assert "ORCHESTRATOR_REUSE_DIRS='banana' is neither on" in done.stderr
+    listed = cli("runs", "--json", state=state_dir)
+    assert listed.returncode == 0 and as_json(listed)["runs"] == [], listed.stdout  # none recorded
+
+
 def test_run_missing_input_exit_2(tmp_path: Path, project: Path, state_dir: Path) -> None:
     """A missing run input is named, exit 2; --set supplies it."""
     pipeline = tmp_path / "inputs.py"

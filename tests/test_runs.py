@@ -631,3 +631,35 @@ async def test_get_run_json_list_runs_and_diff_run_read_back_finished_runs(
     assert "+++ b/count.txt" in of_count
     with pytest.raises(UsageError):
         await diff_run(first.run_id, step="no_such_step")
+
+
+async def test_a_directory_made_a_symlink_is_recorded_whole_and_applies(tmp_path: Path) -> None:
+    """A step that moves a directory aside and leaves a symlink in its place: the directory's
+    files are deleted in the run's changes, a step after it runs on that tree, nothing counts
+    as changed in the workspace, and the apply writes it."""
+    ws = workspace(tmp_path, {"a.txt": "a\n"})
+    (ws / "sub/deep").mkdir(parents=True)
+    (ws / "sub/deep/keep.txt").write_text("keep\n")
+
+    @step
+    def swap(workdir: Path) -> None:
+        (workdir / "sub/deep").rename(workdir / "sub/deep2")
+        (workdir / "sub/deep").symlink_to("deep2")
+
+    @step
+    def after(swap: None, workdir: Path) -> None:
+        (workdir / "later.txt").write_text("x\n")
+
+    with trio.fail_after(LIMIT):
+        outcome = await run_pipeline(
+            Pipeline.from_steps([swap, after], name="swap"), {}, cwd=ws, apply=True
+        )
+    assert outcome.status == "succeeded" and outcome.workspace_changed == ()
+    assert {c["path"]: c["change"] for c in outcome.result["changes"]} == {
+        "later.txt": "added",
+        "sub/deep": "added",
+        "sub/deep/keep.txt": "deleted",
+        "sub/deep2/keep.txt": "added",
+    }
+    assert os.readlink(ws / "sub/deep") == "deep2"
+    assert tree(ws) == {"a.txt": "a\n", "later.txt": "x\n", "sub/deep2/keep.txt": "keep\n"}

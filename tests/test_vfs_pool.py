@@ -17,11 +17,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator._names import name_bytes
+from orchestrator.errors import UsageError
 from orchestrator.vfs._fileio import PATH_MAX
 from orchestrator.vfs.branch import Branch
 from orchestrator.vfs.checkout import materialize
 from orchestrator.vfs.errors import PathRefused
-from orchestrator.vfs.pool import DirPool, find_holders
+from orchestrator.vfs.pool import DirPool, find_holders, reuse_enabled_by_env
 from orchestrator.vfs.snapshot import Snapshot, Workspace
 from orchestrator.vfs.testing import make_tree
 from orchestrator.vfs.workdir import Workdir
@@ -586,3 +587,26 @@ def test_holders_are_found(space: Path) -> None:
         assert proc.pid not in find_holders(str(space / "elsewhere"))
     finally:
         stop(proc)
+
+
+@pytest.mark.parametrize(
+    ("value", "on"),
+    [("", True), ("1", True), (" Yes ", True), ("on", True), ("TRUE", True),
+     ("0", False), ("no", False), ("Off", False), ("false", False)],
+)  # fmt: skip
+def test_the_reuse_setting_reads_yes_and_no(
+    monkeypatch: pytest.MonkeyPatch, value: str, on: bool
+) -> None:
+    """ORCHESTRATOR_REUSE_DIRS: the usual words for yes and no, in any case and spacing."""
+    monkeypatch.setenv("ORCHESTRATOR_REUSE_DIRS", value)
+    assert reuse_enabled_by_env() is on
+
+
+@pytest.mark.parametrize("value", ["banana", "2", "00", "nope"])
+def test_a_reuse_setting_neither_yes_nor_no_is_refused(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    """A value that says neither is a usage error naming it, never taken for either."""
+    monkeypatch.setenv("ORCHESTRATOR_REUSE_DIRS", value)
+    with pytest.raises(UsageError, match=f"ORCHESTRATOR_REUSE_DIRS={value!r}"):
+        reuse_enabled_by_env()

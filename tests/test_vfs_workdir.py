@@ -16,7 +16,7 @@ from fakes import lock_held_by_another_thread
 from orchestrator.vfs.branch import Branch
 from orchestrator.vfs.changes import Delete, ModeChange, Write
 from orchestrator.vfs.checkout import materialize
-from orchestrator.vfs.errors import PathNotFound, PathRefused
+from orchestrator.vfs.errors import PathNotFound, PathRefused, VfsError
 from orchestrator.vfs.export import BASE_GONE, git_patch, unified_diff
 from orchestrator.vfs.snapshot import Snapshot, Workspace
 from orchestrator.vfs.testing import make_tree
@@ -283,6 +283,38 @@ def test_file_replaced_by_directory(wd: Workdir) -> None:
     report = wd.harvest()
     assert report.added == ("top/inner.txt",)
     assert "top" not in wd.branch.changes
+
+
+def test_directory_replaced_by_a_symlink_to_its_moved_copy(wd: Workdir) -> None:
+    """A directory moved aside and a symlink left in its place: its files are deleted (not
+    found again through the link), the link and the moved files added."""
+    os.rename(Path(wd.root, "src"), Path(wd.root, "src2"))
+    os.symlink("src2", Path(wd.root, "src"))
+    report = wd.harvest(full=True)
+    assert report.deleted == ("src/app.py",)
+    assert report.added == ("src", "src2/app.py")
+    assert wd.branch.read("src") == b"src2" and wd.branch.mode("src/app.py") is None
+
+
+def test_directory_replaced_by_a_symlink_leading_outside(wd: Workdir, tmp_path: Path) -> None:
+    """Through a directory made a symlink to an outside one holding the same names, nothing
+    outside is read: the directory's files are deleted."""
+    outside = make_tree(tmp_path / "outside", {"app.py": "secret\n"})
+    shutil.rmtree(Path(wd.root, "src"))
+    os.symlink(outside, Path(wd.root, "src"))
+    report = wd.harvest()
+    assert report.deleted == ("src/app.py",) and report.added == ("src",)
+    assert b"secret" not in b"".join(wd.branch.read(p) for p in wd.branch.paths())
+
+
+def test_a_removed_branch_directory_is_one_clear_error(wd: Workdir) -> None:
+    """A branch directory removed during the step fails the harvest with one sentence."""
+    shutil.rmtree(wd.root)
+    with pytest.raises(VfsError, match="was removed or replaced during the step"):
+        wd.harvest(full=True)
+    os.symlink("/tmp", wd.root)  # replaced by a symlink: the same
+    with pytest.raises(VfsError, match="was removed or replaced during the step"):
+        wd.harvest(full=True)
 
 
 def test_symlinks_are_harvested_as_links(wd: Workdir) -> None:

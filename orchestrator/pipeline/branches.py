@@ -29,6 +29,7 @@ from ..vfs import (
     large_paths,
     unified_diff,
 )
+from ..vfs.apply import dir_in_the_way
 
 ChangeKind = Literal["added", "modified", "deleted"]
 
@@ -179,8 +180,11 @@ def base_moved(tree: Tree, changes: Sequence[StoredChange]) -> list[str]:
 
 def workspace_moved(root: str, changes: Sequence[StoredChange]) -> list[str]:
     """The paths of ``changes`` whose file in the workspace ``root`` is not, now, the base
-    the run recorded for it (blocking: hashes those files, and only those)."""
+    the run recorded for it (blocking: hashes those files, and only those). A new file where
+    the workspace has a directory of files the changes delete is not one: an apply makes room
+    for it, as :func:`~orchestrator.vfs.apply_changes` does."""
     moved: list[str] = []
+    deleted = {c.path for c in changes if c.kind == "delete"}
     for c in changes:
         if c.base_digest == BASE_UNKNOWN:
             moved.append(c.path)
@@ -190,8 +194,11 @@ def workspace_moved(root: str, changes: Sequence[StoredChange]) -> list[str]:
         except OSError:  # cannot be read: not the base any more, as far as an apply can tell
             moved.append(c.path)
             continue
-        if now != c.base_digest:
-            moved.append(c.path)
+        if now == c.base_digest:
+            continue
+        if c.base_digest is None and dir_in_the_way(root, c.path, deleted) is None:
+            continue
+        moved.append(c.path)
     return moved
 
 

@@ -37,7 +37,7 @@ from ..protocol import types as t
 from ..sandbox import Sandbox
 from ..store import StepRecord
 from ..vfs import Branch, MergeResult, Snapshot, merge_branches
-from ..vfs.pool import DirPool, reuse_enabled_by_env
+from ..vfs.pool import DirPool
 from ._agent_step import AgentTurns, label_run_agents
 from ._branchio import BranchCosts, BranchDirs, BranchIO
 from ._budget import RunBudget
@@ -98,8 +98,8 @@ class PipelineRunner:
     #: all of them); see :func:`~orchestrator.pipeline.results.cut_turn`
     max_turn_record_bytes: int | None = DEFAULT_MAX_TURN_RECORD_BYTES
     #: reuse finished branch directories for branches of the same tree (see
-    #: :mod:`orchestrator.vfs.pool`); the environment variable ``ORCHESTRATOR_REUSE_DIRS=0``
-    #: turns it off too
+    #: :mod:`orchestrator.vfs.pool`); ``run_pipeline`` turns it off when the environment
+    #: variable ``ORCHESTRATOR_REUSE_DIRS`` says no
     reuse_dirs: bool = True
     #: a budget the run shares with others (a batch's runs): every usage update counts against
     #: it; once spent, no instance starts (each is recorded skipped, error kind ``budget``) and
@@ -133,7 +133,7 @@ class PipelineRunner:
             self.run_id, self.writer, self.snapshot, self.on_event, self.max_turn_record_bytes
         )
         pool = None
-        if self.reuse_dirs and reuse_enabled_by_env():
+        if self.reuse_dirs:
             # as many as can be in use at once: one per slot
             pool = DirPool(str(self.run_dir / "branches" / ".pool"), max(self.parallel, 1))
         self._dirs = BranchDirs(

@@ -85,6 +85,7 @@ from ..vfs import (
     merge_branches,
     remove_tree,
 )
+from ..vfs.pool import reuse_enabled_by_env
 from ._face import check_trio_face
 from ._lock import hold_run_lock, move_leftovers
 from .apply import apply_recorded, recover
@@ -421,7 +422,8 @@ async def run_pipeline(
 
     A finished instance's branch directory is reset and reused for the next instance forked
     from the same tree (see :mod:`orchestrator.vfs.pool`); ``reuse_dirs=False`` (or the
-    environment variable ``ORCHESTRATOR_REUSE_DIRS=0``) makes every one fresh.
+    environment variable ``ORCHESTRATOR_REUSE_DIRS=0``) makes every one fresh; a value of it
+    that is neither a yes nor a no raises :class:`~orchestrator.errors.UsageError`.
 
     The run's changes are recorded before anything is applied. Nothing is written to ``cwd``
     unless ``apply`` is true and the run succeeded, which it never does when recording its
@@ -447,6 +449,8 @@ async def run_pipeline(
     run id, recorded as the run's parent.
     """
     check_trio_face("run_pipeline")  # before anything starts
+    # the environment's word on directory reuse (a bad value refused before anything starts)
+    reuse_dirs = reuse_dirs and reuse_enabled_by_env()
     if _kind == "prompt":  # its caller reads the typed turn, which stays on a node
         if cluster is not None and cluster_spec(cluster) is not None:
             raise UsageError("a prompt runs on this machine, never on a cluster")

@@ -50,7 +50,7 @@ import secrets
 import shutil
 import stat
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Set
 from typing import Any, Literal
 
 import attrs
@@ -86,6 +86,7 @@ __all__ = [
     "apply_changes",
     "apply_changes_async",
     "check_symlinks",
+    "dir_in_the_way",
     "disk_digest",
     "interrupted_applies",
     "recover_applies",
@@ -268,11 +269,19 @@ def _check_parents(root: str, path: str, deleted: set[str]) -> str | None:
 def _dir_goes_away(snapshot: Snapshot, path: str, deleted: set[str]) -> str | None:
     """None when ``path`` is a workspace directory holding only files this apply deletes (so a
     file can take its place); else a reason to look further."""
-    full = os.path.join(snapshot.root, path)
-    if snapshot.exists(path) or os.path.islink(full) or not os.path.isdir(full):
+    if snapshot.exists(path):
+        return "not a directory being emptied"
+    return dir_in_the_way(snapshot.root, path, deleted)
+
+
+def dir_in_the_way(root: str, path: str, deleted: Set[str]) -> str | None:
+    """None when workspace path ``path`` (under ``root``) is a real directory holding only
+    files in ``deleted``: deleting them makes room for a file there. Else why not."""
+    full = os.path.join(root, path)
+    if os.path.islink(full) or not os.path.isdir(full):
         return "not a directory being emptied"
     for found in walk_files(full):
-        rel = os.path.relpath(found, snapshot.root).replace(os.sep, "/")
+        rel = os.path.relpath(found, root).replace(os.sep, "/")
         if rel not in deleted:
             return f"{rel} is in the way"
     return None

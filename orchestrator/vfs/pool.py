@@ -54,6 +54,7 @@ from attrs import define, field, frozen
 
 from .._log import get_logger
 from .._names import name_bytes, name_of
+from ..errors import UsageError
 from ._fileio import CopyTally, make_dirs, remove_tree
 from ._links import LinkMap
 from .branch import Branch
@@ -87,10 +88,23 @@ REUSE_ENV = "ORCHESTRATOR_REUSE_DIRS"
 REUSE_MIN_FILES = 256
 
 
+_OFF = frozenset({"0", "no", "off", "false"})
+_ON = frozenset({"", "1", "yes", "on", "true"})
+
+
 def reuse_enabled_by_env() -> bool:
-    """Whether :data:`REUSE_ENV` leaves directory reuse on (it is on unless set to a no)."""
-    value = os.environ.get(REUSE_ENV, "").strip().lower()
-    return value not in {"0", "no", "off", "false"}
+    """Whether :data:`REUSE_ENV` leaves directory reuse on (unset or empty: on); a value that
+    is neither a yes nor a no raises :class:`~orchestrator.errors.UsageError` rather than be
+    taken for either."""
+    value = os.environ.get(REUSE_ENV, "")
+    said = value.strip().lower()
+    if said in _OFF:
+        return False
+    if said in _ON:
+        return True
+    raise UsageError(
+        f"{REUSE_ENV}={value!r} is neither on (1, yes, on, true) nor off (0, no, off, false)"
+    )
 
 
 def tree_key(branch: Branch) -> tuple[int, str] | None:

@@ -67,7 +67,7 @@ from ._fileio import (
 from ._links import LinkMap
 from .branch import Branch
 from .changes import Change, Delete, FileState, Write
-from .errors import FileTooLarge, PathNotFound, PathRefused, WorkspaceChanged
+from .errors import FileTooLarge, PathNotFound, PathRefused, VfsError, WorkspaceChanged
 from .ignore import IgnoreMatcher
 from .snapshot import RACY_WINDOW_NS, Snapshot
 
@@ -407,7 +407,7 @@ class Workdir:
         seen: set[str] = set()
         candidates: list[str] = []
         flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-        root_fd = os.open(self.root, flags)
+        root_fd = _open_root(self.root)
         try:
             stack = [""]
             while stack:
@@ -615,11 +615,29 @@ class Workdir:
         return files
 
     def _check(self, rel: str, scan: _Scan) -> None:
-        """Compare one path on disk with its record; record any change into the branch."""
-        full = os.path.join(self.root, rel)
+        """Compare one path on disk with its record; record any change into the branch.
+
+        The path is looked up without following a symlink anywhere along it: below a directory
+        made a symlink (or a file) since, it is gone, whatever the link leads to.
+        """
+        head, _, name = rel.rpartition("/")
+        if not head:
+            return self._check_at(rel, os.path.join(self.root, rel), scan)
+        parent = _open_below(self.root, head)
+        if parent is None:
+            return self._check_at(rel, None, scan)
+        try:
+            # through the open directory: nothing renamed meanwhile leads the lookup elsewhere
+            full = f"{_PROC_FD}/{parent}/{name}" if _PROC_FD else os.path.join(self.root, rel)
+            return self._check_at(rel, full, scan)
+        finally:
+            os.close(parent)
+
+    def _check_at(self, rel: str, full: str | None, scan: _Scan) -> None:
+        """:meth:`_check` of ``rel`` found at ``full`` (None: not there)."""
         known = self._records.get(rel)
         try:
-            st = os.lstat(full)
+            st = os.lstat(full) if full is not None else None
         except (FileNotFoundError, NotADirectoryError):
             st = None
         except OSError as e:
@@ -636,6 +654,7 @@ class Workdir:
                 if existed:
                     scan.deleted.append(rel)
             return
+        assert full is not None  # it was found there
         if known == _key(st):
             if rel not in self._racy:
                 return
@@ -912,6 +931,47 @@ class Workdir:
         if known is None or known[1] != text:
             self.ignore.add_patterns(head, text)
             self._rules_dirty = self._rules_moved = True
+
+
+#: a directory open in this process, by descriptor, as a path (Linux); None without ``/proc``
+_PROC_FD = "/proc/self/fd" if os.path.isdir("/proc/self/fd") else None
+_DIR_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _open_root(root: str) -> int:
+    """A descriptor of branch directory ``root``; :class:`VfsError` if it is gone or is not a
+    directory any more (removed, or replaced by a file or a symlink, during the step)."""
+    try:
+        return os.open(root, _DIR_NOFOLLOW)
+    except OSError as e:
+        if isinstance(e, FileNotFoundError | NotADirectoryError) or e.errno == errno.ELOOP:
+            raise VfsError(
+                f"the branch directory {root} was removed or replaced during the step"
+            ) from None
+        raise
+
+
+def _open_below(root: str, rel_dir: str) -> int | None:
+    """A descriptor of directory ``rel_dir`` below ``root``, each component entered without
+    following a symlink; None if one is missing or is not a directory (a symlink included)."""
+    fd = _open_root(root)
+    try:
+        for part in rel_dir.split("/"):
+            try:
+                below = os.open(part, _DIR_NOFOLLOW, dir_fd=fd)
+            except OSError as e:
+                gone = isinstance(e, FileNotFoundError | NotADirectoryError)
+                if gone or e.errno == errno.ELOOP:
+                    return None
+                _refuse_too_long(e, rel_dir)
+                raise
+            os.close(fd)
+            fd = below
+        result, fd = fd, -1
+        return result
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def _refuse_too_long(error: OSError, rel: str) -> None:
