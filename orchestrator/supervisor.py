@@ -139,6 +139,10 @@ class _Unrouted:
 _UNROUTED = _Unrouted()
 
 
+#: seconds the end of a confined process's session waits for the process to exit
+SANDBOXED_EXIT_WAIT = 1.0
+
+
 @define(eq=False)
 class _Process:
     pool: _Pool
@@ -515,6 +519,12 @@ class Supervisor:
                 # session/cancel): the process goes, and the session with it
                 await session.release()
                 proc.retire()
+                if proc.pool.spec.sandbox:
+                    # a confined process works in its session's directory (a branch
+                    # directory): gone, it leaves the directory free to reuse at once. Not
+                    # long: one that ignores the end of its input is stopped meanwhile.
+                    with trio.move_on_after(SANDBOXED_EXIT_WAIT):
+                        await proc.exited.wait()
                 return
             caps = conn.agent_capabilities.session_capabilities
             if caps is not None and caps.close is not None:

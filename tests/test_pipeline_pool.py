@@ -16,6 +16,7 @@ from run_helpers import config, spec_for
 
 from orchestrator.pipeline import Pipeline, step
 from orchestrator.runs import RunOutcome, diff_run, run_pipeline
+from orchestrator.sandbox import kernel_abi
 from orchestrator.testing import AgentScript, Say, Spawn, Turn
 from orchestrator.vfs import Branch, Workspace, materialize, pool
 from orchestrator.vfs.testing import make_tree
@@ -257,6 +258,43 @@ async def test_the_demo_agent_merges_the_same_with_and_without_reuse(
     assert diffs[0] == diffs[1]
     assert diffs[0].count("+color") == 6
     assert os.environ["ORCHESTRATOR_REUSE_DIRS"] == "0"
+
+
+def _landlock_missing() -> str | None:
+    try:
+        kernel_abi()
+    except Exception as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.skipif(_landlock_missing() is not None, reason=str(_landlock_missing()))
+async def test_a_sandboxed_fan_out_reuses_its_directories(tmp_path: Path) -> None:
+    """Confined agents (a process per session, working in its branch directory) are gone when
+    their instance ends: the next instance gets the directory reset, not a fresh copy."""
+    files = {f"f{n}.md": f"colour {n}\n" for n in range(4)}
+    ws = make_tree(tmp_path / "ws", files)
+
+    @step
+    def items() -> list[str]:
+        return sorted(files)
+
+    @step(agent="demo", over="items")
+    def fix(item: str) -> str:
+        return f'replace "colour" with "color" in {item}\n'
+
+    outcome = await run(
+        Pipeline.from_steps([items, fix], name="demo"),
+        ws,
+        None,
+        max_sessions=1,
+        policy="edit",
+        sandbox=True,
+    )
+    assert outcome.status == "succeeded", outcome.result
+    assert outcome.result["branches"]["made"] == 1
+    assert outcome.result["branches"]["reused"] == 3
+    assert (await diff_run(outcome.run_id)).count("+color") == 4
 
 
 async def test_a_step_after_a_step_resets_its_directories_to_the_merged_result(
