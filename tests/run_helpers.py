@@ -18,6 +18,7 @@ import trio
 
 from orchestrator.agents import AgentSpec
 from orchestrator.config import Config
+from orchestrator.sandbox import kernel_abi
 from orchestrator.testing import AgentScript, Turn, scripted_agent_command
 from orchestrator.trust import TrustStore
 
@@ -180,3 +181,12 @@ def configure(project: Path, **agents: Path) -> None:
     for name, script in agents.items():
         lines += [f"[agents.{name}]", f"command = {json.dumps(agent_command(script))}", ""]
     project_config(project, "\n".join(lines))
+
+
+def landlock_missing() -> str | None:
+    """Why this kernel cannot confine agents with Landlock (None: it can)."""
+    try:
+        kernel_abi()
+    except Exception as e:
+        return str(e)
+    return None

@@ -9,23 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from orchestrator.errors import SandboxUnavailable
-from orchestrator.sandbox import kernel_abi
+from run_helpers import landlock_missing
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_sandbox.py"
 
 
-def _landlock_missing() -> str | None:
-    try:
-        kernel_abi()
-    except SandboxUnavailable as e:
-        return str(e)
-    return None
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(_landlock_missing() is not None, reason=str(_landlock_missing()))
+@pytest.mark.skipif(landlock_missing() is not None, reason=str(landlock_missing()))
 def test_one_run_each_exits_zero_and_writes_json(tmp_path: Path) -> None:
     """With --repeat 1 the script times every start directly and confined, and saves JSON."""
     output = tmp_path / "sandbox.json"

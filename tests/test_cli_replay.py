@@ -22,10 +22,9 @@ import orjson
 import pytest
 import trio
 from conftest import pid_gone
-from run_helpers import CLI, CLI_LIMIT, as_json, one_line_error, run_cli, snapshot
+from run_helpers import CLI, CLI_LIMIT, as_json, landlock_missing, one_line_error, run_cli, snapshot
 from test_cli_interrupt import descendants, last_line
 
-from orchestrator.sandbox import kernel_abi
 from orchestrator.store import RunRecord, open_run_store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -283,15 +282,6 @@ async def test_an_edited_prompt_step_is_reported_per_instance_and_strict_stops_i
     # a failed replay is replayed again, not resumed
     assert f"nothing was written to the workspace; orchestrator replay {recorded['runId']} " in out
     assert "orchestrator resume" not in out
-
-
-def landlock_missing() -> str | None:
-    """Why this kernel cannot confine agents (None: it can)."""
-    try:
-        kernel_abi()
-    except Exception as e:
-        return str(e)
-    return None
 
 
 @pytest.mark.skipif(landlock_missing() is not None, reason=str(landlock_missing()))

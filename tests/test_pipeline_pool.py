@@ -12,11 +12,10 @@ from typing import Any
 import pytest
 import trio
 from log_capture import capture_logs
-from run_helpers import config, spec_for
+from run_helpers import config, landlock_missing, spec_for
 
 from orchestrator.pipeline import Pipeline, step
 from orchestrator.runs import RunOutcome, diff_run, run_pipeline
-from orchestrator.sandbox import kernel_abi
 from orchestrator.testing import AgentScript, Say, Spawn, Turn
 from orchestrator.vfs import Branch, Workspace, materialize, pool
 from orchestrator.vfs.testing import make_tree
@@ -260,15 +259,7 @@ async def test_the_demo_agent_merges_the_same_with_and_without_reuse(
     assert os.environ["ORCHESTRATOR_REUSE_DIRS"] == "0"
 
 
-def _landlock_missing() -> str | None:
-    try:
-        kernel_abi()
-    except Exception as e:
-        return str(e)
-    return None
-
-
-@pytest.mark.skipif(_landlock_missing() is not None, reason=str(_landlock_missing()))
+@pytest.mark.skipif(landlock_missing() is not None, reason=str(landlock_missing()))
 async def test_a_sandboxed_fan_out_reuses_its_directories(tmp_path: Path) -> None:
     """Confined agents (a process per session, working in its branch directory) are gone when
     their instance ends: the next instance gets the directory reset, not a fresh copy."""

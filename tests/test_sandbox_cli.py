@@ -20,27 +20,26 @@ from typing import Any
 import pytest
 import trio
 from attrs import frozen
-from run_helpers import CLI, CLI_LIMIT, agent_command, as_json, record_events, write_agent
+from run_helpers import (
+    CLI,
+    CLI_LIMIT,
+    agent_command,
+    as_json,
+    landlock_missing,
+    record_events,
+    write_agent,
+)
 
-from orchestrator.sandbox import kernel_abi
 from orchestrator.testing import ErrorReply, Say, Terminal, Turn, WriteDisk
 
 EXIT_OK, EXIT_USAGE = 0, 2
 NO_LANDLOCK = Path(__file__).parent / "helpers" / "no_landlock.py"
 
 
-def _landlock_missing() -> str | None:
-    try:
-        kernel_abi()
-    except Exception as e:
-        return str(e)
-    return None
-
-
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not CLI.is_file(), reason=f"console script {CLI} not installed"),
-    pytest.mark.skipif(_landlock_missing() is not None, reason=str(_landlock_missing())),
+    pytest.mark.skipif(landlock_missing() is not None, reason=str(landlock_missing())),
 ]
 
 

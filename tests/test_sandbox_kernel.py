@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from run_helpers import landlock_missing
 
 from orchestrator._landlock import EXIT_UNCONFINED, LAUNCHER
 from orchestrator.agent.process import open_agent_process
@@ -30,16 +31,7 @@ from orchestrator.sandbox import Sandbox, build_ruleset, kernel_abi
 from orchestrator.supervisor import Limits, open_supervisor
 from orchestrator.testing import AgentScript, Say, Turn, scripted_agent_command
 
-
-def _landlock_missing() -> str | None:
-    try:
-        kernel_abi()
-    except Exception as e:
-        return str(e)
-    return None
-
-
-pytestmark = pytest.mark.skipif(_landlock_missing() is not None, reason=str(_landlock_missing()))
+pytestmark = pytest.mark.skipif(landlock_missing() is not None, reason=str(landlock_missing()))
 
 #: prints the errno of writing each path given (0: written)
 WRITE_PROBE = """\
