@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ from schema_check import FrameValidator
 
 import orchestrator.agent.launch as client_module
 from orchestrator.jsonrpc.connection import JsonRpcConnection
+from orchestrator.vfs._mounts import MOUNTINFO, mount_id, mount_points
 
 # the fixtures acp-orchestrator's users get (a pytest11 entry point in an installed package):
 # the suite runs with them loaded, as theirs do
@@ -128,6 +131,49 @@ def make_chain(root: Path, depth: int, name: str = "d") -> str:
     finally:
         os.close(fd)
     return "/".join([name] * depth + ["f.txt"])
+
+
+@contextmanager
+def bind_mount(source: Path, mount_point: Path) -> Iterator[None]:
+    """``source`` bind-mounted on ``mount_point`` while the block runs, as an agent running as
+    root can do in its branch directory; unmounted (``umount -l``) after it in any case, where
+    the mount point is then (a directory holding it may have been renamed). Skips the test
+    where this process may not mount: not root, or a container that forbids it."""
+    if os.geteuid() != 0:
+        pytest.skip("a bind mount needs root")
+    try:
+        done = subprocess.run(
+            ["mount", "--bind", str(source), str(mount_point)], capture_output=True, text=True
+        )
+    except FileNotFoundError:
+        pytest.skip("no mount command")
+    if done.returncode != 0:
+        pytest.skip(f"mount --bind refused here: {done.stderr.strip()}")
+    mount: int | None = None
+    try:
+        fd = os.open(mount_point, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            mount = mount_id(fd)
+        finally:
+            os.close(fd)
+        yield
+    finally:
+        where = str(mount_point)
+        with open(MOUNTINFO, "rb") as f:
+            for line in f.read().splitlines():
+                if mount is not None and line.split(b" ", 1)[0] == b"%d" % mount:
+                    where = mount_points(line)[0]
+        subprocess.run(["umount", "-l", where], capture_output=True)
+
+
+@pytest.fixture
+def mounts_allowed(tmp_path: Path) -> None:
+    """Skip the test unless :func:`bind_mount` can mount here: tried once, outside the test
+    (a skip raised in an async test through trio loses its reason)."""
+    (tmp_path / "mount-source").mkdir()
+    (tmp_path / "mount-point").mkdir()
+    with bind_mount(tmp_path / "mount-source", tmp_path / "mount-point"):
+        pass
 
 
 def is_test_cluster(pid: int) -> bool:

@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from conftest import bind_mount
+from log_capture import capture_logs
 
 from orchestrator.pipeline import _branchio
 from orchestrator.pipeline._branchio import (
@@ -132,6 +134,29 @@ async def test_directory_grown_large_is_left_whole_to_the_trash(tmp_path: Path) 
     assert io.counts["remove"] == 1
 
 
+@pytest.mark.usefixtures("mounts_allowed")
+async def test_a_mount_in_a_directory_is_left_alone_by_its_deletion(tmp_path: Path) -> None:
+    """A directory elsewhere bind-mounted into a small branch directory (same device) is not
+    emptied with it: the trash deletes the rest, leaves the mount and says so."""
+    branch = _branch(tmp_path, {"a/b/c.txt": b"c", "d.txt": b"d"})
+    outside = tmp_path / "precious"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("keep\n")
+    dirs = BranchDirs(tmp_path / "run", BranchIO())
+    with trio.fail_after(LIMIT):
+        workdir = await dirs.materialize(branch, "step", 1)
+        with bind_mount(outside, Path(workdir.root) / "a"), capture_logs() as logs:
+            dirs.remove(workdir)
+            await dirs.drain()
+            assert [p.name for p in outside.iterdir()] == ["keep.txt"]
+            (trashed,) = (tmp_path / "run" / "trash").iterdir()
+            assert [p.name for p in trashed.iterdir()] == ["a"]  # d.txt deleted
+    warned = [entry for entry in logs if entry["log_level"] == "warning"]
+    assert [(entry["directory"], entry["mounts"]) for entry in warned] == [
+        (str(trashed), [str(trashed / "a")])
+    ]
+
+
 async def test_cancelled_step_makes_no_directory(tmp_path: Path) -> None:
     """A step cancelled before its small directory is made leaves nothing on disk."""
     branch = _branch(tmp_path, {"a.txt": b"a"})
@@ -226,9 +251,9 @@ async def test_removed_directory_is_renamed_into_the_trash_and_deleted_later(
     gate = threading.Event()
     original = remove_tree
 
-    def held(path: str) -> None:
+    def held(path: str) -> list[str]:
         gate.wait(LIMIT)
-        original(path)
+        return original(path)
 
     monkeypatch.setattr(_branchio, "remove_tree", held)
     dirs = BranchDirs(tmp_path / "run", BranchIO())

@@ -12,8 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import bind_mount
 
-from orchestrator.vfs import _fileio
+from orchestrator.vfs import _fileio, _mounts
 from orchestrator.vfs.errors import PathRefused
 
 
@@ -237,6 +238,128 @@ def test_remove_tree_never_follows_a_symlink(tmp_path: Path) -> None:
     _fileio.remove_tree(str(tmp_path / "missing"))  # nothing there: nothing done
     assert not top.exists()
     assert (outside / "keep").read_text() == "keep\n"
+
+
+TABLE = b"".join(
+    line + b"\n"
+    for line in [
+        rb"22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw",
+        rb"42 22 254:0 /tmp/p /w/b/src/d3 rw,relatime - ext4 /dev/vda rw",
+        rb"43 22 0:50 / /w/b/sp\040ace\012nl\134bs rw - tmpfs tmpfs rw",
+        rb"44 22 254:0 /tmp/p /w/bc rw - ext4 /dev/vda rw",
+        rb"45 22 254:0 /tmp/p /w/b rw - ext4 /dev/vda rw",
+        rb"46 22 254:0 /tmp/p /w/a rw - ext4 /dev/vda rw",
+    ]
+)
+
+
+def test_mount_points_are_read_with_their_escapes_decoded() -> None:
+    """Field 5 of each mountinfo line is the mount point; a space, newline, backslash in it are
+    octal escapes."""
+    assert _mounts.mount_points(TABLE) == [
+        "/",
+        "/w/b/src/d3",
+        "/w/b/sp ace\nnl\\bs",
+        "/w/bc",
+        "/w/b",
+        "/w/a",
+    ]
+
+
+def test_points_under_a_directory_are_it_and_those_below_it() -> None:
+    """A mount point equal to the directory or below it counts; one beside it, a parent, or one
+    extending its last name (``/w/bc`` for ``/w/b``) does not."""
+    points = _mounts.mount_points(TABLE)
+    assert _mounts.points_under(points, "/w/b") == ["/w/b/src/d3", "/w/b/sp ace\nnl\\bs", "/w/b"]
+    assert _mounts.points_under(points, "/w/b/src") == ["/w/b/src/d3"]
+    assert _mounts.points_under(points, "/w/b/src/d") == []
+    assert _mounts.points_under(points, "/w/c") == []
+    assert _mounts.points_under(points, "/") == points
+
+
+def test_mounts_under_finds_the_root_mount_and_none_below_a_fresh_directory(
+    tmp_path: Path,
+) -> None:
+    """Read from /proc/self/mountinfo: / is a mount point, a fresh directory holds none."""
+    if not os.path.exists(_mounts.MOUNTINFO):
+        pytest.skip("no /proc/self/mountinfo (not Linux)")
+    (tmp_path / "d").mkdir()
+    assert _mounts.mounts_under(str(tmp_path / "d")) == []
+    assert "/" in (_mounts.mounts_under("/") or [])
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert isinstance(_mounts.mount_id(fd), int)
+    finally:
+        os.close(fd)
+
+
+def _outside(tmp_path: Path) -> Path:
+    """A directory outside the tree, with files and a subdirectory, to bind-mount into it."""
+    outside = tmp_path / "precious"
+    (outside / "sub").mkdir(parents=True)
+    (outside / "keep.txt").write_text("keep\n")
+    (outside / "sub" / "deep.txt").write_text("deep\n")
+    return outside
+
+
+def _listing(top: Path) -> dict[str, bytes]:
+    """The files below ``top`` and their content."""
+    return {str(p.relative_to(top)): p.read_bytes() for p in sorted(top.rglob("*")) if p.is_file()}
+
+
+def test_remove_tree_never_enters_a_bind_mount(tmp_path: Path) -> None:
+    """A directory elsewhere bind-mounted in the tree (same device) keeps its files; the rest
+    of the tree goes, the mount point and the directories holding it excepted."""
+    outside = _outside(tmp_path)
+    before = _listing(outside)
+    top = tmp_path / "top"
+    (top / "src" / "d3").mkdir(parents=True)
+    (top / "src" / "a.txt").write_text("a\n")
+    (top / "other").mkdir()
+    (top / "other" / "b.txt").write_text("b\n")
+    with bind_mount(outside, top / "src" / "d3"):
+        left = _fileio.remove_tree(str(top))
+        assert _listing(outside) == before
+        assert left == [str(top / "src" / "d3")]
+        assert sorted(os.listdir(top)) == ["src"] and os.listdir(top / "src") == ["d3"]
+    assert _fileio.remove_tree(str(top)) == []  # unmounted: all of it goes
+    assert not top.exists()
+    assert _listing(outside) == before
+
+
+def test_remove_tree_leaves_a_directory_that_is_a_mount_point(tmp_path: Path) -> None:
+    """A directory bind-mounted over itself is not entered at all."""
+    outside = _outside(tmp_path)
+    before = _listing(outside)
+    top = tmp_path / "top"
+    top.mkdir()
+    with bind_mount(outside, top):
+        left = _fileio.remove_tree(str(top))
+        assert _listing(outside) == before
+        assert left == [str(top)]
+
+
+def test_remove_tree_finds_a_mount_moved_after_the_table_was_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A directory holding a mount point renamed after the mount table was read (by a process
+    still running in the tree) is not entered: the mount is told by its id, not its path."""
+    outside = _outside(tmp_path)
+    before = _listing(outside)
+    top = tmp_path / "top"
+    (top / "src" / "d3").mkdir(parents=True)
+    read = _mounts.mounts_under
+
+    def then_moved(directory: str) -> list[str] | None:
+        found = read(directory)
+        os.rename(top / "src", top / "moved")
+        return found
+
+    monkeypatch.setattr(_fileio, "mounts_under", then_moved)
+    with bind_mount(outside, top / "src" / "d3"):
+        left = _fileio.remove_tree(str(top))
+        assert _listing(outside) == before
+        assert left == [str(top / "moved" / "d3")]
 
 
 def test_make_dirs_and_walk_files_at_any_depth(deep_tmp: Path) -> None:

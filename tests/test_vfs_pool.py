@@ -12,13 +12,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import make_chain
+from conftest import bind_mount, make_chain
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator._names import name_bytes
 from orchestrator.errors import UsageError
-from orchestrator.vfs._fileio import PATH_MAX
+from orchestrator.vfs._fileio import PATH_MAX, remove_tree
+from orchestrator.vfs._mounts import mounts_under
 from orchestrator.vfs.branch import Branch
 from orchestrator.vfs.checkout import materialize
 from orchestrator.vfs.errors import PathRefused
@@ -576,6 +577,66 @@ def test_a_directory_that_cannot_be_proven_is_discarded(space: Path) -> None:
     )
     assert len(discarded) == 1 and pool.stats.discarded == 1
     assert not os.path.lexists(space / "b" / "two")
+
+
+def _outside(space: Path) -> tuple[Path, dict[str, bytes]]:
+    """A directory outside every branch, with files, and what it holds."""
+    outside = space / "precious"
+    (outside / "sub").mkdir(parents=True)
+    (outside / "keep.txt").write_text("keep\n")
+    (outside / "sub" / "helpers.py").write_text("not the tree's\n")
+    return outside, _files(outside)
+
+
+def _files(top: Path) -> dict[str, bytes]:
+    """The files below ``top`` and their content."""
+    return {str(p.relative_to(top)): p.read_bytes() for p in sorted(top.rglob("*")) if p.is_file()}
+
+
+def test_a_directory_given_back_with_a_mount_in_it_is_not_pooled(space: Path) -> None:
+    """A directory the agent bind-mounted a directory elsewhere into is handed back for
+    deletion, which leaves the mounted directory's files alone."""
+    snap = make_workspace(space)
+    outside, before = _outside(space)
+    pool = DirPool(str(space / "b" / ".pool"), 2, min_files=0)
+    wd = materialize(Branch.from_tree(snap, "one"), space / "b" / "one")
+    pool.adopt(wd)
+    with bind_mount(outside, Path(wd.root, "src/util")):
+        assert pool.give(wd) == [wd.root]
+        left = remove_tree(wd.root)
+        assert _files(outside) == before
+        assert left == [os.path.join(wd.root, "src/util")]
+    assert pool.take(Branch.from_tree(snap, "two"), space / "b" / "two", discard=print) is None
+
+
+def test_a_pooled_directory_with_a_mount_in_it_is_discarded(space: Path) -> None:
+    """A bind mount made in a pooled directory (same device: no stat tells it) discards it
+    before anything is removed or written: the mounted directory keeps its files, none of the
+    tree's is written there, and the branch gets another directory reset to its exact tree."""
+    snap = make_workspace(space)
+    outside, before = _outside(space)
+    pool = DirPool(str(space / "b" / ".pool"), 2, min_files=0)
+    for name in ("one", "two"):
+        wd = materialize(Branch.from_tree(snap, name), space / "b" / name)
+        pool.adopt(wd)
+        assert pool.give(wd) == []
+    first = space / "b" / ".pool" / "pool-0"  # taken first: given back first
+    assert (first / "src" / "util" / "helpers.py").is_file()
+    discarded: list[str] = []
+    with bind_mount(outside, first / "src" / "util"):
+        reused = pool.take(
+            Branch.from_tree(snap, "three"), space / "b" / "three", discard=discarded.append
+        )
+        assert _files(outside) == before
+        assert reused is not None
+        assert pool.stats.discarded == 1 and len(discarded) == 1
+        (aside,) = discarded
+        left = remove_tree(aside)
+        assert _files(outside) == before
+        assert left == [os.path.join(aside, "src/util")]
+    fresh = materialize(Branch.from_tree(snap, "four"), space / "b" / "four")
+    assert tree_of(reused.root) == tree_of(fresh.root)
+    assert mounts_under(reused.root) == []
 
 
 def test_holders_are_found(space: Path) -> None:

@@ -38,6 +38,7 @@ from attrs import define, field
 from .._log import get_logger
 from ..vfs import Branch, ChangeSet, Workdir, materialize
 from ..vfs._fileio import remove_tree
+from ..vfs._mounts import mounts_under
 from ..vfs.pool import DirPool, tree_key
 from ._branchstate import branch_diffs, changes_since, undo_writes
 from ._calls import safe
@@ -83,9 +84,10 @@ def _empty_small(workdir: Workdir, limit: int) -> bool:
     folders, deepest first.
 
     False, with nothing deleted, if the directory holds more entries (an agent may have
-    installed dependencies into it); an error (a folder something filled meanwhile) leaves
-    the rest to the trash. Here, not in a worker thread: for a few entries the thread hops
-    would cost the event loop more than the system calls.
+    installed dependencies into it) or a mount point (the trash leaves it alone); an error
+    (a folder something filled meanwhile) leaves the rest to the trash. Here, not in a
+    worker thread: for a few entries the thread hops would cost the event loop more than the
+    system calls.
     """
     dirs: list[str] = []
     files: list[str] = []
@@ -101,6 +103,8 @@ def _empty_small(workdir: Workdir, limit: int) -> bool:
                     files.append(entry.path)
                 if len(dirs) + len(pending) + len(files) > limit:
                     return False
+    if mounts_under(workdir.root):  # a bind mount has the same device: no scan tells it
+        return False
     workdir.close()
     for path in files:
         os.unlink(path)
@@ -510,7 +514,10 @@ class BranchDirs:
         try:
             if workdir is not None:
                 workdir.close()
-            remove_tree(path)
+            if left := remove_tree(path):
+                log.warning(
+                    "mount points left in a deleted branch directory", directory=path, mounts=left
+                )
         except Exception:  # a directory left behind must not stop the others
             log.exception("removing a branch directory failed", directory=path)
         if size or holds:  # a round trip to the loop only when there is something to give

@@ -19,6 +19,7 @@ from contextlib import contextmanager, suppress
 from attrs import define, field, frozen
 
 from .._names import name_bytes, name_of
+from ._mounts import mount_id, mounts_under
 from .errors import PathRefused
 
 __all__ = [
@@ -473,19 +474,34 @@ def _empty_files(fd: int, name: str) -> tuple[tuple[int, int], str, list[str]]:
     return (st.st_dev, st.st_ino), name, subdirs
 
 
-def remove_tree(path: str) -> None:
+def remove_tree(path: str) -> list[str]:
     """Remove directory ``path`` and everything in it, at any depth; errors are ignored (what
     cannot be removed stays), as with ``shutil.rmtree(path, ignore_errors=True)``.
 
     One directory is open at a time, entered without following symlinks and left through
     ``..`` only if that is still the directory it was entered from (else the removal stops): a
     tree rearranged meanwhile, by a process still running in it, never leads it elsewhere.
+
+    A mount point at or below ``path`` is never entered: what it shows (a directory
+    elsewhere, bind-mounted by a process running as root, has the same device) stays as it
+    is, and so do the directories holding it, as with ``rm -rf --one-file-system``. The
+    mount table is read once (:mod:`~orchestrator.vfs._mounts`); with a mount point below,
+    each directory is entered only if it is on the mount ``path`` is on (by the mount's id,
+    which a rename does not change). Returns the paths of the directories not entered for
+    that, ``path`` itself if it is a mount point (none without ``/proc``: not Linux, where
+    every directory is entered).
     """
+    mounts = mounts_under(path)
+    if mounts and os.path.realpath(path) in mounts:
+        return [path]
     try:
         fd = os.open(path, _DIR_NOFOLLOW)
     except OSError:
-        return
+        return []
+    left: list[str] = []
     try:
+        # None with a mount below (its id not told): no directory is proven on it, none entered
+        top_mount = mount_id(fd) if mounts else None
         # the directories entered, outermost first: identity, name, subdirectories left
         stack = [_empty_files(fd, "")]
         while True:
@@ -495,6 +511,10 @@ def remove_tree(path: str) -> None:
                 try:
                     child_fd = os.open(child, _DIR_NOFOLLOW, dir_fd=fd)
                 except OSError:
+                    continue
+                if mounts and (top_mount is None or mount_id(child_fd) != top_mount):
+                    os.close(child_fd)
+                    left.append(os.path.join(path, *(entered[1] for entered in stack), child))
                     continue
                 os.close(fd)
                 fd = child_fd
@@ -508,12 +528,13 @@ def remove_tree(path: str) -> None:
             fd = up
             st = os.fstat(fd)
             if (st.st_dev, st.st_ino) != stack[-1][0]:
-                return  # moved meanwhile: what is left there is not ours to find
+                return left  # moved meanwhile: what is left there is not ours to find
             with suppress(OSError):
                 os.rmdir(name, dir_fd=fd)
         with suppress(OSError):
             os.rmdir(path)
     except OSError:
-        return
+        return left
     finally:
         os.close(fd)
+    return left

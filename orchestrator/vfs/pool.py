@@ -28,8 +28,14 @@ What makes a reused directory the tree it claims to be:
   regular file must have no second name (a hard link elsewhere could write it later). Anything
   that differs, anything the tree does not hold and any path the tree holds other content or
   another mode for than the one written, is removed and written again; directories
-  get their mode and owner back; a mount point, an entry on another filesystem or any error
-  (an unreadable path, a file that will not go) discards the directory instead.
+  get their mode and owner back; an entry on another filesystem or any error (an unreadable
+  path, a file that will not go) discards the directory instead.
+- **No mount point.** A bind mount of a directory elsewhere on the same filesystem has the
+  same device: no stat tells it. Before a reset, and when a directory is given back, the
+  mount table is read (``/proc/self/mountinfo``, see :mod:`orchestrator.vfs._mounts`): a
+  directory with a mount point at or below it is never pooled nor reset, but discarded
+  before anything in it is removed or written; its deletion
+  (:func:`~orchestrator.vfs._fileio.remove_tree`) leaves the mount and what it shows alone.
 - **Self-contained links again.** A symlink leading into the workspace leads into the branch
   directory (see :mod:`orchestrator.vfs.checkout`): the directory now has another path, so such
   links are written again for it.
@@ -57,6 +63,7 @@ from .._names import name_bytes, name_of
 from ..errors import UsageError
 from ._fileio import CopyTally, make_dirs, remove_tree
 from ._links import LinkMap
+from ._mounts import mounts_under
 from .branch import Branch
 from .changes import Change, ModeChange, Write
 from .checkout import (
@@ -371,6 +378,9 @@ class DirPool:
                 return [workdir.root]  # replaced by the agent (a link): not what was made
         except OSError:
             return [workdir.root]
+        if mounts := mounts_under(workdir.root):  # made by the agent: never reset through it
+            log.info("branch directory not pooled", directory=workdir.root, mounts=mounts)
+            return [workdir.root]
         try:
             parked = self._park_name("pool")
             os.rename(workdir.root, parked)
@@ -520,6 +530,9 @@ class DirPool:
         """Reset the directory at ``target``, written as ``origin``, to the tree holding
         ``overrides`` over the same snapshot (``key``); ``changed``: the paths whose content
         differs between the two trees. Raises if the directory cannot be proven to be it."""
+        # a mount made while pooled: what the reset removes and writes below it is elsewhere
+        if mounts := mounts_under(target):
+            raise _Unclean(f"mount point below: {', '.join(mounts)}")
         snapshot = origin.root
         # the files as written, by path and by directory and name: unchanged since (by their
         # stat), each is what the tree holds; the paths the trees differ in are not among them
