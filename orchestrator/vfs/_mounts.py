@@ -50,6 +50,9 @@ def mounts_under(directory: str) -> list[str] | None:
     """The mount points at or below ``directory`` (by its real path, as the table gives
     them), sorted (each before those below it); None when the mount table cannot be read
     (no ``/proc``)."""
+    # Read afresh each time: a table kept until the kernel says it changed (the priority event
+    # of an open ``mountinfo``) would be stale after a rename of a directory holding a mount,
+    # which moves the mount point's path and raises no event.
     try:
         with open(MOUNTINFO, "rb") as f:
             table = f.read()
