@@ -307,6 +307,19 @@ def test_directory_replaced_by_a_symlink_leading_outside(wd: Workdir, tmp_path: 
     assert b"secret" not in b"".join(wd.branch.read(p) for p in wd.branch.paths())
 
 
+def test_directory_replaced_by_a_file_of_its_name(wd: Workdir) -> None:
+    """A directory removed and a file written at its name: the directory's files are deleted,
+    the file added (none looked up below it again)."""
+    Path(wd.root, "src/deep/er").mkdir(parents=True)
+    Path(wd.root, "src/deep/er/x.py").write_text("x\n")
+    wd.harvest(full=True)
+    shutil.rmtree(Path(wd.root, "src"))
+    Path(wd.root, "src").write_text("now a file\n")
+    report = wd.harvest(full=True)
+    assert report.deleted == ("src/app.py", "src/deep/er/x.py")
+    assert report.added == ("src",)
+
+
 def test_a_removed_branch_directory_is_one_clear_error(wd: Workdir) -> None:
     """A branch directory removed during the step fails the harvest with one sentence."""
     shutil.rmtree(wd.root)

@@ -46,7 +46,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 import trio
 from attrs import define, field, frozen
@@ -181,6 +181,9 @@ class _Scan:
     too_large: list[str] = field(factory=list)
     scanned: int = 0
     hashed: int = 0
+    #: directories this harvest found missing or not a directory (a symlink, a file): what
+    #: was below them is gone without another lookup (a deleted tree of many files)
+    not_dirs: set[str] = field(factory=set)
 
 
 @define(eq=False)
@@ -623,8 +626,11 @@ class Workdir:
         head, _, name = rel.rpartition("/")
         if not head:
             return self._check_at(rel, os.path.join(self.root, rel), scan)
+        if scan.not_dirs and any(d in scan.not_dirs for d in _dirs_of(head)):
+            return self._check_at(rel, None, scan)
         parent = _open_below(self.root, head)
-        if parent is None:
+        if isinstance(parent, str):
+            scan.not_dirs.add(parent)
             return self._check_at(rel, None, scan)
         try:
             # through the open directory: nothing renamed meanwhile leads the lookup elsewhere
@@ -951,18 +957,20 @@ def _open_root(root: str) -> int:
         raise
 
 
-def _open_below(root: str, rel_dir: str) -> int | None:
+def _open_below(root: str, rel_dir: str) -> int | str:
     """A descriptor of directory ``rel_dir`` below ``root``, each component entered without
-    following a symlink; None if one is missing or is not a directory (a symlink included)."""
+    following a symlink; if one is missing or is not a directory (a symlink included), its
+    path (``rel_dir`` or a directory above it) instead."""
     fd = _open_root(root)
     try:
-        for part in rel_dir.split("/"):
+        parts = rel_dir.split("/")
+        for depth, part in enumerate(parts, 1):
             try:
                 below = os.open(part, _DIR_NOFOLLOW, dir_fd=fd)
             except OSError as e:
                 gone = isinstance(e, FileNotFoundError | NotADirectoryError)
                 if gone or e.errno == errno.ELOOP:
-                    return None
+                    return "/".join(parts[:depth])
                 _refuse_too_long(e, rel_dir)
                 raise
             os.close(fd)
@@ -972,6 +980,15 @@ def _open_below(root: str, rel_dir: str) -> int | None:
     finally:
         if fd >= 0:
             os.close(fd)
+
+
+def _dirs_of(rel_dir: str) -> Iterator[str]:
+    """``rel_dir`` and the directories above it (``a``, ``a/b``, ``a/b/c``)."""
+    at = rel_dir.find("/")
+    while at != -1:
+        yield rel_dir[:at]
+        at = rel_dir.find("/", at + 1)
+    yield rel_dir
 
 
 def _refuse_too_long(error: OSError, rel: str) -> None:
