@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import threading
 from pathlib import Path
 from typing import Any
@@ -113,6 +115,30 @@ async def test_small_directory_goes_at_once_without_the_trash(
         await dirs.drain()
     assert not root.exists()
     assert list((tmp_path / "run" / "branches").iterdir()) == []
+
+
+async def test_a_directory_replaced_by_a_symlink_is_removed_not_followed(
+    tmp_path: Path,
+) -> None:
+    """A small branch directory the agent replaced by a symlink to a directory elsewhere: the
+    link goes, the directory it leads to keeps its files (nested ones and .git included)."""
+    victim = tmp_path / "victim"
+    (victim / "sub" / ".git").mkdir(parents=True)
+    (victim / "a").write_text("keep\n")
+    (victim / "sub" / "b").write_text("keep\n")
+    (victim / "sub" / ".git" / "HEAD").write_text("ref\n")
+    before = sorted(p.relative_to(victim) for p in victim.rglob("*"))
+    branch = _branch(tmp_path, {"x.txt": b"x"})
+    io = BranchIO()
+    dirs = BranchDirs(tmp_path / "run", io)
+    with trio.fail_after(LIMIT):
+        workdir = await dirs.materialize(branch, "step", 1)
+        shutil.rmtree(workdir.root)
+        os.symlink(victim, workdir.root)
+        dirs.remove(workdir)
+        await dirs.drain()
+    assert not os.path.lexists(workdir.root)
+    assert sorted(p.relative_to(victim) for p in victim.rglob("*")) == before
 
 
 async def test_directory_grown_large_is_left_whole_to_the_trash(tmp_path: Path) -> None:

@@ -416,6 +416,22 @@ async def test_bad_usage_exits_2_with_one_line_and_records_nothing(
     assert user_state(repo) == before
 
 
+async def test_a_bad_reuse_setting_exits_2_before_any_repository_runs(
+    tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ORCHESTRATOR_REUSE_DIRS that is neither a yes nor a no: one line, exit 2, no batch
+    recorded (not a failed run per repository)."""
+    repo = make_repo(tmp_path, "svc", remote=False)
+    monkeypatch.setenv("ORCHESTRATOR_REUSE_DIRS", "maybe")
+    done = await run_cli(
+        "batch", str(write_pipeline(tmp_path)), "--repo", str(repo), cwd=tmp_path, state=state_dir
+    )
+    assert done.returncode == 2
+    assert "ORCHESTRATOR_REUSE_DIRS='maybe'" in one_line_error(done)
+    monkeypatch.delenv("ORCHESTRATOR_REUSE_DIRS")
+    assert await runs_json(tmp_path, state_dir) == []
+
+
 async def test_resume_refuses_options_that_do_not_fit_the_run(
     tmp_path: Path, state_dir: Path
 ) -> None:

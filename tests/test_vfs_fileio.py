@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -339,27 +340,42 @@ def test_remove_tree_leaves_a_directory_that_is_a_mount_point(tmp_path: Path) ->
         assert left == [str(top)]
 
 
-def test_remove_tree_finds_a_mount_moved_after_the_table_was_read(
+def test_remove_tree_finds_a_mount_made_while_it_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A directory holding a mount point renamed after the mount table was read (by a process
-    still running in the tree) is not entered: the mount is told by its id, not its path."""
+    """A bind mount made in the tree after the removal started (by a process still running
+    there) is not entered either: each directory's mount is told once it is open."""
     outside = _outside(tmp_path)
     before = _listing(outside)
     top = tmp_path / "top"
     (top / "src" / "d3").mkdir(parents=True)
-    read = _mounts.mounts_under
+    (top / "a.txt").write_text("a\n")
+    empty_files = _fileio._empty_files
+    mounted = contextlib.ExitStack()
 
-    def then_moved(directory: str) -> list[str] | None:
-        found = read(directory)
-        os.rename(top / "src", top / "moved")
-        return found
+    def then_mount(fd: int, name: str) -> tuple[tuple[int, int], str, list[str]]:
+        if not name:  # the top directory is open: its subdirectories not entered yet
+            mounted.enter_context(bind_mount(outside, top / "src" / "d3"))
+        return empty_files(fd, name)
 
-    monkeypatch.setattr(_fileio, "mounts_under", then_moved)
-    with bind_mount(outside, top / "src" / "d3"):
+    monkeypatch.setattr(_fileio, "_empty_files", then_mount)
+    with mounted:
         left = _fileio.remove_tree(str(top))
         assert _listing(outside) == before
-        assert left == [str(top / "moved" / "d3")]
+        assert left == [str(top / "src" / "d3")]
+    assert _listing(outside) == before
+
+
+def test_remove_tree_of_a_symlink_removes_the_link_only(tmp_path: Path) -> None:
+    """A symlink put in the place of the directory (by the agent working in it) is removed;
+    the directory it leads to keeps every file."""
+    outside = _outside(tmp_path)
+    before = _listing(outside)
+    link = tmp_path / "branch"
+    link.symlink_to(outside)
+    assert _fileio.remove_tree(str(link)) == []
+    assert not os.path.lexists(link)
+    assert _listing(outside) == before
 
 
 def test_make_dirs_and_walk_files_at_any_depth(deep_tmp: Path) -> None:

@@ -38,7 +38,6 @@ from attrs import define, field
 from .._log import get_logger
 from ..vfs import Branch, ChangeSet, Workdir, materialize
 from ..vfs._fileio import remove_tree
-from ..vfs._mounts import mounts_under
 from ..vfs.pool import DirPool, tree_key
 from ._branchstate import branch_diffs, changes_since, undo_writes
 from ._calls import safe
@@ -80,37 +79,31 @@ _Trashed = tuple[str, Workdir | None, int, bool]
 
 
 def _empty_small(workdir: Workdir, limit: int) -> bool:
-    """Delete ``workdir`` now if it holds at most ``limit`` entries: its files, then its
-    folders, deepest first.
+    """Delete ``workdir`` now if it holds at most ``limit`` entries (with
+    :func:`~orchestrator.vfs._fileio.remove_tree`: never through a symlink or into a mount
+    point).
 
     False, with nothing deleted, if the directory holds more entries (an agent may have
-    installed dependencies into it) or a mount point (the trash leaves it alone); an error
-    (a folder something filled meanwhile) leaves the rest to the trash. Here, not in a
-    worker thread: for a few entries the thread hops would cost the event loop more than the
-    system calls.
+    installed dependencies into it); also False if something is left (a mount point, a file
+    that will not go): the trash tries again and says what stays. Here, not in a worker
+    thread: for a few entries the thread hops would cost the event loop more than the system
+    calls.
     """
-    dirs: list[str] = []
-    files: list[str] = []
-    pending = [workdir.root]
-    while pending:
-        directory = pending.pop()
-        dirs.append(directory)
-        with os.scandir(directory) as entries:
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=False):
-                    pending.append(entry.path)
-                else:
-                    files.append(entry.path)
-                if len(dirs) + len(pending) + len(files) > limit:
-                    return False
-    if mounts_under(workdir.root):  # a bind mount has the same device: no scan tells it
-        return False
+    root = workdir.root
+    if os.path.isdir(root) and not os.path.islink(root):  # else it is only a name to remove
+        count = 0
+        pending = [root]
+        while pending:
+            with os.scandir(pending.pop()) as entries:
+                for entry in entries:
+                    count += 1
+                    if count > limit:
+                        return False
+                    if entry.is_dir(follow_symlinks=False):
+                        pending.append(entry.path)
     workdir.close()
-    for path in files:
-        os.unlink(path)
-    for path in reversed(dirs):  # found parents first: removed children first
-        os.rmdir(path)
-    return True
+    remove_tree(root)
+    return not os.path.lexists(root)
 
 
 def _trash_entries(trash: Path) -> list[str]:
@@ -514,9 +507,10 @@ class BranchDirs:
         try:
             if workdir is not None:
                 workdir.close()
-            if left := remove_tree(path):
+            left = remove_tree(path)
+            if os.path.lexists(path):  # a mount point, a file that will not go (immutable)
                 log.warning(
-                    "mount points left in a deleted branch directory", directory=path, mounts=left
+                    "a deleted branch directory is left on disk", directory=path, mounts=left
                 )
         except Exception:  # a directory left behind must not stop the others
             log.exception("removing a branch directory failed", directory=path)

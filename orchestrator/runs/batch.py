@@ -48,6 +48,7 @@ from ..sandbox import SandboxChoice
 from ..state import state_directory
 from ..store import RunRecord, open_run_store
 from ..supervisor import Connector
+from ..vfs.pool import reuse_enabled_by_env
 from ._batchinput import (
     GIVEN_IN_CODE,
     check_branch,
@@ -165,6 +166,7 @@ async def batch(
     recorded or started; a repository that cannot be reached (a clone that fails) fails alone.
     """
     check_trio_face("batch")  # before anything starts
+    reuse_enabled_by_env()  # a bad word of the environment on directory reuse: refused now
     root = Path(cwd).expanduser().resolve()
     if not root.is_dir():
         raise UsageError(f"the batch's directory {cwd} is not a directory")
@@ -409,6 +411,7 @@ async def resume_batch(
     ``cluster`` runs this attempt on a cluster (as :func:`batch`).
     """
     check_trio_face("resume_batch")  # before anything starts
+    reuse_enabled_by_env()  # as batch()
     check_positive("max_repos", max_repos)
     check_positive("max_sessions", max_sessions)
     state = state_directory(state_dir)

@@ -19,7 +19,7 @@ from contextlib import contextmanager, suppress
 from attrs import define, field, frozen
 
 from .._names import name_bytes, name_of
-from ._mounts import mount_id, mounts_under
+from ._mounts import mount_id
 from .errors import PathRefused
 
 __all__ = [
@@ -476,7 +476,8 @@ def _empty_files(fd: int, name: str) -> tuple[tuple[int, int], str, list[str]]:
 
 def remove_tree(path: str) -> list[str]:
     """Remove directory ``path`` and everything in it, at any depth; errors are ignored (what
-    cannot be removed stays), as with ``shutil.rmtree(path, ignore_errors=True)``.
+    cannot be removed stays), as with ``shutil.rmtree(path, ignore_errors=True)``. A symlink
+    or a file at ``path`` is removed itself (a link's target never touched).
 
     One directory is open at a time, entered without following symlinks and left through
     ``..`` only if that is still the directory it was entered from (else the removal stops): a
@@ -484,24 +485,25 @@ def remove_tree(path: str) -> list[str]:
 
     A mount point at or below ``path`` is never entered: what it shows (a directory
     elsewhere, bind-mounted by a process running as root, has the same device) stays as it
-    is, and so do the directories holding it, as with ``rm -rf --one-file-system``. The
-    mount table is read once (:mod:`~orchestrator.vfs._mounts`); with a mount point below,
-    each directory is entered only if it is on the mount ``path`` is on (by the mount's id,
-    which a rename does not change). Returns the paths of the directories not entered for
-    that, ``path`` itself if it is a mount point (none without ``/proc``: not Linux, where
-    every directory is entered).
+    is, and so do the directories holding it, as with ``rm -rf --one-file-system``. Each
+    directory is entered only once opened and found on the mount ``path`` is on (its mount's
+    id, see :mod:`~orchestrator.vfs._mounts`): a mount made meanwhile, before or during the
+    removal, is found alike. Returns the paths of the directories not entered for that,
+    ``path`` itself if it is a mount point (none without ``/proc``: not Linux, where every
+    directory is entered).
     """
-    mounts = mounts_under(path)
-    if mounts and os.path.realpath(path) in mounts:
-        return [path]
     try:
         fd = os.open(path, _DIR_NOFOLLOW)
-    except OSError:
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):  # a symlink (or a file) put in its place
+            with suppress(OSError):
+                os.unlink(path)
         return []
     left: list[str] = []
     try:
-        # None with a mount below (its id not told): no directory is proven on it, none entered
-        top_mount = mount_id(fd) if mounts else None
+        top_mount = mount_id(fd)  # None without /proc: every directory is entered
+        if top_mount is not None and top_mount != _parent_mount(path):
+            return [path]  # a mount point itself: nothing in it is ours
         # the directories entered, outermost first: identity, name, subdirectories left
         stack = [_empty_files(fd, "")]
         while True:
@@ -512,7 +514,8 @@ def remove_tree(path: str) -> list[str]:
                     child_fd = os.open(child, _DIR_NOFOLLOW, dir_fd=fd)
                 except OSError:
                     continue
-                if mounts and (top_mount is None or mount_id(child_fd) != top_mount):
+                # told once open: what the descriptor is on cannot change after
+                if top_mount is not None and mount_id(child_fd) != top_mount:
                     os.close(child_fd)
                     left.append(os.path.join(path, *(entered[1] for entered in stack), child))
                     continue
@@ -538,3 +541,15 @@ def remove_tree(path: str) -> list[str]:
     finally:
         os.close(fd)
     return left
+
+
+def _parent_mount(path: str) -> int | None:
+    """The id of the mount the directory holding ``path`` is on (None if not told)."""
+    try:
+        fd = os.open(os.path.dirname(os.path.abspath(path)), _DIR_NOFOLLOW & ~os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        return mount_id(fd)
+    finally:
+        os.close(fd)

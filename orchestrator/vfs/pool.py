@@ -32,10 +32,13 @@ What makes a reused directory the tree it claims to be:
   path, a file that will not go) discards the directory instead.
 - **No mount point.** A bind mount of a directory elsewhere on the same filesystem has the
   same device: no stat tells it. Before a reset, and when a directory is given back, the
-  mount table is read (``/proc/self/mountinfo``, see :mod:`orchestrator.vfs._mounts`): a
-  directory with a mount point at or below it is never pooled nor reset, but discarded
-  before anything in it is removed or written; its deletion
+  mount table is read (``/proc/self/mountinfo``, see :mod:`orchestrator.vfs._mounts`), and
+  the reset's walk checks the mount of each directory once it is open (a mount made while it
+  runs): a directory with a mount point at or below it is never pooled nor reset, but
+  discarded before anything in it is removed or written; its deletion
   (:func:`~orchestrator.vfs._fileio.remove_tree`) leaves the mount and what it shows alone.
+  Limit: a mount made after the walk, while the reset writes the files it found stale, is
+  written through (only a process running as root can mount).
 - **Self-contained links again.** A symlink leading into the workspace leads into the branch
   directory (see :mod:`orchestrator.vfs.checkout`): the directory now has another path, so such
   links are written again for it.
@@ -61,9 +64,9 @@ from attrs import define, field, frozen
 from .._log import get_logger
 from .._names import name_bytes, name_of
 from ..errors import UsageError
-from ._fileio import CopyTally, make_dirs, remove_tree
+from ._fileio import CopyTally, _parent_mount, make_dirs, remove_tree
 from ._links import LinkMap
-from ._mounts import mounts_under
+from ._mounts import mount_id, mounts_under
 from .branch import Branch
 from .changes import Change, ModeChange, Write
 from .checkout import (
@@ -563,6 +566,8 @@ class DirPool:
         if not stat.S_ISDIR(top.st_mode):
             raise _Unclean("not a directory")
         device = top.st_dev
+        # each directory's mount, told once it is open (a mount made during the reset too)
+        mount: int | None = _parent_mount(target)
         found_dirs: set[str] = set()
         none: dict[str, _Key] = {}
         stack = [""]
@@ -573,6 +578,8 @@ class DirPool:
                 st = os.fstat(fd)
                 if st.st_dev != device:
                     raise _Unclean(f"{parent}: another filesystem")
+                if mount is not None and mount_id(fd) != mount:
+                    raise _Unclean(f"{parent or '.'}: a mount point")
                 if stat.S_IMODE(st.st_mode) != origin.dir_mode:
                     os.fchmod(fd, origin.dir_mode)
                     paths += 1
