@@ -55,6 +55,7 @@ from .._log import get_logger
 from .._names import name_bytes, name_of
 from . import _inotify
 from ._fileio import (
+    _DIR_NOFOLLOW,
     DEFAULT_MODE,
     LARGE_FILE_SIZE,
     CopyStats,
@@ -941,7 +942,12 @@ class Workdir:
 
 #: a directory open in this process, by descriptor, as a path (Linux); None without ``/proc``
 _PROC_FD = "/proc/self/fd" if os.path.isdir("/proc/self/fd") else None
-_DIR_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _no_dir(error: OSError) -> bool:
+    """Whether ``error``, opening a directory without following a symlink, says none is there
+    (missing, a file, or a symlink)."""
+    return isinstance(error, FileNotFoundError | NotADirectoryError) or error.errno == errno.ELOOP
 
 
 def _open_root(root: str) -> int:
@@ -950,7 +956,7 @@ def _open_root(root: str) -> int:
     try:
         return os.open(root, _DIR_NOFOLLOW)
     except OSError as e:
-        if isinstance(e, FileNotFoundError | NotADirectoryError) or e.errno == errno.ELOOP:
+        if _no_dir(e):
             raise VfsError(
                 f"the branch directory {root} was removed or replaced during the step"
             ) from None
@@ -968,8 +974,7 @@ def _open_below(root: str, rel_dir: str) -> int | str:
             try:
                 below = os.open(part, _DIR_NOFOLLOW, dir_fd=fd)
             except OSError as e:
-                gone = isinstance(e, FileNotFoundError | NotADirectoryError)
-                if gone or e.errno == errno.ELOOP:
+                if _no_dir(e):
                     return "/".join(parts[:depth])
                 _refuse_too_long(e, rel_dir)
                 raise
