@@ -224,6 +224,20 @@ async def test_a_directory_a_daemon_still_writes_into_is_never_reused(tmp_path: 
     assert not [e for e in logs if e.get("event") == "branch directory reused"]
 
 
+def demo_fan_out(names: list[str]) -> Pipeline:
+    """A fan-out over ``names`` whose demo agent replaces "colour" with "color" in each."""
+
+    @step
+    def items() -> list[str]:
+        return names
+
+    @step(agent="demo", over="items")
+    def fix(item: str) -> str:
+        return f'replace "colour" with "color" in {item}\n'
+
+    return Pipeline.from_steps([items, fix], name="demo")
+
+
 async def test_the_demo_agent_merges_the_same_with_and_without_reuse(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -233,18 +247,9 @@ async def test_the_demo_agent_merges_the_same_with_and_without_reuse(
     for reuse in ("1", "0"):
         monkeypatch.setenv("ORCHESTRATOR_REUSE_DIRS", reuse)
         ws = make_tree(tmp_path / f"ws{reuse}", files)
-
-        @step
-        def items() -> list[str]:
-            return sorted(files)
-
-        @step(agent="demo", over="items")
-        def fix(item: str) -> str:
-            return f'replace "colour" with "color" in {item}\n'
-
         with capture_logs() as logs:
             outcome = await run(
-                Pipeline.from_steps([items, fix], name="demo"),
+                demo_fan_out(sorted(files)),
                 ws,
                 None,
                 max_sessions=2,
@@ -265,17 +270,8 @@ async def test_a_sandboxed_fan_out_reuses_its_directories(tmp_path: Path) -> Non
     their instance ends: the next instance gets the directory reset, not a fresh copy."""
     files = {f"f{n}.md": f"colour {n}\n" for n in range(4)}
     ws = make_tree(tmp_path / "ws", files)
-
-    @step
-    def items() -> list[str]:
-        return sorted(files)
-
-    @step(agent="demo", over="items")
-    def fix(item: str) -> str:
-        return f'replace "colour" with "color" in {item}\n'
-
     outcome = await run(
-        Pipeline.from_steps([items, fix], name="demo"),
+        demo_fan_out(sorted(files)),
         ws,
         None,
         max_sessions=1,

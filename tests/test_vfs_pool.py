@@ -610,10 +610,15 @@ def test_a_directory_given_back_with_a_mount_in_it_is_not_pooled(space: Path) ->
     assert pool.take(Branch.from_tree(snap, "two"), space / "b" / "two", discard=print) is None
 
 
-def test_a_pooled_directory_with_a_mount_in_it_is_discarded(space: Path) -> None:
+@pytest.mark.parametrize("table", ["listing it", "read before it"])
+def test_a_pooled_directory_with_a_mount_in_it_is_discarded(
+    space: Path, monkeypatch: pytest.MonkeyPatch, table: str
+) -> None:
     """A bind mount made in a pooled directory (same device: no stat tells it) discards it
-    before anything is removed or written: the mounted directory keeps its files, none of the
-    tree's is written there, and the branch gets another directory reset to its exact tree."""
+    before anything is removed or written, whether the mount table lists it or was read
+    before it was made (the reset's walk tells each directory's mount once it is open): the
+    mounted directory keeps its files, none of the tree's is written there, and the branch
+    gets another directory reset to its exact tree."""
     snap = make_workspace(space)
     outside, before = _outside(space)
     pool = DirPool(str(space / "b" / ".pool"), 2, min_files=0)
@@ -623,6 +628,8 @@ def test_a_pooled_directory_with_a_mount_in_it_is_discarded(space: Path) -> None
         assert pool.give(wd) == []
     first = space / "b" / ".pool" / "pool-0"  # taken first: given back first
     assert (first / "src" / "util" / "helpers.py").is_file()
+    if table == "read before it":
+        monkeypatch.setattr(vfs_pool, "mounts_under", lambda directory: [])
     discarded: list[str] = []
     with bind_mount(outside, first / "src" / "util"):
         reused = pool.take(
@@ -638,35 +645,6 @@ def test_a_pooled_directory_with_a_mount_in_it_is_discarded(space: Path) -> None
     fresh = materialize(Branch.from_tree(snap, "four"), space / "b" / "four")
     assert tree_of(reused.root) == tree_of(fresh.root)
     assert mounts_under(reused.root) == []
-
-
-def test_a_mount_made_after_the_table_was_read_is_found_by_the_reset(
-    space: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A bind mount the mount table did not list yet (made while the reset runs) is found as
-    the reset walks: each directory's mount is told once it is open. The mounted directory
-    keeps its files and the branch gets another directory, reset to its exact tree."""
-    snap = make_workspace(space)
-    outside, before = _outside(space)
-    pool = DirPool(str(space / "b" / ".pool"), 2, min_files=0)
-    for name in ("one", "two"):
-        wd = materialize(Branch.from_tree(snap, name), space / "b" / name)
-        pool.adopt(wd)
-        assert pool.give(wd) == []
-    first = space / "b" / ".pool" / "pool-0"
-    monkeypatch.setattr(vfs_pool, "mounts_under", lambda directory: [])  # read before it
-    discarded: list[str] = []
-    with bind_mount(outside, first / "src" / "util"):
-        reused = pool.take(
-            Branch.from_tree(snap, "three"), space / "b" / "three", discard=discarded.append
-        )
-        assert _files(outside) == before
-        assert reused is not None and pool.stats.discarded == 1
-        (aside,) = discarded
-        remove_tree(aside)
-        assert _files(outside) == before
-    fresh = materialize(Branch.from_tree(snap, "four"), space / "b" / "four")
-    assert tree_of(reused.root) == tree_of(fresh.root)
 
 
 def test_holders_are_found(space: Path) -> None:
