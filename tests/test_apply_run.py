@@ -26,7 +26,7 @@ from run_helpers import (
 )
 
 from orchestrator.store import open_run_store
-from orchestrator.testing import DeleteDisk, Say, Turn, WriteDisk, WriteFile
+from orchestrator.testing import DeleteDisk, Say, Terminal, Turn, WriteDisk, WriteFile
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_WORKSPACE_CHANGED, EXIT_MERGE_CONFLICTS = 3, 4
@@ -425,3 +425,44 @@ async def test_apply_to_a_git_branch_outside_git_exits_2(project: Project, state
     done = await project.cli("apply", run_id, "--git-branch", "x", state=state_dir)
     assert done.returncode == EXIT_USAGE
     assert "not in a git repository" in err(done)
+
+
+async def test_a_file_made_over_a_directory_of_ignored_files_names_them(
+    project: Project, state_dir: Path
+) -> None:
+    """The agent replaces directory d (one file, d/a.txt) with a file d, while the workspace's
+    d also holds an ignored file the run never copied: run --apply and apply refuse (exit 3)
+    naming that file as in the way, not as changed during the run, and the file is kept."""
+    (project.path / ".gitignore").write_text("*.log\n")
+    (project.path / "d").mkdir()
+    (project.path / "d" / "a.txt").write_text("a\n")
+    (project.path / "d" / "x.log").write_text("mine\n")
+    project.agents(
+        a=Turn(steps=(Terminal("sh", args=("-c", "rm -rf d && echo file > d")), Say("done")))
+    )
+    done = await project.cli(
+        "run", project.pipeline(ONE), "--cwd", str(project.path), "--set", "task=go",
+        "--policy", "trusted", "--no-progress", "--apply", state=state_dir,
+    )  # fmt: skip
+    assert done.returncode == EXIT_WORKSPACE_CHANGED, err(done)
+    said = done.stdout.decode()
+    blocked = (
+        "NOT applied: the run made d a file, and the workspace's directory d holds files the "
+        "run did not copy (ignored, or new): d/x.log"
+    )
+    assert blocked in said.splitlines(), said
+    assert "changed in the workspace during the run" not in said
+    assert (project.path / "d" / "x.log").read_text() == "mine\n"
+    run_id = next(
+        line.split()[1].rstrip(":") for line in said.splitlines() if line.startswith("run ")
+    )
+
+    refused = await project.cli("apply", run_id, state=state_dir)
+    assert refused.returncode == EXIT_WORKSPACE_CHANGED
+    assert blocked in err(refused), err(refused)
+    assert "changed in the workspace since" not in err(refused)
+
+    (project.path / "d" / "x.log").unlink()  # out of the way: the apply goes through
+    applied = await project.cli("apply", run_id, state=state_dir)
+    assert applied.returncode == EXIT_OK, err(applied)
+    assert (project.path / "d").read_text() == "file\n"

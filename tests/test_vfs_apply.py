@@ -107,6 +107,21 @@ def test_apply_refuses_a_file_in_place_of_a_directory(ws: Path, tmp_path: Path) 
     assert [c.path for c in result.conflicts] == ["later/x.txt"]
 
 
+def test_a_file_over_a_directory_names_the_file_in_the_way(ws: Path, tmp_path: Path) -> None:
+    """A file made where the workspace's directory holds, besides the files the branch
+    deletes, one the snapshot never held (ignored): the conflict names that file as in the
+    way, not the directory as changed, and nothing is written."""
+    (ws / ".gitignore").write_text("*.log\n")
+    br = branch_of(ws)
+    (ws / "dir" / "x.log").write_text("mine\n")
+    br.delete("dir/c.txt")
+    br.write("dir", b"a file now\n")
+    before = capture(ws)
+    result = apply_changes(br, state_dir=tmp_path / "state")
+    assert [(c.path, c.reason) for c in result.conflicts] == [("dir", "dir/x.log is in the way")]
+    assert capture(ws) == before
+
+
 def test_apply_is_atomic_when_a_write_fails(ws: Path, tmp_path: Path) -> None:
     """An error after some files were written rolls every file back."""
     br = branch_of(ws)

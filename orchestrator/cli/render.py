@@ -16,7 +16,7 @@ import json
 import os
 import shlex
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from typing import IO, Any
 
 from .._words import count as count_of
@@ -29,10 +29,13 @@ __all__ = [
     "conflict_line",
     "cut_line",
     "default_policy_note",
+    "deleted_in",
     "diff_header",
     "diff_stat",
+    "in_the_way",
     "prompt_details",
     "prompt_ending",
+    "refusal_lines",
     "resume_hint",
     "run_ending",
     "sandbox_lines",
@@ -397,6 +400,83 @@ def prompt_ending(result: Mapping[str, Any], out: IO[str], *, diff: bool = False
     default_policy_note(result, out)
 
 
+def deleted_in(result: Any) -> set[str]:
+    """The paths a run's result (any of its change lists: the run's, an agent's, a step
+    instance's) names as deleted."""
+    found: set[str] = set()
+    stack = [result]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, Mapping):
+            if value.get("change") == "deleted" and isinstance(value.get("path"), str):
+                found.add(value["path"])
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return found
+
+
+def in_the_way(
+    cwd: Any, names: Sequence[str], deleted: Set[str], limit: int = 3
+) -> dict[str, list[str]]:
+    """Of the paths an apply refused (``names``, as the result names them), each that the
+    workspace ``cwd`` holds as a real directory, with the first ``limit`` files found below
+    it that the run does not delete (``deleted``): the run made a file there, and files it
+    never copied (ignored ones, say) stand in the way. Such a refusal says nothing about what
+    the run started from: it holds as it was."""
+    out: dict[str, list[str]] = {}
+    if not cwd:
+        return out
+    for name in names:
+        top = os.path.join(str(cwd), name)
+        if os.path.islink(top) or not os.path.isdir(top):
+            continue
+        found: list[str] = []
+        stack = [top]
+        while stack and len(found) < limit:
+            try:
+                with os.scandir(stack.pop()) as it:
+                    entries = sorted(it, key=lambda e: e.name)
+            except OSError:
+                continue
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                elif len(found) < limit:
+                    rel = os.path.relpath(entry.path, str(cwd)).replace(os.sep, "/")
+                    if rel not in deleted:
+                        found.append(rel)
+        if found:
+            out[name] = found
+    return out
+
+
+def refusal_lines(
+    names: Sequence[str], blocked: Mapping[str, Sequence[str]], changed: str
+) -> list[str]:
+    """What an apply that refused ``names`` says of them: the paths whose workspace file is
+    not what the run started from (``changed`` says how: "changed in the workspace during the
+    run"), and those ``blocked`` names (see :func:`in_the_way`), each with the files in the
+    way."""
+    lines = []
+    others = [n for n in names if n not in blocked]
+    if others:
+        lines.append(f"NOT applied: {changed}: " + ", ".join(others))
+    for name, found in blocked.items():
+        lines.append(
+            f"NOT applied: the run made {name} a file, and the workspace's directory {name} "
+            f"holds files the run did not copy (ignored, or new): {', '.join(found)}"
+        )
+    return lines
+
+
+def _refusal_hint(blocked: bool) -> str:
+    """When an apply refused can go on: ``blocked``, some paths hold files in the way."""
+    if blocked:
+        return "once those files are as they were when the run started and nothing is in the way"
+    return "once those files are as they were when the run started"
+
+
 def _prompt_apply(result: Mapping[str, Any], run_id: str, out: IO[str]) -> None:
     """Whether a prompt's changes reached the workspace, else how to apply them."""
     changes = list(result.get("changes") or [])
@@ -419,7 +499,9 @@ def _prompt_apply(result: Mapping[str, Any], run_id: str, out: IO[str]) -> None:
 
         say(f"applied to the workspace ({count(len(changes), 'file')})", out)
     elif changed:
-        say("NOT applied: changed in the workspace during the run: " + ", ".join(changed), out)
+        blocked = in_the_way(result.get("cwd"), changed, deleted_in(result))
+        for line in refusal_lines(changed, blocked, "changed in the workspace during the run"):
+            say(line, out)
         # the patch is named only if it holds every change
         where = (
             f"in the run store ({patch} leaves out {left_out})"
@@ -428,7 +510,7 @@ def _prompt_apply(result: Mapping[str, Any], run_id: str, out: IO[str]) -> None:
         )
         say(
             f"the changes are kept {where}: orchestrator diff {run_id} shows them; "
-            f"once those files are as they were when the run started, "
+            f"{_refusal_hint(bool(blocked))}, "
             f"orchestrator apply {run_id} writes them",
             out,
         )
@@ -594,11 +676,13 @@ def _run_apply(result: Mapping[str, Any], run_id: str, out: IO[str]) -> None:
     winner = [a for a in result.get("agents") or () if a.get("name") == result.get("winner")]
     winner_changed = bool(winner and winner[0].get("changes"))
     if result.get("workspaceChanged"):
-        changed = ", ".join(result["workspaceChanged"])
-        say(f"NOT applied: changed in the workspace during the run: {changed}", out)
+        names = list(result["workspaceChanged"])
+        blocked = in_the_way(result.get("cwd"), names, deleted_in(result))
+        for line in refusal_lines(names, blocked, "changed in the workspace during the run"):
+            say(line, out)
         say(
             f"the changes are kept in the run store: orchestrator diff {run_id} shows them; "
-            f"once those files are as they were when the run started: {how}",
+            f"{_refusal_hint(bool(blocked))}: {how}",
             out,
         )
     elif status == "failed" and only_usage_failures(result):

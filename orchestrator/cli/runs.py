@@ -1050,7 +1050,7 @@ async def cmd_apply(args: argparse.Namespace) -> int:
             document["exitCode"] = int(outcome.exit_code)
         _emit(document)
     else:
-        _apply_summary(outcome)
+        _apply_summary(outcome, record)
     if outcome.applied:
         # an interrupt that came while the write was under way did not stop it: the changes
         # are all written and recorded, which the exit code must say (not 130)
@@ -1060,9 +1060,10 @@ async def cmd_apply(args: argparse.Namespace) -> int:
     return int(outcome.exit_code)
 
 
-def _apply_summary(outcome: Any) -> None:
-    """What ``orchestrator apply`` did, for people (stderr)."""
+def _apply_summary(outcome: Any, record: RunRecord | None) -> None:
+    """What ``orchestrator apply`` did, for people (stderr); ``record``: the run's."""
     from .logs import note
+    from .render import deleted_in, in_the_way, refusal_lines
 
     for report in outcome.recovered:
         apply = report.apply
@@ -1101,11 +1102,17 @@ def _apply_summary(outcome: Any) -> None:
     elif outcome.applied:
         note(f"applied {what}: {count(files, 'file')} written or deleted", event="applied")
     elif outcome.workspace_changed:
+        names = display_names(outcome.workspace_changed)
+        # a git branch is made from HEAD: the workspace's directories are not in its way
+        blocked = (
+            in_the_way(record.cwd, names, deleted_in(record.result))
+            if record is not None and not outcome.git_branch
+            else {}
+        )
         where = "differ at HEAD from" if outcome.git_branch else "changed in the workspace since"
         note(
-            f"NOT applied: files {where} the run: "
-            f"{', '.join(display_names(outcome.workspace_changed))}; "
-            "none of its changes were written",
+            "; ".join(refusal_lines(names, blocked, f"files {where} the run"))
+            + "; none of its changes were written",
             level="warning",
             event="apply_refused",
         )

@@ -110,7 +110,8 @@ def logged_paths(paths: Iterable[str]) -> list[str]:
 
 @frozen
 class OutsideChange:
-    """A file the apply would touch that changed in the workspace after the snapshot."""
+    """A path the apply would touch that is not as the snapshot held it: changed in the
+    workspace after it, or a directory holding files in the way of a file the apply makes."""
 
     path: str
     reason: str
@@ -266,12 +267,15 @@ def _check_parents(root: str, path: str, deleted: set[str]) -> str | None:
     return None
 
 
-def _dir_goes_away(snapshot: Snapshot, path: str, deleted: set[str]) -> str | None:
-    """None when ``path`` is a workspace directory holding only files this apply deletes (so a
-    file can take its place); else a reason to look further."""
-    if snapshot.exists(path):
-        return "not a directory being emptied"
-    return dir_in_the_way(snapshot.root, path, deleted)
+def _outside_change(snapshot: Snapshot, path: str, deleted: set[str]) -> str | None:
+    """Why workspace path ``path`` is not what the snapshot held, or None. A real directory
+    where the snapshot held no file is in the way unless it holds only files this apply
+    deletes (then a file can take its place): the reason names a file it holds that the apply
+    does not delete (one the snapshot never held: ignored, or new)."""
+    full = os.path.join(snapshot.root, path)
+    if not snapshot.exists(path) and os.path.isdir(full) and not os.path.islink(full):
+        return dir_in_the_way(snapshot.root, path, deleted)
+    return snapshot.disk_differs(path)
 
 
 def dir_in_the_way(root: str, path: str, deleted: Set[str]) -> str | None:
@@ -414,14 +418,15 @@ def apply_changes(
     deleted_paths = {p for p, c in change_set.items() if isinstance(c, Delete)}
     conflicts: list[OutsideChange] = []
     for path, _change in change_set.items():
-        reason = _dir_goes_away(snapshot, path, deleted_paths)
-        if reason is not None:
-            reason = snapshot.disk_differs(path)
+        reason = _outside_change(snapshot, path, deleted_paths)
         reason = reason or _check_parents(root, path, deleted_paths)
         if reason is not None:
             conflicts.append(OutsideChange(path, reason))
     if conflicts:
-        log.warning("apply refused: workspace changed outside", files=[c.path for c in conflicts])
+        log.warning(
+            "apply refused: the workspace is not as the run found it",
+            files={c.path: c.reason for c in conflicts},
+        )
         return ApplyResult(False, conflicts=tuple(conflicts))
     if not change_set:
         return ApplyResult(True)
