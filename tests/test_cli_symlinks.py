@@ -111,3 +111,22 @@ async def test_a_symlink_within_the_project_is_applied_as_one(
     done = await run_cli("apply", str(result["runId"]), cwd=project, state=state_dir)
     assert done.returncode == EXIT_OK, done.stderr.decode()
     assert os.readlink(project / "good.md") == "target.txt"
+
+
+async def test_a_symlink_into_git_is_refused_like_one_out_of_the_project(
+    project: Path, state_dir: Path
+) -> None:
+    """A link the agent makes into the project's .git (directly, or through another link it
+    makes) is refused by prompt --apply with exit 2, saying where it leads; nothing is
+    written, so no later write through it can plant a hook."""
+    (project / ".git" / "hooks").mkdir(parents=True)
+    before = capture(project)
+    done = await run_cli(
+        "prompt", "--agent", "demo", "--policy", "trusted", "--apply",
+        "run sh -c 'echo new > new.txt; ln -s .git d; ln -s d/hooks h'",
+        cwd=project, state=state_dir,
+    )  # fmt: skip
+    assert done.returncode == EXIT_USAGE, done.stderr.decode()
+    said = done.stderr.decode()
+    assert "d -> .git (into .git), h -> d/hooks (into .git); nothing applied" in said, said
+    assert capture(project) == before

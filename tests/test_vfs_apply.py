@@ -405,6 +405,53 @@ def test_apply_refuses_a_symlink_leading_outside_and_writes_nothing(
     assert journals(tmp_path / "state") == []
 
 
+@pytest.mark.parametrize(
+    ("link", "target", "why"),
+    [
+        ("d", ".git", "into .git"),  # the repository's own directory
+        ("dir/hooks", "../.git/hooks", "into .git"),  # climbing to it
+        ("via", "git-link/hooks", "into .git"),  # through a link the same changes make
+        ("sub/x", "../sub/.hg/store", "into .hg"),  # any VCS directory, at any depth
+        ("loop.md", "loop.md", "a loop of links"),
+        ("evil.md", "/etc/passwd", "outside the workspace"),
+    ],
+)
+def test_apply_refuses_a_symlink_into_a_vcs_directory_saying_where_it_leads(
+    ws: Path, tmp_path: Path, link: str, target: str, why: str
+) -> None:
+    """A symlink leading into .git (or another VCS directory) is refused like one leading out:
+    the next write through it would change the repository's hooks; the error says where each
+    refused link leads; nothing is written."""
+    ws = ws.resolve()
+    (ws / ".git" / "hooks").mkdir(parents=True)
+    (ws / "sub" / ".hg" / "store").mkdir(parents=True)
+    before = capture(ws)
+    br = branch_of(ws)
+    br.write("a.txt", b"A\n")
+    br.write(link, target.encode(), 0o120777)
+    if link == "via":
+        br.write("git-link", b".git", 0o120777)
+    with pytest.raises(vfs.SymlinkOutside) as refused:
+        apply_changes(br, state_dir=tmp_path / "state")
+    assert f"{link} -> {target} ({why})" in str(refused.value)
+    assert capture(ws) == before
+
+
+def test_a_symlink_to_a_file_named_like_a_vcs_directory_elsewhere_is_kept(
+    ws: Path, tmp_path: Path
+) -> None:
+    """Only a path component that is a VCS directory's name refuses a link: one to
+    ``docs/.github`` or to ``a.git.txt`` is written."""
+    ws = ws.resolve()
+    br = branch_of(ws)
+    br.write("docs/.github/x.yml", b"x\n")
+    br.write("gh", b"docs/.github", 0o120777)
+    br.write("named", b"a.git.txt", 0o120777)
+    assert apply_changes(br, state_dir=tmp_path / "state").applied
+    assert os.readlink(ws / "gh") == "docs/.github"
+    assert os.readlink(ws / "named") == "a.git.txt"
+
+
 def test_apply_writes_symlinks_within_the_workspace_as_links(ws: Path, tmp_path: Path) -> None:
     """Links leading inside, relative (climbing and coming back in too) or absolute, and dangling
     ones, are written as links."""

@@ -45,7 +45,7 @@ import trio
 from attrs import frozen
 
 from .._log import get_logger
-from .._names import display_name, display_names, name_from_json
+from .._names import display_names, name_from_json
 from ..errors import (
     AlreadyApplied,
     ApplyRefused,
@@ -478,12 +478,9 @@ async def apply_recorded(
         # judged in the workspace, where the links will be (or be checked out from the branch)
         await trio.to_thread.run_sync(check_symlinks, record.cwd, changes)
     except SymlinkOutside as e:
-        links = ", ".join(
-            f"{display_name(path)} -> {display_name(target)}" for path, target in e.links
-        )
         raise SymlinkRefused(
             run_id,
-            f"run {run_id} would make symlinks leading outside the workspace: {links}; "
+            f"run {run_id} would make symlinks the workspace cannot take: {e.described()}; "
             "nothing applied",
             [path for path, _ in e.links],
         ) from e

@@ -11,9 +11,10 @@ store. Two places must look at where that text leads:
   there, so the rewrite is never a change. A link leading outside the workspace keeps leading to
   the same place (a relative one that climbs out is made absolute: from the branch directory it
   would name a path under the state directory instead).
-- An apply must not plant a link leading outside the workspace: :func:`escaping_links` says
-  which links a change set would make that do, following the links on the way as the kernel
-  will once the changes are written.
+- An apply must not plant a link leading outside the workspace, round a loop, or into a
+  version control directory (``.git``): :func:`refused_links` says which links a change set
+  would make that do, following the links on the way as the kernel will once the changes are
+  written.
 
 Everything here looks at one link at a time and only at links: nothing is added per file.
 """
@@ -29,8 +30,9 @@ from attrs import frozen
 
 from .._names import name_of
 from .changes import Change, Write
+from .ignore import VCS_DIRS
 
-__all__ = ["LinkMap", "escaping_links", "inside"]
+__all__ = ["LinkMap", "escaping_links", "inside", "refused_links"]
 
 # as Linux's MAXSYMLINKS: more links than this on one path is a loop
 _MAX_HOPS = 40
@@ -149,7 +151,16 @@ def _destination(root: str, path: str, target: str, made: Mapping[str, str | Non
 
 def escaping_links(root: str, changes: Mapping[str, Change]) -> list[tuple[str, str]]:
     """``(path, target)`` of every symlink ``changes`` would make in the workspace ``root``
-    (absolute, symlink-free) that leads outside it, or through a loop of links.
+    (absolute, symlink-free) that :func:`refused_links` refuses."""
+    return [(path, target) for path, target, _ in refused_links(root, changes)]
+
+
+def refused_links(root: str, changes: Mapping[str, Change]) -> list[tuple[str, str, str]]:
+    """``(path, target, why)`` of every symlink ``changes`` would make in the workspace
+    ``root`` (absolute, symlink-free) that leads outside it (``why``: "outside the
+    workspace"), round a loop of links ("a loop of links"), or into a version control
+    directory such as ``.git`` ("into .git"), which is no part of the workspace's tree: the
+    next write through such a link would change the repository's hooks or config.
 
     Where a link leads is judged as the kernel will once every change is written: from the
     link's directory, following the links on the way (those the changes make, else those on
@@ -164,9 +175,13 @@ def escaping_links(root: str, changes: Mapping[str, Change]) -> list[tuple[str, 
         return []
     made: dict[str, str | None] = dict.fromkeys(changes)
     made.update(links)
-    out: list[tuple[str, str]] = []
+    out: list[tuple[str, str, str]] = []
     for path in sorted(links):
         end = _destination(root, path, links[path], made)
-        if end is None or not inside(root, end):
-            out.append((path, links[path]))
+        if end is None:
+            out.append((path, links[path], "a loop of links"))
+        elif not inside(root, end):
+            out.append((path, links[path], "outside the workspace"))
+        elif vcs := next((p for p in end[len(root) :].split("/") if p in VCS_DIRS), None):
+            out.append((path, links[path], f"into {vcs}"))
     return out

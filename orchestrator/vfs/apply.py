@@ -72,7 +72,7 @@ from ._fileio import (
     walk_files,
     write_entry_atomic,
 )
-from ._links import escaping_links
+from ._links import refused_links
 from .changes import Change, ChangeSet, Delete, ModeChange, Write
 from .errors import ApplyError, MergeConflictError, SymlinkOutside, WorkspaceChanged
 from .snapshot import Snapshot
@@ -386,10 +386,10 @@ def check_symlinks(root: str | os.PathLike[str], changes: Mapping[str, Change]) 
     """Raise :class:`~orchestrator.vfs.errors.SymlinkOutside` if ``changes`` would make a symlink
     in the workspace ``root`` that leads outside it (see the module docs). Blocking (it looks
     at the links on disk that the new ones lead through)."""
-    escaping = escaping_links(os.path.realpath(root), changes)
-    if escaping:
-        log.warning("apply refused: symlinks out of the workspace", links=escaping)
-        raise SymlinkOutside(escaping)
+    refused = refused_links(os.path.realpath(root), changes)
+    if refused:
+        log.warning("apply refused: symlinks the workspace cannot take", links=refused)
+        raise SymlinkOutside([(p, t) for p, t, _ in refused], [why for _, _, why in refused])
 
 
 def apply_changes(

@@ -118,16 +118,22 @@ class ApplyError(VfsError):
 
 
 class SymlinkOutside(VfsError):
-    """Changes would make symlinks leading outside the workspace (or round a loop of links);
-    nothing was written.
+    """Changes would make symlinks leading outside the workspace, round a loop of links, or
+    into a version control directory (``.git``); nothing was written.
 
-    ``links`` holds ``(path, target)`` of each, paths relative to the workspace.
+    ``links`` holds ``(path, target)`` of each, paths relative to the workspace; ``reasons``
+    says where each leads ("outside the workspace", "a loop of links", "into .git").
     """
 
-    def __init__(self, links: Iterable[tuple[str, str]]):
+    def __init__(self, links: Iterable[tuple[str, str]], reasons: Iterable[str] = ()):
         self.links = tuple(links)
+        self.reasons = tuple(reasons) or ("outside the workspace",) * len(self.links)
+        super().__init__(f"symlinks the workspace cannot take: {self.described()}")
+
+    def described(self) -> str:
+        """Each link as ``PATH -> TARGET (where it leads)``, the first ten."""
         shown = ", ".join(
-            f"{display_name(path)} -> {display_name(target)}" for path, target in self.links[:10]
+            f"{display_name(path)} -> {display_name(target)} ({why})"
+            for (path, target), why in zip(self.links[:10], self.reasons, strict=False)
         )
-        more = " ..." if len(self.links) > 10 else ""
-        super().__init__(f"symlinks leading outside the workspace: {shown}{more}")
+        return shown + (" ..." if len(self.links) > 10 else "")
