@@ -488,7 +488,8 @@ async def test_on_exit_hook(ctx: SessionContext) -> None:
         with capture_logs() as logs:
             failing = await create(terminals, ctx, "exit 1")
             assert (await wait(terminals, ctx, failing)).exit_code == 1
-        assert any(entry["event"] == "terminal on_exit hook failed" for entry in logs)
+        failed = "the follow-up of a finished terminal command failed"
+        assert any(entry["event"] == failed for entry in logs)
 
 
 async def test_errors_from_the_block_come_out_unwrapped(ctx: SessionContext) -> None:

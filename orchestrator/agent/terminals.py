@@ -557,7 +557,13 @@ class ProcessTerminalService:
         try:
             await self.on_exit(term.ctx, term.id, status)
         except Exception as exc:
-            log.warning("terminal on_exit hook failed", terminal=term.id, error=repr(exc))
+            # the turn goes on: a follow-up that cannot work (a harvest of a removed branch
+            # directory) fails again where the step next uses what it works on
+            log.warning(
+                "the follow-up of a finished terminal command failed",
+                terminal=term.id,
+                error=str(exc),
+            )
 
     async def _shutdown(self) -> None:
         self._closing = True
