@@ -21,6 +21,7 @@ from run_helpers import (
     as_json,
     project_config,
     run_cli,
+    run_console,
     snapshot,
     write_script,
 )
@@ -447,8 +448,8 @@ async def test_a_file_made_over_a_directory_of_ignored_files_names_them(
     assert done.returncode == EXIT_WORKSPACE_CHANGED, err(done)
     said = done.stdout.decode()
     blocked = (
-        "NOT applied: the run made d a file, and the workspace's directory d holds files the "
-        "run did not copy (ignored, or new): d/x.log"
+        "NOT applied: the run made d a file, and the workspace's directory there holds what "
+        "the run did not copy: d/x.log"
     )
     assert blocked in said.splitlines(), said
     assert "changed in the workspace during the run" not in said
@@ -462,7 +463,81 @@ async def test_a_file_made_over_a_directory_of_ignored_files_names_them(
     assert blocked in err(refused), err(refused)
     assert "changed in the workspace since" not in err(refused)
 
+    assert "once what is in the way is moved away" in said
+    assert "as they were when the run started" not in said
+    assert (
+        "changed"
+        not in as_json(await project.cli("apply", run_id, "--json", state=state_dir))["error"][
+            "message"
+        ]
+    )
+
     (project.path / "d" / "x.log").unlink()  # out of the way: the apply goes through
     applied = await project.cli("apply", run_id, state=state_dir)
     assert applied.returncode == EXIT_OK, err(applied)
     assert (project.path / "d").read_text() == "file\n"
+
+
+async def test_what_is_in_the_way_is_named_whatever_its_name_and_kind(
+    project: Project, state_dir: Path
+) -> None:
+    """Where the agent made a file of directory d, names with a line break or a non-UTF-8
+    byte, an empty directory and more entries than are shown stand in the way: apply names
+    them on one line (escaped, in UTF-8 output too), says there are more, never claims d
+    changed, and keeps them all."""
+    d = project.path / "d"
+    (project.path / ".gitignore").write_text("*.log\n")
+    (d / "empty").mkdir(parents=True)
+    (d / "a.txt").write_text("a\n")
+    odd = [b"new\nNOT applied: fake.log", b"caf\xe9.log"]
+    for name in odd:
+        (d / os.fsdecode(name)).write_text("mine\n")
+    for i in range(6):
+        (d / f"x{i}.log").write_text("mine\n")
+    project.agents(
+        a=Turn(steps=(Terminal("sh", args=("-c", "rm -rf d && echo file > d")), Say("done")))
+    )
+    before = snapshot(d)
+    done = await project.run(ONE, state_dir)
+    assert done.returncode == EXIT_OK, err(done)
+    refused = await run_console(
+        "apply", run_id_of(done), cwd=project.root,
+        env={"ORCHESTRATOR_STATE_DIR": str(state_dir), "PYTHONIOENCODING": "utf-8"},
+    )  # fmt: skip
+    assert refused.returncode == EXIT_WORKSPACE_CHANGED, err(refused)
+    said = err(refused).splitlines()
+    (line,) = [s for s in said if "NOT applied" in s]
+    assert line.endswith(
+        "NOT applied: the run made d a file, and the workspace's directory there holds what the "
+        "run did not copy: d/caf\\xe9.log, d/new\\nNOT applied: fake.log, d/x0.log, d/x1.log, "
+        "d/x2.log and more; none of its changes were written"
+    ), line
+    assert not any("changed" in s for s in said), said
+    assert snapshot(d) == before
+
+
+async def test_a_refused_compare_apply_names_the_agent_asked_for(
+    project: Project, state_dir: Path
+) -> None:
+    """compare --apply b, refused because the user changed README.md during the run: the
+    way to apply later names compare[b], not the winner's step."""
+    readme = project.path / "README.md"
+    project.agents(
+        a=writes(("a.txt", "from a\n")),
+        b=Turn(
+            steps=(
+                WriteFile(path="README.md", content="by b\n"),
+                WriteDisk(path=str(readme), content="someone else\n"),
+                Say(text="done"),
+            )
+        ),
+    )
+    done = await project.cli(
+        "compare", "--agent", "a", "--agent", "b", "--cwd", str(project.path),
+        "--policy", "trusted", "--no-progress", "--apply", "b", "go", state=state_dir,
+    )  # fmt: skip
+    assert done.returncode == EXIT_WORKSPACE_CHANGED, err(done)
+    said = done.stdout.decode()
+    assert "NOT applied: changed in the workspace during the run: README.md" in said, said
+    assert "--step 'compare[b]'" in said, said
+    assert "compare[a]" not in said, said

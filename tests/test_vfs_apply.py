@@ -19,6 +19,7 @@ from orchestrator.vfs.apply import (
     _locked,
     apply_changes,
     apply_changes_async,
+    in_the_way,
     interrupted_applies,
     recover_applies,
 )
@@ -120,6 +121,45 @@ def test_a_file_over_a_directory_names_the_file_in_the_way(ws: Path, tmp_path: P
     result = apply_changes(br, state_dir=tmp_path / "state")
     assert [(c.path, c.reason) for c in result.conflicts] == [("dir", "dir/x.log is in the way")]
     assert capture(ws) == before
+
+
+@pytest.mark.parametrize(
+    ("made", "why"),
+    [("dir/empty", "dir/empty/ is in the way"), ("dir/e/f", "dir/e/f/ is in the way")],
+)
+def test_an_empty_directory_in_the_way_of_a_file_is_named_before_anything_is_written(
+    ws: Path, tmp_path: Path, made: str, why: str
+) -> None:
+    """An empty directory (at any depth) in a directory the branch empties to make a file:
+    no deletion removes it, so the apply refuses up front naming it, instead of failing
+    midway as changed during the apply."""
+    br = branch_of(ws)
+    (ws / made).mkdir(parents=True)
+    br.delete("dir/c.txt")
+    br.write("dir", b"a file now\n")
+    before = capture(ws)
+    result = apply_changes(br, state_dir=tmp_path / "state")
+    assert [(c.path, c.reason) for c in result.conflicts] == [("dir", why)]
+    assert capture(ws) == before
+    assert journals(tmp_path / "state") == []
+
+
+def test_in_the_way_lists_what_stays_in_name_order_and_says_there_is_more(ws: Path) -> None:
+    """in_the_way walks in name order, leaves out the files deleted, names empty directories
+    with a slash, and stops at the limit saying there is more."""
+    for name in ("b.log", "a.log", "sub/z.log"):
+        make_tree(ws / "dir", {name: "x\n"})
+    (ws / "dir" / "void").mkdir()
+    deleted = {"dir/c.txt"}
+    assert in_the_way(str(ws), "dir", deleted, 10) == (
+        ["dir/a.log", "dir/b.log", "dir/sub/z.log", "dir/void/"],
+        False,
+    )
+    assert in_the_way(str(ws), "dir", deleted, 2) == (["dir/a.log", "dir/b.log"], True)
+    assert in_the_way(str(ws), "dir", deleted | {"dir/a.log", "dir/b.log"}, 1) == (
+        ["dir/sub/z.log"],
+        True,
+    )
 
 
 def test_apply_is_atomic_when_a_write_fails(ws: Path, tmp_path: Path) -> None:

@@ -16,11 +16,13 @@ import json
 import os
 import shlex
 import sys
-from collections.abc import Callable, Mapping, Sequence, Set
+from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
+from .._names import display_name, parse_name
 from .._words import count as count_of
 from .._words import round_lines
+from ..vfs.apply import in_the_way
 from .output import say, say_default_policy_note, terminal_text
 
 __all__ = [
@@ -29,13 +31,11 @@ __all__ = [
     "conflict_line",
     "cut_line",
     "default_policy_note",
-    "deleted_in",
     "diff_header",
     "diff_stat",
-    "in_the_way",
     "prompt_details",
     "prompt_ending",
-    "refusal_lines",
+    "refusal",
     "resume_hint",
     "run_ending",
     "sandbox_lines",
@@ -400,81 +400,76 @@ def prompt_ending(result: Mapping[str, Any], out: IO[str], *, diff: bool = False
     default_policy_note(result, out)
 
 
-def deleted_in(result: Any) -> set[str]:
-    """The paths a run's result (any of its change lists: the run's, an agent's, a step
-    instance's) names as deleted."""
-    found: set[str] = set()
+def _changes_in(result: Any) -> list[Mapping[str, Any]]:
+    """Every change entry (``{"path": ..., "change": ...}``) of a run's result, wherever it
+    is: the run's, an agent's, a step instance's."""
+    found: list[Mapping[str, Any]] = []
     stack = [result]
     while stack:
         value = stack.pop()
         if isinstance(value, Mapping):
-            if value.get("change") == "deleted" and isinstance(value.get("path"), str):
-                found.add(value["path"])
+            if isinstance(value.get("path"), str) and "change" in value:
+                found.append(value)
             stack.extend(value.values())
         elif isinstance(value, list):
             stack.extend(value)
     return found
 
 
-def in_the_way(
-    cwd: Any, names: Sequence[str], deleted: Set[str], limit: int = 3
-) -> dict[str, list[str]]:
-    """Of the paths an apply refused (``names``, as the result names them), each that the
-    workspace ``cwd`` holds as a real directory, with the first ``limit`` files found below
-    it that the run does not delete (``deleted``): the run made a file there, and files it
-    never copied (ignored ones, say) stand in the way. Such a refusal says nothing about what
-    the run started from: it holds as it was."""
-    out: dict[str, list[str]] = {}
-    if not cwd:
-        return out
+def _shown(name: str) -> str:
+    """A path of the workspace on one line of output: its display form, line breaks
+    escaped (a name may hold them)."""
+    return display_name(name).replace("\n", "\\n").replace("\r", "\\r")
+
+
+#: how many entries in the way of one path a refusal names
+IN_THE_WAY_SHOWN = 5
+
+
+def refusal(
+    result: Mapping[str, Any] | None, cwd: Any, names: Sequence[str], changed: str
+) -> tuple[list[str], str]:
+    """What a refused apply of the paths ``names`` (display names, as a result gives them)
+    says, and when it can go on. A path the workspace ``cwd`` holds as a real directory where
+    the run made a file or a symlink is named with what in that directory is in the way (not
+    deleted by the run: files it never copied, ignored ones say, and empty directories; see
+    :func:`~orchestrator.vfs.apply.in_the_way`): nothing the run started from changed there.
+    The others ``changed`` says how ("changed in the workspace during the run")."""
+    changes = _changes_in(result)
+    deleted = {parse_name(c["path"]) for c in changes if c.get("change") == "deleted"}
+    links = {c["path"] for c in changes if c.get("symlink") is not None}
+    lines: list[str] = []
+    others: list[str] = []
+    blocked = False
     for name in names:
-        top = os.path.join(str(cwd), name)
-        if os.path.islink(top) or not os.path.isdir(top):
+        path = parse_name(name)
+        top = os.path.join(str(cwd), path) if cwd else None
+        if top is None or os.path.islink(top) or not os.path.isdir(top):
+            others.append(name)
             continue
-        found: list[str] = []
-        stack = [top]
-        while stack and len(found) < limit:
-            try:
-                with os.scandir(stack.pop()) as it:
-                    entries = sorted(it, key=lambda e: e.name)
-            except OSError:
-                continue
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(entry.path)
-                elif len(found) < limit:
-                    rel = os.path.relpath(entry.path, str(cwd)).replace(os.sep, "/")
-                    if rel not in deleted:
-                        found.append(rel)
-        if found:
-            out[name] = found
-    return out
-
-
-def refusal_lines(
-    names: Sequence[str], blocked: Mapping[str, Sequence[str]], changed: str
-) -> list[str]:
-    """What an apply that refused ``names`` says of them: the paths whose workspace file is
-    not what the run started from (``changed`` says how: "changed in the workspace during the
-    run"), and those ``blocked`` names (see :func:`in_the_way`), each with the files in the
-    way."""
-    lines = []
-    others = [n for n in names if n not in blocked]
-    if others:
-        lines.append(f"NOT applied: {changed}: " + ", ".join(others))
-    for name, found in blocked.items():
+        found, more = in_the_way(str(cwd), path, deleted, IN_THE_WAY_SHOWN)
+        if not found:
+            others.append(name)
+            continue
+        blocked = True
+        what = "a symlink" if name in links else "a file"
+        listed = ", ".join(map(_shown, found)) + (" and more" if more else "")
         lines.append(
-            f"NOT applied: the run made {name} a file, and the workspace's directory {name} "
-            f"holds files the run did not copy (ignored, or new): {', '.join(found)}"
+            f"NOT applied: the run made {_shown(name)} {what}, and the workspace's directory "
+            f"there holds what the run did not copy: {listed}"
         )
-    return lines
-
-
-def _refusal_hint(blocked: bool) -> str:
-    """When an apply refused can go on: ``blocked``, some paths hold files in the way."""
-    if blocked:
-        return "once those files are as they were when the run started and nothing is in the way"
-    return "once those files are as they were when the run started"
+    if others:
+        lines.insert(0, f"NOT applied: {changed}: " + ", ".join(map(_shown, others)))
+    if others and blocked:
+        hint = (
+            "once those files are as they were when the run started and what is in the way "
+            "is moved away"
+        )
+    elif blocked:
+        hint = "once what is in the way is moved away"
+    else:
+        hint = "once those files are as they were when the run started"
+    return lines, hint
 
 
 def _prompt_apply(result: Mapping[str, Any], run_id: str, out: IO[str]) -> None:
@@ -499,8 +494,10 @@ def _prompt_apply(result: Mapping[str, Any], run_id: str, out: IO[str]) -> None:
 
         say(f"applied to the workspace ({count(len(changes), 'file')})", out)
     elif changed:
-        blocked = in_the_way(result.get("cwd"), changed, deleted_in(result))
-        for line in refusal_lines(changed, blocked, "changed in the workspace during the run"):
+        refused, hint = refusal(
+            result, result.get("cwd"), changed, "changed in the workspace during the run"
+        )
+        for line in refused:
             say(line, out)
         # the patch is named only if it holds every change
         where = (
@@ -510,7 +507,7 @@ def _prompt_apply(result: Mapping[str, Any], run_id: str, out: IO[str]) -> None:
         )
         say(
             f"the changes are kept {where}: orchestrator diff {run_id} shows them; "
-            f"{_refusal_hint(bool(blocked))}, "
+            f"{hint}, "
             f"orchestrator apply {run_id} writes them",
             out,
         )
@@ -671,18 +668,22 @@ def _run_apply(result: Mapping[str, Any], run_id: str, out: IO[str]) -> None:
             say(f"applied to the workspace ({count(n, 'file')})", out)
         return
     # quoted: a shell such as zsh reads compare[NAME] as a glob
-    step = shlex.quote(f"compare[{result.get('winner') or 'NAME'}]")
+    # the agent asked to apply (its entry says what the apply found), else the winner
+    asked = [a.get("name") for a in result.get("agents") or () if a.get("workspaceChanged")]
+    step = shlex.quote(f"compare[{(asked and asked[0]) or result.get('winner') or 'NAME'}]")
     how = f"orchestrator apply {run_id}" + (f" --step {step}" if compare else "")
     winner = [a for a in result.get("agents") or () if a.get("name") == result.get("winner")]
     winner_changed = bool(winner and winner[0].get("changes"))
     if result.get("workspaceChanged"):
         names = list(result["workspaceChanged"])
-        blocked = in_the_way(result.get("cwd"), names, deleted_in(result))
-        for line in refusal_lines(names, blocked, "changed in the workspace during the run"):
+        refused, hint = refusal(
+            result, result.get("cwd"), names, "changed in the workspace during the run"
+        )
+        for line in refused:
             say(line, out)
         say(
             f"the changes are kept in the run store: orchestrator diff {run_id} shows them; "
-            f"{_refusal_hint(bool(blocked))}: {how}",
+            f"{hint}: {how}",
             out,
         )
     elif status == "failed" and only_usage_failures(result):

@@ -1044,8 +1044,7 @@ async def cmd_apply(args: argparse.Namespace) -> int:
         document = outcome.to_json()
         if outcome.workspace_changed and not outcome.applied:
             # a refusal reads like every command's error object, with the files it names
-            changed = ", ".join(display_names(outcome.workspace_changed))
-            message = f"files changed since the run: {changed}"
+            message = "; ".join(_refused_lines(outcome, record))
             document["error"] = {"type": "WorkspaceChanged", "message": message}
             document["exitCode"] = int(outcome.exit_code)
         _emit(document)
@@ -1060,10 +1059,23 @@ async def cmd_apply(args: argparse.Namespace) -> int:
     return int(outcome.exit_code)
 
 
+def _refused_lines(outcome: Any, record: RunRecord | None) -> list[str]:
+    """What a refused ``orchestrator apply`` says of the files it refused (see
+    :func:`.render.refusal`): a git branch is made from ``HEAD``, so the files differ there,
+    and nothing of the workspace is in its way."""
+    from .render import refusal
+
+    names = display_names(outcome.workspace_changed)
+    if outcome.git_branch:
+        return [f"NOT applied: files differ at HEAD from the run: {', '.join(names)}"]
+    result = record.result if record is not None else None
+    cwd = record.cwd if record is not None else None
+    return refusal(result, cwd, names, "files changed in the workspace since the run")[0]
+
+
 def _apply_summary(outcome: Any, record: RunRecord | None) -> None:
     """What ``orchestrator apply`` did, for people (stderr); ``record``: the run's."""
     from .logs import note
-    from .render import deleted_in, in_the_way, refusal_lines
 
     for report in outcome.recovered:
         apply = report.apply
@@ -1102,17 +1114,11 @@ def _apply_summary(outcome: Any, record: RunRecord | None) -> None:
     elif outcome.applied:
         note(f"applied {what}: {count(files, 'file')} written or deleted", event="applied")
     elif outcome.workspace_changed:
-        names = display_names(outcome.workspace_changed)
-        # a git branch is made from HEAD: the workspace's directories are not in its way
-        blocked = (
-            in_the_way(record.cwd, names, deleted_in(record.result))
-            if record is not None and not outcome.git_branch
-            else {}
-        )
-        where = "differ at HEAD from" if outcome.git_branch else "changed in the workspace since"
+        lines = _refused_lines(outcome, record)
+        for line in lines[:-1]:
+            note(line, level="warning", event="apply_refused")
         note(
-            "; ".join(refusal_lines(names, blocked, f"files {where} the run"))
-            + "; none of its changes were written",
+            f"{lines[-1]}; none of its changes were written",
             level="warning",
             event="apply_refused",
         )

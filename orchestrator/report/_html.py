@@ -552,7 +552,11 @@ def _compare_conflicts(view: CompareView) -> Markup:
     parts = [_conflict(c) for c in view.conflicts]
     if refused:
         parts.append(
-            el("p", "The apply refused these files: they changed in the workspace during the run.")
+            el(
+                "p",
+                "The apply refused these files: they changed in the workspace during the run, or a "
+                "directory holding what the run did not copy is where the run made a file.",
+            )
         )
         parts.append(
             _table(["Agent", "Path"], [[name, el("code", path)] for name, path in refused])

@@ -313,7 +313,8 @@ def _compare(view: CompareView) -> list[str]:
         out += _conflict(n, c)
     if refused:
         out += [
-            "The apply refused these files: they changed in the workspace during the run.",
+            "The apply refused these files: they changed in the workspace during the run, or a "
+            "directory holding what the run did not copy is where the run made a file.",
             "",
             *table(["Agent", "Path"], refused),
         ]

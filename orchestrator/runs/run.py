@@ -810,7 +810,7 @@ async def _conclude(
             return status, moved, left_out, e
     if outcome.workspace_changed:
         log.warning(
-            "nothing applied: the workspace is not as the run found it",
+            "nothing applied: paths the run changed cannot take its changes",
             files=display_names(outcome.workspace_changed),
         )
     return status, tuple(sorted({*moved, *outcome.workspace_changed})), left_out, None

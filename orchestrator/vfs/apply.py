@@ -69,7 +69,6 @@ from ._fileio import (
     make_dirs,
     normalize_mode,
     temp_name,
-    walk_files,
     write_entry_atomic,
 )
 from ._links import refused_links
@@ -88,6 +87,7 @@ __all__ = [
     "check_symlinks",
     "dir_in_the_way",
     "disk_digest",
+    "in_the_way",
     "interrupted_applies",
     "recover_applies",
 ]
@@ -284,11 +284,40 @@ def dir_in_the_way(root: str, path: str, deleted: Set[str]) -> str | None:
     full = os.path.join(root, path)
     if os.path.islink(full) or not os.path.isdir(full):
         return "not a directory being emptied"
-    for found in walk_files(full):
-        rel = os.path.relpath(found, root).replace(os.sep, "/")
-        if rel not in deleted:
-            return f"{rel} is in the way"
-    return None
+    found, _ = in_the_way(root, path, deleted, 1)
+    return f"{found[0]} is in the way" if found else None
+
+
+def in_the_way(root: str, path: str, deleted: Set[str], limit: int) -> tuple[list[str], bool]:
+    """What stops the real directory ``path`` of the workspace ``root`` from going once the
+    files in ``deleted`` are deleted (the apply removes a directory that deleting files left
+    empty, never another): the first ``limit`` entries found, walking in name order
+    (anything not a directory that is not in ``deleted``, and a directory holding nothing,
+    named with a trailing ``/``: no deletion below it makes it go), and whether there are
+    more. An unreadable directory is in the way too."""
+    found: list[str] = []
+    stack = [os.path.join(root, path)]
+    while stack:
+        directory = stack.pop()
+        try:
+            with os.scandir(directory) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError:
+            entries = []
+        if not entries:  # empty, or unreadable: it stays
+            found.append(os.path.relpath(directory, root).replace(os.sep, "/") + "/")
+        below = []
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                below.append(entry.path)
+                continue
+            rel = os.path.relpath(entry.path, root).replace(os.sep, "/")
+            if rel not in deleted:
+                found.append(rel)
+        stack.extend(reversed(below))
+        if len(found) > limit:
+            return found[:limit], True
+    return found, False
 
 
 def _remove_empty_parents(root: str, path: str) -> None:
@@ -424,7 +453,7 @@ def apply_changes(
             conflicts.append(OutsideChange(path, reason))
     if conflicts:
         log.warning(
-            "apply refused: the workspace is not as the run found it",
+            "apply refused: these paths cannot take the changes",
             files={c.path: c.reason for c in conflicts},
         )
         return ApplyResult(False, conflicts=tuple(conflicts))
