@@ -541,3 +541,47 @@ async def test_a_refused_compare_apply_names_the_agent_asked_for(
     assert "NOT applied: changed in the workspace during the run: README.md" in said, said
     assert "--step 'compare[b]'" in said, said
     assert "compare[a]" not in said, said
+
+
+def immutable(path: Path, on: bool) -> bool:
+    """Make ``path`` immutable (or not) with chattr; whether that worked (root on a file
+    system that has the flag)."""
+    try:
+        done = subprocess.run(
+            ["chattr", "+i" if on else "-i", str(path)], capture_output=True, check=False
+        )
+    except FileNotFoundError:
+        return False
+    return done.returncode == 0
+
+
+async def test_a_write_that_fails_midway_leaves_the_run_succeeded_and_applicable_later(
+    project: Project, state_dir: Path
+) -> None:
+    """run --apply whose write fails (keep.txt immutable, the run deletes it): one line, no
+    traceback, exit 1, nothing written; the run stays succeeded and apply works once the
+    file can go."""
+    keep = project.path / "keep.txt"
+    if not immutable(keep, True):
+        pytest.skip("chattr +i is refused here (it needs root and a file system with the flag)")
+    try:
+        project.agents(a=Turn(steps=(DeleteDisk("keep.txt"), *writes(("new.txt", "n\n")).steps)))
+        before = snapshot(project.path)
+        done = await project.cli(
+            "run", project.pipeline(ONE), "--cwd", str(project.path), "--set", "task=go",
+            "--policy", "trusted", "--no-progress", "--apply", state=state_dir,
+        )  # fmt: skip
+        assert done.returncode == EXIT_FAILED, err(done)
+        assert "Traceback" not in err(done), err(done)
+        (last,) = [line for line in err(done).splitlines() if "error:" in line]
+        assert "changes were not applied: apply failed and was rolled back" in last, last
+        assert snapshot(project.path) == before
+    finally:
+        immutable(keep, False)
+    listed = as_json(await project.cli("runs", "--json", state=state_dir))
+    runs = listed["runs"] if isinstance(listed, dict) else listed
+    assert runs[0]["status"] == "succeeded"
+    applied = await project.cli("apply", runs[0]["runId"], state=state_dir)
+    assert applied.returncode == EXIT_OK, err(applied)
+    assert not keep.exists()
+    assert (project.path / "new.txt").read_text() == "n\n"

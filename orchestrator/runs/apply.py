@@ -58,6 +58,7 @@ from ..pipeline.branches import FINAL, base_moved, rebuild_branch
 from ..state import state_directory
 from ..store import ApplyRecord, RunRecord, RunStore, StepRecord, StoredChange, open_run_store
 from ..vfs import (
+    ApplyError,
     ChangeSet,
     GitBranchRefused,
     InterruptedApply,
@@ -507,7 +508,12 @@ async def apply_recorded(
         assert isinstance(base, Snapshot)
         # named in the journal, so that a crash midway leaves an apply one can trace to the run
         origin = {"runId": run_id, "step": step, "keys": list(keys)}
-        result = await apply_changes_async(base, changes, state_dir=state, origin=origin)
+        try:
+            result = await apply_changes_async(base, changes, state_dir=state, origin=origin)
+        except ApplyError as e:  # a write failed (an immutable file, a full disk): undone
+            raise ApplyRefused(
+                run_id, f"run {run_id}'s changes were not applied: {e}; nothing is written"
+            ) from e
         if not result.applied:
             return attrs.evolve(outcome, workspace_changed=tuple(c.path for c in result.conflicts))
         at = time.time()

@@ -43,7 +43,13 @@ from ..cluster._connect import ClusterSpec, cluster_spec
 from ..cluster._driver import ClusterSession, ClusterTurns, open_cluster, rate_keys_of
 from ..cluster._node import RunHostConfig
 from ..config import Config
-from ..errors import AgentNotFound, AlreadyApplied, StoreError, SymlinkRefused, UsageError
+from ..errors import (
+    AgentNotFound,
+    AlreadyApplied,
+    ApplyRefused,
+    StoreError,
+    UsageError,
+)
 from ..mcp import McpServer, merge_mcp_servers
 from ..pipeline import Pipeline, load_pipeline
 from ..pipeline._branchio import TRASH
@@ -597,7 +603,7 @@ async def run_pipeline(
             started = time.monotonic()
             status: RunStatus = "interrupted"
             unapplied: tuple[str, ...] = ()
-            refused: SymlinkRefused | None = None
+            refused: ApplyRefused | None = None
             left_out: tuple[str, ...] = ()
             crash: Exception | None = None
             imported = False
@@ -727,7 +733,8 @@ async def run_pipeline(
                 await store.update_run(run_id, result=dict(outcome.result))
             notify(on_event, RunEvent("run_finished", run_id, data={"status": status}))
             if refused is not None:
-                raise refused  # the run is recorded (its changes too); the apply is bad input
+                # the run is recorded (its changes too); the apply was refused or undone
+                raise refused
             return outcome
 
 
@@ -737,14 +744,14 @@ _RUN_PARAMETERS = frozenset(inspect.signature(run_pipeline).parameters)
 
 async def _conclude(
     store: RunStore, runner: PipelineRunner, kind: str, apply: bool, state: Path
-) -> tuple[RunStatus, tuple[str, ...], tuple[str, ...], SymlinkRefused | None]:
+) -> tuple[RunStatus, tuple[str, ...], tuple[str, ...], ApplyRefused | None]:
     """Merge the sinks, record the run's final changes, apply them when asked.
 
     Returns the status; when the apply found files changed in the workspace during the run,
     those files (the run still succeeded; its changes stay recorded, to apply later); the
     changed files that ``changes.patch`` leaves out (their base content is gone); and the
-    refusal of an apply that would have made symlinks leading out of the workspace (raised
-    once the run is recorded).
+    refusal of an apply (symlinks the workspace cannot take, or a write that failed and was
+    undone), raised once the run is recorded.
     """
     states = runner.states
     failed = [s for s in states.values() if s.status == "failed"]
@@ -806,7 +813,7 @@ async def _conclude(
         except AlreadyApplied as e:  # a resume of a run applied before
             log.warning("not applied again", run=runner.run_id, reason=str(e))
             return status, moved, left_out, None
-        except SymlinkRefused as e:
+        except ApplyRefused as e:  # symlinks it cannot take, a write that failed (undone)
             return status, moved, left_out, e
     if outcome.workspace_changed:
         log.warning(

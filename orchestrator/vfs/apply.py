@@ -477,7 +477,9 @@ def apply_changes(
         try:
             raced = _roll(root, journal_dir, entries, "forward", on_file)
         except BaseException as e:
-            log.exception("apply failed, rolling back", journal=journal_dir)
+            # one line: the caller gets the error (ApplyError); the traceback for debugging
+            log.warning("apply failed, rolling back", journal=journal_dir, error=str(e))
+            log.debug("apply failed", exc_info=e)
             _roll(root, journal_dir, entries, "back", None)
             shutil.rmtree(journal_dir, ignore_errors=True)
             if isinstance(e, Exception):
