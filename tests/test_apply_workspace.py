@@ -208,11 +208,18 @@ def paused_apply(
 ) -> subprocess.Popen[bytes]:
     """``orchestrator apply RUN ARGS`` that pauses after ``after`` files until ``go`` exists
     (its stderr piped)."""
+    return paused_command(state, marker, go, "apply", run_id, *args, after=after)
+
+
+def paused_command(
+    state: Path, marker: Path, go: Path, *args: str, after: int = 1, stdout: int | None = None
+) -> subprocess.Popen[bytes]:
+    """``orchestrator ARGS`` whose apply pauses after ``after`` files until ``go`` exists
+    (its stderr piped; its stdout as ``stdout`` says)."""
     env = {**os.environ, "ORCHESTRATOR_STATE_DIR": str(state)}
     return subprocess.Popen(
-        [sys.executable, "-c", PAUSED_APPLY, str(marker), str(after), str(go), "apply", run_id,
-         *args],
-        cwd=REPO, env=env, stderr=subprocess.PIPE,
+        [sys.executable, "-c", PAUSED_APPLY, str(marker), str(after), str(go), *args],
+        cwd=REPO, env=env, stderr=subprocess.PIPE, stdout=stdout,
     )  # fmt: skip
 
 
@@ -420,6 +427,43 @@ async def test_an_interrupt_during_the_write_completes_the_apply_and_exits_0(
         f"new {i}\n" for i in range(4)
     ]
     assert as_json(await cli(project, state_dir, "show", run_id, "--json"))["applied"] is True
+
+
+async def test_an_interrupt_during_prompt_apply_write_says_the_run_completed(
+    project: Path, state_dir: Path, tmp_path: Path
+) -> None:
+    """SIGINT while prompt --apply writes: the run is past its point of no return, so the
+    apply completes, the command exits 0 saying so, and never says to resume the run."""
+    marker, go = tmp_path / "marker", tmp_path / "go"
+    child = paused_command(
+        state_dir, marker, go, "prompt", "--agent", "demo", "--policy", "trusted", "--apply",
+        "--cwd", str(project), "replace 'old' with 'new' in f*.txt", stdout=subprocess.PIPE,
+    )  # fmt: skip
+    assert child.stderr is not None and child.stdout is not None
+    try:
+        wait_for_pause(child, marker)
+        child.send_signal(signal.SIGINT)
+        said = b""
+        while b"interrupted" not in said:  # the CLI heard it
+            line = child.stderr.readline()
+            assert line, said.decode()
+            said += line
+        go.touch()
+        said += child.stderr.read()
+        out = child.stdout.read().decode()
+    finally:
+        go.touch()
+        child.wait(timeout=60)
+        child.stderr.close()
+        child.stdout.close()
+    text = said.decode()
+    assert child.returncode == EXIT_OK, text
+    assert "applied to the workspace (4 files)" in out, out
+    assert "interrupted while the run was finishing, so it was completed" in text, text
+    assert "resume" not in text, text
+    assert [(project / f"f{i}.txt").read_text() for i in range(4)] == [
+        f"new {i}\n" for i in range(4)
+    ]
 
 
 async def test_a_rolled_back_apply_of_many_files_is_logged_in_a_few_names(

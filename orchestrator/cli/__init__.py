@@ -486,7 +486,7 @@ async def _cmd_prompt(args: argparse.Namespace) -> int:
     from ..runs.prompt import prompt
     from .escalation import choose_escalation
     from .mcp import mcp_servers
-    from .runs import read_prompt, track_run
+    from .runs import finished_despite_interrupt, read_prompt, track_run
     from .trust import project_config
 
     text = await read_prompt(args)
@@ -514,6 +514,7 @@ async def _cmd_prompt(args: argparse.Namespace) -> int:
         mode=args.mode,
         mcp_servers=mcp_servers(args, config),
     )
+    finished_despite_interrupt(args, run.status)
     if run.exception is not None:
         # the turn never ended (the agent did not start, exited, answered an error): the
         # command line says so as it says every error, in one line or --json's error object,

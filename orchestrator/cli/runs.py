@@ -476,6 +476,7 @@ def _view(
 
 
 def _finish(args: argparse.Namespace, outcome: Any) -> int:
+    finished_despite_interrupt(args, outcome.status)
     result = dict(outcome.result)
     if getattr(args, "report", None):
         from ..report import render_report
@@ -488,6 +489,17 @@ def _finish(args: argparse.Namespace, outcome: Any) -> int:
         _restored_line(result.get("restored"))
         _summary(result, outcome.run_id, diff=args.diff)
     return int(outcome.exit_code)
+
+
+def finished_despite_interrupt(args: argparse.Namespace, status: str) -> None:
+    """A run that ends succeeded or with conflicts went past its point of no return (its
+    verdict recorded, the apply asked for made): an interrupt that came after that did not
+    stop it, and the exit code must say how it ended, not 130. (A failed run is left alone:
+    an interrupt can be what failed it.)"""
+    if status in ("succeeded", "conflicts"):
+        args.completed_despite_interrupt = (
+            "interrupted while the run was finishing, so it was completed"
+        )
 
 
 def _restored_line(restored: Any) -> None:
