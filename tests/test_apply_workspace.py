@@ -274,6 +274,9 @@ async def test_a_crash_during_apply_is_named_until_the_named_command_finishes_it
     assert (project / "f0.txt").read_text() == "new 0\n"
     assert (project / "f3.txt").read_text() == "old 3\n"  # half written
     assert (await interrupted(project, state_dir, run_id))["edited"] == []
+    shown = (await cli(project, state_dir, "show", run_id)).stdout.decode()
+    assert "its apply was cut short: the workspace holds part of its changes" in shown, shown
+    assert "not applied" not in shown and "nothing was written" not in shown, shown
 
     done = await cli(project, state_dir, "apply", run_id)
     assert done.returncode == EXIT_OK, done.stderr.decode()

@@ -472,9 +472,25 @@ def refusal(
     return lines, hint
 
 
+def _half_applied(result: Mapping[str, Any], run_id: str, out: IO[str]) -> bool:
+    """Whether the run's apply was cut short (its process killed while writing: see
+    ``applyInterrupted``), said so: whatever else its record says, the workspace holds part
+    of its changes until ``apply`` finishes it or rolls it back."""
+    if not result.get("applyInterrupted"):
+        return False
+    say(
+        f"its apply was cut short: the workspace holds part of its changes; orchestrator "
+        f"apply {run_id} finishes it (or rolls it back if files changed since)",
+        out,
+    )
+    return True
+
+
 def _prompt_apply(result: Mapping[str, Any], run_id: str, out: IO[str]) -> None:
     """Whether a prompt's changes reached the workspace, else how to apply them."""
     changes = list(result.get("changes") or [])
+    if _half_applied(result, run_id, out):
+        return
     if result.get("status") == "interrupted":
         # its turn never ended: the run has no final changes to apply, its one step has what
         # the agent did before it stopped
@@ -658,6 +674,8 @@ def _run_apply(result: Mapping[str, Any], run_id: str, out: IO[str]) -> None:
     status = result.get("status")
     compare = result.get("kind") == "compare"
     applied = result.get("applied")
+    if _half_applied(result, run_id, out):
+        return
     if applied:
         if compare:  # the name of the agent whose changes were written
             agents = [a for a in result.get("agents") or () if a.get("name") == applied]
