@@ -401,8 +401,9 @@ async def test_a_crash_then_edits_leave_the_workspace_as_the_apply_says(
 async def test_an_interrupt_during_the_write_completes_the_apply_and_exits_0(
     project: Path, state_dir: Path, tmp_path: Path
 ) -> None:
-    """SIGINT once apply has written its first file: the apply is completed and recorded, the
-    command says the interrupt came while it was finishing (not that turns end), exits 0."""
+    """SIGINT twice once apply has written its first file: the apply is completed and
+    recorded, the command says the interrupt came while it was finishing (not that turns or
+    agents end), exits 0."""
     run_id = await prompt(project, state_dir, "replace 'old' with 'new' in f*.txt")
     marker, go = tmp_path / "marker", tmp_path / "go"
     child = paused_apply(state_dir, run_id, marker, go)
@@ -412,6 +413,11 @@ async def test_an_interrupt_during_the_write_completes_the_apply_and_exits_0(
         child.send_signal(signal.SIGINT)
         said = b""
         while b"interrupted" not in said:  # the CLI heard it
+            line = child.stderr.readline()
+            assert line, said.decode()
+            said += line
+        child.send_signal(signal.SIGINT)
+        while b"interrupted again" not in said:
             line = child.stderr.readline()
             assert line, said.decode()
             said += line
@@ -425,7 +431,7 @@ async def test_an_interrupt_during_the_write_completes_the_apply_and_exits_0(
     assert child.returncode == EXIT_OK, text
     assert f"applied run {run_id}: 4 files written" in text
     assert "interrupted while the apply was finishing, so it was completed" in text
-    assert "turns" not in text, text  # an apply runs none
+    assert "turns" not in text and "agents" not in text, text  # an apply runs none
     assert [(project / f"f{i}.txt").read_text() for i in range(4)] == [
         f"new {i}\n" for i in range(4)
     ]

@@ -367,7 +367,12 @@ async def _interruptible(handler: Callable[[argparse.Namespace], Any], args: Any
             nonlocal interrupted
             async for _ in signals:
                 if interrupted:
-                    log.warning("interrupted again: stopping the agents now")
+                    # only a run has agents to stop (an apply just goes on to its end)
+                    log.warning(
+                        "interrupted again: stopping the agents now"
+                        if args.run_ids
+                        else "interrupted again"
+                    )
                     end_grace_periods()
                     continue
                 interrupted = True
