@@ -585,3 +585,32 @@ async def test_a_write_that_fails_midway_leaves_the_run_succeeded_and_applicable
     assert applied.returncode == EXIT_OK, err(applied)
     assert not keep.exists()
     assert (project.path / "new.txt").read_text() == "n\n"
+
+
+async def test_apply_names_changed_files_and_what_is_in_the_way_at_once(
+    project: Project, state_dir: Path
+) -> None:
+    """README.md changed in the workspace since the run, and an ignored file stands where the
+    run made file d: apply names both in one refusal, not one and then the other."""
+    (project.path / ".gitignore").write_text("*.log\n")
+    (project.path / "d").mkdir()
+    (project.path / "d" / "a.txt").write_text("a\n")
+    (project.path / "d" / "x.log").write_text("mine\n")
+    project.agents(
+        a=Turn(
+            steps=(
+                WriteFile(path="README.md", content="by the agent\n"),
+                Terminal("sh", args=("-c", "rm -rf d && echo file > d")),
+                Say("done"),
+            )
+        )
+    )
+    done = await project.run(ONE, state_dir)
+    assert done.returncode == EXIT_OK, err(done)
+    (project.path / "README.md").write_text("the user's\n")
+    refused = await project.cli("apply", run_id_of(done), state=state_dir)
+    assert refused.returncode == EXIT_WORKSPACE_CHANGED, err(refused)
+    said = err(refused)
+    assert "NOT applied: files changed in the workspace since the run: README.md" in said, said
+    assert "holds what the run did not copy: d/x.log" in said, said
+    assert (project.path / "d" / "x.log").read_text() == "mine\n"

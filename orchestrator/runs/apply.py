@@ -54,7 +54,7 @@ from ..errors import (
     UnsettledConflicts,
     UsageError,
 )
-from ..pipeline.branches import FINAL, base_moved, rebuild_branch
+from ..pipeline.branches import FINAL, base_moved, rebuild_branch, workspace_moved
 from ..state import state_directory
 from ..store import ApplyRecord, RunRecord, RunStore, StepRecord, StoredChange, open_run_store
 from ..vfs import (
@@ -354,9 +354,17 @@ async def _refuse_reapply(
             )
 
 
-def _moved(base: Tree, stored: Mapping[str, Sequence[StoredChange]]) -> tuple[str, ...]:
-    """The touched files whose base is not what ``base`` holds (blocking: reads them)."""
-    return tuple(sorted({p for changes in stored.values() for p in base_moved(base, changes)}))
+def _moved(
+    base: Tree, stored: Mapping[str, Sequence[StoredChange]], workspace: str | None
+) -> tuple[str, ...]:
+    """The touched files whose base is not what ``base`` holds (blocking: reads them); with
+    the ``workspace`` written to, also a file made where a directory holding what the run
+    did not copy stands (see :func:`~orchestrator.pipeline.branches.workspace_moved`), so that
+    a refusal names every path at once."""
+    out = {p for changes in stored.values() for p in base_moved(base, changes)}
+    if workspace is not None:
+        out.update(p for changes in stored.values() for p in workspace_moved(workspace, changes))
+    return tuple(sorted(out))
 
 
 def _merged(
@@ -469,7 +477,8 @@ async def apply_recorded(
         base = await trio.to_thread.run_sync(_git_base, record.cwd, git_branch, paths)
     else:
         base = await trio.to_thread.run_sync(_workspace, record.cwd)
-    moved = await trio.to_thread.run_sync(_moved, base, stored)
+    written = record.cwd if git_branch is None else None
+    moved = await trio.to_thread.run_sync(_moved, base, stored, written)
     if moved:
         return attrs.evolve(outcome, workspace_changed=moved)
     changes = await trio.to_thread.run_sync(_merged, record, step, base, stored)
