@@ -223,6 +223,17 @@ def paused_command(
     )  # fmt: skip
 
 
+def read_until(child: subprocess.Popen[bytes], said: bytes, needle: bytes) -> bytes:
+    """``said`` and the lines of the child's stderr read after it, until ``needle`` is in
+    them."""
+    assert child.stderr is not None
+    while needle not in said:
+        line = child.stderr.readline()
+        assert line, said.decode()
+        said += line
+    return said
+
+
 def wait_for_pause(child: subprocess.Popen[bytes], marker: Path) -> None:
     """Wait until the paused apply has written the files it pauses after."""
     deadline = time.monotonic() + 60
@@ -411,16 +422,9 @@ async def test_an_interrupt_during_the_write_completes_the_apply_and_exits_0(
     try:
         wait_for_pause(child, marker)
         child.send_signal(signal.SIGINT)
-        said = b""
-        while b"interrupted" not in said:  # the CLI heard it
-            line = child.stderr.readline()
-            assert line, said.decode()
-            said += line
+        said = read_until(child, b"", b"interrupted")  # the CLI heard it
         child.send_signal(signal.SIGINT)
-        while b"interrupted again" not in said:
-            line = child.stderr.readline()
-            assert line, said.decode()
-            said += line
+        said = read_until(child, said, b"interrupted again")
         go.touch()
         said += child.stderr.read()
     finally:
@@ -452,11 +456,7 @@ async def test_an_interrupt_during_prompt_apply_write_says_the_run_completed(
     try:
         wait_for_pause(child, marker)
         child.send_signal(signal.SIGINT)
-        said = b""
-        while b"interrupted" not in said:  # the CLI heard it
-            line = child.stderr.readline()
-            assert line, said.decode()
-            said += line
+        said = read_until(child, b"", b"interrupted")  # the CLI heard it
         go.touch()
         said += child.stderr.read()
         out = child.stdout.read().decode()
