@@ -22,7 +22,6 @@ from typing import IO, Any
 from .._names import display_name, parse_name
 from .._words import count as count_of
 from .._words import round_lines
-from ..vfs.apply import in_the_way
 from .output import say, say_default_policy_note, terminal_text
 
 __all__ = [
@@ -435,6 +434,8 @@ def refusal(
     deleted by the run: files it never copied, ignored ones say, and empty directories; see
     :func:`~orchestrator.vfs.apply.in_the_way`): nothing the run started from changed there.
     The others ``changed`` says how ("changed in the workspace during the run")."""
+    from ..vfs.apply import in_the_way  # the VFS only when a refusal is said
+
     changes = _changes_in(result)
     deleted = {parse_name(c["path"]) for c in changes if c.get("change") == "deleted"}
     links = {c["path"] for c in changes if c.get("symlink") is not None}
