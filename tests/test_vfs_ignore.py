@@ -39,6 +39,11 @@ def matcher(text: str = "", *, extra: tuple[str, ...] = ()) -> IgnoreMatcher:
         ("\\#hash", "#hash", False, True),
         ("# comment", "# comment", False, False),
         ("trailing   ", "trailing", False, True),
+        ("*.log", "n\nd/z.log", False, True),  # a line break in a directory's name
+        ("*.log", "a\nb.log", False, True),  # and in the file's own
+        ("**/cache", "x\ny/cache", True, True),
+        ("a?b", "a\nb", False, True),
+        ("build/", "n\nd/build", True, True),
     ],
 )
 def test_pattern_semantics(pattern: str, path: str, is_dir: bool, ignored: bool) -> None:

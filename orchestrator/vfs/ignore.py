@@ -149,7 +149,10 @@ def _groups(parsed: list[tuple[str, bool, bool]], for_dirs: bool) -> tuple[_Grou
         else:
             runs.append((negate, [regex]))
     groups = [
-        _Group(re.compile("(?:" + "|".join(f"(?:{r})" for r in regexes) + r")\Z"), negate)
+        # DOTALL: a name may hold a line break, which "*" and "**" match as any character
+        _Group(
+            re.compile("(?:" + "|".join(f"(?:{r})" for r in regexes) + r")\Z", re.DOTALL), negate
+        )
         for negate, regexes in runs
     ]
     return tuple(reversed(groups))
