@@ -190,3 +190,15 @@ def landlock_missing() -> str | None:
     except Exception as e:
         return str(e)
     return None
+
+
+def immutable(path: Path, on: bool) -> bool:
+    """Make ``path`` immutable (or not) with chattr; whether that worked (root on a file
+    system that has the flag)."""
+    try:
+        done = subprocess.run(
+            ["chattr", "+i" if on else "-i", str(path)], capture_output=True, check=False
+        )
+    except FileNotFoundError:
+        return False
+    return done.returncode == 0

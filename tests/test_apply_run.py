@@ -19,6 +19,7 @@ from run_helpers import (
     CLI,
     agent_command,
     as_json,
+    immutable,
     project_config,
     run_cli,
     run_console,
@@ -541,18 +542,6 @@ async def test_a_refused_compare_apply_names_the_agent_asked_for(
     assert "NOT applied: changed in the workspace during the run: README.md" in said, said
     assert "--step 'compare[b]'" in said, said
     assert "compare[a]" not in said, said
-
-
-def immutable(path: Path, on: bool) -> bool:
-    """Make ``path`` immutable (or not) with chattr; whether that worked (root on a file
-    system that has the flag)."""
-    try:
-        done = subprocess.run(
-            ["chattr", "+i" if on else "-i", str(path)], capture_output=True, check=False
-        )
-    except FileNotFoundError:
-        return False
-    return done.returncode == 0
 
 
 async def test_a_write_that_fails_midway_leaves_the_run_succeeded_and_applicable_later(

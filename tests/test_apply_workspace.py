@@ -22,12 +22,12 @@ from typing import Any
 
 import jsonschema
 import pytest
-from run_helpers import CLI, as_json, run_cli
+from run_helpers import CLI, as_json, immutable, run_cli
 
 from orchestrator.cli.output import output_schema
 from orchestrator.vfs.testing import capture, git
 
-EXIT_OK, EXIT_FAILED = 0, 1
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 pytestmark = [
     pytest.mark.slow,
@@ -305,6 +305,34 @@ async def test_a_crash_during_apply_is_named_until_the_named_command_finishes_it
     assert as_json(await cli(project, state_dir, "show", run_id, "--json"))["applied"] is True
     again = await cli(project, state_dir, "apply", run_id)
     assert again.returncode == EXIT_FAILED and "already applied" in again.stderr.decode()
+
+
+async def test_a_recovery_that_cannot_write_says_so_in_one_line_and_goes_on_later(
+    project: Path, state_dir: Path, tmp_path: Path
+) -> None:
+    """apply killed after its first file, then f3.txt made immutable: the next apply cannot
+    finish the interrupted one and says so in one line, exit 2, no traceback, the journal
+    kept; once f3.txt can be written, the next apply finishes it."""
+    run_id = await prompt(project, state_dir, "replace 'old' with 'new' in f*.txt")
+    kill_apply_midway(project, state_dir, run_id, tmp_path / "marker")
+    f3 = project / "f3.txt"
+    if not immutable(f3, True):
+        pytest.skip("chattr +i is refused here (it needs root and a file system with the flag)")
+    try:
+        stuck = await cli(project, state_dir, "apply", run_id)
+    finally:
+        immutable(f3, False)
+    said = stuck.stderr.decode()
+    assert stuck.returncode == EXIT_USAGE, said
+    assert "Traceback" not in said, said
+    (line,) = [line for line in said.splitlines() if "error:" in line]
+    assert "could not be completed" in line and "is half written" in line, line
+    assert f3.read_text() == "old 3\n"
+    finished = await cli(project, state_dir, "apply", run_id)
+    assert finished.returncode == EXIT_OK, finished.stderr.decode()
+    assert [(project / f"f{i}.txt").read_text() for i in range(4)] == [
+        f"new {i}\n" for i in range(4)
+    ]
 
 
 async def test_an_apply_of_another_run_finishes_the_interrupted_one_first(

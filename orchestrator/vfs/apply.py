@@ -801,10 +801,19 @@ def _recover_one(journal_dir: str) -> RecoveryReport:
     # means the rest goes back to what it held before, and the workspace is in one known state.
     direction: Literal["forward", "back"] = "forward" if complete and not apply.edited else "back"
     changed: list[str] = []
-    problems = _roll(root, journal_dir, entries, direction, changed.append)
     action: Literal["completed", "rolled back"] = (
         "completed" if direction == "forward" else "rolled back"
     )
+    try:
+        problems = _roll(root, journal_dir, entries, direction, changed.append)
+    except OSError as e:
+        # the journal stays: once the cause is gone, the next recovery goes on from here
+        verb = "completed" if direction == "forward" else "rolled back"
+        raise StateDirectoryError(
+            f"the interrupted apply journaled in {display_name(journal_dir)} could not be "
+            f"{verb}: {e}; the workspace {display_name(root)} is half written until the cause "
+            "is gone and it is recovered (any apply or run does it first)"
+        ) from e
     paths = tuple(sorted(e["path"] for e in entries if e["path"] not in problems))
     if problems:
         # what the edited files held before the apply is only here now: kept, out of the way
