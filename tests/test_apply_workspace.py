@@ -503,6 +503,43 @@ async def test_an_interrupt_during_prompt_apply_write_says_the_run_completed(
     ]
 
 
+async def test_an_interrupt_then_a_failed_write_exits_1_without_offering_a_resume(
+    project: Path, state_dir: Path, tmp_path: Path
+) -> None:
+    """SIGINT while prompt --apply writes, then a write fails (f3.txt immutable): the apply
+    is undone, the command says why and exits 1, not 130, and offers no resume (the run
+    succeeded and stays so)."""
+    f3 = project / "f3.txt"
+    if not immutable(f3, True):
+        pytest.skip("chattr +i is refused here (it needs root and a file system with the flag)")
+    marker, go = tmp_path / "marker", tmp_path / "go"
+    try:
+        child = paused_command(
+            state_dir, marker, go, "prompt", "--agent", "demo", "--policy", "trusted",
+            "--apply", "--cwd", str(project), "replace 'old' with 'new' in f*.txt",
+        )  # fmt: skip
+        assert child.stderr is not None
+        try:
+            wait_for_pause(child, marker)
+            child.send_signal(signal.SIGINT)
+            said = read_until(child, b"", b"interrupted")
+            go.touch()
+            said += child.stderr.read()
+        finally:
+            go.touch()
+            child.wait(timeout=60)
+            child.stderr.close()
+    finally:
+        immutable(f3, False)
+    text = said.decode()
+    assert child.returncode == EXIT_FAILED, text
+    assert "apply failed and was rolled back" in text, text
+    assert "resume" not in text, text
+    assert [(project / f"f{i}.txt").read_text() for i in range(4)] == [
+        f"old {i}\n" for i in range(4)
+    ]
+
+
 async def test_a_rolled_back_apply_of_many_files_is_logged_in_a_few_names(
     project: Path, state_dir: Path
 ) -> None:

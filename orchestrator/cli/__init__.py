@@ -307,6 +307,7 @@ async def _interruptible(handler: Callable[[argparse.Namespace], Any], args: Any
     from .._util import end_grace_periods
     from ..errors import (
         AgentStartError,
+        ApplyRefused,
         CapabilityNotSupported,
         ClusterError,
         OrchestratorError,
@@ -400,6 +401,13 @@ async def _interruptible(handler: Callable[[argparse.Namespace], Any], args: Any
                 code = fail(e, EXIT_USAGE)
             except UnsettledConflicts as e:
                 code = fail(e, EXIT_MERGE_CONFLICTS)
+            except ApplyRefused as e:
+                code = fail(e, EXIT_FAILED)
+                # a run's apply refused (a write that failed, undone): its run ended first,
+                # recorded; an interrupt that came meanwhile did not stop it
+                args.completed_despite_interrupt = (
+                    "interrupted while the run was finishing: it ended as said above"
+                )
             except ResumeConflict as e:  # the workspace changed under files the run changed
                 code = fail(e, EXIT_WORKSPACE_CHANGED)
             except OrchestratorError as e:
