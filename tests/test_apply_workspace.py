@@ -234,6 +234,31 @@ def read_until(child: subprocess.Popen[bytes], said: bytes, needle: bytes) -> by
     return said
 
 
+def interrupt_midway(
+    child: subprocess.Popen[bytes], marker: Path, go: Path, *, times: int = 1
+) -> tuple[str, str]:
+    """SIGINT the paused ``child`` ``times`` times once it pauses (each heard), let it go on,
+    and wait for its end; its stderr and its stdout (empty if not piped)."""
+    assert child.stderr is not None
+    said, out = b"", b""
+    try:
+        wait_for_pause(child, marker)
+        for heard in (b"interrupted", b"interrupted again")[:times]:
+            child.send_signal(signal.SIGINT)
+            said = read_until(child, said, heard)
+        go.touch()
+        said += child.stderr.read()
+        if child.stdout is not None:
+            out = child.stdout.read()
+    finally:
+        go.touch()
+        child.wait(timeout=60)
+        child.stderr.close()
+        if child.stdout is not None:
+            child.stdout.close()
+    return said.decode(), out.decode()
+
+
 def wait_for_pause(child: subprocess.Popen[bytes], marker: Path) -> None:
     """Wait until the paused apply has written the files it pauses after."""
     deadline = time.monotonic() + 60
@@ -446,20 +471,7 @@ async def test_an_interrupt_during_the_write_completes_the_apply_and_exits_0(
     run_id = await prompt(project, state_dir, "replace 'old' with 'new' in f*.txt")
     marker, go = tmp_path / "marker", tmp_path / "go"
     child = paused_apply(state_dir, run_id, marker, go)
-    assert child.stderr is not None
-    try:
-        wait_for_pause(child, marker)
-        child.send_signal(signal.SIGINT)
-        said = read_until(child, b"", b"interrupted")  # the CLI heard it
-        child.send_signal(signal.SIGINT)
-        said = read_until(child, said, b"interrupted again")
-        go.touch()
-        said += child.stderr.read()
-    finally:
-        go.touch()
-        child.wait(timeout=60)
-        child.stderr.close()
-    text = said.decode()
+    text, _ = interrupt_midway(child, marker, go, times=2)
     assert child.returncode == EXIT_OK, text
     assert f"applied run {run_id}: 4 files written" in text
     assert "interrupted while the apply was finishing, so it was completed" in text
@@ -480,20 +492,7 @@ async def test_an_interrupt_during_prompt_apply_write_says_the_run_completed(
         state_dir, marker, go, "prompt", "--agent", "demo", "--policy", "trusted", "--apply",
         "--cwd", str(project), "replace 'old' with 'new' in f*.txt", stdout=subprocess.PIPE,
     )  # fmt: skip
-    assert child.stderr is not None and child.stdout is not None
-    try:
-        wait_for_pause(child, marker)
-        child.send_signal(signal.SIGINT)
-        said = read_until(child, b"", b"interrupted")  # the CLI heard it
-        go.touch()
-        said += child.stderr.read()
-        out = child.stdout.read().decode()
-    finally:
-        go.touch()
-        child.wait(timeout=60)
-        child.stderr.close()
-        child.stdout.close()
-    text = said.decode()
+    text, out = interrupt_midway(child, marker, go)
     assert child.returncode == EXIT_OK, text
     assert "applied to the workspace (4 files)" in out, out
     assert "interrupted while the run was finishing, so it was completed" in text, text
@@ -518,20 +517,9 @@ async def test_an_interrupt_then_a_failed_write_exits_1_without_offering_a_resum
             state_dir, marker, go, "prompt", "--agent", "demo", "--policy", "trusted",
             "--apply", "--cwd", str(project), "replace 'old' with 'new' in f*.txt",
         )  # fmt: skip
-        assert child.stderr is not None
-        try:
-            wait_for_pause(child, marker)
-            child.send_signal(signal.SIGINT)
-            said = read_until(child, b"", b"interrupted")
-            go.touch()
-            said += child.stderr.read()
-        finally:
-            go.touch()
-            child.wait(timeout=60)
-            child.stderr.close()
+        text, _ = interrupt_midway(child, marker, go)
     finally:
         immutable(f3, False)
-    text = said.decode()
     assert child.returncode == EXIT_FAILED, text
     assert "apply failed and was rolled back" in text, text
     assert "resume" not in text, text
