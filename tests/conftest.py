@@ -18,6 +18,7 @@ from schema_check import FrameValidator
 
 import orchestrator.agent.launch as client_module
 from orchestrator.jsonrpc.connection import JsonRpcConnection
+from orchestrator.vfs import _statwalk
 from orchestrator.vfs._mounts import MOUNTINFO, mount_id, mount_points
 
 # the fixtures acp-orchestrator's users get (a pytest11 entry point in an installed package):
@@ -216,3 +217,20 @@ def ray_cluster() -> Iterator[Any]:
 
 
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
+
+
+@contextmanager
+def stat_walk(kind: str) -> Iterator[None]:
+    """Directories walked with GNU ``find`` (``"find"``; the test is skipped where there is
+    none) or by this process (``"walk"``), whatever the machine has."""
+    if kind == "find":
+        if _statwalk.find_command() is None:
+            pytest.skip("no GNU find here: directories are walked by this process only")
+        yield
+        return
+    saved = _statwalk._checked[:]
+    _statwalk._checked[:] = [None]
+    try:
+        yield
+    finally:
+        _statwalk._checked[:] = saved

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import bind_mount, make_chain
+from conftest import bind_mount, make_chain, stat_walk
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -154,6 +154,13 @@ def apply_edit(wd: Workdir, edit: tuple[object, ...], outside: Path) -> None:
         if type(e).__module__.startswith("orchestrator"):
             return
         raise
+
+
+@pytest.fixture(autouse=True, params=["find", "walk"])
+def walker(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test twice: pooled directories looked through by ``find`` and by this process."""
+    with stat_walk(request.param):
+        yield
 
 
 @pytest.fixture

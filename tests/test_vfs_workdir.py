@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from conftest import stat_walk
 from fakes import lock_held_by_another_thread
 
 from orchestrator.vfs.branch import Branch
@@ -23,9 +24,16 @@ from orchestrator.vfs.testing import make_tree
 from orchestrator.vfs.workdir import Workdir, harvest
 
 
-@pytest.fixture(params=["inotify", "scan"])
+@pytest.fixture(params=["inotify", "scan", "inotify-walk", "scan-walk"])
 def wd(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Workdir]:
-    """A materialized branch, harvested with the inotify accelerator or by full scans."""
+    """A materialized branch, harvested with the inotify accelerator or by full scans, each
+    listing the directory with ``find`` or walking it here (``-walk``)."""
+    kind, _, walker = request.param.partition("-")
+    with stat_walk(walker or "find"):
+        yield from _workdir(tmp_path, kind)
+
+
+def _workdir(tmp_path: Path, kind: str) -> Iterator[Workdir]:
     root = make_tree(
         tmp_path / "ws",
         {
@@ -40,7 +48,7 @@ def wd(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Workdir]:
         for name in files:
             os.utime(os.path.join(dirpath, name), (old, old))
     branch = Branch.from_tree(Workspace.open(root).snapshot(), "agent")
-    workdir = materialize(branch, tmp_path / "state" / "agent", watch=request.param == "inotify")
+    workdir = materialize(branch, tmp_path / "state" / "agent", watch=kind == "inotify")
     yield workdir
     workdir.close()
 

@@ -105,6 +105,10 @@ class Inotify:
         self._finalizer = weakref.finalize(self, _close_quietly, fd)
         return self
 
+    def watches(self, rel_dir: str) -> bool:
+        """Whether directory ``rel_dir`` is watched."""
+        return rel_dir in self._by_dir
+
     def add(self, rel_dir: str) -> bool:
         """Watch directory ``rel_dir`` ("" for the root); False when no watch can be added."""
         if rel_dir in self._by_dir or _LIBC is None:

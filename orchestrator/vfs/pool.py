@@ -29,16 +29,21 @@ What makes a reused directory the tree it claims to be:
   that differs, anything the tree does not hold and any path the tree holds other content or
   another mode for than the one written, is removed and written again; directories
   get their mode and owner back; an entry on another filesystem or any error (an unreadable
-  path, a file that will not go) discards the directory instead.
+  path, a file that will not go) discards the directory instead. The stats are taken by GNU
+  ``find`` in its own process where there is one (see :mod:`orchestrator.vfs._statwalk`), and
+  compared as lines: a walk in a worker thread would wait for the GIL after every ``stat``
+  while the event loop's thread runs, and took seconds instead of tens of milliseconds.
 - **No mount point.** A bind mount of a directory elsewhere on the same filesystem has the
   same device: no stat tells it. Before a reset, and when a directory is given back, the
   mount table is read (``/proc/self/mountinfo``, see :mod:`orchestrator.vfs._mounts`), and
-  the reset's walk checks the mount of each directory once it is open (a mount made while it
-  runs): a directory with a mount point at or below it is never pooled nor reset, but
-  discarded before anything in it is removed or written; its deletion
+  the mount of each directory the reset acts in (removes, writes, fixes) is checked before
+  anything is done (a mount made since the table was read: the tree's files under it are not
+  found as written, so the reset acts there), and a walk made here checks each directory's
+  mount once it is open: a directory with a mount point at or below it is never pooled nor
+  reset, but discarded before anything in it is removed or written; its deletion
   (:func:`~orchestrator.vfs._fileio.remove_tree`) leaves the mount and what it shows alone.
-  Limit: a mount made after the walk, while the reset writes the files it found stale, is
-  written through (only a process running as root can mount).
+  Limit: a mount made after those checks, while the reset writes the files it found stale,
+  is written through (only a process running as root can mount).
 - **Self-contained links again.** A symlink leading into the workspace leads into the branch
   directory (see :mod:`orchestrator.vfs.checkout`): the directory now has another path, so such
   links are written again for it.
@@ -62,11 +67,20 @@ from collections.abc import Callable, Iterable
 from attrs import define, field, frozen
 
 from .._log import get_logger
-from .._names import name_bytes, name_of
+from .._names import name_bytes
 from ..errors import UsageError
 from ._fileio import CopyTally, _parent_mount, make_dirs, remove_tree
+from ._harvestlines import Lines
 from ._links import LinkMap
-from ._mounts import mount_id, mounts_under
+from ._mounts import mounts_under
+from ._poolscan import (
+    LineCache,
+    Unclean,
+    link_intact_for,
+    scan_by_lines,
+    scan_by_walk,
+)
+from ._statwalk import ListingFailed, find_command
 from .branch import Branch
 from .changes import Change, ModeChange, Write
 from .checkout import (
@@ -86,8 +100,6 @@ __all__ = ["DirPool", "PoolStats", "find_holders", "tree_key"]
 
 log = get_logger(__name__)
 
-_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_S_IFMT = 0o170000
 
 #: the environment variable that turns reuse off (``0``, ``no``, ``off``, ``false``)
 REUSE_ENV = "ORCHESTRATOR_REUSE_DIRS"
@@ -279,16 +291,16 @@ class _Origin:
     owner: tuple[int, int]
     #: whether harvests of the directory were watched with inotify (reused: watched again)
     watch: bool
+    #: the lines ``find`` prints for ``records`` (made by the first reset that uses them)
+    lines: LineCache | None = None
+    #: the lines the directory's harvests made (given back: most are those of ``records``)
+    kept: Lines | None = None
 
 
 @define(eq=False)
 class _Parked:
     path: str
     origin: _Origin
-
-
-class _Unclean(Exception):
-    """The directory cannot be proven to be its tree."""
 
 
 @define(eq=False)
@@ -376,6 +388,7 @@ class DirPool:
             origin = self._origins.pop(workdir, None)
         if origin is None or self.limit <= 0:
             return [workdir.root]
+        origin.kept = workdir._lines
         try:
             if not stat.S_ISDIR(os.lstat(workdir.root).st_mode):
                 return [workdir.root]  # replaced by the agent (a link): not what was made
@@ -535,7 +548,7 @@ class DirPool:
         differs between the two trees. Raises if the directory cannot be proven to be it."""
         # a mount made while pooled: what the reset removes and writes below it is elsewhere
         if mounts := mounts_under(target):
-            raise _Unclean(f"mount point below: {', '.join(mounts)}")
+            raise Unclean(f"mount point below: {', '.join(mounts)}")
         snapshot = origin.root
         # the files as written, by path and by directory and name: unchanged since (by their
         # stat), each is what the tree holds; the paths the trees differ in are not among them
@@ -559,91 +572,46 @@ class DirPool:
         if 4 * longest > _room(target, snapshot.root):  # perhaps one is too long: which
             _check_lengths(itertools.chain(expect, added), target, snapshot.root)
         links = LinkMap(snapshot.root, target)
-        paths = size = 0
-        removed: set[str] = set()  # files removed here: one written again counts once
-        stale: list[str] = []  # files of ``expect`` not as written: removed, to write again
         top = os.lstat(target)
         if not stat.S_ISDIR(top.st_mode):
-            raise _Unclean("not a directory")
+            raise Unclean("not a directory")
         device = top.st_dev
-        # each directory's mount, told once it is open (a mount made during the reset too)
+        # each directory's mount, told before anything is done in it
         mount: int | None = _parent_mount(target)
-        found_dirs: set[str] = set()
-        none: dict[str, _Key] = {}
-        stack = [""]
-        while stack:
-            parent = stack.pop()
-            fd = os.open(os.path.join(target, parent) if parent else target, _DIR)
-            try:
-                st = os.fstat(fd)
-                if st.st_dev != device:
-                    raise _Unclean(f"{parent}: another filesystem")
-                if mount is not None and mount_id(fd) != mount:
-                    raise _Unclean(f"{parent or '.'}: a mount point")
-                if stat.S_IMODE(st.st_mode) != origin.dir_mode:
-                    os.fchmod(fd, origin.dir_mode)
-                    paths += 1
-                if (st.st_uid, st.st_gid) != origin.owner:
-                    os.fchown(fd, *origin.owner)
-                    paths += 1
-                found_dirs.add(parent)
-                prefix = f"{parent}/" if parent else ""
-                names = by_dir.get(parent, none)
-                intact, stale_before = 0, len(stale)
-                with os.scandir(fd) as it:
-                    entries = list(it)
-                # the loop runs for every entry of the tree: nothing allocated for one found
-                # as written but its stat
-                for entry in entries:
-                    est = entry.stat(follow_symlinks=False)
-                    if est.st_dev != device:
-                        raise _Unclean(f"{prefix}{entry.name}: another filesystem")
-                    mode = est.st_mode
-                    name = entry.name
-                    if mode & _S_IFMT == stat.S_IFDIR:
-                        rel = prefix + name
-                        if rel in dirs:
-                            stack.append(rel)
-                            continue
-                        if name in names:  # a file of the tree made a directory
-                            stale.append(rel)
-                        n, b = _remove_dir(target, rel, device)
-                        paths, size = paths + n, size + b
-                        continue
-                    # as written: the same stat (no write, chmod, rename or link leaves ctime
-                    # alone) and, for a file, no second name a hard link could write it by
-                    was = names.get(name)
-                    if was is not None:
-                        if (
-                            was[2] == est.st_ino
-                            and was[4] == est.st_ctime_ns
-                            and was[1] == est.st_mtime_ns
-                            and was[0] == est.st_size
-                            and was[3] == mode
-                        ):
-                            if mode & _S_IFMT == stat.S_IFREG:
-                                if est.st_nlink == 1:
-                                    intact += 1
-                                    continue
-                            elif _link_intact(prefix + name, fd, origin, links):
-                                intact += 1
-                                continue
-                        stale.append(prefix + name)
-                    rel = prefix + name
-                    os.unlink(name, dir_fd=fd)
-                    removed.add(rel)
-                    paths += 1
-                    if mode & _S_IFMT == stat.S_IFREG:
-                        size += est.st_size
-                if intact + len(stale) - stale_before < len(names):  # some are not there
-                    there = {entry.name for entry in entries}
-                    stale += [prefix + name for name in names if name not in there]
-            finally:
-                os.close(fd)
-        for parent, names in by_dir.items():
-            if names and parent not in found_dirs:  # the whole directory is gone
-                prefix = f"{parent}/" if parent else ""
-                stale += [prefix + name for name in names]
+        link_intact = link_intact_for(origin.rewritten, links)
+        find = find_command()
+        lines = origin.lines
+        scanned = None
+        if find is not None:
+            if lines is None or lines.device != device:
+                lines = LineCache.of(origin.records, device, origin.kept)
+            with contextlib.suppress(ListingFailed):  # nothing done: walked here instead
+                scanned = scan_by_lines(
+                    find,
+                    target,
+                    lines=lines,
+                    expect=expect,
+                    changed=changed,
+                    dirs=dirs,
+                    added=added,
+                    dir_mode=origin.dir_mode,
+                    owner=origin.owner,
+                    mount=mount,
+                    link_intact=link_intact,
+                )
+        if scanned is None:
+            scanned = scan_by_walk(
+                target,
+                by_dir=by_dir,
+                dirs=dirs,
+                device=device,
+                dir_mode=origin.dir_mode,
+                owner=origin.owner,
+                mount=mount,
+                link_intact=link_intact,
+            )
+        paths, size = scanned.paths, scanned.size
+        removed, stale, found_dirs = scanned.removed, scanned.stale, scanned.found_dirs
         missing_dirs = sorted(dirs - found_dirs)
         _make_dirs(target, missing_dirs)
         for rel in missing_dirs:  # made with the umask's mode: as the fresh one was
@@ -655,6 +623,8 @@ class DirPool:
             rewritten.pop(rel, None)
         tally = CopyTally()  # what the reset wrote: the directory's copies
         missing = stale + added
+        written: list[tuple[str, _Key]] = []
+        none: dict[str, _Key] = {}
         if missing:
             todo: list[_Job] = []
             for rel in sorted(missing):
@@ -665,6 +635,7 @@ class DirPool:
             by_dir = dict(by_dir)
             heads: set[str] = set()  # directories of by_dir copied (never changed in place)
             for rel, (made_key, hashed) in made:
+                written.append((rel, made_key))
                 records[rel] = made_key
                 head, _, name = rel.rpartition("/")
                 if head not in heads:
@@ -703,7 +674,10 @@ class DirPool:
             origin.dir_mode,
             origin.owner,
             origin.watch,
+            None if lines is None else lines.updated(itertools.chain(stale, changed), written),
         )
+        if origin.lines is not None:
+            workdir._lines = origin.lines.lines  # the records it was opened with: the same
         with self._lock:
             self._origins[workdir] = origin
             self.reset_paths += paths
@@ -725,17 +699,6 @@ def _has_file(snapshot: Snapshot, rel: str, change: Change | None) -> bool:
     return isinstance(change, Write)
 
 
-def _link_intact(rel: str, dir_fd: int, origin: _Origin, links: LinkMap) -> bool:
-    """Whether the symlink ``rel`` (in ``dir_fd``), unchanged since it was written, leads
-    where it should from the directory's new path: one written leading into the directory
-    leads to its old path, and is written again."""
-    on_disk = os.readlink(_entry_name(rel), dir_fd=dir_fd)
-    known = origin.rewritten.get(rel)
-    recorded = name_of(known[1]) if known is not None else on_disk
-    mapped = links.to_branch(rel, recorded)
-    return (mapped if mapped is not None else recorded) == on_disk
-
-
 def _by_dir(records: dict[str, _Key]) -> dict[str, dict[str, _Key]]:
     """``records`` by directory and name."""
     out: dict[str, dict[str, _Key]] = {}
@@ -753,11 +716,6 @@ def _is_rules(rel: str) -> bool:
     return rel.rpartition("/")[2] == ".gitignore"
 
 
-def _entry_name(rel: str) -> str:
-    """The last component of ``rel``."""
-    return rel.rpartition("/")[2]
-
-
 def _parents(paths: Iterable[str]) -> frozenset[str]:
     """Every directory holding one of ``paths``, with their parents and the top (``""``)."""
     out = {""}
@@ -767,34 +725,3 @@ def _parents(paths: Iterable[str]) -> frozenset[str]:
             out.add(head)
             head = head.rpartition("/")[0]
     return frozenset(out)
-
-
-def _remove_dir(top: str, rel: str, device: int) -> tuple[int, int]:
-    """Delete directory ``rel`` of ``top`` and all in it; (entries, bytes) removed. Raises
-    :class:`_Unclean` if it is not all gone or holds another filesystem."""
-    entries = size = 0
-    path = os.path.join(top, rel)
-    stack = [path]
-    # counted first (never following links), then removed: remove_tree ignores errors
-    while stack:
-        current = stack.pop()
-        entries += 1
-        fd = os.open(current, _DIR)
-        try:
-            with os.scandir(fd) as it:
-                found = [(entry, entry.stat(follow_symlinks=False)) for entry in it]
-        finally:
-            os.close(fd)
-        for entry, st in found:
-            if st.st_dev != device:
-                raise _Unclean(f"{rel}: another filesystem below")
-            if stat.S_ISDIR(st.st_mode):
-                stack.append(os.path.join(current, entry.name))
-            else:
-                entries += 1
-                if stat.S_ISREG(st.st_mode):
-                    size += st.st_size
-    remove_tree(path)
-    if os.path.lexists(path):
-        raise _Unclean(f"{rel}: could not be removed")
-    return entries, size

@@ -7,8 +7,11 @@ on disk into the branch: new, modified and deleted files and mode changes. It co
 differs, and compares by content a file changed too recently for its mtime to be trusted. On
 Linux an inotify watch tells it which paths the kernel saw change, so an unchanged tree is
 harvested without stat-ing every file; a full scan runs when inotify is unavailable or
-overflows, after a directory rename, or when asked (``full=True``). Harvest after every turn
-and every terminal command.
+overflows, after a directory rename, or when asked (``full=True``). A full scan takes the stat
+of every entry from GNU ``find``, run in its own process, where there is one (see
+:mod:`orchestrator.vfs._harvestlines`): a walk in a worker thread waits for the GIL after each
+``stat`` while the event loop's thread runs. Harvest after every turn and every terminal
+command.
 
 What git would ignore in the branch is never harvested. The ignore rules are those of the
 workspace (its ``.gitignore`` files, ``.git/info/exclude``, the extra globs) kept in step with the
@@ -65,7 +68,9 @@ from ._fileio import (
     remove_tree,
     write_entry_atomic,
 )
+from ._harvestlines import Lines, scan_by_lines
 from ._links import LinkMap
+from ._statwalk import find_command
 from .branch import Branch
 from .changes import Change, Delete, FileState, Write
 from .errors import FileTooLarge, PathNotFound, PathRefused, VfsError, WorkspaceChanged
@@ -206,6 +211,8 @@ class Workdir:
     _lock: threading.RLock = field(factory=threading.RLock, alias="_lock", repr=False)
     #: directory -> (stat key, text) of the ``.gitignore`` on disk its patterns were read from;
     #: a None key is read again at the next scan, a None text was not read here
+    #: the line ``find`` prints for each record as last seen (see :mod:`._harvestlines`)
+    _lines: Lines = field(factory=dict, alias="_lines", repr=False)
     _rule_files: dict[str, tuple[_Key | None, str | None]] = field(
         factory=dict, alias="_rule_files", repr=False
     )
@@ -405,79 +412,12 @@ class Workdir:
         return await trio.to_thread.run_sync(lambda: self.harvest(full=full))
 
     def _full_scan(self, scan: _Scan, watcher: _inotify.Inotify | None) -> None:
-        records, racy, matcher = self._records, self._racy, self.ignore
-        vcs = matcher.rules.vcs_dirs
-        rule_files = self._rule_files if matcher.rules.use_gitignore else None
-        seen: set[str] = set()
-        candidates: list[str] = []
-        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        records = self._records
         root_fd = _open_root(self.root)
         try:
-            stack = [""]
-            while stack:
-                parent = stack.pop()
-                if watcher is not None and not watcher.add(parent):
-                    watcher.close()
-                    self._watcher = watcher = None
-                try:
-                    # Listing through a directory fd makes each entry's stat a one-component
-                    # fstatat instead of a full path lookup.
-                    fd = os.open(parent, flags, dir_fd=root_fd) if parent else os.dup(root_fd)
-                except OSError as e:
-                    _refuse_too_long(e, parent)
-                    continue  # vanished or replaced meanwhile: its files count as missing
-                prefix = f"{parent}/" if parent else ""
-                # Directories and unknown files are judged once the whole listing is seen: the
-                # directory's own .gitignore, wherever it comes in it, may have changed.
-                dirs: list[str] = []
-                unknown: list[os.DirEntry[str]] = []
-                has_rules_file = False
-                try:
-                    with os.scandir(fd) as it:
-                        for entry in it:
-                            name = entry.name
-                            if entry.is_dir(follow_symlinks=False):
-                                if name not in vcs:
-                                    dirs.append(name)
-                                continue
-                            if name == _GITIGNORE:
-                                has_rules_file = True
-                            rel = prefix + name
-                            known = records.get(rel)
-                            if known is None:
-                                if name not in vcs:
-                                    unknown.append(entry)
-                                continue
-                            try:
-                                st = entry.stat(follow_symlinks=False)
-                            except FileNotFoundError:
-                                continue
-                            seen.add(rel)
-                            if rel in racy or known != (
-                                st.st_size,
-                                st.st_mtime_ns,
-                                st.st_ino,
-                                st.st_mode,
-                                st.st_ctime_ns,
-                            ):
-                                candidates.append(rel)
-                    if rule_files is not None and (has_rules_file or parent in rule_files):
-                        self._sync_rules(parent, fd, has_rules_file)
-                    filtered = matcher.has_rules(parent)
-                    for name in dirs:
-                        rel = prefix + name
-                        if not (filtered and matcher.ignored(rel, parent, name, True)):
-                            stack.append(rel)
-                    for entry in unknown:
-                        # Only unknown paths need the ignore rules and a type check.
-                        name = entry.name
-                        rel = prefix + name
-                        if filtered and matcher.ignored(rel, parent, name, False):
-                            continue
-                        if entry.is_file(follow_symlinks=False) or entry.is_symlink():
-                            candidates.append(rel)
-                finally:
-                    os.close(fd)
+            find = find_command()
+            found = None if find is None else scan_by_lines(self, find, root_fd, watcher)
+            seen, candidates = found if found is not None else self._walk(root_fd, watcher)
         finally:
             os.close(root_fd)
         if self._rules_dirty:
@@ -493,6 +433,81 @@ class Workdir:
         for rel in unseen:
             self._check(rel, scan)
         self._check_gone(scan)
+
+    def _walk(self, root_fd: int, watcher: _inotify.Inotify | None) -> tuple[set[str], list[str]]:
+        """The records seen and the paths to check, found by walking the directory here."""
+        records, racy, matcher = self._records, self._racy, self.ignore
+        vcs = matcher.rules.vcs_dirs
+        rule_files = self._rule_files if matcher.rules.use_gitignore else None
+        seen: set[str] = set()
+        candidates: list[str] = []
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        stack = [""]
+        while stack:
+            parent = stack.pop()
+            if watcher is not None and not watcher.add(parent):
+                watcher.close()
+                self._watcher = watcher = None
+            try:
+                # Listing through a directory fd makes each entry's stat a one-component
+                # fstatat instead of a full path lookup.
+                fd = os.open(parent, flags, dir_fd=root_fd) if parent else os.dup(root_fd)
+            except OSError as e:
+                _refuse_too_long(e, parent)
+                continue  # vanished or replaced meanwhile: its files count as missing
+            prefix = f"{parent}/" if parent else ""
+            # Directories and unknown files are judged once the whole listing is seen: the
+            # directory's own .gitignore, wherever it comes in it, may have changed.
+            dirs: list[str] = []
+            unknown: list[os.DirEntry[str]] = []
+            has_rules_file = False
+            try:
+                with os.scandir(fd) as it:
+                    for entry in it:
+                        name = entry.name
+                        if entry.is_dir(follow_symlinks=False):
+                            if name not in vcs:
+                                dirs.append(name)
+                            continue
+                        if name == _GITIGNORE:
+                            has_rules_file = True
+                        rel = prefix + name
+                        known = records.get(rel)
+                        if known is None:
+                            if name not in vcs:
+                                unknown.append(entry)
+                            continue
+                        try:
+                            st = entry.stat(follow_symlinks=False)
+                        except FileNotFoundError:
+                            continue
+                        seen.add(rel)
+                        if rel in racy or known != (
+                            st.st_size,
+                            st.st_mtime_ns,
+                            st.st_ino,
+                            st.st_mode,
+                            st.st_ctime_ns,
+                        ):
+                            candidates.append(rel)
+                if rule_files is not None and (has_rules_file or parent in rule_files):
+                    self._sync_rules(parent, fd, has_rules_file)
+                filtered = matcher.has_rules(parent)
+                for name in dirs:
+                    rel = prefix + name
+                    if not (filtered and matcher.ignored(rel, parent, name, True)):
+                        stack.append(rel)
+                for entry in unknown:
+                    # Only unknown paths need the ignore rules and a type check.
+                    name = entry.name
+                    rel = prefix + name
+                    if filtered and matcher.ignored(rel, parent, name, False):
+                        continue
+                    if entry.is_file(follow_symlinks=False) or entry.is_symlink():
+                        candidates.append(rel)
+            finally:
+                os.close(fd)
+        return seen, candidates
 
     def _sync_rules(self, parent: str, dir_fd: int, present: bool) -> None:
         """Bring the patterns of directory ``parent`` in step with its ``.gitignore`` on disk

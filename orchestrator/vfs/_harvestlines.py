@@ -1,0 +1,171 @@
+"""A full harvest's walk from GNU ``find``'s lines (see :mod:`orchestrator.vfs._statwalk`).
+
+What :meth:`~orchestrator.vfs.workdir.Workdir.harvest` walks itself where there is no such
+``find``, this takes from one listing made by another process: a file whose line is the one
+its record foretells is unchanged, without a Python step of its own; the other lines are
+judged as the walk judges them. Directories the ignore rules leave out are not looked into
+(their ``.gitignore`` files are read on the way down, as the walk reads them), and a file of
+the branch found in one is compared with its record all the same, as the walk's check of the
+files it did not see compares it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from . import _inotify
+from ._statwalk import ListingFailed, file_line, split_file, walk
+
+if TYPE_CHECKING:
+    from .workdir import Workdir, _Key
+
+__all__ = ["Lines", "expected_lines", "scan_by_lines"]
+
+_GITIGNORE = ".gitignore"
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+#: a record's stat and its line, by path (kept with the directory: a record whose stat did
+#: not change keeps its line)
+Lines = dict[str, tuple["_Key", bytes]]
+
+
+def expected_lines(
+    records: dict[str, _Key], kept: Lines, device: int
+) -> tuple[Lines, dict[bytes, str]]:
+    """The line of each record (those of ``kept`` whose stat is the same reused), and back."""
+    encode = os.fsencode
+    lines: Lines = {}
+    for rel, key in records.items():
+        was = kept.get(rel)
+        if was is None or was[0] != key:
+            was = (key, file_line(encode(rel), key, device))
+        lines[rel] = was
+    return lines, {line: rel for rel, (_, line) in lines.items()}
+
+
+def scan_by_lines(
+    workdir: Workdir, find: str, root_fd: int, watcher: _inotify.Inotify | None
+) -> tuple[set[str], list[str]] | None:
+    """The records seen and the paths to check, as the walk of a full harvest finds them;
+    None when ``find`` could not list the directory (the caller walks it). ``root_fd`` is
+    the directory, open."""
+    matcher = workdir.ignore
+    vcs = matcher.rules.vcs_dirs
+    try:
+        found = walk(find, workdir.root, paths_of_dirs=True, prune=vcs, xdev=False)
+    except ListingFailed:
+        return None
+    records, racy = workdir._records, workdir._racy
+    workdir._lines, rel_of = expected_lines(records, workdir._lines, os.fstat(root_fd).st_dev)
+    rule_files = workdir._rule_files if matcher.rules.use_gitignore else None
+    seen: list[str] = []
+    candidates: list[str] = []
+    subdirs: dict[str, list[str]] = {}
+    unknown: dict[str, list[tuple[str, bytes]]] = {}  # by directory: (name, type)
+    decode = os.fsdecode
+    for line in found:
+        rel = rel_of.get(line)
+        if rel is not None and rel not in racy:
+            seen.append(rel)
+            continue
+        if line[:2] == b"d ":
+            rel = decode(line[2:])
+            if rel:
+                head, _, name = rel.rpartition("/")
+                subdirs.setdefault(head, []).append(name)
+            continue
+        kind, _dev, _links, _size, raw = split_file(line)
+        rel = decode(raw)
+        if rel in records:
+            seen.append(rel)
+            candidates.append(rel)  # its stat differs (or is too recent to tell)
+            continue
+        head, _, name = rel.rpartition("/")
+        unknown.setdefault(head, []).append((name, kind))
+    seen_set = set(seen)
+    if watcher is not None and not watcher.watches(""):
+        return None  # watches to make everywhere: the walk makes each before it lists
+    stack = [""]
+    while stack:
+        parent = stack.pop()
+        prefix = f"{parent}/" if parent else ""
+        if watcher is not None and not watcher.watches(parent):
+            if not watcher.add(parent):
+                watcher.close()
+                workdir._watcher = watcher = None
+            else:
+                # watched only now, after the listing: what came meanwhile is listed again
+                _list_again(
+                    parent, prefix, root_fd, vcs, records, seen_set, candidates, subdirs, unknown
+                )
+        names = unknown.get(parent, ())
+        if rule_files is not None:
+            present = prefix + _GITIGNORE in seen_set or any(n == _GITIGNORE for n, _ in names)
+            if present or parent in rule_files:
+                try:
+                    fd = os.open(parent, _DIR_FLAGS, dir_fd=root_fd) if parent else root_fd
+                except OSError:
+                    continue  # vanished or replaced meanwhile: its files count as missing
+                try:
+                    workdir._sync_rules(parent, fd, present)
+                finally:
+                    if fd != root_fd:
+                        os.close(fd)
+        filtered = matcher.has_rules(parent)
+        for name in subdirs.get(parent, ()):
+            rel = prefix + name
+            if not (filtered and matcher.ignored(rel, parent, name, True)):
+                stack.append(rel)
+        for name, kind in names:
+            rel = prefix + name
+            if filtered and matcher.ignored(rel, parent, name, False):
+                continue
+            if kind in (b"f", b"l"):
+                candidates.append(rel)
+    return seen_set, candidates
+
+
+def _list_again(
+    parent: str,
+    prefix: str,
+    root_fd: int,
+    vcs: frozenset[str],
+    records: dict[str, _Key],
+    seen: set[str],
+    candidates: list[str],
+    subdirs: dict[str, list[str]],
+    unknown: dict[str, list[tuple[str, bytes]]],
+) -> None:
+    """Add what directory ``parent`` holds that ``find`` did not list (made since)."""
+    try:
+        fd = os.open(parent, _DIR_FLAGS, dir_fd=root_fd) if parent else os.dup(root_fd)
+    except OSError:
+        return  # vanished or replaced meanwhile: its files count as missing
+    try:
+        with os.scandir(fd) as it:
+            entries = list(it)
+    finally:
+        os.close(fd)
+    dirs = set(subdirs.get(parent, ()))
+    files = {name for name, _ in unknown.get(parent, ())}
+    for entry in entries:
+        name, rel = entry.name, prefix + entry.name
+        if name in vcs:
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            if name not in dirs:
+                subdirs.setdefault(parent, []).append(name)
+        elif rel in records:
+            if rel not in seen:
+                seen.add(rel)
+                candidates.append(rel)
+        elif name not in files:
+            kind = (
+                b"l"
+                if entry.is_symlink()
+                else b"f"
+                if entry.is_file(follow_symlinks=False)
+                else b"?"
+            )
+            unknown.setdefault(parent, []).append((name, kind))

@@ -1,0 +1,358 @@
+"""What a pooled directory holds that its tree does not, found and removed (see
+:mod:`orchestrator.vfs.pool`).
+
+Two ways to look, with one result (:class:`Scanned`): the lines of GNU ``find``
+(:func:`scan_by_lines`, the stat of every entry taken in another process, see
+:mod:`orchestrator.vfs._statwalk`), and a walk of the tree in this one (:func:`scan_by_walk`,
+where there is no such ``find``). Either removes what is not as written (and whatever the tree
+does not hold), gives directories their mode and owner back, and says which files of the tree
+are to be written again; neither acts in a directory that is on another mount than the
+directory itself (a bind mount made while it was pooled), nor below another filesystem.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable, Iterable
+
+from attrs import define, field
+
+from .._names import name_of
+from ._fileio import remove_tree
+from ._harvestlines import Lines, expected_lines
+from ._links import LinkMap
+from ._mounts import mount_id
+from ._statwalk import dir_line, file_line, split_dir, split_file, walk
+from .workdir import _Key
+
+__all__ = ["LineCache", "Scanned", "Unclean", "remove_dir", "scan_by_lines", "scan_by_walk"]
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_S_IFMT = 0o170000
+
+
+class Unclean(Exception):
+    """The directory cannot be proven to be its tree."""
+
+
+@define(eq=False)
+class Scanned:
+    """What a scan found and did: ``paths`` and ``size`` removed or fixed, the files it
+    ``removed``, the files of the tree to write again (``stale``), the directories found."""
+
+    paths: int = 0
+    size: int = 0
+    removed: set[str] = field(factory=set)
+    stale: list[str] = field(factory=list)
+    found_dirs: set[str] = field(factory=set)
+
+
+@define(eq=False)
+class LineCache:
+    """The line ``find`` prints for each file of a directory as written, and back (kept with
+    the directory: only the paths a reset writes are formatted again)."""
+
+    device: int
+    #: each file's stat and line, by path (what a harvest keeps too)
+    lines: Lines
+    rel_of: dict[bytes, str]
+    #: the paths that are symlinks
+    links: frozenset[str]
+
+    @classmethod
+    def of(cls, records: dict[str, _Key], device: int, kept: Lines | None = None) -> LineCache:
+        """The lines of ``records`` on ``device`` (those of ``kept`` of the same stat reused)."""
+        lines, rel_of = expected_lines(records, kept or {}, device)
+        links = frozenset(rel for rel, key in records.items() if stat.S_ISLNK(key[3]))
+        return cls(device, lines, rel_of, links)
+
+    def updated(self, gone: Iterable[str], made: Iterable[tuple[str, _Key]]) -> LineCache:
+        """A copy without the lines of ``gone`` and with those of ``made``."""
+        lines, rel_of = dict(self.lines), dict(self.rel_of)
+        links = set(self.links)
+        for rel in gone:
+            was = lines.pop(rel, None)
+            if was is not None:
+                rel_of.pop(was[1], None)
+            links.discard(rel)
+        for rel, key in made:
+            line = file_line(os.fsencode(rel), key, self.device)
+            was = lines.get(rel)
+            if was is not None:
+                rel_of.pop(was[1], None)
+            lines[rel], rel_of[line] = (key, line), rel
+            if stat.S_ISLNK(key[3]):
+                links.add(rel)
+            else:
+                links.discard(rel)
+        return LineCache(self.device, lines, rel_of, frozenset(links))
+
+
+def scan_by_lines(
+    find: str,
+    target: str,
+    *,
+    lines: LineCache,
+    expect: dict[str, _Key],
+    changed: set[str],
+    dirs: frozenset[str],
+    added: list[str],
+    dir_mode: int,
+    owner: tuple[int, int],
+    mount: int | None,
+    link_intact: Callable[[str, str], bool],
+) -> Scanned:
+    """Scan ``target`` from ``find``'s lines: every entry whose line is not the one expected
+    (``lines``, for the files of ``expect``; the directories ``dirs`` with ``dir_mode`` and
+    ``owner``) is removed, or for a directory of the tree, given its mode and owner back.
+    Nothing is removed or fixed before every directory acted in is known to be on ``mount``.
+    ``link_intact(rel, on_disk)`` tells whether a link found as written leads where it
+    should."""
+    device = lines.device
+    rel_of = lines.rel_of
+    decode = os.fsdecode
+    expected_dirs = {dir_line(os.fsencode(d), device, dir_mode, owner): d for d in dirs}
+    out = Scanned()
+    found = walk(find, target)
+    intact = 0
+    unlink: list[tuple[str, bool, int]] = []  # (path, a regular file, its size)
+    remove: list[str] = []
+    fix: list[tuple[str, int, tuple[int, int]]] = []
+    skip: bytes | None = None  # below a directory to remove: find lists it just after
+    for line in found:
+        rel = rel_of.get(line)
+        if rel is not None and rel not in changed:
+            intact += 1
+            continue
+        known_dir = expected_dirs.get(line)
+        if known_dir is not None:
+            out.found_dirs.add(known_dir)
+            continue
+        if line[:2] == b"d ":
+            dev, perm, own, raw = split_dir(line)
+        else:
+            kind, dev, _links, size, raw = split_file(line)
+        if skip is not None and raw.startswith(skip):
+            continue
+        rel = decode(raw)
+        if dev != device:
+            raise Unclean(f"{rel or '.'}: another filesystem")
+        if line[:2] == b"d ":
+            if rel in dirs:
+                out.found_dirs.add(rel)
+                fix.append((rel, perm, own))
+                continue
+            if rel in expect:  # a file of the tree made a directory
+                out.stale.append(rel)
+            remove.append(rel)
+            skip = raw + b"/"
+            continue
+        if rel in expect:
+            out.stale.append(rel)
+        unlink.append((rel, kind == b"f", size))
+    if intact + len(out.stale) < len(expect):  # some are not there
+        there = set(found)
+        handled = set(out.stale)
+        out.stale += [
+            rel
+            for rel, (_, line) in lines.lines.items()
+            if rel in expect and rel not in handled and line not in there
+        ]
+    # a link as written, but written leading into the directory's old path
+    gone = set(out.stale)
+    for rel in lines.links:
+        if rel in expect and rel not in gone:
+            path = os.path.join(target, rel)
+            if not link_intact(rel, os.readlink(path)):
+                out.stale.append(rel)
+                unlink.append((rel, False, 0))
+    acted = {rel.rpartition("/")[0] for rel in (*remove, *(u[0] for u in unlink))}
+    acted.update(rel.rpartition("/")[0] for rel in (*out.stale, *added))
+    acted.update(rel for rel, _, _ in fix)
+    _check_mounts(target, acted, mount)
+    for rel, perm, own in fix:
+        fd = os.open(os.path.join(target, rel) if rel else target, _DIR)
+        try:
+            if perm != dir_mode:
+                os.fchmod(fd, dir_mode)
+                out.paths += 1
+            if own != owner:
+                os.fchown(fd, *owner)
+                out.paths += 1
+        finally:
+            os.close(fd)
+    for rel in remove:
+        n, b = remove_dir(target, rel, device)
+        out.paths, out.size = out.paths + n, out.size + b
+    for rel, regular, size in unlink:
+        os.unlink(os.path.join(target, rel))
+        out.removed.add(rel)
+        out.paths += 1
+        if regular:
+            out.size += size
+    return out
+
+
+def _check_mounts(target: str, acted: Iterable[str], mount: int | None) -> None:
+    """Raise :class:`Unclean` if a directory of ``acted`` that is there is on another mount
+    than ``mount`` (a bind mount the mount table read before did not list)."""
+    if mount is None:
+        return
+    todo, checked = sorted(acted), set()
+    while todo:
+        rel = todo.pop()
+        if rel in checked:
+            continue
+        checked.add(rel)
+        try:
+            fd = os.open(os.path.join(target, rel) if rel else target, _DIR)
+        except (FileNotFoundError, NotADirectoryError):
+            # to be made by the reset (a file in its place is removed first): where
+            todo.append(rel.rpartition("/")[0])
+            continue
+        try:
+            if mount_id(fd) != mount:
+                raise Unclean(f"{rel or '.'}: a mount point")
+        finally:
+            os.close(fd)
+
+
+def scan_by_walk(
+    target: str,
+    *,
+    by_dir: dict[str, dict[str, _Key]],
+    dirs: frozenset[str],
+    device: int,
+    dir_mode: int,
+    owner: tuple[int, int],
+    mount: int | None,
+    link_intact: Callable[[str, str], bool],
+) -> Scanned:
+    """Scan ``target`` by walking it here: each entry is compared with the stat it was
+    written with (``by_dir``: by directory and name), each directory's mount is told once it
+    is open (a mount made during the walk too)."""
+    out = Scanned()
+    none: dict[str, _Key] = {}
+    stack = [""]
+    while stack:
+        parent = stack.pop()
+        fd = os.open(os.path.join(target, parent) if parent else target, _DIR)
+        try:
+            st = os.fstat(fd)
+            if st.st_dev != device:
+                raise Unclean(f"{parent}: another filesystem")
+            if mount is not None and mount_id(fd) != mount:
+                raise Unclean(f"{parent or '.'}: a mount point")
+            if stat.S_IMODE(st.st_mode) != dir_mode:
+                os.fchmod(fd, dir_mode)
+                out.paths += 1
+            if (st.st_uid, st.st_gid) != owner:
+                os.fchown(fd, *owner)
+                out.paths += 1
+            out.found_dirs.add(parent)
+            prefix = f"{parent}/" if parent else ""
+            names = by_dir.get(parent, none)
+            intact, stale_before = 0, len(out.stale)
+            with os.scandir(fd) as it:
+                entries = list(it)
+            # the loop runs for every entry of the tree: nothing allocated for one found
+            # as written but its stat
+            for entry in entries:
+                est = entry.stat(follow_symlinks=False)
+                if est.st_dev != device:
+                    raise Unclean(f"{prefix}{entry.name}: another filesystem")
+                mode = est.st_mode
+                name = entry.name
+                if mode & _S_IFMT == stat.S_IFDIR:
+                    rel = prefix + name
+                    if rel in dirs:
+                        stack.append(rel)
+                        continue
+                    if name in names:  # a file of the tree made a directory
+                        out.stale.append(rel)
+                    n, b = remove_dir(target, rel, device)
+                    out.paths, out.size = out.paths + n, out.size + b
+                    continue
+                # as written: the same stat (no write, chmod, rename or link leaves ctime
+                # alone) and, for a file, no second name a hard link could write it by
+                was = names.get(name)
+                if was is not None:
+                    if (
+                        was[2] == est.st_ino
+                        and was[4] == est.st_ctime_ns
+                        and was[1] == est.st_mtime_ns
+                        and was[0] == est.st_size
+                        and was[3] == mode
+                    ):
+                        if mode & _S_IFMT == stat.S_IFREG:
+                            if est.st_nlink == 1:
+                                intact += 1
+                                continue
+                        elif link_intact(prefix + name, os.readlink(name, dir_fd=fd)):
+                            intact += 1
+                            continue
+                    out.stale.append(prefix + name)
+                rel = prefix + name
+                os.unlink(name, dir_fd=fd)
+                out.removed.add(rel)
+                out.paths += 1
+                if mode & _S_IFMT == stat.S_IFREG:
+                    out.size += est.st_size
+            if intact + len(out.stale) - stale_before < len(names):  # some are not there
+                there = {entry.name for entry in entries}
+                out.stale += [prefix + name for name in names if name not in there]
+        finally:
+            os.close(fd)
+    for parent, names in by_dir.items():
+        if names and parent not in out.found_dirs:  # the whole directory is gone
+            prefix = f"{parent}/" if parent else ""
+            out.stale += [prefix + name for name in names]
+    return out
+
+
+def link_intact_for(
+    rewritten: dict[str, tuple[bytes, bytes]], links: LinkMap
+) -> Callable[[str, str], bool]:
+    """Whether a symlink, unchanged since it was written (its target ``on_disk``), leads where
+    it should from the directory's new path: one written leading into the directory leads to
+    its old path, and is written again."""
+
+    def intact(rel: str, on_disk: str) -> bool:
+        known = rewritten.get(rel)
+        recorded = name_of(known[1]) if known is not None else on_disk
+        mapped = links.to_branch(rel, recorded)
+        return (mapped if mapped is not None else recorded) == on_disk
+
+    return intact
+
+
+def remove_dir(top: str, rel: str, device: int) -> tuple[int, int]:
+    """Delete directory ``rel`` of ``top`` and all in it; (entries, bytes) removed. Raises
+    :class:`Unclean` if it is not all gone or holds another filesystem."""
+    entries = size = 0
+    path = os.path.join(top, rel)
+    stack = [path]
+    # counted first (never following links), then removed: remove_tree ignores errors
+    while stack:
+        current = stack.pop()
+        entries += 1
+        fd = os.open(current, _DIR)
+        try:
+            with os.scandir(fd) as it:
+                found = [(entry, entry.stat(follow_symlinks=False)) for entry in it]
+        finally:
+            os.close(fd)
+        for entry, st in found:
+            if st.st_dev != device:
+                raise Unclean(f"{rel}: another filesystem below")
+            if stat.S_ISDIR(st.st_mode):
+                stack.append(os.path.join(current, entry.name))
+            else:
+                entries += 1
+                if stat.S_ISREG(st.st_mode):
+                    size += st.st_size
+    remove_tree(path)
+    if os.path.lexists(path):
+        raise Unclean(f"{rel}: could not be removed")
+    return entries, size
