@@ -603,3 +603,37 @@ async def test_apply_names_changed_files_and_what_is_in_the_way_at_once(
     assert "NOT applied: files changed in the workspace since the run: README.md" in said, said
     assert "holds what the run did not copy: d/x.log" in said, said
     assert (project.path / "d" / "x.log").read_text() == "mine\n"
+
+
+def test_a_refusal_check_reads_each_file_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checking an apply reads a file the run changed once (through the workspace's
+    snapshot); only a file the run made is looked for on disk again, for what is in its way."""
+    from orchestrator.pipeline import branches as pipeline_branches
+    from orchestrator.runs import apply as runs_apply
+    from orchestrator.store.records import StoredChange
+    from orchestrator.vfs._fileio import digest
+
+    ws = tmp_path / "ws"
+    (ws / "gone").mkdir(parents=True)
+    (ws / "gone" / "kept.txt").write_text("kept\n")  # not deleted by the run: in the way
+    for name in ("a.txt", "b.txt"):
+        (ws / name).write_text(f"{name}\n")
+    changes = [
+        StoredChange("a.txt", "write", b"new a\n", base_digest=digest(b"a.txt\n")),
+        StoredChange("b.txt", "write", b"new b\n", base_digest=digest(b"b.txt\n")),
+        StoredChange("c.txt", "write", b"made\n"),
+        StoredChange("gone", "write", b"a file where a directory is\n"),
+    ]
+    looked: list[str] = []
+    real = pipeline_branches.disk_digest  # type: ignore[attr-defined]
+
+    def counted(root: str, path: str) -> str | None:
+        looked.append(path)
+        return real(root, path)
+
+    monkeypatch.setattr(pipeline_branches, "disk_digest", counted)
+    moved = runs_apply._moved(runs_apply._workspace(str(ws)), {"edit": changes}, str(ws))
+    assert moved == ("gone",)
+    assert sorted(looked) == ["c.txt", "gone"]

@@ -7,7 +7,7 @@ that a prompt does not import the pipeline machinery (networkx alone costs ~0.15
 from __future__ import annotations
 
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from typing import Any, Literal
 
 from .._log import get_logger
@@ -178,13 +178,17 @@ def base_moved(tree: Tree, changes: Sequence[StoredChange]) -> list[str]:
     return moved
 
 
-def workspace_moved(root: str, changes: Sequence[StoredChange]) -> list[str]:
+def workspace_moved(
+    root: str, changes: Sequence[StoredChange], *, deleted: Set[str] | None = None
+) -> list[str]:
     """The paths of ``changes`` whose file in the workspace ``root`` is not, now, the base
     the run recorded for it (blocking: hashes those files, and only those). A new file where
-    the workspace has a directory of files the changes delete is not one: an apply makes room
-    for it, as :func:`~orchestrator.vfs.apply_changes` does."""
+    the workspace has a directory of files the changes delete (``deleted``: by default, those
+    ``changes`` delete) is not one: an apply makes room for it, as
+    :func:`~orchestrator.vfs.apply_changes` does."""
     moved: list[str] = []
-    deleted = {c.path for c in changes if c.kind == "delete"}
+    if deleted is None:
+        deleted = {c.path for c in changes if c.kind == "delete"}
     for c in changes:
         if c.base_digest == BASE_UNKNOWN:
             moved.append(c.path)

@@ -363,7 +363,13 @@ def _moved(
     a refusal names every path at once."""
     out = {p for changes in stored.values() for p in base_moved(base, changes)}
     if workspace is not None:
-        out.update(p for changes in stored.values() for p in workspace_moved(workspace, changes))
+        # ``base`` is the workspace as it is: a file the run found there was compared above.
+        # Only a new file can meet what it does not hold (an ignored file, a directory).
+        for changes in stored.values():
+            new = [c for c in changes if c.base_digest is None]
+            if new:
+                deleted = {c.path for c in changes if c.kind == "delete"}
+                out.update(workspace_moved(workspace, new, deleted=deleted))
     return tuple(sorted(out))
 
 
