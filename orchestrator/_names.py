@@ -54,6 +54,7 @@ __all__ = [
     "name_from_json",
     "name_json",
     "name_of",
+    "one_line",
     "parse_name",
 ]
 
@@ -111,6 +112,15 @@ def logged_name(name: str | bytes) -> str:
     if len(text) <= LOGGED_NAME_CHARS:
         return text
     return f"{text[:LOGGED_NAME_CHARS]}… ({len(text)} characters)"
+
+
+def one_line(text: str) -> str:
+    """A name's display form (:func:`display_name`) for a line of output: its line breaks and
+    tabs escaped (``\\n``, ``\\r``, ``\\t``), so that a name made to hold them cannot start
+    a line of its own (and pass for one the program wrote)."""
+    if "\n" in text or "\r" in text or "\t" in text:
+        return text.replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+    return text
 
 
 def display_names(names: Iterable[str | bytes]) -> list[str]:

@@ -24,6 +24,7 @@ from orchestrator._names import (
     name_from_json,
     name_json,
     name_of,
+    one_line,
     parse_name,
 )
 
@@ -169,3 +170,9 @@ def test_git_quotes_names_as_we_do(tmp_path: Path) -> None:
         capture_output=True,
     ).stdout.decode("ascii")
     assert sorted(listed.splitlines()) == sorted(git_quote(name_of(raw)) for raw in raws)
+
+
+def test_one_line_escapes_line_breaks_and_tabs_only() -> None:
+    """A name on a line of output: line breaks and tabs escaped, the rest as displayed."""
+    assert one_line("a\nb\r\tc") == "a\\nb\\r\\tc"
+    assert one_line("plain name é") == "plain name é"

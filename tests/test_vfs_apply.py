@@ -509,3 +509,18 @@ def test_apply_writes_symlinks_within_the_workspace_as_links(ws: Path, tmp_path:
     assert apply_changes(br, state_dir=tmp_path / "state").ok
     assert {path: os.readlink(ws / path) for path in links} == links
     assert (ws / "dir/round.md").read_text() == "a\n"
+
+
+def test_a_refused_symlink_named_with_a_line_break_stays_on_one_line(
+    ws: Path, tmp_path: Path
+) -> None:
+    """A refused link whose name or target holds a line break or a tab is named with them
+    escaped: the agent cannot make the refusal print a line of its own."""
+    ws = ws.resolve()
+    br = branch_of(ws)
+    br.write("evil\nok: applied\tx", b"/etc\npasswd", 0o120777)
+    with pytest.raises(vfs.SymlinkOutside) as refused:
+        apply_changes(br, state_dir=tmp_path / "state")
+    message = str(refused.value)
+    assert "\n" not in message and "\t" not in message
+    assert "evil\\nok: applied\\tx -> /etc\\npasswd" in message

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
-from .._names import display_name, parse_name
+from .._names import display_name, one_line, parse_name
 from .._words import count as count_of
 from .._words import round_lines
 from .output import say, say_default_policy_note, terminal_text
@@ -98,9 +98,9 @@ def diff_stat(
     ]
     for c in listed:
         path = str(c.get("path"))
-        name = path
+        name = one_line(path)
         if c.get("symlink") is not None:
-            name += f" -> {c['symlink']} (symlink)"
+            name += f" -> {one_line(str(c['symlink']))} (symlink)"
         elif c.get("change") == "added":
             name += " (new)"
         elif c.get("change") == "deleted":
@@ -418,7 +418,7 @@ def _changes_in(result: Any) -> list[Mapping[str, Any]]:
 def _shown(name: str) -> str:
     """A path of the workspace on one line of output: its display form, line breaks
     escaped (a name may hold them)."""
-    return display_name(name).replace("\n", "\\n").replace("\r", "\\r")
+    return one_line(display_name(name))
 
 
 #: how many entries in the way of one path a refusal names

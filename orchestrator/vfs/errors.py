@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from .._names import display_name, display_names
+from .._names import display_name, display_names, one_line
 from .._sizes import format_size
 from ..errors import OrchestratorError
 
@@ -133,7 +133,7 @@ class SymlinkOutside(VfsError):
     def described(self) -> str:
         """Each link as ``PATH -> TARGET (where it leads)``, the first ten."""
         shown = ", ".join(
-            f"{display_name(path)} -> {display_name(target)} ({why})"
+            f"{one_line(display_name(path))} -> {one_line(display_name(target))} ({why})"
             for (path, target), why in zip(self.links[:10], self.reasons, strict=False)
         )
         return shown + (" ..." if len(self.links) > 10 else "")
