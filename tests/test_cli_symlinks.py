@@ -86,7 +86,12 @@ async def test_a_symlink_out_of_the_project_is_shown_and_never_applied(
     diff = await run_cli("diff", run_id, cwd=project, state=state_dir)
     assert "diff --git a/evil.md b/evil.md\nnew file mode 120000\n" in diff.stdout.decode()
     show = await run_cli("show", run_id, cwd=project, state=state_dir)
-    assert " evil.md -> /etc/passwd (symlink) | " in show.stdout.decode()
+    shown = show.stdout.decode()
+    assert " evil.md -> /etc/passwd (symlink) | " in shown
+    # no apply is offered that would be refused
+    assert "no apply will write it: it makes symlinks the workspace cannot take: " in shown
+    assert "evil.md -> /etc/passwd (outside the workspace)" in shown
+    assert "to apply:" not in shown
     done = await run_cli("apply", run_id, "--json", cwd=project, state=state_dir)
     assert done.returncode == EXIT_USAGE, done.stderr.decode()
     error = as_json(done)["error"]
@@ -108,6 +113,8 @@ async def test_a_symlink_within_the_project_is_applied_as_one(
     """A link the agent makes to a file of the project is applied as a symlink."""
     result = await prompt(project, state_dir, "ln -s target.txt good.md")
     assert result["changes"] == [{"path": "good.md", "change": "added", "symlink": "target.txt"}]
+    show = await run_cli("show", str(result["runId"]), cwd=project, state=state_dir)
+    assert f"not applied; to apply: orchestrator apply {result['runId']}" in show.stdout.decode()
     done = await run_cli("apply", str(result["runId"]), cwd=project, state=state_dir)
     assert done.returncode == EXIT_OK, done.stderr.decode()
     assert os.readlink(project / "good.md") == "target.txt"
@@ -130,3 +137,27 @@ async def test_a_symlink_into_git_is_refused_like_one_out_of_the_project(
     said = done.stderr.decode()
     assert "d -> .git (into .git), h -> d/hooks (into .git); nothing applied" in said, said
     assert capture(project) == before
+
+
+def test_the_links_no_apply_writes_are_told_from_a_result(project: Path) -> None:
+    """From a run's result, the links leading out, round a loop or into .git are named as the
+    apply names them; a link within the project, or one through a link the run makes into it,
+    is not."""
+    from orchestrator.cli.render import unappliable_links
+
+    changes = [
+        {"path": "out", "change": "added", "symlink": "/etc/passwd"},
+        {"path": "in", "change": "added", "symlink": "target.txt"},
+        {"path": "loop", "change": "added", "symlink": "loop"},
+        {"path": "d", "change": "added", "symlink": "sub"},
+        {"path": "sub/x.txt", "change": "added"},
+        {"path": "via", "change": "added", "symlink": "d/x.txt"},
+        {"path": "g", "change": "added", "symlink": ".git/hooks"},
+    ]
+    found = unappliable_links({"cwd": str(project), "changes": changes})
+    assert found == [
+        "g -> .git/hooks (into .git)",
+        "loop -> loop (a loop of links)",
+        "out -> /etc/passwd (outside the workspace)",
+    ]
+    assert unappliable_links({"cwd": str(project), "changes": changes[1:2]}) == []

@@ -473,6 +473,53 @@ def refusal(
     return lines, hint
 
 
+def unappliable_links(result: Mapping[str, Any]) -> list[str]:
+    """The symlinks among ``result``'s changes that no apply writes in its workspace (leading
+    outside it, round a loop, into ``.git``: see :func:`~orchestrator.vfs.apply_changes`),
+    each as ``PATH -> TARGET (why)``, as the apply would name them."""
+    changes = [c for c in result.get("changes") or () if isinstance(c, Mapping)]
+    cwd = result.get("cwd")
+    if not cwd or not any(c.get("symlink") is not None for c in changes):
+        return []
+    import os
+    import stat
+
+    from .._names import name_bytes
+    from ..vfs._links import refused_links
+    from ..vfs.changes import Change, Delete, Write
+
+    made: dict[str, Change] = {}
+    for c in changes:
+        path = parse_name(str(c.get("path")))
+        if c.get("symlink") is not None:
+            target = name_bytes(parse_name(str(c["symlink"])))
+            made[path] = Write(target, stat.S_IFLNK | 0o777)
+        elif c.get("change") == "deleted":
+            made[path] = Delete()
+        else:
+            made[path] = Write(b"")  # a file: where links lead is all that is asked
+    return [
+        f"{_shown(path)} -> {_shown(target)} ({why})"
+        for path, target, why in refused_links(os.path.realpath(str(cwd)), made)
+    ]
+
+
+def _refused_links_said(result: Mapping[str, Any], run_id: str, out: IO[str]) -> bool:
+    """Whether the run's changes hold symlinks no apply writes, said so (an apply would
+    refuse them: it is not offered)."""
+    links = unappliable_links(result)
+    if not links:
+        return False
+    shown = ", ".join(links[:10]) + (" ..." if len(links) > 10 else "")
+    say(
+        f"nothing was written to the workspace, and no apply will write it: it makes "
+        f"symlinks the workspace cannot take: {shown}; orchestrator diff {run_id} shows the "
+        "changes",
+        out,
+    )
+    return True
+
+
 def _half_applied(result: Mapping[str, Any], run_id: str, out: IO[str]) -> bool:
     """Whether the run's apply was cut short (its process killed while writing: see
     ``applyInterrupted``), said so: whatever else its record says, the workspace holds part
@@ -535,6 +582,8 @@ def _prompt_apply(result: Mapping[str, Any], run_id: str, out: IO[str]) -> None:
             f"they were when the run started, orchestrator apply {run_id} writes them",
             out,
         )
+    elif _refused_links_said(result, run_id, out):
+        pass
     elif any(c.get("symlink") is not None for c in changes):
         # git apply would write a symlink wherever it leads; orchestrator apply checks each
         say(f"not applied; to apply: orchestrator apply {run_id}", out)
@@ -727,7 +776,7 @@ def _run_apply(result: Mapping[str, Any], run_id: str, out: IO[str]) -> None:
     elif compare and winner_changed:
         say(f"nothing was written to the workspace; to apply: {how}", out)
         say(f"each agent's diff: orchestrator diff {run_id}", out)
-    elif result.get("changes"):
+    elif result.get("changes") and not _refused_links_said(result, run_id, out):
         say(f"nothing was written to the workspace; to apply: {how}", out)
     else:
         say("no file changed", out)
