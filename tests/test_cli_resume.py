@@ -381,3 +381,25 @@ async def test_resume_after_a_new_merge_strategy_lists_the_conflicts_as_they_sta
     applied = await run_cli("apply", run_id, "--json", cwd=tmp_path, state=state_dir)
     assert applied.returncode == EXIT_OK, applied.stderr.decode()
     assert (project / "README.md").read_text() == "# a\nbody\n"
+
+
+async def test_resume_of_an_applied_run_says_there_is_nothing_to_resume(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    """A run that succeeded and was applied is not resumed (exit 2, saying when it was
+    applied), rather than refused for the files its own apply changed."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("hi\n")
+    done = await run_cli(
+        "prompt", "--agent", "demo", "--policy", "edit", "--apply", "--json",
+        'append "x" to a.txt', cwd=ws, state=state_dir,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode()
+    run_id = as_json(done)["runId"]
+    again = await run_cli("resume", run_id, cwd=ws, state=state_dir)
+    assert again.returncode == EXIT_USAGE, again.stderr.decode()
+    err = again.stderr.decode()
+    assert f"run {run_id} succeeded and its changes were applied to the workspace at " in err
+    assert "nothing to resume" in err and "changed since" not in err
+    assert (ws / "a.txt").read_text() == "hi\nx\n"

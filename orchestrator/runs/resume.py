@@ -24,15 +24,17 @@ from ..errors import ResumeConflict, UsageError
 from ..mcp import McpServer
 from ..pipeline import Pipeline, load_pipeline
 from ..pipeline._budget import RunBudget
+from ..pipeline.branches import FINAL
 from ..pipeline.results import RunEvent
 from ..pipeline.runner import AgentPool
 from ..policy import PolicySet
 from ..protocol import types as t
 from ..sandbox import SandboxChoice
 from ..state import state_directory
-from ..store import RunRecord, open_run_store
+from ..store import ApplyRecord, RunRecord, open_run_store
 from ..supervisor import Connector
 from ._face import check_trio_face
+from .apply import _when
 from .compare import _compare_config, _compare_pipeline
 from .prompt import prompt_pipeline, prompt_result
 from .run import RunOutcome, run_pipeline
@@ -273,7 +275,8 @@ async def resume_run(
     ``restored.missingSecrets``), and kept in the record for a later resume;
     ``mcp_servers`` replaces them.
     Refused (:class:`~orchestrator.errors.ResumeConflict`) if the workspace changed since in
-    files the finished steps changed.
+    files the finished steps changed, and (:class:`~orchestrator.errors.UsageError`) for a run
+    that succeeded and whose changes were applied to the workspace: nothing is left to run.
     ``apply=True`` applies the run's final changes at its end (not for a comparison: apply
     one agent's afterwards).
 
@@ -289,6 +292,15 @@ async def resume_run(
     state = state_directory(state_dir)
     async with open_run_store(state) as store:
         record = await store.get_run(run_id)
+        applies = await store.applies(record.run_id)
+    applied = _applied_whole(record, applies)
+    if applied is not None:
+        # the workspace holds the run's changes now: a resume would take them for edits of
+        # the files it changed, and there is nothing left to run
+        raise UsageError(
+            f"run {record.run_id} succeeded and its changes were applied to the workspace at "
+            f"{_when(applied)}: there is nothing to resume"
+        )
     if record.kind == "batch":
         raise UsageError(
             f"run {record.run_id} is a batch: resume_batch resumes it (the repositories that "
@@ -361,3 +373,15 @@ async def resume_run(
         )
     except ResumeConflict as e:
         raise ResumeConflict(e.paths, record.run_id) from None
+
+
+def _applied_whole(record: RunRecord, applies: Sequence[ApplyRecord]) -> float | None:
+    """When the final changes of ``record``, a succeeded run, were written to its workspace
+    (not to a git branch); None if they were not (or it did not succeed, or it is a
+    comparison, whose agents are applied one by one)."""
+    if record.status != "succeeded" or record.kind in ("compare", "batch"):
+        return None
+    for a in applies:
+        if a.git_branch is None and (a.keys is None or FINAL in a.keys):
+            return a.at
+    return record.applied
