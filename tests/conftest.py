@@ -221,12 +221,17 @@ os.environ.setdefault("PYTHONUNBUFFERED", "1")
 
 @contextmanager
 def stat_walk(kind: str) -> Iterator[None]:
-    """Directories walked with GNU ``find`` (``"find"``; the test is skipped where there is
-    none) or by this process (``"walk"``), whatever the machine has."""
+    """Directories walked with GNU ``find`` (``"find"``, trees of any size; the test is
+    skipped where there is none) or by this process (``"walk"``), whatever the machine has."""
     if kind == "find":
         if _statwalk.find_command() is None:
             pytest.skip("no GNU find here: directories are walked by this process only")
-        yield
+        least = _statwalk.FIND_MIN_ENTRIES
+        _statwalk.FIND_MIN_ENTRIES = 0  # small trees too
+        try:
+            yield
+        finally:
+            _statwalk.FIND_MIN_ENTRIES = least
         return
     saved = _statwalk._checked[:]
     _statwalk._checked[:] = [None]

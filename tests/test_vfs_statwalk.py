@@ -6,6 +6,7 @@ import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import stat_walk
@@ -224,3 +225,57 @@ def test_a_reset_walks_the_directory_when_find_fails(
     assert found == {f"src/f{i}.txt" for i in range(5)}
     assert Path(reused.root, "src", "f1.txt").read_text() == "1\n"
     reused.close()
+
+
+def _spy(monkeypatch: pytest.MonkeyPatch) -> list[list[bytes]]:
+    """Every listing find makes for a harvest, kept."""
+    listings: list[list[bytes]] = []
+    real = _statwalk.walk
+
+    def kept(*args: Any, **kwargs: Any) -> list[bytes]:
+        lines = real(*args, **kwargs)
+        listings.append(lines)
+        return lines
+
+    monkeypatch.setattr(_harvestlines, "walk", kept)
+    return listings
+
+
+@pytest.mark.parametrize("name", ["build", "b[1]*?", "a b"])
+def test_an_ignored_directory_is_not_listed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """A directory a harvest found ignored is left out of the next listings (as the walk
+    never enters it), whatever its name; once a pattern no longer ignores it, its files are
+    harvested all the same."""
+    rules = "".join(f"\\{c}" if c in "[]*?" else c for c in name)
+    root = make_tree(tmp_path / "ws", {"src/app.py": "x = 1\n", ".gitignore": f"{rules}/\n"})
+    with stat_walk("find"):
+        workdir = materialize(
+            Branch.from_tree(Workspace.open(root).snapshot(), "a"), tmp_path / "a"
+        )
+        listings = _spy(monkeypatch)
+        big = Path(workdir.root, name)
+        big.mkdir()
+        for i in range(50):
+            (big / f"f{i}.o").write_text("o\n")
+        assert not workdir.harvest(full=True).changed
+        assert any(b"f7.o" in line for line in listings[-1])  # new: listed once
+        assert not workdir.harvest(full=True).changed
+        assert not any(b"f7.o" in line for line in listings[-1])
+        Path(workdir.root, ".gitignore").write_text("")
+        report = workdir.harvest(full=True)
+        workdir.close()
+    assert len(report.added) == 50 and report.modified == (".gitignore",)
+
+
+def test_a_small_tree_is_walked_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Below FIND_MIN_ENTRIES files a harvest walks the tree itself: starting find costs
+    more than the walk."""
+    root = make_tree(tmp_path / "ws", {"a.txt": "a\n"})
+    workdir = materialize(Branch.from_tree(Workspace.open(root).snapshot(), "a"), tmp_path / "a")
+    listings = _spy(monkeypatch)
+    Path(workdir.root, "b.txt").write_text("b\n")
+    assert workdir.harvest(full=True).added == ("b.txt",)
+    workdir.close()
+    assert listings == []

@@ -52,8 +52,13 @@ def scan_by_lines(
     the directory, open."""
     matcher = workdir.ignore
     vcs = matcher.rules.vcs_dirs
+    # directories found ignored before are not listed (a walk does not enter them either);
+    # each is looked at again below, in case the patterns changed since
+    skipped = frozenset(workdir._ignored_dirs)
     try:
-        found = walk(find, workdir.root, paths_of_dirs=True, prune=vcs, xdev=False)
+        found = walk(
+            find, workdir.root, paths_of_dirs=True, prune=vcs, prune_dirs=skipped, xdev=False
+        )
     except ListingFailed:
         return None
     records, racy = workdir._records, workdir._racy
@@ -85,7 +90,11 @@ def scan_by_lines(
         unknown.setdefault(head, []).append((name, kind))
     seen_set = set(seen)
     if watcher is not None and not watcher.watches(""):
-        return None  # watches to make everywhere: the walk makes each before it lists
+        return None  # watches to make everywhere: the walk makes each before it lists it
+    for rel in skipped:  # not listed: looked at as a subdirectory of its directory
+        head, _, name = rel.rpartition("/")
+        subdirs.setdefault(head, []).append(name)
+    ignored: set[str] = set()
     stack = [""]
     while stack:
         parent = stack.pop()
@@ -115,7 +124,12 @@ def scan_by_lines(
         filtered = matcher.has_rules(parent)
         for name in subdirs.get(parent, ()):
             rel = prefix + name
-            if not (filtered and matcher.ignored(rel, parent, name, True)):
+            if filtered and matcher.ignored(rel, parent, name, True):
+                ignored.add(rel)
+            elif rel in skipped:
+                if os.path.isdir(os.path.join(workdir.root, rel)):
+                    return None  # ignored no more: what it holds was not listed
+            else:
                 stack.append(rel)
         for name, kind in names:
             rel = prefix + name
@@ -123,6 +137,8 @@ def scan_by_lines(
                 continue
             if kind in (b"f", b"l"):
                 candidates.append(rel)
+    # a skipped one found ignored again is among them; one gone is not
+    workdir._ignored_dirs = ignored
     return seen_set, candidates
 
 

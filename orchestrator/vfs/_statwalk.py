@@ -26,6 +26,7 @@ from collections.abc import Iterable
 
 __all__ = [
     "DIR_PATH_FORMAT",
+    "FIND_MIN_ENTRIES",
     "ListingFailed",
     "dir_line",
     "file_line",
@@ -55,6 +56,9 @@ class ListingFailed(OSError):
     """``find`` could not list every entry (an unreadable directory, one gone meanwhile, no
     room for its output): nothing is known from it."""
 
+
+#: trees of fewer entries are walked here: starting ``find`` costs more than their stats
+FIND_MIN_ENTRIES = 2000
 
 _lock = threading.Lock()
 _checked: list[str | None] = []
@@ -108,18 +112,47 @@ def split_dir(line: bytes) -> tuple[int, int, tuple[int, int], bytes]:
 DIR_PATH_FORMAT = r"d %P\0"
 
 
-def _run(find: str, top: str, *, dir_format: str, prune: Iterable[str], xdev: bool) -> bytes:
+def _glob(text: str) -> str:
+    """``text`` as a ``find`` pattern matching only itself."""
+    return "".join(f"\\{c}" if c in "\\*?[]" else c for c in text)
+
+
+def _pruned(top: str, names: Iterable[str], dirs: Iterable[str]) -> list[str]:
+    """The ``find`` expression (followed by ``-o``) that leaves out every entry named as one
+    of ``names`` and the directories ``dirs`` (relative to ``top``), with what they hold."""
+    tests: list[list[str]] = [["-name", _glob(name)] for name in sorted(names)]
+    by_name: dict[str, list[str]] = {}
+    for rel in sorted(dirs):
+        by_name.setdefault(rel.rpartition("/")[2], []).append(rel)
+    for name, rels in by_name.items():
+        # the name first: the path is compared only for an entry of that name
+        paths: list[str] = []
+        for i, rel in enumerate(rels):
+            paths += (["-o"] if i else []) + ["-path", _glob(f"{top}/{rel}")]
+        tests.append(["-type", "d", "-name", _glob(name), "(", *paths, ")"])
+    if not tests:
+        return []
+    out = ["("]
+    for i, test in enumerate(tests):
+        out += (["-o"] if i else []) + ["(", *test, ")"]
+    return [*out, ")", "-prune", "-o"]
+
+
+def _run(
+    find: str,
+    top: str,
+    *,
+    dir_format: str,
+    prune: Iterable[str],
+    prune_dirs: Iterable[str],
+    xdev: bool,
+) -> bytes:
     """What ``find`` prints for every entry of the directory ``top`` (absolute). Raises
     :class:`ListingFailed` if it could not list everything."""
     args = [find, "-P", top]
     if xdev:
         args.append("-xdev")
-    names = sorted(prune)
-    if names:
-        args.append("(")
-        for i, name in enumerate(names):
-            args += ["-o", "-name", name] if i else ["-name", name]
-        args += [")", "-prune", "-o"]
+    args += _pruned(top, prune, prune_dirs)
     args += ["(", "-type", "d", "-printf", dir_format, ")", "-o", "-printf", _FILE_FORMAT]
     # written to a file and read in one call: a pipe would be read in many, each a GIL hand-off
     try:
@@ -147,16 +180,18 @@ def walk(
     *,
     paths_of_dirs: bool = False,
     prune: Iterable[str] = (),
+    prune_dirs: Iterable[str] = (),
     xdev: bool = True,
 ) -> list[bytes]:
     """The lines of every entry of the directory ``top`` (absolute), each directory before
     what it holds (``top`` first, with the path ``b""``): staying on its filesystem (a mount
     point below is listed, not entered) unless ``xdev`` is false; without any entry named
-    as one of ``prune`` nor what it holds; a directory's line only ``d PATH`` with
+    as one of ``prune``, nor the directories ``prune_dirs`` (paths relative to ``top``), nor
+    what they hold; a directory's line only ``d PATH`` with
     ``paths_of_dirs``. Raises :class:`ListingFailed` (an OSError) if it could not list
     them all."""
     dir_format = DIR_PATH_FORMAT if paths_of_dirs else _DIR_FORMAT
-    data = _run(find, top, dir_format=dir_format, prune=prune, xdev=xdev)
+    data = _run(find, top, dir_format=dir_format, prune=prune, prune_dirs=prune_dirs, xdev=xdev)
     if not data.endswith(b"\0"):
         raise ListingFailed(f"find printed a cut-short listing of {top}")
     return data[:-1].split(b"\0")

@@ -69,6 +69,7 @@ from attrs import define, field, frozen
 from .._log import get_logger
 from .._names import name_bytes
 from ..errors import UsageError
+from . import _statwalk
 from ._fileio import CopyTally, _parent_mount, make_dirs, remove_tree
 from ._harvestlines import Lines
 from ._links import LinkMap
@@ -80,7 +81,7 @@ from ._poolscan import (
     scan_by_lines,
     scan_by_walk,
 )
-from ._statwalk import ListingFailed, find_command
+from ._statwalk import ListingFailed
 from .branch import Branch
 from .changes import Change, ModeChange, Write
 from .checkout import (
@@ -579,7 +580,8 @@ class DirPool:
         # each directory's mount, told before anything is done in it
         mount: int | None = _parent_mount(target)
         link_intact = link_intact_for(origin.rewritten, links)
-        find = find_command()
+        big = len(origin.records) >= _statwalk.FIND_MIN_ENTRIES
+        find = _statwalk.find_command() if big else None
         lines = origin.lines
         scanned = None
         if find is not None:

@@ -57,7 +57,7 @@ from attrs import define, field, frozen
 
 from .._log import get_logger
 from .._names import name_bytes, name_of
-from . import _inotify
+from . import _inotify, _statwalk
 from ._fileio import (
     _DIR_NOFOLLOW,
     DEFAULT_MODE,
@@ -71,7 +71,6 @@ from ._fileio import (
 )
 from ._harvestlines import Lines, scan_by_lines
 from ._links import LinkMap
-from ._statwalk import find_command
 from .branch import Branch
 from .changes import Change, Delete, FileState, Write
 from .errors import FileTooLarge, PathNotFound, PathRefused, VfsError, WorkspaceChanged
@@ -217,6 +216,9 @@ class Workdir:
     #: a None key is read again at the next scan, a None text was not read here
     #: the line ``find`` prints for each record as last seen (see :mod:`._harvestlines`)
     _lines: Lines = field(factory=dict, alias="_lines", repr=False)
+    #: directories found ignored (not entered) by the last full scan or since: a listing by
+    #: ``find`` leaves them out (and looks at each again)
+    _ignored_dirs: set[str] = field(factory=set, alias="_ignored_dirs", repr=False)
     _rule_files: dict[str, tuple[_Key | None, str | None]] = field(
         factory=dict, alias="_rule_files", repr=False
     )
@@ -420,7 +422,8 @@ class Workdir:
         records = self._records
         root_fd = _open_root(self.root)
         try:
-            find = find_command()
+            big = len(records) >= _statwalk.FIND_MIN_ENTRIES
+            find = _statwalk.find_command() if big else None
             found = None if find is None else scan_by_lines(self, find, root_fd, watcher)
             seen, candidates = found if found is not None else self._walk(root_fd, watcher)
         finally:
@@ -446,6 +449,7 @@ class Workdir:
         rule_files = self._rule_files if matcher.rules.use_gitignore else None
         seen: set[str] = set()
         candidates: list[str] = []
+        ignored: set[str] = set()
         flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
         stack = [""]
         while stack:
@@ -500,7 +504,9 @@ class Workdir:
                 filtered = matcher.has_rules(parent)
                 for name in dirs:
                     rel = prefix + name
-                    if not (filtered and matcher.ignored(rel, parent, name, True)):
+                    if filtered and matcher.ignored(rel, parent, name, True):
+                        ignored.add(rel)
+                    else:
                         stack.append(rel)
                 for entry in unknown:
                     # Only unknown paths need the ignore rules and a type check.
@@ -512,6 +518,7 @@ class Workdir:
                         candidates.append(rel)
             finally:
                 os.close(fd)
+        self._ignored_dirs = ignored
         return seen, candidates
 
     def _sync_rules(self, parent: str, dir_fd: int, present: bool) -> None:
@@ -597,6 +604,8 @@ class Workdir:
         for new in new_dirs:
             if not self.ignore.is_ignored(new, is_dir=True):
                 paths.update(self._watch_tree(new, watcher))
+            else:
+                self._ignored_dirs.add(new)
         if self._rules_dirty:  # a new directory came with a .gitignore
             self._drop_ignored(scan)
         for rel in sorted(paths):
@@ -632,6 +641,8 @@ class Workdir:
                     rel = f"{parent}/{entry.name}"
                     is_dir = entry.is_dir(follow_symlinks=False)
                     if self.ignore.ignored(rel, parent, entry.name, is_dir):
+                        if is_dir:
+                            self._ignored_dirs.add(rel)
                         continue
                     (stack if is_dir else files).append(rel)
             finally:
