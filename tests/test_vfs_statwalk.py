@@ -15,6 +15,7 @@ from orchestrator._names import name_bytes
 from orchestrator.vfs import _harvestlines, _poolscan, _statwalk
 from orchestrator.vfs.branch import Branch
 from orchestrator.vfs.checkout import materialize
+from orchestrator.vfs.errors import PathRefused
 from orchestrator.vfs.pool import DirPool
 from orchestrator.vfs.snapshot import Workspace
 from orchestrator.vfs.testing import make_tree
@@ -80,7 +81,9 @@ def test_each_directory_comes_before_what_it_holds(find: str, tmp_path: Path) ->
     """The top first (path empty), and every directory before its entries; pruned names out."""
     make_tree(tmp_path / "t", {"a/b/c.txt": "c", "a/d.txt": "d", ".git/x": "x", "e/.git": "f"})
     lines = _statwalk.walk(find, str(tmp_path / "t"), paths_of_dirs=True, prune=[".git"])
-    paths = [line[2:] if line[:2] == b"d " else line.split(b" ", 8)[8] for line in lines]
+    paths = [
+        line.split(b" ", 2)[2] if line[:2] == b"d " else line.split(b" ", 8)[8] for line in lines
+    ]
     assert paths[0] == b""
     assert sorted(paths) == [b"", b"a", b"a/b", b"a/b/c.txt", b"a/d.txt", b"e"]
     assert paths.index(b"a/b") < paths.index(b"a/b/c.txt")
@@ -279,3 +282,78 @@ def test_a_small_tree_is_walked_here(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert workdir.harvest(full=True).added == ("b.txt",)
     workdir.close()
     assert listings == []
+
+
+@pytest.mark.parametrize("walker", ["find", "walk"])
+@pytest.mark.parametrize("pattern", ["out/", "*.gen"])
+def test_a_deletion_beside_a_file_a_new_pattern_drops_is_harvested(
+    tmp_path: Path, walker: str, pattern: str
+) -> None:
+    """A step that deletes a file and writes a pattern ignoring a file the branch added
+    (one of each: their counts match) records the deletion all the same."""
+    root = make_tree(tmp_path / "ws", {"src/app.py": "x = 1\n", "other.txt": "o\n"})
+    with stat_walk(walker):
+        workdir = materialize(
+            Branch.from_tree(Workspace.open(root).snapshot(), "a"), tmp_path / "a", watch=False
+        )
+        top = Path(workdir.root)
+        (top / "out").mkdir()
+        (top / "out" / "gen.gen").write_text("generated\n")
+        assert workdir.harvest(full=True).added == ("out/gen.gen",)
+        (top / ".gitignore").write_text(f"{pattern}\n")
+        (top / "other.txt").unlink()
+        report = workdir.harvest(full=True)
+        workdir.close()
+    assert report.deleted == ("other.txt",)
+    assert report.ignored == ("out/gen.gen",)
+
+
+@pytest.mark.parametrize("walker", ["find", "walk"])
+def test_a_directory_too_deep_to_open_refuses_the_harvest(tmp_path: Path, walker: str) -> None:
+    """A new file below a path longer than the system looks up, beside a .gitignore, is
+    refused (PathRefused), never left out in silence."""
+    root = make_tree(tmp_path / "ws", {"src/app.py": "x\n"})
+    with stat_walk(walker):
+        workdir = materialize(
+            Branch.from_tree(Workspace.open(root).snapshot(), "a"), tmp_path / "a", watch=False
+        )
+        fd = os.open(workdir.root, os.O_RDONLY)
+        for _ in range(25):  # a path of about 5,000 bytes
+            os.mkdir("d" * 200, dir_fd=fd)
+            below = os.open("d" * 200, os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = below
+        for name, text in (("deep.txt", "made\n"), (".gitignore", "*.tmp\n")):
+            out = os.open(name, os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+            os.write(out, text.encode())
+            os.close(out)
+        os.close(fd)
+        with pytest.raises(PathRefused):
+            workdir.harvest(full=True)
+        workdir.close()
+
+
+def test_a_mount_below_is_left_to_the_walk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A directory on another filesystem below the branch directory is not entered by find
+    (a mount that stalls cannot hold it up): the harvest walks the tree instead."""
+    root = make_tree(tmp_path / "ws", {"src/app.py": "x\n"})
+    with stat_walk("find"):
+        workdir = materialize(
+            Branch.from_tree(Workspace.open(root).snapshot(), "a"), tmp_path / "a", watch=False
+        )
+        other = os.lstat(workdir.root).st_dev + 1
+        real = _statwalk.walk
+
+        def mounted(*args: Any, **kwargs: Any) -> list[bytes]:
+            lines = real(*args, **kwargs)
+            return [*lines, b"d %d mnt" % other]
+
+        monkeypatch.setattr(_harvestlines, "walk", mounted)
+        Path(workdir.root, "src", "new.py").write_text("new\n")
+        assert workdir.harvest(full=True).added == ("src/new.py",)
+        fd = os.open(workdir.root, os.O_RDONLY)
+        try:
+            assert _harvestlines.scan_by_lines(workdir, "find", fd, None) is None
+        finally:
+            os.close(fd)
+        workdir.close()

@@ -56,13 +56,14 @@ def scan_by_lines(
     # each is looked at again below, in case the patterns changed since
     skipped = frozenset(workdir._ignored_dirs)
     try:
-        found = walk(
-            find, workdir.root, paths_of_dirs=True, prune=vcs, prune_dirs=skipped, xdev=False
-        )
+        # not into another filesystem: a directory mounted below is left to the walk
+        found = walk(find, workdir.root, paths_of_dirs=True, prune=vcs, prune_dirs=skipped)
     except ListingFailed:
         return None
     records, racy = workdir._records, workdir._racy
-    workdir._lines, rel_of = expected_lines(records, workdir._lines, os.fstat(root_fd).st_dev)
+    device = os.fstat(root_fd).st_dev
+    workdir._lines, rel_of = expected_lines(records, workdir._lines, device)
+    own_device = b"%d" % device
     rule_files = workdir._rule_files if matcher.rules.use_gitignore else None
     seen: list[str] = []
     candidates: list[str] = []
@@ -75,7 +76,10 @@ def scan_by_lines(
             seen.append(rel)
             continue
         if line[:2] == b"d ":
-            rel = decode(line[2:])
+            _d, dev, raw = line.split(b" ", 2)
+            if dev != own_device:
+                return None  # a mount point: the walk enters it, as it enters any directory
+            rel = decode(raw)
             if rel:
                 head, _, name = rel.rpartition("/")
                 subdirs.setdefault(head, []).append(name)
@@ -105,9 +109,9 @@ def scan_by_lines(
                 workdir._watcher = watcher = None
             else:
                 # watched only now, after the listing: what came meanwhile is listed again
-                _list_again(
-                    parent, prefix, root_fd, vcs, records, seen_set, candidates, subdirs, unknown
-                )
+                again = (parent, prefix, root_fd, vcs, records)
+                if not _list_again(*again, seen_set, candidates, subdirs, unknown):
+                    return None
         names = unknown.get(parent, ())
         if rule_files is not None:
             present = prefix + _GITIGNORE in seen_set or any(n == _GITIGNORE for n, _ in names)
@@ -115,7 +119,8 @@ def scan_by_lines(
                 try:
                     fd = os.open(parent, _DIR_FLAGS, dir_fd=root_fd) if parent else root_fd
                 except OSError:
-                    continue  # vanished or replaced meanwhile: its files count as missing
+                    # vanished, replaced, or too deep to open: the walk says which
+                    return None
                 try:
                     workdir._sync_rules(parent, fd, present)
                 finally:
@@ -152,12 +157,13 @@ def _list_again(
     candidates: list[str],
     subdirs: dict[str, list[str]],
     unknown: dict[str, list[tuple[str, bytes]]],
-) -> None:
-    """Add what directory ``parent`` holds that ``find`` did not list (made since)."""
+) -> bool:
+    """Add what directory ``parent`` holds that ``find`` did not list (made since); False
+    if it cannot be opened."""
     try:
         fd = os.open(parent, _DIR_FLAGS, dir_fd=root_fd) if parent else os.dup(root_fd)
     except OSError:
-        return  # vanished or replaced meanwhile: its files count as missing
+        return False  # vanished, replaced, or too deep to open: the walk says which
     try:
         with os.scandir(fd) as it:
             entries = list(it)
@@ -185,3 +191,4 @@ def _list_again(
                 else b"?"
             )
             unknown.setdefault(parent, []).append((name, kind))
+    return True

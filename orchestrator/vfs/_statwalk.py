@@ -108,8 +108,9 @@ def split_dir(line: bytes) -> tuple[int, int, tuple[int, int], bytes]:
     return int(device), int(perm, 8), (int(uid), int(gid)), rel
 
 
-#: the line of a directory when only its path matters (:func:`walk` with ``paths_of_dirs``)
-DIR_PATH_FORMAT = r"d %P\0"
+#: the line of a directory when only its device and path matter (:func:`walk` with
+#: ``paths_of_dirs``)
+DIR_PATH_FORMAT = r"d %D %P\0"
 
 
 def _glob(text: str) -> str:
@@ -187,7 +188,7 @@ def walk(
     what it holds (``top`` first, with the path ``b""``): staying on its filesystem (a mount
     point below is listed, not entered) unless ``xdev`` is false; without any entry named
     as one of ``prune``, nor the directories ``prune_dirs`` (paths relative to ``top``), nor
-    what they hold; a directory's line only ``d PATH`` with
+    what they hold; a directory's line only ``d DEVICE PATH`` with
     ``paths_of_dirs``. Raises :class:`ListingFailed` (an OSError) if it could not list
     them all."""
     dir_format = DIR_PATH_FORMAT if paths_of_dirs else _DIR_FORMAT

@@ -371,6 +371,7 @@ class Workdir:
                 # paths that the events name
                 full = True
             if full or resync or watcher is None:
+                self._note_ignored(events)
                 self._full_scan(scan, watcher)
                 full = True
             else:
@@ -418,6 +419,15 @@ class Workdir:
         """:meth:`harvest` in a worker thread."""
         return await trio.to_thread.run_sync(lambda: self.harvest(full=full))
 
+    def _note_ignored(self, events: list[_inotify.Event]) -> None:
+        """Remember the directories ``events`` say were made where the patterns ignore them:
+        a full scan by ``find`` leaves them out (checking each against the patterns again)."""
+        for rel_dir, mask, name in events:
+            if name and mask & _inotify.IN_ISDIR and mask & _inotify.IN_CREATE:
+                rel = f"{rel_dir}/{name}" if rel_dir else name
+                if self.ignore.is_ignored(rel, is_dir=True):
+                    self._ignored_dirs.add(rel)
+
     def _full_scan(self, scan: _Scan, watcher: _inotify.Inotify | None) -> None:
         records = self._records
         root_fd = _open_root(self.root)
@@ -435,7 +445,9 @@ class Workdir:
         scan.scanned += len(seen) + sum(1 for rel in candidates if rel not in records)
         # recorded files the walk did not see (deleted, or in a directory it skipped), listed
         # before the candidates are recorded: a file checked now is not read a second time
-        unseen = [r for r in records if r not in seen] if len(seen) != len(records) else []
+        # compared path by path: a count would be fooled by a file the patterns dropped from
+        # the records above (seen, and counted) standing for one deleted (unseen)
+        unseen = [r for r in records if r not in seen]
         for rel in candidates:
             self._check(rel, scan)
         for rel in unseen:
