@@ -257,7 +257,8 @@ INTERNAL = {
     "orchestrator.runs._repos._Bad",
     "orchestrator.runs.outcomes._Unreadable",
     "orchestrator.store.runstore._RolledBack",
-    "orchestrator.vfs.pool._Unclean",
+    "orchestrator.vfs._poolscan.Unclean",
+    "orchestrator.vfs._statwalk.ListingFailed",
     "orchestrator.testing._steps.ScriptedCrash",
     "orchestrator.testing._wire.PeerGone",
 }
