@@ -403,3 +403,22 @@ async def test_resume_of_an_applied_run_says_there_is_nothing_to_resume(
     assert f"run {run_id} succeeded and its changes were applied to the workspace at " in err
     assert "nothing to resume" in err and "changed since" not in err
     assert (ws / "a.txt").read_text() == "hi\nx\n"
+
+
+def test_only_the_whole_run_applied_leaves_nothing_to_resume() -> None:
+    """A run whose final changes were written (recorded with their keys, or by a release that
+    kept only the time) is applied; one with a step applied alone, or written to a git
+    branch, is not (the run's ``applied`` time is set by a step's apply too)."""
+    from orchestrator.pipeline.branches import FINAL
+    from orchestrator.runs.resume import _applied_whole
+    from orchestrator.store import ApplyRecord
+
+    run = RunRecord("r1", "pipeline", "succeeded", 1.0, "/ws", applied=5.0)
+    step = ApplyRecord("r1", ("edit[0]",), 5.0)
+    whole = ApplyRecord("r1", (FINAL,), 7.0)
+    branch = ApplyRecord("r1", (FINAL,), 6.0, git_branch="agent/x")
+    assert _applied_whole(run, [step]) is None
+    assert _applied_whole(run, [branch]) == 5.0  # the time alone: an older release's apply
+    assert _applied_whole(run, [step, whole]) == 7.0
+    assert _applied_whole(run, []) == 5.0
+    assert _applied_whole(RunRecord("r2", "pipeline", "succeeded", 1.0, "/ws"), [branch]) is None

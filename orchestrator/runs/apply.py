@@ -334,15 +334,21 @@ async def _with_changes(store: RunStore, run_id: str, steps: Sequence[StepRecord
     )
 
 
+def workspace_applies(record: RunRecord, applies: Sequence[ApplyRecord]) -> list[ApplyRecord]:
+    """Those of ``applies`` (the run ``record``'s) that wrote to its workspace, not to a git
+    branch; for a run applied by a release that recorded only when (or a prompt that applied
+    at once), one apply of unknown keys at that time."""
+    earlier = [a for a in applies if a.git_branch is None]
+    if not earlier and record.applied is not None:
+        earlier = [ApplyRecord(record.run_id, None, record.applied)]
+    return earlier
+
+
 async def _refuse_reapply(
     store: RunStore, record: RunRecord, step: str | None, keys: tuple[str, ...]
 ) -> None:
     """Raise :class:`AlreadyApplied` if these changes were written to the workspace before."""
-    earlier = [a for a in await store.applies(record.run_id) if a.git_branch is None]
-    if not earlier and record.applied is not None:
-        # applied by a release that recorded only when (or a prompt that applied at once)
-        earlier = [ApplyRecord(record.run_id, None, record.applied)]
-    for a in earlier:
+    for a in workspace_applies(record, await store.applies(record.run_id)):
         # keys not recorded: the whole run's, but a comparison's agent is unknown
         unknown: set[str] = set() if record.kind == "compare" else {FINAL}
         done = set(a.keys) if a.keys is not None else unknown

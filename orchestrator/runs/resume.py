@@ -34,7 +34,7 @@ from ..state import state_directory
 from ..store import ApplyRecord, RunRecord, open_run_store
 from ..supervisor import Connector
 from ._face import check_trio_face
-from .apply import _when
+from .apply import _when, workspace_applies
 from .compare import _compare_config, _compare_pipeline
 from .prompt import prompt_pipeline, prompt_result
 from .run import RunOutcome, run_pipeline
@@ -381,7 +381,8 @@ def _applied_whole(record: RunRecord, applies: Sequence[ApplyRecord]) -> float |
     comparison, whose agents are applied one by one)."""
     if record.status != "succeeded" or record.kind in ("compare", "batch"):
         return None
-    for a in applies:
-        if a.git_branch is None and (a.keys is None or FINAL in a.keys):
+    for a in workspace_applies(record, applies):
+        # keys not recorded: the whole run's (a step applied alone names its keys)
+        if a.keys is None or FINAL in a.keys:
             return a.at
-    return record.applied
+    return None
