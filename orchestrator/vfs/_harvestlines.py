@@ -50,6 +50,8 @@ def scan_by_lines(
     """The records seen and the paths to check, as the walk of a full harvest finds them;
     None when ``find`` could not list the directory (the caller walks it). ``root_fd`` is
     the directory, open."""
+    if watcher is not None and not watcher.watches(""):
+        return None  # watches to make everywhere: the walk makes each before it lists it
     matcher = workdir.ignore
     vcs = matcher.rules.vcs_dirs
     # directories found ignored before are not listed (a walk does not enter them either);
@@ -93,8 +95,6 @@ def scan_by_lines(
         head, _, name = rel.rpartition("/")
         unknown.setdefault(head, []).append((name, kind))
     seen_set = set(seen)
-    if watcher is not None and not watcher.watches(""):
-        return None  # watches to make everywhere: the walk makes each before it lists it
     for rel in skipped:  # not listed: looked at as a subdirectory of its directory
         head, _, name = rel.rpartition("/")
         subdirs.setdefault(head, []).append(name)

@@ -146,13 +146,10 @@ def _run(
     dir_format: str,
     prune: Iterable[str],
     prune_dirs: Iterable[str],
-    xdev: bool,
 ) -> bytes:
     """What ``find`` prints for every entry of the directory ``top`` (absolute). Raises
     :class:`ListingFailed` if it could not list everything."""
-    args = [find, "-P", top]
-    if xdev:
-        args.append("-xdev")
+    args = [find, "-P", top, "-xdev"]
     args += _pruned(top, prune, prune_dirs)
     args += ["(", "-type", "d", "-printf", dir_format, ")", "-o", "-printf", _FILE_FORMAT]
     # written to a file and read in one call: a pipe would be read in many, each a GIL hand-off
@@ -182,17 +179,16 @@ def walk(
     paths_of_dirs: bool = False,
     prune: Iterable[str] = (),
     prune_dirs: Iterable[str] = (),
-    xdev: bool = True,
 ) -> list[bytes]:
     """The lines of every entry of the directory ``top`` (absolute), each directory before
     what it holds (``top`` first, with the path ``b""``): staying on its filesystem (a mount
-    point below is listed, not entered) unless ``xdev`` is false; without any entry named
+    point below is listed, not entered); without any entry named
     as one of ``prune``, nor the directories ``prune_dirs`` (paths relative to ``top``), nor
     what they hold; a directory's line only ``d DEVICE PATH`` with
     ``paths_of_dirs``. Raises :class:`ListingFailed` (an OSError) if it could not list
     them all."""
     dir_format = DIR_PATH_FORMAT if paths_of_dirs else _DIR_FORMAT
-    data = _run(find, top, dir_format=dir_format, prune=prune, prune_dirs=prune_dirs, xdev=xdev)
+    data = _run(find, top, dir_format=dir_format, prune=prune, prune_dirs=prune_dirs)
     if not data.endswith(b"\0"):
         raise ListingFailed(f"find printed a cut-short listing of {top}")
     return data[:-1].split(b"\0")
