@@ -172,3 +172,40 @@ async def test_the_demo_script_ends_with_both_ways_to_apply(tmp_path: Path) -> N
     assert (project / "CHANGES.md").read_text() == (
         "# Changes\n- Renamed calc_total to compute_total.\n"
     )
+
+
+@pytest.mark.parametrize("where", ["at the top", "below the top"])
+async def test_an_edit_of_a_tracked_file_the_patterns_ignore_is_kept_and_applied(
+    tmp_path: Path, where: str
+) -> None:
+    """Files added with ``git add -f`` are part of the branch: the demo agent reads and edits
+    one through ``fs/*`` and writes another on disk; both changes are in the run's diff and
+    ``apply`` writes them. A file it creates beside them stays ignored, as git would."""
+    repo = tmp_path / "repo"
+    workspace = repo / "sub" if where == "below the top" else repo
+    workspace.mkdir(parents=True)
+    (workspace / ".gitignore").write_text("dist/\n")
+    (workspace / "dist").mkdir()
+    (workspace / "dist" / "app.js").write_text("let v = 'old';\n")
+    (workspace / "dist" / "lib.js").write_text("lib\n")
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "add", "-f", str(workspace / "dist"))
+    git(repo, "commit", "-q", "-m", "initial")
+    done = await prompt_demo(
+        workspace,
+        'replace "old" with "new" in dist/app.js\n'
+        'create dist/lib.js with "rewritten"\n'
+        'create dist/scratch.js with "untracked"',
+        "--json",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout)
+    assert result["status"] == "succeeded"
+    assert "+let v = 'new';" in result["diff"] and "+rewritten" in result["diff"]
+    assert "scratch.js" not in result["diff"]
+    applied = await run([str(CLI), "apply", result["runId"]], cwd=workspace)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert (workspace / "dist" / "app.js").read_text() == "let v = 'new';\n"
+    assert (workspace / "dist" / "lib.js").read_text() == "rewritten"
+    assert not (workspace / "dist" / "scratch.js").exists()

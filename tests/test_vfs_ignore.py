@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from orchestrator.vfs.ignore import IgnoreMatcher, IgnoreRules
+from orchestrator.vfs.ignore import IgnoreMatcher, IgnoreRules, tracked_but_ignored
+from orchestrator.vfs.testing import git, git_repo, make_tree
 
 
 def matcher(text: str = "", *, extra: tuple[str, ...] = ()) -> IgnoreMatcher:
@@ -140,3 +143,85 @@ def test_a_gitignore_ignoring_everything_but_itself() -> None:
     assert m.is_ignored("tmp/deep", is_dir=True)
     assert not m.is_ignored("tmp/.gitignore")
     assert not m.is_ignored("tmp", is_dir=True)
+
+
+def test_a_tracked_file_is_kept_whatever_the_patterns_say() -> None:
+    """A tracked file the patterns ignore is kept, with the directories above it; what else
+    those directories hold stays ignored, even where a pattern re-includes it."""
+    m = matcher("dist/\n*.gen\n!dist/keep.txt\n")
+    m.set_tracked(frozenset({"dist/app.js", "dist/sub/deep.js", "src/x.gen"}))
+    assert not m.is_ignored("dist", is_dir=True)
+    assert not m.is_ignored("dist/sub", is_dir=True)
+    assert not m.is_ignored("dist/app.js") and not m.is_ignored("dist/sub/deep.js")
+    assert m.is_ignored("dist/other.js") and m.is_ignored("dist/sub/other.js")
+    assert m.is_ignored("dist/keep.txt")  # inside an ignored directory: never re-included
+    assert m.is_ignored("dist/cache", is_dir=True)
+    assert not m.is_ignored("src/x.gen") and m.is_ignored("src/y.gen")
+    assert m.has_rules("dist/sub")
+    assert m.tracked == frozenset({"dist/app.js", "dist/sub/deep.js", "src/x.gen"})
+
+
+def test_a_tracked_file_in_a_directory_not_ignored_leaves_its_siblings_alone() -> None:
+    """Where only the file matches, the untracked files beside it are judged by the patterns."""
+    m = matcher("*.js\n")
+    m.set_tracked(frozenset({"lib/vendor.js"}))
+    assert not m.is_ignored("lib/vendor.js")
+    assert m.is_ignored("lib/other.js") and not m.is_ignored("lib/readme.md")
+
+
+def test_extra_globs_and_vcs_names_still_leave_tracked_files_out() -> None:
+    """The run's own globs and the VCS names apply to tracked files too."""
+    m = matcher("dist/\n", extra=("vendor/",))
+    m.set_tracked(frozenset({"vendor/lib.js", "dist/app.js", "dist/.git/config"}))
+    assert m.is_ignored("vendor/lib.js") and m.is_ignored("vendor", is_dir=True)
+    assert not m.is_ignored("dist/app.js")
+    assert m.is_ignored("dist/.git", is_dir=True)
+
+
+def test_tracked_files_follow_a_fork_and_changed_patterns() -> None:
+    """A fork keeps the tracked files; a pattern added later neither hides them nor leaves
+    the directories' other files in."""
+    m = matcher()
+    m.set_tracked(frozenset({"out/kept.txt"}))
+    fork = m.fork()
+    assert not fork.is_ignored("out/other.txt")
+    fork.add_patterns("", "out/\n")
+    assert not fork.is_ignored("out/kept.txt") and fork.is_ignored("out/other.txt")
+    fork.remove_patterns("")
+    assert not fork.is_ignored("out/other.txt")
+    assert not m.is_ignored("out/other.txt")
+
+
+def test_git_lists_the_tracked_files_its_patterns_match(tmp_path: Path) -> None:
+    """Asked of a work tree (at its top or below it), git names the files added with
+    ``git add -f``, relative to the directory asked; elsewhere, nothing is known."""
+    repo = git_repo(tmp_path / "repo", {".gitignore": "dist/\n*.tmp\n", "pkg/a.py": "a\n"})
+    make_tree(repo, {"dist/app.js": "x\n", "pkg/dist/b.js": "y\n", "pkg/n.tmp": "t\n"})
+    git(repo, "add", "-f", "dist/app.js", "pkg/dist/b.js")
+    git(repo, "commit", "-q", "-m", "forced")
+    make_tree(repo, {"dist/untracked.js": "u\n"})
+    assert tracked_but_ignored(str(repo)) == frozenset({"dist/app.js", "pkg/dist/b.js"})
+    assert tracked_but_ignored(str(repo / "pkg")) == frozenset({"dist/b.js"})
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert tracked_but_ignored(str(plain)) is None
+
+
+def test_no_git_on_the_path_means_no_tracked_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without git the patterns alone decide."""
+    repo = git_repo(tmp_path / "repo", {".gitignore": "dist/\n", "a": "a\n"})
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert tracked_but_ignored(str(repo)) is None
+
+
+def test_the_repository_configuration_runs_nothing(tmp_path: Path) -> None:
+    """A ``core.fsmonitor`` command in the repository's configuration is never run."""
+    repo = git_repo(tmp_path / "repo", {".gitignore": "dist/\n", "a": "a\n"})
+    make_tree(repo, {"dist/app.js": "x\n"})
+    git(repo, "add", "-f", "dist/app.js")
+    marker = tmp_path / "ran"
+    git(repo, "config", "core.fsmonitor", f"touch {marker}; false")
+    assert tracked_but_ignored(str(repo)) == frozenset({"dist/app.js"})
+    assert not marker.exists()

@@ -12,7 +12,7 @@ import pytest
 from orchestrator.vfs import snapshot as snapshot_module
 from orchestrator.vfs.errors import PathNotFound, WorkspaceChanged
 from orchestrator.vfs.snapshot import Workspace
-from orchestrator.vfs.testing import capture, make_tree
+from orchestrator.vfs.testing import capture, git, git_repo, make_tree
 
 
 def age(root: Path, seconds: float = 3600) -> None:
@@ -182,3 +182,18 @@ def test_workspace_open_and_contains(tmp_path: Path, ws: Workspace) -> None:
         Workspace.open(tmp_path / "missing")
     extra = Workspace.open(ws.root, extra_ignores=("src/",)).snapshot()
     assert "src/a.py" not in extra.paths()
+
+
+def test_a_file_git_tracks_is_part_of_the_workspace_though_ignored(tmp_path: Path) -> None:
+    """A file added with ``git add -f`` is in the snapshot (git does not ignore tracked
+    files); the untracked files beside it in the ignored directory are not."""
+    root = git_repo(tmp_path / "ws", {".gitignore": "dist/\n", "a.txt": "a\n"})
+    make_tree(root, {"dist/app.js": "old\n"})
+    git(root, "add", "-f", "dist/app.js")
+    git(root, "commit", "-q", "-m", "forced")
+    make_tree(root, {"dist/other.js": "untracked\n", "dist/cache/c.bin": "c"})
+    snap = Workspace.open(root).snapshot()
+    assert sorted(snap.paths()) == [".gitignore", "a.txt", "dist/app.js"]
+    assert snap.read("dist/app.js") == b"old\n"
+    off = Workspace.open(root, use_gitignore=False).snapshot()
+    assert "dist/other.js" in off.paths()

@@ -12,18 +12,29 @@ Pattern syntax and precedence follow gitignore(5): ``#`` comments, ``!`` negatio
 matching line of a file wins, and nothing inside an ignored directory can be re-included. The extra
 globs take precedence over every ``.gitignore``; ``.git/info/exclude`` has the lowest. The user's
 global excludes file (``core.excludesFile``) is not read.
+
+As in git, a file the repository tracks is never ignored by those patterns (one added with
+``git add -f``, or committed before a pattern came to match it): :meth:`IgnoreMatcher.load_tracked`
+asks git for the tracked files its patterns match, and they stay part of the workspace, with the
+directories above them; what else such a directory holds stays ignored. The extra globs still
+leave them out: they are the run's own choice, not the repository's.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
+import subprocess
 
 from attrs import define, field, frozen
 
+from .._log import get_logger
 from .._names import name_of
 
-__all__ = ["VCS_DIRS", "IgnoreMatcher", "IgnoreRules"]
+__all__ = ["VCS_DIRS", "IgnoreMatcher", "IgnoreRules", "tracked_but_ignored"]
+
+log = get_logger(__name__)
 
 #: version-control internals, never part of a branch (at any depth)
 VCS_DIRS: frozenset[str] = frozenset({".git", ".hg", ".svn", ".bzr", ".jj", "_darcs"})
@@ -165,6 +176,61 @@ def _rule_file(base: str, text: str) -> _RuleFile | None:
     return _RuleFile(base, _groups(parsed, for_dirs=False), _groups(parsed, for_dirs=True))
 
 
+#: how long git may take to list the tracked files its patterns match
+_GIT_TIMEOUT = 60.0
+
+
+def tracked_but_ignored(root: str) -> frozenset[str] | None:
+    """The files git tracks under the directory ``root`` (the top of a git work tree or below
+    it) that its ignore patterns match, relative to ``root``; None when ``root`` is in no work
+    tree, there is no git, or git failed.
+
+    The repository's configuration runs nothing: ``core.fsmonitor`` is turned off.
+    """
+    git = shutil.which("git")
+    if git is None:
+        return None
+    args = [git, "-c", "core.fsmonitor=false", "-C", root, "ls-files", "-z", "--cached"]
+    args += ["--ignored", "--exclude-standard"]
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C"}
+    for name in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_CONFIG_PARAMETERS"):
+        env.pop(name, None)  # the workspace's own repository, whatever the caller's shell says
+    try:
+        done = subprocess.run(
+            args,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            env=env,
+            timeout=_GIT_TIMEOUT,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        log.warning("tracked files not listed: ignored ones are left out", root=root, error=str(e))
+        return None
+    if done.returncode != 0:
+        error = done.stderr.decode(errors="replace").strip().splitlines()
+        if any("not a git repository" in line for line in error):
+            return None  # a .git that is none (a bare copy, a stand-in): patterns only
+        log.warning(
+            "tracked files not listed: ignored ones are left out",
+            root=root,
+            error=error[-1] if error else f"git exited with {done.returncode}",
+        )
+        return None
+    return frozenset(name_of(raw) for raw in done.stdout.split(b"\0") if raw)
+
+
+def _ancestors(paths: frozenset[str]) -> frozenset[str]:
+    """The directories above ``paths`` (the root, "", left out)."""
+    out: set[str] = set()
+    for rel in paths:
+        head = rel.rpartition("/")[0]
+        while head and head not in out:
+            out.add(head)
+            head = head.rpartition("/")[0]
+    return frozenset(out)
+
+
 @define
 class IgnoreMatcher:
     """Compiled ignore rules for one workspace root. Paths are ``/``-separated and relative."""
@@ -174,6 +240,12 @@ class IgnoreMatcher:
     _extra: _RuleFile | None = field(default=None, alias="_extra")
     _exclude: _RuleFile | None = field(default=None, alias="_exclude")
     _chains: dict[str, tuple[_RuleFile, ...]] = field(factory=dict, alias="_chains")
+    #: files the repository tracks that the patterns match: never ignored by them
+    _tracked: frozenset[str] = field(default=frozenset(), alias="_tracked")
+    #: the directories above them
+    _tracked_dirs: frozenset[str] = field(default=frozenset(), alias="_tracked_dirs")
+    #: which of those directories the patterns ignore (or one above them does), as computed
+    _hidden: dict[str, bool] = field(factory=dict, alias="_hidden")
 
     @classmethod
     def from_rules(cls, rules: IgnoreRules) -> IgnoreMatcher:
@@ -188,7 +260,30 @@ class IgnoreMatcher:
             _extra=self._extra,
             _exclude=self._exclude,
             _chains=dict(self._chains),
+            _tracked=self._tracked,
+            _tracked_dirs=self._tracked_dirs,
         )
+
+    @property
+    def tracked(self) -> frozenset[str]:
+        """The files the repository tracks that the patterns would ignore (kept)."""
+        return self._tracked
+
+    def set_tracked(self, paths: frozenset[str]) -> None:
+        """Keep ``paths`` (files the repository tracks) whatever the patterns say, as git does;
+        the extra globs and the VCS names still apply to them."""
+        self._tracked = frozenset(paths)
+        self._tracked_dirs = _ancestors(self._tracked)
+        self._hidden.clear()
+
+    def load_tracked(self, root: str) -> None:
+        """Ask git which files it tracks under ``root`` that its patterns match, and keep them
+        (:meth:`set_tracked`), if the rules use gitignore and ``root`` is a git work tree."""
+        if not self.rules.use_gitignore:
+            return
+        found = tracked_but_ignored(root)
+        if found:
+            self.set_tracked(found)
 
     def add_patterns(self, base: str, text: str) -> None:
         """Set the lines of the ``.gitignore`` in directory ``base`` ("" for the root).
@@ -198,19 +293,23 @@ class IgnoreMatcher:
         compiled = _rule_file(base, text)
         if compiled is not None:
             self._files[base] = compiled
-            self._chains.clear()
+            self._patterns_changed()
         else:
             self.remove_patterns(base)
 
     def remove_patterns(self, base: str) -> None:
         """Forget the patterns of the ``.gitignore`` in directory ``base`` (gone from disk)."""
         if self._files.pop(base, None) is not None:
-            self._chains.clear()
+            self._patterns_changed()
 
     def set_exclude(self, text: str) -> None:
         """Set the patterns of ``.git/info/exclude`` (root-relative, lowest precedence)."""
         self._exclude = _rule_file("", text)
+        self._patterns_changed()
+
+    def _patterns_changed(self) -> None:
         self._chains.clear()
+        self._hidden.clear()
 
     def load_dir(self, root: str, base: str) -> None:
         """Read ``base/.gitignore`` under ``root`` if the rules use gitignore and it exists."""
@@ -263,21 +362,36 @@ class IgnoreMatcher:
 
     def has_rules(self, parent: str) -> bool:
         """Whether any pattern applies to entries of directory ``parent`` (VCS names aside)."""
-        return bool(self._chain(parent))
+        return parent in self._tracked_dirs or bool(self._chain(parent))
 
     def ignored(self, rel: str, parent: str, name: str, is_dir: bool) -> bool:
         """Whether the entry ``rel`` (in directory ``parent``, named ``name``) is ignored itself.
 
         Ancestors are not checked: walks prune ignored directories. See :meth:`is_ignored`.
+        A tracked file (:meth:`set_tracked`) and the directories above one are ignored only by
+        the extra globs; what else a directory the patterns ignore holds is ignored.
         """
         if name in self.rules.vcs_dirs:
             return True
-        for rule_file in self._chain(parent):
-            sub = rel[len(rule_file.base) + 1 :] if rule_file.base else rel
-            for group in rule_file.dir_groups if is_dir else rule_file.file_groups:
-                if group.regex.match(sub):
-                    return not group.negate
-        return False
+        if self._tracked_dirs:
+            if rel in self._tracked_dirs if is_dir else rel in self._tracked:
+                extra = self._extra
+                return extra is not None and _verdict((extra,), rel, is_dir) is True
+            if parent and parent in self._tracked_dirs and self._is_hidden(parent):
+                return True  # in a directory kept only for the tracked files it holds
+        return _verdict(self._chain(parent), rel, is_dir) is True
+
+    def _is_hidden(self, directory: str) -> bool:
+        """Whether the patterns ignore ``directory`` (one above a tracked file), or a
+        directory above it."""
+        hidden = self._hidden.get(directory)
+        if hidden is None:
+            parent = directory.rpartition("/")[0]
+            hidden = _verdict(self._chain(parent), directory, True) is True or bool(
+                parent and self._is_hidden(parent)
+            )
+            self._hidden[directory] = hidden
+        return hidden
 
     def is_ignored(self, rel: str, is_dir: bool = False) -> bool:
         """Whether ``rel`` is ignored, itself or because a directory above it is."""
@@ -290,3 +404,14 @@ class IgnoreMatcher:
                 return True
             parent = path
         return False
+
+
+def _verdict(chain: tuple[_RuleFile, ...], rel: str, is_dir: bool) -> bool | None:
+    """What the first pattern of ``chain`` matching ``rel`` says: ignored (True), re-included
+    (False), or None when none matches."""
+    for rule_file in chain:
+        sub = rel[len(rule_file.base) + 1 :] if rule_file.base else rel
+        for group in rule_file.dir_groups if is_dir else rule_file.file_groups:
+            if group.regex.match(sub):
+                return not group.negate
+    return None

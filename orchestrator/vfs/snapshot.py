@@ -164,6 +164,7 @@ class Workspace:
         started = time.time_ns()
         matcher = IgnoreMatcher.from_rules(self.rules)
         matcher.load_exclude(self.root)
+        matcher.load_tracked(self.root)  # as in git, tracked files are never ignored
         stats: dict[str, StatInfo] = {}
         for rel, st in walk(self.root, matcher, load_rules=True):
             stats[rel] = StatInfo.from_stat(st)
