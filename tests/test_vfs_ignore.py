@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -225,3 +226,66 @@ def test_the_repository_configuration_runs_nothing(tmp_path: Path) -> None:
     git(repo, "config", "core.fsmonitor", f"touch {marker}; false")
     assert tracked_but_ignored(str(repo)) == frozenset({"dist/app.js"})
     assert not marker.exists()
+
+
+def test_a_tracked_file_at_the_top_is_kept() -> None:
+    """A tracked file the patterns match at the workspace's top is kept, with no directory
+    above it."""
+    m = matcher("*.log\n")
+    m.set_tracked(frozenset({"app.log"}))
+    assert not m.is_ignored("app.log") and m.is_ignored("other.log")
+
+
+def test_a_tracked_file_thousands_deep_is_judged_without_recursion() -> None:
+    """The directories above a tracked file are judged iteratively, however deep."""
+    deep = "/".join(["gen", *["d"] * 3000])
+    m = matcher("gen/\n")
+    m.set_tracked(frozenset({f"{deep}/f.txt"}))
+    assert m.is_ignored(f"{deep}/u.txt") and not m.is_ignored(f"{deep}/f.txt")
+
+
+def test_the_patterns_above_a_workspace_below_the_top_apply(tmp_path: Path) -> None:
+    """In a workspace below the top of its work tree, the .gitignore files above it and
+    info/exclude apply, each from its own directory, below the workspace's own files."""
+    repo = git_repo(
+        tmp_path / "repo",
+        {
+            ".gitignore": "*.gen\n/sub/only.txt\n/top.txt\nbuild/\n",
+            "sub/.gitignore": "!keep.gen\n",
+            "sub/a.py": "a\n",
+        },
+    )
+    (repo / ".git" / "info" / "exclude").write_text("sub/secret.env\n")
+    m = IgnoreMatcher.from_rules(IgnoreRules())
+    m.load_exclude(str(repo / "sub"))
+    m.load_dir(str(repo / "sub"), "")
+    assert m.is_ignored("b.gen") and not m.is_ignored("keep.gen")
+    assert m.is_ignored("only.txt") and not m.is_ignored("top.txt")
+    assert m.is_ignored("build", is_dir=True) and m.is_ignored("secret.env")
+    assert not m.is_ignored("a.py")
+    top = IgnoreMatcher.from_rules(IgnoreRules())
+    top.load_exclude(str(repo))
+    assert top.is_ignored("sub/secret.env") and not top.is_ignored("secret.env")
+
+
+def test_a_linked_worktree_reads_its_repository_exclude_file(tmp_path: Path) -> None:
+    """A linked worktree's ``.git`` is a file: the repository's info/exclude applies there."""
+    repo = git_repo(tmp_path / "repo", {"a.txt": "a\n"})
+    (repo / ".git" / "info" / "exclude").write_text("*.env\n")
+    git(repo, "worktree", "add", "-q", "--detach", str(tmp_path / "wt"))
+    m = IgnoreMatcher.from_rules(IgnoreRules())
+    m.load_exclude(str(tmp_path / "wt"))
+    assert m.is_ignored("secret.env") and not m.is_ignored("a.txt")
+
+
+def test_a_gitignore_symlink_or_fifo_is_not_read(tmp_path: Path) -> None:
+    """As git, a symlinked .gitignore is not followed; a FIFO of that name is passed over
+    at once instead of waiting for a writer."""
+    make_tree(tmp_path, {"patterns": "*\n", "f/x": ""})
+    (tmp_path / "g").mkdir()
+    (tmp_path / "g" / ".gitignore").symlink_to(tmp_path / "patterns")
+    os.mkfifo(tmp_path / "f" / ".gitignore")
+    m = IgnoreMatcher.from_rules(IgnoreRules())
+    m.load_dir(str(tmp_path), "g")
+    m.load_dir(str(tmp_path), "f")
+    assert not m.is_ignored("g/x") and not m.is_ignored("f/x")

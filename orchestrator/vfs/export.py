@@ -424,9 +424,14 @@ def _patch_entry(
     yield from _hunks(old or b"", new or b"", context)
 
 
+#: git, with the repository's file-system monitor off: plumbing needs none, and a command
+#: configured there is not run
+_GIT = ("git", "-c", "core.fsmonitor=false")
+
+
 def _git(args: list[str], cwd: str, env: Mapping[str, str], stdin: bytes | None = None) -> str:
     proc = subprocess.run(
-        ["git", *args], cwd=cwd, env=dict(env), input=stdin, capture_output=True, check=False
+        [*_GIT, *args], cwd=cwd, env=dict(env), input=stdin, capture_output=True, check=False
     )
     if proc.returncode != 0:
         raise VfsError(f"git {args[0]} failed: {decode_text(proc.stderr).strip()}")
@@ -452,7 +457,7 @@ def _repo_prefix(root: str, env: Mapping[str, str]) -> str:
 def _head(root: str, env: Mapping[str, str]) -> str:
     """The commit ``HEAD`` names; empty in a repository with no commit yet."""
     done = subprocess.run(
-        ["git", "rev-parse", "--verify", "-q", "HEAD^{commit}"],
+        [*_GIT, "rev-parse", "--verify", "-q", "HEAD^{commit}"],
         cwd=root,
         env=dict(env),
         capture_output=True,
@@ -479,7 +484,7 @@ def check_git_branch(root: str | os.PathLike[str], branch: str) -> str:
         raise GitBranchRefused(f"{branch!r} is not a valid git branch name") from e
     ref = "refs/heads/" + name
     exists = subprocess.run(
-        ["git", "rev-parse", "--verify", "-q", ref],
+        [*_GIT, "rev-parse", "--verify", "-q", ref],
         cwd=cwd,
         env=env,
         capture_output=True,
@@ -511,7 +516,7 @@ def git_head_tree(root: str | os.PathLike[str], paths: Iterable[str]) -> MemoryT
     for i in range(0, len(wanted), 500):  # a bounded command line
         chunk = [prefix + p for p in wanted[i : i + 500]]
         listing = subprocess.run(
-            ["git", "ls-tree", "-z", "--full-tree", head, "--", *chunk],
+            [*_GIT, "ls-tree", "-z", "--full-tree", head, "--", *chunk],
             cwd=cwd,
             env=env,
             capture_output=True,
@@ -530,7 +535,7 @@ def git_head_tree(root: str | os.PathLike[str], paths: Iterable[str]) -> MemoryT
     files: dict[str, FileState] = {}
     if entries:
         batch = subprocess.run(
-            ["git", "cat-file", "--batch"],
+            [*_GIT, "cat-file", "--batch"],
             cwd=cwd,
             env=env,
             input="".join(f"{blob}\n" for _, _, blob in entries).encode(),
@@ -583,7 +588,7 @@ def git_commit(
             GIT_COMMITTER_EMAIL=author[1],
         )
     elif subprocess.run(
-        ["git", "var", "GIT_COMMITTER_IDENT"], cwd=cwd, env=env, capture_output=True, check=False
+        [*_GIT, "var", "GIT_COMMITTER_IDENT"], cwd=cwd, env=env, capture_output=True, check=False
     ).returncode:
         env.update(
             GIT_AUTHOR_NAME="acp-orchestrator",

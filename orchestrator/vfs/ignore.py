@@ -10,8 +10,12 @@ Pattern syntax and precedence follow gitignore(5): ``#`` comments, ``!`` negatio
 ``/`` for directories only, a leading or inner ``/`` anchors the pattern to its file's directory,
 ``*``, ``?``, ``[...]`` and ``**``; a deeper ``.gitignore`` overrides a shallower one, the last
 matching line of a file wins, and nothing inside an ignored directory can be re-included. The extra
-globs take precedence over every ``.gitignore``; ``.git/info/exclude`` has the lowest. The user's
-global excludes file (``core.excludesFile``) is not read.
+globs take precedence over every ``.gitignore``; ``.git/info/exclude`` has the lowest. Where the
+workspace is below the top of its work tree, the ``.gitignore`` files of the directories above it
+apply too (below those of the workspace), each matched against paths from its own directory, and
+so does ``info/exclude``; a linked worktree's is its repository's. As in git, a ``.gitignore``
+that is a symlink is not followed. The user's global excludes file (``core.excludesFile``) is
+not read.
 
 As in git, a file the repository tracks is never ignored by those patterns (one added with
 ``git add -f``, or committed before a pattern came to match it): :meth:`IgnoreMatcher.load_tracked`
@@ -25,6 +29,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import subprocess
 
 from attrs import define, field, frozen
@@ -32,7 +37,7 @@ from attrs import define, field, frozen
 from .._log import get_logger
 from .._names import name_of
 
-__all__ = ["VCS_DIRS", "IgnoreMatcher", "IgnoreRules", "tracked_but_ignored"]
+__all__ = ["VCS_DIRS", "IgnoreMatcher", "IgnoreRules", "read_rules", "tracked_but_ignored"]
 
 log = get_logger(__name__)
 
@@ -65,6 +70,9 @@ class _RuleFile:
     #: pattern groups for files and for directories, last line first
     file_groups: tuple[_Group, ...]
     dir_groups: tuple[_Group, ...]
+    #: for a file of the repository outside the workspace (above it, or its ``info/exclude``):
+    #: the path from the file's directory to the workspace root, with a trailing ``/``
+    prefix: str = ""
 
 
 def _translate_class(pat: str, i: int) -> tuple[str, int] | None:
@@ -169,15 +177,97 @@ def _groups(parsed: list[tuple[str, bool, bool]], for_dirs: bool) -> tuple[_Grou
     return tuple(reversed(groups))
 
 
-def _rule_file(base: str, text: str) -> _RuleFile | None:
+def _rule_file(base: str, text: str, prefix: str = "") -> _RuleFile | None:
     parsed = [p for p in map(_parse_line, text.splitlines()) if p is not None]
     if not parsed:
         return None
-    return _RuleFile(base, _groups(parsed, for_dirs=False), _groups(parsed, for_dirs=True))
+    return _RuleFile(base, _groups(parsed, for_dirs=False), _groups(parsed, for_dirs=True), prefix)
+
+
+def _work_tree_top(root: str) -> str | None:
+    """The top of the git work tree ``root`` is in (``root`` itself or a directory above it
+    holding ``.git``), or None."""
+    here = root
+    while True:
+        if os.path.lexists(os.path.join(here, ".git")):
+            return here
+        up = os.path.dirname(here)
+        if up == here:
+            return None
+        here = up
 
 
 #: how long git may take to list the tracked files its patterns match
 _GIT_TIMEOUT = 60.0
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: a FIFO opens at once (and is refused), a symlink is not followed
+_RULES_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def read_rules(dir_fd: int, name: str = ".gitignore") -> tuple[str, os.stat_result] | None:
+    """The text of the patterns file ``name`` in the directory ``dir_fd``, and the stat it was
+    read with; None if there is no regular file of that name (as git, a symlink is not
+    followed) or it cannot be read. A FIFO or a device is never opened for long."""
+    try:
+        fd = os.open(name, _RULES_FLAGS, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        chunks = []
+        while chunk := os.read(fd, max(st.st_size + 1, 65536)):
+            chunks.append(chunk)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return name_of(b"".join(chunks)), st  # patterns match names: decoded as names are
+
+
+def _read_in(directory: str, name: str) -> str | None:
+    """The text of the patterns file ``name`` in ``directory`` (see :func:`read_rules`)."""
+    try:
+        dir_fd = os.open(directory, _DIR_FLAGS)
+    except OSError:
+        return None
+    try:
+        read = read_rules(dir_fd, name)
+    finally:
+        os.close(dir_fd)
+    return None if read is None else read[0]
+
+
+def _info_dir(root: str) -> str | None:
+    """The ``info`` directory of the repository whose work tree is ``root``: ``.git/info``,
+    or, where ``.git`` is a file naming the git directory (a linked worktree, a submodule),
+    that of the directory it names, or of its common directory."""
+    dot_git = os.path.join(root, ".git")
+    try:
+        st = os.lstat(dot_git)
+    except OSError:
+        return None
+    if stat.S_ISDIR(st.st_mode):
+        return os.path.join(dot_git, "info")
+    if not stat.S_ISREG(st.st_mode) or st.st_size > 65536:
+        return None
+    try:
+        with open(dot_git, "rb") as f:
+            first = f.readline().strip()
+    except OSError:
+        return None
+    if not first.startswith(b"gitdir:"):
+        return None
+    git_dir = os.path.join(root, os.fsdecode(first[len(b"gitdir:") :].strip()))
+    try:
+        with open(os.path.join(git_dir, "commondir"), "rb") as f:
+            common = os.fsdecode(f.readline().strip())
+        git_dir = os.path.join(git_dir, common)
+    except OSError:
+        pass  # a submodule's git directory is its own
+    return os.path.join(git_dir, "info")
 
 
 def tracked_but_ignored(root: str) -> frozenset[str] | None:
@@ -211,10 +301,12 @@ def tracked_but_ignored(root: str) -> frozenset[str] | None:
         error = done.stderr.decode(errors="replace").strip().splitlines()
         if any("not a git repository" in line for line in error):
             return None  # a .git that is none (a bare copy, a stand-in): patterns only
+        # git's own reason (its "fatal:" line), not the advice it prints after
+        reason = next((line for line in error if line.startswith("fatal:")), None)
         log.warning(
             "tracked files not listed: ignored ones are left out",
             root=root,
-            error=error[-1] if error else f"git exited with {done.returncode}",
+            error=reason or (error[-1] if error else f"git exited with {done.returncode}"),
         )
         return None
     return frozenset(name_of(raw) for raw in done.stdout.split(b"\0") if raw)
@@ -239,6 +331,8 @@ class IgnoreMatcher:
     _files: dict[str, _RuleFile] = field(factory=dict, alias="_files")
     _extra: _RuleFile | None = field(default=None, alias="_extra")
     _exclude: _RuleFile | None = field(default=None, alias="_exclude")
+    #: the ``.gitignore`` files of the work tree above the workspace root, nearest first
+    _outer: tuple[_RuleFile, ...] = field(default=(), alias="_outer")
     _chains: dict[str, tuple[_RuleFile, ...]] = field(factory=dict, alias="_chains")
     #: files the repository tracks that the patterns match: never ignored by them
     _tracked: frozenset[str] = field(default=frozenset(), alias="_tracked")
@@ -259,6 +353,7 @@ class IgnoreMatcher:
             _files=dict(self._files),
             _extra=self._extra,
             _exclude=self._exclude,
+            _outer=self._outer,
             _chains=dict(self._chains),
             _tracked=self._tracked,
             _tracked_dirs=self._tracked_dirs,
@@ -312,26 +407,41 @@ class IgnoreMatcher:
         self._hidden.clear()
 
     def load_dir(self, root: str, base: str) -> None:
-        """Read ``base/.gitignore`` under ``root`` if the rules use gitignore and it exists."""
+        """Read ``base/.gitignore`` under ``root`` if the rules use gitignore and it is a
+        regular file (see :func:`read_rules`)."""
         if not self.rules.use_gitignore:
             return
-        path = os.path.join(root, base, ".gitignore") if base else os.path.join(root, ".gitignore")
-        try:
-            with open(path, "rb") as f:
-                text = name_of(f.read())  # patterns match names: decoded as names are
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError):
-            return
-        self.add_patterns(base, text)
+        text = _read_in(os.path.join(root, base) if base else root, ".gitignore")
+        if text is not None:
+            self.add_patterns(base, text)
 
     def load_exclude(self, root: str) -> None:
-        """Read ``.git/info/exclude`` under ``root`` if the rules use gitignore and it exists."""
+        """Read the patterns of the repository that apply to the workspace at ``root`` from
+        outside it, if the rules use gitignore: its ``info/exclude`` (through a ``.git`` file
+        too, as a linked worktree or a submodule has) and, where ``root`` is below the top of
+        the work tree, the ``.gitignore`` files of the directories above it, each matched
+        against paths from its own directory as git matches them."""
         if not self.rules.use_gitignore:
             return
-        try:
-            with open(os.path.join(root, ".git", "info", "exclude"), encoding="utf-8") as f:
-                self.set_exclude(f.read())
-        except (OSError, UnicodeDecodeError):
+        top = _work_tree_top(root)
+        if top is None:
             return
+        below = os.path.relpath(root, top)
+        prefix = "" if below == "." else below.replace(os.sep, "/") + "/"
+        info = _info_dir(top)
+        read = None if info is None else _read_in(info, "exclude")
+        self._exclude = None if read is None else _rule_file("", read, prefix)
+        outer: list[_RuleFile] = []
+        if prefix:
+            parts = prefix.rstrip("/").split("/")
+            for depth in range(len(parts)):  # the top first, the root's parent last
+                here = os.path.join(top, *parts[:depth])
+                text = _read_in(here, ".gitignore")
+                rest = "/".join(parts[depth:]) + "/"
+                if text is not None and (compiled := _rule_file("", text, rest)) is not None:
+                    outer.append(compiled)
+        self._outer = tuple(reversed(outer))
+        self._patterns_changed()
 
     def _chain(self, parent: str) -> tuple[_RuleFile, ...]:
         chain = self._chains.get(parent)
@@ -354,7 +464,8 @@ class IgnoreMatcher:
                 break
         head = (self._extra,) if self._extra is not None else ()
         if above is None:
-            chain = (*head, *own, *((self._exclude,) if self._exclude is not None else ()))
+            tail = (*self._outer, *((self._exclude,) if self._exclude is not None else ()))
+            chain = (*head, *own, *tail)
         else:  # ``above`` is the extra globs, the rule files from ``base`` up, the excludes
             chain = (*head, *own, *above[len(head) :])
         self._chains[parent] = chain
@@ -373,7 +484,7 @@ class IgnoreMatcher:
         """
         if name in self.rules.vcs_dirs:
             return True
-        if self._tracked_dirs:
+        if self._tracked:
             if rel in self._tracked_dirs if is_dir else rel in self._tracked:
                 extra = self._extra
                 return extra is not None and _verdict((extra,), rel, is_dir) is True
@@ -384,14 +495,20 @@ class IgnoreMatcher:
     def _is_hidden(self, directory: str) -> bool:
         """Whether the patterns ignore ``directory`` (one above a tracked file), or a
         directory above it."""
-        hidden = self._hidden.get(directory)
-        if hidden is None:
-            parent = directory.rpartition("/")[0]
-            hidden = _verdict(self._chain(parent), directory, True) is True or bool(
-                parent and self._is_hidden(parent)
-            )
-            self._hidden[directory] = hidden
-        return hidden
+        known = self._hidden
+        hidden = known.get(directory)
+        if hidden is not None:
+            return hidden
+        # from the top down to ``directory``, without recursion: a path may be thousands deep
+        unknown = [directory]
+        while (parent := unknown[-1].rpartition("/")[0]) and parent not in known:
+            unknown.append(parent)
+        above = known.get(parent, False) if parent else False
+        for rel in reversed(unknown):
+            head = rel.rpartition("/")[0]
+            above = above or _verdict(self._chain(head), rel, True) is True
+            known[rel] = above
+        return above
 
     def is_ignored(self, rel: str, is_dir: bool = False) -> bool:
         """Whether ``rel`` is ignored, itself or because a directory above it is."""
@@ -410,7 +527,7 @@ def _verdict(chain: tuple[_RuleFile, ...], rel: str, is_dir: bool) -> bool | Non
     """What the first pattern of ``chain`` matching ``rel`` says: ignored (True), re-included
     (False), or None when none matches."""
     for rule_file in chain:
-        sub = rel[len(rule_file.base) + 1 :] if rule_file.base else rel
+        sub = rule_file.prefix + (rel[len(rule_file.base) + 1 :] if rule_file.base else rel)
         for group in rule_file.dir_groups if is_dir else rule_file.file_groups:
             if group.regex.match(sub):
                 return not group.negate

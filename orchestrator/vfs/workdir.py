@@ -74,7 +74,7 @@ from ._links import LinkMap
 from .branch import Branch
 from .changes import Change, Delete, FileState, Write
 from .errors import FileTooLarge, PathNotFound, PathRefused, VfsError, WorkspaceChanged
-from .ignore import IgnoreMatcher
+from .ignore import IgnoreMatcher, read_rules
 from .snapshot import RACY_WINDOW_NS, Snapshot
 
 __all__ = ["HarvestReport", "Workdir", "harvest"]
@@ -151,23 +151,9 @@ def _touches_rules(events: list[_inotify.Event]) -> bool:
 
 def _read_rules(dir_fd: int) -> tuple[str, _Key] | None:
     """The text of ``.gitignore`` in ``dir_fd`` and the stat it was read with; None if there is
-    no regular file of that name (git does not follow a symlinked ``.gitignore`` either)."""
-    try:
-        fd = os.open(_GITIGNORE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return None
-        chunks = []
-        while chunk := os.read(fd, max(st.st_size + 1, 65536)):
-            chunks.append(chunk)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return name_of(b"".join(chunks)), _key(st)
+    no regular file of that name (see :func:`~orchestrator.vfs.ignore.read_rules`)."""
+    read = read_rules(dir_fd)
+    return None if read is None else (read[0], _key(read[1]))
 
 
 #: a file larger than this whose stat cannot be trusted is compared by a streamed hash before it
