@@ -258,6 +258,7 @@ INTERNAL = {
     "orchestrator.runs.outcomes._Unreadable",
     "orchestrator.store.runstore._RolledBack",
     "orchestrator.vfs._poolscan.Unclean",
+    "orchestrator.vfs.apply._EntryFailed",
     "orchestrator.vfs._statwalk.ListingFailed",
     "orchestrator.testing._steps.ScriptedCrash",
     "orchestrator.testing._wire.PeerGone",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -10,10 +11,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import orchestrator.vfs as vfs
+from orchestrator.vfs import apply as apply_module
 from orchestrator.vfs._fileio import temp_name
 from orchestrator.vfs.apply import (
     _locked,
@@ -524,3 +527,29 @@ def test_a_refused_symlink_named_with_a_line_break_stays_on_one_line(
     message = str(refused.value)
     assert "\n" not in message and "\t" not in message
     assert "evil\\nok: applied\\tx -> /etc\\npasswd" in message
+
+
+def test_a_failed_write_names_the_file_not_its_temp_file(
+    ws: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk while a file is written: the error names that file and the reason, and
+    everything is rolled back."""
+    br = branch_of(ws)
+    br.write("a.txt", b"changed\n")
+    br.write("dir/new name.txt", b"new\n")
+    before = capture(ws)
+    real = apply_module._put_journaled
+
+    def full_disk(root: str, path: str, *args: Any) -> None:
+        if path == "dir/new name.txt":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(root, path, *args)
+
+    monkeypatch.setattr(apply_module, "_put_journaled", full_disk)
+    with pytest.raises(ApplyError) as raised:
+        apply_changes(br, state_dir=tmp_path / "state")
+    assert str(raised.value) == (
+        "apply failed and was rolled back: could not write dir/new name.txt: "
+        "No space left on device"
+    )
+    assert capture(ws) == before

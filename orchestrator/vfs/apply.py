@@ -584,7 +584,10 @@ def _roll(
         if (now_digest, now_mode) != other:
             problems.append(path)
             continue
-        _set(root, journal_dir, entry, direction, now_digest)
+        try:
+            _set(root, journal_dir, entry, direction, now_digest)
+        except OSError as e:
+            raise _EntryFailed(path, entry["action"], e) from e
         touched_dirs.add(os.path.dirname(os.path.join(root, path)))
         if on_file is not None:
             on_file(path)
@@ -592,6 +595,20 @@ def _roll(
         with contextlib.suppress(OSError):
             fsync_dir(directory)
     return problems
+
+
+class _EntryFailed(OSError):
+    """A file of an apply that could not be written, deleted or given its mode: named by its
+    own path, not by its temp file's (nor by none, as a full disk says)."""
+
+    def __init__(self, path: str, action: str, error: OSError) -> None:
+        super().__init__(error.errno, error.strerror or str(error))
+        verb = {"delete": "delete", "chmod": "change the mode of"}.get(action, "write")
+        self.path = path
+        self.message = f"could not {verb} {display_name(path)}: {error.strerror or error}"
+
+    def __str__(self) -> str:
+        return self.message
 
 
 def _old_and_new(entry: Mapping[str, Any]) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
