@@ -209,3 +209,19 @@ async def test_an_edit_of_a_tracked_file_the_patterns_ignore_is_kept_and_applied
     assert (workspace / "dist" / "app.js").read_text() == "let v = 'new';\n"
     assert (workspace / "dist" / "lib.js").read_text() == "rewritten"
     assert not (workspace / "dist" / "scratch.js").exists()
+
+
+async def test_an_agent_cannot_plant_a_git_hook_through_another_case(tmp_path: Path) -> None:
+    """``.GIT/hooks/pre-commit`` would be the repository's hook on a case-insensitive file
+    system: written by the agent, it is no change of the run, whatever its case."""
+    workspace = sample_copy(tmp_path / "project")
+    done = await prompt_demo(
+        workspace,
+        'create .GIT/hooks/pre-commit with "evil"\n'
+        'create sub/.Git/config with "evil"\n'
+        'append "- one" to CHANGES.md',
+        "--json",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout)
+    assert [c["path"] for c in result["changes"]] == ["CHANGES.md"], result["changes"]

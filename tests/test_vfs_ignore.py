@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.vfs.ignore import IgnoreMatcher, IgnoreRules, tracked_but_ignored
+from orchestrator.vfs.ignore import IgnoreMatcher, IgnoreRules, is_vcs_name, tracked_but_ignored
 from orchestrator.vfs.testing import git, git_repo, make_tree
 
 
@@ -289,3 +289,12 @@ def test_a_gitignore_symlink_or_fifo_is_not_read(tmp_path: Path) -> None:
     m.load_dir(str(tmp_path), "g")
     m.load_dir(str(tmp_path), "f")
     assert not m.is_ignored("g/x") and not m.is_ignored("f/x")
+
+
+def test_version_control_names_are_matched_in_any_case() -> None:
+    """On a case-insensitive file system ``.GIT`` is ``.git``: every case is ignored."""
+    m = matcher()
+    for rel in (".GIT/config", "a/.Git/hooks/x", "_DARCS/y", ".\u017fvn/z", ".HG"):
+        assert m.is_ignored(rel), rel
+    assert not m.is_ignored(".github/workflows/ci.yml") and not m.is_ignored("git/x")
+    assert is_vcs_name(".GiT") and not is_vcs_name(".gitx")

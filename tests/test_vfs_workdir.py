@@ -605,3 +605,27 @@ def test_edit_on_disk_after_the_workspace_file_changed_keeps_the_base_digest(
     assert isinstance(wd.branch.changes["notes.txt"], Write)
     assert wd.branch.root.digest("notes.txt") == hashlib.sha256(NOTES).hexdigest()
     assert BASE_GONE.decode() in unified_diff(wd.branch, base_gone="whole")
+
+
+@pytest.mark.parametrize("kind", ["inotify", "scan"])
+@pytest.mark.parametrize("walker", ["find", "walk"])
+def test_version_control_names_in_any_case_are_never_harvested(
+    tmp_path: Path, kind: str, walker: str
+) -> None:
+    """``.GIT/hooks/pre-commit`` is ``.git/hooks/pre-commit`` on a case-insensitive file
+    system: no case of a version-control name is harvested, with or without patterns."""
+    root = make_tree(tmp_path / "ws", {"a.txt": "a\n"})
+    branch = Branch.from_tree(Workspace.open(root).snapshot(), "agent")
+    with stat_walk(walker):
+        workdir = materialize(branch, tmp_path / "state" / "agent", watch=kind == "inotify")
+        try:
+            for rel in (".GIT/hooks/pre-commit", "sub/.Git/config", "_DARCS/x", "d/.\u017fvn/y"):
+                Path(workdir.root, rel).parent.mkdir(parents=True, exist_ok=True)
+                Path(workdir.root, rel).write_text("evil\n")
+            Path(workdir.root, "sub/.HG").write_text("a file of that name\n")
+            Path(workdir.root, "kept.txt").write_text("kept\n")
+            assert workdir.harvest().added == ("kept.txt",)
+            assert workdir.harvest(full=True).added == ()
+            assert sorted(workdir.branch.changes) == ["kept.txt"]
+        finally:
+            workdir.close()

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from . import _inotify
 from ._statwalk import ListingFailed, file_line, split_file, walk
+from .ignore import is_vcs_name
 
 if TYPE_CHECKING:
     from .workdir import Workdir, _Key
@@ -129,6 +130,8 @@ def scan_by_lines(
         filtered = matcher.has_rules(parent)
         for name in subdirs.get(parent, ()):
             rel = prefix + name
+            if is_vcs_name(name, vcs):
+                continue  # named so in a case ``find`` does not fold: never looked into
             if filtered and matcher.ignored(rel, parent, name, True):
                 ignored.add(rel)
             elif rel in skipped:
@@ -138,7 +141,7 @@ def scan_by_lines(
                 stack.append(rel)
         for name, kind in names:
             rel = prefix + name
-            if filtered and matcher.ignored(rel, parent, name, False):
+            if is_vcs_name(name, vcs) or (filtered and matcher.ignored(rel, parent, name, False)):
                 continue
             if kind in (b"f", b"l"):
                 candidates.append(rel)
@@ -173,7 +176,7 @@ def _list_again(
     files = {name for name, _ in unknown.get(parent, ())}
     for entry in entries:
         name, rel = entry.name, prefix + entry.name
-        if name in vcs:
+        if is_vcs_name(name, vcs):
             continue
         if entry.is_dir(follow_symlinks=False):
             if name not in dirs:

@@ -30,7 +30,7 @@ from attrs import frozen
 
 from .._names import name_of
 from .changes import Change, Write
-from .ignore import VCS_DIRS
+from .ignore import is_vcs_name
 
 __all__ = ["LinkMap", "escaping_links", "inside", "refused_links"]
 
@@ -182,6 +182,6 @@ def refused_links(root: str, changes: Mapping[str, Change]) -> list[tuple[str, s
             out.append((path, links[path], "a loop of links"))
         elif not inside(root, end):
             out.append((path, links[path], "outside the workspace"))
-        elif vcs := next((p for p in end[len(root) :].split("/") if p in VCS_DIRS), None):
+        elif vcs := next((p for p in end[len(root) :].split("/") if is_vcs_name(p)), None):
             out.append((path, links[path], f"into {vcs}"))
     return out

@@ -120,8 +120,11 @@ def _glob(text: str) -> str:
 
 def _pruned(top: str, names: Iterable[str], dirs: Iterable[str]) -> list[str]:
     """The ``find`` expression (followed by ``-o``) that leaves out every entry named as one
-    of ``names`` and the directories ``dirs`` (relative to ``top``), with what they hold."""
-    tests: list[list[str]] = [["-name", _glob(name)] for name in sorted(names)]
+    of ``names`` (in any case) and the directories ``dirs`` (relative to ``top``), with what
+    they hold."""
+    # in any case, as the version-control names are judged (``.GIT`` is ``.git`` on a
+    # case-insensitive file system)
+    tests: list[list[str]] = [["-iname", _glob(name)] for name in sorted(names)]
     by_name: dict[str, list[str]] = {}
     for rel in sorted(dirs):
         by_name.setdefault(rel.rpartition("/")[2], []).append(rel)
@@ -182,9 +185,9 @@ def walk(
 ) -> list[bytes]:
     """The lines of every entry of the directory ``top`` (absolute), each directory before
     what it holds (``top`` first, with the path ``b""``): staying on its filesystem (a mount
-    point below is listed, not entered); without any entry named
-    as one of ``prune``, nor the directories ``prune_dirs`` (paths relative to ``top``), nor
-    what they hold; a directory's line only ``d DEVICE PATH`` with
+    point below is listed, not entered); without any entry named as one of ``prune`` (in any
+    case), nor the directories ``prune_dirs`` (paths relative to ``top``), nor what they hold;
+    a directory's line only ``d DEVICE PATH`` with
     ``paths_of_dirs``. Raises :class:`ListingFailed` (an OSError) if it could not list
     them all."""
     dir_format = DIR_PATH_FORMAT if paths_of_dirs else _DIR_FORMAT

@@ -49,7 +49,7 @@ from ._links import LinkMap
 from .branch import Branch
 from .changes import Change, Delete, ModeChange, Write
 from .errors import PathRefused, WorkspaceChanged
-from .ignore import IgnoreMatcher
+from .ignore import IgnoreMatcher, is_vcs_name
 from .snapshot import Snapshot, StatInfo
 from .tree import Tree, compose
 from .workdir import Workdir, _Key, _key
@@ -352,7 +352,7 @@ def _copy_extras(
                 if is_dir:
                     stack.append(rel)
                 continue
-            is_vcs = entry.name in matcher.rules.vcs_dirs
+            is_vcs = is_vcs_name(entry.name, matcher.rules.vcs_dirs)
             if not (vcs if is_vcs else ignored):
                 continue
             dst = os.path.join(dst_root, rel)

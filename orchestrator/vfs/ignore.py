@@ -26,6 +26,7 @@ leave them out: they are the run's own choice, not the repository's.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -37,12 +38,30 @@ from attrs import define, field, frozen
 from .._log import get_logger
 from .._names import name_of
 
-__all__ = ["VCS_DIRS", "IgnoreMatcher", "IgnoreRules", "read_rules", "tracked_but_ignored"]
+__all__ = [
+    "VCS_DIRS",
+    "IgnoreMatcher",
+    "IgnoreRules",
+    "is_vcs_name",
+    "read_rules",
+    "tracked_but_ignored",
+]
 
 log = get_logger(__name__)
 
 #: version-control internals, never part of a branch (at any depth)
 VCS_DIRS: frozenset[str] = frozenset({".git", ".hg", ".svn", ".bzr", ".jj", "_darcs"})
+
+
+@functools.lru_cache(maxsize=16)
+def _folded(names: frozenset[str]) -> frozenset[str]:
+    return frozenset(name.casefold() for name in names)
+
+
+def is_vcs_name(name: str, vcs_dirs: frozenset[str] = VCS_DIRS) -> bool:
+    """Whether ``name`` is one of ``vcs_dirs`` in any case: on a case-insensitive file system
+    (macOS, Windows, ext4 with casefold, FAT) ``.GIT/hooks/x`` written there is ``.git/hooks/x``."""
+    return name in vcs_dirs or name.casefold() in _folded(vcs_dirs)
 
 
 @frozen
@@ -482,7 +501,7 @@ class IgnoreMatcher:
         A tracked file (:meth:`set_tracked`) and the directories above one are ignored only by
         the extra globs; what else a directory the patterns ignore holds is ignored.
         """
-        if name in self.rules.vcs_dirs:
+        if is_vcs_name(name, self.rules.vcs_dirs):
             return True
         if self._tracked:
             if rel in self._tracked_dirs if is_dir else rel in self._tracked:

@@ -74,7 +74,7 @@ from ._links import LinkMap
 from .branch import Branch
 from .changes import Change, Delete, FileState, Write
 from .errors import FileTooLarge, PathNotFound, PathRefused, VfsError, WorkspaceChanged
-from .ignore import IgnoreMatcher, read_rules
+from .ignore import IgnoreMatcher, is_vcs_name, read_rules
 from .snapshot import RACY_WINDOW_NS, Snapshot
 
 __all__ = ["HarvestReport", "Workdir", "harvest"]
@@ -473,7 +473,7 @@ class Workdir:
                     for entry in it:
                         name = entry.name
                         if entry.is_dir(follow_symlinks=False):
-                            if name not in vcs:
+                            if not is_vcs_name(name, vcs):
                                 dirs.append(name)
                             continue
                         if name == _GITIGNORE:
@@ -481,7 +481,7 @@ class Workdir:
                         rel = prefix + name
                         known = records.get(rel)
                         if known is None:
-                            if name not in vcs:
+                            if not is_vcs_name(name, vcs):
                                 unknown.append(entry)
                             continue
                         try:
