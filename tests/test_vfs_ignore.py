@@ -298,3 +298,58 @@ def test_version_control_names_are_matched_in_any_case() -> None:
         assert m.is_ignored(rel), rel
     assert not m.is_ignored(".github/workflows/ci.yml") and not m.is_ignored("git/x")
     assert is_vcs_name(".GiT") and not is_vcs_name(".gitx")
+
+
+def test_lines_are_read_as_git_reads_them() -> None:
+    """A byte-order mark is dropped, lines end at "\\n" alone (a CRLF's "\\r" dropped), and
+    a form feed or a lone "\\r" is part of the pattern."""
+    m = matcher("\ufeffsecret.txt\r\nfoo\fbar\nbaz\rqux\n")
+    assert m.is_ignored("secret.txt")
+    assert not m.is_ignored("foo") and not m.is_ignored("bar")
+    assert not m.is_ignored("baz") and not m.is_ignored("qux")
+    assert m.is_ignored("foo\fbar")
+
+
+def test_a_workspace_in_a_directory_the_repository_ignores(tmp_path: Path) -> None:
+    """Where a directory from the top down to the workspace is ignored, every untracked file
+    of the workspace is; a tracked one is kept, and a negation below does not bring back."""
+    repo = git_repo(tmp_path / "repo", {".gitignore": "vendor/\n/p\n", "a.txt": "a\n"})
+    make_tree(repo, {"vendor/lib/kept.c": "k\n", "p/sub/x": "x\n", "q/sub/y": "y\n"})
+    git(repo, "add", "-f", "vendor/lib/kept.c")
+    for below, hidden in (("vendor/lib", True), ("p/sub", True), ("q/sub", False)):
+        m = IgnoreMatcher.from_rules(IgnoreRules())
+        m.load_exclude(str(repo / below))
+        m.load_tracked(str(repo / below))
+        m.add_patterns("", "!*\n")
+        assert m.is_ignored("untracked.o") is hidden, below
+        assert m.is_ignored("deep", is_dir=True) is hidden, below
+    m = IgnoreMatcher.from_rules(IgnoreRules())
+    m.load_exclude(str(repo / "vendor/lib"))
+    m.load_tracked(str(repo / "vendor/lib"))
+    assert not m.is_ignored("kept.c")
+
+
+def test_the_repository_files_are_followed_and_never_waited_on(tmp_path: Path) -> None:
+    """A symlinked info/exclude and a .git that is a symlink are followed, as git follows
+    them; a FIFO where a worktree's commondir should be is passed over at once."""
+    repo = git_repo(tmp_path / "repo", {"a.txt": "a\n"})
+    (tmp_path / "excl").write_text("secret.txt\n")
+    exclude = repo / ".git" / "info" / "exclude"
+    exclude.unlink()
+    exclude.symlink_to(tmp_path / "excl")
+    m = IgnoreMatcher.from_rules(IgnoreRules())
+    m.load_exclude(str(repo))
+    assert m.is_ignored("secret.txt")
+    (tmp_path / "linked").mkdir()
+    (tmp_path / "linked" / ".git").symlink_to(repo / ".git")
+    m = IgnoreMatcher.from_rules(IgnoreRules())
+    m.load_exclude(str(tmp_path / "linked"))
+    assert m.is_ignored("secret.txt")
+    fake = repo / ".git" / "worktrees" / "w"
+    fake.mkdir(parents=True)
+    os.mkfifo(fake / "commondir")
+    (tmp_path / "wt").mkdir()
+    (tmp_path / "wt" / ".git").write_text(f"gitdir: {fake}\n")
+    m = IgnoreMatcher.from_rules(IgnoreRules())
+    m.load_exclude(str(tmp_path / "wt"))  # returns: nothing waits for a writer
+    assert not m.is_ignored("secret.txt")

@@ -156,7 +156,7 @@ def _translate(pat: str) -> str:
 
 def _parse_line(line: str) -> tuple[str, bool, bool] | None:
     """(regex, negate, dir_only) for one gitignore line, None for blanks and comments."""
-    line = line.rstrip("\r\n")
+    line = line.removesuffix("\r")  # of a CRLF line end
     if not line or line.startswith("#"):
         return None
     # Trailing spaces are dropped unless escaped with a backslash.
@@ -197,7 +197,9 @@ def _groups(parsed: list[tuple[str, bool, bool]], for_dirs: bool) -> tuple[_Grou
 
 
 def _rule_file(base: str, text: str, prefix: str = "") -> _RuleFile | None:
-    parsed = [p for p in map(_parse_line, text.splitlines()) if p is not None]
+    # as git reads them: a UTF-8 byte-order mark dropped, lines ended by "\n" alone
+    lines = text.removeprefix("\ufeff").split("\n")
+    parsed = [p for p in map(_parse_line, lines) if p is not None]
     if not parsed:
         return None
     return _RuleFile(base, _groups(parsed, for_dirs=False), _groups(parsed, for_dirs=True), prefix)
@@ -224,12 +226,16 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _RULES_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-def read_rules(dir_fd: int, name: str = ".gitignore") -> tuple[str, os.stat_result] | None:
+def read_rules(
+    dir_fd: int, name: str = ".gitignore", *, follow: bool = False
+) -> tuple[str, os.stat_result] | None:
     """The text of the patterns file ``name`` in the directory ``dir_fd``, and the stat it was
-    read with; None if there is no regular file of that name (as git, a symlink is not
-    followed) or it cannot be read. A FIFO or a device is never opened for long."""
+    read with; None if there is no regular file of that name or it cannot be read. A symlink
+    is followed only with ``follow`` (git follows none in the work tree, but follows the
+    repository's own files). A FIFO or a device is never opened for long."""
+    flags = _RULES_FLAGS & ~os.O_NOFOLLOW if follow else _RULES_FLAGS
     try:
-        fd = os.open(name, _RULES_FLAGS, dir_fd=dir_fd)
+        fd = os.open(name, flags, dir_fd=dir_fd)
     except OSError:
         return None
     try:
@@ -246,14 +252,14 @@ def read_rules(dir_fd: int, name: str = ".gitignore") -> tuple[str, os.stat_resu
     return name_of(b"".join(chunks)), st  # patterns match names: decoded as names are
 
 
-def _read_in(directory: str, name: str) -> str | None:
+def _read_in(directory: str, name: str, *, follow: bool = False) -> str | None:
     """The text of the patterns file ``name`` in ``directory`` (see :func:`read_rules`)."""
     try:
-        dir_fd = os.open(directory, _DIR_FLAGS)
+        dir_fd = os.open(directory, _DIR_FLAGS & ~os.O_NOFOLLOW if follow else _DIR_FLAGS)
     except OSError:
         return None
     try:
-        read = read_rules(dir_fd, name)
+        read = read_rules(dir_fd, name, follow=follow)
     finally:
         os.close(dir_fd)
     return None if read is None else read[0]
@@ -265,28 +271,26 @@ def _info_dir(root: str) -> str | None:
     that of the directory it names, or of its common directory."""
     dot_git = os.path.join(root, ".git")
     try:
-        st = os.lstat(dot_git)
+        st = os.stat(dot_git)  # a symlink to the git directory is followed, as git does
     except OSError:
         return None
     if stat.S_ISDIR(st.st_mode):
         return os.path.join(dot_git, "info")
-    if not stat.S_ISREG(st.st_mode) or st.st_size > 65536:
+    first = _first_line(root, ".git")
+    if first is None or not first.startswith("gitdir:"):
         return None
-    try:
-        with open(dot_git, "rb") as f:
-            first = f.readline().strip()
-    except OSError:
-        return None
-    if not first.startswith(b"gitdir:"):
-        return None
-    git_dir = os.path.join(root, os.fsdecode(first[len(b"gitdir:") :].strip()))
-    try:
-        with open(os.path.join(git_dir, "commondir"), "rb") as f:
-            common = os.fsdecode(f.readline().strip())
-        git_dir = os.path.join(git_dir, common)
-    except OSError:
-        pass  # a submodule's git directory is its own
+    git_dir = os.path.join(root, first[len("gitdir:") :].strip())
+    common = _first_line(git_dir, "commondir")
+    if common is not None:  # a submodule's git directory has none: it is its own
+        git_dir = os.path.join(git_dir, common.strip())
     return os.path.join(git_dir, "info")
+
+
+def _first_line(directory: str, name: str) -> str | None:
+    """The first line of the small regular file ``name`` in ``directory`` (never waiting on
+    a FIFO), or None."""
+    text = _read_in(directory, name, follow=True)
+    return None if text is None or len(text) > 65536 else text.partition("\n")[0].strip()
 
 
 def tracked_but_ignored(root: str) -> frozenset[str] | None:
@@ -352,6 +356,8 @@ class IgnoreMatcher:
     _exclude: _RuleFile | None = field(default=None, alias="_exclude")
     #: the ``.gitignore`` files of the work tree above the workspace root, nearest first
     _outer: tuple[_RuleFile, ...] = field(default=(), alias="_outer")
+    #: the workspace root is in a directory those patterns ignore: every untracked file is
+    _root_hidden: bool = field(default=False, alias="_root_hidden")
     _chains: dict[str, tuple[_RuleFile, ...]] = field(factory=dict, alias="_chains")
     #: files the repository tracks that the patterns match: never ignored by them
     _tracked: frozenset[str] = field(default=frozenset(), alias="_tracked")
@@ -373,6 +379,7 @@ class IgnoreMatcher:
             _extra=self._extra,
             _exclude=self._exclude,
             _outer=self._outer,
+            _root_hidden=self._root_hidden,
             _chains=dict(self._chains),
             _tracked=self._tracked,
             _tracked_dirs=self._tracked_dirs,
@@ -448,7 +455,7 @@ class IgnoreMatcher:
         below = os.path.relpath(root, top)
         prefix = "" if below == "." else below.replace(os.sep, "/") + "/"
         info = _info_dir(top)
-        read = None if info is None else _read_in(info, "exclude")
+        read = None if info is None else _read_in(info, "exclude", follow=True)
         self._exclude = None if read is None else _rule_file("", read, prefix)
         outer: list[_RuleFile] = []
         if prefix:
@@ -460,7 +467,33 @@ class IgnoreMatcher:
                 if text is not None and (compiled := _rule_file("", text, rest)) is not None:
                     outer.append(compiled)
         self._outer = tuple(reversed(outer))
+        self._root_hidden = bool(prefix) and self._below_ignored(prefix.rstrip("/").split("/"))
+        if self._root_hidden:
+            log.warning(
+                "the workspace is in a directory its git repository ignores: only the files "
+                "git tracks there are part of it",
+                root=root,
+                top=top,
+            )
         self._patterns_changed()
+
+    def _below_ignored(self, parts: list[str]) -> bool:
+        """Whether the patterns from outside the workspace ignore a directory from the top of
+        the work tree down to the workspace root (``parts``: the path from the top)."""
+        outside = (*self._outer, *((self._exclude,) if self._exclude is not None else ()))
+        for depth in range(1, len(parts) + 1):  # each directory, from the top down
+            for rule_file in outside:  # nearest first
+                # the rule file's directory is ``parts`` less the components of its prefix
+                own = len(parts) - len(rule_file.prefix.rstrip("/").split("/"))
+                if own >= depth:
+                    continue  # a file at or below this directory: it does not judge it
+                sub = "/".join(parts[own:depth])
+                verdict = _says(rule_file, sub, True)
+                if verdict is not None:
+                    if verdict:
+                        return True
+                    break
+        return False
 
     def _chain(self, parent: str) -> tuple[_RuleFile, ...]:
         chain = self._chains.get(parent)
@@ -492,7 +525,7 @@ class IgnoreMatcher:
 
     def has_rules(self, parent: str) -> bool:
         """Whether any pattern applies to entries of directory ``parent`` (VCS names aside)."""
-        return parent in self._tracked_dirs or bool(self._chain(parent))
+        return self._root_hidden or parent in self._tracked_dirs or bool(self._chain(parent))
 
     def ignored(self, rel: str, parent: str, name: str, is_dir: bool) -> bool:
         """Whether the entry ``rel`` (in directory ``parent``, named ``name``) is ignored itself.
@@ -503,10 +536,12 @@ class IgnoreMatcher:
         """
         if is_vcs_name(name, self.rules.vcs_dirs):
             return True
-        if self._tracked:
+        if self._tracked or self._root_hidden:
             if rel in self._tracked_dirs if is_dir else rel in self._tracked:
                 extra = self._extra
                 return extra is not None and _verdict((extra,), rel, is_dir) is True
+            if self._root_hidden:
+                return True  # the whole workspace is in an ignored directory
             if parent and parent in self._tracked_dirs and self._is_hidden(parent):
                 return True  # in a directory kept only for the tracked files it holds
         return _verdict(self._chain(parent), rel, is_dir) is True
@@ -547,7 +582,16 @@ def _verdict(chain: tuple[_RuleFile, ...], rel: str, is_dir: bool) -> bool | Non
     (False), or None when none matches."""
     for rule_file in chain:
         sub = rule_file.prefix + (rel[len(rule_file.base) + 1 :] if rule_file.base else rel)
-        for group in rule_file.dir_groups if is_dir else rule_file.file_groups:
-            if group.regex.match(sub):
-                return not group.negate
+        verdict = _says(rule_file, sub, is_dir)
+        if verdict is not None:
+            return verdict
+    return None
+
+
+def _says(rule_file: _RuleFile, sub: str, is_dir: bool) -> bool | None:
+    """What the last line of ``rule_file`` matching ``sub`` (a path from the file's own
+    directory) says: ignored, re-included, or None when none matches."""
+    for group in rule_file.dir_groups if is_dir else rule_file.file_groups:
+        if group.regex.match(sub):
+            return not group.negate
     return None
