@@ -194,11 +194,11 @@ async def test_names_of_255_bytes_are_written_harvested_and_applied(
 async def test_writes_into_git_to_a_directory_path_or_through_a_lone_surrogate_are_refused(
     tmp_path: Path, project: Path, state_dir: Path
 ) -> None:
-    """fs/write_text_file in or as `.git`, to a path ending in '/', or to a path holding a lone
-    surrogate (sent as its JSON escape) is -32602 and writes nothing; `.git` the agent writes on
-    disk itself is no change; the rest of the turn applies."""
+    """fs/write_text_file in or as `.git` (in any case), to a path ending in '/', or to a path
+    holding a lone surrogate (sent as its JSON escape) is -32602 and writes nothing; `.git` the
+    agent writes on disk itself is no change; the rest of the turn applies."""
     hook = "[core]\n\tfsmonitor = touch pwned\n"
-    refused = [".git/config", ".git", "sub/.git/HEAD", "README.md/", "new.txt/", "\ud800.txt"]
+    refused = [".git/config", ".GIT", "sub/.Git/HEAD", "README.md/", "new.txt/", "\ud800.txt"]
     script = write_agent(
         tmp_path / "g.json",
         Turn(
@@ -222,7 +222,8 @@ async def test_writes_into_git_to_a_directory_path_or_through_a_lone_surrogate_a
     writes = [e for e in record_events(script.with_suffix(".jsonl")) if e["event"] == "fs_write"]
     reasons = [e.get("error", {}).get("message", "") for e in writes]
     assert [e.get("error", {}).get("code") for e in writes] == [-32602] * 6 + [None]
-    assert all("no file is written in or as .git" in r for r in reasons[:3]), reasons
+    assert [r.rpartition(" ")[2] for r in reasons[:3]] == [".git", ".GIT", ".Git"], reasons
+    assert all("no file is written in or as" in r for r in reasons[:3]), reasons
     assert all("names a directory" in r for r in reasons[3:5]), reasons
     assert "not valid Unicode" in reasons[5], reasons
     assert [code for method, _, code in fs_answers(script) if method == "fs_read"] == [-32602]

@@ -553,3 +553,15 @@ def test_a_failed_write_names_the_file_not_its_temp_file(
         "No space left on device"
     )
     assert capture(ws) == before
+
+
+def test_a_failed_write_survives_a_trip_between_processes() -> None:
+    """The error of a file that could not be written pickles with its message."""
+    import pickle
+
+    from orchestrator.vfs.apply import _EntryFailed
+
+    error = _EntryFailed("a b.txt", "write", OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+    again = pickle.loads(pickle.dumps(error))
+    assert str(again) == "could not write a b.txt: No space left on device"
+    assert isinstance(again, OSError) and again.errno == errno.ENOSPC

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.vfs.ignore import IgnoreMatcher, IgnoreRules, is_vcs_name, tracked_but_ignored
+from orchestrator.vfs.ignore import IgnoreMatcher, IgnoreRules, is_vcs_name, tracked_files
 from orchestrator.vfs.testing import git, git_repo, make_tree
 
 
@@ -193,19 +193,22 @@ def test_tracked_files_follow_a_fork_and_changed_patterns() -> None:
     assert not m.is_ignored("out/other.txt")
 
 
-def test_git_lists_the_tracked_files_its_patterns_match(tmp_path: Path) -> None:
-    """Asked of a work tree (at its top or below it), git names the files added with
-    ``git add -f``, relative to the directory asked; elsewhere, nothing is known."""
+def test_git_lists_the_tracked_files(tmp_path: Path) -> None:
+    """Asked of a work tree (at its top or below it), git names the files it tracks, those
+    added with ``git add -f`` among them, relative to the directory asked; elsewhere, nothing
+    is known."""
     repo = git_repo(tmp_path / "repo", {".gitignore": "dist/\n*.tmp\n", "pkg/a.py": "a\n"})
     make_tree(repo, {"dist/app.js": "x\n", "pkg/dist/b.js": "y\n", "pkg/n.tmp": "t\n"})
     git(repo, "add", "-f", "dist/app.js", "pkg/dist/b.js")
     git(repo, "commit", "-q", "-m", "forced")
     make_tree(repo, {"dist/untracked.js": "u\n"})
-    assert tracked_but_ignored(str(repo)) == frozenset({"dist/app.js", "pkg/dist/b.js"})
-    assert tracked_but_ignored(str(repo / "pkg")) == frozenset({"dist/b.js"})
+    assert tracked_files(str(repo)) == frozenset(
+        {".gitignore", "pkg/a.py", "dist/app.js", "pkg/dist/b.js"}
+    )
+    assert tracked_files(str(repo / "pkg")) == frozenset({"a.py", "dist/b.js"})
     plain = tmp_path / "plain"
     plain.mkdir()
-    assert tracked_but_ignored(str(plain)) is None
+    assert tracked_files(str(plain)) is None
 
 
 def test_no_git_on_the_path_means_no_tracked_files(
@@ -214,7 +217,7 @@ def test_no_git_on_the_path_means_no_tracked_files(
     """Without git the patterns alone decide."""
     repo = git_repo(tmp_path / "repo", {".gitignore": "dist/\n", "a": "a\n"})
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
-    assert tracked_but_ignored(str(repo)) is None
+    assert tracked_files(str(repo)) is None
 
 
 def test_the_repository_configuration_runs_nothing(tmp_path: Path) -> None:
@@ -224,7 +227,7 @@ def test_the_repository_configuration_runs_nothing(tmp_path: Path) -> None:
     git(repo, "add", "-f", "dist/app.js")
     marker = tmp_path / "ran"
     git(repo, "config", "core.fsmonitor", f"touch {marker}; false")
-    assert tracked_but_ignored(str(repo)) == frozenset({"dist/app.js"})
+    assert tracked_files(str(repo)) == frozenset({".gitignore", "a", "dist/app.js"})
     assert not marker.exists()
 
 

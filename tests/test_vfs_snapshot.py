@@ -197,3 +197,40 @@ def test_a_file_git_tracks_is_part_of_the_workspace_though_ignored(tmp_path: Pat
     assert snap.read("dist/app.js") == b"old\n"
     off = Workspace.open(root, use_gitignore=False).snapshot()
     assert "dist/other.js" in off.paths()
+
+
+def test_a_shipped_tree_keeps_every_file_it_is_given(tmp_path: Path) -> None:
+    """A tree given with its files (a cluster node's copy) keeps them all, whatever its
+    patterns say, and no repository around it has a say."""
+    repo = git_repo(tmp_path / "repo", {".gitignore": "cache/\n", "a.txt": "a\n"})
+    tree = make_tree(
+        repo / "cache" / "tree",
+        {".gitignore": "build/\n", "build/keep.txt": "k\n", "src/x.py": "x\n"},
+    )
+    make_tree(tree, {"build/new.txt": "untracked\n"})
+    snap = Workspace.open(tree).snapshot(tracked={".gitignore", "build/keep.txt", "src/x.py"})
+    assert sorted(snap.paths()) == [".gitignore", "build/keep.txt", "src/x.py"]
+
+
+def test_a_fifo_gitignore_neither_hangs_nor_hides_tracked_files(tmp_path: Path) -> None:
+    """git is asked for its index alone: a FIFO named .gitignore is never opened, and the
+    files it tracks below an ignored directory are kept."""
+    root = git_repo(tmp_path / "ws", {".gitignore": "out/\n", "a.txt": "a\n"})
+    make_tree(root, {"out/kept.txt": "k\n"})
+    git(root, "add", "-f", "out/kept.txt")
+    (root / "f").mkdir()
+    os.mkfifo(root / "f" / ".gitignore")
+    started = time.monotonic()
+    snap = Workspace.open(root).snapshot()
+    assert "out/kept.txt" in snap.paths()
+    assert time.monotonic() - started < 30
+
+
+def test_a_git_directory_that_is_none_is_not_the_top(tmp_path: Path) -> None:
+    """An empty ``.git`` directory between the top and the workspace is no repository: the
+    patterns of the real top apply."""
+    repo = git_repo(tmp_path / "repo", {".gitignore": "*.junk\n", "a.txt": "a\n"})
+    make_tree(repo, {"mid/ws/x.junk": "j\n", "mid/ws/y.txt": "y\n"})
+    (repo / "mid" / ".git").mkdir()
+    snap = Workspace.open(repo / "mid" / "ws").snapshot()
+    assert sorted(snap.paths()) == ["y.txt"]

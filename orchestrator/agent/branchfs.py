@@ -37,6 +37,7 @@ from .._sizes import format_size
 from ..errors import FileNotFound, InvalidParams, JsonRpcError, ResourceNotFound
 from ..vfs import check_path_limits
 from ..vfs.errors import FileTooLarge, PathNotFound, PathRefused
+from ..vfs.ignore import is_vcs_name
 from ..vfs.workdir import HarvestReport, Workdir
 
 if TYPE_CHECKING:
@@ -47,8 +48,6 @@ __all__ = ["NOWAIT_MAX_BYTES", "BranchFileSystem", "BranchRouter"]
 
 log = get_logger(__name__)
 
-# the name no fs/write_text_file path may hold as a component (directory or file)
-_GIT = ".git"
 
 #: Files up to this size are read and written in the connection's read loop (``*_nowait``):
 #: a few system calls cost less than a task and a thread hop. Larger ones go through a thread.
@@ -128,10 +127,12 @@ class BranchFileSystem:
         rel = os.path.relpath(real, root).replace(os.sep, "/")
         if rel == ".":
             raise PathRefused(path, "is the branch directory itself")
-        if write and _GIT in rel.split("/"):
-            # git obeys what it finds there (hooks, core.fsmonitor): a git command the policy
-            # allows would run what the agent wrote
-            raise PathRefused(path, f"no file is written in or as {_GIT}")
+        vcs = next((part for part in rel.split("/") if is_vcs_name(part)), None) if write else None
+        if vcs is not None:
+            # git obeys what it finds there (hooks, core.fsmonitor), and so do the others (an
+            # hg hook): a command the policy allows would run what the agent wrote; in any
+            # case, as a case-insensitive file system takes ``.GIT`` for ``.git``
+            raise PathRefused(path, f"no file is written in or as {vcs}")
         return rel
 
     def _refused(self, method: str, e: PathRefused, ctx: SessionContext) -> JsonRpcError:

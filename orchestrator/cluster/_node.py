@@ -350,7 +350,10 @@ async def _base(state: _NodeState, host: _RunHost, manifest: Manifest) -> AsyncI
                 held = contextlib.ExitStack()
                 try:
                     directory = held.enter_context(state.trees.open(manifest))
-                    return _Base(Workspace.open(directory).snapshot(), held)
+                    # every path shipped is part of the tree, whatever its patterns say, and
+                    # no repository around the node's cache has a say
+                    tree = frozenset(entry.path for entry in manifest.entries)
+                    return _Base(Workspace.open(directory).snapshot(tracked=tree), held)
                 except BaseException:
                     held.close()
                     raise

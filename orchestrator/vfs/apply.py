@@ -605,10 +605,15 @@ class _EntryFailed(OSError):
         super().__init__(error.errno, error.strerror or str(error))
         verb = {"delete": "delete", "chmod": "change the mode of"}.get(action, "write")
         self.path = path
+        self.action = action
+        self.error = error
         self.message = f"could not {verb} {display_name(path)}: {error.strerror or error}"
 
     def __str__(self) -> str:
         return self.message
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.path, self.action, self.error))
 
 
 def _old_and_new(entry: Mapping[str, Any]) -> tuple[tuple[Any, Any], tuple[Any, Any]]:

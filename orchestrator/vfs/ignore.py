@@ -19,8 +19,9 @@ not read.
 
 As in git, a file the repository tracks is never ignored by those patterns (one added with
 ``git add -f``, or committed before a pattern came to match it): :meth:`IgnoreMatcher.load_tracked`
-asks git for the tracked files its patterns match, and they stay part of the workspace, with the
-directories above them; what else such a directory holds stays ignored. The extra globs still
+asks git for the files it tracks (its index: no pattern file is read for that), and they stay
+part of the workspace, with the directories above them; what else a directory the patterns ignore
+holds stays ignored. The extra globs still
 leave them out: they are the run's own choice, not the repository's.
 """
 
@@ -44,7 +45,7 @@ __all__ = [
     "IgnoreRules",
     "is_vcs_name",
     "read_rules",
-    "tracked_but_ignored",
+    "tracked_files",
 ]
 
 log = get_logger(__name__)
@@ -206,20 +207,34 @@ def _rule_file(base: str, text: str, prefix: str = "") -> _RuleFile | None:
 
 
 def _work_tree_top(root: str) -> str | None:
-    """The top of the git work tree ``root`` is in (``root`` itself or a directory above it
-    holding ``.git``), or None."""
+    """The top of the git work tree ``root`` is in: ``root`` itself or the nearest directory
+    above it holding a ``.git`` (a directory with a ``HEAD``, or a ``gitdir:`` file), on the
+    same file system (git does not look across one either); or None."""
+    try:
+        device = os.stat(root).st_dev
+    except OSError:
+        return None
     here = root
     while True:
-        if os.path.lexists(os.path.join(here, ".git")):
+        dot_git = os.path.join(here, ".git")
+        if os.path.isfile(os.path.join(dot_git, "HEAD")) or (
+            os.path.isfile(dot_git) and (_first_line(here, ".git") or "").startswith("gitdir:")
+        ):
             return here
         up = os.path.dirname(here)
-        if up == here:
+        try:
+            if up == here or os.stat(up).st_dev != device:
+                return None
+        except OSError:
             return None
         here = up
 
 
-#: how long git may take to list the tracked files its patterns match
+#: how long git may take to list the tracked files
 _GIT_TIMEOUT = 60.0
+
+#: the git variables that say where to look for a repository, kept
+_GIT_KEEP = frozenset({"GIT_CEILING_DIRECTORIES", "GIT_DISCOVERY_ACROSS_FILESYSTEM"})
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 #: a FIFO opens at once (and is refused), a symlink is not followed
@@ -293,10 +308,10 @@ def _first_line(directory: str, name: str) -> str | None:
     return None if text is None or len(text) > 65536 else text.partition("\n")[0].strip()
 
 
-def tracked_but_ignored(root: str) -> frozenset[str] | None:
+def tracked_files(root: str) -> frozenset[str] | None:
     """The files git tracks under the directory ``root`` (the top of a git work tree or below
-    it) that its ignore patterns match, relative to ``root``; None when ``root`` is in no work
-    tree, there is no git, or git failed.
+    it), relative to ``root``: its index, read without any pattern file (so none is waited
+    on); None when ``root`` is in no work tree, there is no git, or git failed.
 
     The repository's configuration runs nothing: ``core.fsmonitor`` is turned off.
     """
@@ -304,10 +319,10 @@ def tracked_but_ignored(root: str) -> frozenset[str] | None:
     if git is None:
         return None
     args = [git, "-c", "core.fsmonitor=false", "-C", root, "ls-files", "-z", "--cached"]
-    args += ["--ignored", "--exclude-standard"]
-    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C"}
-    for name in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_CONFIG_PARAMETERS"):
-        env.pop(name, None)  # the workspace's own repository, whatever the caller's shell says
+    # the workspace's own repository, whatever the caller's shell says (GIT_DIR, GIT_CONFIG_*,
+    # ...), found as git finds it
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_") or k in _GIT_KEEP}
+    env.update(GIT_TERMINAL_PROMPT="0", GIT_OPTIONAL_LOCKS="0", LC_ALL="C")
     try:
         done = subprocess.run(
             args,
@@ -387,7 +402,7 @@ class IgnoreMatcher:
 
     @property
     def tracked(self) -> frozenset[str]:
-        """The files the repository tracks that the patterns would ignore (kept)."""
+        """The files the repository tracks: kept whatever the patterns say."""
         return self._tracked
 
     def set_tracked(self, paths: frozenset[str]) -> None:
@@ -398,11 +413,11 @@ class IgnoreMatcher:
         self._hidden.clear()
 
     def load_tracked(self, root: str) -> None:
-        """Ask git which files it tracks under ``root`` that its patterns match, and keep them
-        (:meth:`set_tracked`), if the rules use gitignore and ``root`` is a git work tree."""
+        """Ask git which files it tracks under ``root`` and keep them (:meth:`set_tracked`), if
+        the rules use gitignore and ``root`` is in a git work tree."""
         if not self.rules.use_gitignore:
             return
-        found = tracked_but_ignored(root)
+        found = tracked_files(root)
         if found:
             self.set_tracked(found)
 

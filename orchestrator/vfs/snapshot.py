@@ -27,7 +27,7 @@ import errno
 import os
 import stat
 import time
-from collections.abc import Iterator, Set
+from collections.abc import Iterable, Iterator, Set
 from pathlib import Path
 
 from attrs import define, field, frozen
@@ -159,12 +159,19 @@ class Workspace:
         real = os.path.realpath(path)
         return real == self.root or real.startswith(self.root.rstrip("/") + "/")
 
-    def snapshot(self) -> Snapshot:
-        """Walk the workspace and record the stat of every file that is not ignored."""
+    def snapshot(self, *, tracked: Iterable[str] | None = None) -> Snapshot:
+        """Walk the workspace and record the stat of every file that is not ignored.
+
+        ``tracked``: the files known to be part of it whatever the patterns say (a tree
+        shipped elsewhere): then no git repository is asked, nor read around it.
+        """
         started = time.time_ns()
         matcher = IgnoreMatcher.from_rules(self.rules)
-        matcher.load_exclude(self.root)
-        matcher.load_tracked(self.root)  # as in git, tracked files are never ignored
+        if tracked is None:
+            matcher.load_exclude(self.root)
+            matcher.load_tracked(self.root)  # as in git, tracked files are never ignored
+        else:
+            matcher.set_tracked(frozenset(tracked))
         stats: dict[str, StatInfo] = {}
         for rel, st in walk(self.root, matcher, load_rules=True):
             stats[rel] = StatInfo.from_stat(st)
