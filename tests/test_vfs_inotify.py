@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 
@@ -64,3 +65,64 @@ def test_overflow_forces_a_full_scan(tmp_path: Path) -> None:
     report = wd.harvest()
     assert not report.full_scan and report.modified == ("d/a",)
     wd.close()
+
+
+def test_a_file_watch_tells_what_is_done_through_another_name(tmp_path: Path) -> None:
+    """A file's watch names it for a write, a chmod and a new name made elsewhere, by the path
+    it was watched at, and keeps those paths in ``touched``."""
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "f").write_text("x")
+    watcher = _inotify.Inotify.open(str(tmp_path / "w"))
+    assert watcher is not None
+    watcher.touched = {}
+    assert watcher.add_files(["f"])
+    os.link(tmp_path / "w" / "f", tmp_path / "elsewhere")  # a directory's watch sees nothing
+    (tmp_path / "elsewhere").write_text("y")
+    os.chmod(tmp_path / "elsewhere", 0o600)
+    events = watcher.read()
+    assert events and all((rel_dir, name) == ("", "f") for rel_dir, _mask, name in events)
+    touched = watcher.take_touched()
+    assert set(touched) == {"f"}
+    assert touched["f"] & _inotify.IN_MODIFY and touched["f"] & _inotify.IN_ATTRIB
+    assert watcher.take_touched() == {}
+    watcher.close()
+
+
+def test_file_watches_take_a_quarter_of_the_limit_at_most(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """File watches beyond a quarter of the user's limit are not added: the watcher is no
+    longer complete; the room comes back when it is closed or dropped unclosed."""
+    for i in range(6):
+        (tmp_path / f"f{i}").write_text("x")
+    limit = 4 * (_inotify._files_held + 4)
+    monkeypatch.setattr(_inotify, "_max_user_watches", lambda: limit)
+    watcher = _inotify.Inotify.open(str(tmp_path))
+    assert watcher is not None
+    watcher.complete = True
+    assert _inotify.file_watch_room() == 4
+    assert watcher.add_files(["f0", "f1", "f2"])
+    assert _inotify.file_watch_room() == 1
+    assert not watcher.add_files(["f3", "f4"]) and not watcher.complete
+    watcher.close()
+    assert _inotify.file_watch_room() == 4
+    dropped = _inotify.Inotify.open(str(tmp_path))
+    assert dropped is not None and dropped.add_files(["f0", "f1"])
+    assert _inotify.file_watch_room() == 2
+    del dropped
+    gc.collect()
+    assert _inotify.file_watch_room() == 4
+
+
+def test_a_deleted_file_gives_its_watch_back(tmp_path: Path) -> None:
+    """A watched file deleted for good gives its watch's room back once its events are read."""
+    (tmp_path / "f").write_text("x")
+    watcher = _inotify.Inotify.open(str(tmp_path))
+    assert watcher is not None
+    before = _inotify.file_watch_room()
+    assert watcher.add_files(["f"])
+    assert _inotify.file_watch_room() == before - 1
+    os.unlink(tmp_path / "f")
+    watcher.read()
+    assert _inotify.file_watch_room() == before
+    watcher.close()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import shutil
 import stat
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -95,6 +97,8 @@ edits = st.one_of(
     st.tuples(st.just("mkdir"), paths),
     st.tuples(st.just("hardlink"), paths),
     st.tuples(st.just("sneak"), paths),
+    st.tuples(st.just("through_link"), paths),
+    st.tuples(st.just("mmap"), paths),
     st.tuples(
         st.just("harvest"),
     ),
@@ -146,6 +150,19 @@ def apply_edit(wd: Workdir, edit: tuple[object, ...], outside: Path) -> None:
                 data = bytes(b ^ 0xFF for b in path.read_bytes())
                 path.write_bytes(data)
                 os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+        elif kind == "through_link":  # the same, by a second name outside the directory
+            before = os.lstat(path)
+            if stat.S_ISREG(before.st_mode):
+                other = outside / f"h{len(os.listdir(outside))}"
+                os.link(path, other)
+                other.write_bytes(bytes(b ^ 0xFF for b in other.read_bytes()))
+                os.utime(other, ns=(before.st_atime_ns, before.st_mtime_ns))
+        elif kind == "mmap":  # written through a shared mapping, the times put back
+            before = os.lstat(path)
+            if stat.S_ISREG(before.st_mode) and before.st_size:
+                with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
+                    m[0] = m[0] ^ 0xFF
+                os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
         elif kind == "harvest":
             wd.harvest()
     except (OSError, ValueError) as e:  # as an agent's failing command: nothing happens
@@ -187,11 +204,21 @@ def fresh_snapshot(top: Path) -> tuple[Snapshot, Branch]:
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(st.lists(edits, max_size=12), st.booleans(), st.booleans())
+@given(
+    st.lists(edits, max_size=12),
+    st.booleans(),
+    st.booleans(),
+    st.lists(edits, max_size=12),
+)
 def test_a_reset_directory_is_a_fresh_materialization(
-    space: Path, ops: list[tuple[object, ...]], layered: bool, watch: bool
+    space: Path,
+    ops: list[tuple[object, ...]],
+    layered: bool,
+    watch: bool,
+    later: list[tuple[object, ...]],
 ) -> None:
-    """Whatever the agent did to its directory, the reset one equals a fresh checkout."""
+    """Whatever the agent did to its directory, the reset one equals a fresh checkout (the
+    second time, by the paths its watches saw touched, when watched)."""
     top = Path(tempfile.mkdtemp(dir=space))
     snap, parent = fresh_snapshot(top)
     base: Branch | Snapshot = parent if layered else snap
@@ -221,12 +248,18 @@ def test_a_reset_directory_is_a_fresh_materialization(
     assert not second.changes
     Path(reused.root, "src/main.py").write_text("changed\n")
     assert reused.harvest().modified == ("src/main.py",)
+    for op in later:
+        apply_edit(reused, op, outside)
+    reused.harvest(full=True)
     # and reset once more, it is the tree again
     assert pool.give(reused) == []
     again = pool.take(fork("four"), top / "b" / "four", discard=discarded.append)
     assert again is not None
     assert tree_of(again.root) == tree_of(fresh.root)
+    assert not again.harvest(full=True).changed
     assert pool.stats.reused == 2 and pool.stats.made == 1
+    if watch and not any(op[0] in ("rename", "remove", "fs_delete", "mkdir") for op in later):
+        assert pool.listed == 1  # the first reset listed it, the second went by its watches
     again.close()
     fresh.close()
     shutil.rmtree(top)
@@ -330,6 +363,142 @@ def test_a_directory_of_other_changes_is_reset_to_the_tree(
     for wd in (again, fresh, first_fresh):
         wd.close()
     shutil.rmtree(top)
+
+
+def watched_reuse(top: Path, snap: Snapshot) -> tuple[DirPool, Workdir]:
+    """A pool and a directory it reset: every directory and file of it watched since."""
+    pool = DirPool(str(top / "b" / ".pool"), 2, min_files=0)
+    first = materialize(Branch.from_tree(snap, "one"), top / "b" / "one", watch=True)
+    pool.adopt(first)
+    first.harvest(full=True)
+    assert pool.give(first) == []
+    reused = pool.take(Branch.from_tree(snap, "two"), top / "b" / "two", discard=print)
+    assert reused is not None and reused._watcher is not None and reused._watcher.complete
+    return pool, reused
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(st.lists(edits, max_size=16))
+def test_a_harvest_by_the_watches_misses_nothing_a_listing_finds(
+    space: Path, ops: list[tuple[object, ...]]
+) -> None:
+    """In a directory every file and directory of which is watched, a full harvest goes by
+    the events, and a listing right after it finds nothing more."""
+    top = Path(tempfile.mkdtemp(dir=space))
+    snap = make_workspace(top)
+    outside = top / "outside"
+    outside.mkdir()
+    _, wd = watched_reuse(top, snap)
+    for op in ops:
+        apply_edit(wd, op, outside)
+    told = wd.harvest(full=True)
+    watcher = wd.detach_watcher()
+    assert watcher is not None
+    by_events = watcher.complete
+    watcher.close()
+    listed = wd.harvest(full=True)
+    assert listed.full_scan and not listed.changed, listed
+    if by_events:
+        assert not told.full_scan
+    wd.close()
+    shutil.rmtree(top)
+
+
+def test_a_write_through_a_live_mapping_is_harvested(space: Path) -> None:
+    """A file mapped and written by a process still holding the mapping (no write event
+    yet) is harvested when the directory goes by its watches."""
+    snap = make_workspace(space)
+    _, wd = watched_reuse(space, snap)
+    path = Path(wd.root, "src/main.py")
+    f = open(path, "r+b")  # noqa: SIM115 (held across the harvest)
+    m = mmap.mmap(f.fileno(), 0)
+    try:
+        time.sleep(0.02)  # the write's mtime is not the one recorded
+        m[0:5] = b"PRINT"
+        report = wd.harvest(full=True)
+        assert not report.full_scan
+        assert report.modified == ("src/main.py",)
+    finally:
+        m.close()
+        f.close()
+    wd.close()
+
+
+def test_an_outside_name_written_later_is_harvested(space: Path) -> None:
+    """A file the agent made, given a second name outside the directory and written through
+    it after a harvest, is harvested with what was written last."""
+    snap = make_workspace(space)
+    _, wd = watched_reuse(space, snap)
+    Path(wd.root, "new.txt").write_text("one\n")
+    os.utime(Path(wd.root, "new.txt"), ns=(10**18, 10**18))  # settled: never read again
+    assert wd.harvest().added == ("new.txt",)
+    assert not wd.harvest().changed  # the harvest's own read of it told
+    os.link(Path(wd.root, "new.txt"), space / "other-name")
+    before = os.lstat(space / "other-name")
+    (space / "other-name").write_text("two\n")
+    os.utime(space / "other-name", ns=(before.st_atime_ns, before.st_mtime_ns))
+    report = wd.harvest(full=True)
+    assert not report.full_scan and report.modified == ("new.txt",)
+    assert wd.branch.read("new.txt") == b"two\n"
+    wd.close()
+
+
+def test_a_write_through_one_name_of_two_is_harvested_for_both(space: Path) -> None:
+    """A file of the tree the agent gave a second name in the directory, written through that
+    one: both paths are harvested with what was written."""
+    snap = make_workspace(space)
+    _, wd = watched_reuse(space, snap)
+    os.link(Path(wd.root, "README.md"), Path(wd.root, "second.md"))
+    assert wd.harvest().added == ("second.md",)
+    with open(Path(wd.root, "second.md"), "ab") as f:
+        f.write(b"more\n")
+    report = wd.harvest(full=True)
+    assert not report.full_scan
+    assert set(report.modified) == {"README.md", "second.md"}
+    assert wd.branch.read("README.md") == b"# readme\nmore\n"
+    wd.close()
+
+
+def test_another_directory_in_the_pooled_ones_place_is_listed(space: Path) -> None:
+    """A directory put where the pooled one was (not the one its watches are on) is listed,
+    and reset to its tree like any."""
+    snap = make_workspace(space)
+    pool, wd = watched_reuse(space, snap)
+    assert pool.listed == 1
+    assert pool.give(wd) == []
+    (parked,) = pool._parked
+    os.rename(parked.path, space / "moved-away")
+    shutil.copytree(space / "moved-away", parked.path, symlinks=True)
+    Path(parked.path, "planted.txt").write_text("not of the tree\n")
+    reused = pool.take(Branch.from_tree(snap, "three"), space / "b" / "three", discard=print)
+    assert reused is not None and pool.listed == 2
+    fresh = materialize(Branch.from_tree(snap, "four"), space / "b" / "four")
+    assert tree_of(reused.root) == tree_of(fresh.root)
+
+
+def test_an_overflowed_event_queue_means_a_listing(space: Path) -> None:
+    """More events than the kernel queues: the final harvest and the reset list the
+    directory, and it is its tree again."""
+    snap = make_workspace(space)
+    pool, wd = watched_reuse(space, snap)
+    with open("/proc/sys/fs/inotify/max_queued_events") as f:
+        queued = int(f.read())
+    a, b = Path(wd.root, "README.md"), Path(wd.root, "src/main.py")
+    for i in range(queued // 2 + 10):  # two paths in turn: never merged into one event
+        os.utime(a, ns=(i, i))
+        os.utime(b, ns=(i, i))
+    Path(wd.root, "src/util/helpers.py").write_text("changed\n")
+    report = wd.harvest(full=True)
+    assert report.full_scan and "src/util/helpers.py" in report.modified
+    assert pool.give(wd) == []
+    reused = pool.take(Branch.from_tree(snap, "three"), space / "b" / "three", discard=print)
+    assert reused is not None and pool.listed == 2
+    fresh = materialize(Branch.from_tree(snap, "four"), space / "b" / "four")
+    assert tree_of(reused.root) == tree_of(fresh.root)
 
 
 def test_a_reset_to_other_changes_costs_what_differs(space: Path) -> None:

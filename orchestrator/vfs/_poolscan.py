@@ -1,7 +1,9 @@
 """What a pooled directory holds that its tree does not, found and removed (see
 :mod:`orchestrator.vfs.pool`).
 
-Two ways to look, with one result (:class:`Scanned`): the lines of GNU ``find``
+Three ways to look, with one result (:class:`Scanned`): the paths the directory's watches saw
+touched since it was last proven its tree (:func:`scan_by_events`, every directory and file of it
+watched by inode: see :mod:`orchestrator.vfs._inotify`), the lines of GNU ``find``
 (:func:`scan_by_lines`, the stat of every entry taken in another process, see
 :mod:`orchestrator.vfs._statwalk`), and a walk of the tree in this one (:func:`scan_by_walk`,
 where there is no such ``find``). Either removes what is not as written (and whatever the tree
@@ -19,6 +21,7 @@ from collections.abc import Callable, Iterable
 from attrs import define, field
 
 from .._names import name_of
+from . import _inotify
 from ._fileio import remove_tree
 from ._harvestlines import Lines, expected_lines
 from ._links import LinkMap
@@ -26,7 +29,16 @@ from ._mounts import mount_id
 from ._statwalk import dir_line, file_line, split_dir, split_file, walk
 from .workdir import _Key
 
-__all__ = ["LineCache", "Scanned", "Unclean", "remove_dir", "scan_by_lines", "scan_by_walk"]
+__all__ = [
+    "LineCache",
+    "NotTold",
+    "Scanned",
+    "Unclean",
+    "remove_dir",
+    "scan_by_events",
+    "scan_by_lines",
+    "scan_by_walk",
+]
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _S_IFMT = 0o170000
@@ -34,6 +46,16 @@ _S_IFMT = 0o170000
 
 class Unclean(Exception):
     """The directory cannot be proven to be its tree."""
+
+
+class NotTold(Exception):
+    """The events kept do not tell all that changed (a directory of the tree made, removed or
+    moved): the directory is to be listed instead."""
+
+
+# what may befall a directory of the tree without moving a path below it: a chmod, a chown,
+# being listed
+_DIR_KEPT = _inotify.IN_ATTRIB | _inotify.IN_ISDIR | _inotify.IN_OPEN
 
 
 @define(eq=False)
@@ -191,6 +213,120 @@ def scan_by_lines(
         out.paths += 1
         if regular:
             out.size += size
+    return out
+
+
+def scan_by_events(
+    target: str,
+    *,
+    touched: dict[str, int],
+    written_dirs: frozenset[str],
+    expect: dict[str, _Key],
+    changed: set[str],
+    dirs: frozenset[str],
+    added: list[str],
+    rewritten: Iterable[str],
+    device: int,
+    dir_mode: int,
+    owner: tuple[int, int],
+    mount: int | None,
+    link_intact: Callable[[str, str], bool],
+) -> Scanned:
+    """Scan ``target`` by the paths its watches saw touched since it was last proven its
+    tree (``touched``, see :mod:`orchestrator.vfs._inotify`), every directory and file of it
+    watched then: a path of the tree touched is written again whatever its stat, one it does
+    not hold is removed (a directory made since with all in it), and a directory chmod-ed gets
+    its mode and owner back; a file only opened (read: an open for writing ends in a close
+    event, unless still open, which the holders check tells) is written again only if its
+    stat is not as written. Nothing else is looked at: an untouched file is as written. The
+    paths the trees differ in (``changed``) are removed, and the directories ``written_dirs``
+    holds that ``dirs`` does not. Raises :class:`NotTold` if a directory of the tree was
+    made, removed or moved (its watches and its files' paths no longer tell), before anything
+    is done; nothing is removed or fixed before every directory acted in is known to be on
+    ``mount``."""
+    out = Scanned()
+    chmodded: list[str] = []
+    for rel, mask in touched.items():
+        if rel in written_dirs:
+            kept = _DIR_KEPT | (_inotify.IN_MOVE_SELF if not rel else 0)  # the pool moves it
+            if mask & ~kept:
+                raise NotTold(f"{rel or '.'}: made, removed or moved")
+            if mask & _inotify.IN_ATTRIB:
+                chmodded.append(rel)
+    # a directory of the tree written that the new tree does not hold goes with all in it
+    drop = sorted(d for d in written_dirs - dirs if d.rpartition("/")[0] in dirs)
+    below = tuple(f"{d}/" for d in drop)
+    # a path below a directory made since goes with it: its creation was told in a directory
+    # of the tree
+    candidates = sorted(
+        rel
+        for rel in {*touched, *changed}
+        if rel not in written_dirs
+        and rel.rpartition("/")[0] in written_dirs
+        and not (below and rel.startswith(below))
+    )
+    unlink: list[tuple[str, bool, int]] = []  # (path, a regular file, its size)
+    remove: list[str] = list(drop)
+    for rel in candidates:
+        try:
+            st = os.lstat(os.path.join(target, rel))
+        except FileNotFoundError:
+            if rel in expect:
+                out.stale.append(rel)
+            continue
+        if st.st_dev != device:
+            raise Unclean(f"{rel}: another filesystem")
+        was = expect.get(rel)
+        if was is not None:
+            if (
+                touched.get(rel, 0) & ~_inotify.IN_OPEN == 0
+                and rel not in changed
+                and was == (st.st_size, st.st_mtime_ns, st.st_ino, st.st_mode, st.st_ctime_ns)
+                and (st.st_nlink == 1 or stat.S_ISLNK(st.st_mode))
+            ):
+                continue  # only read
+            out.stale.append(rel)
+        if stat.S_ISDIR(st.st_mode):
+            remove.append(rel)
+        else:
+            unlink.append((rel, stat.S_ISREG(st.st_mode), st.st_size))
+    # a link untouched, but written leading into the directory's old path
+    gone = set(out.stale)
+    for rel in rewritten:
+        if (
+            rel in expect
+            and rel not in gone
+            and not link_intact(rel, os.readlink(os.path.join(target, rel)))
+        ):
+            out.stale.append(rel)
+            unlink.append((rel, False, 0))
+    acted = {rel.rpartition("/")[0] for rel in (*remove, *(u[0] for u in unlink))}
+    acted.update(rel.rpartition("/")[0] for rel in (*out.stale, *added))
+    acted.update(chmodded)
+    _check_mounts(target, acted, mount)
+    for rel in chmodded:
+        fd = os.open(os.path.join(target, rel) if rel else target, _DIR)
+        try:
+            st = os.fstat(fd)
+            if stat.S_IMODE(st.st_mode) != dir_mode:
+                os.fchmod(fd, dir_mode)
+                out.paths += 1
+            if (st.st_uid, st.st_gid) != owner:
+                os.fchown(fd, *owner)
+                out.paths += 1
+        finally:
+            os.close(fd)
+    for rel in remove:
+        n, b = remove_dir(target, rel, device)
+        out.paths, out.size = out.paths + n, out.size + b
+    for rel, regular, size in unlink:
+        os.unlink(os.path.join(target, rel))
+        out.removed.add(rel)
+        out.paths += 1
+        if regular:
+            out.size += size
+    gone_dirs = tuple(f"{d}/" for d in remove)
+    out.found_dirs = {d for d in written_dirs & dirs if not f"{d}/".startswith(gone_dirs)}
     return out
 
 

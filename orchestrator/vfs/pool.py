@@ -33,6 +33,18 @@ What makes a reused directory the tree it claims to be:
   ``find`` in its own process where there is one (see :mod:`orchestrator.vfs._statwalk`), and
   compared as lines: a walk in a worker thread would wait for the GIL after every ``stat``
   while the event loop's thread runs, and took seconds instead of tens of milliseconds.
+- **Then proof by events.** Before that listing every directory and file is watched by inode
+  (see :mod:`orchestrator.vfs._inotify`; where there is room for the watches), and the watch
+  is kept while the directory serves its next branch and while it is pooled: every path
+  touched since, through any name, is told, and the next reset looks at those alone
+  (:func:`~orchestrator.vfs._poolscan.scan_by_events`): a touched file of the tree is written
+  again, one only opened is compared by its stat, what the tree does not hold is removed, a
+  chmod-ed directory gets its mode back. The directory is listed (and watched afresh) instead
+  when the events cannot tell: the queue overflowed, a watch could not be added, a directory
+  of the tree was made, removed or moved, or the directory in the pool is not the inode the
+  watches are on. A write through a shared mapping makes no event, but the last close of the
+  open it was mapped from does, once the mapping is gone, and a process still holding the
+  mapping holds the directory (above).
 - **No mount point.** A bind mount of a directory elsewhere on the same filesystem has the
   same device: no stat tells it. Before a reset, and when a directory is given back, the
   mount table is read (``/proc/self/mountinfo``, see :mod:`orchestrator.vfs._mounts`), and
@@ -69,15 +81,17 @@ from attrs import define, field, frozen
 from .._log import get_logger
 from .._names import name_bytes
 from ..errors import UsageError
-from . import _statwalk
+from . import _inotify, _statwalk
 from ._fileio import CopyTally, _parent_mount, make_dirs, remove_tree
 from ._harvestlines import Lines
 from ._links import LinkMap
 from ._mounts import mounts_under
 from ._poolscan import (
     LineCache,
+    NotTold,
     Unclean,
     link_intact_for,
+    scan_by_events,
     scan_by_lines,
     scan_by_walk,
 )
@@ -302,6 +316,17 @@ class _Origin:
 class _Parked:
     path: str
     origin: _Origin
+    #: the watch of every directory and file of it kept since it was last proven its tree,
+    #: with the paths touched since (None: a reset lists it)
+    watcher: _inotify.Inotify | None = None
+    #: its device and inode when given back: the directory the watches are on
+    ident: tuple[int, int] | None = None
+
+    def unwatch(self) -> None:
+        """Release the watches (the directory is not reset by them)."""
+        if self.watcher is not None:
+            self.watcher.close()
+            self.watcher = None
 
 
 @define(eq=False)
@@ -324,6 +349,8 @@ class DirPool:
     evicted: int = 0
     reset_paths: int = 0
     reset_bytes: int = 0
+    #: resets that listed the directory (the others went by the paths its watches named)
+    listed: int = 0
     _origins: dict[Workdir, _Origin] = field(factory=dict, alias="_origins")
     _parked: list[_Parked] = field(factory=list, alias="_parked")
     _lock: threading.Lock = field(factory=threading.Lock, alias="_lock")
@@ -384,41 +411,61 @@ class DirPool:
     def give(self, workdir: Workdir) -> list[str]:
         """Take back a finished, harvested ``workdir`` (closed here); the directories to delete:
         it, if it cannot be pooled, and the one it evicts."""
-        workdir.close()
+        watcher = workdir.detach_watcher()
+        if watcher is not None and (not watcher.complete or watcher.touched is None):
+            watcher.close()  # not every path watched since the directory was proven its tree
+            watcher = None
+        try:
+            out = self._give(workdir, watcher)
+        except BaseException:
+            if watcher is not None:
+                watcher.close()
+            raise
+        return out
+
+    def _give(self, workdir: Workdir, watcher: _inotify.Inotify | None) -> list[str]:
         with self._lock:
             origin = self._origins.pop(workdir, None)
+        unpooled = [workdir.root]
         if origin is None or self.limit <= 0:
-            return [workdir.root]
+            return _unwatched(watcher, unpooled)
         origin.kept = workdir._lines
         try:
-            if not stat.S_ISDIR(os.lstat(workdir.root).st_mode):
-                return [workdir.root]  # replaced by the agent (a link): not what was made
+            st = os.lstat(workdir.root)
         except OSError:
-            return [workdir.root]
+            return _unwatched(watcher, unpooled)
+        if not stat.S_ISDIR(st.st_mode):
+            return _unwatched(watcher, unpooled)  # replaced by the agent (a link): not made here
         if mounts := mounts_under(workdir.root):  # made by the agent: never reset through it
             log.info("branch directory not pooled", directory=workdir.root, mounts=mounts)
-            return [workdir.root]
+            return _unwatched(watcher, unpooled)
         try:
             parked = self._park_name("pool")
             os.rename(workdir.root, parked)
         except OSError as e:
             log.info("branch directory not pooled", directory=workdir.root, error=str(e))
-            return [workdir.root]
+            return _unwatched(watcher, unpooled)
         out: list[str] = []
+        evicted: list[_Parked] = []
         with self._lock:
-            self._parked.append(_Parked(parked, origin))
+            self._parked.append(_Parked(parked, origin, watcher, (st.st_dev, st.st_ino)))
             while len(self._parked) > self.limit:
-                out.append(self._parked.pop(0).path)
+                evicted.append(self._parked.pop(0))
                 self.evicted += 1
+        for gone in evicted:
+            gone.unwatch()
+            out.append(gone.path)
         return out
 
     def clear(self) -> list[str]:
         """Forget every pooled directory; their paths, to delete."""
         with self._lock:
-            out = [p.path for p in self._parked]
+            parked = list(self._parked)
             self._parked.clear()
             self._origins.clear()
-        return out
+        for p in parked:
+            p.unwatch()
+        return [p.path for p in parked]
 
     def close(self) -> None:
         """Remove the parking folder once what it held is deleted (left if not empty)."""
@@ -461,6 +508,7 @@ class DirPool:
                     os.rename(parked.path, target)
                     holders = find_holders(target)
                 except OSError as e:
+                    parked.unwatch()
                     self._discard(parked.path, target, e, discard)
                     continue
                 if holders:
@@ -469,6 +517,7 @@ class DirPool:
                     try:
                         os.rename(target, parked.path)
                     except OSError as e:
+                        parked.unwatch()
                         self._discard(parked.path, target, e, discard)
                         continue
                     log.debug("pooled directory in use", directory=parked.path, pids=holders)
@@ -476,9 +525,10 @@ class DirPool:
                     continue
                 try:
                     workdir = self._reset(
-                        branch, key, overrides, changed, target, parked.origin, max_file_size
+                        branch, key, overrides, changed, target, parked, max_file_size
                     )
                 except Exception as e:  # whatever it was, it is not proven to be the tree
+                    parked.unwatch()
                     self._discard(parked.path, target, e, discard)
                     continue
                 with self._lock:
@@ -541,12 +591,36 @@ class DirPool:
         overrides: dict[str, Change],
         changed: set[str],
         target: str,
-        origin: _Origin,
+        parked: _Parked,
         max_file_size: int | None,
     ) -> Workdir:
-        """Reset the directory at ``target``, written as ``origin``, to the tree holding
-        ``overrides`` over the same snapshot (``key``); ``changed``: the paths whose content
-        differs between the two trees. Raises if the directory cannot be proven to be it."""
+        """Reset the directory ``parked`` now at ``target`` to the tree holding ``overrides``
+        over the same snapshot (``key``); ``changed``: the paths whose content differs between
+        the two trees. Raises if the directory cannot be proven to be it."""
+        watcher, parked.watcher = parked.watcher, None
+        try:
+            return self._reset_watched(
+                branch, key, overrides, changed, target, parked, max_file_size, watcher
+            )
+        except BaseException:
+            if watcher is not None:
+                watcher.close()
+            raise
+
+    def _reset_watched(
+        self,
+        branch: Branch,
+        key: tuple[int, str],
+        overrides: dict[str, Change],
+        changed: set[str],
+        target: str,
+        parked: _Parked,
+        max_file_size: int | None,
+        watcher: _inotify.Inotify | None,
+    ) -> Workdir:
+        """:meth:`_reset`, by the paths ``watcher`` saw touched if it tells them all; else by
+        a listing, with every directory and file watched first when there is room."""
+        origin = parked.origin
         # a mount made while pooled: what the reset removes and writes below it is elsewhere
         if mounts := mounts_under(target):
             raise Unclean(f"mount point below: {', '.join(mounts)}")
@@ -580,10 +654,45 @@ class DirPool:
         # each directory's mount, told before anything is done in it
         mount: int | None = _parent_mount(target)
         link_intact = link_intact_for(origin.rewritten, links)
-        big = len(origin.records) >= _statwalk.FIND_MIN_ENTRIES
-        find = _statwalk.find_command() if big else None
         lines = origin.lines
         scanned = None
+        if watcher is not None:
+            touched = watcher.take_touched()
+            if (
+                watcher.overflowed
+                or not watcher.complete
+                or parked.ident != (device, top.st_ino)  # another directory in its place
+            ):
+                watcher.close()
+                watcher = None
+            else:
+                watcher.root = target
+                try:
+                    scanned = scan_by_events(
+                        target,
+                        touched=touched,
+                        written_dirs=origin.dirs,
+                        expect=expect,
+                        changed=changed,
+                        dirs=dirs,
+                        added=added,
+                        rewritten=origin.rewritten,
+                        device=device,
+                        dir_mode=origin.dir_mode,
+                        owner=origin.owner,
+                        mount=mount,
+                        link_intact=link_intact,
+                    )
+                except NotTold as e:
+                    log.debug("pooled directory listed", directory=target, reason=str(e))
+                    watcher.close()
+                    watcher = None
+        listed = scanned is None
+        if listed and origin.watch:
+            # every path watched before the listing: what changes after it is told
+            watcher = _watch_all(target, origin)
+        big = len(origin.records) >= _statwalk.FIND_MIN_ENTRIES
+        find = _statwalk.find_command() if big and scanned is None else None
         if find is not None:
             if lines is None or lines.device != device:
                 lines = LineCache.of(origin.records, device, origin.kept)
@@ -612,12 +721,18 @@ class DirPool:
                 mount=mount,
                 link_intact=link_intact,
             )
+        if listed:
+            with self._lock:
+                self.listed += 1
         paths, size = scanned.paths, scanned.size
         removed, stale, found_dirs = scanned.removed, scanned.stale, scanned.found_dirs
         missing_dirs = sorted(dirs - found_dirs)
         _make_dirs(target, missing_dirs)
         for rel in missing_dirs:  # made with the umask's mode: as the fresh one was
             os.chmod(os.path.join(target, rel), origin.dir_mode)
+            if watcher is not None and not watcher.add(rel):
+                watcher.close()
+                watcher = None
         # what is found as written keeps its stat, and its rewritten link target
         records = dict(expect)
         rewritten = dict(origin.rewritten)
@@ -649,6 +764,14 @@ class DirPool:
                 if stat.S_ISREG(made_key[3]):
                     size += made_key[0]
             paths += sum(1 for rel in missing if rel not in removed)
+        if watcher is not None:
+            # the files written watched (new inodes), then the reset's own events dropped:
+            # from here on, what the events name is what was touched since the tree was proven
+            watcher.add_files(rel for rel, _ in written)
+            watcher.take_touched()
+            if watcher.overflowed or not watcher.watches_all(dirs, records):
+                watcher.close()
+                watcher = None
         workdir = Workdir.open(
             target,
             branch,
@@ -661,7 +784,9 @@ class DirPool:
             copies=tally.stats(),
             rule_files=rules,
         )
-        if origin.watch:  # as it was made
+        if watcher is not None:
+            workdir._watcher, watcher = watcher, None
+        elif origin.watch:  # as it was made
             workdir._start_watching(["", *sorted(dirs - {""})])
         origin = _Origin(
             key,
@@ -692,6 +817,32 @@ class DirPool:
             differing=len(changed),
         )
         return workdir
+
+
+def _watch_all(target: str, origin: _Origin) -> _inotify.Inotify | None:
+    """A watch of every directory and file ``origin`` wrote at ``target``, keeping the paths
+    touched from now on; None where inotify is missing or there is no room for the watches
+    (the directory is listed at each reset, as without them)."""
+    if len(origin.records) > _inotify.file_watch_room():
+        return None
+    watcher = _inotify.Inotify.open(target)
+    if watcher is None:
+        return None
+    watcher.touched = {}
+    watcher.complete = watcher.opens = True
+    if not all(map(watcher.add, ["", *sorted(origin.dirs - {""})])) or not watcher.add_files(
+        origin.records
+    ):
+        watcher.close()
+        return None
+    return watcher
+
+
+def _unwatched(watcher: _inotify.Inotify | None, out: list[str]) -> list[str]:
+    """``out``, ``watcher`` released."""
+    if watcher is not None:
+        watcher.close()
+    return out
 
 
 def _has_file(snapshot: Snapshot, rel: str, change: Change | None) -> bool:

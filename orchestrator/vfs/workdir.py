@@ -7,7 +7,11 @@ on disk into the branch: new, modified and deleted files and mode changes. It co
 differs, and compares by content a file changed too recently for its mtime to be trusted. On
 Linux an inotify watch tells it which paths the kernel saw change, so an unchanged tree is
 harvested without stat-ing every file; a full scan runs when inotify is unavailable or
-overflows, after a directory rename, or when asked (``full=True``). A full scan takes the stat
+overflows, after a directory rename, or when asked (``full=True``); asked in a directory every
+directory and file of which is watched by inode since it was proven its tree (a pooled one reset,
+see :mod:`orchestrator.vfs.pool` and :mod:`orchestrator.vfs._inotify`), the harvest still goes by
+the events, which then name every path touched through any name, opens included, unless a mount
+is below the directory. A full scan takes the stat
 of every entry from GNU ``find``, run in its own process, where there is one (see
 :mod:`orchestrator.vfs._harvestlines`): a walk in a worker thread waits for the GIL after each
 ``stat`` while the event loop's thread runs. Harvest after every turn and every terminal
@@ -71,6 +75,7 @@ from ._fileio import (
 )
 from ._harvestlines import Lines, scan_by_lines
 from ._links import LinkMap
+from ._mounts import mounts_under
 from .branch import Branch
 from .changes import Change, Delete, FileState, Write
 from .errors import FileTooLarge, PathNotFound, PathRefused, VfsError, WorkspaceChanged
@@ -321,6 +326,13 @@ class Workdir:
                 self._watcher.close()
                 self._watcher = None
 
+    def detach_watcher(self) -> _inotify.Inotify | None:
+        """Stop watching, handing the watch over (with the events not yet read) instead of
+        closing it: None when there was none."""
+        with self._lock:
+            watcher, self._watcher = self._watcher, None
+            return watcher
+
     def recorded_bytes(self) -> int:
         """Bytes of the files the directory holds as last recorded: as written, or as the last
         harvest found them (ignored files are never recorded)."""
@@ -356,6 +368,16 @@ class Workdir:
                 # a .gitignore ignores or re-includes files anywhere below it, not only the
                 # paths that the events name
                 full = True
+            elif (
+                full
+                and watcher is not None
+                and not resync
+                and watcher.complete
+                and not mounts_under(self.root)  # a mount shows other files: no event says so
+            ):
+                # every directory and file watched, through any of its names, opens included,
+                # since the directory was proven its tree: the events name every path touched
+                full = False
             if full or resync or watcher is None:
                 self._note_ignored(events)
                 self._full_scan(scan, watcher)
@@ -434,6 +456,8 @@ class Workdir:
         # compared path by path: a count would be fooled by a file the patterns dropped from
         # the records above (seen, and counted) standing for one deleted (unseen)
         unseen = [r for r in records if r not in seen]
+        if watcher is not None and watcher.complete:
+            watcher.add_files(candidates)  # kept complete: see _incremental
         for rel in candidates:
             self._check(rel, scan)
         for rel in unseen:
@@ -599,6 +623,11 @@ class Workdir:
         for gone in gone_dirs:
             prefix = gone + "/"
             paths.update(r for r in self._records if r.startswith(prefix))
+        if new_dirs:
+            # recorded there before it was watched (written through fs/*): changed since
+            # without an event
+            below = tuple(f"{new}/" for new in new_dirs)
+            paths.update(r for r in self._records if r.startswith(below))
         for new in new_dirs:
             if not self.ignore.is_ignored(new, is_dir=True):
                 paths.update(self._watch_tree(new, watcher))
@@ -606,10 +635,14 @@ class Workdir:
                 self._ignored_dirs.add(new)
         if self._rules_dirty:  # a new directory came with a .gitignore
             self._drop_ignored(scan)
-        for rel in sorted(paths):
-            if not self._left_out(rel):
-                scan.scanned += 1
-                self._check(rel, scan)
+        todo = [rel for rel in sorted(paths) if not self._left_out(rel)]
+        if watcher.complete:
+            # each watched (again: perhaps a new inode) before its stat: what is done to it
+            # after the stat, through any name, is told
+            watcher.add_files(todo)
+        for rel in todo:
+            scan.scanned += 1
+            self._check(rel, scan)
         self._check_gone(scan)
 
     def _watch_tree(self, rel_dir: str, watcher: _inotify.Inotify) -> list[str]:
