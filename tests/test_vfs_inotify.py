@@ -96,7 +96,7 @@ def test_file_watches_take_a_quarter_of_the_limit_at_most(
     for i in range(6):
         (tmp_path / f"f{i}").write_text("x")
     limit = 4 * (_inotify._files_held + 4)
-    monkeypatch.setattr(_inotify, "_max_user_watches", lambda: limit)
+    monkeypatch.setattr(_inotify, "_limit", limit)
     watcher = _inotify.Inotify.open(str(tmp_path))
     assert watcher is not None
     watcher.complete = True

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from orchestrator._names import name_bytes
 from orchestrator.errors import UsageError
+from orchestrator.vfs import _inotify
 from orchestrator.vfs import pool as vfs_pool
 from orchestrator.vfs._fileio import PATH_MAX, remove_tree
 from orchestrator.vfs._mounts import mounts_under
@@ -29,7 +30,7 @@ from orchestrator.vfs.errors import PathRefused
 from orchestrator.vfs.pool import DirPool, find_holders, reuse_enabled_by_env
 from orchestrator.vfs.snapshot import Snapshot, Workspace
 from orchestrator.vfs.testing import make_tree
-from orchestrator.vfs.workdir import Workdir
+from orchestrator.vfs.workdir import HarvestReport, Workdir
 
 FILES = {
     "README.md": "# readme\n",
@@ -461,6 +462,157 @@ def test_a_write_through_one_name_of_two_is_harvested_for_both(space: Path) -> N
     assert set(report.modified) == {"README.md", "second.md"}
     assert wd.branch.read("README.md") == b"# readme\nmore\n"
     wd.close()
+
+
+def listing_after(wd: Workdir) -> HarvestReport:
+    """What a full listing finds after the harvests so far (the watches let go first)."""
+    watcher = wd.detach_watcher()
+    if watcher is not None:
+        watcher.close()
+    return wd.harvest(full=True)
+
+
+def test_a_file_made_a_directory_keeps_its_watch_on_what_is_made_in_it(space: Path) -> None:
+    """A file of the tree made a directory: what is made in that directory later is
+    harvested (watching the path as a file does not take the directory's watch away)."""
+    snap = make_workspace(space)
+    _, wd = watched_reuse(space, snap)
+    root = Path(wd.root)
+    (root / "README.md").unlink()
+    (root / "README.md").mkdir()
+    wd.harvest()
+    (root / "README.md/sub").mkdir()
+    (root / "README.md/sub/f").write_text("new\n")
+    (root / "README.md/g").symlink_to("x")
+    told = wd.harvest(full=True)
+    assert not told.full_scan and set(told.added) == {"README.md/sub/f", "README.md/g"}
+    assert not listing_after(wd).changed
+
+
+def test_a_directory_swapped_in_after_the_last_harvest_is_listed(space: Path) -> None:
+    """The directory moved away after its last harvest and a copy with more in it put in
+    its place: the reset lists it, as it is not the directory the watches are on."""
+    snap = make_workspace(space)
+    pool, wd = watched_reuse(space, snap)
+    wd.harvest(full=True)
+    os.rename(wd.root, space / "away")
+    shutil.copytree(space / "away", wd.root, symlinks=True)
+    Path(wd.root, "planted.txt").write_text("not of the tree\n")
+    Path(wd.root, "README.md").write_text("changed\n")
+    assert pool.give(wd) == []
+    reused = pool.take(Branch.from_tree(snap, "three"), space / "b" / "three", discard=print)
+    assert reused is not None and pool.listed == 2
+    fresh = materialize(Branch.from_tree(snap, "four"), space / "b" / "four")
+    assert tree_of(reused.root) == tree_of(fresh.root)
+
+
+def test_a_directory_watched_by_a_symlinked_path_is_not_taken_for_watched(space: Path) -> None:
+    """A directory of the tree made a symlink to another: watching through it reaches the
+    other directory, whose events would then name the wrong path; the watches do not count
+    as complete, and the next reset lists."""
+    ws = make_tree(space / "ws", {"d/x": "file\n", "e/x/y": "y\n", "a": "a\n", "b": "b\n"})
+    snap = Workspace.open(ws).snapshot()
+    pool = DirPool(str(space / "b" / ".pool"), 2, min_files=0)
+    first = materialize(Branch.from_tree(snap, "one"), space / "b" / "one", watch=True)
+    pool.adopt(first)
+    root = Path(first.root)
+    shutil.rmtree(root / "d")
+    (root / "d").symlink_to("e")
+    first.harvest(full=True)
+    assert pool.give(first) == []
+    wd = pool.take(Branch.from_tree(snap, "two"), space / "b" / "two", discard=print)
+    assert wd is not None
+    fresh = materialize(Branch.from_tree(snap, "f"), space / "b" / "f")
+    assert tree_of(wd.root) == tree_of(fresh.root)
+    r = Path(wd.root)
+    (r / "e/x/l").symlink_to("nowhere")
+    (r / "e/x/sub").mkdir()
+    (r / "e/x/sub/f").write_text("x\n")
+    told = wd.harvest(full=True)
+    assert set(told.added) == {"e/x/l", "e/x/sub/f"}
+    assert pool.give(wd) == []
+    again = pool.take(Branch.from_tree(snap, "three"), space / "b" / "three", discard=print)
+    assert again is not None
+    assert tree_of(again.root) == tree_of(fresh.root)
+
+
+def test_a_file_brought_back_in_an_ignored_directory_is_watched(space: Path) -> None:
+    """A file of the base deleted, then made again in a directory a new pattern ignores, and
+    written in place later: the full harvest finds the last write."""
+    snap = make_workspace(space)
+    _, wd = watched_reuse(space, snap)
+    r = Path(wd.root)
+    shutil.rmtree(r / "src")
+    (r / ".gitignore").write_text("*.log\nbuild/\nsrc/\n")
+    os.utime(r / ".gitignore", ns=(10**18, 10**18))
+    wd.harvest()
+    wd.harvest()
+    (r / "src").mkdir()
+    (r / "src/main.py").write_text("v2\n")
+    wd.harvest()
+    time.sleep(0.05)
+    with open(r / "src/main.py", "r+") as f:  # in place: the same inode
+        f.write("v3")
+    told = wd.harvest(full=True)
+    assert "src/main.py" in told.modified and wd.branch.read("src/main.py") == b"v3\n"
+    assert not listing_after(wd).changed
+
+
+def test_reading_files_does_not_send_harvests_to_listings(space: Path) -> None:
+    """Reading ``.gitignore`` is no change of the rules, and reading more files than the
+    kernel queues events for (a ``grep -r``) does not overflow the queue: the harvests and
+    the next reset go by the events."""
+    ws = make_tree(space / "ws", {f"d{n % 20}/f{n}.txt": "x\n" for n in range(12000)})
+    (ws / ".gitignore").write_text("*.log\n")
+    snap = Workspace.open(ws).snapshot()
+    pool = DirPool(str(space / "b" / ".pool"), 2, min_files=0)
+    first = materialize(Branch.from_tree(snap, "one"), space / "b" / "one", watch=True)
+    pool.adopt(first)
+    first.harvest(full=True)
+    assert pool.give(first) == []
+    wd = pool.take(Branch.from_tree(snap, "two"), space / "b" / "two", discard=print)
+    assert wd is not None
+    wd.harvest()
+    Path(wd.root, ".gitignore").read_text()
+    assert not wd.harvest().full_scan
+    for n in range(12000):  # as grep -r does: every file opened and read
+        Path(wd.root, f"d{n % 20}/f{n}.txt").read_bytes()
+    assert not wd.harvest(full=True).full_scan
+    assert pool.give(wd) == []
+    again = pool.take(Branch.from_tree(snap, "three"), space / "b" / "three", discard=print)
+    assert again is not None and pool.listed == 1
+    again.close()
+
+
+def test_watches_are_given_back(space: Path) -> None:
+    """Files the agent made and deleted here, kept alive by another name, lose their
+    watches at the reset; every watch is given back when the pool is cleared."""
+    held = _inotify._files_held
+    snap = make_workspace(space)
+    outside = space / "outside"
+    outside.mkdir()
+    pool, wd = watched_reuse(space, snap)
+    r = Path(wd.root)
+    for i in range(5):
+        (r / f"n{i}.txt").write_text("x")
+    wd.harvest()
+    for i in range(5):
+        os.link(r / f"n{i}.txt", outside / f"h{i}")
+        (r / f"n{i}.txt").unlink()
+    wd.harvest(full=True)
+    assert pool.give(wd) == []
+    again = pool.take(Branch.from_tree(snap, "x"), space / "b" / "x", discard=print)
+    assert again is not None and again._watcher is not None
+    watcher = again._watcher
+    watcher.read()
+    with open(f"/proc/self/fdinfo/{watcher.fd}") as f:
+        in_kernel = sum(1 for line in f if line.startswith("inotify wd:"))
+    assert in_kernel == len(watcher._by_wd) + len(watcher._files)
+    assert set(watcher._file_wd) == set(again._records)
+    again.close()
+    for path in pool.clear():
+        shutil.rmtree(path)
+    assert _inotify._files_held == held
 
 
 def test_another_directory_in_the_pooled_ones_place_is_listed(space: Path) -> None:

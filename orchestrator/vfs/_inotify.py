@@ -28,7 +28,7 @@ import struct
 import sys
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 
 from attrs import define, field
 
@@ -51,6 +51,7 @@ IN_IGNORED = 0x00008000
 IN_ONLYDIR = 0x01000000
 IN_DONT_FOLLOW = 0x02000000
 IN_EXCL_UNLINK = 0x04000000
+IN_MASK_ADD = 0x20000000
 IN_ISDIR = 0x40000000
 _IN_NONBLOCK = os.O_NONBLOCK
 _IN_CLOEXEC = os.O_CLOEXEC
@@ -69,8 +70,17 @@ _MASK = (
     | IN_DONT_FOLLOW
     | IN_EXCL_UNLINK
 )
-# what a file's watch reports: anything that can change what it holds or its stat
-_FILE_MASK = IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_DELETE_SELF | IN_MOVE_SELF | IN_DONT_FOLLOW
+# what a file's watch reports: anything that can change what it holds or its stat; added to
+# what a watch of the same inode already reports (a directory's: the path is one now)
+_FILE_MASK = (
+    IN_MODIFY
+    | IN_ATTRIB
+    | IN_CLOSE_WRITE
+    | IN_DELETE_SELF
+    | IN_MOVE_SELF
+    | IN_DONT_FOLLOW
+    | IN_MASK_ADD
+)
 _HEADER = struct.Struct("iIII")
 
 Event = tuple[str, int, str]
@@ -122,11 +132,17 @@ def _max_user_watches() -> int:
         return 0
 
 
+_limit: int | None = None  # the user's limit, read once
+
+
 def file_watch_room() -> int:
     """How many more file watches this process may add (a quarter of the user's limit in all:
     the rest is left to the other programs watching files as the same user)."""
+    global _limit
+    if _limit is None:
+        _limit = _max_user_watches()
     with _files_lock:
-        return max(0, _max_user_watches() // 4 - _files_held)
+        return max(0, _limit // 4 - _files_held)
 
 
 def _count_files(delta: int) -> None:
@@ -166,9 +182,12 @@ class Inotify:
     #: every directory and file of the tree was watched when :attr:`touched` began (set by
     #: whoever watched them all; a watch that could not be added clears it)
     complete: bool = False
-    #: watches added from now on report opens too: a file opened for writing and not yet
-    #: closed (perhaps mapped) is named before its last close
+    #: file watches added from now on report opens too: a file opened for writing and not
+    #: yet closed (perhaps mapped) is named before its last close
     opens: bool = False
+    #: the device and inode of the root when its watch was added: the directory the events
+    #: are of (a directory put in its place since is another)
+    root_ident: tuple[int, int] | None = None
 
     @classmethod
     def open(cls, root: str) -> Inotify | None:
@@ -191,12 +210,22 @@ class Inotify:
         if rel_dir in self._by_dir or _LIBC is None:
             return True
         path = os.path.join(self.root, rel_dir) if rel_dir else self.root
-        mask = _MASK | IN_OPEN if self.opens else _MASK
-        wd = _LIBC.inotify_add_watch(self.fd, name_bytes(path), mask)
+        wd = _LIBC.inotify_add_watch(self.fd, name_bytes(path), _MASK)
         if wd < 0:
             err = ctypes.get_errno()
             # A directory that vanished (or was replaced) in the meantime needs no watch.
             return err in (errno.ENOENT, errno.ENOTDIR)
+        other = self._by_wd.get(wd)
+        if other is not None and other != rel_dir:
+            # one directory by two paths (a symlink along one): its events name only one
+            self.complete = False
+            return True
+        paths = self._files.pop(wd, None)
+        if paths is not None:  # watched as a file before: its events are a directory's now
+            for rel in paths:
+                if self._file_wd.get(rel) == wd:
+                    del self._file_wd[rel]
+            _count_files(-1)
         self._by_wd[wd] = rel_dir
         self._by_dir[rel_dir] = wd
         return True
@@ -245,6 +274,24 @@ class Inotify:
         finally:
             _count_files(added)
         return True
+
+    def keep_files(self, rels: Container[str]) -> None:
+        """Stop watching files at paths other than ``rels`` (a file the agent made, deleted
+        here but kept alive by another name, would hold its watch for good)."""
+        files, file_wd = self._files, self._file_wd
+        dropped = 0
+        for rel in [rel for rel in file_wd if rel not in rels]:
+            wd = file_wd.pop(rel)
+            paths = files.get(wd)
+            if paths is None:
+                continue
+            paths.discard(rel)
+            if not paths:
+                del files[wd]
+                dropped += 1
+                if _LIBC is not None:
+                    _LIBC.inotify_rm_watch(self.fd, wd)
+        _count_files(-dropped)
 
     def watches_all(self, dirs: Iterable[str], files: Iterable[str]) -> bool:
         """Whether each of ``dirs`` and ``files`` is watched (and no watch was lost)."""

@@ -194,26 +194,54 @@ def scan_by_lines(
     acted.update(rel for rel, _, _ in fix)
     _check_mounts(target, acted, mount)
     for rel, perm, own in fix:
-        fd = os.open(os.path.join(target, rel) if rel else target, _DIR)
-        try:
-            if perm != dir_mode:
-                os.fchmod(fd, dir_mode)
-                out.paths += 1
-            if own != owner:
-                os.fchown(fd, *owner)
-                out.paths += 1
-        finally:
-            os.close(fd)
-    for rel in remove:
+        _fix_dir(target, rel, dir_mode, owner, out, (perm, own))
+    _remove(target, remove, unlink, device, out)
+    return out
+
+
+def _fix_dir(
+    target: str,
+    rel: str,
+    dir_mode: int,
+    owner: tuple[int, int],
+    out: Scanned,
+    found: tuple[int, tuple[int, int]] | None = None,
+) -> None:
+    """Give directory ``rel`` its mode and owner back, if ``found`` (its mode and owner as
+    listed; looked at here when None) says they differ."""
+    fd = os.open(os.path.join(target, rel) if rel else target, _DIR)
+    try:
+        if found is None:
+            st = os.fstat(fd)
+            found = (stat.S_IMODE(st.st_mode), (st.st_uid, st.st_gid))
+        if found[0] != dir_mode:
+            os.fchmod(fd, dir_mode)
+            out.paths += 1
+        if found[1] != owner:
+            os.fchown(fd, *owner)
+            out.paths += 1
+    finally:
+        os.close(fd)
+
+
+def _remove(
+    target: str,
+    dirs: Iterable[str],
+    files: Iterable[tuple[str, bool, int]],
+    device: int,
+    out: Scanned,
+) -> None:
+    """Remove ``dirs`` with all in them, then ``files`` (path, a regular file, its size),
+    counted into ``out``."""
+    for rel in dirs:
         n, b = remove_dir(target, rel, device)
         out.paths, out.size = out.paths + n, out.size + b
-    for rel, regular, size in unlink:
+    for rel, regular, size in files:
         os.unlink(os.path.join(target, rel))
         out.removed.add(rel)
         out.paths += 1
         if regular:
             out.size += size
-    return out
 
 
 def scan_by_events(
@@ -305,26 +333,8 @@ def scan_by_events(
     acted.update(chmodded)
     _check_mounts(target, acted, mount)
     for rel in chmodded:
-        fd = os.open(os.path.join(target, rel) if rel else target, _DIR)
-        try:
-            st = os.fstat(fd)
-            if stat.S_IMODE(st.st_mode) != dir_mode:
-                os.fchmod(fd, dir_mode)
-                out.paths += 1
-            if (st.st_uid, st.st_gid) != owner:
-                os.fchown(fd, *owner)
-                out.paths += 1
-        finally:
-            os.close(fd)
-    for rel in remove:
-        n, b = remove_dir(target, rel, device)
-        out.paths, out.size = out.paths + n, out.size + b
-    for rel, regular, size in unlink:
-        os.unlink(os.path.join(target, rel))
-        out.removed.add(rel)
-        out.paths += 1
-        if regular:
-            out.size += size
+        _fix_dir(target, rel, dir_mode, owner, out)
+    _remove(target, remove, unlink, device, out)
     gone_dirs = tuple(f"{d}/" for d in remove)
     out.found_dirs = {d for d in written_dirs & dirs if not f"{d}/".startswith(gone_dirs)}
     return out

@@ -319,8 +319,6 @@ class _Parked:
     #: the watch of every directory and file of it kept since it was last proven its tree,
     #: with the paths touched since (None: a reset lists it)
     watcher: _inotify.Inotify | None = None
-    #: its device and inode when given back: the directory the watches are on
-    ident: tuple[int, int] | None = None
 
     def unwatch(self) -> None:
         """Release the watches (the directory is not reset by them)."""
@@ -448,7 +446,7 @@ class DirPool:
         out: list[str] = []
         evicted: list[_Parked] = []
         with self._lock:
-            self._parked.append(_Parked(parked, origin, watcher, (st.st_dev, st.st_ino)))
+            self._parked.append(_Parked(parked, origin, watcher))
             while len(self._parked) > self.limit:
                 evicted.append(self._parked.pop(0))
                 self.evicted += 1
@@ -661,7 +659,8 @@ class DirPool:
             if (
                 watcher.overflowed
                 or not watcher.complete
-                or parked.ident != (device, top.st_ino)  # another directory in its place
+                # another directory in its place (since the watches were added)
+                or watcher.root_ident != (device, top.st_ino)
             ):
                 watcher.close()
                 watcher = None
@@ -768,6 +767,7 @@ class DirPool:
             # the files written watched (new inodes), then the reset's own events dropped:
             # from here on, what the events name is what was touched since the tree was proven
             watcher.add_files(rel for rel, _ in written)
+            watcher.keep_files(records)
             watcher.take_touched()
             if watcher.overflowed or not watcher.watches_all(dirs, records):
                 watcher.close()
@@ -825,9 +825,11 @@ def _watch_all(target: str, origin: _Origin) -> _inotify.Inotify | None:
     (the directory is listed at each reset, as without them)."""
     if len(origin.records) > _inotify.file_watch_room():
         return None
+    st = os.lstat(target)  # before the watch: a directory swapped in after it is told apart
     watcher = _inotify.Inotify.open(target)
     if watcher is None:
         return None
+    watcher.root_ident = (st.st_dev, st.st_ino)
     watcher.touched = {}
     watcher.complete = watcher.opens = True
     if not all(map(watcher.add, ["", *sorted(origin.dirs - {""})])) or not watcher.add_files(

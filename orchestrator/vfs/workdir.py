@@ -150,8 +150,12 @@ _GITIGNORE = ".gitignore"
 
 
 def _touches_rules(events: list[_inotify.Event]) -> bool:
-    """Whether the events include a ``.gitignore`` file written, deleted or renamed."""
-    return any(name == _GITIGNORE and not mask & _inotify.IN_ISDIR for _, mask, name in events)
+    """Whether the events include a ``.gitignore`` file written, deleted or renamed (not only
+    opened)."""
+    return any(
+        name == _GITIGNORE and not mask & _inotify.IN_ISDIR and mask & ~_inotify.IN_OPEN
+        for _, mask, name in events
+    )
 
 
 def _read_rules(dir_fd: int) -> tuple[str, _Key] | None:
@@ -456,8 +460,6 @@ class Workdir:
         # compared path by path: a count would be fooled by a file the patterns dropped from
         # the records above (seen, and counted) standing for one deleted (unseen)
         unseen = [r for r in records if r not in seen]
-        if watcher is not None and watcher.complete:
-            watcher.add_files(candidates)  # kept complete: see _incremental
         for rel in candidates:
             self._check(rel, scan)
         for rel in unseen:
@@ -635,14 +637,10 @@ class Workdir:
                 self._ignored_dirs.add(new)
         if self._rules_dirty:  # a new directory came with a .gitignore
             self._drop_ignored(scan)
-        todo = [rel for rel in sorted(paths) if not self._left_out(rel)]
-        if watcher.complete:
-            # each watched (again: perhaps a new inode) before its stat: what is done to it
-            # after the stat, through any name, is told
-            watcher.add_files(todo)
-        for rel in todo:
-            scan.scanned += 1
-            self._check(rel, scan)
+        for rel in sorted(paths):
+            if not self._left_out(rel):
+                scan.scanned += 1
+                self._check(rel, scan)
         self._check_gone(scan)
 
     def _watch_tree(self, rel_dir: str, watcher: _inotify.Inotify) -> list[str]:
@@ -686,6 +684,11 @@ class Workdir:
         The path is looked up without following a symlink anywhere along it: below a directory
         made a symlink (or a file) since, it is gone, whatever the link leads to.
         """
+        watcher = self._watcher
+        if watcher is not None and watcher.complete:
+            # watched (again: perhaps another inode now) before its stat: what is done to it
+            # after the stat, through any name, is told
+            watcher.add_files((rel,))
         head, _, name = rel.rpartition("/")
         if not head:
             return self._check_at(rel, os.path.join(self.root, rel), scan)
