@@ -856,6 +856,44 @@ def test_a_directory_a_process_holds_is_never_reset(space: Path, code: str) -> N
     assert Path(reused.root, "README.md").read_text() == "# readme\n"
 
 
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import time; print('ready', flush=True); time.sleep(3600)",
+        "import os, time; f = open('main.py', 'a'); os.chdir('/'); print('ready', flush=True);"
+        " time.sleep(3600)",
+        "import ctypes, os, time; libc = ctypes.CDLL(None); libc.mmap.restype = ctypes.c_void_p;"
+        " libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t] + [ctypes.c_int] * 3"
+        " + [ctypes.c_long]; fd = os.open('main.py', os.O_RDWR);"
+        " assert libc.mmap(None, 4096, 3, 1, fd, 0) != ctypes.c_void_p(-1).value;"
+        " os.close(fd); os.chdir('/'); print('ready', flush=True); time.sleep(3600)",
+    ],
+    ids=["cwd", "open-file", "mapped-file"],
+)
+def test_a_process_holding_it_through_an_unmounted_bind_is_found(space: Path, code: str) -> None:
+    """A process that reached the directory through a bind mount, lazily unmounted since (the
+    paths ``/proc`` shows for what it holds lead elsewhere), keeps it out of reuse: what it
+    holds is told by device and inode."""
+    snap = make_workspace(space)
+    pool = DirPool(str(space / "b" / ".pool"), 2, min_files=0)
+    wd = materialize(Branch.from_tree(snap, "one"), space / "b" / "one")
+    pool.adopt(wd)
+    mnt = space / "mnt"
+    mnt.mkdir()
+    with bind_mount(Path(wd.root, "src"), mnt):
+        proc = _daemon(code, mnt)
+    try:
+        assert proc.pid not in find_holders(wd.root)  # by path: not seen
+        pool.give(wd)
+        held = pool.stats
+        assert pool.take(Branch.from_tree(snap, "two"), space / "b" / "two", discard=print) is None
+        assert pool.stats == held
+    finally:
+        stop(proc)
+    reused = pool.take(Branch.from_tree(snap, "three"), space / "b" / "three", discard=print)
+    assert reused is not None
+
+
 def test_a_writer_by_absolute_path_misses_the_pooled_directory(space: Path) -> None:
     """A job writing by the old absolute path finds it gone once the directory is pooled."""
     snap = make_workspace(space)

@@ -21,8 +21,9 @@ What makes a reused directory the tree it claims to be:
   parking folder at once: a process still writing by absolute path writes to a path that no
   longer exists. Before a reset, ``/proc`` is searched for any process whose working directory,
   root, open files or mapped files are inside it (a background job the agent left behind, an
-  agent process still exiting): if one is, the directory is not reset; it waits in the pool,
-  evicted first.
+  agent process still exiting), by path and by device and inode (a process that reached it
+  through a bind mount unmounted since is shown a path elsewhere): if one is, the directory
+  is not reset; it waits in the pool, evicted first.
 - **Proof by stat.** Each entry is compared with the stat recorded when it was written (size,
   mtime, inode, mode and ctime: no write, chmod, rename or link leaves ctime alone), and a
   regular file must have no second name (a hard link elsewhere could write it later). Anything
@@ -72,9 +73,10 @@ import contextlib
 import hashlib
 import itertools
 import os
+import re
 import stat
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Container, Iterable
 
 from attrs import define, field, frozen
 
@@ -199,17 +201,34 @@ def _differing(before: dict[str, Change], after: dict[str, Change]) -> set[str]:
     return out
 
 
-def find_holders(directory: str) -> list[int]:
+def find_holders(
+    directory: str, inodes: Collection[int] = (), device: int | None = None
+) -> list[int]:
     """The processes whose working directory, root, open files or mapped files are
-    ``directory`` or below it. Raises :class:`OSError` when ``/proc`` cannot be read, or a
-    process of this user cannot be looked at (nothing proves it holds nothing)."""
+    ``directory`` or below it by their path, or are on ``device`` with one of ``inodes``
+    (what the directory holds) whatever path ``/proc`` gives them: a process that reached the
+    directory through a bind mount since unmounted is shown a path elsewhere. Raises
+    :class:`OSError` when ``/proc`` cannot be read, or a process of this user cannot be
+    looked at (nothing proves it holds nothing)."""
     top = directory.rstrip("/")
     inside = top + "/"
     needle = os.fsencode(top)
     me = os.geteuid()
+    # a mapped file's device as the maps show it (hex major:minor), and its inode
+    mapped = (
+        re.compile(rb"^\S+ \S+ \S+ %02x:%02x (\d+) " % (os.major(device), os.minor(device)), re.M)
+        if inodes and device is not None
+        else None
+    )
 
     def held(path: str) -> bool:
         return path == top or path.startswith(inside)
+
+    def held_file(path: str) -> bool:
+        if not inodes:
+            return False
+        st = os.stat(path)  # through the link /proc gives: the very file it holds
+        return st.st_dev == device and st.st_ino in inodes
 
     found: list[int] = []
     for name in os.listdir("/proc"):
@@ -217,7 +236,7 @@ def find_holders(directory: str) -> list[int]:
             continue
         proc = f"/proc/{name}"
         try:
-            if _holds(proc, held, needle):
+            if _holds(proc, held, needle) or _holds_ids(proc, held_file, inodes, mapped):
                 found.append(int(name))
         except (FileNotFoundError, ProcessLookupError):
             continue  # exited meanwhile
@@ -262,6 +281,29 @@ def _holds(proc: str, held: Callable[[str], bool], needle: bytes) -> bool:
         if len(fields) == 6 and held(os.fsdecode(fields[5])):
             return True
     return False
+
+
+def _holds_ids(
+    proc: str,
+    held_file: Callable[[str], bool],
+    inodes: Container[int],
+    mapped: re.Pattern[bytes] | None,
+) -> bool:
+    """Whether the process at ``proc`` holds one of the files or directories ``held_file``
+    tells by device and inode, or maps one (``mapped`` finds the inodes of the device)."""
+    if mapped is None:
+        return False
+    if held_file(f"{proc}/cwd") or held_file(f"{proc}/root"):
+        return True
+    for fd in os.listdir(f"{proc}/fd"):
+        try:
+            if held_file(f"{proc}/fd/{fd}"):
+                return True
+        except FileNotFoundError:
+            continue  # closed meanwhile
+    with open(f"{proc}/maps", "rb") as maps:
+        text = maps.read()
+    return any(int(found) in inodes for found in mapped.findall(text))
 
 
 @frozen
@@ -310,6 +352,8 @@ class _Origin:
     lines: LineCache | None = None
     #: the lines the directory's harvests made (given back: most are those of ``records``)
     kept: Lines | None = None
+    #: the inodes of ``records`` (made by the first search for the directory's holders)
+    inodes: frozenset[int] | None = None
 
 
 @define(eq=False)
@@ -504,7 +548,7 @@ class DirPool:
                 parked, changed = chosen
                 try:
                     os.rename(parked.path, target)
-                    holders = find_holders(target)
+                    holders = find_holders(target, *_identities(target, parked.origin))
                 except OSError as e:
                     parked.unwatch()
                     self._discard(parked.path, target, e, discard)
@@ -817,6 +861,23 @@ class DirPool:
             differing=len(changed),
         )
         return workdir
+
+
+def _identities(target: str, origin: _Origin) -> tuple[frozenset[int], int]:
+    """The inodes of the files ``origin`` wrote at ``target`` and of its directories as they
+    are now, and their device: what a process may hold of the tree."""
+    device = os.lstat(target).st_dev
+    if origin.inodes is None:
+        origin.inodes = frozenset(key[2] for key in origin.records.values())
+    dirs: set[int] = set()
+    for rel in origin.dirs:
+        try:
+            st = os.lstat(os.path.join(target, rel) if rel else target)
+        except OSError:
+            continue  # gone: nothing to hold there
+        if st.st_dev == device:
+            dirs.add(st.st_ino)
+    return origin.inodes | dirs, device
 
 
 def _watch_all(target: str, origin: _Origin) -> _inotify.Inotify | None:
