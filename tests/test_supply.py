@@ -77,9 +77,12 @@ def test_tree_use_estimates_follow_what_it_saw() -> None:
     waiting = use.decide(10.5, 0)
     assert not waiting.copy and waiting.recheck == pytest.approx(use.copy - 0.5)
     use.returned("/d1", 10.5)
-    assert use.hold == 0.5 and not use.held
+    assert use.hold is None and not use.held  # the first back started the agent
+    use.handed("/d1", 10.5)
+    use.returned("/d1", 10.7)
+    assert use.hold == pytest.approx(0.2) and not use.held
     use.returned("/unknown", 11.0)  # never handed out: nothing to learn
-    assert use.hold == 0.5
+    assert use.hold == pytest.approx(0.2)
 
 
 def test_fresh_copies_is_at_least_one() -> None:

@@ -10,8 +10,9 @@ is pure: :class:`~orchestrator.pipeline._branchio.BranchDirs` feeds it the figur
 - Nothing of the tree is in use or being made: copy (nothing would come back).
 - The first copy is under way: wait for it (it tells how long a copy takes).
 - No directory has come back yet, or only one (the first turns start the agents: their time
-  says little of the next): wait as long as a copy takes, measured from the start of the oldest
-  use (the rent-or-buy rule: at most twice the better choice's cost), then copy.
+  says little of the next, and is left out of the usual hold): wait as long as a copy takes,
+  measured from the start of the oldest use (the rent-or-buy rule: at most twice the better
+  choice's cost), then copy.
 - Otherwise the work queued for the directories there are (branches waiting for one of them,
   and instances waiting to start, each holding a directory as long as they have so far) is
   compared with the copy: a copy is made only when that work exceeds :data:`MARGIN` copies. A
@@ -121,10 +122,12 @@ class TreeUse:
         self.held[directory] = now
 
     def returned(self, directory: str, now: float) -> None:
-        """``directory`` is no longer in use."""
+        """``directory`` is no longer in use. The first one back is no usual hold: its turn
+        started the agent."""
         since = self.held.pop(directory, None)
         if since is not None:
-            self.hold = _smooth(self.hold, now - since)
+            if self.returns:
+                self.hold = _smooth(self.hold, now - since)
             self.returns += 1
 
     def copied(self, seconds: float) -> None:
