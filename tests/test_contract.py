@@ -257,6 +257,7 @@ INTERNAL = {
     "orchestrator.runs._repos._Bad",
     "orchestrator.runs.outcomes._Unreadable",
     "orchestrator.store.runstore._RolledBack",
+    "orchestrator.vfs._poolscan.NotTold",
     "orchestrator.vfs._poolscan.Unclean",
     "orchestrator.vfs.apply._EntryFailed",
     "orchestrator.vfs._statwalk.ListingFailed",
